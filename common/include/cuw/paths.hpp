@@ -1,0 +1,33 @@
+// cuwarden: where rings, job segments and the daemon socket live (CUWARDEN_RUN_DIR).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace cuw::paths {
+
+/// Default run directory when CUWARDEN_RUN_DIR is unset: tmpfs, visible to every user.
+inline constexpr const char* kDefaultRunDir = "/dev/shm/cuwarden";
+inline constexpr const char* kSocketName = "cuwardend.sock";
+inline constexpr const char* kRingPrefix = "ring-";
+inline constexpr const char* kRingSuffix = ".cwr";
+
+/// CUWARDEN_RUN_DIR (read with secure_getenv, so setuid programs get the default) or the
+/// default. Never empty.
+std::string run_dir();
+
+/// run_dir() + "/cuwardend.sock".
+std::string socket_path();
+
+/// File name (no directory) of a process's ring: "ring-<pid>-<starttime>.cwr".
+std::string ring_file_name(uint32_t pid, uint64_t start_time);
+
+/// Parse a ring file name; false if `name` is not one.
+bool parse_ring_file_name(const std::string& name, uint32_t* pid, uint64_t* start_time);
+
+/// starttime (field 22 of /proc/<pid>/stat, clock ticks since boot), or 0 if the process
+/// does not exist or the file cannot be parsed. Opens a file: never call from a hook
+/// before the first CUDA call.
+uint64_t process_start_time(uint32_t pid);
+
+}  // namespace cuw::paths

@@ -1,0 +1,206 @@
+// cuwarden: the shared-memory ring layout, the contract between the interposer (producer)
+// and the daemon (consumer). One file per interposed process, under the run directory.
+//
+// File layout (all little-endian, fixed-width):
+//   [0, kHeaderBytes)                         RingHeader (padded to 4 KiB)
+//   [kHeaderBytes, + slot_count * 64)         EventSlot[slot_count]
+//
+// The header holds the authoritative counters; events are a best-effort stream on top.
+// A daemon restarted mid-run reads exact totals from the header at once.
+//
+// Ring protocol (bounded multi-producer / single-consumer, after D. Vyukov's MPMC queue):
+//   slot[i].seq starts at i. A producer at position p may write slot p & mask when its
+//   seq == p; it claims p by CAS on write_pos, writes the payload, then publishes with
+//   seq = p + 1 (release). The consumer at read position r reads the slot when
+//   seq == r + 1 (acquire), copies it, then frees it with seq = r + slot_count (release)
+//   and advances read_pos. A producer that finds seq < p (the consumer is a lap behind)
+//   drops the event and counts it: the application never waits for the daemon.
+//
+// Trust: the daemon treats every byte here as hostile (another user's process may have
+// written it); the producer bounds its own retries so that garbage written by a consumer
+// can never make it spin.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace cuw::ring {
+
+inline constexpr uint64_t kMagic = 0x31474e4952575543ULL;  // "CUWRING1"
+inline constexpr uint32_t kAbiVersion = 1;
+inline constexpr uint32_t kMaxDevices = 16;
+inline constexpr uint32_t kHeaderBytes = 16384;
+inline constexpr uint32_t kDefaultSlotCount = 16384;  // 1 MiB of events
+inline constexpr uint32_t kMinSlotCount = 64;
+inline constexpr uint32_t kMaxSlotCount = 1u << 22;
+inline constexpr uint64_t kNoLimit = ~0ULL;  // limit value meaning "uncapped"
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared counters need lock-free 64-bit atomics");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared counters need lock-free 32-bit atomics");
+
+/// What happened. Stored as uint8_t in EventSlot::kind.
+enum class EventKind : uint8_t {
+  alloc = 1,        ///< an allocation succeeded; bytes counted against the cap
+  free = 2,         ///< an allocation was released; bytes returned
+  refuse = 3,       ///< refused by cuwarden's cap: CUDA_ERROR_OUT_OF_MEMORY, driver not called
+  driver_error = 4, ///< the driver itself failed the allocation (result holds its CUresult)
+  limit_change = 5, ///< the cap of a device changed (bytes = new limit, kNoLimit = none)
+  host_alloc = 6,   ///< host (pinned) memory: tracked, not capped
+  host_free = 7,
+};
+
+/// Which driver entry point produced an event. Stored as uint16_t in EventSlot::api.
+enum class Api : uint16_t {
+  unknown = 0,
+  cuMemAlloc = 1,
+  cuMemAllocPitch = 2,
+  cuMemAllocManaged = 3,
+  cuMemAllocAsync = 4,
+  cuMemAllocFromPoolAsync = 5,
+  cuMemFree = 6,
+  cuMemFreeAsync = 7,
+  cuMemCreate = 8,
+  cuMemRelease = 9,
+  cuArrayCreate = 10,
+  cuArray3DCreate = 11,
+  cuMipmappedArrayCreate = 12,
+  cuArrayDestroy = 13,
+  cuMipmappedArrayDestroy = 14,
+  cuMemHostAlloc = 15,
+  cuMemAllocHost = 16,
+  cuMemFreeHost = 17,
+  cuGraphMemAlloc = 18,
+  control = 19,      ///< a limit change made from outside (daemon / CLI)
+  count_ = 20,
+};
+
+/// Stable, human-readable API name for display ("cuMemAlloc" ...); "unknown" when out of range.
+const char* api_name(uint16_t api) noexcept;
+/// Stable kind name ("alloc", "free", "refuse" ...); "unknown" when out of range.
+const char* kind_name(uint8_t kind) noexcept;
+
+/// One event, 64 bytes, one cache line. Written by exactly one producer per lap.
+struct alignas(64) EventSlot {
+  std::atomic<uint64_t> seq;  ///< ring protocol sequence (see top of file)
+  uint64_t time_ns;           ///< CLOCK_REALTIME, ns since the Unix epoch
+  uint64_t address;           ///< device pointer or allocation handle (0 for refusals)
+  uint64_t bytes;             ///< size of the request, in bytes
+  uint64_t used_after;        ///< device's used bytes right after this event
+  uint64_t aux;               ///< stream (async APIs) or 0
+  uint32_t tid;               ///< Linux thread id of the caller
+  uint16_t api;               ///< cuw::ring::Api
+  uint8_t kind;               ///< cuw::ring::EventKind
+  int8_t device;              ///< CUDA ordinal as the process sees it; -1 when unknown
+  uint32_t result;            ///< CUresult returned to the application
+  uint32_t reserved;
+};
+static_assert(sizeof(EventSlot) == 64);
+static_assert(offsetof(EventSlot, time_ns) == 8);
+static_assert(offsetof(EventSlot, tid) == 48);
+static_assert(offsetof(EventSlot, result) == 56);
+
+/// Per-device counters, indexed by the CUDA ordinal the process sees. All sizes in bytes.
+/// Written by the interposer with atomic RMW; `limit` may also be written by the daemon
+/// (live cap changes). Readers take each field with one atomic load.
+struct alignas(64) DeviceSlot {
+  std::atomic<uint32_t> present;      ///< 1 once the interposer filled uuid/name/total
+  int32_t ordinal;                    ///< CUDA ordinal in the process (== index of the slot)
+  uint8_t uuid[16];                   ///< CUuuid of the device, the physical GPU's identity
+  char name[96];                      ///< NUL-terminated device name
+  uint64_t physical_total;            ///< device memory reported by the driver
+  std::atomic<uint64_t> used;         ///< bytes counted against the cap right now
+  std::atomic<uint64_t> peak;         ///< high-water mark of `used`
+  std::atomic<uint64_t> limit;        ///< cap, or kNoLimit
+  std::atomic<uint64_t> reserved;     ///< bytes the process holds from the driver (>= used with pools)
+  std::atomic<uint64_t> live_allocations;  ///< allocations not yet freed
+  std::atomic<uint64_t> alloc_count;  ///< successful allocations, cumulative
+  std::atomic<uint64_t> free_count;   ///< frees, cumulative
+  std::atomic<uint64_t> refusals;     ///< allocations refused by the cap (OOMs caused by cuwarden)
+  std::atomic<uint64_t> driver_errors;///< allocations the driver itself failed
+  std::atomic<uint64_t> host_bytes;   ///< pinned host memory attributed to this device's context
+  uint64_t reserved_words[8];
+};
+static_assert(sizeof(DeviceSlot) % 64 == 0);
+
+/// Process state values stored in RingHeader::state.
+enum class ProcessState : uint32_t { starting = 0, running = 1, exited = 2 };
+
+/// The ring file header. Fixed-width fields only; `header_size` lets a reader skip fields
+/// added by newer writers of the same ABI version.
+struct RingHeader {
+  uint64_t magic;                 ///< kMagic
+  uint32_t abi_version;           ///< kAbiVersion
+  uint32_t header_size;           ///< sizeof(RingHeader) as the writer compiled it
+  uint32_t slot_size;             ///< sizeof(EventSlot)
+  uint32_t slot_count;            ///< power of two, kMinSlotCount..kMaxSlotCount
+  uint32_t pid;                   ///< process id (in the writer's pid namespace)
+  uint32_t uid;                   ///< real uid of the process
+  uint64_t start_time;            ///< /proc/<pid>/stat starttime (clock ticks since boot): pid-reuse guard
+  uint64_t created_ns;            ///< CLOCK_REALTIME at ring creation
+  std::atomic<uint32_t> state;    ///< ProcessState
+  std::atomic<uint32_t> device_count;  ///< devices visible to the process (<= kMaxDevices)
+  std::atomic<uint64_t> exited_ns;     ///< CLOCK_REALTIME at clean exit, 0 while running
+  std::atomic<uint64_t> consumer_heartbeat_ns;  ///< written by the daemon on each drain (CLOCK_REALTIME)
+  std::atomic<uint64_t> events_written;  ///< events published
+  std::atomic<uint64_t> events_dropped;  ///< events lost because the ring was full
+  char comm[32];                  ///< short process name, NUL-terminated
+  char cmdline[256];              ///< command line, arguments separated by spaces, truncated
+  char job[64];                   ///< CUWARDEN_JOB or empty
+  char pool[16];                  ///< backend: "off", "cache", "vmm"
+  uint64_t reserved_words[32];
+  alignas(64) std::atomic<uint64_t> write_pos;  ///< next position producers claim
+  alignas(64) std::atomic<uint64_t> read_pos;   ///< next position the consumer reads
+  alignas(64) DeviceSlot devices[kMaxDevices];
+};
+static_assert(sizeof(RingHeader) <= kHeaderBytes);
+static_assert(offsetof(RingHeader, abi_version) == 8);
+static_assert(offsetof(RingHeader, slot_count) == 20);
+
+/// Total file size in bytes for `slot_count` slots.
+constexpr uint64_t file_size(uint32_t slot_count) noexcept {
+  return uint64_t{kHeaderBytes} + uint64_t{slot_count} * sizeof(EventSlot);
+}
+
+/// Event payload as producers fill it and consumers return it (no sequence field).
+struct Event {
+  uint64_t time_ns = 0;
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+  uint64_t used_after = 0;
+  uint64_t aux = 0;
+  uint32_t tid = 0;
+  uint16_t api = 0;
+  uint8_t kind = 0;
+  int8_t device = -1;
+  uint32_t result = 0;
+};
+
+/// Producer side. Lock-free, wait-free in practice: at most kMaxPushAttempts CAS tries.
+/// `slot_count` is the producer's private copy (never re-read from shared memory, which a
+/// consumer could scribble on). Returns false (and counts a drop in the header) when the
+/// ring is full. Thread-safe for any number of producers.
+/// Cost: ~2 atomic loads, one CAS, one release store, one relaxed add.
+inline constexpr int kMaxPushAttempts = 64;
+bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept;
+
+/// Initialise a freshly created, zero-filled mapping of file_size(slot_count) bytes.
+/// `slot_count` must be a power of two in [kMinSlotCount, kMaxSlotCount].
+void init(RingHeader& h, EventSlot* slots, uint32_t slot_count) noexcept;
+
+/// Why a mapping is not a usable ring (validate()).
+enum class Invalid : uint8_t { none, too_small, bad_magic, bad_abi, bad_header_size, bad_slot_size, bad_slot_count, size_mismatch };
+const char* invalid_reason(Invalid r) noexcept;
+
+/// Consumer side: check a mapping of `mapped_bytes` before trusting any field.
+Invalid validate(const void* base, uint64_t mapped_bytes) noexcept;
+
+/// Consumer side: copy up to `max` published events into `out`, advancing read_pos.
+/// `h` must have passed validate(). A slot that was claimed but never published (its
+/// producer died) is skipped once `stuck_skip` is true; skipped slots are added to *lost.
+/// Never reads outside slots[0, slot_count). Single consumer only.
+std::size_t drain(RingHeader& h, EventSlot* slots, Event* out, std::size_t max, bool stuck_skip,
+                  uint64_t* lost) noexcept;
+
+}  // namespace cuw::ring

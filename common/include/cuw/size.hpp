@@ -1,0 +1,49 @@
+// cuwarden: parsing and printing sizes ("8G", "512MiB", "1.5GB", "75%") and cap specs
+// ("8G", "0=8G,1=4G"), as users type them in CUWARDEN_LIMIT and on the command line.
+//
+// Units: a bare number is bytes; K M G T and KiB MiB GiB TiB are powers of 1024;
+// kB MB GB TB are powers of 1000; N% is a share of the device's physical memory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace cuw {
+
+/// A size as typed: absolute bytes, or a percentage of the device's memory.
+struct SizeSpec {
+  bool percent = false;
+  uint64_t bytes = 0;        ///< when !percent
+  double share = 0.0;        ///< when percent: 0 < share <= 1
+  /// Resolve against a device's physical memory (bytes). Percent rounds down to bytes.
+  uint64_t resolve(uint64_t physical_total) const noexcept;
+  std::string str() const;   ///< as a user would type it back ("8GiB", "75%")
+};
+
+/// Parse one size. On error returns nullopt and sets *error to a one-line reason.
+/// `allow_percent` = false rejects "N%". Thread-safe; no allocation on success paths
+/// beyond the optional's.
+std::optional<SizeSpec> parse_size(std::string_view text, bool allow_percent, std::string* error);
+
+/// A per-device cap specification: a default for every device and per-ordinal overrides.
+struct LimitSpec {
+  std::optional<SizeSpec> all;                ///< applies to devices without an override
+  std::map<int, SizeSpec> per_device;         ///< CUDA ordinal -> cap
+  bool empty() const noexcept { return !all && per_device.empty(); }
+  /// Cap for `ordinal`, if any.
+  std::optional<SizeSpec> for_device(int ordinal) const;
+};
+
+/// Parse "8G", "75%", "0=8G,1=4G", or "8G,1=4G" (plain entry = default). Ordinals 0..63.
+std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error);
+
+/// Human-readable bytes with binary units: "0 B", "512 B", "1.50 KiB", "8.00 GiB".
+std::string format_bytes(uint64_t bytes);
+
+/// Bytes as MiB, rounded down, the way nvidia-smi prints memory ("4096MiB").
+std::string format_mib(uint64_t bytes);
+
+}  // namespace cuw

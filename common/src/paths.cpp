@@ -1,0 +1,81 @@
+// cuwarden: run-directory and ring-file naming.
+#include "cuw/paths.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace cuw::paths {
+
+std::string run_dir() {
+  const char* v = secure_getenv("CUWARDEN_RUN_DIR");
+  if (v && *v) {
+    std::string s(v);
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    return s;
+  }
+  return kDefaultRunDir;
+}
+
+std::string socket_path() { return run_dir() + "/" + kSocketName; }
+
+std::string ring_file_name(uint32_t pid, uint64_t start_time) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%s%u-%llu%s", kRingPrefix, pid, static_cast<unsigned long long>(start_time),
+                kRingSuffix);
+  return buf;
+}
+
+bool parse_ring_file_name(const std::string& name, uint32_t* pid, uint64_t* start_time) {
+  const size_t plen = std::strlen(kRingPrefix), slen = std::strlen(kRingSuffix);
+  if (name.size() <= plen + slen || name.compare(0, plen, kRingPrefix) != 0 ||
+      name.compare(name.size() - slen, slen, kRingSuffix) != 0)
+    return false;
+  std::string mid = name.substr(plen, name.size() - plen - slen);
+  size_t dash = mid.find('-');
+  if (dash == std::string::npos || dash == 0 || dash + 1 >= mid.size()) return false;
+  uint64_t p = 0, t = 0;
+  for (size_t i = 0; i < dash; ++i) {
+    if (mid[i] < '0' || mid[i] > '9' || p > 0xffffffffULL / 10) return false;
+    p = p * 10 + static_cast<uint64_t>(mid[i] - '0');
+  }
+  for (size_t i = dash + 1; i < mid.size(); ++i) {
+    if (mid[i] < '0' || mid[i] > '9' || t > (~0ULL) / 10 - 9) return false;
+    t = t * 10 + static_cast<uint64_t>(mid[i] - '0');
+  }
+  if (p == 0 || p > 0xffffffffULL) return false;
+  if (pid) *pid = static_cast<uint32_t>(p);
+  if (start_time) *start_time = t;
+  return true;
+}
+
+uint64_t process_start_time(uint32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[1024];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  // comm may contain spaces and ')': fields resume after the last ')'.
+  char* p = std::strrchr(buf, ')');
+  if (!p) return 0;
+  ++p;
+  // After ')': field 3 (state) is the first; starttime is field 22, i.e. the 20th from here.
+  int field = 2;
+  while (*p && field < 22) {
+    while (*p == ' ') ++p;
+    ++field;
+    if (field == 22) break;
+    while (*p && *p != ' ') ++p;
+  }
+  if (field != 22) return 0;
+  return std::strtoull(p, nullptr, 10);
+}
+
+}  // namespace cuw::paths

@@ -1,0 +1,196 @@
+// cuwarden: size and cap-spec parsing ("8G", "512MiB", "1.5GB", "75%", "0=8G,1=4G").
+#include "cuw/size.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace cuw {
+
+namespace {
+
+__extension__ typedef unsigned __int128 u128;  // exact overflow checks for sizes
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+struct Unit {
+  const char* name;
+  uint64_t factor;
+};
+
+// Exact spellings accepted. Binary: K M G T, KiB..TiB (also lower-case single letters and
+// "KB"-less forms users type, like "k"). Decimal: kB MB GB TB (and "KB").
+constexpr Unit kUnits[] = {
+    {"", 1},          {"B", 1},          {"b", 1},
+    {"K", 1ULL << 10}, {"k", 1ULL << 10}, {"KiB", 1ULL << 10}, {"kiB", 1ULL << 10},
+    {"M", 1ULL << 20}, {"m", 1ULL << 20}, {"MiB", 1ULL << 20},
+    {"G", 1ULL << 30}, {"g", 1ULL << 30}, {"GiB", 1ULL << 30},
+    {"T", 1ULL << 40}, {"t", 1ULL << 40}, {"TiB", 1ULL << 40},
+    {"kB", 1000ULL},  {"KB", 1000ULL},
+    {"MB", 1000ULL * 1000}, {"GB", 1000ULL * 1000 * 1000}, {"TB", 1000ULL * 1000 * 1000 * 1000},
+};
+
+}  // namespace
+
+uint64_t SizeSpec::resolve(uint64_t physical_total) const noexcept {
+  if (!percent) return bytes;
+  long double v = static_cast<long double>(physical_total) * static_cast<long double>(share);
+  if (v <= 0) return 0;
+  if (v >= static_cast<long double>(physical_total)) return physical_total;
+  return static_cast<uint64_t>(v);
+}
+
+std::string SizeSpec::str() const {
+  if (percent) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g%%", share * 100.0);
+    return buf;
+  }
+  return format_bytes(bytes);
+}
+
+std::optional<SizeSpec> parse_size(std::string_view text, bool allow_percent, std::string* error) {
+  auto fail = [&](std::string why) -> std::optional<SizeSpec> {
+    if (error) *error = std::move(why);
+    return std::nullopt;
+  };
+  const std::string original(text);
+  std::string_view s = trim(text);
+  if (s.empty()) return fail("empty size");
+  if (s.front() == '-') return fail("negative size '" + original + "'");
+  if (s.front() == '+') s.remove_prefix(1);
+
+  // Integer part, then an optional fraction of up to 18 digits.
+  size_t i = 0;
+  u128 whole = 0;
+  bool any_digit = false;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+    whole = whole * 10 + static_cast<unsigned>(s[i] - '0');
+    if (whole > std::numeric_limits<uint64_t>::max()) return fail("size '" + original + "' is too large");
+    any_digit = true;
+    ++i;
+  }
+  u128 frac_num = 0, frac_den = 1;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    int digits = 0;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+      if (digits < 18) {
+        frac_num = frac_num * 10 + static_cast<unsigned>(s[i] - '0');
+        frac_den *= 10;
+        ++digits;
+      }
+      any_digit = true;
+      ++i;
+    }
+  }
+  if (!any_digit) return fail("size '" + original + "' does not start with a number");
+  std::string_view unit = trim(s.substr(i));
+
+  if (unit == "%") {
+    if (!allow_percent) return fail("a percentage is not allowed here: '" + original + "'");
+    long double pct = static_cast<long double>(whole) +
+                      static_cast<long double>(frac_num) / static_cast<long double>(frac_den);
+    if (!(pct > 0) || pct > 100) return fail("percentage '" + original + "' must be in (0, 100]");
+    SizeSpec out;
+    out.percent = true;
+    out.share = static_cast<double>(pct / 100.0L);
+    return out;
+  }
+  for (const Unit& u : kUnits) {
+    if (unit == u.name) {
+      u128 v = whole * u.factor + (frac_num * u.factor) / frac_den;
+      if (v > std::numeric_limits<uint64_t>::max()) return fail("size '" + original + "' is too large");
+      SizeSpec out;
+      out.bytes = static_cast<uint64_t>(v);
+      return out;
+    }
+  }
+  return fail("unknown unit '" + std::string(unit) + "' in size '" + original +
+              "' (use bytes, K M G T, KiB MiB GiB TiB, kB MB GB TB" + (allow_percent ? ", or N%)" : ")"));
+}
+
+std::optional<SizeSpec> LimitSpec::for_device(int ordinal) const {
+  auto it = per_device.find(ordinal);
+  if (it != per_device.end()) return it->second;
+  return all;
+}
+
+std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error) {
+  LimitSpec spec;
+  std::string_view rest = text;
+  if (trim(rest).empty()) {
+    if (error) *error = "empty cap";
+    return std::nullopt;
+  }
+  while (true) {
+    size_t comma = rest.find(',');
+    std::string_view item = trim(rest.substr(0, comma));
+    if (item.empty()) {
+      if (error) *error = "empty entry in '" + std::string(text) + "'";
+      return std::nullopt;
+    }
+    size_t eq = item.find('=');
+    std::string why;
+    if (eq == std::string_view::npos) {
+      if (spec.all) {
+        if (error) *error = "more than one cap for all devices in '" + std::string(text) + "'";
+        return std::nullopt;
+      }
+      auto sz = parse_size(item, true, &why);
+      if (!sz) {
+        if (error) *error = why;
+        return std::nullopt;
+      }
+      spec.all = *sz;
+    } else {
+      std::string_view ord = trim(item.substr(0, eq));
+      int o = 0;
+      if (ord.empty() || ord.size() > 2) o = -1;
+      for (char c : ord) {
+        if (!std::isdigit(static_cast<unsigned char>(c))) { o = -1; break; }
+        o = o * 10 + (c - '0');
+      }
+      if (o < 0 || o > 63) {
+        if (error) *error = "bad device ordinal '" + std::string(ord) + "' in '" + std::string(text) + "' (expected 0..63)";
+        return std::nullopt;
+      }
+      if (spec.per_device.count(o)) {
+        if (error) *error = "device " + std::to_string(o) + " given twice in '" + std::string(text) + "'";
+        return std::nullopt;
+      }
+      auto sz = parse_size(item.substr(eq + 1), true, &why);
+      if (!sz) {
+        if (error) *error = why;
+        return std::nullopt;
+      }
+      spec.per_device[o] = *sz;
+    }
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return spec;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  long double v = static_cast<long double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2Lf %s", v, kNames[u]);
+  return buf;
+}
+
+std::string format_mib(uint64_t bytes) { return std::to_string(bytes >> 20) + "MiB"; }
+
+}  // namespace cuw

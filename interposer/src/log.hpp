@@ -1,0 +1,20 @@
+// cuwarden interposer: a minimal printf-style log, used only off the allocation path
+// (configuration, ring creation, warnings). Deliberately not spdlog: inside someone else's
+// process we want one write(2) per line, no registry, no static objects, no threads.
+#pragma once
+
+#include <string>
+
+namespace cuw::ipc::log {
+
+/// Set the level (0 trace .. 5 critical, 6 off) and destination (empty = stderr).
+/// Opens the file, so call only from the first CUDA call onwards.
+void init(int level, const std::string& file);
+
+void debug(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void info(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/// Written whatever the level: configuration errors the user must see.
+void always(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace cuw::ipc::log

@@ -1,0 +1,51 @@
+// cuwarden interposer: one name for each real driver function (REAL(fn)), one place that
+// resolves all of them, and the redirection used by dlsym and cuGetProcAddress.
+// Resolution rejects a result that is our own wrapper (after LLVM's interception library).
+#pragma once
+
+#include <atomic>
+
+#include "hook_table.hpp"
+
+// Our hooks: C++ names hook_<fn>, exported under the driver's symbol names.
+#define CUW_DECLARE_HOOK(ret, name, params, args, base, version, pts) \
+  extern "C" ret hook_##name params __asm__(#name);
+CUW_HOOKS(CUW_DECLARE_HOOK)
+#undef CUW_DECLARE_HOOK
+
+namespace cuw::hook {
+
+/// Real driver pointers, indexed by Id. Filled by resolve_all(); nullptr = not found.
+extern std::atomic<void*> g_real[static_cast<int>(Id::count_)];
+
+/// Slow path: load libcuda.so.1's handle (loading it if `load` is true) and resolve every
+/// row of the table. Idempotent and thread-safe. Returns false if libcuda is not there.
+bool resolve_all(bool load) noexcept;
+
+/// The real pointer for `id`, resolving on first use. Never returns one of our wrappers.
+inline void* real_ptr(Id id) noexcept {
+  void* p = g_real[static_cast<int>(id)].load(std::memory_order_acquire);
+  if (__builtin_expect(p == nullptr, 0)) {
+    resolve_all(true);
+    p = g_real[static_cast<int>(id)].load(std::memory_order_acquire);
+  }
+  return p;
+}
+
+/// An unhooked libcuda function, resolved through the real dlsym (nullptr if absent).
+void* driver_symbol(const char* name) noexcept;
+
+/// If `real` is libcuda's own pointer of a hooked function, our wrapper; else `real`.
+void* redirect_by_pointer(void* real) noexcept;
+
+/// cuGetProcAddress redirection: pointer match first; then, for CUDA versions this build
+/// knows (<= CUDA_VERSION), the variant rules of the table (base name, version, per-thread
+/// flag). Returns `real` untouched for names not hooked.
+void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t flags) noexcept;
+
+/// glibc's dlsym, not ours.
+void* real_dlsym(void* handle, const char* name) noexcept;
+
+}  // namespace cuw::hook
+
+#define REAL(name) (reinterpret_cast<decltype(&hook_##name)>(::cuw::hook::real_ptr(::cuw::hook::Id::name)))

@@ -1,0 +1,296 @@
+// cuwarden interposer core: configuration, ring creation, caps and counters.
+#include "tracker.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cuw/paths.hpp"
+#include "log.hpp"
+#include "real.hpp"
+
+namespace cuw::ipc {
+
+thread_local int Reentry::depth_ = 0;
+
+// ---- live table ------------------------------------------------------------------------
+
+void LiveTable::insert(uint64_t key, LiveRecord rec) {
+  Shard& s = shards_[shard_of(key)];
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.map[key] = rec;
+}
+
+bool LiveTable::take(uint64_t key, LiveRecord* out) {
+  Shard& s = shards_[shard_of(key)];
+  std::lock_guard<std::mutex> lk(s.mu);
+  auto it = s.map.find(key);
+  if (it == s.map.end()) return false;
+  if (out) *out = it->second;
+  s.map.erase(it);
+  return true;
+}
+
+void LiveTable::clear() {
+  for (Shard& s : shards_) {
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.map.clear();
+  }
+}
+
+// ---- instance and fork -----------------------------------------------------------------
+
+namespace {
+
+std::atomic<Tracker*> g_tracker{nullptr};
+pthread_mutex_t g_create_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void atfork_prepare() { pthread_mutex_lock(&g_create_mu); }
+void atfork_parent() { pthread_mutex_unlock(&g_create_mu); }
+void atfork_child() {
+  // The child never writes into its parent's ring or counters: it starts afresh at its own
+  // first CUDA call. The parent's tracker is leaked in the child on purpose.
+  g_tracker.store(nullptr, std::memory_order_release);
+  pthread_mutex_unlock(&g_create_mu);
+}
+
+uint64_t realtime_ns() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint32_t thread_id() noexcept {
+  static thread_local uint32_t tid = 0;
+  if (__builtin_expect(tid == 0, 0)) tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  return tid;
+}
+
+void read_small_file(const char* path, char* out, size_t cap, bool nul_to_space) {
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ssize_t n = ::read(fd, out, cap - 1);
+  ::close(fd);
+  if (n <= 0) return;
+  out[n] = '\0';
+  for (ssize_t i = 0; i < n; ++i) {
+    if (out[i] == '\n') out[i] = nul_to_space ? ' ' : '\0';
+    if (nul_to_space && out[i] == '\0') out[i] = ' ';
+  }
+  while (n > 0 && out[n - 1] == ' ') out[--n] = '\0';
+}
+
+void copy_str(char* dst, size_t cap, const std::string& s) {
+  size_t n = s.size() < cap - 1 ? s.size() : cap - 1;
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+}  // namespace
+
+Tracker& Tracker::get() {
+  Tracker* t = g_tracker.load(std::memory_order_acquire);
+  if (__builtin_expect(t != nullptr, 1)) return *t;
+  pthread_mutex_lock(&g_create_mu);
+  t = g_tracker.load(std::memory_order_acquire);
+  if (!t) {
+    static bool atfork_registered = false;
+    if (!atfork_registered) {
+      pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+      atfork_registered = true;
+    }
+    t = new Tracker();
+    g_tracker.store(t, std::memory_order_release);
+  }
+  pthread_mutex_unlock(&g_create_mu);
+  return *t;
+}
+
+Tracker* Tracker::instance_if_created() noexcept { return g_tracker.load(std::memory_order_acquire); }
+
+Tracker::Tracker() : config_(load_config()) {
+  log::init(config_.log_level, config_.log_file);
+  if (!config_.errors.empty()) {
+    for (const std::string& e : config_.errors) {
+      if (config_.fail_open)
+        log::always("cuwarden: warning: %s; CUWARDEN_ON_ERROR=open: running without caps", e.c_str());
+      else
+        log::always("cuwarden: %s; exiting with status %d (CUWARDEN_ON_ERROR=open runs uncapped instead)",
+                    e.c_str(), kExitConfig);
+    }
+    if (!config_.fail_open) {
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(kExitConfig);
+    }
+    config_.limit = LimitSpec{};
+  }
+  create_ring();
+  log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
+            ring_is_file_ ? ring_path_.c_str() : "(private)",
+            config_.limit.empty() ? "none" : std::getenv("CUWARDEN_LIMIT"));
+}
+
+void Tracker::create_ring() {
+  slot_count_ = ring::kDefaultSlotCount;
+  const uint64_t bytes = ring::file_size(slot_count_);
+  void* base = MAP_FAILED;
+  const std::string dir = paths::run_dir();
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  const uint64_t start = paths::process_start_time(pid);
+
+  // The run directory is shared by every user, like /tmp: world-writable and sticky.
+  if (::mkdir(dir.c_str(), 01777) == 0) ::chmod(dir.c_str(), 01777);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    ring_path_ = dir + "/" + paths::ring_file_name(pid, start);
+    int fd = ::open(ring_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST) {
+      // A leftover of an earlier process with our pid and start time cannot exist unless
+      // the clock went back; a file we do not own is not ours to reuse either way.
+      log::warn("cuwarden: %s exists; using a private ring", ring_path_.c_str());
+    }
+    if (fd >= 0) {
+      ::fchmod(fd, 0644);
+      if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+        base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (base != MAP_FAILED) ring_is_file_ = true;
+      }
+      ::close(fd);
+      if (!ring_is_file_) ::unlink(ring_path_.c_str());
+    }
+  } else {
+    log::warn("cuwarden: run directory %s is not usable; using a private ring", dir.c_str());
+  }
+  if (base == MAP_FAILED) {
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+      // Without memory for counters we cannot enforce; this is a fatal environment error.
+      log::always("cuwarden: cannot map %llu bytes for counters; exiting", static_cast<unsigned long long>(bytes));
+      _exit(kExitConfig);
+    }
+  }
+  header_ = static_cast<ring::RingHeader*>(base);
+  slots_ = reinterpret_cast<ring::EventSlot*>(static_cast<char*>(base) + ring::kHeaderBytes);
+
+  header_->pid = pid;
+  header_->uid = static_cast<uint32_t>(getuid());
+  header_->start_time = start;
+  header_->created_ns = realtime_ns();
+  read_small_file("/proc/self/comm", header_->comm, sizeof header_->comm, false);
+  read_small_file("/proc/self/cmdline", header_->cmdline, sizeof header_->cmdline, true);
+  copy_str(header_->job, sizeof header_->job, config_.job);
+  copy_str(header_->pool, sizeof header_->pool, config_.pool);
+  header_->state.store(static_cast<uint32_t>(ring::ProcessState::running), std::memory_order_relaxed);
+  ring::init(*header_, slots_, slot_count_);  // publishes the magic last
+}
+
+void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
+  using uuid_fn = CUresult (*)(CUuuid*, CUdevice);
+  using name_fn = CUresult (*)(char*, int, CUdevice);
+  static auto get_uuid = reinterpret_cast<uuid_fn>(hook::driver_symbol("cuDeviceGetUuid_v2"));
+  static auto get_uuid_v1 = reinterpret_cast<uuid_fn>(hook::driver_symbol("cuDeviceGetUuid"));
+  static auto get_name = reinterpret_cast<name_fn>(hook::driver_symbol("cuDeviceGetName"));
+  CUuuid u{};
+  if ((get_uuid && get_uuid(&u, ordinal) == CUDA_SUCCESS) || (get_uuid_v1 && get_uuid_v1(&u, ordinal) == CUDA_SUCCESS))
+    std::memcpy(d.uuid, u.bytes, sizeof d.uuid);
+  if (get_name) get_name(d.name, static_cast<int>(sizeof d.name) - 1, ordinal);
+  size_t total = 0;
+  if (auto f = REAL(cuDeviceTotalMem_v2); f && f(&total, ordinal) == CUDA_SUCCESS) d.physical_total = total;
+  d.ordinal = ordinal;
+  uint64_t limit = ring::kNoLimit;
+  if (auto spec = config_.limit.for_device(ordinal)) {
+    if (spec->percent && d.physical_total == 0)
+      log::warn("cuwarden: device %d: physical memory unknown, cannot apply %s", ordinal, spec->str().c_str());
+    else
+      limit = spec->resolve(d.physical_total);
+  }
+  d.limit.store(limit, std::memory_order_relaxed);
+  uint32_t count = header_->device_count.load(std::memory_order_relaxed);
+  if (static_cast<uint32_t>(ordinal) + 1 > count)
+    header_->device_count.store(static_cast<uint32_t>(ordinal) + 1, std::memory_order_relaxed);
+  d.present.store(1, std::memory_order_release);
+}
+
+ring::DeviceSlot* Tracker::device(int ordinal) {
+  if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return nullptr;
+  ring::DeviceSlot& d = header_->devices[ordinal];
+  if (__builtin_expect(d.present.load(std::memory_order_acquire) != 0, 1)) return &d;
+  std::lock_guard<std::mutex> lk(device_mu_);
+  if (!d.present.load(std::memory_order_acquire)) fill_device(ordinal, d);
+  return &d;
+}
+
+int Tracker::current_device() {
+  using fn = CUresult (*)(CUdevice*);
+  static auto get = reinterpret_cast<fn>(hook::driver_symbol("cuCtxGetDevice"));
+  CUdevice dev = -1;
+  if (!get || get(&dev) != CUDA_SUCCESS) return -1;
+  return dev;
+}
+
+bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api) {
+  const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+  uint64_t used = d.used.load(std::memory_order_relaxed);
+  uint64_t next;
+  do {
+    if (limit != ring::kNoLimit && (bytes > limit || used > limit - bytes)) {
+      d.refusals.fetch_add(1, std::memory_order_relaxed);
+      emit(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY);
+      return false;
+    }
+    next = used + bytes;
+  } while (!d.used.compare_exchange_weak(used, next, std::memory_order_relaxed));
+  uint64_t peak = d.peak.load(std::memory_order_relaxed);
+  while (peak < next && !d.peak.compare_exchange_weak(peak, next, std::memory_order_relaxed)) {
+  }
+  return true;
+}
+
+void Tracker::force_charge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
+  uint64_t next = d.used.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  uint64_t peak = d.peak.load(std::memory_order_relaxed);
+  while (peak < next && !d.peak.compare_exchange_weak(peak, next, std::memory_order_relaxed)) {
+  }
+}
+
+void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
+  d.used.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
+                   uint32_t result) noexcept {
+  ring::Event e;
+  e.time_ns = realtime_ns();
+  e.address = address;
+  e.bytes = bytes;
+  e.aux = aux;
+  e.tid = thread_id();
+  e.api = static_cast<uint16_t>(api);
+  e.kind = static_cast<uint8_t>(kind);
+  e.device = static_cast<int8_t>(ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? ordinal : -1);
+  e.used_after = e.device >= 0 ? header_->devices[e.device].used.load(std::memory_order_relaxed) : 0;
+  e.result = result;
+  ring::push(*header_, slots_, slot_count_, e);
+}
+
+void Tracker::on_exit() noexcept {
+  header_->exited_ns.store(realtime_ns(), std::memory_order_relaxed);
+  header_->state.store(static_cast<uint32_t>(ring::ProcessState::exited), std::memory_order_release);
+  if (!ring_is_file_) return;
+  // No daemon reading us: remove the file now rather than leave it in tmpfs. With a daemon
+  // attached, it drains the last events and removes the file itself.
+  const uint64_t beat = header_->consumer_heartbeat_ns.load(std::memory_order_relaxed);
+  if (beat == 0 || realtime_ns() - beat > 5'000'000'000ULL) ::unlink(ring_path_.c_str());
+}
+
+}  // namespace cuw::ipc
