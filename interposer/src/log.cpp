@@ -6,12 +6,26 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace cuw::ipc::log {
 
 namespace {
-int g_level = 3;
+int g_level = -1;  // -1: not set yet; read CUWARDEN_LOG on first use (no file is opened)
 int g_fd = 2;
+
+int level() {
+  if (__builtin_expect(g_level < 0, 0)) {
+    static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+    const char* v = secure_getenv("CUWARDEN_LOG");
+    int lvl = 3;
+    for (int i = 0; v && i < 7; ++i)
+      if (!std::strcmp(v, kLevels[i])) lvl = i;
+    g_level = lvl;
+  }
+  return g_level;
+}
 
 void vwrite(const char* fmt, va_list ap) {
   char buf[1024];
@@ -34,7 +48,7 @@ void init(int level, const std::string& file) {
 
 #define CUW_LOG_FN(name, lvl)        \
   void name(const char* fmt, ...) {  \
-    if (g_level > (lvl)) return;     \
+    if (level() > (lvl)) return;     \
     va_list ap;                      \
     va_start(ap, fmt);               \
     vwrite(fmt, ap);                 \

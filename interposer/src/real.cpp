@@ -1,6 +1,8 @@
 // cuwarden interposer: resolution of real driver functions, and the dlsym hook.
 #include "real.hpp"
 
+#include "log.hpp"
+
 #include <dlfcn.h>
 
 #include <cstring>
@@ -94,7 +96,11 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
   if (!real || !symbol) return real;
   resolve_all(false);
   void* w = redirect_by_pointer(real);
-  if (w != real) return w;
+  if (w != real) {
+    ipc::log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): hooked by address", symbol, cuda_version,
+                    static_cast<unsigned long long>(flags));
+    return w;
+  }
   // The driver handed back a pointer we do not know by address. Fall back to the variant
   // rules, but only for CUDA versions whose variants this build knows.
   if (cuda_version > CUDA_VERSION) return real;
@@ -108,6 +114,9 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
     if (e.per_thread != (per_thread && base_has_pt)) continue;
     if (!best || e.version > best->version) best = &e;
   }
+  if (best)
+    ipc::log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): unknown address, hooked by name as %s", symbol,
+                    cuda_version, static_cast<unsigned long long>(flags), best->name);
   return best ? best->wrapper : real;
 }
 

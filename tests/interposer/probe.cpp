@@ -1,0 +1,64 @@
+// Interposer tests: a small driver-API program the tests run as a child process under
+// LD_PRELOAD, to check what a whole process sees (exit codes, files, threads, the daemon).
+//   cuw_itest_probe alloc MIB   allocate MIB MiB, print "ok", free, exit 0 (2 if refused)
+//   cuw_itest_probe hold MIB    allocate, print "ready", wait for stdin EOF, free, exit 0
+//   cuw_itest_probe nocuda      touch no CUDA; print the process's thread count
+#include <cuda.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace {
+int threads() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  return -1;
+}
+int context() {
+  CUdevice dev;
+  CUcontext ctx;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
+    std::fprintf(stderr, "probe: no context\n");
+    return 1;
+  }
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 64;
+  const std::string mode = argv[1];
+  if (mode == "nocuda") {
+    std::printf("threads %d\n", threads());
+    return 0;
+  }
+  const size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
+  if (context()) return 1;
+  CUdeviceptr p = 0;
+  const CUresult r = cuMemAlloc(&p, mib << 20);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    std::printf("refused\n");
+    return 2;
+  }
+  if (r != CUDA_SUCCESS) {
+    std::printf("error %d\n", static_cast<int>(r));
+    return 1;
+  }
+  if (mode == "hold") {
+    std::printf("ready\n");
+    std::fflush(stdout);
+    char buf[64];
+    while (::read(0, buf, sizeof buf) > 0) {
+    }
+  } else {
+    std::printf("ok\n");
+  }
+  cuMemFree(p);
+  return 0;
+}

@@ -1,0 +1,184 @@
+// Interposer tests: the per-process cap (CUWARDEN_LIMIT=64MiB in this test's environment).
+// Exact at the byte, never passed under concurrency, reported by cuMemGetInfo.
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "fakecuda.h"
+#include "support.hpp"
+
+using namespace cuwtest;
+
+namespace {
+constexpr uint64_t kMiB = 1ULL << 20;
+constexpr uint64_t kCap = 64 * kMiB;
+}  // namespace
+
+TEST_CASE("the cap is hit exactly at the byte, and refusals never reach the driver", "[cap]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  REQUIRE(d.limit.load() == kCap);
+  const uint64_t refusals = d.refusals.load();
+
+  CUdeviceptr a = 0, b = 0, c = 0;
+  REQUIRE(cuMemAlloc(&a, kCap - 1000) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&b, 1000) == CUDA_SUCCESS);  // exactly at the cap
+  CHECK(used() == kCap);
+  CHECK(d.peak.load() == kCap);
+
+  fakecuda_reset_counters();
+  CHECK(cuMemAlloc(&c, 1) == CUDA_ERROR_OUT_OF_MEMORY);  // one byte over
+  CHECK(fakecuda_call_count("cuMemAlloc") == 0);         // the driver was never asked
+  CHECK(d.refusals.load() == refusals + 1);
+  CHECK(used() == kCap);
+
+  REQUIRE(cuMemFree(b) == CUDA_SUCCESS);
+  CHECK(cuMemAlloc(&c, 1001) == CUDA_ERROR_OUT_OF_MEMORY);
+  REQUIRE(cuMemAlloc(&c, 1000) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(c) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(a) == CUDA_SUCCESS);
+  CHECK(used() == 0);
+  CHECK(cuMemAlloc(&c, kCap + 1) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(d.refusals.load() == refusals + 3);
+}
+
+TEST_CASE("a driver failure is passed on and counts nothing", "[cap]") {
+  make_context();
+  touch_interposer();
+  CUdeviceptr p = 0;
+  CHECK(cuMemAlloc(&p, 0) == CUDA_ERROR_INVALID_VALUE);  // the driver's answer for size 0
+  CHECK(used() == 0);
+  CHECK(cuMemFree(0xdead000) == CUDA_ERROR_INVALID_VALUE);  // not ours, not the driver's
+  CHECK(used() == 0);
+}
+
+TEST_CASE("cuMemGetInfo and cuDeviceTotalMem report the cap, under and over it", "[cap][meminfo]") {
+  make_context();
+  touch_interposer();
+  size_t f = 0, t = 0;
+  REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);
+  CHECK(t == kCap);
+  CHECK(f == kCap);
+  size_t tm = 0;
+  REQUIRE(cuDeviceTotalMem(&tm, 0) == CUDA_SUCCESS);
+  CHECK(tm == kCap);
+
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 24 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);
+  CHECK(t == kCap);
+  CHECK(f == kCap - 24 * kMiB);
+
+  // A cap lowered live below what is in use (as the daemon does through the header):
+  // free is 0, never an underflow; new allocations are refused until use drops.
+  auto& d = dev_counters();
+  d.limit.store(8 * kMiB);
+  REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);
+  CHECK(t == 8 * kMiB);
+  CHECK(f == 0);
+  REQUIRE(cuDeviceTotalMem(&tm, 0) == CUDA_SUCCESS);
+  CHECK(tm == 8 * kMiB);
+  CUdeviceptr q = 0;
+  CHECK(cuMemAlloc(&q, 512) == CUDA_ERROR_OUT_OF_MEMORY);
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&q, 512) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+  d.limit.store(kCap);
+
+  // NULL out-pointers behave as the driver does: the call's result is the driver's, and
+  // whichever pointer was given is filled.
+  size_t only_total = 0;
+  const CUresult r_free_null = cuMemGetInfo(nullptr, &only_total);
+  if (r_free_null == CUDA_SUCCESS) CHECK(only_total == kCap);
+  size_t only_free = 0;
+  const CUresult r_total_null = cuMemGetInfo(&only_free, nullptr);
+  if (r_total_null == CUDA_SUCCESS) CHECK(only_free == kCap);
+  CHECK(cuDeviceTotalMem(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_CASE("16 threads allocating and freeing never pass the cap and end with exact counters", "[cap][concurrency]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  const uint64_t allocs0 = d.alloc_count.load(), frees0 = d.free_count.load(), refusals0 = d.refusals.load();
+  CUcontext ctx = nullptr;
+  REQUIRE(cuCtxGetCurrent(&ctx) == CUDA_SUCCESS);
+
+  constexpr int kThreads = 16;
+  constexpr int kIters = 3000;
+  std::atomic<uint64_t> ok{0}, refused{0}, over_cap_seen{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+      std::mt19937_64 rng(1000 + t);
+      std::vector<std::pair<CUdeviceptr, size_t>> live;
+      for (int i = 0; i < kIters; ++i) {
+        if (live.size() < 8 && (rng() % 3 != 0 || live.empty())) {
+          const size_t sz = 512 + rng() % (6 * kMiB);
+          CUdeviceptr p = 0;
+          const CUresult r = cuMemAlloc(&p, sz);
+          if (r == CUDA_SUCCESS) {
+            live.emplace_back(p, sz);
+            ++ok;
+          } else {
+            REQUIRE(r == CUDA_ERROR_OUT_OF_MEMORY);
+            ++refused;
+          }
+        } else {
+          const size_t k = rng() % live.size();
+          REQUIRE(cuMemFree(live[k].first) == CUDA_SUCCESS);
+          live.erase(live.begin() + static_cast<long>(k));
+        }
+        if (d.used.load() > kCap) ++over_cap_seen;
+      }
+      for (auto& [p, sz] : live) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(over_cap_seen.load() == 0);
+  CHECK(d.peak.load() <= kCap);
+  CHECK(d.used.load() == 0);
+  CHECK(d.reserved.load() == 0);
+  CHECK(d.live_allocations.load() == 0);
+  CHECK(d.alloc_count.load() - allocs0 == ok.load());
+  CHECK(d.free_count.load() - frees0 == ok.load());
+  CHECK(d.refusals.load() - refusals0 == refused.load());
+  CHECK(refused.load() > 0);  // the workload really pressed against the cap
+  CHECK(fakecuda_live_bytes(0) == 0);
+}
+
+TEST_CASE("every allocation, free and refusal is an event in the ring", "[cap][events]") {
+  make_context();
+  touch_interposer();
+  auto& h = own_ring();
+  // Drain what is there, as a daemon would.
+  std::vector<cuw::ring::Event> buf(cuw::ring::kDefaultSlotCount);
+  auto* slots = reinterpret_cast<cuw::ring::EventSlot*>(reinterpret_cast<char*>(&h) + cuw::ring::kHeaderBytes);
+  cuw::ring::drain(h, slots, buf.data(), buf.size(), false, nullptr);
+
+  CUdeviceptr p = 0, q = 0;
+  REQUIRE(cuMemAlloc(&p, 5 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&q, kCap) == CUDA_ERROR_OUT_OF_MEMORY);
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  const size_t n = cuw::ring::drain(h, slots, buf.data(), buf.size(), false, nullptr);
+  REQUIRE(n == 3);
+  using K = cuw::ring::EventKind;
+  CHECK(buf[0].kind == static_cast<uint8_t>(K::alloc));
+  CHECK(buf[0].address == p);
+  CHECK(buf[0].bytes == 5 * kMiB);
+  CHECK(buf[0].used_after == 5 * kMiB);
+  CHECK(buf[0].device == 0);
+  CHECK(buf[0].tid == static_cast<uint32_t>(gettid()));
+  CHECK(buf[0].time_ns > 1'600'000'000'000'000'000ULL);
+  CHECK(buf[1].kind == static_cast<uint8_t>(K::refuse));
+  CHECK(buf[1].bytes == kCap);
+  CHECK(buf[1].result == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(buf[2].kind == static_cast<uint8_t>(K::free));
+  CHECK(buf[2].address == p);
+  CHECK(buf[2].used_after == 0);
+  CHECK(h.pid == static_cast<uint32_t>(getpid()));
+  CHECK(std::string(h.comm).size() > 0);
+}

@@ -1,0 +1,222 @@
+// Interposer tests at the level of a whole process: bad configuration, harmlessness in
+// programs that never use CUDA, the ring's life cycle, the daemon started after the
+// process, and `cuwarden --json`.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+struct Child {
+  pid_t pid = -1;
+  int in = -1;   // write end of the child's stdin
+  int out = -1;  // read end of the child's stdout+stderr
+};
+
+/// Start argv with the current environment plus `extra` (NAME=VALUE, overriding).
+Child spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    bool overridden = false;
+    for (const auto& x : extra)
+      if (kv.substr(0, kv.find('=') + 1) == x.substr(0, x.find('=') + 1)) overridden = true;
+    if (!overridden) env.push_back(kv);
+  }
+  for (const auto& x : extra) env.push_back(x);
+  std::vector<char*> envp, args;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> a = argv;
+  for (auto& s : a) args.push_back(s.data());
+  args.push_back(nullptr);
+  int inp[2], outp[2];
+  REQUIRE(::pipe2(inp, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(outp, O_CLOEXEC) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, inp[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, outp[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, outp[1], 2);
+  Child c;
+  REQUIRE(posix_spawn(&c.pid, args[0], &fa, nullptr, args.data(), envp.data()) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(inp[0]);
+  ::close(outp[1]);
+  c.in = inp[1];
+  c.out = outp[0];
+  return c;
+}
+
+std::string read_line(int fd) {
+  std::string s;
+  char ch;
+  while (::read(fd, &ch, 1) == 1 && ch != '\n') s += ch;
+  return s;
+}
+
+/// Wait for the child, returning its exit status (or 128+signal) and all its output.
+int finish(Child& c, std::string* output) {
+  if (c.in >= 0) ::close(c.in);
+  c.in = -1;
+  std::string all;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(c.out, buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
+  ::close(c.out);
+  int st = 0;
+  ::waitpid(c.pid, &st, 0);
+  if (output) *output = all;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int run(const std::vector<std::string>& argv, const std::vector<std::string>& extra, std::string* output) {
+  Child c = spawn(argv, extra);
+  return finish(c, output);
+}
+
+std::string make_run_dir() {
+  char tmpl[] = "/tmp/cuw-itest-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  return tmpl;
+}
+
+std::vector<std::string> ring_files(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::strncmp(e->d_name, "ring-", 5) == 0) out.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+const std::string kProbe = CUW_PROBE;
+const std::string kLib = "LD_PRELOAD=" CUW_LIB;
+
+}  // namespace
+
+TEST_CASE("a malformed CUWARDEN_LIMIT is one clear line and exit status 78", "[process][config]") {
+  const std::string dir = make_run_dir();
+  for (const char* bad : {"8X", "-1G", "0=1G,0=2G", "lots"}) {
+    std::string out;
+    const int st = run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, std::string("CUWARDEN_LIMIT=") + bad}, &out);
+    INFO("CUWARDEN_LIMIT=" << bad << " -> " << out);
+    CHECK(st == 78);
+    CHECK_THAT(out, Catch::Contains("CUWARDEN_LIMIT='" + std::string(bad) + "'"));
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  }
+  std::string out;
+  CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_POOL=fast"}, &out) == 78);
+  CHECK_THAT(out, Catch::Contains("CUWARDEN_POOL"));
+}
+
+TEST_CASE("CUWARDEN_ON_ERROR=open warns and runs uncapped", "[process][config]") {
+  const std::string dir = make_run_dir();
+  std::string out;
+  const int st = run({kProbe, "alloc", "64"},
+                     {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1Q", "CUWARDEN_ON_ERROR=open"}, &out);
+  INFO(out);
+  CHECK(st == 0);
+  CHECK_THAT(out, Catch::Contains("warning") && Catch::Contains("CUWARDEN_LIMIT") && Catch::Contains("ok"));
+}
+
+TEST_CASE("the cap refuses a whole process's allocation; without the library it succeeds", "[process]") {
+  const std::string dir = make_run_dir();
+  std::string out;
+  CHECK(run({kProbe, "alloc", "64"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=32M"}, &out) == 2);
+  CHECK_THAT(out, Catch::Contains("refused"));
+  CHECK(run({kProbe, "alloc", "64"}, {"CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=32M"}, &out) == 0);
+}
+
+TEST_CASE("preloaded into a process that never uses CUDA: no thread, no file", "[process][harmless]") {
+  const std::string dir = make_run_dir() + "/run";  // does not exist yet
+  std::string out;
+  REQUIRE(run({kProbe, "nocuda"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1G"}, &out) == 0);
+  CHECK(out == "threads 1\n");
+  CHECK(::access(dir.c_str(), F_OK) != 0);  // not even the run directory was created
+  // A bad cap does not break programs that never touch CUDA.
+  REQUIRE(run({kProbe, "nocuda"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=bad"}, &out) == 0);
+  // And a shell works under it.
+  REQUIRE(run({"/bin/sh", "-c", "echo hi"}, {kLib, "CUWARDEN_RUN_DIR=" + dir}, &out) == 0);
+  CHECK(out == "hi\n");
+}
+
+TEST_CASE("with no daemon the ring is removed at exit; while running it is there", "[process]") {
+  const std::string dir = make_run_dir();
+  Child c = spawn({kProbe, "hold", "8"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1G"});
+  REQUIRE(read_line(c.out) == "ready");
+  auto files = ring_files(dir);
+  REQUIRE(files.size() == 1);
+  CHECK_THAT(files[0], Catch::StartsWith("ring-" + std::to_string(c.pid) + "-"));
+  struct stat st {};
+  REQUIRE(::stat((dir + "/" + files[0]).c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0644);
+  REQUIRE(::stat(dir.c_str(), &st) == 0);
+  REQUIRE(finish(c, nullptr) == 0);
+  CHECK(ring_files(dir).empty());
+}
+
+TEST_CASE("a daemon started after the process shows it exactly; cuwarden --json", "[process][daemon]") {
+  const std::string dir = make_run_dir();
+  const std::string sock = dir + "/cuwardend.sock";
+  Child app = spawn({kProbe, "hold", "48"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1G"});
+  REQUIRE(read_line(app.out) == "ready");
+
+  Child daemon = spawn({CUW_DAEMON, "--run-dir", dir, "--socket", sock}, {});
+  nlohmann::json state;
+  bool seen = false;
+  for (int i = 0; i < 100 && !seen; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::string out;
+    if (run({CUW_CLI, "--socket", sock, "--json"}, {}, &out) != 0) continue;
+    state = nlohmann::json::parse(out, nullptr, false);
+    if (state.is_discarded()) continue;
+    for (auto& p : state["processes"])
+      if (p["pid"] == app.pid) seen = true;
+  }
+  REQUIRE(seen);
+  nlohmann::json proc;
+  for (auto& p : state["processes"])
+    if (p["pid"] == app.pid) proc = p;
+  CHECK(proc["state"] == "running");
+  CHECK(proc["process_name"] == "cuw_itest_probe");
+  REQUIRE(proc["devices"].size() >= 1);
+  auto dev0 = proc["devices"][0];
+  CHECK(dev0["ordinal"] == 0);
+  CHECK(dev0["used_bytes"] == 48ULL << 20);
+  CHECK(dev0["peak_bytes"] == 48ULL << 20);
+  CHECK(dev0["limit_bytes"] == 1ULL << 30);
+  CHECK(dev0["allocations"] == 1);
+  CHECK_THAT(dev0["uuid"].get<std::string>(), Catch::StartsWith("GPU-"));
+
+  // The table for people shows the process with its used and cap.
+  std::string table;
+  REQUIRE(run({CUW_CLI, "--socket", sock}, {}, &table) == 0);
+  CHECK_THAT(table, Catch::Contains(std::to_string(app.pid)) && Catch::Contains("48MiB") && Catch::Contains("1024MiB"));
+
+  REQUIRE(finish(app, nullptr) == 0);
+  ::kill(daemon.pid, SIGTERM);
+  CHECK(finish(daemon, nullptr) == 0);
+}
+
+TEST_CASE("cuwarden says plainly when no daemon runs", "[process][daemon]") {
+  const std::string dir = make_run_dir();
+  std::string out;
+  CHECK(run({CUW_CLI, "--socket", dir + "/cuwardend.sock"}, {}, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("no daemon"));
+}

@@ -1,0 +1,37 @@
+// Unit tests: ring file names and process start times.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+
+#include "cuw/paths.hpp"
+
+TEST_CASE("ring file names round-trip and reject look-alikes", "[paths]") {
+  using namespace cuw::paths;
+  const std::string n = ring_file_name(1234, 987654321);
+  CHECK(n == "ring-1234-987654321.cwr");
+  uint32_t pid = 0;
+  uint64_t st = 0;
+  REQUIRE(parse_ring_file_name(n, &pid, &st));
+  CHECK(pid == 1234);
+  CHECK(st == 987654321);
+  for (const char* bad : {"ring-.cwr", "ring-12.cwr", "ring-12-.cwr", "ring--5.cwr", "ring-1x-5.cwr", "ring-0-5.cwr",
+                          "ring-99999999999-5.cwr", "ring-1-2.txt", "xring-1-2.cwr", "cuwardend.sock"})
+    CHECK_FALSE(parse_ring_file_name(bad, &pid, &st));
+}
+
+TEST_CASE("process start time is read from /proc and changes with the process", "[paths]") {
+  using namespace cuw::paths;
+  const uint64_t self = process_start_time(static_cast<uint32_t>(getpid()));
+  CHECK(self > 0);
+  CHECK(process_start_time(static_cast<uint32_t>(getpid())) == self);
+  CHECK(process_start_time(0x7ffffff0u) == 0);  // no such pid
+}
+
+TEST_CASE("run dir honours CUWARDEN_RUN_DIR", "[paths]") {
+  ::setenv("CUWARDEN_RUN_DIR", "/tmp/cuw-test-dir//", 1);
+  CHECK(cuw::paths::run_dir() == "/tmp/cuw-test-dir");
+  CHECK(cuw::paths::socket_path() == "/tmp/cuw-test-dir/cuwardend.sock");
+  ::unsetenv("CUWARDEN_RUN_DIR");
+  CHECK(cuw::paths::run_dir() == cuw::paths::kDefaultRunDir);
+}
