@@ -115,10 +115,9 @@ Invalid validate(const void* base, uint64_t mapped_bytes) noexcept {
   return Invalid::none;
 }
 
-std::size_t drain(RingHeader& h, EventSlot* slots, Event* out, std::size_t max, bool stuck_skip,
-                  uint64_t* lost) noexcept {
-  // slot_count was validated, but re-read it once and clamp: the writer may be hostile.
-  uint32_t sc = std::atomic_ref<uint32_t>(h.slot_count).load(std::memory_order_relaxed);
+std::size_t drain(RingHeader& h, EventSlot* slots, uint32_t slot_count, Event* out, std::size_t max,
+                  bool stuck_skip, uint64_t* lost) noexcept {
+  const uint32_t sc = slot_count;
   if (!is_pow2(sc) || sc < kMinSlotCount || sc > kMaxSlotCount) return 0;
   const uint64_t mask = sc - 1;
   uint64_t pos = h.read_pos.load(std::memory_order_relaxed);

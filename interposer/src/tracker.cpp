@@ -149,6 +149,9 @@ void Tracker::create_ring() {
   const uint64_t start = paths::process_start_time(pid);
 
   // The run directory is shared by every user, like /tmp: world-writable and sticky.
+  // Missing parents are created as the user's own (0755).
+  for (size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1))
+    ::mkdir(dir.substr(0, slash).c_str(), 0755);
   if (::mkdir(dir.c_str(), 01777) == 0) ::chmod(dir.c_str(), 01777);
   struct stat st {};
   if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {

@@ -157,13 +157,13 @@ TEST_CASE("every allocation, free and refusal is an event in the ring", "[cap][e
   // Drain what is there, as a daemon would.
   std::vector<cuw::ring::Event> buf(cuw::ring::kDefaultSlotCount);
   auto* slots = reinterpret_cast<cuw::ring::EventSlot*>(reinterpret_cast<char*>(&h) + cuw::ring::kHeaderBytes);
-  cuw::ring::drain(h, slots, buf.data(), buf.size(), false, nullptr);
+  cuw::ring::drain(h, slots, cuw::ring::kDefaultSlotCount, buf.data(), buf.size(), false, nullptr);
 
   CUdeviceptr p = 0, q = 0;
   REQUIRE(cuMemAlloc(&p, 5 * kMiB) == CUDA_SUCCESS);
   REQUIRE(cuMemAlloc(&q, kCap) == CUDA_ERROR_OUT_OF_MEMORY);
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
-  const size_t n = cuw::ring::drain(h, slots, buf.data(), buf.size(), false, nullptr);
+  const size_t n = cuw::ring::drain(h, slots, cuw::ring::kDefaultSlotCount, buf.data(), buf.size(), false, nullptr);
   REQUIRE(n == 3);
   using K = cuw::ring::EventKind;
   CHECK(buf[0].kind == static_cast<uint8_t>(K::alloc));

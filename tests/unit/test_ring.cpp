@@ -49,14 +49,14 @@ TEST_CASE("ring: a fresh ring validates and carries events in order", "[ring]") 
   for (uint64_t i = 1; i <= 10; ++i) REQUIRE(ring::push(*r.header(), r.slots(), r.count, ev(i)));
   ring::Event out[32];
   uint64_t lost = 0;
-  REQUIRE(ring::drain(*r.header(), r.slots(), out, 32, false, &lost) == 10);
+  REQUIRE(ring::drain(*r.header(), r.slots(), r.count, out, 32, false, &lost) == 10);
   for (uint64_t i = 0; i < 10; ++i) {
     CHECK(out[i].time_ns == i + 1);
     CHECK(out[i].bytes == (i + 1) * 512);
   }
   CHECK(lost == 0);
   CHECK(r.header()->events_written.load() == 10);
-  CHECK(ring::drain(*r.header(), r.slots(), out, 32, false, &lost) == 0);
+  CHECK(ring::drain(*r.header(), r.slots(), r.count, out, 32, false, &lost) == 0);
 }
 
 TEST_CASE("ring: a full ring drops and counts instead of blocking", "[ring]") {
@@ -66,10 +66,10 @@ TEST_CASE("ring: a full ring drops and counts instead of blocking", "[ring]") {
   CHECK(ok == 64);
   CHECK(r.header()->events_dropped.load() == 36);
   ring::Event out[128];
-  CHECK(ring::drain(*r.header(), r.slots(), out, 128, false, nullptr) == 64);
+  CHECK(ring::drain(*r.header(), r.slots(), r.count, out, 128, false, nullptr) == 64);
   // After draining there is room again.
   CHECK(ring::push(*r.header(), r.slots(), r.count, ev(1000)));
-  CHECK(ring::drain(*r.header(), r.slots(), out, 128, false, nullptr) == 1);
+  CHECK(ring::drain(*r.header(), r.slots(), r.count, out, 128, false, nullptr) == 1);
   CHECK(out[0].time_ns == 1000);
 }
 
@@ -83,7 +83,7 @@ TEST_CASE("ring: many producers and a concurrent consumer lose nothing uncounted
     std::vector<ring::Event> buf(256);
     while (true) {
       const bool finished = done.load();
-      size_t n = ring::drain(*r.header(), r.slots(), buf.data(), buf.size(), false, nullptr);
+      size_t n = ring::drain(*r.header(), r.slots(), r.count, buf.data(), buf.size(), false, nullptr);
       for (size_t i = 0; i < n; ++i) seen.push_back(buf[i].time_ns);
       if (finished && n == 0) break;
     }
@@ -148,7 +148,7 @@ TEST_CASE("ring: garbage positions and sequences never read out of bounds", "[ri
     r.header()->read_pos.store(rng());
     r.header()->write_pos.store(rng());
     for (uint32_t i = 0; i < r.count; ++i) r.slots()[i].seq.store(rng() % 4 == 0 ? r.header()->read_pos.load() + i + 1 : rng());
-    size_t n = ring::drain(*r.header(), r.slots(), out, 64, (round & 1) != 0, nullptr);
+    size_t n = ring::drain(*r.header(), r.slots(), r.count, out, 64, (round & 1) != 0, nullptr);
     CHECK(n <= 64);
     // The producer side also survives a scribbled ring: it either publishes or drops.
     ring::push(*r.header(), r.slots(), r.count, ev(round));
@@ -163,9 +163,9 @@ TEST_CASE("ring: a slot claimed by a producer that died is skipped only when ask
   REQUIRE(ring::push(*r.header(), r.slots(), r.count, ev(3)));
   ring::Event out[8];
   uint64_t lost = 0;
-  CHECK(ring::drain(*r.header(), r.slots(), out, 8, false, &lost) == 1);
+  CHECK(ring::drain(*r.header(), r.slots(), r.count, out, 8, false, &lost) == 1);
   CHECK(lost == 0);
-  CHECK(ring::drain(*r.header(), r.slots(), out, 8, true, &lost) == 1);
+  CHECK(ring::drain(*r.header(), r.slots(), r.count, out, 8, true, &lost) == 1);
   CHECK(out[0].time_ns == 3);
   CHECK(lost == 1);
 }

@@ -197,10 +197,13 @@ const char* invalid_reason(Invalid r) noexcept;
 Invalid validate(const void* base, uint64_t mapped_bytes) noexcept;
 
 /// Consumer side: copy up to `max` published events into `out`, advancing read_pos.
-/// `h` must have passed validate(). A slot that was claimed but never published (its
+/// `h` must have passed validate(); `slot_count` is the consumer's own copy of the count it
+/// validated against its mapping's size (never re-read from shared memory). A slot that was claimed but never published (its
 /// producer died) is skipped once `stuck_skip` is true; skipped slots are added to *lost.
 /// Never reads outside slots[0, slot_count). Single consumer only.
-std::size_t drain(RingHeader& h, EventSlot* slots, Event* out, std::size_t max, bool stuck_skip,
-                  uint64_t* lost) noexcept;
+/// Only pass stuck_skip for a process that has exited: a producer that is merely paused
+/// between claim and publish would otherwise publish into a slot already skipped.
+std::size_t drain(RingHeader& h, EventSlot* slots, uint32_t slot_count, Event* out, std::size_t max,
+                  bool stuck_skip, uint64_t* lost) noexcept;
 
 }  // namespace cuw::ring
