@@ -1,0 +1,86 @@
+/* fakecuda: test-only extension API of the simulated CUDA driver (libcuda.so.1 in build/fakecuda).
+ *
+ * These functions exist only in the simulated driver. A test that uses them links the
+ * `fakecuda` target (or resolves them with dlsym on the libcuda handle it already has).
+ * All are thread-safe. Device ordinals are as the process sees them (after
+ * CUDA_VISIBLE_DEVICES). Streams follow the driver's rules: 0 / CU_STREAM_LEGACY is the
+ * legacy default stream of the current context, CU_STREAM_PER_THREAD the per-thread one.
+ *
+ * Environment read by the simulated driver (once, at first use):
+ *   CUWARDEN_FAKE_DEVICES  number of physical devices (default 1)
+ *   CUWARDEN_FAKE_MEMORY   bytes per device: "16G" or a list "1G,512M" (K/M/G/T = powers of
+ *                          1024; a shorter list repeats its last value) (default 16G)
+ *   CUWARDEN_FAKE_UUIDS    optional comma list "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+ *   CUWARDEN_FAKE_NAME     device name (default "cuwarden simulated GPU")
+ *   CUDA_VISIBLE_DEVICES   as the real driver: indices or (prefixes of) UUIDs, reordering,
+ *                          stops at the first invalid entry; "" hides every device
+ *   FAKECUDA_TRACE         1: log unimplemented entry points, export tables, lookup misses;
+ *                          2: also every cu* call
+ */
+#ifndef CUWARDEN_FAKECUDA_H
+#define CUWARDEN_FAKECUDA_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Queues a sleep of `ms` milliseconds on `stream`: later work on it waits.
+ *  Returns CUDA_SUCCESS, or the driver's error for a bad stream / no context. */
+CUresult fakecuda_stream_delay(CUstream stream, unsigned ms);
+
+/** Queues, on `stream`, a sleep of `delay_ms` followed by setting `bytes` bytes at `dptr` to
+ *  `value` (a slow "kernel" writing memory). The write happens on the stream's worker
+ *  thread, in stream order. Returns CUDA_SUCCESS or the driver's error. */
+CUresult fakecuda_stream_fill_async(CUstream stream, CUdeviceptr dptr, unsigned char value,
+                                    size_t bytes, unsigned delay_ms);
+
+/** Sets every cu* call counter to zero. */
+void fakecuda_reset_counters(void);
+
+/** Number of calls since the last reset. An exact exported name ("cuMemAlloc_v2") counts that
+ *  entry point only; a base name ("cuMemAlloc") also counts its ABI and per-thread variants
+ *  (cuMemAlloc_v2, ..._ptds, ..._ptsz). Calls the driver makes internally are not counted. */
+uint64_t fakecuda_call_count(const char* name);
+
+/** Bytes currently counted against device `ordinal`'s capacity (what cuMemGetInfo subtracts):
+ *  cuMemAlloc blocks (512-byte granules), memory-pool reserve, VMM handles, graph memory.
+ *  Returns 0 for an unknown ordinal. */
+size_t fakecuda_live_bytes(int ordinal);
+
+/** Number of distinct free blocks in device `ordinal`'s arena (fragmentation probe). */
+size_t fakecuda_free_block_count(int ordinal);
+
+/** Kind of an entry of fakecuda_proc_table(). */
+enum fakecuda_proc_kind {
+  FAKECUDA_PROC_PLAIN = 0, /**< default / legacy-stream variant */
+  FAKECUDA_PROC_PTDS = 1,  /**< per-thread default stream variant of a synchronous call */
+  FAKECUDA_PROC_PTSZ = 2   /**< per-thread default stream variant of an asynchronous call */
+};
+
+/** One ABI variant that cuGetProcAddress can return. */
+typedef struct fakecuda_proc_entry {
+  const char* base_name;     /**< what callers pass as `symbol`, e.g. "cuMemAlloc" */
+  int version;               /**< CUDA version that introduced this variant, e.g. 3020 */
+  int kind;                  /**< enum fakecuda_proc_kind */
+  const char* exported_name; /**< the symbol it resolves to, e.g. "cuMemAlloc_v2" */
+} fakecuda_proc_entry;
+
+/** The whole table cuGetProcAddress resolves from (static storage; never freed).
+ *  `*count` receives the number of entries. */
+const fakecuda_proc_entry* fakecuda_proc_table(size_t* count);
+
+/** Parses a CUDA_VISIBLE_DEVICES value the way the driver does, for `physical_count` devices
+ *  whose UUID strings ("GPU-...") are `uuids`. Writes up to `max` physical indices to `out`
+ *  and returns how many devices are visible. `spec` NULL means unset (all devices). */
+int fakecuda_parse_visible_devices(const char* spec, int physical_count,
+                                   const char* const* uuids, int* out, int max);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUWARDEN_FAKECUDA_H */

@@ -1,0 +1,91 @@
+// fakecuda: the per-device arena, a first-fit free-list allocator over one lazy host mapping.
+//
+// The mapping is PROT_READ|PROT_WRITE, MAP_NORESERVE and as large as the device, so device
+// pointers are real host addresses (memcpy works) and untouched memory costs nothing.
+// First fit in address order with coalescing reproduces what tests need from a GPU:
+// fragmentation can make an allocation fail although enough bytes are free in total.
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "internal.hpp"
+
+namespace fc {
+
+Arena::Arena(size_t capacity) : capacity_(capacity) {
+  void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    std::fprintf(stderr, "[fakecuda] cannot map a %zu-byte device arena\n", capacity);
+    std::abort();
+  }
+  base_ = reinterpret_cast<uintptr_t>(p);
+  free_[0] = capacity - capacity % kAlign;
+}
+
+Arena::~Arena() { munmap(reinterpret_cast<void*>(base_), capacity_); }
+
+uintptr_t Arena::allocate(size_t bytes) {
+  if (bytes == 0 || bytes > capacity_) return 0;
+  size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+  std::lock_guard lock(mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < need) continue;
+    size_t off = it->first;
+    size_t len = it->second;
+    free_.erase(it);
+    if (len > need) free_[off + need] = len - need;
+    used_[off] = need;
+    return base_ + off;
+  }
+  return 0;
+}
+
+size_t Arena::release(uintptr_t addr) {
+  if (addr < base_ || addr >= base_ + capacity_) return 0;
+  size_t off = addr - base_;
+  size_t len;
+  {
+    std::lock_guard lock(mu_);
+    auto it = used_.find(off);
+    if (it == used_.end()) return 0;
+    len = it->second;
+    used_.erase(it);
+    size_t start = off, end = off + len;
+    auto next = free_.lower_bound(off);
+    if (next != free_.end() && next->first == end) {
+      end += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        free_.erase(prev);
+      }
+    }
+    free_[start] = end - start;
+  }
+  // Give big blocks' pages back so long tests do not grow the resident set; the contents of
+  // freed device memory are undefined anyway.
+  constexpr size_t kPage = 4096;
+  uintptr_t lo = (addr + kPage - 1) / kPage * kPage;
+  uintptr_t hi = (addr + len) / kPage * kPage;
+  if (hi > lo && hi - lo >= 16 * kPage) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  return len;
+}
+
+size_t Arena::largest_free() const {
+  std::lock_guard lock(mu_);
+  size_t best = 0;
+  for (const auto& [off, len] : free_) best = std::max(best, len);
+  return best;
+}
+
+size_t Arena::free_block_count() const {
+  std::lock_guard lock(mu_);
+  return free_.size();
+}
+
+}  // namespace fc

@@ -1,0 +1,233 @@
+// fakecuda: private declarations shared by the simulated driver's files (never installed).
+//
+// How the pieces fit:
+//   devices.cpp   device list from the environment, CUDA_VISIBLE_DEVICES, device queries, cuInit
+//   context.cpp   contexts (primary and created), the per-thread context stack
+//   arena.cpp     per-device first-fit arena: the "physical" device memory
+//   memory.cpp    cuMemAlloc & co., host memory, pointer queries, the allocation table
+//   streams.cpp   streams, events, copies and memsets executed by per-stream worker threads
+//   mempool.cpp   stream-ordered allocator (cuMemAllocAsync, memory pools)
+//   graph.cpp     stream capture and a minimal graph (memory alloc/free nodes, captured work)
+//   vmm.cpp       virtual memory management (cuMemCreate/Map/...), backed by memfds
+//   modules.cpp   modules/libraries: accepted and empty (no kernels run here)
+//   procaddress.cpp cuGetProcAddress over the generated table (proc_table.inc)
+//   proc_table.cpp  the table's addresses, and a weak NOT_SUPPORTED stub per unimplemented export
+//   export_tables.cpp cuGetExportTable: the private tables NVIDIA's runtime requires
+//   counters.cpp  call counting, tracing, error names, the counter test API
+//
+// Rule: an exported cu* function never calls another exported cu* function (so that an
+// interposer sees exactly the calls the application made, and call counts stay exact); they
+// all call the fc:: functions below. The library is also linked -Bsymbolic.
+#pragma once
+
+// Exposes the legacy (pre-_v2) prototypes and the _ptds/_ptsz names, which the driver
+// itself must define, and undoes cuda.h's `#define cuMemAlloc cuMemAlloc_v2` renames.
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "counter.hpp"
+
+#define FC_API extern "C" __attribute__((visibility("default")))
+
+namespace fc {
+
+// ---------------------------------------------------------------- arena.cpp
+// First-fit allocator over one contiguous host mapping. Offsets and sizes are multiples of
+// kAlign; adjacent free blocks coalesce. Thread-safe.
+class Arena {
+ public:
+  static constexpr size_t kAlign = 512;
+  explicit Arena(size_t capacity);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  // Returns the address of a block of at least `bytes` (rounded up to kAlign), or 0.
+  uintptr_t allocate(size_t bytes);
+  // Returns the size the block had, or 0 if `addr` is not the start of a live block.
+  size_t release(uintptr_t addr);
+  uintptr_t base() const { return base_; }
+  size_t capacity() const { return capacity_; }
+  size_t largest_free() const;
+  size_t free_block_count() const;
+
+ private:
+  uintptr_t base_ = 0;
+  size_t capacity_ = 0;
+  mutable std::mutex mu_;
+  std::map<size_t, size_t> free_;  // offset -> length, address order
+  std::map<size_t, size_t> used_;  // offset -> length
+};
+
+// ---------------------------------------------------------------- devices.cpp
+struct Context;
+struct MemPool;
+
+struct Device {
+  int ordinal = 0;   // as the process sees it (after CUDA_VISIBLE_DEVICES)
+  int physical = 0;  // index among CUWARDEN_FAKE_DEVICES
+  std::string name;
+  CUuuid uuid{};
+  std::string uuid_string;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  size_t capacity = 0;
+  int pci_bus = 0;
+
+  // Bytes counted against capacity: arena blocks (incl. pool reserve), VMM device handles,
+  // graph allocations. reserve() fails instead of exceeding capacity.
+  std::atomic<size_t> used{0};
+  bool reserve(size_t bytes);
+  void unreserve(size_t bytes);
+
+  Arena& arena();  // created on first use (the mapping is large but lazy)
+  std::once_flag arena_once;
+  std::unique_ptr<Arena> arena_;
+
+  // Primary context.
+  std::mutex primary_mu;
+  Context* primary = nullptr;  // created once, kept for the process lifetime
+  int primary_refs = 0;
+  unsigned primary_flags = 0;
+
+  // Memory pools.
+  std::mutex pool_mu;
+  MemPool* default_pool = nullptr;
+  MemPool* current_pool = nullptr;
+};
+
+bool initialized();
+void ensure_devices();  // parses the environment once
+int device_count();
+Device* device(int ordinal);  // nullptr if out of range
+CUresult check_device(CUdevice dev);
+size_t parse_size(const char* text, bool* ok);
+
+// ---------------------------------------------------------------- context.cpp
+struct Stream;
+
+struct Context {
+  int ordinal = 0;
+  unsigned flags = 0;
+  bool is_primary = false;
+  std::atomic<bool> alive{true};
+  Stream* legacy = nullptr;
+  std::mutex streams_mu;
+  std::vector<Stream*> streams;  // every live stream of this context, incl. legacy and per-thread
+  std::atomic<uint64_t> id{0};
+};
+
+Context* current_context();          // nullptr if none
+CUresult require_context(Context** out);  // CUDA_ERROR_NOT_INITIALIZED / INVALID_CONTEXT
+Context* context_from_handle(CUcontext h);  // validates; nullptr if unknown
+void context_attach_stream(Context* ctx, Stream* s);
+void context_detach_stream(Context* ctx, Stream* s);
+CUresult context_synchronize(Context* ctx);
+CUresult primary_retain(CUcontext* pctx, CUdevice dev);
+
+// ---------------------------------------------------------------- memory.cpp
+enum class AllocKind { device, managed, host, registered, pool, graph, vmm };
+
+struct Allocation {
+  uintptr_t base = 0;
+  size_t size = 0;       // what the user asked for, rounded as the driver reports it
+  size_t block = 0;      // bytes taken from the arena / mapping
+  AllocKind kind = AllocKind::device;
+  int ordinal = 0;
+  Context* ctx = nullptr;
+  MemPool* pool = nullptr;
+  uint64_t buffer_id = 0;
+  unsigned host_flags = 0;
+};
+
+// The process-wide table of every range the driver knows about.
+void table_insert(const Allocation& a);
+bool table_erase(uintptr_t base, Allocation* out);  // exact start address
+bool table_find(uintptr_t addr, Allocation* out);   // any address inside
+bool table_find_range(uintptr_t addr, size_t bytes, Allocation* out);
+bool table_overlaps(uintptr_t addr, size_t bytes);
+
+// Device memory from the arena, accounted against capacity.
+CUresult device_alloc(Device* d, size_t bytes, uintptr_t* out, size_t* block);
+void device_free_block(Device* d, uintptr_t addr);
+// Capture-safety gate for calls that the driver forbids during a global-mode capture.
+CUresult capture_unsafe_call_check();
+
+// ---------------------------------------------------------------- streams.cpp
+using OpFn = std::function<void()>;
+
+struct Graph;
+
+struct Stream {
+  Context* ctx = nullptr;
+  unsigned flags = 0;
+  int priority = 0;
+  bool legacy = false;
+  bool per_thread = false;
+  uint64_t id = 0;
+  std::atomic<bool> alive{true};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Op {
+    OpFn fn;
+    std::vector<std::pair<Stream*, uint64_t>> deps;
+    uint64_t seq;
+  };
+  std::deque<Op> queue;
+  uint64_t submitted = 0;
+  uint64_t completed = 0;
+  bool worker_started = false;
+
+  // Capture state (guarded by mu).
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  Graph* capture_graph = nullptr;
+  uint64_t capture_id = 0;
+  uint64_t capture_thread = 0;
+};
+
+// Resolves a handle as the API sees it: 0 means the legacy stream, or the per-thread stream
+// for _ptsz/_ptds entry points; CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are honoured.
+CUresult resolve_stream(CUstream h, bool per_thread_default, Stream** out);
+Stream* stream_create(Context* ctx, unsigned flags, int priority, bool legacy, bool per_thread);
+// Queues `fn`; returns its sequence number, 0 when the stream is capturing (recorded instead),
+// or an error through `err` (capture rules).
+uint64_t stream_enqueue(Stream* s, OpFn fn, CUresult* err);
+void stream_wait(Stream* s, uint64_t seq);
+bool stream_done(Stream* s, uint64_t seq);
+uint64_t stream_submitted(Stream* s);
+CUresult stream_synchronize(Stream* s);
+bool stream_is_capturing(Stream* s);
+
+// ---------------------------------------------------------------- mempool.cpp
+MemPool* device_default_pool(Device* d);
+void pools_trim_to_threshold();  // at synchronization points, like the driver
+CUresult pool_free_async(const Allocation& a, Stream* s);
+
+// ---------------------------------------------------------------- graph.cpp
+// Called by stream_enqueue for a capturing stream (s->mu held).
+void graph_capture_op(Graph* g, OpFn fn);
+CUresult graph_capture_alloc(Stream* s, size_t bytes, int ordinal, CUdeviceptr* out);
+CUresult graph_capture_free(Stream* s, CUdeviceptr ptr);
+bool graph_free_outside(const Allocation& a, Stream* s, CUresult* rc);
+// Thread capture mode (cuThreadExchangeStreamCaptureMode).
+CUstreamCaptureMode& thread_capture_mode();
+// Invalidates every capture that a prohibited call from this thread breaks; returns true if
+// the call is prohibited.
+bool capture_prohibits_unsafe_call();
+bool any_blocking_stream_capturing(Context* ctx);
+void invalidate_captures_of(Context* ctx);
+
+uint64_t thread_token();
+
+}  // namespace fc

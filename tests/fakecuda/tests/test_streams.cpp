@@ -1,0 +1,128 @@
+// fakecuda unit tests: stream ordering, events, the legacy stream, host functions, call counters.
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "helpers.hpp"
+
+using namespace std::chrono;
+
+TEST_CASE("work on a stream runs later and in order", "[streams]") {
+  use_device(0);
+  CUstream s;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CUdeviceptr d;
+  REQUIRE(cuMemAlloc(&d, 4096) == CUDA_SUCCESS);
+  void* pinned;
+  REQUIRE(cuMemAllocHost(&pinned, 4096) == CUDA_SUCCESS);
+  std::memset(pinned, 0, 4096);
+  REQUIRE(fakecuda_stream_fill_async(s, d, 0x11, 4096, 150) == CUDA_SUCCESS);
+  REQUIRE(cuMemcpyDtoHAsync(pinned, d, 4096, s) == CUDA_SUCCESS);
+  CHECK(cuStreamQuery(s) == CUDA_ERROR_NOT_READY);
+  CHECK(static_cast<unsigned char*>(pinned)[0] == 0);  // the copy has not happened yet
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  CHECK(cuStreamQuery(s) == CUDA_SUCCESS);
+  CHECK(static_cast<unsigned char*>(pinned)[4095] == 0x11);
+  REQUIRE(cuMemFreeHost(pinned) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+  CHECK(cuStreamQuery(s) == CUDA_ERROR_INVALID_HANDLE);
+}
+
+TEST_CASE("synchronous copies wait for earlier work on the legacy stream", "[streams]") {
+  use_device(0);
+  CUdeviceptr d;
+  REQUIRE(cuMemAlloc(&d, 256) == CUDA_SUCCESS);
+  REQUIRE(fakecuda_stream_fill_async(nullptr, d, 0x22, 256, 100) == CUDA_SUCCESS);
+  std::vector<unsigned char> host(256, 0);
+  REQUIRE(cuMemcpyDtoH(host.data(), d, 256) == CUDA_SUCCESS);
+  CHECK(host[255] == 0x22);
+  REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
+}
+
+TEST_CASE("the legacy stream waits for blocking streams but not for non-blocking ones", "[streams]") {
+  use_device(0);
+  CUstream blocking, nonblocking;
+  REQUIRE(cuStreamCreate(&blocking, 0) == CUDA_SUCCESS);
+  REQUIRE(cuStreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CUdeviceptr d;
+  REQUIRE(cuMemAlloc(&d, 512) == CUDA_SUCCESS);
+  REQUIRE(fakecuda_stream_fill_async(blocking, d, 0x33, 512, 150) == CUDA_SUCCESS);
+  std::vector<unsigned char> host(512, 0);
+  REQUIRE(cuMemcpyDtoH(host.data(), d, 512) == CUDA_SUCCESS);  // legacy stream: waits
+  CHECK(host[0] == 0x33);
+
+  REQUIRE(fakecuda_stream_delay(nonblocking, 300) == CUDA_SUCCESS);
+  auto t0 = steady_clock::now();
+  REQUIRE(cuMemcpyDtoH(host.data(), d, 512) == CUDA_SUCCESS);  // does not wait for it
+  CHECK(steady_clock::now() - t0 < milliseconds(200));
+  CHECK(cuStreamQuery(nonblocking) == CUDA_ERROR_NOT_READY);
+  REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);  // waits for every stream
+  CHECK(cuStreamQuery(nonblocking) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(blocking) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(nonblocking) == CUDA_SUCCESS);
+}
+
+TEST_CASE("events order streams and time work", "[streams]") {
+  use_device(0);
+  CUstream a, b;
+  REQUIRE(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CUevent start, done;
+  REQUIRE(cuEventCreate(&start, 0) == CUDA_SUCCESS);
+  REQUIRE(cuEventCreate(&done, 0) == CUDA_SUCCESS);
+  CHECK(cuEventQuery(done) == CUDA_SUCCESS);  // never recorded
+  CUdeviceptr d;
+  REQUIRE(cuMemAlloc(&d, 512) == CUDA_SUCCESS);
+  REQUIRE(cuEventRecord(start, a) == CUDA_SUCCESS);
+  REQUIRE(fakecuda_stream_fill_async(a, d, 0x44, 512, 100) == CUDA_SUCCESS);
+  REQUIRE(cuEventRecord(done, a) == CUDA_SUCCESS);
+  CHECK(cuEventQuery(done) == CUDA_ERROR_NOT_READY);
+  REQUIRE(cuStreamWaitEvent(b, done, 0) == CUDA_SUCCESS);
+  void* pinned;
+  REQUIRE(cuMemAllocHost(&pinned, 512) == CUDA_SUCCESS);
+  REQUIRE(cuMemcpyDtoHAsync(pinned, d, 512, b) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(b) == CUDA_SUCCESS);
+  CHECK(static_cast<unsigned char*>(pinned)[0] == 0x44);
+  REQUIRE(cuEventSynchronize(done) == CUDA_SUCCESS);
+  float ms = 0;
+  REQUIRE(cuEventElapsedTime(&ms, start, done) == CUDA_SUCCESS);
+  CHECK(ms >= 90.0f);
+  REQUIRE(cuMemFreeHost(pinned) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
+  REQUIRE(cuEventDestroy(start) == CUDA_SUCCESS);
+  REQUIRE(cuEventDestroy(done) == CUDA_SUCCESS);
+  CHECK(cuEventDestroy(done) == CUDA_ERROR_INVALID_HANDLE);
+  REQUIRE(cuStreamDestroy(a) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(b) == CUDA_SUCCESS);
+}
+
+TEST_CASE("host functions run in stream order on the per-thread stream too", "[streams]") {
+  use_device(0);
+  static std::vector<int> order;
+  order.clear();
+  auto push = [](void* v) { order.push_back(static_cast<int>(reinterpret_cast<intptr_t>(v))); };
+  REQUIRE(fakecuda_stream_delay(CU_STREAM_PER_THREAD, 50) == CUDA_SUCCESS);
+  REQUIRE(cuLaunchHostFunc(CU_STREAM_PER_THREAD, push, reinterpret_cast<void*>(1)) == CUDA_SUCCESS);
+  REQUIRE(cuLaunchHostFunc(CU_STREAM_PER_THREAD, push, reinterpret_cast<void*>(2)) == CUDA_SUCCESS);
+  CHECK(order.empty());
+  REQUIRE(cuStreamSynchronize(CU_STREAM_PER_THREAD) == CUDA_SUCCESS);
+  CHECK(order == std::vector<int>{1, 2});
+}
+
+TEST_CASE("call counters count exact names and variants", "[streams][counters]") {
+  use_device(0);
+  fakecuda_reset_counters();
+  CUdeviceptr d;
+  REQUIRE(cuMemAlloc(&d, 512) == CUDA_SUCCESS);  // cuMemAlloc_v2
+  REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
+  CHECK(fakecuda_call_count("cuMemAlloc_v2") == 1);
+  CHECK(fakecuda_call_count("cuMemAlloc") == 1);
+  CHECK(fakecuda_call_count("cuMemAllocAsync") == 0);
+  CHECK(fakecuda_call_count("cuCtxSynchronize") == 0);  // cuMemFree syncs internally: not counted
+  CHECK(fakecuda_call_count("cuMemFree") == 1);
+  fakecuda_reset_counters();
+  CHECK(fakecuda_call_count("cuMemAlloc") == 0);
+}
