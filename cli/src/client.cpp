@@ -1,0 +1,31 @@
+// cuwarden CLI: one request to the daemon (see client.hpp).
+#include "client.hpp"
+
+#include <cstdio>
+
+namespace cuw::cli {
+
+std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body) {
+  std::string why;
+  auto reply = proto::request(socket, cmd, body.dump(), 10000, &why);
+  if (!reply) {
+    std::fprintf(stderr, "cuwarden: no daemon is running (no answer at %s: %s). Start it with: cuwardend &\n",
+                 socket.c_str(), why.c_str());
+    return std::nullopt;
+  }
+  auto j = nlohmann::ordered_json::parse(reply->body, nullptr, false);
+  if (reply->header.command == static_cast<uint16_t>(proto::Command::error)) {
+    const std::string msg = j.is_object() && j.contains("error") && j["error"].is_string()
+                                ? j["error"].get<std::string>()
+                                : reply->body;
+    std::fprintf(stderr, "cuwarden: the daemon refused the request: %s\n", msg.c_str());
+    return std::nullopt;
+  }
+  if (j.is_discarded() || !j.is_object()) {
+    std::fprintf(stderr, "cuwarden: the daemon at %s sent a reply that is not a JSON object\n", socket.c_str());
+    return std::nullopt;
+  }
+  return j;
+}
+
+}  // namespace cuw::cli

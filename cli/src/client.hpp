@@ -1,0 +1,21 @@
+// cuwarden CLI: asking the daemon, and saying plainly when there is none.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "cuw/protocol.hpp"
+
+namespace cuw::cli {
+
+/// Exit codes shared by the commands.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;   ///< no daemon, daemon error
+inline constexpr int kExitUsage = 2;     ///< bad arguments (sizes, fields, ...)
+
+/// Send one request. On success returns the reply body; otherwise prints the reason to
+/// stderr ("no daemon is running ..." or the daemon's error) and returns nullopt.
+std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body);
+
+}  // namespace cuw::cli

@@ -1,0 +1,87 @@
+// cuwarden: the command users type. Without a subcommand it prints the nvidia-smi-like
+// table (or --json, or --query-compute-apps CSV); `run` launches a program under the
+// interposer; `events` prints what the daemon collected.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "client.hpp"
+#include "commands.hpp"
+#include "cuw/paths.hpp"
+
+int main(int argc, char** argv) {
+  using namespace cuw::cli;
+  CLI::App app{"cuwarden: GPU memory caps and accounting for processes you did not build"};
+  app.set_version_flag("--version", std::string("cuwarden ") + CUWARDEN_VERSION);
+  app.require_subcommand(0, 1);
+
+  std::string socket = cuw::paths::socket_path();
+  app.add_option("--socket", socket, "daemon socket (default: $CUWARDEN_RUN_DIR/cuwardend.sock)");
+
+  StatusOptions st;
+  app.add_flag("--json", st.json, "print the daemon's state as JSON");
+  app.add_option("--query-compute-apps", st.query_compute_apps,
+                 "nvidia-smi style: pid,process_name,used_memory,gpu_uuid,gpu_name,gpu_bus_id,timestamp,"
+                 "limit,peak_memory,reserved_memory,allocations,job,user,ooms");
+  app.add_option("--format", st.format, "csv[,noheader][,nounits]");
+  app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
+  app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));
+
+  auto* run = app.add_subcommand("run", "run a command under cuwarden: cuwarden run [options] -- CMD ...");
+  RunOptions ro;
+  run->add_option("--limit", ro.limit, "per-process cap per device: 8G, 512MiB, 75%, 0=8G,1=4G");
+  run->add_option("--job", ro.job, "job name: processes of one user with one job share --job-limit");
+  run->add_option("--job-limit", ro.job_limit, "cap for the whole job per physical GPU");
+  run->add_option("--pool", ro.pool, "allocation backend: off, cache, vmm");
+  run->add_option("--callsites", ro.callsites, "frames captured per allocation (0..64)");
+  run->add_option("--lib", ro.lib, "path of libcuwarden.so (default: $CUWARDEN_LIB, then ../lib beside cuwarden)");
+  // Everything from the command on is the command's, with or without "--".
+  run->prefix_command();
+  run->fallthrough(false);
+
+  auto* events = app.add_subcommand("events", "print allocation events the daemon collected");
+  EventsOptions eo;
+  events->add_option("--pid", eo.pid, "only this process");
+  events->add_flag("-f,--follow", eo.follow, "keep printing new events");
+  events->add_flag("--json", eo.json, "one JSON object per line");
+  events->add_option("--socket", socket, "daemon socket");
+  events->add_option("--max", eo.max, "how many recent events")->check(CLI::Range(1u, 100000u));
+
+  // `run [options] -- CMD ...`: CLI11 sees only what precedes "--"; the rest is the command
+  // verbatim. Without "--", prefix_command() stops at the first non-option (the command).
+  std::vector<std::string> after_dashes;
+  int parse_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) != "run") continue;
+    for (int k = i + 1; k < argc; ++k)
+      if (std::string(argv[k]) == "--") {
+        after_dashes.assign(argv + k + 1, argv + argc);
+        parse_argc = k;
+        break;
+      }
+    break;
+  }
+  try {
+    app.parse(parse_argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+
+  if (*run) {
+    ro.command = run->remaining();
+    if (parse_argc != argc) {
+      if (!ro.command.empty()) {
+        std::fprintf(stderr, "cuwarden run: unexpected '%s' before '--'\n", ro.command.front().c_str());
+        return kExitUsage;
+      }
+      ro.command = after_dashes;
+    }
+    return cmd_run(ro);
+  }
+  if (*events) {
+    eo.socket = socket;
+    return cmd_events(eo);
+  }
+  st.socket = socket;
+  return cmd_status(st);
+}

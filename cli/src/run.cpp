@@ -1,0 +1,127 @@
+// cuwarden CLI: `cuwarden run` — set the CUWARDEN_* environment, preload the interposer,
+// and exec the command. Everything is checked before exec: a typo in a size must fail
+// here, with a clear message, not later inside the application.
+#include <limits.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "client.hpp"
+#include "commands.hpp"
+#include "cuw/size.hpp"
+
+namespace cuw::cli {
+
+namespace {
+
+bool readable_file(const std::string& p) { return !p.empty() && access(p.c_str(), R_OK) == 0; }
+
+std::string absolute(const std::string& p) {
+  char buf[PATH_MAX];
+  return realpath(p.c_str(), buf) ? std::string(buf) : p;
+}
+
+/// --lib, else $CUWARDEN_LIB, else ../lib/libcuwarden.so next to this executable
+/// (build/bin + build/lib, and installed bin/ + lib/). Empty + *tried on failure.
+std::string find_library(const std::string& flag, std::string* tried) {
+  if (!flag.empty()) {
+    *tried = flag + " (--lib)";
+    return readable_file(flag) ? absolute(flag) : "";
+  }
+  if (const char* env = std::getenv("CUWARDEN_LIB"); env && *env) {
+    *tried = std::string(env) + " ($CUWARDEN_LIB)";
+    return readable_file(env) ? absolute(env) : "";
+  }
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir(exe);
+    dir = dir.substr(0, dir.rfind('/'));
+    for (const char* rel : {"/../lib/libcuwarden.so", "/../lib64/libcuwarden.so", "/libcuwarden.so"}) {
+      const std::string cand = dir + rel;
+      *tried += (tried->empty() ? "" : ", ") + cand;
+      if (readable_file(cand)) return absolute(cand);
+    }
+  }
+  return "";
+}
+
+bool valid_job_name(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
+  return true;
+}
+
+int usage_error(const std::string& msg) {
+  std::fprintf(stderr, "cuwarden run: %s\n", msg.c_str());
+  return kExitUsage;
+}
+
+}  // namespace
+
+int cmd_run(const RunOptions& o) {
+  std::string err;
+  if (!o.limit.empty() && !parse_limit(o.limit, &err)) return usage_error("bad --limit '" + o.limit + "': " + err);
+  if (!o.job_limit.empty()) {
+    if (o.job.empty()) return usage_error("--job-limit needs --job NAME");
+    if (!parse_size(o.job_limit, true, &err)) return usage_error("bad --job-limit '" + o.job_limit + "': " + err);
+  }
+  if (!o.job.empty() && !valid_job_name(o.job))
+    return usage_error("bad --job '" + o.job + "': use 1-63 letters, digits, '.', '_' or '-'");
+  if (!o.pool.empty() && o.pool != "off" && o.pool != "cache" && o.pool != "vmm")
+    return usage_error("bad --pool '" + o.pool + "': use off, cache or vmm");
+  if (o.callsites != -1 && (o.callsites < 0 || o.callsites > 64))
+    return usage_error("bad --callsites " + std::to_string(o.callsites) + ": use 0..64");
+  if (o.command.empty()) return usage_error("no command given (cuwarden run [options] -- CMD ...)");
+
+  std::string tried;
+  const std::string lib = find_library(o.lib, &tried);
+  if (lib.empty()) {
+    std::fprintf(stderr,
+                 "cuwarden run: cannot find libcuwarden.so (tried %s). Pass --lib PATH or set CUWARDEN_LIB.\n",
+                 tried.c_str());
+    return kExitFailure;
+  }
+
+  if (!o.limit.empty()) setenv("CUWARDEN_LIMIT", o.limit.c_str(), 1);
+  if (!o.job.empty()) setenv("CUWARDEN_JOB", o.job.c_str(), 1);
+  if (!o.job_limit.empty()) setenv("CUWARDEN_JOB_LIMIT", o.job_limit.c_str(), 1);
+  if (!o.pool.empty()) setenv("CUWARDEN_POOL", o.pool.c_str(), 1);
+  if (o.callsites >= 0) setenv("CUWARDEN_CALLSITES", std::to_string(o.callsites).c_str(), 1);
+
+  // Ours first (its symbols must win), then every existing entry but a duplicate of ours.
+  std::string preload = lib;
+  if (const char* old = std::getenv("LD_PRELOAD"); old && *old) {
+    std::string entry;
+    std::stringstream ss(old);
+    while (std::getline(ss, entry, ':')) {
+      std::stringstream words(entry);
+      std::string w;
+      while (words >> w)
+        if (w != lib) preload += ":" + w;
+    }
+  }
+  setenv("LD_PRELOAD", preload.c_str(), 1);
+
+  std::vector<char*> argv;
+  for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  const int e = errno;
+  if (e == ENOENT) {
+    std::fprintf(stderr, "cuwarden run: %s: command not found\n", argv[0]);
+    return 127;
+  }
+  std::fprintf(stderr, "cuwarden run: cannot run %s: %s\n", argv[0], std::strerror(e));
+  return 126;
+}
+
+}  // namespace cuw::cli

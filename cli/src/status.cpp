@@ -1,0 +1,291 @@
+// cuwarden CLI: the default view (nvidia-smi-like boxes), --json, and --query-compute-apps.
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fmt/format.h>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "client.hpp"
+#include "commands.hpp"
+#include "table.hpp"
+
+namespace cuw::cli {
+
+using json = nlohmann::ordered_json;  // keeps the daemon's field order for --json
+
+namespace {
+
+std::string jstr(const json& j, const char* key, const std::string& fallback = "") {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+uint64_t jnum(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
+}
+const json& jarr(const json& j, const char* key) {
+  static const json empty = json::array();
+  auto it = j.find(key);
+  return it != j.end() && it->is_array() ? *it : empty;
+}
+Cell jcell(const json& j, const char* key, CellKind kind) {
+  auto it = j.find(key);
+  return it == j.end() ? Cell::none() : Cell::from_json(*it, kind);
+}
+
+std::string local_time(uint64_t ns, const char* fmt_str, bool millis) {
+  const time_t secs = static_cast<time_t>(ns / 1000000000ULL);
+  tm tmv{};
+  localtime_r(&secs, &tmv);
+  char buf[64];
+  strftime(buf, sizeof buf, fmt_str, &tmv);
+  std::string s = buf;
+  if (millis) s += fmt::format(".{:03d}", static_cast<int>((ns / 1000000ULL) % 1000));
+  return s;
+}
+
+std::string short_uuid(const std::string& uuid) { return uuid.size() > 12 ? uuid.substr(0, 12) : uuid; }
+
+bool gpu_matches(const std::string& filter, const json& dev_or_gpu, const char* index_key) {
+  if (filter.empty()) return true;
+  std::stringstream ss(filter);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const std::string uuid = jstr(dev_or_gpu, "uuid");
+    if (item.find_first_not_of("0123456789") == std::string::npos) {
+      if (std::to_string(jnum(dev_or_gpu, index_key)) == item) return true;
+    } else if (uuid.compare(0, item.size(), item) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string render_table(const json& st, const std::string& filter) {
+  std::string out;
+  const std::string head = fmt::format("{}       cuwarden {} (daemon {})  host {}",
+                                       local_time(jnum(st, "time_ns"), "%a %b %e %H:%M:%S %Y", false),
+                                       CUWARDEN_VERSION, jstr(st, "version", "?"), jstr(st, "hostname", "?"));
+  out += head + "\n";
+
+  Table gpus;
+  gpus.columns = {{"GPU", false, true}, {"Name", false, false, 28}, {"UUID", false, false},
+                  {"Memory tracked / physical", false, true}, {"Procs", false, true}, {"Capped", false, true}};
+  bool have_driver = false;
+  for (const auto& g : jarr(st, "gpus"))
+    if (g.contains("driver_used_bytes")) have_driver = true;
+  if (have_driver) gpus.columns.push_back({"Driver used", false, true});
+  for (const auto& g : jarr(st, "gpus")) {
+    if (!gpu_matches(filter, g, "index")) continue;
+    std::vector<Cell> row = {Cell::num(jnum(g, "index")), Cell::str(jstr(g, "name")),
+                             Cell::str(short_uuid(jstr(g, "uuid"))),
+                             Cell::str(fmt::format("{}MiB / {}MiB", jnum(g, "used_bytes") >> 20,
+                                                   jnum(g, "memory_total_bytes") >> 20)),
+                             Cell::num(jnum(g, "processes")), Cell::num(jnum(g, "capped_processes"))};
+    if (have_driver) row.push_back(jcell(g, "driver_used_bytes", CellKind::bytes));
+    gpus.rows.push_back(std::move(row));
+  }
+
+  Table procs;
+  procs.columns = {{"GPU", false, true},      {"PID", false, true},   {"User", false, false, 12},
+                   {"Process name", false, false, 24}, {"Used", false, true}, {"Peak", false, true},
+                   {"Cap", false, true},      {"Allocs", false, true}, {"OOMs", false, true},
+                   {"State", false, false}};
+  bool proc_driver = false;
+  for (const auto& p : jarr(st, "processes"))
+    for (const auto& d : jarr(p, "devices"))
+      if (d.contains("driver_used_bytes")) proc_driver = true;
+  if (proc_driver) procs.columns.insert(procs.columns.begin() + 5, Column{"Driver", false, true});
+  for (const auto& p : jarr(st, "processes")) {
+    const auto& devs = jarr(p, "devices");
+    auto row_for = [&](const json* d) {
+      std::vector<Cell> row;
+      row.push_back(d ? jcell(*d, "gpu_index", CellKind::integer) : Cell::none());
+      row.push_back(jcell(p, "pid", CellKind::integer));
+      row.push_back(Cell::str(jstr(p, "user")));
+      row.push_back(Cell::str(jstr(p, "process_name")));
+      row.push_back(d ? jcell(*d, "used_bytes", CellKind::bytes) : Cell::none());
+      if (proc_driver) row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
+      row.push_back(d ? jcell(*d, "peak_bytes", CellKind::bytes) : Cell::none());
+      row.push_back(d ? jcell(*d, "limit_bytes", CellKind::bytes) : Cell::none());
+      row.push_back(d ? jcell(*d, "allocations", CellKind::integer) : Cell::none());
+      row.push_back(d ? jcell(*d, "ooms", CellKind::integer) : Cell::none());
+      row.push_back(Cell::str(jstr(p, "state")));
+      procs.rows.push_back(std::move(row));
+    };
+    if (devs.empty()) {
+      if (filter.empty()) row_for(nullptr);
+    } else {
+      for (const auto& d : devs)
+        if (gpu_matches(filter, d, "gpu_index")) row_for(&d);
+    }
+  }
+
+  // Both boxes the same width, like nvidia-smi's.
+  const std::string gpu_note = "No GPU seen yet (no interposed process has used CUDA)";
+  const std::size_t width = std::max(render_box(procs, "Processes:", "No interposed processes found").find('\n'),
+                                     render_box(gpus, "", gpu_note).find('\n'));
+  out += render_box(gpus, "", gpu_note, width);
+  out += "\n";
+  out += render_box(procs, "Processes:", "No interposed processes found", width);
+  const auto& problems = jarr(st, "problems");
+  if (!problems.empty()) {
+    out += "\nProblems (ring files the daemon refused):\n";
+    for (const auto& pr : problems) out += fmt::format("  {}: {}\n", jstr(pr, "path"), jstr(pr, "reason"));
+  }
+  return out;
+}
+
+struct QueryField {
+  const char* name;     ///< as typed
+  const char* header;   ///< as nvidia-smi prints it
+  CellKind kind;
+};
+constexpr QueryField kFields[] = {
+    {"pid", "pid", CellKind::integer},
+    {"process_name", "process_name", CellKind::text},
+    {"name", "process_name", CellKind::text},
+    {"used_memory", "used_gpu_memory", CellKind::bytes},
+    {"used_gpu_memory", "used_gpu_memory", CellKind::bytes},
+    {"gpu_uuid", "gpu_uuid", CellKind::text},
+    {"gpu_name", "gpu_name", CellKind::text},
+    {"gpu_bus_id", "gpu_bus_id", CellKind::text},
+    {"timestamp", "timestamp", CellKind::text},
+    {"limit", "limit", CellKind::bytes},
+    {"peak_memory", "peak_memory", CellKind::bytes},
+    {"reserved_memory", "reserved_memory", CellKind::bytes},
+    {"allocations", "allocations", CellKind::integer},
+    {"job", "job", CellKind::text},
+    {"user", "user", CellKind::text},
+    {"ooms", "ooms", CellKind::integer},
+    {"fragmentation", "fragmentation", CellKind::text},
+    {"driver_used_memory", "driver_used_memory", CellKind::bytes},
+};
+
+Cell query_cell(const std::string& field, const json& st, const json& p, const json& d,
+                const std::map<std::string, json>& gpu_by_uuid) {
+  if (field == "pid") return jcell(p, "pid", CellKind::integer);
+  if (field == "process_name" || field == "name") return Cell::str(jstr(p, "process_name"));
+  if (field == "used_memory" || field == "used_gpu_memory") return jcell(d, "used_bytes", CellKind::bytes);
+  if (field == "gpu_uuid") return Cell::str(jstr(d, "uuid"));
+  if (field == "gpu_name") return Cell::str(jstr(d, "name"));
+  if (field == "gpu_bus_id") {
+    auto it = gpu_by_uuid.find(jstr(d, "uuid"));
+    return it != gpu_by_uuid.end() && it->second.contains("bus_id") ? Cell::str(jstr(it->second, "bus_id"))
+                                                                    : Cell::none();
+  }
+  if (field == "timestamp") return Cell::str(local_time(jnum(st, "time_ns"), "%Y/%m/%d %H:%M:%S", true));
+  if (field == "limit") return jcell(d, "limit_bytes", CellKind::bytes);
+  if (field == "peak_memory") return jcell(d, "peak_bytes", CellKind::bytes);
+  if (field == "reserved_memory") return jcell(d, "reserved_bytes", CellKind::bytes);
+  if (field == "allocations") return jcell(d, "allocations", CellKind::integer);
+  if (field == "job") return Cell::str(jstr(p, "job"));
+  if (field == "user") return Cell::str(jstr(p, "user"));
+  if (field == "ooms") return jcell(d, "ooms", CellKind::integer);
+  if (field == "driver_used_memory") return jcell(d, "driver_used_bytes", CellKind::bytes);
+  return Cell::none();  // fragmentation: not measured yet
+}
+
+volatile std::sig_atomic_t g_stop = 0;
+
+}  // namespace
+
+int cmd_status(const StatusOptions& o) {
+  // Parse --query-compute-apps / --format before asking anything: bad input exits 2.
+  std::vector<std::string> fields;
+  bool csv_header = true, csv_units = true;
+  const bool query = !o.query_compute_apps.empty();
+  if (query) {
+    std::stringstream ss(o.query_compute_apps);
+    std::string f;
+    while (std::getline(ss, f, ',')) {
+      f.erase(0, f.find_first_not_of(" \t"));
+      f.erase(f.find_last_not_of(" \t") + 1);
+      if (f.empty()) continue;
+      bool known = false;
+      for (const auto& q : kFields) known |= f == q.name;
+      if (!known) {
+        std::fprintf(stderr, "Field \"%s\" is not a valid field to query.\n", f.c_str());
+        return kExitUsage;
+      }
+      fields.push_back(f);
+    }
+    if (fields.empty()) {
+      std::fprintf(stderr, "cuwarden: --query-compute-apps needs at least one field\n");
+      return kExitUsage;
+    }
+    if (o.format.empty()) {
+      std::fprintf(stderr, "cuwarden: --format= must be specified with --query-compute-apps (e.g. --format=csv)\n");
+      return kExitUsage;
+    }
+  }
+  if (!o.format.empty()) {
+    std::stringstream ss(o.format);
+    std::string f;
+    bool csv = false;
+    while (std::getline(ss, f, ',')) {
+      if (f == "csv") csv = true;
+      else if (f == "noheader") csv_header = false;
+      else if (f == "nounits") csv_units = false;
+      else {
+        std::fprintf(stderr, "cuwarden: unknown --format option \"%s\" (use csv[,noheader][,nounits])\n", f.c_str());
+        return kExitUsage;
+      }
+    }
+    if (!csv) {
+      std::fprintf(stderr, "cuwarden: --format must include csv\n");
+      return kExitUsage;
+    }
+    if (!query) {
+      std::fprintf(stderr, "cuwarden: --format goes with --query-compute-apps\n");
+      return kExitUsage;
+    }
+  }
+
+  if (o.loop_seconds > 0) {
+    std::signal(SIGINT, [](int) { g_stop = 1; });
+    std::signal(SIGTERM, [](int) { g_stop = 1; });
+  }
+  for (;;) {
+    auto st = ask(o.socket, proto::Command::get_state, json::object());
+    if (!st) return kExitFailure;
+    if (o.json) {
+      std::fputs((st->dump(2, ' ', false, json::error_handler_t::replace) + "\n").c_str(), stdout);
+    } else if (query) {
+      Table t;
+      for (const auto& f : fields)
+        for (const auto& q : kFields)
+          if (f == q.name) t.columns.push_back({q.header, q.kind == CellKind::bytes});
+      std::map<std::string, json> gpu_by_uuid;
+      for (const auto& g : jarr(*st, "gpus")) gpu_by_uuid[jstr(g, "uuid")] = g;
+      for (const auto& p : jarr(*st, "processes")) {
+        if (jstr(p, "state") != "running") continue;  // nvidia-smi lists running processes
+        for (const auto& d : jarr(p, "devices")) {
+          if (!gpu_matches(o.gpu_filter, d, "gpu_index")) continue;
+          std::vector<Cell> row;
+          for (const auto& f : fields) row.push_back(query_cell(f, *st, p, d, gpu_by_uuid));
+          t.rows.push_back(std::move(row));
+        }
+      }
+      std::fputs(render_csv(t, csv_header, csv_units).c_str(), stdout);
+    } else {
+      std::fputs(render_table(*st, o.gpu_filter).c_str(), stdout);
+    }
+    std::fflush(stdout);
+    if (o.loop_seconds <= 0) return kExitOk;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.loop_seconds);
+    while (!g_stop && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (g_stop) return kExitOk;
+    if (!o.json && !query) std::fputs("\n", stdout);
+  }
+}
+
+}  // namespace cuw::cli

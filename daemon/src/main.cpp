@@ -1,0 +1,238 @@
+// cuwardend: the cuwarden daemon. Finds the rings of interposed processes in the run
+// directory, drains their events, notices exits, and answers the CLI on a unix socket.
+//
+// One thread, one poll loop: signals (signalfd), directory changes (inotify), the socket
+// server, and two timers — drain every few ms, rescan every second.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <string>
+
+#include "cuw/paths.hpp"
+#include "cuw/protocol.hpp"
+#include "fault_guard.hpp"
+#include "nvml.hpp"
+#include "registry.hpp"
+#include "server.hpp"
+#include "util.hpp"
+
+namespace {
+
+using cuw::daemon::mono_ns;
+using nlohmann::json;
+
+constexpr uint64_t kMs = 1'000'000;
+
+struct Options {
+  std::string socket;
+  std::string run_dir;
+  std::string http;
+  std::string config;
+  std::string log_level = "info";
+  bool foreground = false;
+  bool no_nvml = false;
+  unsigned drain_interval_ms = 10;
+  unsigned scan_interval_ms = 1000;
+  double exited_linger_s = 60;
+  std::size_t history = 10000;
+};
+
+/// Create the run directory if missing, sticky and world-writable like /tmp: every user's
+/// interposed processes create their rings there.
+bool ensure_run_dir(const std::string& dir) {
+  struct stat st{};
+  if (stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      spdlog::error("run directory {} exists and is not a directory", dir);
+      return false;
+    }
+    return true;
+  }
+  if (mkdir(dir.c_str(), 01777) != 0 && errno != EEXIST) {
+    spdlog::error("cannot create run directory {}: {}", dir, std::strerror(errno));
+    return false;
+  }
+  chmod(dir.c_str(), 01777);  // mkdir's mode went through the umask
+  spdlog::info("created run directory {}", dir);
+  return true;
+}
+
+cuw::daemon::Server::Reply handle(cuw::daemon::Registry& reg, uint16_t command, const std::string& body) {
+  using cuw::proto::Command;
+  auto reply = [&](const nlohmann::ordered_json& j) {
+    return cuw::daemon::Server::Reply{static_cast<uint16_t>(command | cuw::proto::kReplyBit),
+                                      j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)};
+  };
+  auto error = [](const std::string& what) {
+    return cuw::daemon::Server::Reply{static_cast<uint16_t>(Command::error), json{{"error", what}}.dump()};
+  };
+  // Requests are small objects: refuse deep nesting before parsing (parser recursion).
+  if (std::count(body.begin(), body.end(), '[') + std::count(body.begin(), body.end(), '{') > 64)
+    return error("bad request: too deeply nested");
+  json req = body.empty() ? json::object() : json::parse(body, nullptr, false);
+  if (req.is_discarded()) return error("bad request: body is not JSON");
+  switch (static_cast<Command>(command)) {
+    case Command::get_state:
+      return reply(reg.state_json());
+    case Command::get_events:
+      try {
+        return reply(reg.events_json(req));
+      } catch (const std::exception& e) {
+        return error(std::string("bad request: ") + e.what());
+      }
+    case Command::set_limit:
+      return error("set_limit is not implemented yet");
+    default:
+      return error("unknown command " + std::to_string(command));
+  }
+}
+
+int run(const Options& o) {
+  const std::string run_dir = o.run_dir.empty() ? cuw::paths::run_dir() : o.run_dir;
+  const std::string socket_path = o.socket.empty() ? run_dir + "/" + cuw::paths::kSocketName : o.socket;
+  if (!o.http.empty()) spdlog::warn("--http {}: HTTP is not served yet; ignored", o.http);
+  if (!o.config.empty()) spdlog::warn("--config {}: configuration files are not read yet; ignored", o.config);
+
+  if (!ensure_run_dir(run_dir)) return 1;
+  const int dirfd = open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0) {
+    spdlog::error("cannot open run directory {}: {}", run_dir, std::strerror(errno));
+    return 1;
+  }
+
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGHUP);
+  sigprocmask(SIG_BLOCK, &mask, nullptr);
+  const int sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  signal(SIGPIPE, SIG_IGN);
+  cuw::daemon::install_fault_guard();
+
+  const int infd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (infd < 0 || inotify_add_watch(infd, run_dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE |
+                                                                  IN_MOVED_FROM | IN_ATTRIB | IN_ONLYDIR) < 0)
+    spdlog::warn("inotify on {} unavailable ({}); rescanning every {} ms only", run_dir, std::strerror(errno),
+                 o.scan_interval_ms);
+
+  cuw::daemon::Nvml nvml(!o.no_nvml);
+  spdlog::info("NVML {}", nvml.available() ? "loaded" : "not available (GPU index/name from the rings only)");
+
+  cuw::daemon::RegistryOptions ro;
+  ro.run_dir = run_dir;
+  ro.history_per_process = std::max<std::size_t>(o.history, 1);
+  ro.exited_linger_ns = static_cast<uint64_t>(std::max(0.0, o.exited_linger_s) * 1e9);
+  cuw::daemon::Registry reg(ro, dirfd, &nvml);
+
+  cuw::daemon::Server server([&](uint16_t cmd, const std::string& body) { return handle(reg, cmd, body); });
+  std::string err;
+  if (!server.listen(socket_path, &err)) {
+    spdlog::error("{}", err);
+    return 1;
+  }
+  spdlog::info("cuwardend {} serving {} (run dir {})", CUWARDEN_VERSION, socket_path, run_dir);
+
+  reg.scan();
+  uint64_t next_drain = mono_ns();
+  uint64_t next_scan = mono_ns() + o.scan_interval_ms * kMs;
+  bool scan_now = false;
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({sigfd, POLLIN, 0});
+    fds.push_back({infd, static_cast<short>(infd >= 0 ? POLLIN : 0), 0});
+    const std::size_t server_first = fds.size();
+    server.collect(fds);
+    const uint64_t now = mono_ns();
+    const uint64_t wake = std::min(next_drain, next_scan);
+    const int timeout_ms = wake <= now ? 0 : static_cast<int>((wake - now + kMs - 1) / kMs);
+    const int n = poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      spdlog::error("poll: {}", std::strerror(errno));
+      break;
+    }
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo si{};
+      if (read(sigfd, &si, sizeof si) == sizeof si) {
+        if (si.ssi_signo == SIGHUP) {
+          scan_now = true;
+        } else {
+          spdlog::info("signal {}: exiting", si.ssi_signo);
+          break;
+        }
+      }
+    }
+    if (fds[1].revents & POLLIN) {
+      alignas(inotify_event) char buf[8192];
+      while (read(infd, buf, sizeof buf) > 0) {
+      }
+      scan_now = true;
+    }
+    if (n > 0) server.dispatch(fds, server_first);
+
+    uint64_t t = mono_ns();
+    if (t >= next_drain) {
+      const bool more = reg.drain_all();
+      next_drain = more ? t : t + o.drain_interval_ms * kMs;
+    }
+    if (scan_now || t >= next_scan) {
+      reg.scan();
+      scan_now = false;
+      next_scan = mono_ns() + o.scan_interval_ms * kMs;
+    }
+    server.expire(mono_ns());
+  }
+  server.shutdown();
+  if (infd >= 0) close(infd);
+  if (sigfd >= 0) close(sigfd);
+  spdlog::info("cuwardend stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cuwardend: the cuwarden daemon (collects what interposed processes do; answers `cuwarden`)"};
+  Options o;
+  app.set_version_flag("--version", std::string("cuwardend ") + CUWARDEN_VERSION);
+  app.add_option("--socket", o.socket, "unix socket to serve (default: <run dir>/cuwardend.sock)");
+  app.add_option("--run-dir", o.run_dir, "where rings live (default: $CUWARDEN_RUN_DIR or /dev/shm/cuwarden)");
+  app.add_option("--http", o.http, "HTTP listen address (not served yet; accepted for compatibility)");
+  app.add_option("--config", o.config, "configuration file (not read yet; accepted for compatibility)");
+  app.add_flag("--foreground", o.foreground, "stay in the foreground (cuwardend always does; use systemd or &)");
+  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, critical, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "critical", "off"}));
+  app.add_flag("--no-nvml", o.no_nvml, "do not load libnvidia-ml.so.1");
+  app.add_option("--drain-interval-ms", o.drain_interval_ms, "how often rings are drained")
+      ->check(CLI::Range(1u, 1000u));
+  app.add_option("--scan-interval-ms", o.scan_interval_ms, "how often the run directory is rescanned")
+      ->check(CLI::Range(10u, 60000u));
+  app.add_option("--exited-linger", o.exited_linger_s, "seconds an exited process stays visible")
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--history", o.history, "events kept per process")->check(CLI::Range(1, 10000000));
+  CLI11_PARSE(app, argc, argv);
+
+  auto logger = spdlog::stderr_color_mt("cuwardend");
+  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(o.log_level == "warning" ? "warn" : o.log_level));
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    spdlog::critical("fatal: {}", e.what());
+    return 1;
+  }
+}

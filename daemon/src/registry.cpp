@@ -1,0 +1,458 @@
+// cuwarden daemon: discovery, draining, exit detection and the state JSON (see registry.hpp).
+#include "registry.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <spdlog/spdlog.h>
+#include <stdexcept>
+
+#include "cuw/paths.hpp"
+#include "util.hpp"
+
+namespace cuw::daemon {
+
+using json = nlohmann::ordered_json;  // fields in the documented order
+
+struct Registry::Process {
+  std::string file_name;
+  std::unique_ptr<RingView> ring;
+  uint32_t pid = 0;
+  uint64_t start_time = 0;
+  uint32_t uid = 0;
+  std::string user;
+  bool exited = false;
+  uint64_t exited_ns = 0;     ///< header's clean-exit time, else when the daemon noticed
+  uint64_t exited_mono = 0;   ///< for the linger timer
+  uint64_t events_received = 0;
+  uint64_t events_lost = 0;   ///< slots a dead producer claimed but never published
+  std::deque<StoredEvent> history;
+};
+
+namespace {
+
+constexpr std::size_t kDrainBatch = 1024;
+constexpr std::size_t kDrainRoundsPerTick = 64;  // at most 64 Ki events per ring per tick
+constexpr std::size_t kMaxProblems = 1024;
+
+/// True when /proc says `pid` is gone, reused, or a zombie (exited, not yet reaped).
+bool process_gone(uint32_t pid, uint64_t start_time) {
+  const uint64_t st = paths::process_start_time(pid);
+  if (st == 0 || st != start_time) return true;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char buf[1024];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return true;
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  if (!p || p[1] != ' ') return false;
+  return p[2] == 'Z' || p[2] == 'X';
+}
+
+json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
+
+}  // namespace
+
+Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)
+    : opt_(std::move(options)), dirfd_(dirfd), nvml_(nvml), buffer_(kDrainBatch), hostname_(host_name()) {}
+
+Registry::~Registry() {
+  procs_.clear();
+  if (dirfd_ >= 0) close(dirfd_);
+}
+
+void Registry::scan() {
+  const uint64_t mono = mono_ns();
+  std::set<std::string> present;
+  const int fd = dup(dirfd_);
+  if (fd < 0) {
+    spdlog::warn("scan: dup: {}", std::strerror(errno));
+    return;
+  }
+  DIR* d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
+  rewinddir(d);
+  while (dirent* ent = readdir(d)) {
+    const std::string name = ent->d_name;
+    if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, job segments, ...
+    present.insert(name);
+    if (present.size() > opt_.max_rings + kMaxProblems) break;
+  }
+  closedir(d);
+
+  for (const auto& name : present)
+    if (!procs_.count(name)) try_open(name, mono);
+  // Problems whose file went away are solved.
+  for (auto it = problems_.begin(); it != problems_.end();)
+    it = present.count(it->first) ? std::next(it) : problems_.erase(it);
+
+  std::vector<std::string> expired;
+  for (auto& [name, p] : procs_) {
+    if (!p->exited) check_exit(*p, mono);
+    if (p->exited && mono - p->exited_mono >= opt_.exited_linger_ns) expired.push_back(name);
+  }
+  for (const auto& name : expired) forget(name, opt_.unlink_exited);
+}
+
+void Registry::try_open(const std::string& name, uint64_t mono) {
+  struct stat st{};
+  if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished
+  const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  auto pit = problems_.find(name);
+  if (pit != problems_.end() && !pit->second.transient && pit->second.dev == st.st_dev &&
+      pit->second.ino == st.st_ino && pit->second.size == st.st_size && pit->second.mtime_ns == mtime)
+    return;  // same broken file as before
+
+  auto record = [&](std::string reason, bool transient) {
+    if (pit == problems_.end()) {
+      if (problems_.size() >= kMaxProblems) return;
+      pit = problems_.emplace(name, Problem{}).first;
+      pit->second.first_seen_mono = mono;
+    }
+    Problem& pr = pit->second;
+    const bool changed = pr.reason != reason;
+    pr.reason = std::move(reason);
+    pr.transient = transient;
+    pr.dev = st.st_dev;
+    pr.ino = st.st_ino;
+    pr.size = st.st_size;
+    pr.mtime_ns = mtime;
+    if (changed && !transient) spdlog::warn("ring {}: {}", name, pr.reason);
+  };
+
+  uint32_t pid = 0;
+  uint64_t start_time = 0;
+  if (!paths::parse_ring_file_name(name, &pid, &start_time)) {
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, paths::kRingSuffix) == 0)
+      record("malformed ring file name", false);
+    return;  // a temporary file or something else that merely starts with "ring-"
+  }
+  if (procs_.size() >= opt_.max_rings) {
+    record("too many rings (limit " + std::to_string(opt_.max_rings) + ")", true);
+    return;
+  }
+  OpenResult r = open_ring(dirfd_, name, pid, start_time);
+  if (!r.view) {
+    record(r.error, r.transient);
+    return;
+  }
+  if (pit != problems_.end()) problems_.erase(pit);
+
+  auto p = std::make_unique<Process>();
+  Snapshot snap;
+  if (!r.view->snapshot(snap)) return;
+  p->file_name = name;
+  p->pid = pid;
+  p->start_time = start_time;
+  p->uid = snap.uid;
+  p->user = user_name(snap.uid);
+  p->ring = std::move(r.view);
+  spdlog::info("ring {}: pid {} ({}) user {}{}", name, pid, field_text(snap.comm, sizeof snap.comm), p->user,
+               p->ring->writable() ? "" : " [read-only: counters only, no events]");
+  auto& ref = *p;
+  procs_.emplace(name, std::move(p));
+  check_exit(ref, mono);
+}
+
+void Registry::check_exit(Process& p, uint64_t mono) {
+  Snapshot snap;
+  if (!p.ring->snapshot(snap)) {
+    drop_faulted(p.file_name, "faulted while reading its header");
+    return;
+  }
+  if (snap.state == static_cast<uint32_t>(ring::ProcessState::exited)) {
+    p.exited = true;
+    p.exited_ns = snap.exited_ns ? snap.exited_ns : now_ns();
+  } else if (process_gone(p.pid, p.start_time)) {
+    p.exited = true;
+    p.exited_ns = now_ns();
+  }
+  if (p.exited) {
+    p.exited_mono = mono;
+    spdlog::info("pid {} exited ({})", p.pid, p.file_name);
+  }
+}
+
+void Registry::drop_faulted(const std::string& name, const char* what) {
+  spdlog::warn("ring {}: {}; dropped", name, what);
+  Problem pr;
+  pr.reason = std::string("ring ") + what + " (truncated or rewritten under the daemon); dropped";
+  pr.first_seen_mono = mono_ns();
+  struct stat st{};
+  if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    pr.dev = st.st_dev;
+    pr.ino = st.st_ino;
+    pr.size = st.st_size;
+    pr.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  }
+  problems_[name] = pr;
+  procs_.erase(name);
+}
+
+void Registry::forget(const std::string& name, bool unlink_file) {
+  auto it = procs_.find(name);
+  if (it == procs_.end()) return;
+  Process& p = *it->second;
+  drain_one(p, now_ns(), nullptr);  // last events of this ring; a fault changes nothing here
+  if (unlink_file && p.ring) {
+    struct stat st{};
+    // Only the file we mapped: not a new ring that reused the name.
+    if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == p.ring->dev() &&
+        st.st_ino == p.ring->ino())
+      unlinkat(dirfd_, name.c_str(), 0);  // failure is fine: not our file to insist on
+  }
+  spdlog::info("forgot pid {} ({})", p.pid, name);
+  procs_.erase(name);
+}
+
+bool Registry::drain_one(Process& p, uint64_t now, bool* more) {
+  if (!p.ring || !p.ring->writable()) return true;
+  for (std::size_t round = 0; round < kDrainRoundsPerTick; ++round) {
+    // Skipping unpublished slots is safe only once no producer can publish any more: a
+    // live producer that publishes into a slot we skipped would wedge the ring.
+    DrainResult r = p.ring->drain(buffer_.data(), buffer_.size(), p.exited, now);
+    if (!r.ok) return false;
+    p.events_lost += r.lost;
+    p.events_received += r.events;
+    for (std::size_t i = 0; i < r.events; ++i) {
+      p.history.push_back(StoredEvent{++seq_, buffer_[i]});
+      if (p.history.size() > opt_.history_per_process) p.history.pop_front();
+    }
+    if (r.events < buffer_.size()) return true;
+  }
+  if (more) *more = true;
+  return true;
+}
+
+bool Registry::drain_all() {
+  bool more = false;
+  const uint64_t now = now_ns();
+  std::vector<std::string> faulted;
+  for (auto& [name, p] : procs_)
+    if (!drain_one(*p, now, &more)) faulted.push_back(name);
+  for (const auto& name : faulted) drop_faulted(name, "faulted while draining events");
+  return more;
+}
+
+json Registry::state_json() {
+  struct Gpu {
+    std::string uuid, name, bus_id;
+    int index = -1;
+    int first_ordinal = 1 << 30;
+    uint64_t total = 0, used = 0, reserved = 0, driver_used = 0;
+    bool driver_used_known = false;
+    unsigned processes = 0, capped = 0;
+  };
+  std::map<std::string, Gpu> gpus;
+  std::map<std::string, const NvmlGpu*> nvml_by_uuid;
+  const std::vector<NvmlGpu> nv = nvml_ ? nvml_->query() : std::vector<NvmlGpu>{};
+  for (const auto& g : nv) {
+    nvml_by_uuid[g.uuid] = &g;
+    Gpu& out = gpus[g.uuid];
+    out.uuid = g.uuid;
+    out.name = g.name;
+    out.bus_id = g.bus_id;
+    out.index = static_cast<int>(g.index);
+    out.total = g.memory_total;
+    out.driver_used = g.memory_used;
+    out.driver_used_known = true;
+  }
+
+  json processes = json::array();
+  std::vector<std::string> faulted;
+  for (auto& [name, p] : procs_) {
+    Snapshot s;
+    if (!p->ring->snapshot(s)) {
+      faulted.push_back(name);
+      continue;
+    }
+    json devices = json::array();
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+      const DeviceSnapshot& ds = s.devices[d];
+      if (!ds.present) continue;
+      const std::string uuid = format_uuid(ds.uuid);
+      Gpu& g = gpus[uuid];
+      if (g.uuid.empty()) {
+        g.uuid = uuid;
+        g.name = field_text(ds.name, sizeof ds.name);
+        g.total = ds.physical_total;
+      }
+      g.first_ordinal = std::min(g.first_ordinal, static_cast<int>(d));
+      if (!p->exited) {
+        g.used += ds.used;
+        g.reserved += ds.reserved;
+        ++g.processes;
+        if (ds.limit != ring::kNoLimit) ++g.capped;
+      }
+      json dev = {
+          {"ordinal", d},
+          {"uuid", uuid},
+          {"name", field_text(ds.name, sizeof ds.name)},
+          {"memory_total_bytes", ds.physical_total},
+          {"used_bytes", ds.used},
+          {"peak_bytes", ds.peak},
+          {"limit_bytes", null_if_nolimit(ds.limit)},
+          {"reserved_bytes", ds.reserved},
+          {"allocations", ds.live_allocations},
+          {"alloc_count", ds.alloc_count},
+          {"free_count", ds.free_count},
+          {"ooms", ds.refusals},
+          {"driver_errors", ds.driver_errors},
+          {"host_bytes", ds.host_bytes},
+      };
+      if (auto it = nvml_by_uuid.find(uuid); it != nvml_by_uuid.end()) {
+        auto pu = it->second->process_used.find(p->pid);
+        dev["driver_used_bytes"] = (pu != it->second->process_used.end() && !p->exited) ? json(pu->second) : json(nullptr);
+      }
+      devices.push_back(std::move(dev));
+    }
+    const char* state = p->exited ? "exited" : "running";
+    processes.push_back({
+        {"pid", p->pid},
+        {"user", p->user},
+        {"uid", p->uid},
+        {"process_name", field_text(s.comm, sizeof s.comm)},
+        {"cmdline", field_text(s.cmdline, sizeof s.cmdline)},
+        {"job", field_text(s.job, sizeof s.job)},
+        {"pool", field_text(s.pool, sizeof s.pool)},
+        {"state", state},
+        {"start_time", p->start_time},
+        {"created_ns", s.created_ns},
+        {"exited_ns", p->exited ? json(p->exited_ns) : json(nullptr)},
+        {"events_written", s.events_written},
+        {"events_dropped", s.events_dropped},
+        {"events_received", p->events_received},
+        {"events_lost", p->events_lost},
+        {"events_readable", p->ring->writable()},
+        {"consumer_heartbeat_ns", s.heartbeat_ns},
+        {"ring", opt_.run_dir + "/" + name},
+        {"devices", std::move(devices)},
+    });
+  }
+  for (const auto& name : faulted) drop_faulted(name, "faulted while reading its header");
+
+  // GPU order: NVML's index when known, else the lowest CUDA ordinal any process sees it at.
+  std::vector<Gpu*> order;
+  for (auto& [uuid, g] : gpus) order.push_back(&g);
+  std::sort(order.begin(), order.end(), [](const Gpu* a, const Gpu* b) {
+    const bool ai = a->index >= 0, bi = b->index >= 0;
+    if (ai != bi) return ai;
+    if (ai) return a->index < b->index;
+    if (a->first_ordinal != b->first_ordinal) return a->first_ordinal < b->first_ordinal;
+    return a->uuid < b->uuid;
+  });
+  int next_index = 0;
+  for (Gpu* g : order) next_index = std::max(next_index, g->index + 1);
+  json gpu_list = json::array();
+  std::map<std::string, int> index_of;
+  for (Gpu* g : order) {
+    if (g->index < 0) g->index = next_index++;
+    index_of[g->uuid] = g->index;
+    json j = {
+        {"index", g->index},
+        {"uuid", g->uuid},
+        {"name", g->name},
+        {"memory_total_bytes", g->total},
+        {"used_bytes", g->used},
+        {"reserved_bytes", g->reserved},
+        {"limit_bytes", nullptr},  // no device-wide cap yet: per-process caps are below
+        {"processes", g->processes},
+        {"capped_processes", g->capped},
+    };
+    if (!g->bus_id.empty()) j["bus_id"] = g->bus_id;
+    if (g->driver_used_known) j["driver_used_bytes"] = g->driver_used;
+    gpu_list.push_back(std::move(j));
+  }
+  for (auto& proc : processes)
+    for (auto& dev : proc["devices"]) dev["gpu_index"] = index_of[dev["uuid"].get<std::string>()];
+
+  const uint64_t mono = mono_ns();
+  json problems = json::array();
+  for (const auto& [name, pr] : problems_) {
+    if (pr.transient && mono - pr.first_seen_mono < opt_.problem_grace_ns) continue;
+    problems.push_back({{"path", opt_.run_dir + "/" + name}, {"reason", pr.reason}});
+  }
+
+  return {
+      {"version", CUWARDEN_VERSION},
+      {"hostname", hostname_},
+      {"time_ns", now_ns()},
+      {"run_dir", opt_.run_dir},
+      {"nvml", nvml_ && nvml_->available()},
+      {"events_seq", seq_},
+      {"gpus", std::move(gpu_list)},
+      {"processes", std::move(processes)},
+      {"problems", std::move(problems)},
+  };
+}
+
+json Registry::events_json(const nlohmann::json& request) const {
+  auto get_u64 = [&](const char* key, uint64_t fallback) -> uint64_t {
+    auto it = request.find(key);
+    if (it == request.end() || it->is_null()) return fallback;
+    if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
+      throw std::invalid_argument(std::string("\"") + key + "\" must be a non-negative integer");
+    return it->get<uint64_t>();
+  };
+  if (!request.is_object()) throw std::invalid_argument("request body must be a JSON object");
+  const bool has_pid = request.contains("pid") && !request["pid"].is_null();
+  const uint64_t pid = get_u64("pid", 0);
+  const bool has_after = request.contains("after") && !request["after"].is_null();
+  uint64_t after = get_u64("after", 0);
+  const uint64_t max = std::clamp<uint64_t>(get_u64("max", 1000), 1, 100000);
+  if (after > seq_) after = seq_;  // a client that outlived a daemon restart resumes at "now"
+
+  struct Ref {
+    const StoredEvent* ev;
+    uint32_t pid;
+  };
+  std::vector<Ref> refs;
+  for (const auto& [name, p] : procs_) {
+    if (has_pid && p->pid != pid) continue;
+    // History is ordered by seq: binary search the first event after `after`.
+    auto first = std::upper_bound(p->history.begin(), p->history.end(), after,
+                                  [](uint64_t a, const StoredEvent& e) { return a < e.seq; });
+    for (auto it = first; it != p->history.end(); ++it) refs.push_back({&*it, p->pid});
+  }
+  std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.ev->seq < b.ev->seq; });
+  std::size_t begin = 0, end = refs.size();
+  if (refs.size() > max) {
+    if (has_after) end = max;
+    else begin = refs.size() - max;
+  }
+  json events = json::array();
+  for (std::size_t i = begin; i < end; ++i) {
+    const ring::Event& e = refs[i].ev->e;
+    events.push_back({
+        {"seq", refs[i].ev->seq},
+        {"pid", refs[i].pid},
+        {"time_ns", e.time_ns},
+        {"api", ring::api_name(e.api)},
+        {"kind", ring::kind_name(e.kind)},
+        {"device", e.device},
+        {"bytes", e.bytes},
+        {"address", e.address},
+        {"used_after", e.used_after},
+        {"tid", e.tid},
+        {"result", e.result},
+        {"aux", e.aux},
+    });
+  }
+  const uint64_t next = end > begin ? refs[end - 1].ev->seq : (has_after ? after : seq_);
+  return {{"events", std::move(events)}, {"next", next}, {"latest", seq_}};
+}
+
+}  // namespace cuw::daemon

@@ -1,0 +1,93 @@
+// cuwarden daemon: the set of interposed processes it knows, discovered from ring files.
+//
+// scan() lists the run directory (on inotify events and every second), opens new rings,
+// notices exits and forgets exited processes after a linger time. drain_all() copies events
+// out of every ring into a bounded per-process history, numbered by one global sequence.
+// state_json()/events_json() answer queries; header counters are read fresh each time,
+// because they, not the event stream, are authoritative.
+//
+// Single-threaded: the daemon's one loop calls everything here.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "nvml.hpp"
+#include "ring_view.hpp"
+
+namespace cuw::daemon {
+
+struct RegistryOptions {
+  std::string run_dir;
+  std::size_t history_per_process = 10000;      ///< events kept per process
+  uint64_t exited_linger_ns = 60'000'000'000;   ///< how long exited processes stay visible
+  uint64_t problem_grace_ns = 1'000'000'000;    ///< a ring being created may look broken this long
+  std::size_t max_rings = 4096;                 ///< processes tracked at once
+  bool unlink_exited = true;                    ///< remove ring files of processes forgotten
+};
+
+struct StoredEvent {
+  uint64_t seq = 0;
+  ring::Event e;
+};
+
+class Registry {
+ public:
+  /// `dirfd` is an open O_DIRECTORY descriptor of options.run_dir (the registry owns it).
+  Registry(RegistryOptions options, int dirfd, const Nvml* nvml);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  /// List the run directory: open new rings, retry broken ones, detect exits, forget old ones.
+  void scan();
+  /// Drain every ring once. Returns true if some ring had more events than one round takes
+  /// (the caller should drain again soon).
+  bool drain_all();
+
+  nlohmann::ordered_json state_json();
+  /// `request`: {"pid"?, "after"?, "max"?}. Without "after", the newest `max` events;
+  /// with it, the oldest `max` events numbered above it. Throws std::invalid_argument.
+  nlohmann::ordered_json events_json(const nlohmann::json& request) const;
+
+  std::size_t process_count() const noexcept { return procs_.size(); }
+  uint64_t last_seq() const noexcept { return seq_; }
+
+ private:
+  struct Process;
+  struct Problem {
+    std::string reason;
+    uint64_t first_seen_mono = 0;
+    bool transient = false;
+    // What the file looked like when it failed: unchanged files are not reopened.
+    dev_t dev = 0;
+    ino_t ino = 0;
+    off_t size = 0;
+    int64_t mtime_ns = 0;
+  };
+
+  void try_open(const std::string& name, uint64_t mono);
+  void check_exit(Process& p, uint64_t mono);
+  bool drain_one(Process& p, uint64_t now, bool* more);
+  void drop_faulted(const std::string& name, const char* what);
+  void forget(const std::string& name, bool unlink_file);
+
+  RegistryOptions opt_;
+  int dirfd_;
+  const Nvml* nvml_;
+  std::map<std::string, std::unique_ptr<Process>> procs_;  ///< by ring file name
+  std::map<std::string, Problem> problems_;                 ///< by file name
+  std::vector<ring::Event> buffer_;
+  uint64_t seq_ = 0;  ///< last global event number handed out
+  std::string hostname_;
+};
+
+}  // namespace cuw::daemon

@@ -1,0 +1,168 @@
+// cuwarden daemon: mapping and reading ring files as untrusted input (see ring_view.hpp).
+#include "ring_view.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "fault_guard.hpp"
+
+namespace cuw::daemon {
+
+using ring::RingHeader;
+
+RingView::~RingView() {
+  if (base_) munmap(base_, size_);
+}
+
+bool RingView::snapshot(Snapshot& out) const noexcept {
+  const RingHeader* h = header();
+  auto copy = [&] {
+    std::memcpy(&out.pid, &h->pid, sizeof out.pid);
+    std::memcpy(&out.uid, &h->uid, sizeof out.uid);
+    std::memcpy(&out.start_time, &h->start_time, sizeof out.start_time);
+    std::memcpy(&out.created_ns, &h->created_ns, sizeof out.created_ns);
+    out.state = h->state.load(std::memory_order_acquire);
+    out.device_count = h->device_count.load(std::memory_order_relaxed);
+    out.exited_ns = h->exited_ns.load(std::memory_order_relaxed);
+    out.heartbeat_ns = h->consumer_heartbeat_ns.load(std::memory_order_relaxed);
+    out.events_written = h->events_written.load(std::memory_order_relaxed);
+    out.events_dropped = h->events_dropped.load(std::memory_order_relaxed);
+    out.write_pos = h->write_pos.load(std::memory_order_relaxed);
+    out.read_pos = h->read_pos.load(std::memory_order_relaxed);
+    std::memcpy(out.comm, h->comm, sizeof out.comm);
+    std::memcpy(out.cmdline, h->cmdline, sizeof out.cmdline);
+    std::memcpy(out.job, h->job, sizeof out.job);
+    std::memcpy(out.pool, h->pool, sizeof out.pool);
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+      const ring::DeviceSlot& s = h->devices[d];
+      DeviceSnapshot& o = out.devices[d];
+      o.present = s.present.load(std::memory_order_acquire) == 1;
+      if (!o.present) continue;
+      std::memcpy(o.uuid, s.uuid, sizeof o.uuid);
+      std::memcpy(o.name, s.name, sizeof o.name);
+      std::memcpy(&o.physical_total, &s.physical_total, sizeof o.physical_total);
+      o.used = s.used.load(std::memory_order_relaxed);
+      o.peak = s.peak.load(std::memory_order_relaxed);
+      o.limit = s.limit.load(std::memory_order_relaxed);
+      o.reserved = s.reserved.load(std::memory_order_relaxed);
+      o.live_allocations = s.live_allocations.load(std::memory_order_relaxed);
+      o.alloc_count = s.alloc_count.load(std::memory_order_relaxed);
+      o.free_count = s.free_count.load(std::memory_order_relaxed);
+      o.refusals = s.refusals.load(std::memory_order_relaxed);
+      o.driver_errors = s.driver_errors.load(std::memory_order_relaxed);
+      o.host_bytes = s.host_bytes.load(std::memory_order_relaxed);
+    }
+  };
+  return guarded_call(copy);
+}
+
+DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns) noexcept {
+  DrainResult r;
+  if (!writable_) return r;
+  RingHeader* h = header();
+  auto body = [&] {
+    // A writer that changed the geometry after we validated it is no longer a ring.
+    const uint32_t sc = std::atomic_ref<uint32_t>(h->slot_count).load(std::memory_order_relaxed);
+    if (sc != slot_count_) {
+      r.ok = false;
+      return;
+    }
+    r.events = ring::drain(*h, slots(), slot_count_, out, max, stuck_skip, &r.lost);
+    h->consumer_heartbeat_ns.store(heartbeat_ns, std::memory_order_relaxed);
+    r.write_pos = h->write_pos.load(std::memory_order_relaxed);
+    r.read_pos = h->read_pos.load(std::memory_order_relaxed);
+  };
+  if (!guarded_call(body)) r.ok = false;
+  return r;
+}
+
+struct RingOpener {
+  static OpenResult open(int dirfd, const std::string& name, uint32_t expect_pid, uint64_t expect_start_time) {
+    OpenResult res;
+    auto fail = [&](std::string why, bool transient = false) {
+      res.error = std::move(why);
+      res.transient = transient;
+      return std::move(res);
+    };
+    bool writable = true;
+    int fd = openat(dirfd, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
+      // Another user's ring that we may read but not write: counters yes, events no.
+      writable = false;
+      fd = openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    }
+    if (fd < 0) {
+      if (errno == ELOOP) return fail("is a symbolic link (refused)");
+      if (errno == ENOENT) return fail("vanished", true);
+      return fail(std::string("open: ") + std::strerror(errno));
+    }
+    struct stat st{};
+    if (fstat(fd, &st) != 0) {
+      const int e = errno;
+      close(fd);
+      return fail(std::string("fstat: ") + std::strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      close(fd);
+      return fail("not a regular file");
+    }
+    const auto size = static_cast<uint64_t>(st.st_size);
+    if (size < ring::file_size(ring::kMinSlotCount)) {
+      close(fd);
+      return fail("file too small for a ring (" + std::to_string(size) + " bytes)", true);
+    }
+    if (size > ring::file_size(ring::kMaxSlotCount)) {
+      close(fd);
+      return fail("file too large for a ring (" + std::to_string(size) + " bytes)");
+    }
+    void* base = mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
+    close(fd);
+    if (base == MAP_FAILED) return fail(std::string("mmap: ") + std::strerror(map_errno));
+
+    std::unique_ptr<RingView> v(new RingView());
+    v->base_ = base;
+    v->size_ = size;
+    v->writable_ = writable;
+    v->dev_ = st.st_dev;
+    v->ino_ = st.st_ino;
+
+    ring::Invalid inv = ring::Invalid::too_small;
+    uint32_t sc = 0;
+    Snapshot snap;
+    auto check = [&] {
+      inv = ring::validate(base, size);
+      if (inv == ring::Invalid::none) std::memcpy(&sc, &v->header()->slot_count, sizeof sc);
+    };
+    if (!guarded_call(check)) return fail("file changed size while being read");
+    if (inv != ring::Invalid::none)
+      return fail(ring::invalid_reason(inv), inv == ring::Invalid::bad_magic || inv == ring::Invalid::size_mismatch);
+    // validate() compared its own copy of slot_count with the size; make sure ours agrees.
+    if (ring::file_size(sc) != size) return fail(ring::invalid_reason(ring::Invalid::size_mismatch));
+    v->slot_count_ = sc;
+    if (!v->snapshot(snap)) return fail("file changed size while being read");
+    // Both checks below may fail for a moment on a ring whose producer writes these fields
+    // after init() published the magic: transient, reported only if they persist.
+    if (snap.uid != st.st_uid)
+      return fail("ring claims uid " + std::to_string(snap.uid) + " but the file belongs to uid " +
+                  std::to_string(st.st_uid), true);
+    if (snap.pid != expect_pid || snap.start_time != expect_start_time)
+      return fail("ring claims pid " + std::to_string(snap.pid) + " starttime " + std::to_string(snap.start_time) +
+                  ", its file name says pid " + std::to_string(expect_pid) + " starttime " +
+                  std::to_string(expect_start_time), true);
+    res.view = std::move(v);
+    return res;
+  }
+};
+
+OpenResult open_ring(int dirfd, const std::string& name, uint32_t expect_pid, uint64_t expect_start_time) {
+  return RingOpener::open(dirfd, name, expect_pid, expect_start_time);
+}
+
+}  // namespace cuw::daemon

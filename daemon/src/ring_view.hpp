@@ -1,0 +1,99 @@
+// cuwarden daemon: one ring file, opened and mapped as untrusted input.
+//
+// open_ring() checks the file (regular, not a symlink, sane size, owner == the uid the ring
+// claims, name == the pid/starttime it claims), maps it and validates the layout. After
+// that, every read of the mapping goes through snapshot()/drain(), which copy what they
+// need under the fault guard: the owner may scribble on or truncate the file at any time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuw/ring.hpp"
+
+namespace cuw::daemon {
+
+/// A copy of one DeviceSlot, taken field by field (one atomic load each).
+struct DeviceSnapshot {
+  bool present = false;
+  uint8_t uuid[16] = {};
+  char name[sizeof(ring::DeviceSlot::name)] = {};
+  uint64_t physical_total = 0;
+  uint64_t used = 0, peak = 0, limit = ring::kNoLimit, reserved = 0;
+  uint64_t live_allocations = 0, alloc_count = 0, free_count = 0;
+  uint64_t refusals = 0, driver_errors = 0, host_bytes = 0;
+};
+
+/// A copy of the header's fields; char fields are raw (use field_text()).
+struct Snapshot {
+  uint32_t pid = 0, uid = 0, state = 0, device_count = 0;
+  uint64_t start_time = 0, created_ns = 0, exited_ns = 0, heartbeat_ns = 0;
+  uint64_t events_written = 0, events_dropped = 0, write_pos = 0, read_pos = 0;
+  char comm[sizeof(ring::RingHeader::comm)] = {};
+  char cmdline[sizeof(ring::RingHeader::cmdline)] = {};
+  char job[sizeof(ring::RingHeader::job)] = {};
+  char pool[sizeof(ring::RingHeader::pool)] = {};
+  DeviceSnapshot devices[ring::kMaxDevices];
+};
+
+/// Result of one drain() call.
+struct DrainResult {
+  bool ok = true;            ///< false: the ring faulted or changed geometry; drop it
+  std::size_t events = 0;    ///< events copied out
+  uint64_t lost = 0;         ///< claimed-but-never-published slots skipped
+  uint64_t write_pos = 0;    ///< positions after the drain, for diagnostics
+  uint64_t read_pos = 0;
+};
+
+class RingView {
+ public:
+  RingView(const RingView&) = delete;
+  RingView& operator=(const RingView&) = delete;
+  ~RingView();
+
+  /// Copy the header. False if the mapping faulted.
+  bool snapshot(Snapshot& out) const noexcept;
+  /// Copy up to `max` events into `out` and write the consumer heartbeat. Read-only
+  /// mappings drain nothing. See ring::drain for `stuck_skip`.
+  DrainResult drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns) noexcept;
+
+  bool writable() const noexcept { return writable_; }
+  uint32_t slot_count() const noexcept { return slot_count_; }
+  uint64_t mapped_bytes() const noexcept { return size_; }
+  dev_t dev() const noexcept { return dev_; }
+  ino_t ino() const noexcept { return ino_; }
+
+ private:
+  friend struct RingOpener;
+  RingView() = default;
+  ring::RingHeader* header() const noexcept { return static_cast<ring::RingHeader*>(base_); }
+  ring::EventSlot* slots() const noexcept {
+    return reinterpret_cast<ring::EventSlot*>(static_cast<char*>(base_) + ring::kHeaderBytes);
+  }
+
+  void* base_ = nullptr;
+  uint64_t size_ = 0;
+  uint32_t slot_count_ = 0;
+  bool writable_ = false;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
+
+/// Outcome of open_ring(): a view, or why not. `transient` marks failures that a ring being
+/// created right now goes through (empty file, magic not written yet): the caller waits a
+/// little before reporting them.
+struct OpenResult {
+  std::unique_ptr<RingView> view;
+  std::string error;
+  bool transient = false;
+};
+
+/// Open `name` inside the directory `dirfd`. `expect_pid`/`expect_start_time` come from
+/// the file name. Never follows symlinks, never blocks on FIFOs.
+OpenResult open_ring(int dirfd, const std::string& name, uint32_t expect_pid, uint64_t expect_start_time);
+
+}  // namespace cuw::daemon

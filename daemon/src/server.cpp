@@ -1,0 +1,256 @@
+// cuwarden daemon: non-blocking unix-socket server (see server.hpp).
+#include "server.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cuw/protocol.hpp"
+#include "util.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+
+bool make_addr(const std::string& path, sockaddr_un* addr, std::string* error) {
+  *addr = {};
+  addr->sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr->sun_path) {
+    *error = "socket path too long (max " + std::to_string(sizeof addr->sun_path - 1) + " bytes): " + path;
+    return false;
+  }
+  std::memcpy(addr->sun_path, path.c_str(), path.size() + 1);
+  return true;
+}
+
+std::string error_body(const std::string& what) { return nlohmann::json{{"error", what}}.dump(); }
+
+}  // namespace
+
+Server::~Server() { shutdown(); }
+
+bool Server::listen(const std::string& path, std::string* error) {
+  sockaddr_un addr;
+  if (!make_addr(path, &addr, error)) return false;
+  struct stat st{};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      *error = path + " exists and is not a socket; not touching it";
+      return false;
+    }
+    const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) {
+      *error = std::string("socket(): ") + std::strerror(errno);
+      return false;
+    }
+    const int rc = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    const int e = errno;
+    close(probe);
+    if (rc == 0) {
+      *error = "another cuwardend is already running (it answers at " + path + ")";
+      return false;
+    }
+    if (e != ECONNREFUSED) {
+      *error = "cannot probe existing socket " + path + ": " + std::strerror(e);
+      return false;
+    }
+    spdlog::info("removing stale socket {}", path);
+    unlink(path.c_str());
+  }
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listen_fd_ < 0) {
+    *error = std::string("socket(): ") + std::strerror(errno);
+    return false;
+  }
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    *error = "bind " + path + ": " + std::strerror(errno);
+    close(listen_fd_);
+    listen_fd_ = -1;
+    return false;
+  }
+  path_ = path;
+  // Every user may query; privileged commands check peer credentials.
+  chmod(path.c_str(), 0666);
+  if (stat(path.c_str(), &st) == 0) {
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+  }
+  if (::listen(listen_fd_, 64) != 0) {
+    *error = "listen: " + std::string(std::strerror(errno));
+    shutdown();
+    return false;
+  }
+  return true;
+}
+
+void Server::collect(std::vector<pollfd>& fds) const {
+  fds.push_back({listen_fd_, POLLIN, 0});
+  for (const Conn& c : conns_) {
+    short ev = 0;
+    if (c.out.empty() && !c.close_after_write) ev |= POLLIN;  // one request at a time
+    if (!c.out.empty()) ev |= POLLOUT;
+    fds.push_back({c.fd, ev, 0});
+  }
+}
+
+void Server::dispatch(const std::vector<pollfd>& fds, std::size_t first) {
+  if (first >= fds.size()) return;
+  const bool can_accept = fds[first].revents & POLLIN;
+  // Connections are matched by position: collect() appended them in conns_ order.
+  for (std::size_t i = 0; i < conns_.size() && first + 1 + i < fds.size(); ++i) {
+    Conn& c = conns_[i];
+    const short re = fds[first + 1 + i].revents;
+    if (fds[first + 1 + i].fd != c.fd) continue;
+    if (re & POLLOUT) on_writable(c);
+    if (!c.dead && (re & (POLLIN | POLLHUP | POLLERR))) on_readable(c);
+    if (!c.dead && (re & (POLLERR | POLLNVAL))) c.dead = true;
+    if (!c.dead && c.out.empty() && !c.close_after_write && !c.in.empty()) process(c);
+  }
+  for (Conn& c : conns_)
+    if (c.dead) close(c.fd);
+  conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [](const Conn& c) { return c.dead; }), conns_.end());
+  if (can_accept) accept_all();
+}
+
+void Server::accept_all() {
+  for (int i = 0; i < 64; ++i) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN, or a transient error (EMFILE...): try again next round
+    if (conns_.size() >= kMaxConnections) {
+      spdlog::warn("too many client connections ({}); refusing one", conns_.size());
+      close(fd);
+      continue;
+    }
+    Conn c;
+    c.fd = fd;
+    c.deadline = mono_ns() + kRequestTimeoutNs;
+    conns_.push_back(std::move(c));
+  }
+}
+
+void Server::on_readable(Conn& c) {
+  char buf[16384];
+  for (int round = 0; round < 8; ++round) {
+    const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+    if (n > 0) {
+      c.in.append(buf, static_cast<std::size_t>(n));
+      if (c.in.size() > 4 * std::size_t{kMaxRequestBody}) {
+        c.dead = true;  // floods us without reading replies
+        return;
+      }
+      process(c);
+      if (c.dead || !c.out.empty() || c.close_after_write) return;
+      continue;
+    }
+    if (n == 0) {
+      c.dead = true;  // client closed (possibly mid-request: nothing to answer)
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
+    return;
+  }
+}
+
+void Server::process(Conn& c) {
+  if (c.in.size() < sizeof(proto::Header)) return;
+  proto::Header h;
+  std::memcpy(&h, c.in.data(), sizeof h);
+  if (h.magic != proto::kMagic || h.version != proto::kVersion) {
+    spdlog::debug("client sent a bad header (magic {:#x}, version {}); closing", h.magic, h.version);
+    if (h.magic == proto::kMagic)
+      queue(c, static_cast<uint16_t>(proto::Command::error), h.seq,
+            error_body("unsupported protocol version " + std::to_string(h.version)));
+    c.close_after_write = true;
+    c.in.clear();
+    if (c.out.empty()) c.dead = true;
+    return;
+  }
+  if (h.length > kMaxRequestBody) {
+    queue(c, static_cast<uint16_t>(proto::Command::error), h.seq,
+          error_body("request body too large (" + std::to_string(h.length) + " bytes)"));
+    c.close_after_write = true;
+    c.in.clear();
+    return;
+  }
+  if (c.in.size() < sizeof h + h.length) return;
+  const std::string body = c.in.substr(sizeof h, h.length);
+  c.in.erase(0, sizeof h + h.length);
+  Reply r;
+  try {
+    r = handler_(h.command, body);
+  } catch (const std::exception& e) {
+    r = {static_cast<uint16_t>(proto::Command::error), error_body(std::string("internal error: ") + e.what())};
+  }
+  queue(c, r.command, h.seq, r.body);
+}
+
+void Server::queue(Conn& c, uint16_t command, uint32_t seq, const std::string& body) {
+  std::string b = body;
+  if (b.size() > proto::kMaxBody) {
+    command = static_cast<uint16_t>(proto::Command::error);
+    b = error_body("reply too large");
+  }
+  proto::Header h{proto::kMagic, proto::kVersion, command, seq, static_cast<uint32_t>(b.size())};
+  c.out.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  c.out += b;
+  c.out_off = 0;
+  c.deadline = mono_ns() + kReplyTimeoutNs;
+  on_writable(c);  // most replies fit the socket buffer at once
+}
+
+void Server::on_writable(Conn& c) {
+  while (c.out_off < c.out.size()) {
+    const ssize_t n = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.out_off += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    c.dead = true;
+    return;
+  }
+  c.out.clear();
+  c.out_off = 0;
+  if (c.close_after_write) {
+    c.dead = true;
+    return;
+  }
+  c.deadline = mono_ns() + kRequestTimeoutNs;
+  // A pipelined request already in `in` is handled by dispatch(), not here: no recursion.
+}
+
+void Server::expire(uint64_t mono_now) {
+  for (Conn& c : conns_)
+    if (mono_now > c.deadline) {
+      spdlog::debug("closing client connection fd {} (timed out)", c.fd);
+      close(c.fd);
+      c.dead = true;
+    }
+  conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [](const Conn& c) { return c.dead; }), conns_.end());
+}
+
+void Server::shutdown() {
+  for (Conn& c : conns_) close(c.fd);
+  conns_.clear();
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+  }
+  if (!path_.empty()) {
+    struct stat st{};
+    if (stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) unlink(path_.c_str());
+    path_.clear();
+  }
+}
+
+}  // namespace cuw::daemon

@@ -1,0 +1,78 @@
+// cuwarden daemon: the unix-socket server, non-blocking, driven by the daemon's poll loop.
+//
+// Framing is cuw::proto's (16-byte header + JSON body), parsed here incrementally because
+// proto::recv_message blocks: one slow or garbage client must never stall the loop. Each
+// connection gets a bounded request size and a deadline; bad framing closes it.
+#pragma once
+
+#include <poll.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cuw::daemon {
+
+class Server {
+ public:
+  /// Reply to one request: the command word to send back (proto::Command | kReplyBit, or
+  /// proto::Command::error) and the JSON body.
+  struct Reply {
+    uint16_t command;
+    std::string body;
+  };
+  using Handler = std::function<Reply(uint16_t command, const std::string& body)>;
+
+  static constexpr uint32_t kMaxRequestBody = 64 * 1024;  ///< requests are small JSON objects
+  static constexpr std::size_t kMaxConnections = 256;
+  static constexpr uint64_t kRequestTimeoutNs = 5'000'000'000;   ///< to send a whole request
+  static constexpr uint64_t kReplyTimeoutNs = 30'000'000'000;    ///< to read a whole reply
+
+  explicit Server(Handler handler) : handler_(std::move(handler)) {}
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Bind `path` (mode 0666). Refuses when another daemon answers there; removes a stale
+  /// socket file that nothing answers on; refuses to remove anything but a socket.
+  bool listen(const std::string& path, std::string* error);
+
+  /// Append the listening socket and every connection to `fds`.
+  void collect(std::vector<pollfd>& fds) const;
+  /// Act on the revents of the entries collect() appended, starting at fds[first].
+  void dispatch(const std::vector<pollfd>& fds, std::size_t first);
+  /// Close connections past their deadline.
+  void expire(uint64_t mono_now);
+  /// Close everything and remove the socket file if it still is ours.
+  void shutdown();
+
+  std::size_t connection_count() const noexcept { return conns_.size(); }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    std::string in;
+    std::string out;
+    std::size_t out_off = 0;
+    uint64_t deadline = 0;
+    bool close_after_write = false;
+    bool dead = false;
+  };
+  void accept_all();
+  void on_readable(Conn& c);
+  void on_writable(Conn& c);
+  void process(Conn& c);
+  void queue(Conn& c, uint16_t command, uint32_t seq, const std::string& body);
+
+  Handler handler_;
+  int listen_fd_ = -1;
+  std::string path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  std::vector<Conn> conns_;
+};
+
+}  // namespace cuw::daemon

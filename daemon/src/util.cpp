@@ -1,0 +1,65 @@
+// cuwarden daemon: small helpers (see util.hpp).
+#include "util.hpp"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <ctime>
+#include <map>
+#include <vector>
+
+namespace cuw::daemon {
+
+uint64_t now_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t mono_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+std::string format_uuid(const uint8_t (&uuid)[16]) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += kHex[uuid[i] >> 4];
+    s += kHex[uuid[i] & 15];
+  }
+  return s;
+}
+
+std::string field_text(const char* data, std::size_t cap) {
+  std::string s;
+  for (std::size_t i = 0; i < cap && data[i] != '\0'; ++i) {
+    const auto c = static_cast<unsigned char>(data[i]);
+    s += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  }
+  return s;
+}
+
+std::string user_name(uint32_t uid) {
+  // The daemon is single-threaded where this is called; the cache keeps NSS off the loop.
+  static std::map<uint32_t, std::string> cache;
+  if (auto it = cache.find(uid); it != cache.end()) return it->second;
+  std::string name = std::to_string(uid);
+  passwd pw{};
+  passwd* res = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &res) == 0 && res && res->pw_name) name = res->pw_name;
+  if (cache.size() > 4096) cache.clear();
+  cache.emplace(uid, name);
+  return name;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+}  // namespace cuw::daemon

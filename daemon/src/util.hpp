@@ -1,0 +1,29 @@
+// cuwarden daemon: small helpers — clocks, UUID spelling, turning hostile bytes into text.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cuw::daemon {
+
+/// CLOCK_REALTIME in ns since the Unix epoch (the clock the ring's timestamps use).
+uint64_t now_ns() noexcept;
+/// CLOCK_MONOTONIC in ns: for the daemon's own timers.
+uint64_t mono_ns() noexcept;
+
+/// nvidia-smi's spelling of a 16-byte CUuuid: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+std::string format_uuid(const uint8_t (&uuid)[16]);
+
+/// Text from a fixed-size char field of a ring: stops at the first NUL or at `cap`, never
+/// reads past `cap`; control characters become '?'. Invalid UTF-8 is left to the JSON
+/// writer (dumped with replacement characters).
+std::string field_text(const char* data, std::size_t cap);
+
+/// Login name of `uid`, or the number as text when it has none.
+std::string user_name(uint32_t uid);
+
+/// The host name, "" if unknown.
+std::string host_name();
+
+}  // namespace cuw::daemon

@@ -1,0 +1,214 @@
+// cuwarden integration tests for the `cuwarden` CLI: the table, --json, CSV queries,
+// events, `run`, and the plain message when no daemon answers.
+#include <catch2/catch.hpp>
+
+#include "daemon_test_support.hpp"
+
+using namespace cuwt;
+
+namespace {
+
+CmdResult cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  std::vector<std::string> argv = {CUWT_CLI};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_cmd(argv, env, 10000);
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+/// A daemon with two fake processes: one capped on GPU 0, one uncapped on GPUs 0 and 1.
+struct Scene {
+  TempDir dir;
+  Child a, b;
+  std::unique_ptr<FakeRing> ra, rb;
+  std::unique_ptr<Daemon> d;
+  Scene() {
+    ::mkdir((dir / "run").c_str(), 0755);
+    ra = std::make_unique<FakeRing>(dir / "run", a.pid, a.start_time(), 1024, "train_resnet50_with_a_long_name");
+    auto& da = ra->device(0, 0xa0);
+    da.used.store(4096 * kMiB);
+    da.peak.store(5000 * kMiB);
+    da.limit.store(8192 * kMiB);
+    da.live_allocations.store(12);
+    da.refusals.store(3);
+    rb = std::make_unique<FakeRing>(dir / "run", b.pid, b.start_time(), 1024, "python3", "etl");
+    rb->device(0, 0xa0).used.store(1024 * kMiB);
+    rb->device(1, 0xb0).used.store(2048 * kMiB);
+    ra->push(cuw::ring::EventKind::alloc, cuw::ring::Api::cuMemAlloc, 0, 4096 * kMiB, 0x7f0000000000, 4096 * kMiB);
+    d = std::make_unique<Daemon>(dir);
+    REQUIRE(wait_until([&] {
+      auto st = d->state();
+      return st["processes"].size() == 2 && st["events_seq"] == 1;
+    }));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cli.no_daemon_prints_a_plain_message_and_exits_1") {
+  TempDir dir;
+  const std::string sock = dir / "nobody.sock";
+  CmdResult r = cli({"--socket", sock});
+  CHECK(r.status == 1);
+  CHECK(r.out.empty());
+  CHECK(contains(r.err, "cuwarden: no daemon is running (no answer at " + sock + ": "));
+  CHECK(contains(r.err, "Start it with: cuwardend &"));
+  // The default socket comes from CUWARDEN_RUN_DIR.
+  CmdResult r2 = cli({"--json"}, {"CUWARDEN_RUN_DIR=" + dir.path});
+  CHECK(r2.status == 1);
+  CHECK(contains(r2.err, dir.path + "/cuwardend.sock"));
+  CmdResult r3 = cli({"events", "--socket", sock});
+  CHECK(r3.status == 1);
+  CHECK(contains(r3.err, "no daemon is running"));
+}
+
+TEST_CASE("cli.json_is_the_daemon_state") {
+  Scene s;
+  CmdResult r = cli({"--socket", s.d->socket, "--json"});
+  REQUIRE(r.status == 0);
+  json j = json::parse(r.out);
+  json st = s.d->state();
+  // Apart from the clocks, the same document.
+  for (json* x : {&j, &st}) {
+    x->erase("time_ns");
+    for (auto& p : (*x)["processes"]) p.erase("consumer_heartbeat_ns");
+  }
+  CHECK(j == st);
+  CHECK(j["processes"].size() == 2);
+  CHECK(contains(r.out, "\n  \"version\": \"0.1.0\""));  // pretty-printed
+}
+
+TEST_CASE("cli.table_shows_gpus_and_processes") {
+  Scene s;
+  CmdResult r = cli({"--socket", s.d->socket});
+  REQUIRE(r.status == 0);
+  INFO(r.out);
+  CHECK(contains(r.out, "cuwarden 0.1.0"));
+  CHECK(contains(r.out, "NVIDIA H200"));
+  CHECK(contains(r.out, uuid_for(0xa0).substr(0, 12)));
+  CHECK(contains(r.out, "5120MiB / 143771MiB"));  // GPU 0: 4096 + 1024 tracked
+  CHECK(contains(r.out, "Processes:"));
+  CHECK(contains(r.out, std::to_string(s.a.pid)));
+  CHECK(contains(r.out, std::to_string(s.b.pid)));
+  CHECK(contains(r.out, "4096MiB"));
+  CHECK(contains(r.out, "8192MiB"));
+  CHECK(contains(r.out, "train_resnet50_with_a..."));  // truncated to 24 columns
+  CHECK(contains(r.out, "python3"));
+  // One row per process per device: b has two.
+  std::size_t rows = 0;
+  for (std::size_t p = r.out.find(" python3 "); p != std::string::npos; p = r.out.find(" python3 ", p + 1)) ++rows;
+  CHECK(rows == 2);
+  // Every line of a box has the same width.
+  std::size_t width = 0;
+  std::size_t pos = 0;
+  while (pos < r.out.size()) {
+    std::size_t nl = r.out.find('\n', pos);
+    std::string line = r.out.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.empty() || (line[0] != '|' && line[0] != '+')) continue;
+    if (!width) width = line.size();
+    CHECK(line.size() == width);
+  }
+
+  // Exited processes are marked.
+  s.a.kill_and_reap();
+  REQUIRE(wait_until([&] { return s.d->process(s.ra->h->pid)["state"] == "exited"; }));
+  CmdResult r2 = cli({"--socket", s.d->socket});
+  CHECK(contains(r2.out, "exited"));
+  CHECK(contains(r2.out, "1024MiB / 143771MiB"));  // the exited process no longer counts
+}
+
+TEST_CASE("cli.query_compute_apps_speaks_nvidia_smi_csv") {
+  Scene s;
+  CmdResult r = cli({"--socket", s.d->socket, "--query-compute-apps=pid,process_name,used_memory,limit,ooms,gpu_uuid",
+                     "--format=csv"});
+  REQUIRE(r.status == 0);
+  INFO(r.out);
+  CHECK(r.out.rfind("pid, process_name, used_gpu_memory [MiB], limit [MiB], ooms, gpu_uuid\n", 0) == 0);
+  CHECK(contains(r.out, std::to_string(s.a.pid) + ", train_resnet50_with_a_long_name, 4096 MiB, 8192 MiB, 3, " +
+                            uuid_for(0xa0) + "\n"));
+  CHECK(contains(r.out, std::to_string(s.b.pid) + ", python3, 2048 MiB, [N/A], 0, " + uuid_for(0xb0) + "\n"));
+
+  CmdResult n = cli({"--socket", s.d->socket, "--query-compute-apps=pid,used_gpu_memory", "--format=csv,noheader,nounits"});
+  REQUIRE(n.status == 0);
+  CHECK(contains(n.out, std::to_string(s.a.pid) + ", 4096\n"));
+  CHECK(!contains(n.out, "pid"));
+
+  CmdResult g = cli({"--socket", s.d->socket, "--query-compute-apps=pid", "--format=csv,noheader", "-i", "1"});
+  CHECK(g.out == std::to_string(s.b.pid) + "\n");
+
+  CmdResult bad = cli({"--socket", s.d->socket, "--query-compute-apps=pid,bogus", "--format=csv"});
+  CHECK(bad.status == 2);
+  CHECK(contains(bad.err, "Field \"bogus\" is not a valid field to query."));
+  CmdResult nofmt = cli({"--socket", s.d->socket, "--query-compute-apps=pid"});
+  CHECK(nofmt.status == 2);
+}
+
+TEST_CASE("cli.events_prints_what_the_daemon_collected") {
+  Scene s;
+  CmdResult r = cli({"events", "--socket", s.d->socket});
+  REQUIRE(r.status == 0);
+  INFO(r.out);
+  CHECK(contains(r.out, "TIME"));
+  CHECK(contains(r.out, "cuMemAlloc"));
+  CHECK(contains(r.out, "4.00 GiB"));
+  CHECK(contains(r.out, "0x7f0000000000"));
+  CmdResult j = cli({"--socket", s.d->socket, "events", "--json", "--pid", std::to_string(s.a.pid)});
+  REQUIRE(j.status == 0);
+  json e = json::parse(j.out.substr(0, j.out.find('\n')));
+  CHECK(e["pid"] == s.a.pid);
+  CHECK(e["kind"] == "alloc");
+  CHECK(e["bytes"] == 4096 * kMiB);
+  CmdResult none = cli({"--socket", s.d->socket, "events", "--json", "--pid", std::to_string(s.b.pid)});
+  CHECK(none.status == 0);
+  CHECK(none.out.empty());
+}
+
+TEST_CASE("cli.run_sets_the_environment_and_preloads_the_interposer") {
+  const std::string lib = CUWT_PRELOAD;
+  CmdResult r = cli({"run", "--lib", lib, "--limit", "0=8G,1=4G", "--job", "etl", "--job-limit", "20G", "--pool",
+                     "vmm", "--callsites", "8", "--", "/bin/sh", "-c",
+                     "echo L=$CUWARDEN_LIMIT J=$CUWARDEN_JOB JL=$CUWARDEN_JOB_LIMIT P=$CUWARDEN_POOL "
+                     "C=$CUWARDEN_CALLSITES; echo PRE=$LD_PRELOAD; exit 7"},
+                    {"LD_PRELOAD=" + lib + ":/lib/x86_64-linux-gnu/libm.so.6"});
+  INFO(r.err);
+  CHECK(r.status == 7);  // the command's own exit code: exec, no wrapper process
+  CHECK(contains(r.out, "L=0=8G,1=4G J=etl JL=20G P=vmm C=8\n"));
+  // Ours first, the existing entry kept, no duplicate of ours.
+  CHECK(contains(r.out, "PRE=" + lib + ":/lib/x86_64-linux-gnu/libm.so.6\n"));
+
+  // Without "--", and with CUWARDEN_LIB.
+  CmdResult r2 = cli({"run", "/bin/sh", "-c", "echo PRE=$LD_PRELOAD"}, {"CUWARDEN_LIB=" + lib, "LD_PRELOAD="});
+  CHECK(r2.status == 0);
+  CHECK(r2.out == "PRE=" + lib + "\n");
+}
+
+TEST_CASE("cli.run_rejects_bad_input_before_exec") {
+  const std::string lib = CUWT_PRELOAD;
+  auto run = [&](std::vector<std::string> args) {
+    std::vector<std::string> a = {"run", "--lib", lib};
+    a.insert(a.end(), args.begin(), args.end());
+    return cli(a);
+  };
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--limit", "8Q", "--", "true"},
+           {"--limit", "-1G", "--", "true"},
+           {"--job-limit", "8G", "--", "true"},
+           {"--job", "etl", "--job-limit", "lots", "--", "true"},
+           {"--job", "bad/name", "--", "true"},
+           {"--pool", "magic", "--", "true"},
+           {"--callsites", "65", "--", "true"},
+           {"--limit", "8G"},
+       }) {
+    CmdResult r = run(args);
+    INFO(args[0] << " " << args[1] << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, "cuwarden run: "));
+  }
+  CmdResult nf = run({"--", "/no/such/program"});
+  CHECK(nf.status == 127);
+  CHECK(contains(nf.err, "/no/such/program: command not found"));
+  CmdResult nolib = cli({"run", "--lib", "/no/such/lib.so", "--", "true"});
+  CHECK(nolib.status == 1);
+  CHECK(contains(nolib.err, "cannot find libcuwarden.so"));
+}

@@ -1,0 +1,424 @@
+// cuwarden integration tests for cuwardend: discovery, exact counters, event draining,
+// hostile rings and clients, exit detection, socket lifecycle. No GPU, no interposer:
+// the tests write rings themselves with the common API.
+#include <catch2/catch.hpp>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include "daemon_test_support.hpp"
+
+using namespace cuwt;
+using cuw::proto::Command;
+
+namespace {
+
+json find_problem(const json& st, const std::string& path) {
+  for (const auto& p : st["problems"])
+    if (p["path"] == path) return p;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("daemon.sees_ring_that_existed_before_it_started_with_exact_counters") {
+  TempDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child child;
+  FakeRing r(dir / "run", child.pid, child.start_time(), 1024, "trainer", "jobA", "cache");
+  auto& d0 = r.device(0, 0x10);
+  d0.used.store(4096 * kMiB);
+  d0.peak.store(6000 * kMiB);
+  d0.limit.store(8192 * kMiB);
+  d0.reserved.store(5000 * kMiB);
+  d0.live_allocations.store(7);
+  d0.alloc_count.store(100);
+  d0.free_count.store(93);
+  d0.refusals.store(2);
+  d0.driver_errors.store(1);
+  auto& d1 = r.device(1, 0x40, "NVIDIA H200", 143771ULL * kMiB);
+  d1.used.store(123456789);
+  d1.peak.store(123456789);
+
+  Daemon d(dir);
+  json p;
+  REQUIRE(wait_until([&] { return !(p = d.process(child.pid)).is_null(); }));
+  CHECK(p["state"] == "running");
+  CHECK(p["process_name"] == "trainer");
+  CHECK(p["job"] == "jobA");
+  CHECK(p["pool"] == "cache");
+  CHECK(p["uid"] == getuid());
+  CHECK(p["start_time"] == child.start_time());
+  CHECK(p["exited_ns"].is_null());
+  REQUIRE(p["devices"].size() == 2);
+  const json& a = p["devices"][0];
+  CHECK(a["ordinal"] == 0);
+  CHECK(a["uuid"] == uuid_for(0x10));
+  CHECK(a["name"] == "NVIDIA H200");
+  CHECK(a["memory_total_bytes"] == 143771ULL * kMiB);
+  CHECK(a["used_bytes"] == 4096 * kMiB);
+  CHECK(a["peak_bytes"] == 6000 * kMiB);
+  CHECK(a["limit_bytes"] == 8192 * kMiB);
+  CHECK(a["reserved_bytes"] == 5000 * kMiB);
+  CHECK(a["allocations"] == 7);
+  CHECK(a["alloc_count"] == 100);
+  CHECK(a["free_count"] == 93);
+  CHECK(a["ooms"] == 2);
+  CHECK(a["driver_errors"] == 1);
+  CHECK(p["devices"][1]["limit_bytes"].is_null());
+  CHECK(p["devices"][1]["used_bytes"] == 123456789);
+
+  // Counters are read fresh on every query: change them, ask again.
+  d0.used.store(1 * kMiB);
+  CHECK(d.process(child.pid)["devices"][0]["used_bytes"] == 1 * kMiB);
+
+  json st = d.state();
+  CHECK(st["version"] == "0.1.0");
+  CHECK(st["run_dir"] == d.run_dir);
+  REQUIRE(st["gpus"].size() == 2);
+  CHECK(st["gpus"][0]["uuid"] == uuid_for(0x10));
+  CHECK(st["gpus"][0]["index"] == 0);
+  CHECK(st["gpus"][0]["used_bytes"] == 1 * kMiB);
+  CHECK(st["gpus"][0]["processes"] == 1);
+  CHECK(st["gpus"][0]["capped_processes"] == 1);
+  CHECK(st["gpus"][1]["capped_processes"] == 0);
+  CHECK(st["problems"].empty());
+}
+
+TEST_CASE("daemon.finds_new_rings_by_inotify") {
+  TempDir dir;
+  // A rescan once a minute: only inotify can find the ring within the deadline.
+  Daemon d(dir, {"--scan-interval-ms", "60000"});
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time());
+  r.device(0, 0x20).used.store(42);
+  json p;
+  REQUIRE(wait_until([&] { return !(p = d.process(child.pid)).is_null(); }, 3000));
+  CHECK(p["devices"][0]["used_bytes"] == 42);
+}
+
+TEST_CASE("daemon.drains_events_in_order_and_counts_them") {
+  TempDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child child;
+  FakeRing r(dir / "run", child.pid, child.start_time(), 1024);
+  r.device(0, 0x30);
+  for (int i = 0; i < 100; ++i)
+    REQUIRE(r.push(i % 2 ? cuw::ring::EventKind::free : cuw::ring::EventKind::alloc,
+                   i % 2 ? cuw::ring::Api::cuMemFree : cuw::ring::Api::cuMemAlloc, 0, 1000 + i, 0x7000 + i, i));
+  Daemon d(dir);
+  REQUIRE(wait_until([&] {
+    auto p = d.process(child.pid);
+    return !p.is_null() && p["events_received"] == 100;
+  }));
+  // The daemon consumed the ring: read position caught up and it left a heartbeat.
+  CHECK(r.h->read_pos.load() == 100);
+  CHECK(r.h->consumer_heartbeat_ns.load() > 0);
+
+  json ev = d.events({{"pid", child.pid}, {"after", 0}, {"max", 1000}});
+  REQUIRE(ev["events"].size() == 100);
+  uint64_t prev = 0;
+  for (int i = 0; i < 100; ++i) {
+    const json& e = ev["events"][i];
+    CHECK(e["seq"].get<uint64_t>() > prev);
+    prev = e["seq"];
+    CHECK(e["pid"] == child.pid);
+    CHECK(e["bytes"] == 1000 + i);
+    CHECK(e["address"] == 0x7000 + i);
+    CHECK(e["kind"] == (i % 2 ? "free" : "alloc"));
+    CHECK(e["api"] == (i % 2 ? "cuMemFree" : "cuMemAlloc"));
+    CHECK(e["device"] == 0);
+  }
+  CHECK(ev["next"] == prev);
+
+  // Following: only the new ones come after `next`.
+  REQUIRE(r.push(cuw::ring::EventKind::refuse, cuw::ring::Api::cuMemAllocAsync, 0, 1ULL << 40, 0, 5));
+  json more;
+  REQUIRE(wait_until([&] {
+    more = d.events({{"after", prev}});
+    return more["events"].size() == 1;
+  }));
+  CHECK(more["events"][0]["kind"] == "refuse");
+  CHECK(more["events"][0]["bytes"] == 1ULL << 40);
+
+  // Without "after": the newest `max`.
+  json tail = d.events({{"max", 3}});
+  REQUIRE(tail["events"].size() == 3);
+  CHECK(tail["events"][2]["kind"] == "refuse");
+
+  // Filtering by another pid gives nothing.
+  CHECK(d.events({{"pid", 1}, {"after", 0}})["events"].empty());
+}
+
+TEST_CASE("daemon.reports_drops_from_the_header_when_the_ring_overflowed") {
+  TempDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child child;
+  FakeRing r(dir / "run", child.pid, child.start_time(), 64);
+  int ok = 0;
+  for (int i = 0; i < 100; ++i) ok += r.push(cuw::ring::EventKind::alloc, cuw::ring::Api::cuMemAlloc, 0, 1, 1, 1);
+  REQUIRE(ok == 64);
+  Daemon d(dir);
+  json p;
+  REQUIRE(wait_until([&] {
+    p = d.process(child.pid);
+    return !p.is_null() && p["events_received"] == 64;
+  }));
+  CHECK(p["events_written"] == 64);
+  CHECK(p["events_dropped"] == 36);
+  // After the drain, the ring has room again.
+  for (int i = 0; i < 64; ++i) CHECK(r.push(cuw::ring::EventKind::free, cuw::ring::Api::cuMemFree, 0, 1, 1, 0));
+  REQUIRE(wait_until([&] { return d.process(child.pid)["events_received"] == 128; }));
+}
+
+TEST_CASE("daemon.reports_corrupt_rings_and_keeps_serving_the_good_ones") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  ::mkdir(run.c_str(), 0755);
+  Child good_child, c1, c2, c3, c4;
+  FakeRing good(run, good_child.pid, good_child.start_time());
+  good.device(0, 0x50).used.store(777);
+
+  // 1. bad magic
+  const std::string bad_magic = run + "/" + cuw::paths::ring_file_name(c1.pid, c1.start_time());
+  {
+    FakeRing r(run, c1.pid, c1.start_time());
+    r.h->magic = 0x1234;
+  }
+  // 2. truncated: shorter than any ring
+  const std::string truncated = run + "/" + cuw::paths::ring_file_name(c2.pid, c2.start_time());
+  {
+    int fd = ::open(truncated.c_str(), O_RDWR | O_CREAT, 0644);
+    REQUIRE(::write(fd, "CUWRING1", 8) == 8);
+    ::close(fd);
+  }
+  // 3. a symlink to a valid ring elsewhere
+  const std::string link = run + "/" + cuw::paths::ring_file_name(c3.pid, c3.start_time());
+  FakeRing elsewhere(dir / "elsewhere.cwr", c3.pid, c3.start_time(), 1024, "x", "", "off", true);
+  REQUIRE(::symlink(elsewhere.path.c_str(), link.c_str()) == 0);
+  // 4. a ring claiming another uid than its file's owner
+  const std::string wrong_uid = run + "/" + cuw::paths::ring_file_name(c4.pid, c4.start_time());
+  FakeRing wu(run, c4.pid, c4.start_time());
+  wu.h->uid = getuid() + 1;
+  // 5. a name that says another pid than the header
+  FakeRing renamed(run + "/" + cuw::paths::ring_file_name(good_child.pid + 100000, 5), good_child.pid,
+                   good_child.start_time(), 64, "x", "", "off", true);
+
+  Daemon d(dir);
+  json st;
+  REQUIRE(wait_until([&] {
+    st = d.state();
+    return st["problems"].size() == 5;
+  }));
+  CHECK(find_problem(st, bad_magic)["reason"].get<std::string>().find("magic") != std::string::npos);
+  CHECK(find_problem(st, truncated)["reason"].get<std::string>().find("small") != std::string::npos);
+  CHECK(find_problem(st, link)["reason"].get<std::string>().find("symbolic link") != std::string::npos);
+  CHECK(find_problem(st, wrong_uid)["reason"].get<std::string>().find("uid") != std::string::npos);
+  CHECK(!find_problem(st, renamed.path).is_null());
+  REQUIRE(st["processes"].size() == 1);
+  CHECK(st["processes"][0]["pid"] == good_child.pid);
+  CHECK(st["processes"][0]["devices"][0]["used_bytes"] == 777);
+
+  // A broken ring that gets fixed is picked up.
+  wu.h->uid = getuid();
+  REQUIRE(wait_until([&] { return !d.process(c4.pid).is_null(); }));
+  CHECK(d.alive());
+}
+
+TEST_CASE("daemon.survives_a_ring_truncated_under_its_mapping") {
+  TempDir dir;
+  Daemon d(dir);
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time());
+  r.device(0, 0x60).used.store(5);
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+  // The owner truncates its file: the daemon's next access to the mapping faults.
+  REQUIRE(::truncate(r.path.c_str(), 100) == 0);
+  json st;
+  REQUIRE(wait_until([&] {
+    st = d.state();
+    return st["processes"].empty() && !find_problem(st, r.path).is_null();
+  }));
+  CHECK(d.alive());
+  // Still serving.
+  Child other;
+  FakeRing r2(d.run_dir, other.pid, other.start_time());
+  REQUIRE(wait_until([&] { return !d.process(other.pid).is_null(); }));
+}
+
+TEST_CASE("daemon.garbage_clients_do_not_stop_it_serving_others") {
+  TempDir dir;
+  Daemon d(dir);
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time());
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+
+  // Half a header, held open.
+  int half = connect_raw(d.socket);
+  REQUIRE(half >= 0);
+  REQUIRE(::send(half, "CUWP", 4, MSG_NOSIGNAL) == 4);
+  // A header promising a body that never comes.
+  int stalled = connect_raw(d.socket);
+  cuw::proto::Header h{cuw::proto::kMagic, cuw::proto::kVersion, 1, 7, 100};
+  REQUIRE(::send(stalled, &h, sizeof h, MSG_NOSIGNAL) == sizeof h);
+  // Plain garbage.
+  int garbage = connect_raw(d.socket);
+  const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(::send(garbage, junk, sizeof junk, MSG_NOSIGNAL) == sizeof junk);
+  // A body too large for a request.
+  int huge = connect_raw(d.socket);
+  cuw::proto::Header hh{cuw::proto::kMagic, cuw::proto::kVersion, 1, 9, 1u << 30};
+  REQUIRE(::send(huge, &hh, sizeof hh, MSG_NOSIGNAL) == sizeof hh);
+  // A client that connects and never says anything.
+  int silent = connect_raw(d.socket);
+
+  // Everyone else is served at once.
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    json st = d.state();
+    CHECK(st["processes"].size() == 1);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  }
+  CHECK(peer_closed(garbage, 2000));  // bad magic: hung up on
+  {
+    std::string why;
+    auto m = cuw::proto::recv_message(huge, 2000, &why);
+    REQUIRE(m);
+    CHECK(m->header.command == static_cast<uint16_t>(Command::error));
+    CHECK(m->header.seq == 9);
+    CHECK(m->body.find("too large") != std::string::npos);
+  }
+  // Slow clients are cut off after the request deadline (5 s).
+  CHECK(peer_closed(half, 8000));
+  CHECK(peer_closed(stalled, 3000));
+  CHECK(peer_closed(silent, 3000));
+  for (int fd : {half, stalled, garbage, huge, silent}) ::close(fd);
+
+  // Well-framed but wrong requests get error replies, not silence.
+  std::string why;
+  auto m = cuw::proto::request(d.socket, Command::get_events, "{not json", 2000, &why);
+  REQUIRE(m);
+  CHECK(m->header.command == static_cast<uint16_t>(Command::error));
+  m = cuw::proto::request(d.socket, Command::get_events, R"({"after":-5})", 2000, &why);
+  REQUIRE(m);
+  CHECK(m->header.command == static_cast<uint16_t>(Command::error));
+  m = cuw::proto::request(d.socket, static_cast<Command>(77), "{}", 2000, &why);
+  REQUIRE(m);
+  CHECK(m->header.command == static_cast<uint16_t>(Command::error));
+  m = cuw::proto::request(d.socket, Command::set_limit, R"({"pid":1,"bytes":5})", 2000, &why);
+  REQUIRE(m);
+  CHECK(m->header.command == static_cast<uint16_t>(Command::error));
+  CHECK(m->body.find("not implemented") != std::string::npos);
+  m = cuw::proto::request(d.socket, Command::get_state, std::string(200, '['), 2000, &why);
+  REQUIRE(m);
+  CHECK(m->header.command == static_cast<uint16_t>(Command::error));
+
+  // Two requests on one connection, sent back to back.
+  int fd = connect_raw(d.socket);
+  REQUIRE(cuw::proto::send_message(fd, Command::get_state, 1, "{}", 1000));
+  REQUIRE(cuw::proto::send_message(fd, Command::get_events, 2, "{}", 1000));
+  auto r1 = cuw::proto::recv_message(fd, 2000);
+  auto r2 = cuw::proto::recv_message(fd, 2000);
+  REQUIRE(r1);
+  REQUIRE(r2);
+  CHECK(r1->header.seq == 1);
+  CHECK(r1->header.command == (static_cast<uint16_t>(Command::get_state) | cuw::proto::kReplyBit));
+  CHECK(r2->header.seq == 2);
+  CHECK(r2->header.command == (static_cast<uint16_t>(Command::get_events) | cuw::proto::kReplyBit));
+  ::close(fd);
+  CHECK(d.alive());
+}
+
+TEST_CASE("daemon.detects_exits_keeps_them_a_while_then_removes_the_ring") {
+  TempDir dir;
+  Daemon d(dir, {"--exited-linger", "1.5"});
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time());
+  r.device(0, 0x70).used.store(100 * kMiB);
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+  const uint64_t before = now_ns();
+  child.kill_and_reap();
+  json p;
+  REQUIRE(wait_until([&] {
+    p = d.process(r.h->pid);
+    return !p.is_null() && p["state"] == "exited";
+  }, 3000));
+  CHECK(p["exited_ns"].get<uint64_t>() >= before);
+  // An exited process no longer counts on its GPU.
+  CHECK(d.state()["gpus"][0]["used_bytes"] == 0);
+  CHECK(d.state()["gpus"][0]["processes"] == 0);
+  // Forgotten after the linger time; its ring file removed.
+  REQUIRE(wait_until([&] { return d.process(r.h->pid).is_null(); }, 5000));
+  CHECK(::access(r.path.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("daemon.honours_a_clean_exit_written_in_the_header") {
+  TempDir dir;
+  Daemon d(dir);
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time());
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+  r.h->exited_ns.store(123456789);
+  r.h->state.store(static_cast<uint32_t>(cuw::ring::ProcessState::exited));
+  json p;
+  REQUIRE(wait_until([&] {
+    p = d.process(child.pid);
+    return p["state"] == "exited";
+  }, 3000));
+  CHECK(p["exited_ns"] == 123456789);
+}
+
+TEST_CASE("daemon.pid_reuse_counts_as_exit") {
+  TempDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child child;
+  // Same pid, another start time: the process that wrote this ring is gone.
+  FakeRing r(dir / "run", child.pid, child.start_time() - 1);
+  Daemon d(dir);
+  json p;
+  REQUIRE(wait_until([&] { return !(p = d.process(child.pid)).is_null(); }));
+  CHECK(p["state"] == "exited");
+}
+
+TEST_CASE("daemon.socket_lifecycle") {
+  TempDir dir;
+  SECTION("a second daemon refuses to start and the first keeps serving") {
+    Daemon d(dir);
+    std::vector<std::string> argv = {CUWT_DAEMON, "--run-dir", d.run_dir, "--socket", d.socket, "--no-nvml"};
+    CmdResult second = run_cmd(argv, {}, 5000);
+    CHECK(second.status == 1);
+    CHECK(second.err.find("already running") != std::string::npos);
+    CHECK(d.alive());
+    CHECK_NOTHROW(d.state());
+  }
+  SECTION("a stale socket file is replaced") {
+    const std::string path = dir / "d.sock";
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    ::close(fd);  // file stays, nobody listens
+    Daemon d(dir);
+    CHECK_NOTHROW(d.state());
+  }
+  SECTION("a non-socket file at the path is left alone") {
+    const std::string path = dir / "d.sock";
+    { std::FILE* f = std::fopen(path.c_str(), "w"); std::fclose(f); }
+    Daemon d(dir, {}, false);
+    int st = 0;
+    REQUIRE(wait_until([&] { return waitpid(d.pid, &st, WNOHANG) == d.pid; }, 5000));
+    d.pid = -1;
+    CHECK(WEXITSTATUS(st) == 1);
+    CHECK(::access(path.c_str(), F_OK) == 0);
+  }
+  SECTION("SIGTERM exits cleanly and removes the socket; the run dir is created 01777") {
+    Daemon d(dir);
+    struct stat st{};
+    REQUIRE(::stat(d.run_dir.c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 01777);
+    REQUIRE(::stat(d.socket.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0666);
+    CHECK(d.stop() == 0);
+    CHECK(::access(d.socket.c_str(), F_OK) != 0);
+  }
+}
