@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# cuwarden demo: build, start the daemon, run a training-like workload under a 2 GiB cap,
+# watch it with `cuwarden`, and see the cap refuse the allocation that would exceed it.
+# Uses the real GPU when nvidia-smi shows one, else cuwarden's simulated driver.
+#
+#   scripts/demo.sh
+#   SKIP_BUILD=1 BUILD_DIR=some/build scripts/demo.sh    (use an existing build as it is)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+
+BOLD=""; RESET=""
+if [[ -t 1 ]]; then BOLD=$'\e[1m'; RESET=$'\e[0m'; fi
+section() { printf '\n%s== %s ==%s\n\n' "$BOLD" "$*" "$RESET"; }
+say() { printf '%s\n' "$*"; }
+die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
+
+section "1. Setup and build"
+if [[ ${SKIP_BUILD:-0} == 1 ]]; then
+  say "SKIP_BUILD=1: using ${BUILD_DIR:-build} as it is"
+else
+  scripts/setup.sh
+  scripts/build.sh
+fi
+
+BUILD=${BUILD_DIR:-$REPO/build}
+[[ $BUILD == /* ]] || BUILD="$REPO/$BUILD"
+DAEMON="$BUILD/bin/cuwardend"
+CLI="$BUILD/bin/cuwarden"
+WORKLOAD="$BUILD/bin/cuw_demo_workload"
+for f in "$DAEMON" "$CLI" "$WORKLOAD" "$BUILD/lib/libcuwarden.so"; do
+  [[ -e $f ]] || die "missing $f — did the build finish? (scripts/build.sh)"
+done
+
+# Private run directory: rings and the daemon socket live here, nothing is shared with
+# any other cuwarden on this machine. The interposer, daemon and CLI all read this variable.
+RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-demo.XXXXXX")
+export CUWARDEN_RUN_DIR="$RUN_DIR"
+SOCK="$RUN_DIR/cuwardend.sock"
+DAEMON_PID=""
+WORKLOAD_PID=""
+cleanup() {
+  local pid
+  for pid in $WORKLOAD_PID $DAEMON_PID; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
+  rm -rf "$RUN_DIR"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+section "2. GPU"
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  say "Using the real GPU driver:"
+  nvidia-smi -L
+else
+  say "No GPU found: using cuwarden's simulated driver (tests/fakecuda) with one 16 GiB device"
+  [[ -e $BUILD/fakecuda/libcuda.so.1 ]] || die "missing $BUILD/fakecuda/libcuda.so.1 (built with the tests)"
+  export LD_LIBRARY_PATH="$BUILD/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CUWARDEN_FAKE_DEVICES=1 CUWARDEN_FAKE_MEMORY=16G
+fi
+
+section "3. Start the daemon"
+say "\$ cuwardend --run-dir $RUN_DIR --socket $SOCK &"
+"$DAEMON" --run-dir "$RUN_DIR" --socket "$SOCK" >"$RUN_DIR/cuwardend.log" 2>&1 &
+DAEMON_PID=$!
+for _ in $(seq 1 50); do
+  [[ -S $SOCK ]] && break
+  kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$RUN_DIR/cuwardend.log" >&2; die "cuwardend exited"; }
+  sleep 0.1
+done
+[[ -S $SOCK ]] || die "cuwardend did not open $SOCK within 5 s"
+say "cuwardend is running (pid $DAEMON_PID)."
+
+section "4. Run a training-like workload capped at 2 GiB"
+say "\$ cuwarden run --limit 2G -- cuw_demo_workload --sleep-ms 300"
+say ""
+WL_LOG="$RUN_DIR/workload.log"
+"$CLI" run --limit 2G -- "$WORKLOAD" --sleep-ms 300 >"$WL_LOG" 2>&1 &
+WORKLOAD_PID=$!
+# Let it get a few steps in, so the table has something to show.
+for _ in $(seq 1 100); do
+  grep -q '^step 4:' "$WL_LOG" 2>/dev/null && break
+  kill -0 "$WORKLOAD_PID" 2>/dev/null || break
+  sleep 0.1
+done
+SHOWN=$(wc -l <"$WL_LOG")
+sed 's/^/    /' "$WL_LOG"
+
+section "5. Meanwhile, in another shell: cuwarden"
+say "\$ cuwarden"
+"$CLI" --socket "$SOCK" || say "(cuwarden exited with status $?)"
+
+section "6. The workload goes on, then asks for more than its cap"
+RC=0
+wait "$WORKLOAD_PID" || RC=$?
+WORKLOAD_PID=""
+tail -n +"$((SHOWN + 1))" "$WL_LOG" | sed 's/^/    /'
+say ""
+if REFUSAL=$(grep -m1 '^refused:' "$WL_LOG"); then
+  say "The cap held. The refusal, as the program saw it:"
+  say ""
+  say "    $BOLD$REFUSAL$RESET"
+  say ""
+  say "cudaMalloc returned cudaErrorMemoryAllocation, exactly as if the GPU were full:"
+  say "PyTorch turns it into torch.cuda.OutOfMemoryError; memory beyond the cap stays free for other jobs."
+else
+  say "No allocation was refused (workload exit status $RC)."
+fi
+[[ $RC -eq 0 ]] || say "(the workload exited with status $RC)"
+
+section "7. cuwarden after the run"
+say "\$ cuwarden"
+"$CLI" --socket "$SOCK" || say "(cuwarden exited with status $?)"
+say ""
+say "Exited processes stay in the table for about a minute. Try also: cuwarden --json"
