@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -293,7 +295,24 @@ void Tracker::on_exit() noexcept {
   // No daemon reading us: remove the file now rather than leave it in tmpfs. With a daemon
   // attached, it drains the last events and removes the file itself.
   const uint64_t beat = header_->consumer_heartbeat_ns.load(std::memory_order_relaxed);
-  if (beat == 0 || realtime_ns() - beat > 5'000'000'000ULL) ::unlink(ring_path_.c_str());
+  if (beat != 0 && realtime_ns() - beat <= 5'000'000'000ULL) return;
+  // A daemon that has not reached us yet (a short-lived process) still gets the ring if
+  // one is listening: it shows the process as exited and removes the file itself.
+  if (daemon_listening()) return;
+  ::unlink(ring_path_.c_str());
+}
+
+bool Tracker::daemon_listening() const noexcept {
+  const std::string sock = paths::run_dir() + "/" + paths::kSocketName;
+  sockaddr_un addr{};
+  if (sock.size() >= sizeof addr.sun_path) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno == EAGAIN;
+  ::close(fd);
+  return ok;
 }
 
 }  // namespace cuw::ipc

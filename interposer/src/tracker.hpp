@@ -86,6 +86,8 @@ class Tracker {
  private:
   Tracker();
   void create_ring();
+  /// True when a daemon accepts connections on the run directory's socket (never blocks).
+  bool daemon_listening() const noexcept;
   void fill_device(int ordinal, ring::DeviceSlot& d);
 
   Config config_;

@@ -181,7 +181,7 @@ check "GPU visible to nvidia-smi" "${DEVICE_NAME:-none}" grep -q '^GPU ' <<<"$GP
 
 section "Binaries and their libraries"
 for f in "$LIB" "$DAEMON" "$CLI" "$PROBE" "$PROBE_SHARED"; do
-  check "present: ${f#"$BUILD"/}" "$f" test -e "$f"
+  check "present: ${f#"$BUILD"/}" "$(stat -c %s "$f" 2>/dev/null || echo missing) bytes" test -e "$f"
 done
 for f in "$LIB" "$DAEMON" "$CLI"; do
   echo "--- ldd ${f#"$BUILD"/}"
@@ -318,6 +318,16 @@ run_probe() {  # run_probe LABEL EXPECTED_ERROR BINARY ARGS...
 run_probe "static-cudart" cudaErrorMemoryAllocation "$PROBE" --chunk 256M --max 16G --hold-ms 1500
 run_probe "shared-cudart" cudaErrorMemoryAllocation "$PROBE_SHARED" --chunk 256M --max 16G --hold-ms 1500
 run_probe "driver-api" CUDA_ERROR_OUT_OF_MEMORY "$PROBE" --api driver --chunk 256M --max 16G --hold-ms 1500
+# nvcc-built programs with a real kernel writing every buffer (static and shared cudart).
+for kind in static shared; do
+  if [[ -x "$BUILD/bin/cuw_nvcc_probe_$kind" ]]; then
+    run_probe "nvcc-$kind" cudaErrorMemoryAllocation "$BUILD/bin/cuw_nvcc_probe_$kind" --chunk 256 --max 16384 --hold-ms 1500
+    check "nvcc-$kind: kernels wrote every buffer" "kernel_checked=$(probe_field "$WORK/probe-nvcc-$kind.log" kernel_checked)" \
+      test "$(probe_field "$WORK/probe-nvcc-$kind.log" kernel_checked)" = true
+  else
+    record FAIL "nvcc-$kind probe present" "$BUILD/bin/cuw_nvcc_probe_$kind missing (build needs nvcc)"
+  fi
+done
 section "Probe without cuwarden: 8 GiB must fit (so the cap, not the GPU, stopped it)"
 NOCAP_LOG="$WORK/probe-nocap.log"
 NOCAP_RC=0
