@@ -151,8 +151,10 @@ std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error) 
     } else {
       std::string_view ord = trim(item.substr(0, eq));
       int o = 0;
+      // At most two digits: longer ordinals are refused before they can overflow `o`.
       if (ord.empty() || ord.size() > 2) o = -1;
       for (char c : ord) {
+        if (o < 0) break;
         if (!std::isdigit(static_cast<unsigned char>(c))) { o = -1; break; }
         o = o * 10 + (c - '0');
       }

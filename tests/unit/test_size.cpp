@@ -91,6 +91,9 @@ TEST_CASE("caps: malformed specs are rejected with the reason", "[size]") {
   CHECK_FALSE(parse_limit("x=8G", &err));
   CHECK_THAT(err, Catch::Contains("bad device ordinal"));
   CHECK_FALSE(parse_limit("64=1G", &err));
+  // Found by tests/fuzz/fuzz_size: a long ordinal overflowed an int (UB) before being refused.
+  CHECK_FALSE(parse_limit("18446744073709551616=1G", &err));
+  CHECK_THAT(err, Catch::Contains("bad device ordinal"));
   CHECK_FALSE(parse_limit("8G,4G", &err));
   CHECK_THAT(err, Catch::Contains("more than one"));
   CHECK_FALSE(parse_limit("0=8G,,1=2G", &err));
