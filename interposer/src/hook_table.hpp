@@ -15,49 +15,92 @@
 // cuda.h renames cuGetProcAddress to its _v2 variant; the table names both variants itself.
 #undef cuGetProcAddress
 
-// X(ret, name, params, args, base, version, per_thread)
+// X(ret, name, params, args, base, version, per_thread, lib)
+//   lib: 0 = libcuda.so.1 (driver API), 1 = libnvidia-ml.so.1 (NVML; base/version unused)
 #define CUW_HOOKS(X)                                                                                            \
-  X(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize), (dptr, bytesize), "cuMemAlloc", 3020, 0)    \
+  X(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize), (dptr, bytesize), "cuMemAlloc", 3020, 0, 0) \
   X(CUresult, cuMemAllocPitch_v2,                                                                                \
     (CUdeviceptr * dptr, size_t * pitch, size_t width, size_t height, unsigned int elem),                     \
-    (dptr, pitch, width, height, elem), "cuMemAllocPitch", 3020, 0)                                            \
+    (dptr, pitch, width, height, elem), "cuMemAllocPitch", 3020, 0, 0)                                         \
   X(CUresult, cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),                    \
-    (dptr, bytesize, flags), "cuMemAllocManaged", 6000, 0)                                                      \
-  X(CUresult, cuMemFree_v2, (CUdeviceptr dptr), (dptr), "cuMemFree", 3020, 0)                                   \
+    (dptr, bytesize, flags), "cuMemAllocManaged", 6000, 0, 0)                                                   \
+  X(CUresult, cuMemFree_v2, (CUdeviceptr dptr), (dptr), "cuMemFree", 3020, 0, 0)                                \
   X(CUresult, cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream stream),                          \
-    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 0)                                                      \
+    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 0, 0)                                                   \
   X(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream stream),                     \
-    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 1)                                                      \
+    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 1, 0)                                                   \
   X(CUresult, cuMemAllocFromPoolAsync,                                                                           \
     (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), (dptr, bytesize, pool, stream), \
-    "cuMemAllocFromPoolAsync", 11020, 0)                                                                        \
+    "cuMemAllocFromPoolAsync", 11020, 0, 0)                                                                     \
   X(CUresult, cuMemAllocFromPoolAsync_ptsz,                                                                      \
     (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), (dptr, bytesize, pool, stream), \
-    "cuMemAllocFromPoolAsync", 11020, 1)                                                                        \
-  X(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync", 11020, 0) \
+    "cuMemAllocFromPoolAsync", 11020, 1, 0)                                                                     \
+  X(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync", 11020, 0, \
+    0)                                                                                                           \
   X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync",      \
-    11020, 1)                                                                                                    \
+    11020, 1, 0)                                                                                                 \
   X(CUresult, cuMemCreate,                                                                                       \
     (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp* prop,                      \
      unsigned long long flags),                                                                                  \
-    (handle, size, prop, flags), "cuMemCreate", 10020, 0)                                                       \
-  X(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle), (handle), "cuMemRelease", 10020, 0)         \
+    (handle, size, prop, flags), "cuMemCreate", 10020, 0, 0)                                                    \
+  X(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle), (handle), "cuMemRelease", 10020, 0, 0)      \
+  X(CUresult, cuArrayCreate_v2, (CUarray * handle, const CUDA_ARRAY_DESCRIPTOR* desc), (handle, desc),         \
+    "cuArrayCreate", 3020, 0, 0)                                                                                \
+  X(CUresult, cuArray3DCreate_v2, (CUarray * handle, const CUDA_ARRAY3D_DESCRIPTOR* desc), (handle, desc),     \
+    "cuArray3DCreate", 3020, 0, 0)                                                                              \
+  X(CUresult, cuMipmappedArrayCreate,                                                                            \
+    (CUmipmappedArray * handle, const CUDA_ARRAY3D_DESCRIPTOR* desc, unsigned int levels),                     \
+    (handle, desc, levels), "cuMipmappedArrayCreate", 5000, 0, 0)                                               \
+  X(CUresult, cuArrayDestroy, (CUarray handle), (handle), "cuArrayDestroy", 2000, 0, 0)                        \
+  X(CUresult, cuMipmappedArrayDestroy, (CUmipmappedArray handle), (handle), "cuMipmappedArrayDestroy", 5000,   \
+    0, 0)                                                                                                        \
+  X(CUresult, cuGraphAddMemAllocNode,                                                                            \
+    (CUgraphNode * node, CUgraph graph, const CUgraphNode* deps, size_t ndeps,                                 \
+     CUDA_MEM_ALLOC_NODE_PARAMS* params),                                                                       \
+    (node, graph, deps, ndeps, params), "cuGraphAddMemAllocNode", 11040, 0, 0)                                  \
+  X(CUresult, cuGraphAddMemFreeNode,                                                                             \
+    (CUgraphNode * node, CUgraph graph, const CUgraphNode* deps, size_t ndeps, CUdeviceptr dptr),              \
+    (node, graph, deps, ndeps, dptr), "cuGraphAddMemFreeNode", 11040, 0, 0)                                     \
+  X(CUresult, cuMemHostAlloc, (void** pp, size_t bytesize, unsigned int flags), (pp, bytesize, flags),          \
+    "cuMemHostAlloc", 2020, 0, 0)                                                                               \
+  X(CUresult, cuMemAllocHost_v2, (void** pp, size_t bytesize), (pp, bytesize), "cuMemAllocHost", 3020, 0, 0)   \
+  X(CUresult, cuMemFreeHost, (void* p), (p), "cuMemFreeHost", 2000, 0, 0)                                       \
+  X(CUresult, cuMemHostRegister_v2, (void* p, size_t bytesize, unsigned int flags), (p, bytesize, flags),       \
+    "cuMemHostRegister", 6050, 0, 0)                                                                            \
+  X(CUresult, cuMemHostUnregister, (void* p), (p), "cuMemHostUnregister", 4000, 0, 0)                           \
   X(CUresult, cuMemGetInfo_v2, (size_t * free_bytes, size_t * total_bytes), (free_bytes, total_bytes),          \
-    "cuMemGetInfo", 3020, 0)                                                                                    \
-  X(CUresult, cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev), (bytes, dev), "cuDeviceTotalMem", 3020, 0)  \
+    "cuMemGetInfo", 3020, 0, 0)                                                                                 \
+  X(CUresult, cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev), (bytes, dev), "cuDeviceTotalMem", 3020, 0,  \
+    0)                                                                                                           \
   X(CUresult, cuGetProcAddress,                                                                                  \
     (const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags), (symbol, pfn, cudaVersion, flags),   \
-    "cuGetProcAddress", 11030, 0)                                                                               \
+    "cuGetProcAddress", 11030, 0, 0)                                                                            \
   X(CUresult, cuGetProcAddress_v2,                                                                               \
     (const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,                                        \
      CUdriverProcAddressQueryResult* status),                                                                   \
-    (symbol, pfn, cudaVersion, flags, status), "cuGetProcAddress", 12000, 0)
+    (symbol, pfn, cudaVersion, flags, status), "cuGetProcAddress", 12000, 0, 0)                                 \
+  X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo, (cuw_nvmlDevice_t device, cuw_nvmlMemory_t * memory),           \
+    (device, memory), "", 0, 0, 1)                                                                               \
+  X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t * memory),     \
+    (device, memory), "", 0, 0, 1)
+
+// NVML's ABI, declared here (nvml.h is not part of every CUDA toolkit install). These
+// layouts are NVML's public, versioned structs (NVML API reference: Device Queries).
+typedef int cuw_nvmlReturn_t;  ///< nvmlReturn_t: 0 = NVML_SUCCESS
+typedef struct cuw_nvmlDevice_st* cuw_nvmlDevice_t;
+typedef struct {
+  unsigned long long total, free, used;  ///< bytes
+} cuw_nvmlMemory_t;
+typedef struct {
+  unsigned int version;                            ///< nvmlMemory_v2 = sizeof | (2 << 24)
+  unsigned long long total, reserved, free, used;  ///< bytes
+} cuw_nvmlMemory_v2_t;
 
 namespace cuw::hook {
 
 /// Index of each hooked function in the table, in X order.
 enum class Id : int {
-#define CUW_ID(ret, name, params, args, base, version, pts) name,
+#define CUW_ID(ret, name, params, args, base, version, pts, lib) name,
   CUW_HOOKS(CUW_ID)
 #undef CUW_ID
       count_
@@ -69,6 +112,7 @@ struct Entry {
   const char* base;     ///< name cuGetProcAddress is asked for ("cuMemAlloc")
   int version;          ///< CUDA version (1000*major + 10*minor) that introduced this variant
   bool per_thread;      ///< the _ptsz/_ptds variant
+  int lib;              ///< 0 libcuda.so.1, 1 libnvidia-ml.so.1
   void* wrapper;        ///< our hook
 };
 

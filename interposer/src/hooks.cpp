@@ -20,12 +20,12 @@ namespace {
 // A driver entry point we hook but cannot find: behave like a driver that lacks it.
 constexpr CUresult kNoDriver = CUDA_ERROR_NOT_INITIALIZED;
 
-/// Count, call, record. `call` performs the real allocation and writes *out on success.
-/// Hot path: tracker lookup (one branch), device slot (one branch), charge (one CAS),
-/// the driver call, one table insert, one ring push.
-template <class Call>
-CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, uint64_t aux, CUdeviceptr* out,
-                       Call&& call) {
+/// Count, call, record in `table`. `call` performs the real allocation and writes *out
+/// on success. Hot path: device slot (one branch), charge (one CAS), the driver call, one
+/// table insert, one ring push.
+template <class Call, class Key>
+CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api, int ordinal, uint64_t bytes,
+                          uint64_t aux, Call&& call, Key&& key_of_result) {
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return call();  // no context, or an ordinal past what we track
   if (!t.charge(*d, ordinal, bytes, api)) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -36,12 +36,22 @@ CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, u
     t.emit(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r);
     return r;
   }
-  t.pointers().insert(*out, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
+  const uint64_t key = key_of_result();
+  table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
   d->reserved.fetch_add(bytes, std::memory_order_relaxed);
   d->live_allocations.fetch_add(1, std::memory_order_relaxed);
   d->alloc_count.fetch_add(1, std::memory_order_relaxed);
-  t.emit(ring::EventKind::alloc, api, ordinal, *out, bytes, aux, CUDA_SUCCESS);
+  t.emit(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS);
   return r;
+}
+
+/// Count, call, record. `call` performs the real allocation and writes *out on success.
+/// Hot path: tracker lookup (one branch), device slot (one branch), charge (one CAS),
+/// the driver call, one table insert, one ring push.
+template <class Call>
+CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, uint64_t aux, CUdeviceptr* out,
+                       Call&& call) {
+  return tracked_alloc_in(t, t.pointers(), api, ordinal, bytes, aux, call, [out] { return uint64_t{*out}; });
 }
 
 /// Account a successful free of a live record.
@@ -196,9 +206,8 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
   if (g.nested() || !prop || !handle || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(handle, size, prop, flags);  // host-located memory: not device memory, not capped
   Tracker& t = Tracker::get();
-  static_assert(sizeof(CUmemGenericAllocationHandle) == sizeof(CUdeviceptr));
-  return tracked_alloc(t, ring::Api::cuMemCreate, prop->location.id, size, 0,
-                       reinterpret_cast<CUdeviceptr*>(handle), [&] { return real(handle, size, prop, flags); });
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuMemCreate, prop->location.id, size, 0,
+                          [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; });
 }
 
 CUW_EXPORT CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -207,7 +216,243 @@ CUW_EXPORT CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
   Reentry g;
   if (g.nested()) return real(handle);
   Tracker& t = Tracker::get();
-  return tracked_free(t, t.pointers(), handle, ring::Api::cuMemRelease, 0, [&] { return real(handle); });
+  return tracked_free(t, t.handles(), handle, ring::Api::cuMemRelease, 0, [&] { return real(handle); });
+}
+
+// ---- CUDA arrays (CUDA driver API: Memory Management, arrays) -----------------------------
+
+namespace {
+
+/// Bytes per element of a CUarray_format (CUDA driver API: CUarray_format). Packed and
+/// block-compressed formats are rounded to their per-texel size; unknown ones count 4.
+uint64_t format_bytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+    default:
+      return 4;
+  }
+}
+
+/// Estimated bytes of an array: width x max(height,1) x max(depth,1) x element size,
+/// rounded to 512 bytes, summed over `levels` mip levels (each halving every dimension).
+uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, unsigned channels, unsigned levels) {
+  const uint64_t elem = format_bytes(f) * (channels ? channels : 1);
+  uint64_t total = 0;
+  for (unsigned l = 0; l < (levels ? levels : 1); ++l) {
+    const uint64_t lw = w ? w : 1, lh = h ? h : 1, ld = d ? d : 1;
+    total += (lw * lh * ld * elem + 511) & ~uint64_t{511};
+    w = w > 1 ? w / 2 : 1;
+    h = h > 1 ? h / 2 : (h ? 1 : 0);
+    d = d > 1 ? d / 2 : (d ? 1 : 0);
+  }
+  return total;
+}
+
+/// The driver's own size for an array, when it can tell (cuArrayGetMemoryRequirements,
+/// CUDA 11.6+); 0 when it cannot.
+uint64_t driver_array_bytes(CUarray a, int ordinal) {
+  using fn = CUresult (*)(CUDA_ARRAY_MEMORY_REQUIREMENTS*, CUarray, CUdevice);
+  static auto f = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuArrayGetMemoryRequirements"));
+  CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
+  return (f && f(&req, a, ordinal) == CUDA_SUCCESS) ? req.size : 0;
+}
+
+/// After a successful array creation: settle the estimate on the driver's figure.
+void settle_array(Tracker& t, uint64_t key, int ordinal, uint64_t estimate, uint64_t actual) {
+  if (actual == 0 || actual == estimate) return;
+  ring::DeviceSlot* d = t.device(ordinal);
+  LiveRecord rec;
+  if (!d || !t.handles().take(key, &rec)) return;
+  if (actual > estimate) {
+    t.force_charge(*d, actual - estimate);
+    d->reserved.fetch_add(actual - estimate, std::memory_order_relaxed);
+  } else {
+    t.uncharge(*d, estimate - actual);
+    d->reserved.fetch_sub(estimate - actual, std::memory_order_relaxed);
+  }
+  rec.bytes = actual;
+  t.handles().insert(key, rec);
+}
+
+}  // namespace
+
+CUW_EXPORT CUresult hook_cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  auto real = REAL(cuArrayCreate_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested() || !desc || !handle) return real(handle, desc);
+  Tracker& t = Tracker::get();
+  const int ordinal = t.current_device();
+  const uint64_t est = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1);
+  const CUresult r = tracked_alloc_in(t, t.handles(), ring::Api::cuArrayCreate, ordinal, est, 0,
+                                      [&] { return real(handle, desc); },
+                                      [handle] { return reinterpret_cast<uint64_t>(*handle); });
+  if (r == CUDA_SUCCESS)
+    settle_array(t, reinterpret_cast<uint64_t>(*handle), ordinal, est, driver_array_bytes(*handle, ordinal));
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  auto real = REAL(cuArray3DCreate_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested() || !desc || !handle) return real(handle, desc);
+  Tracker& t = Tracker::get();
+  const int ordinal = t.current_device();
+  const uint64_t est = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1);
+  const CUresult r = tracked_alloc_in(t, t.handles(), ring::Api::cuArray3DCreate, ordinal, est, 0,
+                                      [&] { return real(handle, desc); },
+                                      [handle] { return reinterpret_cast<uint64_t>(*handle); });
+  if (r == CUDA_SUCCESS)
+    settle_array(t, reinterpret_cast<uint64_t>(*handle), ordinal, est, driver_array_bytes(*handle, ordinal));
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                                unsigned int levels) {
+  auto real = REAL(cuMipmappedArrayCreate);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested() || !desc || !handle) return real(handle, desc, levels);
+  Tracker& t = Tracker::get();
+  const uint64_t est = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, levels);
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuMipmappedArrayCreate, t.current_device(), est, 0,
+                          [&] { return real(handle, desc, levels); },
+                          [handle] { return reinterpret_cast<uint64_t>(*handle); });
+}
+
+CUW_EXPORT CUresult hook_cuArrayDestroy(CUarray handle) {
+  auto real = REAL(cuArrayDestroy);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(handle);
+  Tracker& t = Tracker::get();
+  return tracked_free(t, t.handles(), reinterpret_cast<uint64_t>(handle), ring::Api::cuArrayDestroy, 0,
+                      [&] { return real(handle); });
+}
+
+CUW_EXPORT CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray handle) {
+  auto real = REAL(cuMipmappedArrayDestroy);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(handle);
+  Tracker& t = Tracker::get();
+  return tracked_free(t, t.handles(), reinterpret_cast<uint64_t>(handle), ring::Api::cuMipmappedArrayDestroy, 0,
+                      [&] { return real(handle); });
+}
+
+// ---- graph memory nodes (CUDA driver API: Graph Management) -------------------------------
+// Counted while the graph holds the allocation: from the allocation node's creation to the
+// free node's (or to cuMemFree(Async) of its address outside the graph). Stream capture of
+// cudaMallocAsync reaches cuMemAllocAsync and is counted there.
+
+CUW_EXPORT CUresult hook_cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps,
+                                                size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS* params) {
+  auto real = REAL(cuGraphAddMemAllocNode);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested() || !params || params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return real(node, graph, deps, ndeps, params);
+  Tracker& t = Tracker::get();
+  return tracked_alloc_in(t, t.pointers(), ring::Api::cuGraphMemAlloc, params->poolProps.location.id,
+                          params->bytesize, 0, [&] { return real(node, graph, deps, ndeps, params); },
+                          [params] { return uint64_t{params->dptr}; });
+}
+
+CUW_EXPORT CUresult hook_cuGraphAddMemFreeNode(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps,
+                                               size_t ndeps, CUdeviceptr dptr) {
+  auto real = REAL(cuGraphAddMemFreeNode);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(node, graph, deps, ndeps, dptr);
+  Tracker& t = Tracker::get();
+  return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFree, 0,
+                      [&] { return real(node, graph, deps, ndeps, dptr); });
+}
+
+// ---- pinned host memory: tracked and shown, never capped --------------------------------
+
+namespace {
+
+template <class Call>
+CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* const* result) {
+  Tracker& t = Tracker::get();
+  const CUresult r = call();
+  if (r != CUDA_SUCCESS || !result) return r;
+  const int ordinal = t.current_device();
+  const uint64_t key = reinterpret_cast<uint64_t>(*result);
+  t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
+  if (ring::DeviceSlot* d = t.device(ordinal)) d->host_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  t.emit(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS);
+  return r;
+}
+
+template <class Call>
+CUresult tracked_host_free(ring::Api api, void* p, Call&& call) {
+  Tracker& t = Tracker::get();
+  LiveRecord rec;
+  const bool live = p && t.host().take(reinterpret_cast<uint64_t>(p), &rec);
+  const CUresult r = call();
+  if (!live) return r;
+  if (r != CUDA_SUCCESS) {
+    t.host().insert(reinterpret_cast<uint64_t>(p), rec);
+    return r;
+  }
+  if (ring::DeviceSlot* d = t.device(rec.device)) d->host_bytes.fetch_sub(rec.bytes, std::memory_order_relaxed);
+  t.emit(ring::EventKind::host_free, api, rec.device, reinterpret_cast<uint64_t>(p), rec.bytes, 0, CUDA_SUCCESS);
+  return r;
+}
+
+}  // namespace
+
+CUW_EXPORT CUresult hook_cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
+  auto real = REAL(cuMemHostAlloc);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(pp, bytesize, flags);
+  return tracked_host_alloc(ring::Api::cuMemHostAlloc, bytesize, [&] { return real(pp, bytesize, flags); }, pp);
+}
+
+CUW_EXPORT CUresult hook_cuMemAllocHost_v2(void** pp, size_t bytesize) {
+  auto real = REAL(cuMemAllocHost_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(pp, bytesize);
+  return tracked_host_alloc(ring::Api::cuMemAllocHost, bytesize, [&] { return real(pp, bytesize); }, pp);
+}
+
+CUW_EXPORT CUresult hook_cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
+  auto real = REAL(cuMemHostRegister_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(p, bytesize, flags);
+  return tracked_host_alloc(ring::Api::cuMemHostAlloc, bytesize, [&] { return real(p, bytesize, flags); }, &p);
+}
+
+CUW_EXPORT CUresult hook_cuMemFreeHost(void* p) {
+  auto real = REAL(cuMemFreeHost);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(p);
+  return tracked_host_free(ring::Api::cuMemFreeHost, p, [&] { return real(p); });
+}
+
+CUW_EXPORT CUresult hook_cuMemHostUnregister(void* p) {
+  auto real = REAL(cuMemHostUnregister);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(p);
+  return tracked_host_free(ring::Api::cuMemFreeHost, p, [&] { return real(p); });
 }
 
 // ---- reported sizes --------------------------------------------------------------------
@@ -264,6 +509,91 @@ CUW_EXPORT CUresult hook_cuGetProcAddress_v2(const char* symbol, void** pfn, int
   if (!real) return kNoDriver;
   const CUresult r = real(symbol, pfn, cudaVersion, flags, status);
   if (r == CUDA_SUCCESS && pfn && *pfn) *pfn = cuw::hook::redirect_proc(symbol, *pfn, cudaVersion, flags);
+  return r;
+}
+
+
+// ---- NVML (NVML API reference: Device Queries, nvmlDeviceGetMemoryInfo) ------------------
+// Reports the cap when the process has one, in agreement with cuMemGetInfo. NVML's devices
+// are physical; they are matched to the process's CUDA ordinals by UUID. Only a process
+// that already used CUDA has caps to report: NVML alone never creates a ring.
+
+namespace {
+
+constexpr cuw_nvmlReturn_t kNvmlSuccess = 0;
+constexpr cuw_nvmlReturn_t kNvmlFunctionNotFound = 13;  // NVML_ERROR_FUNCTION_NOT_FOUND
+
+/// The CUDA device slot of an NVML device, or nullptr (no tracker, no cap, no match).
+ring::DeviceSlot* slot_for_nvml(cuw_nvmlDevice_t dev) {
+  Tracker* t = Tracker::instance_if_created();
+  if (!t || t->config().meminfo_physical) return nullptr;
+  using uuid_fn = cuw_nvmlReturn_t (*)(cuw_nvmlDevice_t, char*, unsigned int);
+  static auto get_uuid = reinterpret_cast<uuid_fn>(cuw::hook::nvml_symbol("nvmlDeviceGetUUID"));
+  char uuid[96] = {};
+  if (!get_uuid || get_uuid(dev, uuid, sizeof uuid) != kNvmlSuccess) return nullptr;
+  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes
+  uint8_t bytes[16];
+  int n = 0;
+  for (const char* c = std::strncmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid; *c && n < 32; ++c) {
+    int v = (*c >= '0' && *c <= '9') ? *c - '0' : (*c >= 'a' && *c <= 'f') ? *c - 'a' + 10
+            : (*c >= 'A' && *c <= 'F') ? *c - 'A' + 10 : -1;
+    if (v < 0) continue;
+    if (n % 2 == 0) bytes[n / 2] = static_cast<uint8_t>(v << 4);
+    else bytes[n / 2] = static_cast<uint8_t>(bytes[n / 2] | v);
+    ++n;
+  }
+  if (n != 32) return nullptr;
+  for (uint32_t o = 0; o < ring::kMaxDevices; ++o) {
+    ring::DeviceSlot& d = t->header().devices[o];
+    if (d.present.load(std::memory_order_acquire) && std::memcmp(d.uuid, bytes, 16) == 0) return &d;
+  }
+  return nullptr;
+}
+
+/// Cap-adjusted (total, free): the same figures cuMemGetInfo reports.
+bool capped_view(ring::DeviceSlot& d, uint64_t real_total, uint64_t real_free, uint64_t* total, uint64_t* free_b) {
+  const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+  if (limit == ring::kNoLimit) return false;
+  const uint64_t cap_total = limit < real_total ? limit : real_total;
+  const uint64_t used = d.used.load(std::memory_order_relaxed);
+  const uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;
+  *total = cap_total;
+  *free_b = real_free < cap_free ? real_free : cap_free;
+  return true;
+}
+
+}  // namespace
+
+CUW_EXPORT cuw_nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(cuw_nvmlDevice_t device, cuw_nvmlMemory_t* memory) {
+  auto real = REAL(nvmlDeviceGetMemoryInfo);
+  if (!real) return kNvmlFunctionNotFound;
+  const cuw_nvmlReturn_t r = real(device, memory);
+  if (r != kNvmlSuccess || !memory) return r;
+  if (ring::DeviceSlot* d = slot_for_nvml(device)) {
+    uint64_t total, free_b;
+    if (capped_view(*d, memory->total, memory->free, &total, &free_b)) {
+      memory->total = total;
+      memory->free = free_b;
+      memory->used = total - free_b;
+    }
+  }
+  return r;
+}
+
+CUW_EXPORT cuw_nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t* memory) {
+  auto real = REAL(nvmlDeviceGetMemoryInfo_v2);
+  if (!real) return kNvmlFunctionNotFound;
+  const cuw_nvmlReturn_t r = real(device, memory);
+  if (r != kNvmlSuccess || !memory) return r;
+  if (ring::DeviceSlot* d = slot_for_nvml(device)) {
+    uint64_t total, free_b;
+    if (capped_view(*d, memory->total, memory->free, &total, &free_b)) {
+      memory->total = total;
+      memory->free = free_b;
+      memory->reserved = 0;
+      memory->used = total - free_b;
+    }
+  }
   return r;
 }
 

@@ -1,11 +1,15 @@
-// cuwarden interposer: resolution of real driver functions, and the dlsym hook.
+// cuwarden interposer: resolution of real driver (and NVML) functions, and the dlsym /
+// dlvsym hooks. glibc's own dlsym and dlvsym are found in libc's symbol table (libc_elf.cpp)
+// because every symbol reference from this library would bind to our own exports.
 #include "real.hpp"
 
-#include "log.hpp"
-
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstring>
+
+#include "libc_elf.hpp"
+#include "log.hpp"
 
 namespace cuw::hook {
 
@@ -14,30 +18,40 @@ std::atomic<void*> g_real[static_cast<int>(Id::count_)];
 namespace {
 
 const Entry kEntries[] = {
-#define CUW_ENTRY(ret, name, params, args, base, version, pts) \
-  {#name, base, version, pts != 0, reinterpret_cast<void*>(&hook_##name)},
+#define CUW_ENTRY(ret, name, params, args, base, version, pts, lib) \
+  {#name, base, version, pts != 0, lib, reinterpret_cast<void*>(&hook_##name)},
     CUW_HOOKS(CUW_ENTRY)
 #undef CUW_ENTRY
 };
 constexpr int kCount = static_cast<int>(Id::count_);
 static_assert(sizeof(kEntries) / sizeof(kEntries[0]) == kCount);
 
+constexpr const char* kLibNames[2] = {"libcuda.so.1", "libnvidia-ml.so.1"};
+std::atomic<void*> g_lib[2] = {nullptr, nullptr};
+std::atomic<bool> g_resolved[2] = {false, false};
+
 using dlsym_fn = void* (*)(void*, const char*);
+using dlvsym_fn = void* (*)(void*, const char*, const char*);
 std::atomic<dlsym_fn> g_real_dlsym{nullptr};
-std::atomic<void*> g_libcuda{nullptr};
-std::atomic<bool> g_resolved{false};
-thread_local bool t_resolving_dlsym = false;
+std::atomic<dlvsym_fn> g_real_dlvsym{nullptr};
+
+void resolve_libc() noexcept {
+  // glibc >= 2.34 defines dlsym@@GLIBC_2.34 in libc; older ones only the 2.2.5 node
+  // (x86-64; other architectures have their own base version, which the lookup accepts).
+  auto s = reinterpret_cast<dlsym_fn>(libc_elf::find("dlsym", "GLIBC_2.34"));
+  if (!s) s = reinterpret_cast<dlsym_fn>(libc_elf::find("dlsym", nullptr));
+  auto v = reinterpret_cast<dlvsym_fn>(libc_elf::find("dlvsym", "GLIBC_2.34"));
+  if (!v) v = reinterpret_cast<dlvsym_fn>(libc_elf::find("dlvsym", nullptr));
+  if (s) g_real_dlsym.store(s, std::memory_order_release);
+  if (v) g_real_dlvsym.store(v, std::memory_order_release);
+}
 
 dlsym_fn get_real_dlsym() noexcept {
   dlsym_fn f = g_real_dlsym.load(std::memory_order_acquire);
-  if (__builtin_expect(f != nullptr, 1)) return f;
-  if (t_resolving_dlsym) return nullptr;  // dlvsym re-entered us (through someone's malloc hook)
-  t_resolving_dlsym = true;
-  // glibc >= 2.34 defines dlsym@@GLIBC_2.34 in libc; older ones only the 2.2.5 node.
-  f = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
-  if (!f) f = reinterpret_cast<dlsym_fn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
-  t_resolving_dlsym = false;
-  if (f) g_real_dlsym.store(f, std::memory_order_release);
+  if (__builtin_expect(f == nullptr, 0)) {
+    resolve_libc();
+    f = g_real_dlsym.load(std::memory_order_acquire);
+  }
   return f;
 }
 
@@ -47,7 +61,7 @@ bool is_wrapper(void* p) noexcept {
   return false;
 }
 
-__attribute__((constructor)) void resolve_dlsym_at_load() { (void)get_real_dlsym(); }
+__attribute__((constructor)) void resolve_at_load() { resolve_libc(); }
 
 }  // namespace
 
@@ -61,27 +75,43 @@ void* real_dlsym(void* handle, const char* name) noexcept {
   return f ? f(handle, name) : nullptr;
 }
 
-bool resolve_all(bool load) noexcept {
-  if (g_resolved.load(std::memory_order_acquire)) return true;
-  void* h = g_libcuda.load(std::memory_order_acquire);
+bool resolve_lib(int lib, bool load) noexcept {
+  if (g_resolved[lib].load(std::memory_order_acquire)) return true;
+  void* h = g_lib[lib].load(std::memory_order_acquire);
   if (!h) {
-    h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!h && load) h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_GLOBAL);
+    h = dlopen(kLibNames[lib], RTLD_LAZY | RTLD_NOLOAD);
+    if (!h && load) h = dlopen(kLibNames[lib], RTLD_LAZY | RTLD_GLOBAL);
     if (!h) return false;
-    g_libcuda.store(h, std::memory_order_release);
+    g_lib[lib].store(h, std::memory_order_release);
   }
   for (int i = 0; i < kCount; ++i) {
+    if (kEntries[i].lib != lib) continue;
     void* p = real_dlsym(h, kEntries[i].name);
     if (p && is_wrapper(p)) p = nullptr;  // never call ourselves
     g_real[i].store(p, std::memory_order_release);
   }
-  g_resolved.store(true, std::memory_order_release);
+  g_resolved[lib].store(true, std::memory_order_release);
   return true;
 }
 
+bool resolve_all(bool load) noexcept { return resolve_lib(0, load); }
+
+void* resolve_one(Id id) noexcept {
+  const int i = static_cast<int>(id);
+  // NVML is only ever used when the program loaded it; libcuda is loaded on demand.
+  resolve_lib(kEntries[i].lib, kEntries[i].lib == 0);
+  return g_real[i].load(std::memory_order_acquire);
+}
+
 void* driver_symbol(const char* name) noexcept {
-  if (!resolve_all(true)) return nullptr;
-  void* p = real_dlsym(g_libcuda.load(std::memory_order_acquire), name);
+  if (!resolve_lib(0, true)) return nullptr;
+  void* p = real_dlsym(g_lib[0].load(std::memory_order_acquire), name);
+  return (p && is_wrapper(p)) ? nullptr : p;
+}
+
+void* nvml_symbol(const char* name) noexcept {
+  if (!resolve_lib(1, false)) return nullptr;
+  void* p = real_dlsym(g_lib[1].load(std::memory_order_acquire), name);
   return (p && is_wrapper(p)) ? nullptr : p;
 }
 
@@ -94,7 +124,7 @@ void* redirect_by_pointer(void* real) noexcept {
 
 void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t flags) noexcept {
   if (!real || !symbol) return real;
-  resolve_all(false);
+  resolve_lib(0, false);
   void* w = redirect_by_pointer(real);
   if (w != real) {
     ipc::log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): hooked by address", symbol, cuda_version,
@@ -107,10 +137,10 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
   const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   bool base_has_pt = false;
   for (const Entry& e : kEntries)
-    if (e.per_thread && !std::strcmp(e.base, symbol)) base_has_pt = true;
+    if (e.lib == 0 && e.per_thread && !std::strcmp(e.base, symbol)) base_has_pt = true;
   const Entry* best = nullptr;
   for (const Entry& e : kEntries) {
-    if (std::strcmp(e.base, symbol) != 0 || e.version > cuda_version) continue;
+    if (e.lib != 0 || std::strcmp(e.base, symbol) != 0 || e.version > cuda_version) continue;
     if (e.per_thread != (per_thread && base_has_pt)) continue;
     if (!best || e.version > best->version) best = &e;
   }
@@ -122,25 +152,94 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
 
 }  // namespace cuw::hook
 
-// ---- the dlsym hook --------------------------------------------------------------------
-// Only names starting with "cu" are looked at; everything else is a sibling call into
-// glibc, so the caller's return address (which RTLD_NEXT is relative to) is preserved.
+// ---- the dlsym and dlvsym hooks ---------------------------------------------------------
+// Only names starting with "cu" or "nvml" are looked at; everything else is a sibling call
+// into glibc, so the caller's return address (which RTLD_NEXT is relative to) is preserved.
 namespace {
-__attribute__((noinline)) void* dlsym_cuda(void* handle, const char* name) {
-  void* r = cuw::hook::real_dlsym(handle, name);
+
+bool is_ours(const char* n) noexcept {
+  // dlfcn.h declares `name` nonnull; hide that from the optimizer so a NULL stays checked.
+  __asm__("" : "+r"(n));
+  return n && ((n[0] == 'c' && n[1] == 'u') || (n[0] == 'n' && n[1] == 'v' && n[2] == 'm' && n[3] == 'l'));
+}
+
+__attribute__((noinline)) void* redirect_found(void* r, const char* name) {
   if (!r) return r;
-  cuw::hook::resolve_all(false);  // libcuda loaded? then know its real pointers
+  cuw::hook::resolve_lib(name[0] == 'n' ? 1 : 0, false);  // loaded? then know its real pointers
   return cuw::hook::redirect_by_pointer(r);
 }
+
+/// RTLD_NEXT on behalf of the code at `caller`: the first definition in an object loaded
+/// after the caller's, in load order (what glibc does for the caller itself). Asking glibc
+/// with RTLD_NEXT from here would search after *this* library instead.
+template <class Lookup>
+void* next_after(const void* caller, Lookup&& lookup) {
+  Dl_info info{};
+  struct link_map* self = nullptr;
+  if (!dladdr1(caller, &info, reinterpret_cast<void**>(&self), RTLD_DL_LINKMAP) || !self) return nullptr;
+  for (struct link_map* m = self->l_next; m; m = m->l_next) {
+    if (!m->l_name || !m->l_name[0]) continue;
+    // A handle of our own (not the link_map itself: maps such as the vDSO have no scope).
+    void* h = dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) continue;
+    void* r = lookup(h);
+    dlclose(h);
+    if (!r) continue;
+    Dl_info ri{};
+    struct link_map* owner = nullptr;
+    if (dladdr1(r, &ri, reinterpret_cast<void**>(&owner), RTLD_DL_LINKMAP) && owner == m) return r;
+  }
+  return nullptr;
+}
+
+__attribute__((noinline)) void* dlsym_slow(void* handle, const char* name, const void* caller) {
+  void* r = handle == RTLD_NEXT
+                ? next_after(caller, [name](void* h) { return cuw::hook::real_dlsym(h, name); })
+                : cuw::hook::real_dlsym(handle, name);
+  return redirect_found(r, name);
+}
+
+__attribute__((noinline)) void* dlvsym_slow(void* handle, const char* name, const char* version,
+                                            const void* caller) {
+  auto f = cuw::hook::g_real_dlvsym.load(std::memory_order_acquire);
+  if (!f) return nullptr;
+  void* r = handle == RTLD_NEXT ? next_after(caller, [&](void* h) { return f(h, name, version); })
+                                : f(handle, name, version);
+  return redirect_found(r, name);
+}
+
 }  // namespace
 
-extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"))) void* dlsym(
+// Exported as dlsym@@GLIBC_2.34 and dlsym@<base> (exports.map), likewise dlvsym.
+extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"))) void* cuw_dlsym(
     void* handle, const char* name) {
-  // dlfcn.h declares `name` nonnull; hide that from the optimizer so a NULL stays checked.
-  const char* n = name;
-  __asm__("" : "+r"(n));
-  if (n && n[0] == 'c' && n[1] == 'u') return dlsym_cuda(handle, name);
+  if (is_ours(name)) return dlsym_slow(handle, name, __builtin_return_address(0));
   auto f = cuw::hook::g_real_dlsym.load(std::memory_order_acquire);
   if (__builtin_expect(f == nullptr, 0)) return cuw::hook::real_dlsym(handle, name);
   return f(handle, name);  // sibling call
 }
+
+extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-sibling-calls"))) void* cuw_dlvsym(
+    void* handle, const char* name, const char* version) {
+  if (is_ours(name)) return dlvsym_slow(handle, name, version, __builtin_return_address(0));
+  auto f = cuw::hook::g_real_dlvsym.load(std::memory_order_acquire);
+  if (__builtin_expect(f == nullptr, 0)) {
+    cuw::hook::resolve_libc();
+    f = cuw::hook::g_real_dlvsym.load(std::memory_order_acquire);
+    if (!f) return nullptr;
+  }
+  return f(handle, name, version);  // sibling call
+}
+
+extern "C" __attribute__((visibility("default"), alias("cuw_dlsym"))) void* cuw_dlsym_base(void*, const char*);
+extern "C" __attribute__((visibility("default"), alias("cuw_dlvsym"))) void* cuw_dlvsym_base(void*, const char*,
+                                                                                           const char*);
+__asm__(".symver cuw_dlsym, dlsym@@GLIBC_2.34");
+__asm__(".symver cuw_dlvsym, dlvsym@@GLIBC_2.34");
+#if defined(__aarch64__)
+__asm__(".symver cuw_dlsym_base, dlsym@GLIBC_2.17");
+__asm__(".symver cuw_dlvsym_base, dlvsym@GLIBC_2.17");
+#else
+__asm__(".symver cuw_dlsym_base, dlsym@GLIBC_2.2.5");
+__asm__(".symver cuw_dlvsym_base, dlvsym@GLIBC_2.2.5");
+#endif

@@ -8,7 +8,7 @@
 #include "hook_table.hpp"
 
 // Our hooks: C++ names hook_<fn>, exported under the driver's symbol names.
-#define CUW_DECLARE_HOOK(ret, name, params, args, base, version, pts) \
+#define CUW_DECLARE_HOOK(ret, name, params, args, base, version, pts, lib) \
   extern "C" ret hook_##name params __asm__(#name);
 CUW_HOOKS(CUW_DECLARE_HOOK)
 #undef CUW_DECLARE_HOOK
@@ -18,22 +18,27 @@ namespace cuw::hook {
 /// Real driver pointers, indexed by Id. Filled by resolve_all(); nullptr = not found.
 extern std::atomic<void*> g_real[static_cast<int>(Id::count_)];
 
-/// Slow path: load libcuda.so.1's handle (loading it if `load` is true) and resolve every
-/// row of the table. Idempotent and thread-safe. Returns false if libcuda is not there.
+/// Slow path: take library `lib`'s handle (0 libcuda.so.1, 1 libnvidia-ml.so.1; loading
+/// it if `load` is true) and resolve every row of the table that belongs to it.
+/// Idempotent and thread-safe. Returns false if the library is not there.
+bool resolve_lib(int lib, bool load) noexcept;
+/// resolve_lib(0, load): the driver.
 bool resolve_all(bool load) noexcept;
+/// Resolve the library of `id` (loading libcuda, never NVML); the real pointer or nullptr.
+void* resolve_one(Id id) noexcept;
 
 /// The real pointer for `id`, resolving on first use. Never returns one of our wrappers.
+/// Cost on the hot path: one acquire load and one predictable branch.
 inline void* real_ptr(Id id) noexcept {
   void* p = g_real[static_cast<int>(id)].load(std::memory_order_acquire);
-  if (__builtin_expect(p == nullptr, 0)) {
-    resolve_all(true);
-    p = g_real[static_cast<int>(id)].load(std::memory_order_acquire);
-  }
+  if (__builtin_expect(p == nullptr, 0)) p = resolve_one(id);
   return p;
 }
 
 /// An unhooked libcuda function, resolved through the real dlsym (nullptr if absent).
 void* driver_symbol(const char* name) noexcept;
+/// An unhooked NVML function, if the process loaded NVML (nullptr otherwise).
+void* nvml_symbol(const char* name) noexcept;
 
 /// If `real` is libcuda's own pointer of a hooked function, our wrapper; else `real`.
 void* redirect_by_pointer(void* real) noexcept;

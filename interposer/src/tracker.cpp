@@ -22,32 +22,7 @@
 
 namespace cuw::ipc {
 
-thread_local int Reentry::depth_ = 0;
-
-// ---- live table ------------------------------------------------------------------------
-
-void LiveTable::insert(uint64_t key, LiveRecord rec) {
-  Shard& s = shards_[shard_of(key)];
-  std::lock_guard<std::mutex> lk(s.mu);
-  s.map[key] = rec;
-}
-
-bool LiveTable::take(uint64_t key, LiveRecord* out) {
-  Shard& s = shards_[shard_of(key)];
-  std::lock_guard<std::mutex> lk(s.mu);
-  auto it = s.map.find(key);
-  if (it == s.map.end()) return false;
-  if (out) *out = it->second;
-  s.map.erase(it);
-  return true;
-}
-
-void LiveTable::clear() {
-  for (Shard& s : shards_) {
-    std::lock_guard<std::mutex> lk(s.mu);
-    s.map.clear();
-  }
-}
+thread_local int Reentry::depth_ __attribute__((tls_model("initial-exec"))) = 0;
 
 // ---- instance and fork -----------------------------------------------------------------
 
@@ -72,7 +47,7 @@ uint64_t realtime_ns() noexcept {
 }
 
 uint32_t thread_id() noexcept {
-  static thread_local uint32_t tid = 0;
+  static thread_local uint32_t tid __attribute__((tls_model("initial-exec"))) = 0;
   if (__builtin_expect(tid == 0, 0)) tid = static_cast<uint32_t>(syscall(SYS_gettid));
   return tid;
 }

@@ -8,38 +8,12 @@
 
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
 
 #include "config.hpp"
+#include "live_table.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::ipc {
-
-/// What the live table remembers about one allocation.
-struct LiveRecord {
-  uint64_t bytes = 0;   ///< bytes counted against the cap
-  int8_t device = -1;   ///< CUDA ordinal
-  uint16_t api = 0;     ///< ring::Api of the allocating call
-};
-
-/// Map from device pointer (or VMM handle) to its record. Sharded mutexes: a lookup takes
-/// one uncontended lock in the common case. Thread-safe.
-class LiveTable {
- public:
-  void insert(uint64_t key, LiveRecord rec);
-  /// Remove and return the record; false if `key` is not live.
-  bool take(uint64_t key, LiveRecord* out);
-  void clear();
-
- private:
-  static constexpr int kShards = 64;
-  struct alignas(64) Shard {
-    std::mutex mu;
-    std::unordered_map<uint64_t, LiveRecord> map;
-  };
-  static int shard_of(uint64_t key) noexcept { return static_cast<int>((key >> 9) * 0x9E3779B97F4A7C15ULL >> 58); }
-  Shard shards_[kShards];
-};
 
 /// The per-process core. One instance, created at the first CUDA call (Tracker::get()).
 class Tracker {
@@ -75,7 +49,8 @@ class Tracker {
             uint32_t result) noexcept;
 
   LiveTable& pointers() noexcept { return pointers_; }
-  LiveTable& handles() noexcept { return handles_; }
+  LiveTable& handles() noexcept { return handles_; }  ///< VMM handles, arrays
+  LiveTable& host() noexcept { return host_; }        ///< pinned / registered host memory
   const Config& config() const noexcept { return config_; }
   ring::RingHeader& header() noexcept { return *header_; }
 
@@ -99,6 +74,7 @@ class Tracker {
   std::mutex device_mu_;
   LiveTable pointers_;
   LiveTable handles_;
+  LiveTable host_;
 };
 
 /// Thread-local re-entrancy guard: a hook entered from inside another hook on the same
@@ -110,7 +86,8 @@ class Reentry {
   bool nested() const noexcept { return nested_; }
 
  private:
-  static thread_local int depth_;
+  // initial-exec: the library is preloaded, so its TLS is static; no __tls_get_addr call.
+  static thread_local int depth_ __attribute__((tls_model("initial-exec")));
   bool nested_;
 };
 

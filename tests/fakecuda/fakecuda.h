@@ -6,11 +6,16 @@
  * CUDA_VISIBLE_DEVICES). Streams follow the driver's rules: 0 / CU_STREAM_LEGACY is the
  * legacy default stream of the current context, CU_STREAM_PER_THREAD the per-thread one.
  *
+ * CUDA arrays: cuArrayCreate/cuArray3DCreate/cuMipmappedArrayCreate take device memory from the
+ * same arena as cuMemAlloc (see fakecuda_array_bytes for the size rule).
+ *
  * Environment read by the simulated driver (once, at first use):
  *   CUWARDEN_FAKE_DEVICES  number of physical devices (default 1)
  *   CUWARDEN_FAKE_MEMORY   bytes per device: "16G" or a list "1G,512M" (K/M/G/T = powers of
  *                          1024; a shorter list repeats its last value) (default 16G)
- *   CUWARDEN_FAKE_UUIDS    optional comma list "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+ *   CUWARDEN_FAKE_UUIDS    optional comma list "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" by physical
+ *                          index; an empty entry keeps that device's default
+ *                          (GPU-c0dafa7e-5a1e-4000-8000-0000000000NN, NN = physical index)
  *   CUWARDEN_FAKE_NAME     device name (default "cuwarden simulated GPU")
  *   CUDA_VISIBLE_DEVICES   as the real driver: indices or (prefixes of) UUIDs, reordering,
  *                          stops at the first invalid entry; "" hides every device
@@ -53,6 +58,39 @@ size_t fakecuda_live_bytes(int ordinal);
 
 /** Number of distinct free blocks in device `ordinal`'s arena (fragmentation probe). */
 size_t fakecuda_free_block_count(int ordinal);
+
+/** Bytes CUDA array `array` takes from its device (what cuMemGetInfo dropped by when it was
+ *  created): round_up(Width * max(Height,1) * max(Depth,1) * element bytes, 512), element bytes =
+ *  format bytes * NumChannels. 0 for an unknown handle and for arrays created with
+ *  CUDA_ARRAY3D_SPARSE or CUDA_ARRAY3D_DEFERRED_MAPPING (they take no memory). For a level of a
+ *  mipmapped array (cuMipmappedArrayGetLevel): that level's share of the mipmapped array. */
+size_t fakecuda_array_bytes(CUarray array);
+
+/** Bytes mipmapped array `array` takes from its device: the sum over its levels of each level's
+ *  bytes as above (every non-zero extent halved per level, at least 1; the layer count of a
+ *  layered or cubemap array is not halved), each level rounded up to 512 on its own.
+ *  0 for an unknown handle or a sparse / deferred-mapping one. */
+size_t fakecuda_mipmapped_array_bytes(CUmipmappedArray array);
+
+/** One simulated physical device, as NVML sees it (not affected by CUDA_VISIBLE_DEVICES). */
+typedef struct fakecuda_physical_device {
+  char uuid[96];               /**< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+  char name[96];               /**< CUWARDEN_FAKE_NAME */
+  unsigned char uuid_bytes[16];
+  size_t capacity;             /**< bytes (CUWARDEN_FAKE_MEMORY) */
+  size_t live_bytes;           /**< bytes this process has on it now (see fakecuda_live_bytes) */
+  int pci_domain, pci_bus, pci_device;
+  int ordinal;                 /**< CUDA ordinal in this process, -1 if hidden by CUDA_VISIBLE_DEVICES */
+} fakecuda_physical_device;
+
+/** Number of simulated physical devices (CUWARDEN_FAKE_DEVICES), visible or not. */
+int fakecuda_physical_count(void);
+
+/** Fills `*out` for physical device `physical_index`; 0 on success, -1 if out of range. */
+int fakecuda_physical_info(int physical_index, fakecuda_physical_device* out);
+
+/** Bytes counted against physical device `physical_index` (0 if out of range). */
+size_t fakecuda_physical_live_bytes(int physical_index);
 
 /** Kind of an entry of fakecuda_proc_table(). */
 enum fakecuda_proc_kind {

@@ -13,6 +13,7 @@ namespace {
 
 std::once_flag g_devices_once;
 auto& g_visible = *new std::vector<Device*>;  // by visible ordinal; never destroyed
+auto& g_physical = *new std::vector<Device*>;  // every simulated device, visible or not; never destroyed
 std::atomic<bool> g_initialized{false};
 CUresult g_init_result = CUDA_SUCCESS;
 std::once_flag g_init_once;
@@ -98,7 +99,7 @@ void build_devices() {
     d->capacity = sizes[std::min<size_t>(i, sizes.size() - 1)];
     d->pci_bus = i < 8 ? kBuses[i] : 0x10 + i;
     bool have = false;
-    if (static_cast<size_t>(i) < uuid_list.size()) {
+    if (static_cast<size_t>(i) < uuid_list.size() && !uuid_list[i].empty()) {  // "" keeps the default
       have = uuid_from_string(uuid_list[i], &d->uuid);
       if (!have) std::fprintf(stderr, "[fakecuda] bad UUID '%s', using default\n", uuid_list[i].c_str());
     }
@@ -109,8 +110,10 @@ void build_devices() {
       std::memcpy(d->uuid.bytes, b, 16);
     }
     d->uuid_string = uuid_to_string(d->uuid);
+    d->ordinal = -1;  // until CUDA_VISIBLE_DEVICES makes it visible
     physical.push_back(d);
   }
+  g_physical = physical;
 
   std::vector<std::string> uuid_strings;
   std::vector<const char*> uuid_ptrs;
@@ -227,6 +230,34 @@ FC_API int fakecuda_parse_visible_devices(const char* spec, int physical_count, 
 FC_API size_t fakecuda_live_bytes(int ordinal) {
   Device* d = device(ordinal);
   return d ? d->used.load() : 0;
+}
+
+FC_API int fakecuda_physical_count(void) {
+  ensure_devices();
+  return static_cast<int>(g_physical.size());
+}
+
+FC_API int fakecuda_physical_info(int physical_index, fakecuda_physical_device* out) {
+  ensure_devices();
+  if (!out || physical_index < 0 || physical_index >= static_cast<int>(g_physical.size())) return -1;
+  const Device* d = g_physical[physical_index];
+  std::memset(out, 0, sizeof *out);
+  std::snprintf(out->uuid, sizeof out->uuid, "%s", d->uuid_string.c_str());
+  std::snprintf(out->name, sizeof out->name, "%s", d->name.c_str());
+  std::memcpy(out->uuid_bytes, d->uuid.bytes, 16);
+  out->capacity = d->capacity;
+  out->live_bytes = d->used.load();
+  out->pci_domain = 0;
+  out->pci_bus = d->pci_bus;
+  out->pci_device = 0;
+  out->ordinal = d->ordinal;
+  return 0;
+}
+
+FC_API size_t fakecuda_physical_live_bytes(int physical_index) {
+  ensure_devices();
+  if (physical_index < 0 || physical_index >= static_cast<int>(g_physical.size())) return 0;
+  return g_physical[physical_index]->used.load();
 }
 
 FC_API size_t fakecuda_free_block_count(int ordinal) {

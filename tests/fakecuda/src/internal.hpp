@@ -5,6 +5,7 @@
 //   context.cpp   contexts (primary and created), the per-thread context stack
 //   arena.cpp     per-device first-fit arena: the "physical" device memory
 //   memory.cpp    cuMemAlloc & co., host memory, pointer queries, the allocation table
+//   arrays.cpp    CUDA arrays and mipmapped arrays (arena memory, validated handles)
 //   streams.cpp   streams, events, copies and memsets executed by per-stream worker threads
 //   mempool.cpp   stream-ordered allocator (cuMemAllocAsync, memory pools)
 //   graph.cpp     stream capture and a minimal graph (memory alloc/free nodes, captured work)

@@ -77,8 +77,8 @@ TEST_CASE("every exported entry point resolves to something callable", "[procadd
   }
   CHECK(found);
   // Something the simulation does not implement: a stub that says so.
-  using Fn = CUresult (*)(CUarray*, const CUDA_ARRAY_DESCRIPTOR*);
-  auto f = reinterpret_cast<Fn>(resolve("cuArrayCreate", 3020, 0));
+  using Fn = CUresult (*)(CUarray*, CUarray, unsigned int);
+  auto f = reinterpret_cast<Fn>(resolve("cuArrayGetPlane", 13000, 0));
   REQUIRE(f != nullptr);
-  CHECK(f(nullptr, nullptr) == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(f(nullptr, nullptr, 0) == CUDA_ERROR_NOT_SUPPORTED);
 }

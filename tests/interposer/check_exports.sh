@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Interposer test: libcuwarden.so exports exactly the hook table's names (plus dlsym and
+# dlvsym under glibc's two version nodes), nothing else: no leaked C++ or dependency symbol.
+#   check_exports.sh LIBCUWARDEN HOOK_TABLE_HPP
+set -euo pipefail
+lib=$1 table=$2
+want=$(grep -oE '^  X\([A-Za-z_0-9]+, [A-Za-z_0-9]+,' "$table" | sed -E 's/^  X\([A-Za-z_0-9]+, ([A-Za-z_0-9]+),/\1/' | sort)
+got=$(nm -D --defined-only "$lib" | awk '$2 == "T" { sub(/@.*/, "", $3); print $3 }' | sort -u | grep -vx -e dlsym -e dlvsym)
+if [[ "$want" != "$got" ]]; then
+  echo "exports differ from the hook table (< table, > library):"
+  diff <(echo "$want") <(echo "$got") || true
+  exit 1
+fi
+versions=$(nm -D --defined-only "$lib" | awk '$3 ~ /^dl(v)?sym@/ { print $3 }' | sort | tr '\n' ' ')
+for v in 'dlsym@@GLIBC_2.34' 'dlvsym@@GLIBC_2.34'; do
+  [[ " $versions " == *" $v "* ]] || { echo "missing $v (have: $versions)"; exit 1; }
+done
+others=$(nm -D --defined-only "$lib" | awk '$2 != "T" && $2 != "A" { print }')
+if [[ -n "$others" ]]; then
+  echo "unexpected non-function exports:"; echo "$others"; exit 1
+fi
+echo "exports match the hook table: $(echo "$want" | wc -l) hooks, dlsym/dlvsym as $versions"

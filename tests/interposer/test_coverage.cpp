@@ -1,0 +1,151 @@
+// Interposer tests: the entry points beyond plain allocations (pinned host memory, graph
+// memory nodes, CUDA arrays) and the lookup paths beyond dlsym (dlvsym, RTLD_NEXT chains).
+// Runs with CUWARDEN_LIMIT=64MiB.
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "fakecuda.h"
+#include "support.hpp"
+
+using namespace cuwtest;
+
+extern "C" void* cuwt_lookup_next(const char* name);
+extern "C" void* cuwt_lookup_next_v(const char* name);
+
+namespace {
+constexpr uint64_t kMiB = 1ULL << 20;
+
+bool in_cuwarden(void* p) {
+  Dl_info info{};
+  return p && dladdr(p, &info) && std::string(info.dli_fname).find("libcuwarden") != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE("pinned host memory is tracked and shown, never capped", "[coverage][host]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  void* a = nullptr;
+  void* b = nullptr;
+  REQUIRE(cuMemHostAlloc(&a, 100 * kMiB, 0) == CUDA_SUCCESS);  // more than the 64 MiB cap
+  CHECK(d.host_bytes.load() == 100 * kMiB);
+  REQUIRE(cuMemAllocHost(&b, 3 * kMiB) == CUDA_SUCCESS);
+  CHECK(d.host_bytes.load() == 103 * kMiB);
+  CHECK(used() == 0);
+
+  const size_t reg_bytes = 4 * kMiB;
+  void* buf = std::aligned_alloc(4096, reg_bytes);
+  REQUIRE(buf);
+  REQUIRE(cuMemHostRegister(buf, reg_bytes, 0) == CUDA_SUCCESS);
+  CHECK(d.host_bytes.load() == 107 * kMiB);
+  REQUIRE(cuMemHostUnregister(buf) == CUDA_SUCCESS);
+  std::free(buf);
+
+  REQUIRE(cuMemFreeHost(a) == CUDA_SUCCESS);
+  REQUIRE(cuMemFreeHost(b) == CUDA_SUCCESS);
+  CHECK(d.host_bytes.load() == 0);
+  CHECK(cuMemFreeHost(a) != CUDA_SUCCESS);  // double free: the driver's error, nothing counted
+  CHECK(d.host_bytes.load() == 0);
+}
+
+TEST_CASE("graph memory nodes count against the cap while the graph holds them", "[coverage][graph]") {
+  make_context();
+  touch_interposer();
+  CUgraph graph = nullptr;
+  REQUIRE(cuGraphCreate(&graph, 0) == CUDA_SUCCESS);
+  CUDA_MEM_ALLOC_NODE_PARAMS p{};
+  p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.poolProps.location.id = 0;
+  p.bytesize = 8 * kMiB;
+  CUgraphNode alloc_node = nullptr, free_node = nullptr;
+  REQUIRE(cuGraphAddMemAllocNode(&alloc_node, graph, nullptr, 0, &p) == CUDA_SUCCESS);
+  CHECK(p.dptr != 0);
+  CHECK(used() == 8 * kMiB);
+
+  CUDA_MEM_ALLOC_NODE_PARAMS big = p;
+  big.dptr = 0;
+  big.bytesize = 60 * kMiB;
+  CUgraphNode refused = nullptr;
+  CHECK(cuGraphAddMemAllocNode(&refused, graph, &alloc_node, 1, &big) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(used() == 8 * kMiB);
+
+  REQUIRE(cuGraphAddMemFreeNode(&free_node, graph, &alloc_node, 1, p.dptr) == CUDA_SUCCESS);
+  CHECK(used() == 0);
+  REQUIRE(cuGraphDestroy(graph) == CUDA_SUCCESS);
+}
+
+TEST_CASE("CUDA arrays count what the driver allocates for them", "[coverage][arrays]") {
+  make_context();
+  touch_interposer();
+  CUDA_ARRAY_DESCRIPTOR d2{};
+  d2.Width = 1024;
+  d2.Height = 1024;
+  d2.Format = CU_AD_FORMAT_FLOAT;
+  d2.NumChannels = 2;
+  CUarray a = nullptr;
+  REQUIRE(cuArrayCreate(&a, &d2) == CUDA_SUCCESS);
+  CHECK(used() == fakecuda_array_bytes(a));
+  CHECK(used() == 8 * kMiB);
+
+  CUDA_ARRAY3D_DESCRIPTOR d3{};
+  d3.Width = 256;
+  d3.Height = 256;
+  d3.Depth = 64;
+  d3.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  d3.NumChannels = 4;
+  CUarray b = nullptr;
+  REQUIRE(cuArray3DCreate(&b, &d3) == CUDA_SUCCESS);
+  CHECK(used() == fakecuda_array_bytes(a) + fakecuda_array_bytes(b));
+
+  CUmipmappedArray m = nullptr;
+  d3.Depth = 0;
+  REQUIRE(cuMipmappedArrayCreate(&m, &d3, 5) == CUDA_SUCCESS);
+  CHECK(used() == fakecuda_array_bytes(a) + fakecuda_array_bytes(b) + fakecuda_mipmapped_array_bytes(m));
+
+  // An array past the cap is refused before the driver sees it.
+  CUDA_ARRAY_DESCRIPTOR huge = d2;
+  huge.Width = 8192;
+  huge.Height = 8192;  // 512 MiB
+  CUarray c = nullptr;
+  fakecuda_reset_counters();
+  CHECK(cuArrayCreate(&c, &huge) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(fakecuda_call_count("cuArrayCreate") == 0);
+
+  REQUIRE(cuArrayDestroy(a) == CUDA_SUCCESS);
+  REQUIRE(cuArrayDestroy(b) == CUDA_SUCCESS);
+  REQUIRE(cuMipmappedArrayDestroy(m) == CUDA_SUCCESS);
+  CHECK(used() == 0);
+}
+
+TEST_CASE("dlvsym redirects hooked names and finds our dlsym under both glibc versions", "[coverage][dlvsym]") {
+  make_context();
+  touch_interposer();
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  REQUIRE(h);
+  // Whatever glibc answers for a versioned lookup of a hooked name, the real driver
+  // function never leaks out: either nothing, or our wrapper.
+  void* via_v = dlvsym(h, "cuMemAlloc_v2", "libcuda.so.1");
+  CHECK((via_v == nullptr || via_v == dlsym(h, "cuMemAlloc_v2")));
+  CHECK_FALSE(in_cuwarden(dlvsym(h, "cuCtxGetDevice", "libcuda.so.1")));
+  // Our dlsym answers for both version nodes glibc has had on x86-64.
+  CHECK(in_cuwarden(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34")));
+  CHECK(in_cuwarden(dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5")));
+  CHECK(in_cuwarden(dlvsym(RTLD_DEFAULT, "dlvsym", "GLIBC_2.34")));
+}
+
+TEST_CASE("RTLD_NEXT from another library finds the next definition, not its own", "[coverage][dlsym]") {
+  using fn = int (*)();
+  for (const char* name : {"cuwt_chain_target", "xwt_chain_target"}) {
+    INFO(name);
+    auto f = reinterpret_cast<fn>(cuwt_lookup_next(name));
+    REQUIRE(f);
+    CHECK(f() == 2);
+    auto fv = reinterpret_cast<fn>(cuwt_lookup_next_v(name));
+    REQUIRE(fv);
+    CHECK(fv() == 2);
+  }
+}
