@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# cuwarden CI guard: instructions the interposer adds to one cuMemAlloc_v2 + cuMemFree_v2
+# pair, counted by valgrind's callgrind on the simulated driver (deterministic: the same
+# build gives the same count on any machine, however busy), against the budget kept in
+# bench/callgrind_budget.json.
+#
+#   bench/callgrind_guard.sh BUILD_DIR            check (ctest: bench.callgrind_guard)
+#   bench/callgrind_guard.sh BUILD_DIR --update   measure and rewrite the budget (+20%)
+#
+# Runs build/bin/cuw_callgrind_pairs twice under callgrind, collecting only around N pairs:
+# bare, and with libcuwarden.so preloaded (CUWARDEN_LIMIT=3G, backend off, no daemon). The
+# preloaded run checks that cuMemGetInfo reports the cap, so a hook that silently did not
+# load cannot pass. Result: (Ir_with - Ir_bare) / N.
+# Exit: 0 within budget; 1 over budget or broken; 77 skipped (no valgrind, sanitizer build,
+# or a build type other than the budget's), which ctest reports as skipped.
+set -euo pipefail
+
+SKIP=77
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BUDGET_FILE=${CUWARDEN_GUARD_BUDGET:-$HERE/callgrind_budget.json}  # override: tests of the guard itself
+PAIRS=2000
+WARMUP=200
+SIZE=1048576
+LIMIT_BYTES=3221225472  # 3G
+HEADROOM_PCT=20
+
+usage() { echo "usage: bench/callgrind_guard.sh BUILD_DIR [--update]" >&2; exit 1; }
+[[ $# -ge 1 ]] || usage
+BUILD=$(cd "$1" && pwd) || usage
+UPDATE=0
+[[ ${2:-} == --update ]] && UPDATE=1
+[[ $# -le 2 ]] || usage
+
+say() { echo "callgrind_guard: $*"; }
+
+if ! command -v valgrind >/dev/null; then
+  say "SKIPPED: valgrind is not installed (apt-get install valgrind; scripts/setup.sh does)"
+  exit $SKIP
+fi
+if [[ -n ${CUWARDEN_SANITIZE:-} ]]; then
+  say "SKIPPED: sanitizer build (${CUWARDEN_SANITIZE}); instruction counts mean nothing there"
+  exit $SKIP
+fi
+
+PROG="$BUILD/bin/cuw_callgrind_pairs"
+LIB="$BUILD/lib/libcuwarden.so"
+FAKE="$BUILD/fakecuda"
+for f in "$PROG" "$LIB" "$FAKE/libcuda.so.1"; do
+  if [[ ! -e $f ]]; then
+    say "FAILED: $f is missing (build the cuw_callgrind_pairs, cuwarden and fakecuda targets)"
+    exit 1
+  fi
+done
+
+json_field() {  # json_field FILE KEY: a number or a "string" value of a flat JSON object
+  sed -n "s/.*\"$2\"[[:space:]]*:[[:space:]]*\"\{0,1\}\([^\",}]*\)\"\{0,1\}.*/\1/p" "$1" | head -1
+}
+
+BUDGET=""
+BUDGET_TYPE=""
+if [[ -f $BUDGET_FILE ]]; then
+  BUDGET=$(json_field "$BUDGET_FILE" hook_pair_instructions)
+  BUDGET_TYPE=$(json_field "$BUDGET_FILE" build_type)
+fi
+BUILD_TYPE=${CUWARDEN_BUILD_TYPE:-$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null || true)}
+if [[ $UPDATE -eq 0 && -n $BUDGET_TYPE && -n $BUILD_TYPE && $BUILD_TYPE != "$BUDGET_TYPE" ]]; then
+  say "SKIPPED: this is a $BUILD_TYPE build; the budget was measured on a $BUDGET_TYPE build"
+  exit $SKIP
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-callgrind.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/run"
+
+# A clean, fixed environment: nothing from the caller's CUWARDEN_* / LD_PRELOAD.
+CLEAN=(env -u LD_PRELOAD -u FAKECUDA_TRACE -u CUDA_VISIBLE_DEVICES)
+while IFS= read -r v; do CLEAN+=(-u "$v"); done < <(compgen -e | grep '^CUWARDEN_' || true)
+CLEAN+=(LD_LIBRARY_PATH="$FAKE" CUWARDEN_FAKE_DEVICES=1 CUWARDEN_FAKE_MEMORY=16G)
+
+measure() {  # measure NAME [VAR=VALUE...] -- PROGRAM-ARGS...: prints the collected Ir
+  local name=$1; shift
+  local vars=()
+  while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+  shift
+  local out="$WORK/$name.callgrind"
+  if ! (cd "$WORK" && "${CLEAN[@]}" "${vars[@]}" valgrind --tool=callgrind --collect-atstart=no \
+        --callgrind-out-file="$out" --log-file="$WORK/$name.valgrind.log" \
+        "$PROG" --pairs "$PAIRS" --warmup "$WARMUP" --size "$SIZE" "$@" >"$WORK/$name.stdout" 2>"$WORK/$name.stderr"); then
+    say "FAILED: the $name run failed:" >&2
+    cat "$WORK/$name.stderr" "$WORK/$name.stdout" >&2
+    tail -5 "$WORK/$name.valgrind.log" >&2 || true
+    return 1
+  fi
+  local ir
+  ir=$(sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$out" | head -1)
+  if [[ -z $ir ]]; then
+    say "FAILED: no instruction total in $out" >&2
+    return 1
+  fi
+  echo "$ir"
+}
+
+start=$(date +%s)
+IR_BARE=$(measure bare -- --expect-bare) || exit 1
+IR_WITH=$(measure with LD_PRELOAD="$LIB" CUWARDEN_LIMIT=3G CUWARDEN_POOL=off CUWARDEN_RUN_DIR="$WORK/run" \
+          -- --expect-limit "$LIMIT_BYTES") || exit 1
+PER_PAIR=$(( (IR_WITH - IR_BARE + PAIRS / 2) / PAIRS ))
+say "driver alone: $IR_BARE instructions for $PAIRS pairs ($(( IR_BARE / PAIRS ))/pair)"
+say "with cuwarden: $IR_WITH instructions ($(( IR_WITH / PAIRS ))/pair)"
+say "added by the hooks: $PER_PAIR instructions per alloc+free pair ($(( $(date +%s) - start )) s)"
+
+if [[ $UPDATE -eq 1 ]]; then
+  NEW=$(( (PER_PAIR * (100 + HEADROOM_PCT) + 99) / 100 ))
+  CXX_ID=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt" 2>/dev/null || true)
+  CXX_VER=$(${CXX_ID:-c++} -dumpfullversion 2>/dev/null || echo unknown)
+  cat >"$BUDGET_FILE" <<JSON
+{
+  "hook_pair_instructions": $NEW,
+  "measured": $PER_PAIR,
+  "headroom_percent": $HEADROOM_PCT,
+  "pairs": $PAIRS,
+  "size": $SIZE,
+  "build_type": "${BUILD_TYPE:-RelWithDebInfo}",
+  "compiler": "$(basename "${CXX_ID:-c++}") $CXX_VER",
+  "valgrind": "$(valgrind --version)",
+  "date": "$(date -u +%Y-%m-%d)"
+}
+JSON
+  say "budget written to $BUDGET_FILE: $NEW (measured $PER_PAIR + ${HEADROOM_PCT}%)"
+  exit 0
+fi
+
+if [[ -z $BUDGET ]]; then
+  say "FAILED: no budget in $BUDGET_FILE (create it with: bench/callgrind_guard.sh BUILD_DIR --update)"
+  exit 1
+fi
+if (( PER_PAIR > BUDGET )); then
+  say "FAILED: the hooks add $PER_PAIR instructions per alloc+free pair; the budget is $BUDGET" \
+      "($(( (PER_PAIR - BUDGET) * 100 / BUDGET ))% over)."
+  if command -v callgrind_annotate >/dev/null; then
+    say "Where they go: instructions per pair, with minus bare, by function (exclusive):"
+    for r in bare with; do
+      callgrind_annotate --inclusive=no --auto=no --threshold=100 "$WORK/$r.callgrind" 2>/dev/null |
+        sed -n '/file:function/,$p' |
+        sed -n 's/^ *\([0-9,]*\) *( *[0-9.]*%) *\(.*\)$/\1\t\2/p' >"$WORK/$r.annotate" || true
+    done
+    awk -F '\t' -v pairs="$PAIRS" '
+      { n = $1; gsub(",", "", n); key = substr($2, 1, 160) }
+      FNR == NR { bare[key] = n; next }
+      { d = (n - bare[key]) / pairs; if (d >= 1 || d <= -1) printf "%10.1f  %s\n", d, key }
+    ' "$WORK/bare.annotate" "$WORK/with.annotate" | sort -rn | head -15 || true
+  fi
+  say "If the cost is intended, say why in the commit and raise the budget:" \
+      "bench/callgrind_guard.sh BUILD_DIR --update"
+  exit 1
+fi
+say "OK: $PER_PAIR <= budget $BUDGET instructions per pair"

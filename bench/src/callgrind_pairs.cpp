@@ -1,0 +1,94 @@
+// cuwarden bench: the program the CI guard (bench/callgrind_guard.sh) runs under callgrind.
+//
+// Makes `--warmup` cuMemAlloc_v2 + cuMemFree_v2 pairs, then `--pairs` more with callgrind's
+// collection switched on around that loop only (run valgrind with --collect-atstart=no), so
+// the profile's total is the instruction count of exactly N pairs: the driver's work, plus
+// cuwarden's when it is preloaded. Outside valgrind the client requests are no-ops.
+//
+// With --expect-limit BYTES it first checks that cuMemGetInfo_v2 reports that total, i.e.
+// that the interposer really is loaded and capping (a guard that measured a run without the
+// hook would pass for the wrong reason); with --expect-bare it checks that it is not loaded.
+//
+// Usage: cuw_callgrind_pairs [--pairs N] [--warmup N] [--size BYTES]
+//                            [--expect-limit BYTES | --expect-bare]
+// stdout: one line `pairs=N size=B cuwarden=0|1 meminfo_total=T`. Exit 0 ok, 1 bad usage,
+// 2 driver error, 3 the expectation about the interposer failed.
+#ifndef CUW_NO_VALGRIND_H
+#include <valgrind/callgrind.h>
+#else
+#define CALLGRIND_TOGGLE_COLLECT
+#endif
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "driver_api.hpp"
+
+namespace {
+
+bool parse_u64(const char* s, unsigned long long* out) {
+  char* end = nullptr;
+  *out = std::strtoull(s, &end, 10);
+  return end && *end == '\0' && end != s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  unsigned long long pairs = 2000, warmup = 200, size = 1 << 20, expect_limit = 0;
+  bool expect_bare = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    unsigned long long* target = a == "--pairs" ? &pairs : a == "--warmup" ? &warmup : a == "--size" ? &size
+                               : a == "--expect-limit" ? &expect_limit : nullptr;
+    if (a == "--expect-bare") {
+      expect_bare = true;
+    } else if (!target || i + 1 >= argc || !parse_u64(argv[++i], target)) {
+      std::fprintf(stderr,
+                   "usage: cuw_callgrind_pairs [--pairs N] [--warmup N] [--size BYTES] "
+                   "[--expect-limit BYTES | --expect-bare]\n");
+      return 1;
+    }
+  }
+
+  cuw::bench::Driver d;
+  if (!d.open()) return 2;
+  const bool loaded = cuw::bench::cuwarden_loaded();
+  size_t free_bytes = 0, total = 0;
+  if (CUresult r = d.mem_get_info(&free_bytes, &total); r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuw_callgrind_pairs: cuMemGetInfo_v2: %s\n", d.err(r).c_str());
+    return 2;
+  }
+  if (expect_limit != 0 && (!loaded || total != expect_limit)) {
+    std::fprintf(stderr,
+                 "cuw_callgrind_pairs: the interposer is not active: libcuwarden.so %s, cuMemGetInfo total %zu, "
+                 "expected the cap %llu\n",
+                 loaded ? "mapped" : "not mapped", total, expect_limit);
+    return 3;
+  }
+  if (expect_bare && loaded) {
+    std::fprintf(stderr, "cuw_callgrind_pairs: libcuwarden.so is loaded in the bare run\n");
+    return 3;
+  }
+
+  auto pair = [&]() -> bool {
+    CUdeviceptr p = 0;
+    CUresult r = d.mem_alloc(&p, size);
+    if (r == CUDA_SUCCESS) r = d.mem_free(p);
+    if (r != CUDA_SUCCESS) std::fprintf(stderr, "cuw_callgrind_pairs: %s\n", d.err(r).c_str());
+    return r == CUDA_SUCCESS;
+  };
+  for (unsigned long long i = 0; i < warmup; ++i)
+    if (!pair()) return 2;
+
+  bool ok = true;
+  CALLGRIND_TOGGLE_COLLECT;
+  for (unsigned long long i = 0; i < pairs && ok; ++i) ok = pair();
+  CALLGRIND_TOGGLE_COLLECT;
+  if (!ok) return 2;
+
+  std::printf("pairs=%llu size=%llu cuwarden=%d meminfo_total=%zu\n", pairs, size, loaded ? 1 : 0, total);
+  return 0;
+}

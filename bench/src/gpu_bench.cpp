@@ -1,0 +1,279 @@
+// cuwarden bench: hook overhead and interposer memory on a real GPU (or the simulated driver).
+//
+// Run it bare and with libcuwarden.so preloaded (bench/gpu.sh does both, interleaved); each
+// run prints one JSON line, and the difference between the two is cuwarden's cost.
+// Static cudart (nvcc's default), driver API through dlopen("libcuda.so.1"), so both of a
+// real application's ways into the driver are measured.
+//
+//   cuw_bench_gpu pairs [--sizes 4K,1M,64M,1G] [--reps 5] [--rep-ms 100]
+//     per size: driver  cuMemAlloc_v2 + cuMemFree_v2
+//               runtime cudaMalloc + cudaFree
+//               async   cudaMallocAsync + cudaFreeAsync on one stream (stream-ordered pool;
+//                       the stream is synchronized at the end of each repetition, and
+//                       every N pairs with --async-sync-every N: the simulated driver has
+//                       no same-stream reuse, so without it its pool only grows)
+//     and once: meminfo_driver cuMemGetInfo_v2, meminfo_runtime cudaMemGetInfo.
+//     Each repetition times a fixed count of operations sized to take about --rep-ms;
+//     "ns" holds one ns/operation figure per repetition.
+//   cuw_bench_gpu rss [--count 100000] [--size 4K]
+//     VmRSS after warm-up, with --count allocations live (cuMemAlloc_v2), after freeing them.
+//
+// Exit 0; 1 bad usage; 2 CUDA error (message on stderr).
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "driver_api.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+bool parse_size(const std::string& s, uint64_t* out) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (!end || end == s.c_str() || v < 0) return false;
+  const std::string unit = end;
+  double mul = 1;
+  if (unit == "" || unit == "B") mul = 1;
+  else if (unit == "K" || unit == "KiB") mul = 1024.0;
+  else if (unit == "M" || unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else return false;
+  *out = static_cast<uint64_t>(v * mul);
+  return true;
+}
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) o += c;
+  }
+  return o + "\"";
+}
+
+[[noreturn]] void die_rt(const char* what, cudaError_t e) {
+  std::fprintf(stderr, "cuw_bench_gpu: %s: %s\n", what, cudaGetErrorName(e));
+  std::exit(2);
+}
+
+[[noreturn]] void die_drv(const cuw::bench::Driver& d, const char* what, CUresult r) {
+  std::fprintf(stderr, "cuw_bench_gpu: %s: %s\n", what, d.err(r).c_str());
+  std::exit(2);
+}
+
+/// ns per call of `op` for each of `reps` repetitions of about `rep_ms` each.
+/// `finish` runs inside the timed region once per repetition (stream synchronization).
+std::vector<double> time_op(const std::function<void()>& op, const std::function<void()>& finish, int reps,
+                            double rep_ms) {
+  // Calibrate: double the batch until it takes a tenth of a repetition.
+  uint64_t batch = 1;
+  double batch_ns = 0;
+  for (;;) {
+    const auto t0 = clock_type::now();
+    for (uint64_t i = 0; i < batch; ++i) op();
+    finish();
+    batch_ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count();
+    if (batch_ns >= rep_ms * 1e5 || batch >= (1ULL << 26)) break;
+    batch *= 2;
+  }
+  uint64_t n = std::max<uint64_t>(3, static_cast<uint64_t>(static_cast<double>(batch) * rep_ms * 1e6 / batch_ns));
+  std::vector<double> out;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = clock_type::now();
+    for (uint64_t i = 0; i < n; ++i) op();
+    finish();
+    out.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() / static_cast<double>(n));
+  }
+  return out;
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::string s = "[";
+  char buf[64];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s%.2f", i ? "," : "", v[i]);
+    s += buf;
+  }
+  return s + "]";
+}
+
+struct Context {
+  cuw::bench::Driver drv;
+  std::string device_name;
+  int runtime_version = 0;
+  int driver_version = 0;
+};
+
+void init(Context& c) {
+  if (cudaError_t e = cudaSetDevice(0); e != cudaSuccess) die_rt("cudaSetDevice", e);
+  // cudaSetDevice creates the primary context (CUDA >= 12); a first allocation makes sure.
+  void* p = nullptr;
+  if (cudaError_t e = cudaMalloc(&p, 512); e != cudaSuccess) die_rt("cudaMalloc", e);
+  if (cudaError_t e = cudaFree(p); e != cudaSuccess) die_rt("cudaFree", e);
+  cudaRuntimeGetVersion(&c.runtime_version);
+  cudaDriverGetVersion(&c.driver_version);
+  if (!c.drv.open(0)) std::exit(2);
+  char name[256] = {};
+  c.drv.device_name(name, sizeof name - 1, c.drv.device);
+  c.device_name = name;
+}
+
+std::string header(const Context& c, const char* mode) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"program\":\"cuw_bench_gpu\",\"mode\":\"%s\",\"pid\":%d,\"cuwarden\":%d,\"device\":%s,"
+                "\"driver_version\":%d,\"runtime_version\":%d",
+                mode, static_cast<int>(getpid()), cuw::bench::cuwarden_loaded() ? 1 : 0, json_str(c.device_name).c_str(),
+                c.driver_version, c.runtime_version);
+  return buf;
+}
+
+int run_pairs(const std::vector<uint64_t>& sizes, int reps, double rep_ms, uint64_t sync_every) {
+  uint64_t async_pairs = 0;
+  Context c;
+  init(c);
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
+    die_rt("cudaStreamCreate", e);
+  auto& d = c.drv;
+  auto nothing = [] {};
+  std::string results;
+  auto add = [&](const char* api, const char* op, uint64_t bytes, const std::vector<double>& ns) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s{\"api\":\"%s\",\"op\":\"%s\",\"bytes\":%llu,\"ns\":", results.empty() ? "" : ",",
+                  api, op, static_cast<unsigned long long>(bytes));
+    results += buf + json_list(ns) + "}";
+  };
+
+  for (uint64_t bytes : sizes) {
+    add("driver", "alloc_free", bytes, time_op([&] {
+          CUdeviceptr p = 0;
+          if (CUresult r = d.mem_alloc(&p, bytes); r != CUDA_SUCCESS) die_drv(d, "cuMemAlloc_v2", r);
+          if (CUresult r = d.mem_free(p); r != CUDA_SUCCESS) die_drv(d, "cuMemFree_v2", r);
+        }, nothing, reps, rep_ms));
+    add("runtime", "alloc_free", bytes, time_op([&] {
+          void* p = nullptr;
+          if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) die_rt("cudaMalloc", e);
+          if (cudaError_t e = cudaFree(p); e != cudaSuccess) die_rt("cudaFree", e);
+        }, nothing, reps, rep_ms));
+    add("async", "alloc_free", bytes, time_op([&] {
+          void* p = nullptr;
+          if (cudaError_t e = cudaMallocAsync(&p, bytes, stream); e != cudaSuccess) die_rt("cudaMallocAsync", e);
+          if (cudaError_t e = cudaFreeAsync(p, stream); e != cudaSuccess) die_rt("cudaFreeAsync", e);
+          if (sync_every && ++async_pairs % sync_every == 0) {
+            if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) die_rt("cudaStreamSynchronize", e);
+          }
+        }, [&] {
+          if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) die_rt("cudaStreamSynchronize", e);
+        }, reps, rep_ms));
+  }
+  add("driver", "meminfo", 0, time_op([&] {
+        size_t f = 0, t = 0;
+        if (CUresult r = d.mem_get_info(&f, &t); r != CUDA_SUCCESS) die_drv(d, "cuMemGetInfo_v2", r);
+      }, nothing, reps, rep_ms));
+  add("runtime", "meminfo", 0, time_op([&] {
+        size_t f = 0, t = 0;
+        if (cudaError_t e = cudaMemGetInfo(&f, &t); e != cudaSuccess) die_rt("cudaMemGetInfo", e);
+      }, nothing, reps, rep_ms));
+
+  size_t free_bytes = 0, total = 0;
+  d.mem_get_info(&free_bytes, &total);
+  std::printf("%s,\"reps\":%d,\"rep_ms\":%.1f,\"async_sync_every\":%llu,\"meminfo_total\":%zu,\"results\":[%s]}\n",
+              header(c, "pairs").c_str(), reps, rep_ms, static_cast<unsigned long long>(sync_every), total,
+              results.c_str());
+  cudaStreamDestroy(stream);
+  return 0;
+}
+
+int run_rss(uint64_t count, uint64_t bytes) {
+  Context c;
+  init(c);
+  auto& d = c.drv;
+  // Warm-up: fill the event ring once (it is a fixed cost, not a per-allocation one) and
+  // let the driver set up its small-allocation heaps.
+  for (int i = 0; i < 20000; ++i) {
+    CUdeviceptr p = 0;
+    if (CUresult r = d.mem_alloc(&p, bytes); r != CUDA_SUCCESS) die_drv(d, "cuMemAlloc_v2", r);
+    if (CUresult r = d.mem_free(p); r != CUDA_SUCCESS) die_drv(d, "cuMemFree_v2", r);
+  }
+  std::vector<CUdeviceptr> ptrs(count, 0);  // touched now, so it is part of the baseline
+  const unsigned long long rss_base = cuw::bench::vm_rss_bytes();
+  const auto t0 = clock_type::now();
+  for (uint64_t i = 0; i < count; ++i)
+    if (CUresult r = d.mem_alloc(&ptrs[i], bytes); r != CUDA_SUCCESS) die_drv(d, "cuMemAlloc_v2", r);
+  const double alloc_ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() /
+                          static_cast<double>(count ? count : 1);
+  const unsigned long long rss_live = cuw::bench::vm_rss_bytes();
+  const auto t1 = clock_type::now();
+  for (uint64_t i = 0; i < count; ++i)
+    if (CUresult r = d.mem_free(ptrs[i]); r != CUDA_SUCCESS) die_drv(d, "cuMemFree_v2", r);
+  const double free_ns = std::chrono::duration<double, std::nano>(clock_type::now() - t1).count() /
+                         static_cast<double>(count ? count : 1);
+  const unsigned long long rss_freed = cuw::bench::vm_rss_bytes();
+  std::printf("%s,\"count\":%llu,\"bytes\":%llu,\"rss_base\":%llu,\"rss_live\":%llu,\"rss_freed\":%llu,"
+              "\"alloc_ns\":%.1f,\"free_ns\":%.1f}\n",
+              header(c, "rss").c_str(), static_cast<unsigned long long>(count), static_cast<unsigned long long>(bytes),
+              rss_base, rss_live, rss_freed, alloc_ns, free_ns);
+  return 0;
+}
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "usage: cuw_bench_gpu pairs [--sizes 4K,1M,64M,1G] [--reps N] [--rep-ms MS] [--async-sync-every N]\n"
+               "       cuw_bench_gpu rss [--count N] [--size BYTES]\n");
+  std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) usage();
+  const std::string mode = argv[1];
+  std::vector<uint64_t> sizes = {4ULL << 10, 1ULL << 20, 64ULL << 20, 1ULL << 30};
+  int reps = 5;
+  double rep_ms = 100;
+  uint64_t count = 100000, size = 4096, sync_every = 0;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) usage();
+    const std::string v = argv[++i];
+    if (a == "--sizes") {
+      sizes.clear();
+      size_t pos = 0;
+      while (pos <= v.size()) {
+        const size_t comma = std::min(v.find(',', pos), v.size());
+        uint64_t s = 0;
+        if (!parse_size(v.substr(pos, comma - pos), &s) || s == 0) usage();
+        sizes.push_back(s);
+        pos = comma + 1;
+      }
+    } else if (a == "--reps") {
+      reps = std::atoi(v.c_str());
+      if (reps < 1 || reps > 1000) usage();
+    } else if (a == "--rep-ms") {
+      rep_ms = std::atof(v.c_str());
+      if (rep_ms <= 0) usage();
+    } else if (a == "--async-sync-every") {
+      if (!parse_size(v, &sync_every)) usage();
+    } else if (a == "--count") {
+      if (!parse_size(v, &count)) usage();
+    } else if (a == "--size") {
+      if (!parse_size(v, &size) || size == 0) usage();
+    } else {
+      usage();
+    }
+  }
+  if (mode == "pairs") return run_pairs(sizes, reps, rep_ms, sync_every);
+  if (mode == "rss") return run_rss(count, size);
+  usage();
+}

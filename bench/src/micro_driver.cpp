@@ -1,0 +1,63 @@
+// cuwarden bench: Google Benchmark micro-benchmarks of the hooked driver entry points.
+//
+// Run the same binary twice, bare and with libcuwarden.so preloaded (bench/micro.sh does):
+// the difference is the hook's cost. On the simulated driver (build/fakecuda) the driver
+// side is cheap, so the difference is mostly cuwarden's own work.
+//
+//   BM_alloc_free/<bytes>  one cuMemAlloc_v2 + cuMemFree_v2 pair
+//   BM_mem_get_info        one cuMemGetInfo_v2
+// Each benchmark reports the counter `cuwarden` (1 when the interposer is loaded).
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+
+#include "driver_api.hpp"
+
+namespace {
+
+cuw::bench::Driver& driver() {
+  static cuw::bench::Driver d = [] {
+    cuw::bench::Driver x;
+    if (!x.open()) std::exit(2);
+    return x;
+  }();
+  return d;
+}
+
+void BM_alloc_free(benchmark::State& state) {
+  auto& d = driver();
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  for (auto _ : state) {
+    CUdeviceptr p = 0;
+    CUresult r = d.mem_alloc(&p, bytes);
+    if (r == CUDA_SUCCESS) r = d.mem_free(p);
+    if (r != CUDA_SUCCESS) {
+      state.SkipWithError(("driver error " + d.err(r)).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(p);
+  }
+  state.counters["cuwarden"] = cuw::bench::cuwarden_loaded() ? 1 : 0;
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_alloc_free)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20);
+
+void BM_mem_get_info(benchmark::State& state) {
+  auto& d = driver();
+  for (auto _ : state) {
+    size_t free_bytes = 0, total = 0;
+    CUresult r = d.mem_get_info(&free_bytes, &total);
+    if (r != CUDA_SUCCESS) {
+      state.SkipWithError(("driver error " + d.err(r)).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(free_bytes);
+    benchmark::DoNotOptimize(total);
+  }
+  state.counters["cuwarden"] = cuw::bench::cuwarden_loaded() ? 1 : 0;
+}
+BENCHMARK(BM_mem_get_info);
+
+}  // namespace
+
+BENCHMARK_MAIN();

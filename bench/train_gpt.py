@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""cuwarden bench: a GPT-style training loop for the end-to-end row of bench/gpu.sh.
+
+~100M parameters by default (12 layers, d_model 768, 12 heads, vocab 16384 with a tied
+head, sequence 512, batch 8), bf16 autocast, AdamW, synthetic but learnable data from a
+fixed seed (a random "next token" table with 10% noise), deterministic algorithms where
+PyTorch has them. The same command bare and under `cuwarden run --limit 100G -- ...` must
+print the same losses; the step times are the overhead.
+
+    python3 bench/train_gpt.py --steps 200 --warmup 30 --json out.json
+
+Each step is timed to completion (torch.cuda.synchronize() after the optimizer step).
+Output: a header line, then one JSON object on the last line (also written to --json):
+params, device, torch version, cuwarden (1 when libcuwarden.so is mapped), step_ms (the
+measured steps), median_ms, losses (every step, warm-up included, as Python floats, so
+two runs compare exactly) and the allocator's peak.
+Exit 2: the requested device is unavailable.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before torch loads
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def attention(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    t = q.shape[-2]  # PyTorch < 2.0 (only for trying the script on an old CPU build)
+    att = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    return att.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and a 4x GELU MLP."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = attention(q, k, v).transpose(1, 2).contiguous().view(b, t, c)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, seq: int, layers: int, d: int, heads: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as GPT-2
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make_batches(n, batch, seq, vocab, seed):
+    """n batches of (input, target): a fixed random successor table, 10% noise. CPU, seeded."""
+    g = torch.Generator().manual_seed(seed)
+    succ = torch.randperm(vocab, generator=g)
+    out = []
+    for _ in range(n):
+        tok = torch.empty(batch, seq + 1, dtype=torch.long)
+        tok[:, 0] = torch.randint(vocab, (batch,), generator=g)
+        noise = torch.rand(batch, seq, generator=g) < 0.1
+        rnd = torch.randint(vocab, (batch, seq), generator=g)
+        for i in range(seq):
+            tok[:, i + 1] = torch.where(noise[:, i], rnd[:, i], succ[tok[:, i]])
+        out.append((tok[:, :-1].contiguous(), tok[:, 1:].contiguous()))
+    return out
+
+
+def cuwarden_loaded():
+    try:
+        with open("/proc/self/maps") as f:
+            return int("libcuwarden.so" in f.read())
+    except OSError:
+        return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=30, help="steps before measuring")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--data-batches", type=int, default=64, help="distinct batches, cycled")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", help="also write the result JSON here")
+    a = ap.parse_args()
+
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        print("train_gpt: no CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device(a.device)
+    torch.manual_seed(a.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    model = GPT(a.vocab, a.seq, a.layers, a.d_model, a.heads).to(dev)
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    data = [(x.to(dev), y.to(dev)) for x, y in make_batches(a.data_batches, a.batch, a.seq, a.vocab, a.seed)]
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"train_gpt: {params / 1e6:.1f}M parameters, {a.layers} layers, d={a.d_model}, seq {a.seq}, "
+          f"batch {a.batch}, bf16 autocast, torch {torch.__version__}, {name}, cuwarden={cuwarden_loaded()}",
+          flush=True)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    losses, step_ms = [], []
+    for step in range(a.warmup + a.steps):
+        x, y = data[step % len(data)]
+        sync()
+        t0 = time.perf_counter()
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        if step >= a.warmup:
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+        losses.append(loss.detach().float())
+    losses = [float(v) for v in torch.stack(losses).cpu().tolist()]
+
+    res = {
+        "program": "train_gpt", "params": params, "device": name, "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "cuwarden": cuwarden_loaded(), "warmup": a.warmup, "steps": a.steps,
+        "config": {"layers": a.layers, "d_model": a.d_model, "heads": a.heads, "seq": a.seq, "batch": a.batch,
+                   "vocab": a.vocab, "seed": a.seed},
+        "median_ms": statistics.median(step_ms) if step_ms else None,
+        "step_ms": [round(v, 4) for v in step_ms],
+        "losses": losses,
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0,
+        "memory_reserved": torch.cuda.memory_reserved(dev) if dev.type == "cuda" else 0,
+    }
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f)
+    print(f"train_gpt: median step {res['median_ms']:.3f} ms, loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+    print(json.dumps({k: v for k, v in res.items() if k not in ("step_ms", "losses")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
