@@ -243,45 +243,29 @@ uint64_t format_bytes(CUarray_format f) {
   }
 }
 
-/// Estimated bytes of an array: width x max(height,1) x max(depth,1) x element size,
-/// rounded to 512 bytes, summed over `levels` mip levels (each halving every dimension).
-uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, unsigned channels, unsigned levels) {
+/// Bytes of an array as the driver allocates it: width x max(height,1) x max(depth,1) x
+/// element size, rounded to 512 bytes, summed over `levels` mip levels. Each level halves
+/// width and height, and depth only for true 3D arrays: for layered and cubemap arrays
+/// depth is the layer count, the same at every level.
+uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, unsigned channels, unsigned levels,
+                     unsigned flags) {
   const uint64_t elem = format_bytes(f) * (channels ? channels : 1);
+  const bool layers = (flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
   uint64_t total = 0;
   for (unsigned l = 0; l < (levels ? levels : 1); ++l) {
     const uint64_t lw = w ? w : 1, lh = h ? h : 1, ld = d ? d : 1;
     total += (lw * lh * ld * elem + 511) & ~uint64_t{511};
     w = w > 1 ? w / 2 : 1;
     h = h > 1 ? h / 2 : (h ? 1 : 0);
-    d = d > 1 ? d / 2 : (d ? 1 : 0);
+    if (!layers) d = d > 1 ? d / 2 : (d ? 1 : 0);
   }
   return total;
 }
 
-/// The driver's own size for an array, when it can tell (cuArrayGetMemoryRequirements,
-/// CUDA 11.6+); 0 when it cannot.
-uint64_t driver_array_bytes(CUarray a, int ordinal) {
-  using fn = CUresult (*)(CUDA_ARRAY_MEMORY_REQUIREMENTS*, CUarray, CUdevice);
-  static auto f = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuArrayGetMemoryRequirements"));
-  CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
-  return (f && f(&req, a, ordinal) == CUDA_SUCCESS) ? req.size : 0;
-}
-
-/// After a successful array creation: settle the estimate on the driver's figure.
-void settle_array(Tracker& t, uint64_t key, int ordinal, uint64_t estimate, uint64_t actual) {
-  if (actual == 0 || actual == estimate) return;
-  ring::DeviceSlot* d = t.device(ordinal);
-  LiveRecord rec;
-  if (!d || !t.handles().take(key, &rec)) return;
-  if (actual > estimate) {
-    t.force_charge(*d, actual - estimate);
-    d->reserved.fetch_add(actual - estimate, std::memory_order_relaxed);
-  } else {
-    t.uncharge(*d, estimate - actual);
-    d->reserved.fetch_sub(estimate - actual, std::memory_order_relaxed);
-  }
-  rec.bytes = actual;
-  t.handles().insert(key, rec);
+/// Sparse and deferred-mapping arrays take no memory until it is mapped into them
+/// (cuMemMapArrayAsync, with memory from cuMemCreate, which is counted there).
+bool array_takes_memory(unsigned flags) {
+  return (flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) == 0;
 }
 
 }  // namespace
@@ -293,29 +277,23 @@ CUW_EXPORT CUresult hook_cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESC
   if (g.nested() || !desc || !handle) return real(handle, desc);
   Tracker& t = Tracker::get();
   const int ordinal = t.current_device();
-  const uint64_t est = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1);
-  const CUresult r = tracked_alloc_in(t, t.handles(), ring::Api::cuArrayCreate, ordinal, est, 0,
-                                      [&] { return real(handle, desc); },
-                                      [handle] { return reinterpret_cast<uint64_t>(*handle); });
-  if (r == CUDA_SUCCESS)
-    settle_array(t, reinterpret_cast<uint64_t>(*handle), ordinal, est, driver_array_bytes(*handle, ordinal));
-  return r;
+  const uint64_t bytes = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1, 0);
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuArrayCreate, ordinal, bytes, 0,
+                          [&] { return real(handle, desc); },
+                          [handle] { return reinterpret_cast<uint64_t>(*handle); });
 }
 
 CUW_EXPORT CUresult hook_cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
   auto real = REAL(cuArray3DCreate_v2);
   if (!real) return kNoDriver;
   Reentry g;
-  if (g.nested() || !desc || !handle) return real(handle, desc);
+  if (g.nested() || !desc || !handle || !array_takes_memory(desc->Flags)) return real(handle, desc);
   Tracker& t = Tracker::get();
-  const int ordinal = t.current_device();
-  const uint64_t est = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1);
-  const CUresult r = tracked_alloc_in(t, t.handles(), ring::Api::cuArray3DCreate, ordinal, est, 0,
-                                      [&] { return real(handle, desc); },
-                                      [handle] { return reinterpret_cast<uint64_t>(*handle); });
-  if (r == CUDA_SUCCESS)
-    settle_array(t, reinterpret_cast<uint64_t>(*handle), ordinal, est, driver_array_bytes(*handle, ordinal));
-  return r;
+  const uint64_t bytes =
+      array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1, desc->Flags);
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuArray3DCreate, t.current_device(), bytes, 0,
+                          [&] { return real(handle, desc); },
+                          [handle] { return reinterpret_cast<uint64_t>(*handle); });
 }
 
 CUW_EXPORT CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
@@ -323,10 +301,11 @@ CUW_EXPORT CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* handle, const 
   auto real = REAL(cuMipmappedArrayCreate);
   if (!real) return kNoDriver;
   Reentry g;
-  if (g.nested() || !desc || !handle) return real(handle, desc, levels);
+  if (g.nested() || !desc || !handle || !array_takes_memory(desc->Flags)) return real(handle, desc, levels);
   Tracker& t = Tracker::get();
-  const uint64_t est = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, levels);
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuMipmappedArrayCreate, t.current_device(), est, 0,
+  const uint64_t bytes =
+      array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, levels, desc->Flags);
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuMipmappedArrayCreate, t.current_device(), bytes, 0,
                           [&] { return real(handle, desc, levels); },
                           [handle] { return reinterpret_cast<uint64_t>(*handle); });
 }

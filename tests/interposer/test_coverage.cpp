@@ -115,9 +115,31 @@ TEST_CASE("CUDA arrays count what the driver allocates for them", "[coverage][ar
   CHECK(cuArrayCreate(&c, &huge) == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK(fakecuda_call_count("cuArrayCreate") == 0);
 
+  // Layered mipmaps keep their layer count at every level.
+  CUDA_ARRAY3D_DESCRIPTOR layered = d3;
+  layered.Depth = 6;
+  layered.Flags = CUDA_ARRAY3D_LAYERED;
+  CUmipmappedArray lm = nullptr;
+  const uint64_t before_layered = used();
+  REQUIRE(cuMipmappedArrayCreate(&lm, &layered, 4) == CUDA_SUCCESS);
+  CHECK(used() - before_layered == fakecuda_mipmapped_array_bytes(lm));
+
+  // Sparse arrays take no memory until memory is mapped into them.
+  CUDA_ARRAY3D_DESCRIPTOR sparse = d3;
+  sparse.Depth = 16;
+  sparse.Flags = CUDA_ARRAY3D_SPARSE;
+  CUarray sp = nullptr;
+  const uint64_t before_sparse = used();
+  if (cuArray3DCreate(&sp, &sparse) == CUDA_SUCCESS) {
+    CHECK(used() == before_sparse);
+    CHECK(fakecuda_array_bytes(sp) == 0);
+    REQUIRE(cuArrayDestroy(sp) == CUDA_SUCCESS);
+  }
+
   REQUIRE(cuArrayDestroy(a) == CUDA_SUCCESS);
   REQUIRE(cuArrayDestroy(b) == CUDA_SUCCESS);
   REQUIRE(cuMipmappedArrayDestroy(m) == CUDA_SUCCESS);
+  REQUIRE(cuMipmappedArrayDestroy(lm) == CUDA_SUCCESS);
   CHECK(used() == 0);
 }
 

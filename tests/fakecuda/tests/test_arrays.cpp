@@ -206,7 +206,7 @@ TEST_CASE("sparse and deferred-mapping arrays take no memory", "[arrays]") {
   REQUIRE(cuArrayDestroy(a) == CUDA_SUCCESS);
 }
 
-TEST_CASE("a mipmapped array takes the sum of its halved levels; levels describe themselves", "[arrays]") {
+TEST_CASE("a mipmapped array takes the sum of its halved levels, and its levels describe themselves", "[arrays]") {
   use_device(0);
   size_t free0 = free_bytes();
   auto d = desc3(100, 40, 0, CU_AD_FORMAT_UNSIGNED_INT8, 4);

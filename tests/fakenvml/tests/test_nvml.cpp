@@ -42,7 +42,7 @@ CUcontext use_cuda(int ordinal) {
 
 }  // namespace
 
-TEST_CASE("calls before nvmlInit are NVML_ERROR_UNINITIALIZED; init and shutdown nest", "[nvml]") {
+TEST_CASE("calls before nvmlInit are NVML_ERROR_UNINITIALIZED, init and shutdown nest", "[nvml]") {
   unsigned n = 0;
   CHECK(nvmlDeviceGetCount_v2(&n) == NVML_ERROR_UNINITIALIZED);
   CHECK(nvmlShutdown() == NVML_ERROR_UNINITIALIZED);
