@@ -3,7 +3,10 @@
 //   cuw_itest_probe alloc MIB   allocate MIB MiB, print "ok", free, exit 0 (2 if refused)
 //   cuw_itest_probe hold MIB    allocate, print "ready", wait for stdin EOF, free, exit 0
 //   cuw_itest_probe nocuda      touch no CUDA; print the process's thread count
+//   cuw_itest_probe fork MIB    allocate MIB, fork; the child allocates MIB/2 with its own
+//                               context, both print "ready <pid>", wait for stdin EOF, exit 0
 #include <cuda.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -49,6 +52,32 @@ int main(int argc, char** argv) {
   if (r != CUDA_SUCCESS) {
     std::printf("error %d\n", static_cast<int>(r));
     return 1;
+  }
+  if (mode == "fork") {
+    std::fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) {
+      // A CUDA program's child starts its own CUDA state (on a real GPU only after exec;
+      // the simulated driver allows it directly). Its allocations must land in its own ring.
+      CUdeviceptr q = 0;
+      if (cuMemAlloc(&q, (mib << 20) / 2) != CUDA_SUCCESS) _exit(3);
+      std::printf("ready %d\n", static_cast<int>(getpid()));
+      std::fflush(stdout);
+      char b[64];
+      while (::read(0, b, sizeof b) > 0) {
+      }
+      cuMemFree(q);
+      _exit(0);
+    }
+    std::printf("ready %d\n", static_cast<int>(getpid()));
+    std::fflush(stdout);
+    char b[64];
+    while (::read(0, b, sizeof b) > 0) {
+    }
+    int st = 0;
+    waitpid(child, &st, 0);
+    cuMemFree(p);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
   }
   if (mode == "hold") {
     std::printf("ready\n");

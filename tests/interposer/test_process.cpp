@@ -9,11 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+
+#include "cuw/ring.hpp"
 #include <string>
 #include <thread>
 #include <vector>
@@ -170,6 +173,36 @@ TEST_CASE("with no daemon the ring is removed at exit; while running it is there
   REQUIRE(::stat(dir.c_str(), &st) == 0);
   REQUIRE(finish(c, nullptr) == 0);
   CHECK(ring_files(dir).empty());
+}
+
+TEST_CASE("a forked child gets its own ring; an exec'd child is interposed too", "[process][fork]") {
+  const std::string dir = make_run_dir();
+  Child c = spawn({kProbe, "fork", "8"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1G"});
+  std::string a = read_line(c.out), b = read_line(c.out);
+  REQUIRE_THAT(a, Catch::StartsWith("ready "));
+  REQUIRE_THAT(b, Catch::StartsWith("ready "));
+  auto files = ring_files(dir);
+  REQUIRE(files.size() == 2);  // parent and child, each its own
+  // Each ring holds only its own process's bytes: 8 MiB in the parent, 4 MiB in the child.
+  std::vector<uint64_t> used;
+  for (const auto& f : files) {
+    const int fd = ::open((dir + "/" + f).c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    uint64_t buf[2048];
+    // DeviceSlot 0's `used` is at a fixed offset; read it through the shared layout.
+    REQUIRE(::pread(fd, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf));
+    ::close(fd);
+    const auto* h = reinterpret_cast<const cuw::ring::RingHeader*>(buf);
+    used.push_back(h->devices[0].used.load());
+  }
+  std::sort(used.begin(), used.end());
+  CHECK(used == std::vector<uint64_t>{4ULL << 20, 8ULL << 20});
+  CHECK(finish(c, nullptr) == 0);
+
+  // exec: a shell started under the library runs the probe, which is interposed (refused).
+  std::string out;
+  CHECK(run({"/bin/sh", "-c", kProbe + " alloc 64"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=32M"}, &out) == 2);
+  CHECK_THAT(out, Catch::Contains("refused"));
 }
 
 TEST_CASE("a daemon started after the process shows it exactly; cuwarden --json", "[process][daemon]") {
