@@ -39,6 +39,9 @@
     0)                                                                                                           \
   X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync",      \
     11020, 1, 0)                                                                                                 \
+  X(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep), (pool, keep), "cuMemPoolTrimTo", 11020, 0, 0)  \
+  X(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value),               \
+    (pool, attr, value), "cuMemPoolSetAttribute", 11020, 0, 0)                                                  \
   X(CUresult, cuMemCreate,                                                                                       \
     (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp* prop,                      \
      unsigned long long flags),                                                                                  \

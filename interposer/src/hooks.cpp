@@ -17,6 +17,12 @@ namespace ring = cuw::ring;
 
 namespace {
 
+/// Stream-ordered allocations live in the driver's pools: what the process holds from the
+/// driver for them is the pools' reserve (Tracker::refresh_pools), not their sum.
+bool pooled(ring::Api api) {
+  return api == ring::Api::cuMemAllocAsync || api == ring::Api::cuMemAllocFromPoolAsync;
+}
+
 // A driver entry point we hook but cannot find: behave like a driver that lacks it.
 constexpr CUresult kNoDriver = CUDA_ERROR_NOT_INITIALIZED;
 
@@ -38,7 +44,7 @@ CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api,
   }
   const uint64_t key = key_of_result();
   table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
-  d->reserved.fetch_add(bytes, std::memory_order_relaxed);
+  if (!pooled(api)) d->reserved.fetch_add(bytes, std::memory_order_relaxed);
   d->live_allocations.fetch_add(1, std::memory_order_relaxed);
   d->alloc_count.fetch_add(1, std::memory_order_relaxed);
   t.emit(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS);
@@ -59,7 +65,8 @@ void account_free(Tracker& t, uint64_t key, const LiveRecord& rec, ring::Api api
   ring::DeviceSlot* d = t.device(rec.device);
   if (!d) return;
   t.uncharge(*d, rec.bytes);
-  d->reserved.fetch_sub(rec.bytes, std::memory_order_relaxed);
+  if (pooled(static_cast<ring::Api>(rec.api))) t.pooled_free(rec.device, rec.bytes);
+  else d->reserved.fetch_sub(rec.bytes, std::memory_order_relaxed);
   d->live_allocations.fetch_sub(1, std::memory_order_relaxed);
   d->free_count.fetch_add(1, std::memory_order_relaxed);
   t.emit(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS);
@@ -149,8 +156,11 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     Reentry g;                                                                                                   \
     if (g.nested()) return real(dptr, bytesize, stream);                                                        \
     Tracker& t = Tracker::get();                                                                                 \
-    return tracked_alloc(t, api, stream_device(t, stream), bytesize, reinterpret_cast<uint64_t>(stream), dptr, \
-                         [&] { return real(dptr, bytesize, stream); });                                        \
+    const int ordinal = stream_device(t, stream);                                                                \
+    const CUresult r = tracked_alloc(t, api, ordinal, bytesize, reinterpret_cast<uint64_t>(stream), dptr,       \
+                                     [&] { return real(dptr, bytesize, stream); });                            \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, bytesize);                                           \
+    return r;                                                                                                    \
   }
 CUW_ASYNC_ALLOC(cuMemAllocAsync, ring::Api::cuMemAllocAsync)
 CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz, ring::Api::cuMemAllocAsync)
@@ -163,9 +173,12 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz, ring::Api::cuMemAllocAsync)
     Reentry g;                                                                                                   \
     if (g.nested()) return real(dptr, bytesize, pool, stream);                                                  \
     Tracker& t = Tracker::get();                                                                                 \
-    return tracked_alloc(t, ring::Api::cuMemAllocFromPoolAsync, stream_device(t, stream), bytesize,              \
-                         reinterpret_cast<uint64_t>(stream), dptr,                                               \
-                         [&] { return real(dptr, bytesize, pool, stream); });                                  \
+    const int ordinal = stream_device(t, stream);                                                                \
+    const CUresult r = tracked_alloc(t, ring::Api::cuMemAllocFromPoolAsync, ordinal, bytesize,                   \
+                                     reinterpret_cast<uint64_t>(stream), dptr,                                   \
+                                     [&] { return real(dptr, bytesize, pool, stream); });                      \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, bytesize);                                              \
+    return r;                                                                                                    \
   }
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync)
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
@@ -195,6 +208,36 @@ CUW_EXPORT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
 CUW_ASYNC_FREE(cuMemFreeAsync)
 CUW_ASYNC_FREE(cuMemFreeAsync_ptsz)
 #undef CUW_ASYNC_FREE
+
+// ---- stream-ordered pools (CUDA driver API: Stream Ordered Memory Allocator) -------------
+// What a pool keeps from the driver changes when it is trimmed or its release threshold
+// changes; the device's `reserved` figure follows.
+
+namespace {
+/// The device whose figures a pool call changes: the calling thread's current device (a
+/// pool's own location is not queryable for every pool kind; programs make the pool's
+/// device current before using it).
+int pool_device(CUmemoryPool) { return Tracker::get().current_device(); }
+}  // namespace
+
+CUW_EXPORT CUresult hook_cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  auto real = REAL(cuMemPoolTrimTo);
+  if (!real) return kNoDriver;
+  Reentry g;
+  const CUresult r = real(pool, keep);
+  if (!g.nested() && r == CUDA_SUCCESS) Tracker::get().refresh_pools(pool_device(pool), pool, true);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  auto real = REAL(cuMemPoolSetAttribute);
+  if (!real) return kNoDriver;
+  Reentry g;
+  const CUresult r = real(pool, attr, value);
+  if (!g.nested() && r == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    Tracker::get().refresh_pools(pool_device(pool), pool, true);
+  return r;
+}
 
 // ---- virtual memory management (CUDA driver API: Virtual Memory Management) ---------------
 
@@ -444,8 +487,10 @@ CUW_EXPORT CUresult hook_cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   if (g.nested() || r != CUDA_SUCCESS) return r;
   Tracker& t = Tracker::get();
   if (t.config().meminfo_physical) return r;
-  ring::DeviceSlot* d = t.device(t.current_device());
+  const int ordinal = t.current_device();
+  ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return r;
+  t.refresh_pools(ordinal, nullptr, true);  // keep `reserved` current for whoever watches
   const uint64_t limit = d->limit.load(std::memory_order_relaxed);
   if (limit == ring::kNoLimit) return r;
   const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : limit);

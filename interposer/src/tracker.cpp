@@ -247,6 +247,61 @@ void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
   d.used.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
+void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force) noexcept {
+  if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
+  PoolSet& ps = pools_[ordinal];
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+  if (!force && now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL) {
+    // Still note a pool we have not seen, so the next refresh includes it.
+    if (pool == nullptr) return;
+    for (auto& p : ps.pools)
+      if (p.load(std::memory_order_relaxed) == pool) return;
+  }
+  using default_fn = CUresult (*)(CUmemoryPool*, CUdevice);
+  using attr_fn = CUresult (*)(CUmemoryPool, CUmemPool_attribute, void*);
+  static auto get_default = reinterpret_cast<default_fn>(hook::driver_symbol("cuDeviceGetDefaultMemPool"));
+  static auto get_attr = reinterpret_cast<attr_fn>(hook::driver_symbol("cuMemPoolGetAttribute"));
+  if (!get_attr) return;
+  std::unique_lock<std::mutex> lk(ps.mu, std::try_to_lock);
+  if (!lk.owns_lock()) return;  // another thread is refreshing this device
+  if (pool == nullptr && get_default) get_default(&pool, ordinal);
+  if (pool) {
+    bool known = false;
+    for (auto& p : ps.pools)
+      if (p.load(std::memory_order_relaxed) == pool) known = true;
+    for (int i = 0; !known && i < PoolSet::kMax; ++i) {
+      CUmemoryPool empty = nullptr;
+      if (ps.pools[i].compare_exchange_strong(empty, pool)) known = true;
+    }
+  }
+  uint64_t total = 0;
+  for (auto& p : ps.pools) {
+    CUmemoryPool q = p.load(std::memory_order_relaxed);
+    cuuint64_t v = 0;
+    if (q && get_attr(q, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS) total += v;
+  }
+  const uint64_t old = ps.reserved.exchange(total, std::memory_order_relaxed);
+  ps.refreshed_ns.store(now, std::memory_order_relaxed);
+  if (total != old) {
+    ring::DeviceSlot* d = device(ordinal);
+    if (d) d->reserved.fetch_add(total - old, std::memory_order_relaxed);  // wraps for a decrease
+  }
+}
+
+void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, uint64_t bytes) noexcept {
+  if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
+  PoolSet& ps = pools_[ordinal];
+  const uint64_t live = ps.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  refresh_pools(ordinal, pool, live > ps.reserved.load(std::memory_order_relaxed));
+}
+
+void Tracker::pooled_free(int ordinal, uint64_t bytes) noexcept {
+  if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
+  pools_[ordinal].live.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
 void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
                    uint32_t result) noexcept {
   ring::Event e;

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include <cuda.h>
+
 #include "config.hpp"
 #include "live_table.hpp"
 #include "cuw/ring.hpp"
@@ -44,6 +46,19 @@ class Tracker {
   /// Give back bytes counted by charge() (a failed driver call, or a free).
   void uncharge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
 
+  /// Stream-ordered pools: remember `pool` (nullptr = the device's default pool) as one
+  /// that holds memory for `ordinal`, and refresh the device's `reserved` figure from the
+  /// pools' CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT (what they keep from the driver, in use or
+  /// cached). `force` = false refreshes at most once a millisecond per device (one coarse
+  /// clock read otherwise). Thread-safe.
+  void refresh_pools(int ordinal, CUmemoryPool pool, bool force) noexcept;
+
+  /// A stream-ordered allocation (+bytes) or free (-bytes) on `ordinal`'s pools. After an
+  /// allocation the pools are refreshed at once when their live bytes passed what they were
+  /// known to reserve (the pool grew), else at most once a millisecond.
+  void pooled_alloc(int ordinal, CUmemoryPool pool, uint64_t bytes) noexcept;
+  void pooled_free(int ordinal, uint64_t bytes) noexcept;
+
   /// Emit an event into the ring; never blocks (drops and counts when full).
   void emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
             uint32_t result) noexcept;
@@ -72,6 +87,16 @@ class Tracker {
   bool ring_is_file_ = false;
   std::string ring_path_;
   std::mutex device_mu_;
+  /// Per device: the stream-ordered pools seen and what they reserved at the last refresh.
+  struct PoolSet {
+    static constexpr int kMax = 8;
+    std::atomic<CUmemoryPool> pools[kMax] = {};
+    std::atomic<uint64_t> reserved{0};       ///< sum over pools, bytes
+    std::atomic<uint64_t> live{0};           ///< bytes of live stream-ordered allocations
+    std::atomic<uint64_t> refreshed_ns{0};   ///< CLOCK_MONOTONIC_COARSE
+    std::mutex mu;                           ///< serialises refreshes (never on the alloc path)
+  };
+  PoolSet pools_[ring::kMaxDevices];
   LiveTable pointers_;
   LiveTable handles_;
   LiveTable host_;

@@ -171,3 +171,47 @@ TEST_CASE("RTLD_NEXT from another library finds the next definition, not its own
     CHECK(fv() == 2);
   }
 }
+
+TEST_CASE("stream-ordered pools: reserved follows what the pools keep, trims and thresholds", "[coverage][pools]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUstream s = nullptr;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CUmemoryPool pool = nullptr;
+  REQUIRE(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS);
+  auto pool_reserved = [&] {
+    cuuint64_t v = 0;
+    REQUIRE(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) == CUDA_SUCCESS);
+    return uint64_t{v};
+  };
+  const uint64_t base = d.reserved.load();  // non-pooled memory held by earlier cases: none
+  CHECK(base == 0);
+
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAllocAsync(&p, 8 * kMiB, s) == CUDA_SUCCESS);
+  CHECK(used() == 8 * kMiB);
+  CHECK(pool_reserved() >= 8 * kMiB);
+  CHECK(d.reserved.load() == pool_reserved());  // the pool grew: refreshed at once
+
+  // Keep freed memory in the pool: the reserve outlives the allocation.
+  cuuint64_t keep_all = ~0ULL;
+  REQUIRE(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all) == CUDA_SUCCESS);
+  REQUIRE(cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  CHECK(used() == 0);
+  CHECK(pool_reserved() >= 8 * kMiB);
+  size_t f = 0, t = 0;
+  REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);  // refreshes the figures for watchers
+  CHECK(d.reserved.load() == pool_reserved());
+  CHECK(d.reserved.load() >= 8 * kMiB);
+
+  // Trimming gives the memory back; reserved follows.
+  REQUIRE(cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS);
+  CHECK(pool_reserved() == 0);
+  CHECK(d.reserved.load() == 0);
+
+  cuuint64_t release_all = 0;
+  REQUIRE(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &release_all) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
