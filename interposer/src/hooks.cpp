@@ -490,7 +490,7 @@ CUW_EXPORT CUresult hook_cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   const int ordinal = t.current_device();
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return r;
-  t.refresh_pools(ordinal, nullptr, true);  // keep `reserved` current for whoever watches
+  t.refresh_pools(ordinal, nullptr, true, false);  // keep `reserved` current for whoever watches
   const uint64_t limit = d->limit.load(std::memory_order_relaxed);
   if (limit == ring::kNoLimit) return r;
   const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : limit);

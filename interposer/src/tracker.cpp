@@ -247,9 +247,10 @@ void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
   d.used.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force) noexcept {
+void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool discover) noexcept {
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
   PoolSet& ps = pools_[ordinal];
+  if (!discover && ps.pools[0].load(std::memory_order_relaxed) == nullptr) return;  // none seen
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
@@ -266,7 +267,7 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force) noexcept
   if (!get_attr) return;
   std::unique_lock<std::mutex> lk(ps.mu, std::try_to_lock);
   if (!lk.owns_lock()) return;  // another thread is refreshing this device
-  if (pool == nullptr && get_default) get_default(&pool, ordinal);
+  if (pool == nullptr && discover && get_default) get_default(&pool, ordinal);
   if (pool) {
     bool known = false;
     for (auto& p : ps.pools)

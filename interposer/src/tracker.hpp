@@ -50,8 +50,10 @@ class Tracker {
   /// that holds memory for `ordinal`, and refresh the device's `reserved` figure from the
   /// pools' CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT (what they keep from the driver, in use or
   /// cached). `force` = false refreshes at most once a millisecond per device (one coarse
-  /// clock read otherwise). Thread-safe.
-  void refresh_pools(int ordinal, CUmemoryPool pool, bool force) noexcept;
+  /// clock read otherwise). `discover` = false only refreshes pools already seen, and never
+  /// asks the driver for a device's default pool (a program that never used stream-ordered
+  /// allocation is left exactly as it was). Thread-safe.
+  void refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool discover = true) noexcept;
 
   /// A stream-ordered allocation (+bytes) or free (-bytes) on `ordinal`'s pools. After an
   /// allocation the pools are refreshed at once when their live bytes passed what they were
