@@ -10,19 +10,24 @@
 # BENCH_FAKE=1 also fakecuda/libcuda.so.1) and, for the training row, python3 with PyTorch.
 # Writes under ${OUT:-./bench-out}: <date>-<tag>.md and <date>-<tag>.json (the results file
 # pair for bench/results/), gpu-bench.log, raw/ (every program's own output).
-# Prints the final table last. Finishes in about 5-6 minutes on an H200 (limit: 8).
+# Prints the final table last. Finishes in about 6-6.5 minutes on an H200 (internal budget
+# 450 s; the wait for 128 real CUDA holders shrinks to stay inside it).
 #
 # Rows: 1 hook overhead (alloc+free pairs, cuMemGetInfo; bare vs preloaded, backend off)
 #       2 event pipeline (synthetic producer; daemon draining / no daemon)
-#       3 CLI latency (cuwarden vs nvidia-smi with 1, 16, 128 interposed processes)
-#       4 end to end (GPT-style ~100M-parameter training, bare vs `cuwarden run`)
+#       3 CLI latency (cuwarden vs nvidia-smi with 1, 16, 128 interposed processes: real
+#         CUDA holders, for 128 as many as come up within CLI_WAIT_S, the rest synthetic
+#         rings; a /bin/true row gives the timing loop's own process-spawn cost)
+#       4 end to end (GPT-style ~100M-parameter training, deterministic, bare vs `cuwarden run`)
 #       5 interposer memory (VmRSS with 100k live allocations)
-# Tunables (environment): PAIR_RUNS (3), PAIR_REPS (5), PAIR_REP_MS (60), PAIR_EXTRA (more
+# Tunables (environment): PAIR_RUNS (5), PAIR_REPS (7), PAIR_REP_MS (60), PAIR_EXTRA (more
 # cuw_bench_gpu pairs arguments, e.g. "--sizes 4K,1M"), RSS_COUNT (100000),
 # EVENT_RATES ("1e6 2e6 5e6 1e7 2e7 0"; 0 = flat out), EVENT_SECONDS (1.5),
 # EVENT_RATES_FAST_DRAIN ("1e7 2e7 0": the same against a daemon draining every 1 ms; "" skips),
-# CLI_COUNTS ("1 16 128"), CLI_RUNS (20), TRAIN_PAIRS (3), TRAIN_STEPS (200),
-# TRAIN_WARMUP (30), BENCH_TAG (h200; "fake" with BENCH_FAKE=1), BENCH_BUDGET_S (450).
+# CLI_COUNTS ("1 16 128"), CLI_RUNS (20), CLI_WAIT_S (150: longest wait for real holders,
+# largest count), CLI_REAL_MAX (all: at most this many real holders; the rest synthetic),
+# TRAIN_PAIRS (2), TRAIN_STEPS (120), TRAIN_WARMUP (20), BENCH_TAG (h200; "fake" with
+# BENCH_FAKE=1), BENCH_BUDGET_S (450).
 # Exit status: 0 when every row was measured (targets are reported, not asserted), 1 when
 # a row could not be measured (the report says which and why).
 set -uo pipefail
@@ -36,17 +41,19 @@ FAKE=${BENCH_FAKE:-0}
 TAG=${BENCH_TAG:-$([[ $FAKE == 1 ]] && echo fake || echo h200)}
 DATE=$(date -u +%Y-%m-%d)
 BUDGET_S=${BENCH_BUDGET_S:-450}
-PAIR_RUNS=${PAIR_RUNS:-3}
-PAIR_REPS=${PAIR_REPS:-5}
+PAIR_RUNS=${PAIR_RUNS:-5}
+PAIR_REPS=${PAIR_REPS:-7}
 PAIR_REP_MS=${PAIR_REP_MS:-60}
 RSS_COUNT=${RSS_COUNT:-100000}
 EVENT_RATES=${EVENT_RATES:-"1e6 2e6 5e6 1e7 2e7 0"}
 EVENT_SECONDS=${EVENT_SECONDS:-1.5}
 CLI_COUNTS=${CLI_COUNTS:-"1 16 128"}
 CLI_RUNS=${CLI_RUNS:-20}
-TRAIN_PAIRS=${TRAIN_PAIRS:-3}
-TRAIN_STEPS=${TRAIN_STEPS:-200}
-TRAIN_WARMUP=${TRAIN_WARMUP:-30}
+CLI_WAIT_S=${CLI_WAIT_S:-150}
+CLI_REAL_MAX=${CLI_REAL_MAX:-1000000}
+TRAIN_PAIRS=${TRAIN_PAIRS:-2}
+TRAIN_STEPS=${TRAIN_STEPS:-120}
+TRAIN_WARMUP=${TRAIN_WARMUP:-20}
 LIMIT=100G
 
 RAW="$OUT_DIR/raw"
@@ -94,6 +101,7 @@ show() {
   s=${s//$BUILD/BUILD_DIR}
   s=${s//$RUN_NODAEMON/RUN_DIR_NO_DAEMON}
   s=${s//$WORK\/run-drain1/RUN_DIR_2}
+  s=${s//$WORK\/run-cli/RUN_DIR_CLI}
   s=${s//$RUN_DIR/RUN_DIR}
   s=${s//$REPO\//}
   s=${s//$RAW/OUT\/raw}
@@ -174,7 +182,8 @@ PAIR_ARGS=(pairs --reps "$PAIR_REPS" --rep-ms "$PAIR_REP_MS")
 # shellcheck disable=SC2206
 PAIR_ARGS+=(${PAIR_EXTRA:-})
 for r in $(seq "$PAIR_RUNS"); do
-  if (( r > 1 && $(left) < 330 )); then note_error hook "stopped after $((r - 1)) runs per side: time budget"; break; fi
+  # Leave about 330 s for the rest (memory 10, events 35, training 90, CLI 195).
+  if (( r > 1 && $(left) < 345 )); then note_error hook "stopped after $((r - 1)) runs per side: time budget"; break; fi
   run_json hook "$RAW/pairs-bare-$r.json" 120 "$BENCH" "${PAIR_ARGS[@]}" && echo "run $r bare: ok"
   run_json hook "$RAW/pairs-with-$r.json" 120 "${WITH[@]}" "$BENCH" "${PAIR_ARGS[@]}" && echo "run $r with: ok"
 done
@@ -230,29 +239,50 @@ done
 
 # ---- 4: end to end -----------------------------------------------------------------------
 section "4 end to end: GPT-style training, bare and under cuwarden run --limit $LIMIT"
+# Deterministic: train_gpt.py seeds, enables deterministic algorithms, runs attention through
+# the math SDPA backend; cuBLAS needs its workspace config before CUDA initialises.
+TRAIN_ENV=(env CUBLAS_WORKSPACE_CONFIG=:4096:8)
 TRAIN_ARGS=(--steps "$TRAIN_STEPS" --warmup "$TRAIN_WARMUP")
-if [[ $FAKE == 1 ]]; then
+if [[ $FAKE == 1 && -z ${TRAIN_FAKE_PY:-} ]]; then
   echo "skipped: simulated driver (no kernels)" | tee "$RAW/train-skipped.txt"
-elif ! timeout 60 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+elif [[ $FAKE != 1 ]] && ! timeout 60 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   note_error train "python3 with CUDA PyTorch is not available"
 else
+  # TRAIN_FAKE_PY (dry runs only): a python with CPU PyTorch, to try the row's plumbing.
+  TRAIN_PY_BIN=python3
+  # shellcheck disable=SC2206  # TRAIN_FAKE_ARGS: extra arguments, split on spaces
+  [[ $FAKE == 1 ]] && TRAIN_PY_BIN=$TRAIN_FAKE_PY && TRAIN_ARGS+=(--device cpu ${TRAIN_FAKE_ARGS:-})
+  pair_s=60  # a pair's time until the first one is measured
   for r in $(seq "$TRAIN_PAIRS"); do
-    # Leave time for the CLI row (about 60 s) after this pair.
-    if (( $(left) < (r > 1 ? 150 : 100) )); then note_error train "stopped after $((r - 1)) pairs: time budget"; break; fi
+    # Leave the CLI row about 200 s (150 s wait for real holders + timings) after this pair.
+    # (The first pair only needs to fit with a shorter wait.)
+    if (( $(left) < pair_s + (r > 1 ? 200 : 90) )); then note_error train "stopped after $((r - 1)) pairs: time budget"; break; fi
     s0=$SECONDS
+    # Order alternates (bare first, then cuwarden first) so drift over the section cancels.
     # train_gpt.py writes the full record (every step time and loss) with --json; its last
     # stdout line is only a summary.
-    run_json train "$WORK/train.json" 240 python3 "$TRAIN_PY" "${TRAIN_ARGS[@]}" --json "$RAW/train-bare-$r.json" \
-      && echo "pair $r bare: $(grep -o '"median_ms": [0-9.]*' "$WORK/train.json")"
-    run_json train "$WORK/train.json" 240 "$CLI" run --limit $LIMIT -- python3 "$TRAIN_PY" "${TRAIN_ARGS[@]}" \
-      --json "$RAW/train-with-$r.json" \
-      && echo "pair $r with: $(grep -o '"median_ms": [0-9.]*' "$WORK/train.json") ($((SECONDS - s0)) s for the pair)"
+    order=(bare with)
+    (( r % 2 == 0 )) && order=(with bare)
+    for kind in "${order[@]}"; do
+      if [[ $kind == bare ]]; then
+        run_json train "$WORK/train.json" 240 "${TRAIN_ENV[@]}" "$TRAIN_PY_BIN" "$TRAIN_PY" "${TRAIN_ARGS[@]}" \
+          --json "$RAW/train-bare-$r.json" && echo "pair $r bare: $(grep -o '"median_ms": [0-9.]*' "$WORK/train.json")"
+      else
+        run_json train "$WORK/train.json" 240 "${TRAIN_ENV[@]}" "$CLI" run --limit $LIMIT -- "$TRAIN_PY_BIN" "$TRAIN_PY" \
+          "${TRAIN_ARGS[@]}" --json "$RAW/train-with-$r.json" \
+          && echo "pair $r with: $(grep -o '"median_ms": [0-9.]*' "$WORK/train.json")"
+      fi
+    done
+    pair_s=$((SECONDS - s0))
+    echo "pair $r took $pair_s s"
   done
 fi
 
 # ---- 3: CLI latency ----------------------------------------------------------------------
-section "3 CLI latency with 1, 16, 128 interposed processes"
+section "3 CLI latency with $(echo $CLI_COUNTS | sed 's/ /, /g') interposed processes"
 # time_cmd FILE CMD...: CLI_RUNS timings (ms) of CMD, output discarded, after 2 warm-up runs.
+# Without hyperfine: a bash loop reading $EPOCHREALTIME (no process of its own) around the
+# command, or `date +%s%N` where bash lacks it; its own cost is the /bin/true row.
 time_cmd() {
   local file=$1; shift
   record cli "$@"
@@ -265,37 +295,158 @@ time_cmd() {
         "$file.hf.json" >"$file" && return 0
   fi
   "$@" >/dev/null 2>&1; "$@" >/dev/null 2>&1
-  local times="" t0 t1
-  for _ in $(seq "$CLI_RUNS"); do
-    t0=$(date +%s%N); "$@" >/dev/null 2>&1; t1=$(date +%s%N)
-    times+="${times:+,}$(( (t1 - t0) / 1000 ))"
-  done
-  python3 -c 'import json,sys; print(json.dumps({"tool":"date loop","times_ms":[int(x)/1e3 for x in sys.argv[1].split(",")]}))' "$times" >"$file"
+  local times="" t0 t1 tool
+  if [[ -n ${EPOCHREALTIME:-} ]]; then
+    tool="bash EPOCHREALTIME loop"
+    for _ in $(seq "$CLI_RUNS"); do
+      t0=$EPOCHREALTIME; "$@" >/dev/null 2>&1; t1=$EPOCHREALTIME
+      times+="${times:+,}$(( ${t1/[.,]/} - ${t0/[.,]/} ))"
+    done
+  else
+    tool="date loop"
+    for _ in $(seq "$CLI_RUNS"); do
+      t0=$(date +%s%N); "$@" >/dev/null 2>&1; t1=$(date +%s%N)
+      times+="${times:+,}$(( (t1 - t0) / 1000 ))"
+    done
+  fi
+  python3 -c 'import json,sys; print(json.dumps({"tool":sys.argv[2],"times_ms":[int(x)/1e3 for x in sys.argv[1].split(",")]}))' \
+    "$times" "$tool" >"$file"
 }
-holding() { grep -l '^holding' "$WORK"/holder-*.out 2>/dev/null | wc -l; }
+# A fresh daemon on a fresh run directory, started as the first one was: the earlier rows'
+# programs (exited, but listed for the daemon's 60 s linger time) would otherwise sit in
+# `cuwarden`'s table.
+kill "$DAEMON_PID" 2>/dev/null; wait "$DAEMON_PID" 2>/dev/null
+RUN_DIR="$WORK/run-cli"
+mkdir -p "$RUN_DIR"
+export CUWARDEN_RUN_DIR="$RUN_DIR"
+DAEMON_ARGS=(--run-dir "$RUN_DIR" --log-level warn)
+[[ $FAKE == 1 ]] && DAEMON_ARGS+=(--no-nvml)
+record cli "$DAEMON" "${DAEMON_ARGS[@]}"
+"$DAEMON" "${DAEMON_ARGS[@]}" >"$RAW/daemon-cli.log" 2>&1 &
+DAEMON_PID=$!
+for _ in $(seq 100); do [[ -S $RUN_DIR/cuwardend.sock ]] && break; sleep 0.05; done
+[[ -S $RUN_DIR/cuwardend.sock ]] || note_error cli "cuwardend did not start: $(tail -3 "$RAW/daemon-cli.log")"
+WITH=(env LD_PRELOAD="$LIB" CUWARDEN_LIMIT="$LIMIT" CUWARDEN_POOL=off CUWARDEN_RUN_DIR="$RUN_DIR")
+# Real holders: cuw_alloc_probe under the interposer, each holding one 2 MiB allocation.
+# REAL holds their pids in start order; a holder is up once its output says "holding".
 HOLD_ARGS=(--api driver --chunk 2M --max 2M --hold-ms 900000)
 record cli "${WITH[@]}" "$PROBE" "${HOLD_ARGS[@]}"
-started=0
+REAL=()
+SYNTH=()
+declare -A OUTF  # holder pid -> its output file
+n_out=0
+is_up() { grep -q '^holding' "${OUTF[$1]}" 2>/dev/null; }
+real_up() { local c=0 p; for p in "${REAL[@]}"; do is_up "$p" && c=$((c + 1)); done; echo $c; }
+start_real() {  # start_real N: start real holders, all at once, until N have been started
+  local f
+  while (( ${#REAL[@]} < $1 )); do
+    n_out=$((n_out + 1)); f="$WORK/holder-$n_out.out"
+    "${WITH[@]}" "$PROBE" "${HOLD_ARGS[@]}" >"$f" 2>&1 &
+    OUTF[$!]=$f
+    REAL+=("$!")
+    HOLDERS+=("$!")
+  done
+}
+# Synthetic holders: cuw_bench_events --hold-used, a ring created as the interposer creates
+# it, device slot 0 as after one 2 MiB allocation under the 100G cap (GPU identity copied
+# from a real holder's ring), pid = its own; no CUDA context, so nvidia-smi does not list it.
+SYNTH_ARGS=(--run-dir "$RUN_DIR" --hold-used $((2 << 20)) --hold-limit $((100 << 30)))
+start_synth() {  # start_synth N: start synthetic holders until N are running; SYNTH_UP: how many are up
+  local like="" p f up deadline
+  for p in "${REAL[@]}"; do
+    if is_up "$p"; then
+      for f in "$RUN_DIR"/ring-"$p"-*; do [[ -e $f ]] && like=$f && break 2; done
+    fi
+  done
+  if (( ${#SYNTH[@]} < $1 )); then
+    if [[ -n $like ]]; then record cli "$EVENTS" "${SYNTH_ARGS[@]}" --like "RUN_DIR/ring-<pid of a real holder>-<start>.cwr"
+    else record cli "$EVENTS" "${SYNTH_ARGS[@]}"; fi
+  fi
+  while (( ${#SYNTH[@]} < $1 )); do
+    n_out=$((n_out + 1)); f="$WORK/synth-$n_out.out"
+    "$EVENTS" "${SYNTH_ARGS[@]}" ${like:+--like "$like"} >"$f" 2>&1 &
+    OUTF[$!]=$f
+    SYNTH+=("$!")
+    HOLDERS+=("$!")
+  done
+  deadline=$((SECONDS + 10))
+  while :; do
+    up=0
+    for p in "${SYNTH[@]}"; do is_up "$p" && up=$((up + 1)); done
+    (( up >= $1 || SECONDS >= deadline )) && break
+    sleep 0.1
+  done
+  SYNTH_UP=$up
+  if (( up < $1 )); then
+    for p in "${SYNTH[@]}"; do
+      is_up "$p" || { note_error cli "synthetic holder failed: $(tail -2 "${OUTF[$p]}" | tr '\n' ' ')"; break; }
+    done
+  fi
+}
+# Stop the real holders that are not up yet, so that none comes up (or burns CPU starting
+# a context) while the commands are timed: SIGTERM, SIGKILL after 15 s; those that still have
+# not exited 5 s later are left to the cleanup. Sets STOPPED to how many.
+alive() { local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || return 1; [[ -n $st && ${st%% *} != Z ]]; }
+stop_stragglers() {
+  local p sig keep=() gone=() left_alive deadline
+  for p in "${REAL[@]}"; do
+    if is_up "$p"; then keep+=("$p"); else gone+=("$p"); fi
+  done
+  for p in "${gone[@]}"; do kill "$p" 2>/dev/null; done
+  for sig in KILL ""; do  # wait up to 15 s, SIGKILL the rest; then up to 5 s more
+    if [[ -n $sig ]]; then deadline=$((SECONDS + 15)); else deadline=$((SECONDS + 5)); fi
+    while (( SECONDS < deadline )); do
+      left_alive=0
+      for p in "${gone[@]}"; do alive "$p" && left_alive=$((left_alive + 1)); done
+      (( left_alive == 0 )) && break
+      sleep 0.2
+    done
+    [[ -n $sig ]] && for p in "${gone[@]}"; do alive "$p" && kill -KILL "$p" 2>/dev/null; done
+  done
+  for p in "${gone[@]}"; do alive "$p" || wait "$p" 2>/dev/null; done
+  REAL=("${keep[@]}")
+  STOPPED=${#gone[@]}
+}
+CLI_MAX=0
+for n in $CLI_COUNTS; do (( n > CLI_MAX )) && CLI_MAX=$n; done
 for n in $CLI_COUNTS; do
   if (( $(left) < 25 )); then note_error cli "skipped $n processes: time budget"; break; fi
-  while (( started < n )); do
-    started=$((started + 1))
-    "${WITH[@]}" "$PROBE" "${HOLD_ARGS[@]}" >"$WORK/holder-$started.out" 2>&1 &
-    HOLDERS+=($!)
-  done
-  wait_s=$(( $(left) - 20 < 150 ? $(left) - 20 : 150 ))
+  # Real holders first: all of those still missing started at once, then a bounded wait
+  # (real CUDA processes come up slowly once many contexts exist); the largest count may
+  # wait longest, the others up to 60 s. CLI_REAL_MAX caps how many real ones are started.
+  want_real=$(( n < CLI_REAL_MAX ? n : CLI_REAL_MAX ))
+  start_real "$want_real"
+  if (( n == CLI_MAX )); then cap=$CLI_WAIT_S; else cap=60; fi
+  wait_s=$(( $(left) - 45 < cap ? $(left) - 45 : cap ))  # 45 s: stopping stragglers, timings, report
   deadline=$((SECONDS + wait_s))
-  while (( $(holding) < n && SECONDS < deadline )); do sleep 0.5; done
-  have=$(holding)
+  t_wait=$SECONDS
+  while (( $(real_up) < want_real && SECONDS < deadline )); do sleep 0.5; done
+  waited=$((SECONDS - t_wait))
+  stop_stragglers
+  stopped=$STOPPED
+  real=${#REAL[@]}
+  # The rest, up to n, synthetic.
+  synth=$(( n - real > 0 ? n - real : 0 ))
+  start_synth "$synth"
+  have=$(( real + SYNTH_UP ))
   rows=0
   for _ in $(seq 40); do  # the daemon sees new rings at once (inotify) or within its 1 s rescan
     rows=$(timeout 10 "$CLI" --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c '[0-9]')
     (( rows >= have )) && break
     sleep 0.25
   done
-  echo "$n processes requested, $have holding an allocation, $rows rows in cuwarden's query (t=${SECONDS}s)"
-  printf '{"requested":%s,"holding":%s,"rows":%s}\n' "$n" "$have" "$rows" >"$RAW/cli-$n-procs.json"
+  listed=$(timeout 10 "$CLI" --json 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["processes"]))' 2>/dev/null || echo null)
+  smi_rows=null
+  if [[ $FAKE != 1 ]]; then
+    smi_rows=$(timeout 20 nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c '[0-9]')
+  fi
+  echo "$n processes: $real real CUDA holders up (of $want_real started; waited ${waited} s, stopped $stopped not yet up)" \
+       "+ $SYNTH_UP synthetic rings; $rows rows in cuwarden's query, $listed processes in its table," \
+       "$smi_rows in nvidia-smi's (t=${SECONDS}s)"
+  printf '{"requested":%s,"real":%s,"real_started":%s,"real_stopped":%s,"wait_s":%s,"synthetic":%s,"holding":%s,"rows":%s,"table_processes":%s,"nvidia_smi_rows":%s}\n' \
+    "$n" "$real" "$want_real" "$stopped" "$waited" "$SYNTH_UP" "$have" "$rows" "$listed" "$smi_rows" >"$RAW/cli-$n-procs.json"
   (( have < n )) && note_error cli "only $have of $n holder processes came up"
+  time_cmd "$RAW/cli-$n-baseline_true.json" /bin/true
   time_cmd "$RAW/cli-$n-cuwarden_table.json" "$CLI"
   time_cmd "$RAW/cli-$n-cuwarden_query.json" "$CLI" --query-compute-apps=pid,used_memory --format=csv
   if [[ $FAKE != 1 ]]; then

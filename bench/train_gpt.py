@@ -3,11 +3,18 @@
 
 ~100M parameters by default (12 layers, d_model 768, 12 heads, vocab 16384 with a tied
 head, sequence 512, batch 8), bf16 autocast, AdamW, synthetic but learnable data from a
-fixed seed (a random "next token" table with 10% noise), deterministic algorithms where
-PyTorch has them. The same command bare and under `cuwarden run --limit 100G -- ...` must
-print the same losses; the step times are the overhead.
+fixed seed (a random "next token" table with 10% noise). Deterministic, so that two runs
+of the same command print bit-identical losses: torch.manual_seed and
+torch.cuda.manual_seed_all, torch.use_deterministic_algorithms(True) (warn_only: an op
+without a deterministic implementation is recorded in the JSON's "determinism", not fatal),
+CUBLAS_WORKSPACE_CONFIG=:4096:8 set before torch initialises CUDA, cuDNN deterministic and
+not benchmarking, TF32 off, and attention through the math SDPA backend (or an explicit
+softmax(QK^T)V where torch.nn.attention is missing) so that the flash / memory-efficient
+kernels, whose backward is not deterministic, are never used. The same command bare and
+under `cuwarden run --limit 100G -- ...` must print the same losses; the step times are
+the overhead.
 
-    python3 bench/train_gpt.py --steps 200 --warmup 30 --json out.json
+    python3 bench/train_gpt.py --steps 120 --warmup 20 --json out.json
 
 Each step is timed to completion (torch.cuda.synchronize() after the optimizer step).
 Output: a header line, then one JSON object on the last line (also written to --json):
@@ -17,11 +24,13 @@ two runs compare exactly) and the allocator's peak.
 Exit 2: the requested device is unavailable.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+import warnings
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before torch loads
 
@@ -30,10 +39,20 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 
+try:  # PyTorch >= 2.3: pick the SDPA backend explicitly
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+except ImportError:
+    SDPBackend = sdpa_kernel = None
+
+# "math-sdpa": F.scaled_dot_product_attention restricted to the math backend (set in main);
+# "explicit": softmax(QK^T / sqrt(d)) V written out. Both deterministic; never flash/efficient.
+ATTENTION = {"impl": "explicit"}
+
+
 def attention(q, k, v):
-    if hasattr(F, "scaled_dot_product_attention"):
+    if ATTENTION["impl"] == "math-sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    t = q.shape[-2]  # PyTorch < 2.0 (only for trying the script on an old CPU build)
+    t = q.shape[-2]
     att = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     return att.masked_fill(~mask, float("-inf")).softmax(-1) @ v
@@ -114,8 +133,8 @@ def cuwarden_loaded():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200, help="measured steps")
-    ap.add_argument("--warmup", type=int, default=30, help="steps before measuring")
+    ap.add_argument("--steps", type=int, default=120, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=20, help="steps before measuring")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--d-model", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
@@ -126,6 +145,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", help="also write the result JSON here")
+    ap.add_argument("--attention", choices=("math-sdpa", "explicit"), default="math-sdpa",
+                    help="math-sdpa falls back to explicit where torch.nn.attention is missing")
     a = ap.parse_args()
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -133,9 +154,18 @@ def main():
         return 2
     dev = torch.device(a.device)
     torch.manual_seed(a.seed)
+    torch.cuda.manual_seed_all(a.seed)  # no-op without CUDA
+    # warn_only: an op with no deterministic implementation warns (recorded below) rather
+    # than failing the one benchmark run; every op that has one uses it either way.
     torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    use_math_sdpa = (a.attention == "math-sdpa" and sdpa_kernel is not None
+                     and hasattr(F, "scaled_dot_product_attention"))
+    ATTENTION["impl"] = "math-sdpa" if use_math_sdpa else "explicit"
+    sdpa_ctx = (lambda: sdpa_kernel(SDPBackend.MATH)) if use_math_sdpa else contextlib.nullcontext
 
     model = GPT(a.vocab, a.seq, a.layers, a.d_model, a.heads).to(dev)
     params = sum(p.numel() for p in model.parameters())
@@ -143,23 +173,37 @@ def main():
     data = [(x.to(dev), y.to(dev)) for x, y in make_batches(a.data_batches, a.batch, a.seq, a.vocab, a.seed)]
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"train_gpt: {params / 1e6:.1f}M parameters, {a.layers} layers, d={a.d_model}, seq {a.seq}, "
-          f"batch {a.batch}, bf16 autocast, torch {torch.__version__}, {name}, cuwarden={cuwarden_loaded()}",
+          f"batch {a.batch}, bf16 autocast, torch {torch.__version__}, {name}, cuwarden={cuwarden_loaded()}, "
+          f"attention {ATTENTION['impl']}, CUBLAS_WORKSPACE_CONFIG={os.environ.get('CUBLAS_WORKSPACE_CONFIG')}",
           flush=True)
 
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    losses, step_ms = [], []
-    for step in range(a.warmup + a.steps):
-        x, y = data[step % len(data)]
-        sync()
-        t0 = time.perf_counter()
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
+    def train_step(x, y):
+        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16), sdpa_ctx():
             loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    losses, step_ms, nondeterministic = [], [], set()
+    for step in range(a.warmup + a.steps):
+        x, y = data[step % len(data)]
+        sync()
+        t0 = time.perf_counter()
+        if step == 0:  # every op runs in the first step: note any without a deterministic kernel
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loss = train_step(x, y)
+            nondeterministic |= {str(w.message).split("\n")[0] for w in caught
+                                 if "deterministic" in str(w.message)}
+            for m in sorted(nondeterministic):
+                print(f"train_gpt: not deterministic: {m}", file=sys.stderr, flush=True)
+        else:
+            loss = train_step(x, y)
         sync()
         if step >= a.warmup:
             step_ms.append((time.perf_counter() - t0) * 1e3)
@@ -171,6 +215,15 @@ def main():
         "torch_cuda": torch.version.cuda, "cuwarden": cuwarden_loaded(), "warmup": a.warmup, "steps": a.steps,
         "config": {"layers": a.layers, "d_model": a.d_model, "heads": a.heads, "seq": a.seq, "batch": a.batch,
                    "vocab": a.vocab, "seed": a.seed},
+        "determinism": {
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": True,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            "attention": ATTENTION["impl"],
+            "nondeterministic_ops": sorted(nondeterministic),
+        },
         "median_ms": statistics.median(step_ms) if step_ms else None,
         "step_ms": [round(v, 4) for v in step_ms],
         "losses": losses,
