@@ -15,7 +15,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <string>
@@ -23,6 +22,7 @@
 #include "cuw/paths.hpp"
 #include "cuw/protocol.hpp"
 #include "fault_guard.hpp"
+#include "handler.hpp"
 #include "nvml.hpp"
 #include "registry.hpp"
 #include "server.hpp"
@@ -31,7 +31,6 @@
 namespace {
 
 using cuw::daemon::mono_ns;
-using nlohmann::json;
 
 constexpr uint64_t kMs = 1'000'000;
 
@@ -50,53 +49,45 @@ struct Options {
 };
 
 /// Create the run directory if missing, sticky and world-writable like /tmp: every user's
-/// interposed processes create their rings there.
+/// interposed processes create their rings there. An existing one must be a real directory
+/// (not a symlink) and, if anyone may write to it, sticky: otherwise any user could
+/// rename or delete other users' rings and the socket.
 bool ensure_run_dir(const std::string& dir) {
   struct stat st{};
-  if (stat(dir.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) {
-      spdlog::error("run directory {} exists and is not a directory", dir);
+  if (lstat(dir.c_str(), &st) != 0) {
+    if (mkdir(dir.c_str(), 01777) != 0 && errno != EEXIST) {
+      spdlog::error("cannot create run directory {}: {}", dir, std::strerror(errno));
       return false;
+    }
+    if (lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      spdlog::error("run directory {} was replaced while being created", dir);
+      return false;
+    }
+    if (st.st_uid == geteuid()) {
+      chmod(dir.c_str(), 01777);  // mkdir's mode went through the umask
+      spdlog::info("created run directory {}", dir);
     }
     return true;
   }
-  if (mkdir(dir.c_str(), 01777) != 0 && errno != EEXIST) {
-    spdlog::error("cannot create run directory {}: {}", dir, std::strerror(errno));
+  if (S_ISLNK(st.st_mode)) {
+    spdlog::error("run directory {} is a symbolic link; refusing to follow it", dir);
     return false;
   }
-  chmod(dir.c_str(), 01777);  // mkdir's mode went through the umask
-  spdlog::info("created run directory {}", dir);
-  return true;
-}
-
-cuw::daemon::Server::Reply handle(cuw::daemon::Registry& reg, uint16_t command, const std::string& body) {
-  using cuw::proto::Command;
-  auto reply = [&](const nlohmann::ordered_json& j) {
-    return cuw::daemon::Server::Reply{static_cast<uint16_t>(command | cuw::proto::kReplyBit),
-                                      j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)};
-  };
-  auto error = [](const std::string& what) {
-    return cuw::daemon::Server::Reply{static_cast<uint16_t>(Command::error), json{{"error", what}}.dump()};
-  };
-  // Requests are small objects: refuse deep nesting before parsing (parser recursion).
-  if (std::count(body.begin(), body.end(), '[') + std::count(body.begin(), body.end(), '{') > 64)
-    return error("bad request: too deeply nested");
-  json req = body.empty() ? json::object() : json::parse(body, nullptr, false);
-  if (req.is_discarded()) return error("bad request: body is not JSON");
-  switch (static_cast<Command>(command)) {
-    case Command::get_state:
-      return reply(reg.state_json());
-    case Command::get_events:
-      try {
-        return reply(reg.events_json(req));
-      } catch (const std::exception& e) {
-        return error(std::string("bad request: ") + e.what());
-      }
-    case Command::set_limit:
-      return error("set_limit is not implemented yet");
-    default:
-      return error("unknown command " + std::to_string(command));
+  if (!S_ISDIR(st.st_mode)) {
+    spdlog::error("run directory {} exists and is not a directory", dir);
+    return false;
   }
+  if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
+    spdlog::error("run directory {} is world-writable but not sticky (chmod +t it): any user could "
+                  "replace other users' rings",
+                  dir);
+    return false;
+  }
+  if (st.st_uid != 0 && st.st_uid != geteuid())
+    spdlog::warn("run directory {} belongs to uid {}, who may delete or replace any ring and the socket "
+                 "in it; let root (or the daemon's user) create it, e.g. with systemd-tmpfiles",
+                 dir, st.st_uid);
+  return true;
 }
 
 int run(const Options& o) {
@@ -106,7 +97,7 @@ int run(const Options& o) {
   if (!o.config.empty()) spdlog::warn("--config {}: configuration files are not read yet; ignored", o.config);
 
   if (!ensure_run_dir(run_dir)) return 1;
-  const int dirfd = open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dirfd = open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dirfd < 0) {
     spdlog::error("cannot open run directory {}: {}", run_dir, std::strerror(errno));
     return 1;
@@ -137,7 +128,8 @@ int run(const Options& o) {
   ro.exited_linger_ns = static_cast<uint64_t>(std::max(0.0, o.exited_linger_s) * 1e9);
   cuw::daemon::Registry reg(ro, dirfd, &nvml);
 
-  cuw::daemon::Server server([&](uint16_t cmd, const std::string& body) { return handle(reg, cmd, body); });
+  cuw::daemon::Server server(
+      [&](uint16_t cmd, const std::string& body) { return cuw::daemon::handle_request(reg, cmd, body); });
   std::string err;
   if (!server.listen(socket_path, &err)) {
     spdlog::error("{}", err);
@@ -185,8 +177,13 @@ int run(const Options& o) {
 
     uint64_t t = mono_ns();
     if (t >= next_drain) {
-      const bool more = reg.drain_all();
-      next_drain = more ? t : t + o.drain_interval_ms * kMs;
+      // Adaptive: at once while a ring overflows one tick's budget, within a millisecond
+      // while one is being written fast, else after the idle interval.
+      switch (reg.drain_all()) {
+        case cuw::daemon::Registry::DrainPace::again: next_drain = t; break;
+        case cuw::daemon::Registry::DrainPace::soon: next_drain = t + std::min<uint64_t>(kMs, o.drain_interval_ms * kMs); break;
+        case cuw::daemon::Registry::DrainPace::idle: next_drain = t + o.drain_interval_ms * kMs; break;
+      }
     }
     if (scan_now || t >= next_scan) {
       reg.scan();

@@ -65,7 +65,8 @@ Nvml::Nvml(bool enabled, const std::string& path) {
 Nvml::~Nvml() {
   if (ok_) api_->shutdown();
   delete api_;
-  if (handle_) dlclose(handle_);
+  // The library stays mapped: unloading NVML at exit gains nothing, and a leak checker can
+  // then still name the library that owns any memory it kept.
 }
 
 std::vector<NvmlGpu> Nvml::query() const {

@@ -93,6 +93,20 @@ void Registry::scan() {
   }
   closedir(d);
 
+  // A name that now refers to another file than the one we mapped (replaced by a new
+  // file, a symlink, a FIFO...) is examined afresh: the old mapping no longer speaks for
+  // it. A ring merely unlinked keeps its mapping, which still holds the exact counters.
+  std::vector<std::string> replaced;
+  for (const auto& [name, p] : procs_) {
+    struct stat st{};
+    if (present.count(name) && fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (st.st_dev != p->ring->dev() || st.st_ino != p->ring->ino()))
+      replaced.push_back(name);
+  }
+  for (const auto& name : replaced) {
+    spdlog::warn("ring {}: the file was replaced under its name; re-examining it", name);
+    forget(name, false);
+  }
   for (const auto& name : present)
     if (!procs_.count(name)) try_open(name, mono);
   // Problems whose file went away are solved.
@@ -206,7 +220,7 @@ void Registry::forget(const std::string& name, bool unlink_file) {
   auto it = procs_.find(name);
   if (it == procs_.end()) return;
   Process& p = *it->second;
-  drain_one(p, now_ns(), nullptr);  // last events of this ring; a fault changes nothing here
+  drain_one(p, now_ns(), nullptr, nullptr);  // last events of this ring; a fault changes nothing here
   if (unlink_file && p.ring) {
     struct stat st{};
     // Only the file we mapped: not a new ring that reused the name.
@@ -218,8 +232,9 @@ void Registry::forget(const std::string& name, bool unlink_file) {
   procs_.erase(name);
 }
 
-bool Registry::drain_one(Process& p, uint64_t now, bool* more) {
+bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
   if (!p.ring || !p.ring->writable()) return true;
+  std::size_t drained = 0;
   for (std::size_t round = 0; round < kDrainRoundsPerTick; ++round) {
     // Skipping unpublished slots is safe only once no producer can publish any more: a
     // live producer that publishes into a slot we skipped would wedge the ring.
@@ -227,24 +242,30 @@ bool Registry::drain_one(Process& p, uint64_t now, bool* more) {
     if (!r.ok) return false;
     p.events_lost += r.lost;
     p.events_received += r.events;
+    drained += r.events;
     for (std::size_t i = 0; i < r.events; ++i) {
       p.history.push_back(StoredEvent{++seq_, buffer_[i]});
       if (p.history.size() > opt_.history_per_process) p.history.pop_front();
     }
-    if (r.events < buffer_.size()) return true;
+    if (r.events < buffer_.size()) {
+      // A ring that filled an eighth of itself since the last tick is being written fast:
+      // come back sooner than the idle interval, before it can fill up and drop.
+      if (busy && drained * 8 >= p.ring->slot_count()) *busy = true;
+      return true;
+    }
   }
   if (more) *more = true;
   return true;
 }
 
-bool Registry::drain_all() {
-  bool more = false;
+Registry::DrainPace Registry::drain_all() {
+  bool more = false, busy = false;
   const uint64_t now = now_ns();
   std::vector<std::string> faulted;
   for (auto& [name, p] : procs_)
-    if (!drain_one(*p, now, &more)) faulted.push_back(name);
+    if (!drain_one(*p, now, &more, &busy)) faulted.push_back(name);
   for (const auto& name : faulted) drop_faulted(name, "faulted while draining events");
-  return more;
+  return more ? DrainPace::again : busy ? DrainPace::soon : DrainPace::idle;
 }
 
 json Registry::state_json() {

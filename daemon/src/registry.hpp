@@ -51,7 +51,11 @@ class Registry {
   void scan();
   /// Drain every ring once. Returns true if some ring had more events than one round takes
   /// (the caller should drain again soon).
-  bool drain_all();
+  /// How soon the next drain should come: at once (a ring still had events after this
+  /// tick's budget), soon (a ring filled an eighth of itself since the last tick), or after
+  /// the idle interval.
+  enum class DrainPace { again, soon, idle };
+  DrainPace drain_all();
 
   nlohmann::ordered_json state_json();
   /// `request`: {"pid"?, "after"?, "max"?}. Without "after", the newest `max` events;
@@ -76,7 +80,7 @@ class Registry {
 
   void try_open(const std::string& name, uint64_t mono);
   void check_exit(Process& p, uint64_t mono);
-  bool drain_one(Process& p, uint64_t now, bool* more);
+  bool drain_one(Process& p, uint64_t now, bool* more, bool* busy);
   void drop_faulted(const std::string& name, const char* what);
   void forget(const std::string& name, bool unlink_file);
 

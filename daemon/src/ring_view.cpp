@@ -8,7 +8,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#include "cuw/paths.hpp"
 
 #include "fault_guard.hpp"
 
@@ -81,6 +85,30 @@ DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, 
   if (!guarded_call(body)) r.ok = false;
   return r;
 }
+
+namespace {
+
+/// Real uid of process `pid` (the "Uid:" line of /proc/<pid>/status), or -1 when the
+/// process is gone or the file cannot be parsed.
+int64_t process_real_uid(uint32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/status", pid);
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[4096];
+  const ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  const char* p = std::strstr(buf, "\nUid:");
+  if (!p) return -1;
+  char* end = nullptr;
+  const unsigned long long uid = std::strtoull(p + 5, &end, 10);
+  if (end == p + 5) return -1;
+  return static_cast<int64_t>(uid);
+}
+
+}  // namespace
 
 struct RingOpener {
   static OpenResult open(int dirfd, const std::string& name, uint32_t expect_pid, uint64_t expect_start_time) {
@@ -156,6 +184,14 @@ struct RingOpener {
       return fail("ring claims pid " + std::to_string(snap.pid) + " starttime " + std::to_string(snap.start_time) +
                   ", its file name says pid " + std::to_string(expect_pid) + " starttime " +
                   std::to_string(expect_start_time), true);
+    // The file's owner must be the user the process runs as: anyone may create files in the
+    // run directory, and a ring named after another user's process must not speak for it.
+    // A process that is gone (or whose pid was reused) is left to the exit detection.
+    const int64_t proc_uid = process_real_uid(expect_pid);
+    if (proc_uid >= 0 && static_cast<uint64_t>(proc_uid) != st.st_uid &&
+        paths::process_start_time(expect_pid) == expect_start_time)
+      return fail("ring file belongs to uid " + std::to_string(st.st_uid) + " but process " +
+                  std::to_string(expect_pid) + " runs as uid " + std::to_string(proc_uid) + " (not its ring; refused)");
     res.view = std::move(v);
     return res;
   }

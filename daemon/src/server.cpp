@@ -70,16 +70,21 @@ bool Server::listen(const std::string& path, std::string* error) {
     *error = std::string("socket(): ") + std::strerror(errno);
     return false;
   }
-  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    *error = "bind " + path + ": " + std::strerror(errno);
+  // Every user may query; privileged commands check peer credentials. The mode is set by
+  // the umask at bind() time, not by chmod(path) afterwards, which would follow a symlink
+  // put in the socket's place in between.
+  const mode_t old_umask = umask(0111);
+  const int bound = bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  const int bind_errno = errno;
+  umask(old_umask);
+  if (bound != 0) {
+    *error = "bind " + path + ": " + std::strerror(bind_errno);
     close(listen_fd_);
     listen_fd_ = -1;
     return false;
   }
   path_ = path;
-  // Every user may query; privileged commands check peer credentials.
-  chmod(path.c_str(), 0666);
-  if (stat(path.c_str(), &st) == 0) {
+  if (lstat(path.c_str(), &st) == 0) {
     dev_ = st.st_dev;
     ino_ = st.st_ino;
   }
@@ -125,9 +130,21 @@ void Server::accept_all() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a transient error (EMFILE...): try again next round
     if (conns_.size() >= kMaxConnections) {
-      spdlog::warn("too many client connections ({}); refusing one", conns_.size());
-      close(fd);
-      continue;
+      // Make room by closing the connection that has waited longest for a request: a client
+      // flooding us with idle connections must not lock out one that asks something at once.
+      auto victim = conns_.end();
+      for (auto it = conns_.begin(); it != conns_.end(); ++it)
+        if (it->out.empty() && !it->close_after_write && (victim == conns_.end() || it->deadline < victim->deadline))
+          victim = it;
+      if (++evictions_ % 1000 == 1)
+        spdlog::warn("too many client connections ({}); {} ({} so far)", conns_.size(),
+                     victim == conns_.end() ? "refusing a new one" : "closing the longest idle one", evictions_);
+      if (victim == conns_.end()) {
+        close(fd);
+        continue;
+      }
+      close(victim->fd);
+      conns_.erase(victim);
     }
     Conn c;
     c.fd = fd;
@@ -248,7 +265,7 @@ void Server::shutdown() {
   }
   if (!path_.empty()) {
     struct stat st{};
-    if (stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) unlink(path_.c_str());
+    if (lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) unlink(path_.c_str());
     path_.clear();
   }
 }

@@ -27,7 +27,7 @@ class Server {
   using Handler = std::function<Reply(uint16_t command, const std::string& body)>;
 
   static constexpr uint32_t kMaxRequestBody = 64 * 1024;  ///< requests are small JSON objects
-  static constexpr std::size_t kMaxConnections = 256;
+  static constexpr std::size_t kMaxConnections = 256;  ///< beyond: the longest idle one is closed
   static constexpr uint64_t kRequestTimeoutNs = 5'000'000'000;   ///< to send a whole request
   static constexpr uint64_t kReplyTimeoutNs = 30'000'000'000;    ///< to read a whole reply
 
@@ -73,6 +73,7 @@ class Server {
   dev_t dev_ = 0;
   ino_t ino_ = 0;
   std::vector<Conn> conns_;
+  uint64_t evictions_ = 0;  ///< connections closed or refused because of kMaxConnections
 };
 
 }  // namespace cuw::daemon

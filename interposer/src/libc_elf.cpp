@@ -1,23 +1,38 @@
 // cuwarden interposer: libc symbol lookup through its GNU hash table (see libc_elf.hpp).
 // ELF references: System V ABI, "Dynamic Section", "Symbol Versioning"; the GNU hash
 // section layout as implemented by glibc's ld.so (_dl_setup_hash / do_lookup_x).
+//
+// This runs inside other tools' start-up: sanitizer runtimes resolve their interceptors
+// with dlsym(RTLD_NEXT, ...) before they can serve strcmp, strstr or dl_iterate_phdr, and
+// that dlsym is ours. So this file calls no libc function at all: the loaded objects come
+// from the dynamic linker's own list (_r_debug), strings are compared by hand, and it is
+// built with -fno-builtin (CMakeLists.txt) so no loop becomes a strcmp call.
 #include "libc_elf.hpp"
 
 #include <elf.h>
 #include <link.h>
 
 #include <cstdint>
-#include <cstring>
 
 namespace cuw::libc_elf {
 
 namespace {
 
-struct Query {
-  const char* name;
-  const char* version;
-  void* result;
-};
+bool same(const char* a, const char* b) noexcept {
+  while (*a && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+
+/// True when `path`'s file name starts with "libc.so" (".../libc.so.6").
+bool is_libc(const char* path) noexcept {
+  const char* base = path;
+  for (const char* c = path; *c; ++c)
+    if (*c == '/') base = c + 1;
+  const char* want = "libc.so";
+  for (; *want; ++want, ++base)
+    if (*base != *want) return false;
+  return true;
+}
 
 uint32_t gnu_hash(const char* s) noexcept {
   uint32_t h = 5381;
@@ -43,21 +58,14 @@ const char* version_name(const ElfW(Verdef) * vd, ElfW(Half) ndx, const char* st
   return nullptr;
 }
 
-int visit(struct dl_phdr_info* info, size_t, void* data) {
-  auto* q = static_cast<Query*>(data);
-  const char* n = info->dlpi_name;
-  if (!n || !std::strstr(n, "libc.so")) return 0;
-  const ElfW(Addr) base = info->dlpi_addr;
-  const ElfW(Dyn)* dyn = nullptr;
-  for (int i = 0; i < info->dlpi_phnum; ++i)
-    if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = reinterpret_cast<const ElfW(Dyn)*>(base + info->dlpi_phdr[i].p_vaddr);
-  if (!dyn) return 0;
+void* lookup(const struct link_map* lm, const char* name, const char* version) noexcept {
+  const ElfW(Addr) base = lm->l_addr;
   const ElfW(Sym)* symtab = nullptr;
   const char* strtab = nullptr;
   const uint32_t* gnuhash = nullptr;
   const ElfW(Half)* versym = nullptr;
   const ElfW(Verdef)* verdef = nullptr;
-  for (const ElfW(Dyn)* d = dyn; d->d_tag != DT_NULL; ++d) {
+  for (const ElfW(Dyn)* d = lm->l_ld; d && d->d_tag != DT_NULL; ++d) {
     switch (d->d_tag) {
       case DT_SYMTAB: symtab = at<ElfW(Sym)>(base, d->d_un.d_ptr); break;
       case DT_STRTAB: strtab = at<char>(base, d->d_un.d_ptr); break;
@@ -67,41 +75,38 @@ int visit(struct dl_phdr_info* info, size_t, void* data) {
       default: break;
     }
   }
-  if (!symtab || !strtab || !gnuhash) return 0;
+  if (!symtab || !strtab || !gnuhash) return nullptr;
   const uint32_t nbuckets = gnuhash[0], symoffset = gnuhash[1], bloom_size = gnuhash[2];
   const auto* bloom = reinterpret_cast<const ElfW(Addr)*>(gnuhash + 4);
   const uint32_t* buckets = reinterpret_cast<const uint32_t*>(bloom + bloom_size);
   const uint32_t* chain = buckets + nbuckets;
-  if (nbuckets == 0) return 0;
-  const uint32_t h = gnu_hash(q->name);
+  if (nbuckets == 0) return nullptr;
+  const uint32_t h = gnu_hash(name);
   for (uint32_t idx = buckets[h % nbuckets]; idx >= symoffset; ++idx) {
     const uint32_t ch = chain[idx - symoffset];
     const ElfW(Sym)& s = symtab[idx];
-    if ((ch | 1) == (h | 1) && s.st_shndx != SHN_UNDEF && !std::strcmp(strtab + s.st_name, q->name)) {
+    if ((ch | 1) == (h | 1) && s.st_shndx != SHN_UNDEF && same(strtab + s.st_name, name)) {
       const ElfW(Half) vs = versym ? versym[idx] : 0;
       bool match;
-      if (!q->version) {
+      if (!version) {
         match = !(vs & 0x8000);  // the default (non-hidden) definition
       } else {
         const char* vn = versym && verdef ? version_name(verdef, vs & 0x7fff, strtab) : nullptr;
-        match = vn && !std::strcmp(vn, q->version);
+        match = vn && same(vn, version);
       }
-      if (match) {
-        q->result = reinterpret_cast<void*>(base + s.st_value);
-        return 1;
-      }
+      if (match) return reinterpret_cast<void*>(base + s.st_value);
     }
     if (ch & 1) break;
   }
-  return 1;  // libc found; stop iterating either way
+  return nullptr;
 }
 
 }  // namespace
 
 void* find(const char* name, const char* version) noexcept {
-  Query q{name, version, nullptr};
-  dl_iterate_phdr(visit, &q);
-  return q.result;
+  for (const struct link_map* lm = _r_debug.r_map; lm; lm = lm->l_next)
+    if (lm->l_name && is_libc(lm->l_name)) return lookup(lm, name, version);
+  return nullptr;
 }
 
 }  // namespace cuw::libc_elf

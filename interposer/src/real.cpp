@@ -160,7 +160,11 @@ namespace {
 bool is_ours(const char* n) noexcept {
   // dlfcn.h declares `name` nonnull; hide that from the optimizer so a NULL stays checked.
   __asm__("" : "+r"(n));
-  return n && ((n[0] == 'c' && n[1] == 'u') || (n[0] == 'n' && n[1] == 'v' && n[2] == 'm' && n[3] == 'l'));
+  // Driver and NVML entry points: "cu" / "nvml" then an upper-case letter (cuMemAlloc_v2,
+  // nvmlDeviceGetMemoryInfo). Other tools' lookups (a sanitizer's "cuserid") never match.
+  auto upper = [](char c) { return c >= 'A' && c <= 'Z'; };
+  return n && ((n[0] == 'c' && n[1] == 'u' && upper(n[2])) ||
+               (n[0] == 'n' && n[1] == 'v' && n[2] == 'm' && n[3] == 'l' && upper(n[4])));
 }
 
 __attribute__((noinline)) void* redirect_found(void* r, const char* name) {
@@ -215,7 +219,13 @@ extern "C" __attribute__((visibility("default"), optimize("O2", "optimize-siblin
     void* handle, const char* name) {
   if (is_ours(name)) return dlsym_slow(handle, name, __builtin_return_address(0));
   auto f = cuw::hook::g_real_dlsym.load(std::memory_order_acquire);
-  if (__builtin_expect(f == nullptr, 0)) return cuw::hook::real_dlsym(handle, name);
+  if (__builtin_expect(f == nullptr, 0)) {
+    // Called before our constructor (a sanitizer runtime starting up): resolve without
+    // calling libc, then still leave by a sibling call so RTLD_NEXT is the caller's.
+    cuw::hook::resolve_libc();
+    f = cuw::hook::g_real_dlsym.load(std::memory_order_acquire);
+    if (!f) return nullptr;
+  }
   return f(handle, name);  // sibling call
 }
 

@@ -3,7 +3,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 
-int cuwt_chain_target(void) { return 1; }
+int cuWtChainTarget(void) { return 1; }
 int xwt_chain_target(void) { return 1; }
 /* The barrier keeps the lookups from being tail calls: RTLD_NEXT is relative to the
  * caller of dlsym, which must be this library. */

@@ -1,3 +1,3 @@
 /* Interposer tests: the "next" definitions for chain_a's RTLD_NEXT lookups. */
-int cuwt_chain_target(void) { return 2; }
+int cuWtChainTarget(void) { return 2; }
 int xwt_chain_target(void) { return 2; }

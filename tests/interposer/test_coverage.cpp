@@ -161,7 +161,7 @@ TEST_CASE("dlvsym redirects hooked names and finds our dlsym under both glibc ve
 
 TEST_CASE("RTLD_NEXT from another library finds the next definition, not its own", "[coverage][dlsym]") {
   using fn = int (*)();
-  for (const char* name : {"cuwt_chain_target", "xwt_chain_target"}) {
+  for (const char* name : {"cuWtChainTarget", "xwt_chain_target"}) {
     INFO(name);
     auto f = reinterpret_cast<fn>(cuwt_lookup_next(name));
     REQUIRE(f);
