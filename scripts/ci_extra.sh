@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# cuwarden: the reliability run CI adds to scripts/test.sh (issue 6), in order:
+#   1. the whole ctest suite under ASan + UBSan   (preset asan, build-asan/)
+#   2. the concurrency tests under TSan           (preset tsan, build-tsan/: unit, interposer.cap, daemon.*)
+#   3. every libFuzzer target for FUZZ_SECONDS (default 10) from its committed corpus
+# Stops at the first failing step and says which. Prints each step's time.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+JOBS=${JOBS:-2}
+# Extra ctest arguments for both sanitizer runs, e.g. CI_EXTRA_CTEST_ARGS='-E ^interposer\.'
+read -r -a ctest_extra <<<"${CI_EXTRA_CTEST_ARGS:-}"
+t0=$(date +%s)
+step() {
+  local name=$1
+  shift
+  local s
+  s=$(date +%s)
+  echo "=== ci_extra: $name"
+  if ! "$@"; then
+    echo "=== ci_extra: $name FAILED after $(($(date +%s) - s)) s" >&2
+    exit 1
+  fi
+  echo "=== ci_extra: $name ok in $(($(date +%s) - s)) s"
+}
+
+step "asan: configure" cmake --preset asan
+step "asan: build" cmake --build --preset asan -j "$JOBS"
+step "asan: ctest" ctest --preset asan -j "$JOBS" "${ctest_extra[@]}"
+step "tsan: configure" cmake --preset tsan
+step "tsan: build" cmake --build --preset tsan -j "$JOBS"
+step "tsan: ctest" ctest --preset tsan -j "$JOBS" "${ctest_extra[@]}"
+step "fuzz: ${FUZZ_SECONDS:-10} s per target" scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+echo "=== ci_extra: all ok in $(($(date +%s) - t0)) s"

@@ -1,0 +1,36 @@
+// cuwarden fuzz target: the interposer's environment parsing (interposer/src/config.cpp,
+// compiled in). The input is split at NUL bytes into the values of the CUWARDEN_*
+// variables, in the order of CUW_OPTIONS; an empty piece unsets the variable.
+// Invariants: load_config() never crashes or throws; every accepted value is in range.
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "config.hpp"
+
+namespace {
+#define CUW_NAME(var, def, doc) #var,
+constexpr const char* kVars[] = {CUW_OPTIONS(CUW_NAME)};
+#undef CUW_NAME
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string in(reinterpret_cast<const char*>(data), size);
+  size_t pos = 0;
+  for (const char* var : kVars) {
+    size_t end = in.find('\0', pos);
+    if (end == std::string::npos) end = in.size();
+    const std::string value = pos < in.size() ? in.substr(pos, end - pos) : std::string();
+    if (value.empty()) unsetenv(var);
+    else setenv(var, value.c_str(), 1);
+    pos = end + 1;
+  }
+  const cuw::ipc::Config c = cuw::ipc::load_config();
+  if (c.callsites < 0 || c.callsites > 64) std::abort();
+  if (c.log_level < 0 || c.log_level > 6) std::abort();
+  if (c.job.size() > 63 && c.errors.empty()) std::abort();
+  if (c.pool != "off") std::abort();  // the only backend this build accepts
+  for (const auto& [ordinal, spec] : c.limit.per_device)
+    if (ordinal < 0 || ordinal > 63) std::abort();
+  return 0;
+}

@@ -1,0 +1,95 @@
+// cuwarden fuzz seeds: writes the binary seed corpora (rings, framed requests) under DIR.
+// Usage: cuw_fuzz_seeds tests/fuzz/corpus    (text seeds for size/env are plain files there)
+// Ring images are written without their trailing zero bytes: the targets pad them back.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "fuzz_support.hpp"
+
+using namespace cuw;
+
+namespace {
+
+void put(const std::string& dir, const std::string& name, std::string bytes, bool trim) {
+  if (trim)
+    while (bytes.size() > 64 && bytes.back() == '\0') bytes.pop_back();
+  mkdir(dir.c_str(), 0755);
+  FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
+  if (!f) return;
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+}
+
+std::string bytes_of(const std::vector<unsigned char>& v) { return std::string(v.begin(), v.end()); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string root = argv[1];
+  const std::string r = root + "/fuzz_ring", dr = root + "/fuzz_daemon_ring";
+  mkdir(root.c_str(), 0755);
+
+  std::string ok = bytes_of(fuzz::make_ring(64, 10, 4242, 99));
+  put(r, "valid_64_10events", "\x00" + ok, true);
+  put(r, "valid_64_10events_skip", "\x01" + ok, true);
+  put(r, "full_64", "\x01" + bytes_of(fuzz::make_ring(64, 80, 4242, 99)), true);
+  std::string stuck = ok;  // a claimed slot never published: write_pos one ahead
+  {
+    uint64_t wp;
+    std::memcpy(&wp, stuck.data() + offsetof(ring::RingHeader, write_pos), 8);
+    wp += 3;
+    std::memcpy(stuck.data() + offsetof(ring::RingHeader, write_pos), &wp, 8);
+  }
+  put(r, "stuck_slots", "\x01" + stuck, true);
+  std::string bad = ok;
+  bad[0] ^= 0x55;
+  put(r, "bad_magic", "\x00" + bad, true);
+  put(r, "header_only", "\x02" + ok.substr(0, ring::kHeaderBytes), false);
+
+  // Daemon target: flags 3 = fix pid/start_time and uid to what the file name/owner say.
+  put(dr, "valid", "\x03" + ok, true);
+  put(dr, "stuck_exited", "\x07" + stuck, true);
+  std::string exited = bytes_of(fuzz::make_ring(64, 5, 4242, 99));
+  {
+    const uint32_t st = static_cast<uint32_t>(ring::ProcessState::exited);
+    std::memcpy(exited.data() + offsetof(ring::RingHeader, state), &st, 4);
+  }
+  put(dr, "exited", "\x03" + exited, true);
+  put(dr, "foreign_uid", "\x01" + ok, true);
+  put(dr, "wrong_pid", "\x02" + ok, true);
+
+  // Socket protocol: whole requests, pipelined, bad version, oversized, cut short.
+  const auto gs = static_cast<uint16_t>(proto::Command::get_state);
+  const auto ge = static_cast<uint16_t>(proto::Command::get_events);
+  const auto sl = static_cast<uint16_t>(proto::Command::set_limit);
+  const std::vector<std::pair<std::string, std::string>> frames = {
+      {"get_state", fuzz::frame(gs, 1, "")},
+      {"get_state_body", fuzz::frame(gs, 2, "{}")},
+      {"get_events_after", fuzz::frame(ge, 3, "{\"after\":0,\"max\":5}")},
+      {"get_events_pid", fuzz::frame(ge, 4, "{\"pid\":4242}")},
+      {"get_events_bad", fuzz::frame(ge, 5, "{\"after\":-1,\"max\":\"x\"}")},
+      {"set_limit", fuzz::frame(sl, 6, "{\"pid\":1,\"bytes\":1024}")},
+      {"unknown_cmd", fuzz::frame(77, 7, "[]")},
+      {"pipelined", fuzz::frame(gs, 8, "") + fuzz::frame(ge, 9, "{}") + fuzz::frame(gs, 10, "")},
+      {"bad_version", fuzz::frame(gs, 11, "", 9)},
+      {"bad_magic", fuzz::frame(gs, 12, "", 1, 0x12345678)},
+      {"too_long", fuzz::frame(gs, 13, "").substr(0, 12) + std::string("\xff\xff\xff\x7f", 4)},
+      {"half", fuzz::frame(ge, 14, "{\"after\":0}").substr(0, 20)},
+      {"deep", fuzz::frame(ge, 15, std::string(100, '[') + std::string(100, ']'))},
+  };
+  for (const auto& [name, bytes] : frames) {
+    put(root + "/fuzz_server", name, bytes, false);
+    put(root + "/fuzz_recv_message", name, bytes, false);
+  }
+  // handle_request direct path: 2 bytes of command, then the body.
+  put(root + "/fuzz_server", "direct_get_events", std::string("\x02\x00", 2) + "{\"max\":2}", false);
+  return 0;
+}
