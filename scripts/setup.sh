@@ -10,6 +10,7 @@ PACKAGES=(
   build-essential cmake ninja-build
   libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
   libunwind-dev libbenchmark-dev valgrind python3
+  clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
 )
 
 SUDO=()
