@@ -3,6 +3,7 @@
 // Runs with CUWARDEN_LIMIT=64MiB.
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -214,4 +215,56 @@ TEST_CASE("stream-ordered pools: reserved follows what the pools keep, trims and
   cuuint64_t release_all = 0;
   REQUIRE(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &release_all) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
+TEST_CASE("NVML reports the cap too, through dlsym and both ABI versions", "[coverage][nvml]") {
+  make_context();
+  touch_interposer();
+  // As pynvml and the CUDA-aware libraries do: dlopen NVML and look its functions up.
+  void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  REQUIRE(nvml);
+  using init_fn = int (*)();
+  using by_uuid_fn = int (*)(const char*, void**);
+  using mem_fn = int (*)(void*, unsigned long long*);  // nvmlMemory_t: total, free, used
+  struct MemV2 {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+  };
+  using mem2_fn = int (*)(void*, MemV2*);
+  auto init = reinterpret_cast<init_fn>(dlsym(nvml, "nvmlInit_v2"));
+  auto by_uuid = reinterpret_cast<by_uuid_fn>(dlsym(nvml, "nvmlDeviceGetHandleByUUID"));
+  auto mem = reinterpret_cast<mem_fn>(dlsym(nvml, "nvmlDeviceGetMemoryInfo"));
+  auto mem2 = reinterpret_cast<mem2_fn>(dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2"));
+  REQUIRE((init && by_uuid && mem && mem2));
+  CHECK(in_cuwarden(reinterpret_cast<void*>(mem)));
+  CHECK(in_cuwarden(reinterpret_cast<void*>(mem2)));
+  REQUIRE(init() == 0);
+  // NVML's device for CUDA ordinal 0, by UUID.
+  CUuuid u{};
+  REQUIRE(cuDeviceGetUuid(&u, 0) == CUDA_SUCCESS);
+  char uuid[64];
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  void* dev = nullptr;
+  REQUIRE(by_uuid(uuid, &dev) == 0);
+
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 10 * kMiB) == CUDA_SUCCESS);
+  unsigned long long m[3] = {};
+  REQUIRE(mem(dev, m) == 0);
+  CHECK(m[0] == 64 * kMiB);                   // total = the cap
+  CHECK(m[1] == 54 * kMiB);                   // free = cap - used, as cuMemGetInfo says
+  CHECK(m[2] == 10 * kMiB);                   // used
+  size_t f = 0, t = 0;
+  REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);
+  CHECK(m[0] == t);
+  CHECK(m[1] == f);
+  MemV2 v2{};
+  v2.version = static_cast<unsigned>(sizeof(MemV2)) | (2u << 24);
+  REQUIRE(mem2(dev, &v2) == 0);
+  CHECK(v2.total == 64 * kMiB);
+  CHECK(v2.free == 54 * kMiB);
+  CHECK(v2.used + v2.free + v2.reserved == v2.total);
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
 }
