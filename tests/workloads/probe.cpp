@@ -101,7 +101,8 @@ class RuntimeApi final : public Api {
       std::fprintf(stderr, "cuw_alloc_probe: cudaGetDeviceProperties failed: %s\n", s.name.c_str());
       return false;
     }
-    std::printf("device index=%d name=%s\n", device, prop.name);
+    // totalGlobalMem comes from cuDeviceTotalMem_v2 at runtime start-up: under a cap, the cap.
+    std::printf("device index=%d name=%s total_global_mem=%zu\n", device, prop.name, prop.totalGlobalMem);
     return true;
   }
 
