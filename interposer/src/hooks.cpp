@@ -159,7 +159,7 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     const int ordinal = stream_device(t, stream);                                                                \
     const CUresult r = tracked_alloc(t, api, ordinal, bytesize, reinterpret_cast<uint64_t>(stream), dptr,       \
                                      [&] { return real(dptr, bytesize, stream); });                            \
-    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, bytesize);                                           \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, stream, bytesize);                                           \
     return r;                                                                                                    \
   }
 CUW_ASYNC_ALLOC(cuMemAllocAsync, ring::Api::cuMemAllocAsync)
@@ -177,7 +177,7 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz, ring::Api::cuMemAllocAsync)
     const CUresult r = tracked_alloc(t, ring::Api::cuMemAllocFromPoolAsync, ordinal, bytesize,                   \
                                      reinterpret_cast<uint64_t>(stream), dptr,                                   \
                                      [&] { return real(dptr, bytesize, pool, stream); });                      \
-    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, bytesize);                                              \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, stream, bytesize);                                              \
     return r;                                                                                                    \
   }
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync)

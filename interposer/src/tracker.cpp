@@ -291,11 +291,23 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool dis
   }
 }
 
-void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, uint64_t bytes) noexcept {
+void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t bytes) noexcept {
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
   PoolSet& ps = pools_[ordinal];
   const uint64_t live = ps.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  refresh_pools(ordinal, pool, live > ps.reserved.load(std::memory_order_relaxed));
+  const bool grew = live > ps.reserved.load(std::memory_order_relaxed);
+  if (!grew) {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+    if (now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL && ps.pools[0].load() != nullptr) return;
+  }
+  // A refresh is due. Not inside a stream capture: the allocation is then a graph node.
+  using capturing_fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  static auto is_capturing = reinterpret_cast<capturing_fn>(hook::driver_symbol("cuStreamIsCapturing"));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (is_capturing && (is_capturing(stream, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE)) return;
+  refresh_pools(ordinal, pool, true);
 }
 
 void Tracker::pooled_free(int ordinal, uint64_t bytes) noexcept {

@@ -58,7 +58,9 @@ class Tracker {
   /// A stream-ordered allocation (+bytes) or free (-bytes) on `ordinal`'s pools. After an
   /// allocation the pools are refreshed at once when their live bytes passed what they were
   /// known to reserve (the pool grew), else at most once a millisecond.
-  void pooled_alloc(int ordinal, CUmemoryPool pool, uint64_t bytes) noexcept;
+  /// `stream` is the allocation's stream: while it is being captured into a graph the
+  /// refresh is skipped (no driver query inside a capture), and done at a later one.
+  void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t bytes) noexcept;
   void pooled_free(int ordinal, uint64_t bytes) noexcept;
 
   /// Emit an event into the ring; never blocks (drops and counts when full).

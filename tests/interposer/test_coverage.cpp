@@ -268,3 +268,20 @@ TEST_CASE("NVML reports the cap too, through dlsym and both ABI versions", "[cov
   CHECK(v2.used + v2.free + v2.reserved == v2.total);
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
 }
+
+TEST_CASE("stream-ordered allocation inside a stream capture leaves the capture intact", "[coverage][pools]") {
+  make_context();
+  touch_interposer();
+  CUstream s = nullptr;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAllocAsync(&p, 2 * kMiB, s) == CUDA_SUCCESS);  // a graph allocation node
+  CHECK(used() == 2 * kMiB);
+  REQUIRE(cuMemFreeAsync(p, s) == CUDA_SUCCESS);
+  CUgraph g = nullptr;
+  CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);  // not invalidated by anything we did
+  CHECK(used() == 0);
+  if (g) REQUIRE(cuGraphDestroy(g) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
