@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "real.hpp"
 #include "tracker.hpp"
@@ -21,6 +22,21 @@ namespace {
 /// driver for them is the pools' reserve (Tracker::refresh_pools), not their sum.
 bool pooled(ring::Api api) {
   return api == ring::Api::cuMemAllocAsync || api == ring::Api::cuMemAllocFromPoolAsync;
+}
+
+/// Cap-adjusted (total, free) of a device, as cuMemGetInfo and NVML report them: total is
+/// the cap (or the physical size, if smaller), free is what the cap leaves and never more
+/// than the driver's own free figure, and never underflows when use is over a cap lowered
+/// live. Returns false when the device has no cap (report the driver's figures as they are).
+bool capped_view(ring::DeviceSlot& d, uint64_t real_total, uint64_t real_free, uint64_t* total, uint64_t* free_b) {
+  const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+  if (limit == ring::kNoLimit) return false;
+  const uint64_t cap_total = limit < real_total ? limit : real_total;
+  const uint64_t used = d.used.load(std::memory_order_relaxed);
+  const uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;
+  *total = cap_total;
+  *free_b = real_free < cap_free ? real_free : cap_free;
+  return true;
 }
 
 // A driver entry point we hook but cannot find: behave like a driver that lacks it.
@@ -491,14 +507,11 @@ CUW_EXPORT CUresult hook_cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return r;
   t.refresh_pools(ordinal, nullptr, true, false);  // keep `reserved` current for whoever watches
-  const uint64_t limit = d->limit.load(std::memory_order_relaxed);
-  if (limit == ring::kNoLimit) return r;
-  const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : limit);
-  const uint64_t cap_total = limit < physical ? limit : physical;
-  const uint64_t used = d->used.load(std::memory_order_relaxed);
-  const uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;  // never underflows
-  if (total_bytes) *total_bytes = cap_total;
-  if (free_bytes && *free_bytes > cap_free) *free_bytes = cap_free;
+  const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : ~0ULL);
+  uint64_t total, free_b;
+  if (!capped_view(*d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) return r;
+  if (total_bytes) *total_bytes = total;
+  if (free_bytes) *free_bytes = free_b;
   return r;
 }
 
@@ -574,51 +587,38 @@ ring::DeviceSlot* slot_for_nvml(cuw_nvmlDevice_t dev) {
   return nullptr;
 }
 
-/// Cap-adjusted (total, free): the same figures cuMemGetInfo reports.
-bool capped_view(ring::DeviceSlot& d, uint64_t real_total, uint64_t real_free, uint64_t* total, uint64_t* free_b) {
-  const uint64_t limit = d.limit.load(std::memory_order_relaxed);
-  if (limit == ring::kNoLimit) return false;
-  const uint64_t cap_total = limit < real_total ? limit : real_total;
-  const uint64_t used = d.used.load(std::memory_order_relaxed);
-  const uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;
-  *total = cap_total;
-  *free_b = real_free < cap_free ? real_free : cap_free;
-  return true;
+}  // namespace
+
+namespace {
+
+/// Both NVML memory structs: total/free/used from the capped view; v2's driver-reserved
+/// share is folded into used, so that used + free + reserved == total still holds.
+template <class Memory>
+cuw_nvmlReturn_t nvml_memory(cuw_nvmlReturn_t (*real)(cuw_nvmlDevice_t, Memory*), cuw_nvmlDevice_t device,
+                             Memory* memory) {
+  if (!real) return kNvmlFunctionNotFound;
+  const cuw_nvmlReturn_t r = real(device, memory);
+  if (r != kNvmlSuccess || !memory) return r;
+  if (ring::DeviceSlot* d = slot_for_nvml(device)) {
+    uint64_t total, free_b;
+    if (capped_view(*d, memory->total, memory->free, &total, &free_b)) {
+      memory->total = total;
+      memory->free = free_b;
+      memory->used = total - free_b;
+      if constexpr (std::is_same_v<Memory, cuw_nvmlMemory_v2_t>) memory->reserved = 0;
+    }
+  }
+  return r;
 }
 
 }  // namespace
 
 CUW_EXPORT cuw_nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(cuw_nvmlDevice_t device, cuw_nvmlMemory_t* memory) {
-  auto real = REAL(nvmlDeviceGetMemoryInfo);
-  if (!real) return kNvmlFunctionNotFound;
-  const cuw_nvmlReturn_t r = real(device, memory);
-  if (r != kNvmlSuccess || !memory) return r;
-  if (ring::DeviceSlot* d = slot_for_nvml(device)) {
-    uint64_t total, free_b;
-    if (capped_view(*d, memory->total, memory->free, &total, &free_b)) {
-      memory->total = total;
-      memory->free = free_b;
-      memory->used = total - free_b;
-    }
-  }
-  return r;
+  return nvml_memory(REAL(nvmlDeviceGetMemoryInfo), device, memory);
 }
 
 CUW_EXPORT cuw_nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t* memory) {
-  auto real = REAL(nvmlDeviceGetMemoryInfo_v2);
-  if (!real) return kNvmlFunctionNotFound;
-  const cuw_nvmlReturn_t r = real(device, memory);
-  if (r != kNvmlSuccess || !memory) return r;
-  if (ring::DeviceSlot* d = slot_for_nvml(device)) {
-    uint64_t total, free_b;
-    if (capped_view(*d, memory->total, memory->free, &total, &free_b)) {
-      memory->total = total;
-      memory->free = free_b;
-      memory->reserved = 0;
-      memory->used = total - free_b;
-    }
-  }
-  return r;
+  return nvml_memory(REAL(nvmlDeviceGetMemoryInfo_v2), device, memory);
 }
 
 // ---- process exit ----------------------------------------------------------------------
