@@ -109,7 +109,7 @@ enum class Id : int {
       count_
 };
 
-/// One row of the table as data (for redirection and tests).
+/// One row of the table as data (for dlsym and cuGetProcAddress redirection).
 struct Entry {
   const char* name;     ///< exported symbol of this ABI variant ("cuMemAlloc_v2")
   const char* base;     ///< name cuGetProcAddress is asked for ("cuMemAlloc")
@@ -118,8 +118,5 @@ struct Entry {
   int lib;              ///< 0 libcuda.so.1, 1 libnvidia-ml.so.1
   void* wrapper;        ///< our hook
 };
-
-/// The table, `count` rows. Immutable after load.
-const Entry* entries(int* count) noexcept;
 
 }  // namespace cuw::hook

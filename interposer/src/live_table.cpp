@@ -122,14 +122,4 @@ uint64_t LiveTable::footprint() const noexcept {
   return n;
 }
 
-void LiveTable::clear() noexcept {
-  for (Shard& s : shards_) {
-    s.lock();
-    std::free(s.slots);
-    s.slots = nullptr;
-    s.capacity = s.occupied = s.live = 0;
-    s.unlock();
-  }
-}
-
 }  // namespace cuw::ipc

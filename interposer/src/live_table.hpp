@@ -36,7 +36,6 @@ class LiveTable {
   uint64_t size() const noexcept;
   /// Bytes of slot arrays held.
   uint64_t footprint() const noexcept;
-  void clear() noexcept;
 
  private:
   struct Slot {

@@ -65,11 +65,6 @@ __attribute__((constructor)) void resolve_at_load() { resolve_libc(); }
 
 }  // namespace
 
-const Entry* entries(int* count) noexcept {
-  if (count) *count = kCount;
-  return kEntries;
-}
-
 void* real_dlsym(void* handle, const char* name) noexcept {
   dlsym_fn f = get_real_dlsym();
   return f ? f(handle, name) : nullptr;
@@ -93,8 +88,6 @@ bool resolve_lib(int lib, bool load) noexcept {
   g_resolved[lib].store(true, std::memory_order_release);
   return true;
 }
-
-bool resolve_all(bool load) noexcept { return resolve_lib(0, load); }
 
 void* resolve_one(Id id) noexcept {
   const int i = static_cast<int>(id);

@@ -15,15 +15,13 @@ CUW_HOOKS(CUW_DECLARE_HOOK)
 
 namespace cuw::hook {
 
-/// Real driver pointers, indexed by Id. Filled by resolve_all(); nullptr = not found.
+/// Real driver pointers, indexed by Id. Filled by resolve_lib(); nullptr = not found.
 extern std::atomic<void*> g_real[static_cast<int>(Id::count_)];
 
 /// Slow path: take library `lib`'s handle (0 libcuda.so.1, 1 libnvidia-ml.so.1; loading
 /// it if `load` is true) and resolve every row of the table that belongs to it.
 /// Idempotent and thread-safe. Returns false if the library is not there.
 bool resolve_lib(int lib, bool load) noexcept;
-/// resolve_lib(0, load): the driver.
-bool resolve_all(bool load) noexcept;
 /// Resolve the library of `id` (loading libcuda, never NVML); the real pointer or nullptr.
 void* resolve_one(Id id) noexcept;
 
