@@ -146,7 +146,10 @@ class Segment {
   /// every slot is held by a live process. Lock-free.
   int join(uint32_t pid, uint64_t start_time, uint64_t limit, uint64_t now_realtime_ns) noexcept;
 
-  /// Give the slot back at exit: counters zeroed, then the owner cleared.
+  /// Give the slot back: the owner word is cleared (sums skip the slot from then on; the
+  /// next owner zeroes its counters). Members do not call this at exit, since frees made
+  /// by other threads or destructors after it could land in the slot's next owner's
+  /// counters; an exited member's slot is freed by the next sweep that finds it gone.
   void leave(int slot) noexcept;
 
   /// Reserve `bytes` on GPU `g` for `slot` (see the top of this file). True when reserved.
