@@ -16,6 +16,8 @@ namespace {
 
 constexpr uint32_t kSealBlocks = 64;             ///< an open batch this large is sealed by the free
 constexpr uint64_t kGrowPending = 64ULL << 20;   ///< past this many pending bytes, wait rather than grow
+constexpr uint32_t kSealMinBlocks = 16;          ///< a missing small request seals a batch this large
+constexpr uint64_t kSealMinBytes = 8ULL << 20;   ///< ... or holding this many bytes
 
 /// Driver entry points the cache calls and does not hook, resolved once.
 struct Drv {
@@ -295,7 +297,9 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
   if (!cap_active) {
     bool seal;
     mu_.lock();
-    seal = open_count_ > 0 && (batches_.empty() || open_count_ >= kSealBlocks || cls < 0 ||
+    // One event per stream per seal: amortize it. A small request would rather grow (a slab
+    // serves many) than seal a batch of a few blocks; a large one seals at once.
+    seal = open_count_ > 0 && (open_count_ >= kSealMinBlocks || open_bytes_ >= kSealMinBytes || cls < 0 ||
                                pending_bytes_.load(std::memory_order_relaxed) >= kGrowPending);
     mu_.unlock();
     if (seal) {
@@ -731,10 +735,15 @@ bool cache_resource::remove_stream(CUstream s) {
 
 // ---- the registry ----------------------------------------------------------------------------
 
+namespace {
+// The calling thread's last context and its cache (initial-exec: the library is preloaded,
+// its TLS is static; no __tls_get_addr call).
+thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
+}  // namespace
+
 cache_resource* cache_registry::for_current() noexcept {
-  static thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
-  static thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-  static thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
   static auto get_current = drv().ctx_get_current;
   CUcontext ctx = nullptr;
   if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
@@ -773,7 +782,10 @@ cache_resource* cache_registry::create(CUcontext ctx) noexcept {
 }
 
 CUresult cache_registry::free_block(CUdeviceptr p, uint64_t* requested, int* ordinal) {
-  cache_resource* first = for_current();
+  // The block map answers whatever the current context is: try the thread's last cache
+  // first without asking the driver (a dropped cache finds nothing and is skipped).
+  cache_resource* first = t_cache;
+  if (!first) first = for_current();
   if (first && first->free_block(p, requested) == CUDA_SUCCESS) {
     *ordinal = first->ordinal();
     return CUDA_SUCCESS;
