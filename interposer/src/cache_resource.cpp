@@ -604,7 +604,8 @@ uint64_t cache_resource::release_slow() {
 
 std::size_t cache_resource::do_release() {
   std::lock_guard<std::mutex> g(slow_);
-  if (!capturing()) poll_slow();
+  if (dead_) return 0;
+  wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
   return release_slow();
 }
 
@@ -808,6 +809,14 @@ cache_resource* cache_registry::owner_of(CUdeviceptr p, range* out, bool* live) 
     if (c && c->locate(p, out, live)) return c;
   }
   return nullptr;
+}
+
+uint64_t cache_registry::release_all() {
+  uint64_t total = 0;
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) total += c->release();
+  return total;
 }
 
 void cache_registry::stream_created(CUstream s, unsigned flags) {

@@ -207,6 +207,11 @@ class cache_registry {
   /// The cache whose memory contains `p` (live or not), or nullptr.
   cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
 
+  /// Give back to the driver everything every cache keeps (waiting for pending frees,
+  /// except during a capture); returns the bytes. For a driver allocation that failed with
+  /// CUDA_ERROR_OUT_OF_MEMORY outside the caches (cudaMallocAsync, cuMemCreate, ...).
+  uint64_t release_all();
+
   void stream_created(CUstream s, unsigned flags);
   void stream_destroying(CUstream s);
   /// The context `ctx` (or, with ctx == nullptr, device `ordinal`'s primary context) is

@@ -57,7 +57,10 @@ CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api,
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return call();  // no context, or an ordinal past what we track
   if (!t.charge(*d, ordinal, bytes, api)) return CUDA_ERROR_OUT_OF_MEMORY;
-  const CUresult r = call();
+  CUresult r = call();
+  // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
+  // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && t.cache() && t.cache()->release_all() > 0) r = call();
   if (r != CUDA_SUCCESS) {
     t.uncharge(*d, bytes);
     d->driver_errors.fetch_add(1, std::memory_order_relaxed);

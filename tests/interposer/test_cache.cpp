@@ -388,6 +388,7 @@ TEST_CASE("cache: peer copies between pooled blocks of two devices", "[cache][pe
   CUdeviceptr on1 = 0;
   REQUIRE(cuMemAlloc(&on1, 65536) == CUDA_SUCCESS);
   REQUIRE(cuMemsetD8(on1, 0x5A, 65536) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);  // device 1's memset before device 0's copy
   int ord = -1;
   REQUIRE(cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, on1) == CUDA_SUCCESS);
   CHECK(ord == 1);
@@ -502,4 +503,33 @@ TEST_CASE("cache: a primary context reset takes the cache's memory off the count
   REQUIRE(cuMemAlloc(&r, 4096) == CUDA_SUCCESS);
   REQUIRE(cuMemFree(r) == CUDA_SUCCESS);
   CHECK(d.live_allocations.load() == 0);
+}
+
+TEST_CASE("cache: a driver allocation the cache does not serve gets the cache's memory back when short",
+          "[cache_nocap]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  REQUIRE(d.limit.load() == cuw::ring::kNoLimit);
+  // The cache keeps 640 MiB of the 1 GiB device after the program freed it.
+  std::vector<CUdeviceptr> ps;
+  for (int i = 0; i < 10; ++i) {
+    CUdeviceptr p = 0;
+    REQUIRE(cuMemAlloc(&p, 64 * kMiB) == CUDA_SUCCESS);
+    ps.push_back(p);
+  }
+  for (CUdeviceptr p : ps) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  CHECK(d.cached.load() >= 640 * kMiB);
+  // cuMemGetInfo counts what the cache keeps as free.
+  size_t f = 0, t = 0;
+  REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);
+  CHECK(f >= 900 * kMiB);
+  // A stream-ordered allocation the device can only hold without the cache's bytes.
+  CUstream s = make_stream();
+  CUdeviceptr a = 0;
+  REQUIRE(cuMemAllocAsync(&a, 700 * kMiB, s) == CUDA_SUCCESS);
+  CHECK(d.cached.load() == 0);
+  REQUIRE(cuMemFreeAsync(a, s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
