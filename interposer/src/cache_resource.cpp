@@ -839,7 +839,8 @@ void cache_registry::context_gone(CUcontext ctx, int) {
     cache_resource* c = caches_[i].load(std::memory_order_relaxed);
     if (c && c->context() == ctx) {
       c->forget_all();
-      caches_[i].store(nullptr, std::memory_order_release);  // kept allocated: a racing thread may hold it
+      caches_[i].store(nullptr, std::memory_order_release);
+      dropped_.push_back(c);  // kept allocated (and reachable): a racing thread may hold it
     }
   }
   generation_.fetch_add(1, std::memory_order_acq_rel);

@@ -230,6 +230,7 @@ class cache_registry {
   std::atomic<cache_resource*> caches_[kMax] = {};
   std::atomic<int> count_{0};
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
+  std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
 };
 
 }  // namespace cuw::mr
