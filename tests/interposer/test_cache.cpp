@@ -168,6 +168,7 @@ TEST_CASE("cache: data of every live block is intact after random churn across t
         CUdeviceptr p;
         size_t n;
         unsigned char v;
+        CUstream s;  ///< where its data was written
       };
       std::vector<Live> live;
       auto verify = [&](const Live& l) {
@@ -193,16 +194,16 @@ TEST_CASE("cache: data of every live block is intact after random churn across t
           const unsigned char v = static_cast<unsigned char>(1 + (t * 61 + i) % 200);
           // The owner's data, written by work on one of its streams.
           if (cuMemsetD8Async(p, v, n, s) != CUDA_SUCCESS) ++unexpected;
-          live.push_back({p, n, v});
+          live.push_back({p, n, v, s});
         } else {
           const size_t k = rng() % live.size();
           Live l = live[k];
           live.erase(live.begin() + static_cast<long>(k));
           // Queued work that still writes the block after the free is called (one in four
-          // of them slow): if the block were handed out before it ran, it would overwrite
-          // the next owner's data.
+          // of them slow), after the owner's own write on the same stream: if the block
+          // were handed out before it ran, it would overwrite the next owner's data.
           const unsigned delay = rng() % 4 == 0 ? 2 : 0;
-          if (fakecuda_stream_fill_async(s, l.p, 0xEE, l.n, delay) != CUDA_SUCCESS) ++unexpected;
+          if (fakecuda_stream_fill_async(l.s, l.p, 0xEE, l.n, delay) != CUDA_SUCCESS) ++unexpected;
           if (cuMemFree(l.p) != CUDA_SUCCESS) ++unexpected;
         }
         if (i % 300 == 299) {  // check the live blocks once their own writes are done
