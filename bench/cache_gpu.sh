@@ -16,8 +16,10 @@
 #     (cuMemAlloc_v2/cuMemFree_v2) and the runtime (cudaMalloc/cudaFree), plus
 #     cudaMallocAsync/cudaFreeAsync: bare (native), cuwarden off, cuwarden cache;
 #     PAIR_RUNS (3) runs per mode, interleaved, each PAIR_REPS (5) repetitions of PAIR_REP_MS (40).
-#   2 e2e: cuw_bench_e2e (cudaMalloc x4, kernel, copies, cudaFree x4 per step), bare vs cache
-#     (and off), E2E_RUNS (2) runs of E2E_STEPS (2000) steps; checksums must agree.
+#   2 e2e: cuw_bench_e2e (cudaMalloc x4, device fill, kernel, a 16 KiB slice read back,
+#     cudaFree x4 per step), bare vs cache (and off), E2E_RUNS (2) runs of E2E_STEPS (2000)
+#     steps; checksums must agree. Then the same with --upload (the 4 MiB input copied from
+#     pageable host memory every step, which dominates the step): part e2e_upload.
 #   3 cupy: CuPy with its memory pool disabled (cupy.cuda.set_allocator(None)), a loop of
 #     elementwise ops and a reduction per step, bare vs cache; results must agree.
 # Exit status: 0 when every part was measured and the checksums agree, 1 otherwise.
@@ -114,6 +116,12 @@ for r in $(seq "$E2E_RUNS"); do
   for m in bare off cache; do
     # shellcheck disable=SC2046
     run_json "$RAW/e2e-$m-$r.json" 240 $(mode_env $m) "$E2E" --steps "$E2E_STEPS" && echo "run $r $m: $(cat "$RAW/e2e-$m-$r.json")"
+  done
+done
+for r in $(seq "$E2E_RUNS"); do
+  for m in bare off cache; do
+    # shellcheck disable=SC2046
+    run_json "$RAW/e2e_upload-$m-$r.json" 240 $(mode_env $m) "$E2E" --steps "$E2E_STEPS" --upload && echo "run $r $m --upload: $(cat "$RAW/e2e_upload-$m-$r.json")"
   done
 done
 

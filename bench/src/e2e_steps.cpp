@@ -1,8 +1,13 @@
 // cuwarden bench: an end-to-end program that allocates per step, the kind CUWARDEN_POOL=cache
-// is for (C++ solvers, older research code): every step cudaMalloc's its buffers, runs a
-// kernel, copies a slice of the result back, and cudaFree's the buffers.
+// is for (C++ solvers, older research code): every step cudaMalloc's its buffers, fills its
+// input, runs a kernel, reads a slice of the result back (a loss, a residual), and
+// cudaFree's the buffers.
 //
-//   cuw_bench_e2e [--steps 2000] [--warmup 50] [--elems 1048576]
+//   cuw_bench_e2e [--steps 2000] [--warmup 50] [--elems 1048576] [--upload]
+//
+// --upload fills the input by copying it from pageable host memory every step (4 MiB by
+// default) instead of on the device: that copy then dominates the step, whatever the
+// allocator.
 //
 // The kernel is PTX text JIT-compiled by the driver (cuModuleLoadData), so the program needs
 // no nvcc and runs on any CUDA machine: y[i] = x[i] * 1.0001 + step, then z[i] = y[i] - x[i].
@@ -81,10 +86,15 @@ DONE:
 int main(int argc, char** argv) {
   long steps = 2000, warmup = 50;
   unsigned elems = 1u << 20;
+  bool upload = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--upload") {
+      upload = true;
+      continue;
+    }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: cuw_bench_e2e [--steps N] [--warmup N] [--elems N]\n");
+      std::fprintf(stderr, "usage: cuw_bench_e2e [--steps N] [--warmup N] [--elems N] [--upload]\n");
       return 1;
     }
     const long v = std::atol(argv[++i]);
@@ -127,7 +137,8 @@ int main(int argc, char** argv) {
     RT(cudaMalloc(reinterpret_cast<void**>(&y), bytes));
     RT(cudaMalloc(reinterpret_cast<void**>(&z), bytes));
     RT(cudaMalloc(&scratch, 64 << 10));
-    RT(cudaMemcpyAsync(x, host.data(), bytes, cudaMemcpyHostToDevice, nullptr));
+    if (upload) RT(cudaMemcpyAsync(x, host.data(), bytes, cudaMemcpyHostToDevice, nullptr));
+    else RT(cudaMemsetAsync(x, static_cast<int>(0x3f + (k & 1)), bytes, nullptr));  // floats ~0.75 / 0.76
     RT(cudaMemsetAsync(scratch, static_cast<int>(k & 0xff), 64 << 10, nullptr));
     float s = static_cast<float>(k % 97);
     if (kernel) {
@@ -144,7 +155,7 @@ int main(int argc, char** argv) {
       RT(cudaMemsetAsync(z, static_cast<int>((k + 1) & 0x7f), bytes, nullptr));
     }
     RT(cudaMemcpy(back.data(), y + (k % 16) * kSlice, kSlice * sizeof(float), cudaMemcpyDeviceToHost));
-    RT(cudaMemcpy(back.data() + kSlice, z, kSlice * sizeof(float), cudaMemcpyDeviceToHost));
+    if (upload) RT(cudaMemcpy(back.data() + kSlice, z, kSlice * sizeof(float), cudaMemcpyDeviceToHost));
     RT(cudaFree(scratch));
     RT(cudaFree(z));
     RT(cudaFree(y));
@@ -160,9 +171,9 @@ int main(int argc, char** argv) {
   for (long k = 0; k < steps; ++k) step(k, true);
   RT(cudaDeviceSynchronize());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("{\"program\":\"cuw_bench_e2e\",\"cuwarden\":%d,\"kernel\":%s,\"steps\":%ld,\"elems\":%u,"
+  std::printf("{\"program\":\"cuw_bench_e2e\",\"upload\":%s,\"cuwarden\":%d,\"kernel\":%s,\"steps\":%ld,\"elems\":%u,"
               "\"seconds\":%.4f,\"us_per_step\":%.2f,\"checksum\":\"%016llx\"}\n",
-              cuw::bench::cuwarden_loaded() ? 1 : 0, kernel ? "true" : "false", steps, elems, secs,
+              upload ? "true" : "false", cuw::bench::cuwarden_loaded() ? 1 : 0, kernel ? "true" : "false", steps, elems, secs,
               secs * 1e6 / static_cast<double>(steps), static_cast<unsigned long long>(checksum));
   return 0;
 }
