@@ -14,26 +14,12 @@
 #include <stdexcept>
 
 #include "cuw/paths.hpp"
+#include "detail/registry_process.hpp"
 #include "util.hpp"
 
 namespace cuw::daemon {
 
 using json = nlohmann::ordered_json;  // fields in the documented order
-
-struct Registry::Process {
-  std::string file_name;
-  std::unique_ptr<RingView> ring;
-  uint32_t pid = 0;
-  uint64_t start_time = 0;
-  uint32_t uid = 0;
-  std::string user;
-  bool exited = false;
-  uint64_t exited_ns = 0;     ///< header's clean-exit time, else when the daemon noticed
-  uint64_t exited_mono = 0;   ///< for the linger timer
-  uint64_t events_received = 0;
-  uint64_t events_lost = 0;   ///< slots a dead producer claimed but never published
-  std::deque<StoredEvent> history;
-};
 
 namespace {
 
@@ -262,8 +248,10 @@ Registry::DrainPace Registry::drain_all() {
   bool more = false, busy = false;
   const uint64_t now = now_ns();
   std::vector<std::string> faulted;
-  for (auto& [name, p] : procs_)
+  for (auto& [name, p] : procs_) {
     if (!drain_one(*p, now, &more, &busy)) faulted.push_back(name);
+    else if (policy_ && !p->exited) apply_policy(*p);
+  }
   for (const auto& name : faulted) drop_faulted(name, "faulted while draining events");
   return more ? DrainPace::again : busy ? DrainPace::soon : DrainPace::idle;
 }
@@ -400,6 +388,9 @@ json Registry::state_json() {
   for (auto& proc : processes)
     for (auto& dev : proc["devices"]) dev["gpu_index"] = index_of[dev["uuid"].get<std::string>()];
 
+  json limit_changes = json::array();
+  for (const auto& c : limit_log_) limit_changes.push_back(c);
+
   const uint64_t mono = mono_ns();
   json problems = json::array();
   for (const auto& [name, pr] : problems_) {
@@ -417,6 +408,8 @@ json Registry::state_json() {
       {"gpus", std::move(gpu_list)},
       {"processes", std::move(processes)},
       {"problems", std::move(problems)},
+      {"policy", policy_ ? json(policy_->file) : json(nullptr)},
+      {"limit_changes", limit_changes},
   };
 }
 
@@ -440,6 +433,7 @@ json Registry::events_json(const nlohmann::json& request) const {
     const StoredEvent* ev;
     uint32_t pid;
   };
+  auto no_cap = [](uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); };
   std::vector<Ref> refs;
   for (const auto& [name, p] : procs_) {
     if (has_pid && p->pid != pid) continue;
@@ -471,6 +465,16 @@ json Registry::events_json(const nlohmann::json& request) const {
         {"result", e.result},
         {"aux", e.aux},
     });
+    if (e.api == static_cast<uint16_t>(ring::Api::control)) {
+      // A change the daemon made: who asked, and the cap before and after (null = none).
+      json& j = events.back();
+      const uint32_t by = refs[i].ev->by_uid;
+      j["new_limit"] = no_cap(e.bytes);
+      j["old_limit"] = no_cap(e.aux);
+      j["by"] = by == StoredEvent::kFromPolicy ? json("policy") : json(user_name(by));
+      j["by_uid"] = by == StoredEvent::kFromPolicy ? json(nullptr) : json(by);
+      j["by_pid"] = e.tid;
+    }
   }
   const uint64_t next = end > begin ? refs[end - 1].ev->seq : (has_after ? after : seq_);
   return {{"events", std::move(events)}, {"next", next}, {"latest", seq_}};

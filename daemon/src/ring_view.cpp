@@ -86,6 +86,38 @@ DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, 
   return r;
 }
 
+RingView::SetLimit RingView::set_limit(uint32_t d, uint64_t expected, uint64_t desired, uint64_t* actual) noexcept {
+  if (d >= ring::kMaxDevices) return SetLimit::not_present;
+  if (!writable_) return SetLimit::read_only;
+  SetLimit r = SetLimit::ok;
+  auto body = [&] {
+    ring::DeviceSlot& s = header()->devices[d];
+    // The interposer fills a device (limit included) before it publishes present = 1; a
+    // limit written before that would be overwritten by the process's own.
+    if (s.present.load(std::memory_order_acquire) != 1) {
+      r = SetLimit::not_present;
+      return;
+    }
+    uint64_t e = expected;
+    if (!s.limit.compare_exchange_strong(e, desired, std::memory_order_relaxed)) {
+      *actual = e;
+      r = SetLimit::changed;
+    }
+  };
+  if (!guarded_call(body)) return SetLimit::fault;
+  return r;
+}
+
+uint32_t RingView::present_mask() const noexcept {
+  uint32_t mask = 0;
+  auto body = [&] {
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+      if (header()->devices[d].present.load(std::memory_order_acquire) == 1) mask |= 1u << d;
+  };
+  if (!guarded_call(body)) return 0;
+  return mask;
+}
+
 namespace {
 
 /// Real uid of process `pid` (the "Uid:" line of /proc/<pid>/status), or -1 when the

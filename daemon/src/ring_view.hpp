@@ -61,6 +61,16 @@ class RingView {
   /// mappings drain nothing. See ring::drain for `stuck_skip`.
   DrainResult drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns) noexcept;
 
+  /// Live cap change: replace device `d`'s limit (bytes, ring::kNoLimit = none) with one
+  /// CAS from `expected`, so a concurrent writer is never overwritten unseen.
+  enum class SetLimit { ok, changed, not_present, read_only, fault };
+  /// On `changed`, *actual holds the value found. The interposer reads the new value on
+  /// its next allocation; nothing already allocated is touched.
+  SetLimit set_limit(uint32_t d, uint64_t expected, uint64_t desired, uint64_t* actual) noexcept;
+
+  /// Bit d set when device slot d is present (16 atomic loads). 0 if the mapping faulted.
+  uint32_t present_mask() const noexcept;
+
   bool writable() const noexcept { return writable_; }
   uint32_t slot_count() const noexcept { return slot_count_; }
   uint64_t mapped_bytes() const noexcept { return size_; }

@@ -1,0 +1,318 @@
+// cuwarden daemon: the control plane — live limit changes (set_limit), who may make them,
+// and the policy file applied to every process and job the daemon finds.
+//
+// Rules (the README's "Live limits and policy" says them to users):
+//   - root (peer uid 0, from SO_PEERCRED) may set, raise or remove any cap;
+//   - any other user may only lower caps, of their own processes (the ring file's owner,
+//     checked at discovery to be the process's real uid) and jobs (the job file's owner),
+//     and not above what the policy allows them;
+//   - every change and every refusal is logged with who asked (uid, user name, pid), what,
+//     and the cap before and after; changes to a process are also recorded in its event
+//     history (Api::control), and the last kLimitLog outcomes are in the state JSON.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "cuw/size.hpp"
+#include "detail/registry_process.hpp"
+#include "registry.hpp"
+#include "util.hpp"
+
+namespace cuw::daemon {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr std::size_t kLimitLog = 256;
+
+std::string cap_text(uint64_t v) { return v == ring::kNoLimit ? "none" : format_bytes(v); }
+json cap_json(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
+
+/// What a request asks for: bytes, a share of each device, or no cap.
+struct Ask {
+  bool remove = false;
+  bool share = false;
+  double fraction = 0;
+  uint64_t bytes = 0;
+  uint64_t resolve(uint64_t physical_total) const {
+    if (remove) return ring::kNoLimit;
+    if (!share) return bytes;
+    SizeSpec s;
+    s.percent = true;
+    s.share = fraction;
+    return s.resolve(physical_total);
+  }
+  std::string str() const {
+    if (remove) return "none";
+    if (share) return fmt::format("{:g}%", fraction * 100);
+    return format_bytes(bytes);
+  }
+};
+
+Ask parse_ask(const nlohmann::json& req) {
+  Ask a;
+  const bool has_bytes = req.contains("bytes"), has_share = req.contains("share");
+  if (has_bytes == has_share) throw std::invalid_argument("give exactly one of \"bytes\" (a number, or null for no cap) and \"share\"");
+  if (has_bytes) {
+    const auto& b = req["bytes"];
+    if (b.is_null()) a.remove = true;
+    else if (b.is_number_unsigned()) a.bytes = b.get<uint64_t>();
+    else if (b.is_number_integer() && b.get<int64_t>() >= 0) a.bytes = static_cast<uint64_t>(b.get<int64_t>());
+    else throw std::invalid_argument("\"bytes\" must be a non-negative integer or null");
+    if (!a.remove && a.bytes == ring::kNoLimit) a.remove = true;  // the wire value of "none"
+  } else {
+    const auto& s = req["share"];
+    if (!s.is_number() || !std::isfinite(s.get<double>()) || s.get<double>() <= 0 || s.get<double>() > 1)
+      throw std::invalid_argument("\"share\" must be a number in (0, 1]");
+    a.share = true;
+    a.fraction = s.get<double>();
+  }
+  return a;
+}
+
+std::string who_text(const Peer& peer) {
+  if (!peer.known) return "an unidentified client";
+  return fmt::format("uid {} ({}) pid {}", peer.uid, user_name(peer.uid), peer.pid);
+}
+
+}  // namespace
+
+void Registry::set_policy(std::shared_ptr<const Policy> policy) {
+  policy_ = policy && !policy->empty() ? std::move(policy) : nullptr;
+  for (auto& [name, p] : procs_) {
+    p->policy_done = 0;
+    p->policy_warned = false;
+  }
+  for (auto& [name, p] : procs_)
+    if (policy_ && !p->exited) apply_policy(*p);
+}
+
+// A process gets the lower of its own cap and the policy's max; one with no cap gets the
+// policy's default. Applied once per device when the device appears (the interposer
+// writes its own cap before publishing the device), and again after a reload.
+void Registry::apply_policy(Process& p) {
+  if (!policy_ || p.exited) return;
+  const uint32_t present = p.ring->present_mask();
+  if ((present & ~p.policy_done) == 0) return;
+  if (!p.ring->writable()) {
+    if (!p.policy_warned)
+      spdlog::warn("policy: cannot apply to pid {} (uid {}): its ring is read-only to the daemon (uid {})", p.pid, p.uid,
+                   geteuid());
+    p.policy_warned = true;
+    p.policy_done |= present;
+    return;
+  }
+  Snapshot s;
+  if (!p.ring->snapshot(s)) return;
+  const EffectivePolicy& eff = policy_->for_user(p.uid);
+  for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+    if (!(present & (1u << d)) || (p.policy_done & (1u << d))) continue;
+    const DeviceSnapshot& ds = s.devices[d];
+    const uint64_t cur = ds.limit;
+    uint64_t target = cur;
+    if (cur == ring::kNoLimit && eff.limit) target = eff.limit->resolve(ds.physical_total);
+    if (eff.max_limit) target = std::min(target, eff.max_limit->resolve(ds.physical_total));
+    if (target != cur) {
+      uint64_t actual = 0;
+      const auto r = p.ring->set_limit(d, cur, target, &actual);
+      if (r == RingView::SetLimit::changed) continue;  // re-read on the next tick
+      if (r != RingView::SetLimit::ok) {
+        p.policy_done |= 1u << d;
+        continue;
+      }
+      spdlog::info("policy: pid {} ({}) device {}: cap {} -> {} ({})", p.pid, p.user, d, cap_text(cur),
+                   cap_text(target), eff.source);
+      record_change(&p, static_cast<int>(d), cur, target, ds.used, StoredEvent::kFromPolicy, 0);
+      log_limit({{"time_ns", now_ns()},
+                 {"by", "policy"},
+                 {"by_uid", nullptr},
+                 {"by_pid", nullptr},
+                 {"target", fmt::format("pid {}", p.pid)},
+                 {"pid", p.pid},
+                 {"device", d},
+                 {"old_limit", cap_json(cur)},
+                 {"new_limit", cap_json(target)},
+                 {"outcome", "changed"},
+                 {"reason", eff.source}});
+    }
+    p.policy_done |= 1u << d;
+  }
+}
+
+Registry::Process* Registry::find_running(uint32_t pid) {
+  for (auto& [name, p] : procs_)
+    if (p->pid == pid && !p->exited) {
+      check_exit(*p, mono_ns());
+      if (!p->exited) return p.get();
+    }
+  return nullptr;
+}
+
+void Registry::record_change(Process* p, int device, uint64_t old_limit, uint64_t new_limit, uint64_t used,
+                             uint32_t by_uid, int32_t by_pid) {
+  if (!p) return;
+  StoredEvent ev;
+  ev.seq = ++seq_;
+  ev.by_uid = by_uid;
+  ev.e.time_ns = now_ns();
+  ev.e.kind = static_cast<uint8_t>(ring::EventKind::limit_change);
+  ev.e.api = static_cast<uint16_t>(ring::Api::control);
+  ev.e.device = static_cast<int8_t>(device);
+  ev.e.bytes = new_limit;
+  ev.e.aux = old_limit;
+  ev.e.used_after = used;
+  ev.e.tid = static_cast<uint32_t>(by_pid);
+  p->history.push_back(ev);
+  if (p->history.size() > opt_.history_per_process) p->history.pop_front();
+}
+
+void Registry::log_limit(json entry) {
+  limit_log_.push_back(std::move(entry));
+  while (limit_log_.size() > kLimitLog) limit_log_.pop_front();
+}
+
+json Registry::set_limit(const Peer& peer, const nlohmann::json& req) {
+  if (!req.is_object()) throw std::invalid_argument("request body must be a JSON object");
+  const std::string who = who_text(peer);
+  const bool has_pid = req.contains("pid"), has_job = req.contains("job");
+  if (has_pid == has_job) throw std::invalid_argument("give exactly one of \"pid\" and \"job\"");
+  if (has_pid) return set_process_limit(peer, who, req);
+  return set_job_limit(peer, who, req);
+}
+
+json Registry::set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req) {
+  const auto& jp = req["pid"];
+  if (!jp.is_number_unsigned() || jp.get<uint64_t>() == 0 || jp.get<uint64_t>() > 0x7fffffff)
+    throw std::invalid_argument("\"pid\" must be a process id");
+  const auto pid = static_cast<uint32_t>(jp.get<uint64_t>());
+  if (req.contains("user")) throw std::invalid_argument("\"user\" goes with \"job\" only");
+  int device = -1;
+  if (req.contains("device") && !req["device"].is_null()) {
+    const auto& jd = req["device"];
+    if (!jd.is_number_integer() || jd.get<int64_t>() < 0 || jd.get<int64_t>() >= ring::kMaxDevices)
+      throw std::invalid_argument(fmt::format("\"device\" must be a CUDA ordinal 0..{}", ring::kMaxDevices - 1));
+    device = static_cast<int>(jd.get<int64_t>());
+  }
+  const Ask ask = parse_ask(req);
+  const std::string target = fmt::format("pid {}", pid);
+  json entry = {{"time_ns", now_ns()},
+                {"by", peer.known ? json(user_name(peer.uid)) : json(nullptr)},
+                {"by_uid", peer.known ? json(peer.uid) : json(nullptr)},
+                {"by_pid", peer.known ? json(peer.pid) : json(nullptr)},
+                {"target", target},
+                {"pid", pid},
+                {"device", device >= 0 ? json(device) : json(nullptr)},
+                {"asked", ask.str()}};
+  auto refuse = [&](const std::string& why) -> Refused {
+    spdlog::warn("limit refused: {} asked {} {}-> {}: {}", who, target, device >= 0 ? fmt::format("device {} ", device) : "",
+                 ask.str(), why);
+    entry["outcome"] = "refused";
+    entry["reason"] = why;
+    log_limit(entry);
+    return Refused(why);
+  };
+  auto fail = [&](const std::string& why) -> std::runtime_error {
+    spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    entry["outcome"] = "failed";
+    entry["reason"] = why;
+    log_limit(entry);
+    return std::runtime_error(why);
+  };
+
+  Process* p = find_running(pid);
+  if (!p) {
+    scan();  // a process that started a moment ago may not have been discovered yet
+    p = find_running(pid);
+  }
+  if (!p) throw fail(fmt::format("no running process with pid {} under cuwarden (it has no ring in {})", pid, opt_.run_dir));
+  if (!peer.root() && (!peer.known || peer.uid != p->uid))
+    throw refuse(fmt::format("pid {} belongs to uid {} ({}); only root or its owner may change its cap", pid, p->uid,
+                             p->user));
+
+  Snapshot s;
+  if (!p->ring->snapshot(s)) throw fail(fmt::format("pid {}'s ring could not be read", pid));
+  std::vector<uint32_t> devices;
+  std::string present_list;
+  for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+    if (s.devices[d].present) {
+      present_list += (present_list.empty() ? "" : ", ") + std::to_string(d);
+      if (device < 0 || static_cast<uint32_t>(device) == d) devices.push_back(d);
+    }
+  if (devices.empty()) {
+    if (device >= 0)
+      throw fail(fmt::format("pid {} has not used device {} yet (devices in use: {})", pid, device,
+                             present_list.empty() ? "none" : present_list));
+    throw fail(fmt::format("pid {} has not used a GPU yet: there is no cap to change until it does", pid));
+  }
+  const EffectivePolicy* eff = policy_ ? &policy_->for_user(p->uid) : nullptr;
+
+  // Check every device before changing any: a request is applied whole or not at all.
+  auto check = [&](uint32_t d, uint64_t cur, uint64_t desired) {
+    if (peer.root()) return;
+    if (desired == ring::kNoLimit) throw refuse(fmt::format("only root may remove a cap (device {}: current {})", d, cap_text(cur)));
+    if (desired > cur)
+      throw refuse(fmt::format("only root may raise a cap (device {}: current {}, asked {})", d, cap_text(cur),
+                               cap_text(desired)));
+    if (eff && eff->max_limit) {
+      const uint64_t m = eff->max_limit->resolve(s.devices[d].physical_total);
+      if (desired > m)
+        throw refuse(fmt::format("the policy allows uid {} at most {} on device {} ({})", p->uid, cap_text(m), d,
+                                 eff->source));
+    }
+  };
+  for (uint32_t d : devices) check(d, s.devices[d].limit, ask.resolve(s.devices[d].physical_total));
+  if (!p->ring->writable())
+    throw fail(fmt::format("the daemon (uid {}) can only read pid {}'s ring (uid {}): run cuwardend as root to change "
+                           "other users' caps",
+                           geteuid(), pid, p->uid));
+
+  json changes = json::array();
+  for (uint32_t d : devices) {
+    const DeviceSnapshot& ds = s.devices[d];
+    uint64_t cur = ds.limit;
+    const uint64_t desired = ask.resolve(ds.physical_total);
+    RingView::SetLimit r = RingView::SetLimit::changed;
+    for (int attempt = 0; attempt < 4 && r == RingView::SetLimit::changed; ++attempt) {
+      uint64_t actual = cur;
+      r = p->ring->set_limit(d, cur, desired, &actual);
+      if (r == RingView::SetLimit::changed) {
+        cur = actual;
+        check(d, cur, desired);  // someone else changed it meanwhile: judge against the new value
+      }
+    }
+    if (r != RingView::SetLimit::ok)
+      throw fail(fmt::format("could not write pid {}'s cap on device {} ({})", pid, d,
+                             r == RingView::SetLimit::fault ? "its ring faulted" : "it kept changing"));
+    spdlog::info("limit: {} set pid {} ({}, uid {}) device {}: {} -> {}{}", who, pid,
+                 field_text(s.comm, sizeof s.comm), p->uid, d, cap_text(cur), cap_text(desired),
+                 desired < ds.used ? fmt::format(" (below its use, {})", format_bytes(ds.used)) : "");
+    record_change(p, static_cast<int>(d), cur, desired, ds.used, peer.known ? peer.uid : StoredEvent::kFromProcess,
+                  peer.pid);
+    json e = entry;
+    e["device"] = d;
+    e["old_limit"] = cap_json(cur);
+    e["new_limit"] = cap_json(desired);
+    e["outcome"] = "changed";
+    log_limit(e);
+    changes.push_back({{"device", d},
+                       {"uuid", format_uuid(ds.uuid)},
+                       {"old_limit", cap_json(cur)},
+                       {"new_limit", cap_json(desired)},
+                       {"used_bytes", ds.used}});
+  }
+  return {{"target", "pid"},
+          {"pid", pid},
+          {"process_name", field_text(s.comm, sizeof s.comm)},
+          {"uid", p->uid},
+          {"user", p->user},
+          {"changes", std::move(changes)}};
+}
+
+json Registry::set_job_limit(const Peer&, const std::string&, const nlohmann::json&) {
+  throw std::runtime_error("job caps: not available yet");
+}
+
+}  // namespace cuw::daemon
