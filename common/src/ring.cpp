@@ -16,7 +16,7 @@ constexpr const char* kApiNames[] = {
 static_assert(sizeof(kApiNames) / sizeof(kApiNames[0]) == static_cast<size_t>(Api::count_));
 
 constexpr const char* kKindNames[] = {"unknown", "alloc", "free", "refuse", "driver_error",
-                                      "limit_change", "host_alloc", "host_free"};
+                                      "limit_change", "host_alloc", "host_free", "job_refuse"};
 
 constexpr bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 }  // namespace

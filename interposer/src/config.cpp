@@ -1,6 +1,8 @@
 // cuwarden interposer: parsing of CUWARDEN_* variables (see config.hpp).
 #include "config.hpp"
 
+#include "cuw/job.hpp"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -29,13 +31,20 @@ Config load_config() {
     else c.errors.push_back(quoted("CUWARDEN_LIMIT", v) + ": " + why);
   }
   if (const char* v = env("CUWARDEN_JOB")) {
-    c.job = v;
-    if (c.job.size() > 63) c.errors.push_back(quoted("CUWARDEN_JOB", v) + ": longer than 63 bytes");
+    std::string why;
+    if (job::valid_job_name(v, &why)) c.job = v;
+    else c.errors.push_back(quoted("CUWARDEN_JOB", v) + ": " + why);
   }
   if (const char* v = env("CUWARDEN_JOB_LIMIT")) {
     std::string why;
-    if (!parse_size(v, true, &why)) c.errors.push_back(quoted("CUWARDEN_JOB_LIMIT", v) + ": " + why);
-    else c.errors.push_back(quoted("CUWARDEN_JOB_LIMIT", v) + ": job caps are not available in this build yet");
+    if (auto spec = parse_size(v, false, &why)) {
+      c.job_limit = spec->bytes;
+      if (!env("CUWARDEN_JOB"))
+        c.errors.push_back(quoted("CUWARDEN_JOB_LIMIT", v) + ": needs CUWARDEN_JOB (the job it caps)");
+    } else {
+      if (std::strchr(v, '%')) why = "job caps take a size (bytes, K/M/G/T), not a share of a device";
+      c.errors.push_back(quoted("CUWARDEN_JOB_LIMIT", v) + ": " + why);
+    }
   }
   if (const char* v = env("CUWARDEN_POOL")) {
     if (!std::strcmp(v, "off")) c.pool = "off";

@@ -29,7 +29,8 @@ inline constexpr int kExitConfig = 78;
 /// The parsed configuration. Immutable once built.
 struct Config {
   LimitSpec limit;               ///< empty = uncapped
-  std::string job;
+  std::string job;               ///< CUWARDEN_JOB, validated (empty = no job)
+  uint64_t job_limit = ~0ULL;    ///< CUWARDEN_JOB_LIMIT in bytes per GPU; ~0 = none asked
   bool meminfo_physical = false; ///< CUWARDEN_MEMINFO=physical
   bool fail_open = false;        ///< CUWARDEN_ON_ERROR=open
   int log_level = 3;             ///< 0 trace .. 5 error, 6 off

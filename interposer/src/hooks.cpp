@@ -27,13 +27,23 @@ bool pooled(ring::Api api) {
 /// Cap-adjusted (total, free) of a device, as cuMemGetInfo and NVML report them: total is
 /// the cap (or the physical size, if smaller), free is what the cap leaves and never more
 /// than the driver's own free figure, and never underflows when use is over a cap lowered
-/// live. Returns false when the device has no cap (report the driver's figures as they are).
-bool capped_view(ring::DeviceSlot& d, uint64_t real_total, uint64_t real_free, uint64_t* total, uint64_t* free_b) {
+/// live. In a job with a cap, the job's cap and what its members hold bound both as well.
+/// Returns false when neither the process nor its job has a cap (report the driver's
+/// figures as they are).
+bool capped_view(const Tracker& t, ring::DeviceSlot& d, uint64_t real_total, uint64_t real_free, uint64_t* total,
+                 uint64_t* free_b) {
   const uint64_t limit = d.limit.load(std::memory_order_relaxed);
-  if (limit == ring::kNoLimit) return false;
-  const uint64_t cap_total = limit < real_total ? limit : real_total;
+  uint64_t job_cap = ring::kNoLimit, job_used = 0;
+  const bool in_job = t.job_view(d.ordinal, &job_cap, &job_used);
+  if (limit == ring::kNoLimit && !in_job) return false;
+  uint64_t cap_total = limit < real_total ? limit : real_total;
   const uint64_t used = d.used.load(std::memory_order_relaxed);
-  const uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;
+  uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;
+  if (in_job) {
+    if (job_cap < cap_total) cap_total = job_cap;
+    const uint64_t job_free = job_used >= job_cap ? 0 : job_cap - job_used;
+    if (job_free < cap_free) cap_free = job_free;
+  }
   *total = cap_total;
   *free_b = real_free < cap_free ? real_free : cap_free;
   return true;
@@ -509,7 +519,7 @@ CUW_EXPORT CUresult hook_cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   t.refresh_pools(ordinal, nullptr, true, false);  // keep `reserved` current for whoever watches
   const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : ~0ULL);
   uint64_t total, free_b;
-  if (!capped_view(*d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) return r;
+  if (!capped_view(t, *d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) return r;
   if (total_bytes) *total_bytes = total;
   if (free_bytes) *free_bytes = free_b;
   return r;
@@ -527,6 +537,8 @@ CUW_EXPORT CUresult hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   if (!d) return r;
   const uint64_t limit = d->limit.load(std::memory_order_relaxed);
   if (limit != ring::kNoLimit && limit < *bytes) *bytes = limit;
+  uint64_t job_cap = 0, job_used = 0;
+  if (t.job_view(dev, &job_cap, &job_used) && job_cap < *bytes) *bytes = job_cap;
   return r;
 }
 
@@ -601,7 +613,7 @@ cuw_nvmlReturn_t nvml_memory(cuw_nvmlReturn_t (*real)(cuw_nvmlDevice_t, Memory*)
   if (r != kNvmlSuccess || !memory) return r;
   if (ring::DeviceSlot* d = slot_for_nvml(device)) {
     uint64_t total, free_b;
-    if (capped_view(*d, memory->total, memory->free, &total, &free_b)) {
+    if (capped_view(*Tracker::instance_if_created(), *d, memory->total, memory->free, &total, &free_b)) {
       memory->total = total;
       memory->free = free_b;
       memory->used = total - free_b;

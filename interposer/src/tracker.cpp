@@ -95,7 +95,9 @@ Tracker& Tracker::get() {
 Tracker* Tracker::instance_if_created() noexcept { return g_tracker.load(std::memory_order_acquire); }
 
 Tracker::Tracker() : config_(load_config()) {
+  for (int& g : job_gpu_) g = -1;
   log::init(config_.log_level, config_.log_file);
+  if (!config_.job.empty() && config_.errors.empty()) join_job();
   if (!config_.errors.empty()) {
     for (const std::string& e : config_.errors) {
       if (config_.fail_open)
@@ -110,6 +112,7 @@ Tracker::Tracker() : config_(load_config()) {
       _exit(kExitConfig);
     }
     config_.limit = LimitSpec{};
+    job_slot_ = -1;
   }
   create_ring();
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
@@ -174,6 +177,33 @@ void Tracker::create_ring() {
   ring::init(*header_, slots_, slot_count_);  // publishes the magic last
 }
 
+void Tracker::join_job() {
+  const std::string dir = paths::run_dir();
+  for (size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1))
+    ::mkdir(dir.substr(0, slash).c_str(), 0755);
+  if (::mkdir(dir.c_str(), 01777) == 0) ::chmod(dir.c_str(), 01777);
+  std::string error;
+  job_ = job::Segment::open(dir, static_cast<uint32_t>(geteuid()), config_.job, true, &error);
+  if (!job_) {
+    config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': cannot use the job segment: " + error);
+    return;
+  }
+  const uint32_t pid = static_cast<uint32_t>(getpid());
+  job_slot_ = job_->join(pid, paths::process_start_time(pid), config_.job_limit, realtime_ns());
+  if (job_slot_ < 0)
+    config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': the job already has " +
+                             std::to_string(job::kMaxMembers) + " live members");
+}
+
+bool Tracker::job_view(int ordinal, uint64_t* cap, uint64_t* used) const noexcept {
+  const int g = job_gpu(ordinal);
+  if (g < 0) return false;
+  *cap = job_->cap();
+  if (*cap == job::kNoLimit) return false;
+  *used = job_->used(g);
+  return true;
+}
+
 void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
   using uuid_fn = CUresult (*)(CUuuid*, CUdevice);
   using name_fn = CUresult (*)(char*, int, CUdevice);
@@ -195,6 +225,12 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
       limit = spec->resolve(d.physical_total);
   }
   d.limit.store(limit, std::memory_order_relaxed);
+  if (job_slot_ >= 0) {
+    job_gpu_[ordinal] = job_->gpu_index(d.uuid, d.physical_total);
+    if (job_gpu_[ordinal] < 0)
+      log::warn("cuwarden: job %s uses more than %u GPUs; device %d is not counted in the job", config_.job.c_str(),
+                job::kMaxGpus, ordinal);
+  }
   uint32_t count = header_->device_count.load(std::memory_order_relaxed);
   if (static_cast<uint32_t>(ordinal) + 1 > count)
     header_->device_count.store(static_cast<uint32_t>(ordinal) + 1, std::memory_order_relaxed);
@@ -230,6 +266,15 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
     }
     next = used + bytes;
   } while (!d.used.compare_exchange_weak(used, next, std::memory_order_relaxed));
+  if (const int g = job_gpu(ordinal); g >= 0) {
+    uint64_t job_cap = 0, job_used = 0;
+    if (!job_->charge(job_slot_, g, bytes, &job_cap, &job_used)) {
+      d.used.fetch_sub(bytes, std::memory_order_relaxed);
+      d.refusals.fetch_add(1, std::memory_order_relaxed);
+      emit(ring::EventKind::job_refuse, api, ordinal, 0, bytes, job_cap, CUDA_ERROR_OUT_OF_MEMORY, job_used);
+      return false;
+    }
+  }
   uint64_t peak = d.peak.load(std::memory_order_relaxed);
   while (peak < next && !d.peak.compare_exchange_weak(peak, next, std::memory_order_relaxed)) {
   }
@@ -237,6 +282,7 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
 }
 
 void Tracker::force_charge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
+  if (const int g = job_gpu(d.ordinal); g >= 0) job_->force_charge(job_slot_, g, bytes);
   uint64_t next = d.used.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   uint64_t peak = d.peak.load(std::memory_order_relaxed);
   while (peak < next && !d.peak.compare_exchange_weak(peak, next, std::memory_order_relaxed)) {
@@ -244,6 +290,7 @@ void Tracker::force_charge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
 }
 
 void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
+  if (const int g = job_gpu(d.ordinal); g >= 0) job_->uncharge(job_slot_, g, bytes);
   d.used.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
@@ -316,7 +363,7 @@ void Tracker::pooled_free(int ordinal, uint64_t bytes) noexcept {
 }
 
 void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
-                   uint32_t result) noexcept {
+                   uint32_t result, uint64_t used_after) noexcept {
   ring::Event e;
   e.time_ns = realtime_ns();
   e.address = address;
@@ -326,7 +373,9 @@ void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t ad
   e.api = static_cast<uint16_t>(api);
   e.kind = static_cast<uint8_t>(kind);
   e.device = static_cast<int8_t>(ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? ordinal : -1);
-  e.used_after = e.device >= 0 ? header_->devices[e.device].used.load(std::memory_order_relaxed) : 0;
+  e.used_after = used_after != kUsedNow ? used_after
+                 : e.device >= 0 ? header_->devices[e.device].used.load(std::memory_order_relaxed)
+                                 : 0;
   e.result = result;
   ring::push(*header_, slots_, slot_count_, e);
 }

@@ -13,6 +13,7 @@
 
 #include "config.hpp"
 #include "live_table.hpp"
+#include "cuw/job.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::ipc {
@@ -34,10 +35,13 @@ class Tracker {
   /// Ordinal of the calling thread's current context, or -1 (no context / driver error).
   int current_device();
 
-  /// Try to count `bytes` against `dev`'s cap. Exact under any number of threads: a CAS
-  /// loop that never lets `used` pass `limit` and never refuses because of another
-  /// allocation's failed attempt. Updates `peak`. Returns false when over the cap (the
-  /// refusal is counted and an event emitted). Cost: one load, one CAS, one peak check.
+  /// Try to count `bytes` against `dev`'s cap and, in a job, the job's cap on that GPU.
+  /// Exact under any number of threads and processes: a CAS loop that never lets `used`
+  /// pass `limit` and never refuses because of another allocation's failed attempt, then
+  /// the job segment's reserve-then-validate (cuw/job.hpp). Updates `peak`. Returns false
+  /// when over either cap (the refusal is counted and a refuse / job_refuse event
+  /// emitted). Cost: one load, one CAS, one peak check; in a job also one locked add and
+  /// a read of each member's slot.
   bool charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api);
 
   /// Count bytes that are already allocated, cap or not (a pitch larger than estimated).
@@ -45,6 +49,10 @@ class Tracker {
 
   /// Give back bytes counted by charge() (a failed driver call, or a free).
   void uncharge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+
+  /// The job's cap on `ordinal`'s GPU and what all members hold there (bytes). False when
+  /// the process is in no job, or the job has no cap. Lock-free.
+  bool job_view(int ordinal, uint64_t* cap, uint64_t* used) const noexcept;
 
   /// Stream-ordered pools: remember `pool` (nullptr = the device's default pool) as one
   /// that holds memory for `ordinal`, and refresh the device's `reserved` figure from the
@@ -63,9 +71,11 @@ class Tracker {
   void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t bytes) noexcept;
   void pooled_free(int ordinal, uint64_t bytes) noexcept;
 
-  /// Emit an event into the ring; never blocks (drops and counts when full).
+  /// Emit an event into the ring; never blocks (drops and counts when full). `used_after`
+  /// defaults to the device's `used` right now.
+  static constexpr uint64_t kUsedNow = ~0ULL;
   void emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
-            uint32_t result) noexcept;
+            uint32_t result, uint64_t used_after = kUsedNow) noexcept;
 
   LiveTable& pointers() noexcept { return pointers_; }
   LiveTable& handles() noexcept { return handles_; }  ///< VMM handles, arrays
@@ -83,6 +93,11 @@ class Tracker {
   /// True when a daemon accepts connections on the run directory's socket (never blocks).
   bool daemon_listening() const noexcept;
   void fill_device(int ordinal, ring::DeviceSlot& d);
+  /// Join CUWARDEN_JOB's segment (constructor). Failure is a configuration error.
+  void join_job();
+  int job_gpu(int ordinal) const noexcept {
+    return job_slot_ >= 0 && ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? job_gpu_[ordinal] : -1;
+  }
 
   Config config_;
   ring::RingHeader* header_ = nullptr;
@@ -101,6 +116,12 @@ class Tracker {
     std::mutex mu;                           ///< serialises refreshes (never on the alloc path)
   };
   PoolSet pools_[ring::kMaxDevices];
+  /// The job (CUWARDEN_JOB): segment, our slot (-1: no job), the job's GPU index of each
+  /// ordinal (-1: not counted, e.g. the job's GPU table is full). Set before the device
+  /// slot's `present` is published, read after it.
+  job::Segment* job_ = nullptr;
+  int job_slot_ = -1;
+  int job_gpu_[ring::kMaxDevices];
   LiveTable pointers_;
   LiveTable handles_;
   LiveTable host_;

@@ -73,7 +73,7 @@ struct alignas(64) Member {
   std::atomic<uint64_t> limit;
   std::atomic<uint64_t> requested;  ///< the member's own CUWARDEN_JOB_LIMIT, bytes (kNoLimit: none)
   std::atomic<uint64_t> joined_ns;  ///< CLOCK_REALTIME when it joined
-  std::atomic<uint64_t> checked_ns; ///< CLOCK_MONOTONIC of the last liveness check that found it alive
+  std::atomic<uint64_t> checked_ns; ///< CLOCK_MONOTONIC_COARSE of the last liveness check that found it alive
   std::atomic<uint64_t> refusals;   ///< allocations refused because the job was full
   uint64_t reserved_words[2];
   std::atomic<uint64_t> charged[kMaxGpus];  ///< bytes held per GPU index, written by the owner only
@@ -85,7 +85,7 @@ struct Header {
   std::atomic<uint64_t> magic;        ///< 0 (fresh file) or kMagic
   std::atomic<uint32_t> high_water;   ///< slots [0, high_water) may be occupied
   uint32_t pad;
-  std::atomic<uint64_t> last_sweep_ns;  ///< CLOCK_MONOTONIC of the last liveness sweep
+  std::atomic<uint64_t> last_sweep_ns;  ///< CLOCK_MONOTONIC_COARSE of the last liveness sweep
   uint64_t reserved_words[13];
   GpuEntry gpus[kMaxGpus];
 };

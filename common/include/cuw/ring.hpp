@@ -49,6 +49,8 @@ enum class EventKind : uint8_t {
   limit_change = 5, ///< the cap of a device changed (bytes = new limit, kNoLimit = none)
   host_alloc = 6,   ///< host (pinned) memory: tracked, not capped
   host_free = 7,
+  job_refuse = 8,   ///< refused because the job's cap (CUWARDEN_JOB_LIMIT) is reached; aux = the
+                    ///< job's cap, used_after = what the job's other members held (bytes)
 };
 
 /// Which driver entry point produced an event. Stored as uint16_t in EventSlot::api.
