@@ -13,7 +13,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "cuw/size.hpp"
 #include "detail/registry_process.hpp"
@@ -86,6 +88,7 @@ void Registry::set_policy(std::shared_ptr<const Policy> policy) {
     p->policy_done = 0;
     p->policy_warned = false;
   }
+  jobs_.reset_policy();  // applied to job members at the next scan
   for (auto& [name, p] : procs_)
     if (policy_ && !p->exited) apply_policy(*p);
 }
@@ -311,8 +314,183 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
           {"changes", std::move(changes)}};
 }
 
-json Registry::set_job_limit(const Peer&, const std::string&, const nlohmann::json&) {
-  throw std::runtime_error("job caps: not available yet");
+json Registry::jobs_json(const std::map<std::string, int>& gpu_index_of) {
+  json out = json::array();
+  for (auto& [file, j] : jobs_.jobs()) {
+    JobTable::View v;
+    if (!jobs_.view(j, &v) || v.members.empty()) continue;  // a job with no members holds nothing
+    // What the members asked for (CUWARDEN_JOB_LIMIT), most common first; the job's cap is
+    // the lowest member limit, which `cuwarden` shows next to the disagreement.
+    std::map<uint64_t, unsigned> asked;
+    for (const auto& m : v.members) ++asked[m.requested];
+    std::vector<std::pair<uint64_t, unsigned>> asked_sorted(asked.begin(), asked.end());
+    std::stable_sort(asked_sorted.begin(), asked_sorted.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    json requested = json::array();
+    for (const auto& [bytes, n] : asked_sorted) requested.push_back({{"bytes", cap_json(bytes)}, {"members", n}});
+    json gpus = json::array();
+    uint64_t refusals = 0;
+    for (std::size_t i = 0; i < v.gpus.size(); ++i) {
+      const auto& g = v.gpus[i];
+      uint8_t uuid[16];
+      std::memcpy(uuid, g.uuid, sizeof uuid);
+      const std::string u = format_uuid(uuid);
+      auto it = gpu_index_of.find(u);
+      gpus.push_back({{"job_gpu", g.index},
+                      {"uuid", u},
+                      {"gpu_index", it != gpu_index_of.end() ? json(it->second) : json(nullptr)},
+                      {"memory_total_bytes", g.physical_total},
+                      {"used_bytes", v.used[i]},
+                      {"limit_bytes", cap_json(v.cap)}});
+    }
+    json members = json::array();
+    for (const auto& m : v.members) {
+      refusals += m.refusals;
+      std::string pname;
+      for (auto& [rn, p] : procs_)
+        if (p->pid == m.pid && (p->start_time & 0x7fffffffULL) == job::owner_start_low(m.owner)) {
+          Snapshot s;
+          if (p->ring->snapshot(s)) pname = field_text(s.comm, sizeof s.comm);
+        }
+      json charged = json::array();
+      uint64_t total = 0;
+      for (const auto& g : v.gpus) {
+        const uint64_t b = g.index >= 0 && g.index < static_cast<int>(job::kMaxGpus) ? m.charged[g.index] : 0;
+        uint8_t uuid[16];
+        std::memcpy(uuid, g.uuid, sizeof uuid);
+        charged.push_back({{"uuid", format_uuid(uuid)}, {"bytes", b}});
+        total += b;
+      }
+      members.push_back({{"pid", m.pid},
+                         {"slot", m.slot},
+                         {"process_name", pname},
+                         {"limit_bytes", cap_json(m.limit)},
+                         {"requested_bytes", cap_json(m.requested)},
+                         {"used_bytes", total},
+                         {"charged", std::move(charged)},
+                         {"joined_ns", m.joined_ns},
+                         {"refusals", m.refusals}});
+    }
+    out.push_back({{"name", j.name},
+                   {"user", j.user},
+                   {"uid", j.uid},
+                   {"file", opt_.run_dir + "/" + file},
+                   {"limit_bytes", cap_json(v.cap)},
+                   {"caps_requested", std::move(requested)},
+                   {"caps_disagree", asked.size() > 1},
+                   {"refusals", refusals},
+                   {"gpus", std::move(gpus)},
+                   {"members", std::move(members)}});
+  }
+  return out;
+}
+
+json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req) {
+  const auto& jn = req["job"];
+  if (!jn.is_string()) throw std::invalid_argument("\"job\" must be a job name");
+  const std::string name = jn.get<std::string>();
+  std::string why_name;
+  if (!job::valid_job_name(name, &why_name)) throw std::invalid_argument("bad job name: " + why_name);
+  if (req.contains("device") && !req["device"].is_null())
+    throw std::invalid_argument("\"device\" goes with \"pid\": a job's cap is one size for every GPU it uses");
+  if (req.contains("share")) throw std::invalid_argument("a job's cap is one size for all its GPUs: give \"bytes\"");
+  const Ask ask = parse_ask(req);
+  // Whose job: the caller's own, unless "user" names another (a login name or a uid).
+  uint32_t uid = peer.uid;
+  if (req.contains("user") && !req["user"].is_null()) {
+    const auto& ju = req["user"];
+    if (ju.is_number_unsigned() && ju.get<uint64_t>() <= 0xffffffffULL) {
+      uid = static_cast<uint32_t>(ju.get<uint64_t>());
+    } else if (ju.is_string()) {
+      auto u = uid_of(ju.get<std::string>());
+      if (!u) throw std::runtime_error("no user named '" + ju.get<std::string>() + "'");
+      uid = *u;
+    } else {
+      throw std::invalid_argument("\"user\" must be a user name or a uid");
+    }
+  } else if (!peer.known) {
+    throw Refused("the daemon could not tell who you are (no peer credentials); name the job's user");
+  }
+  const std::string target = fmt::format("job {}/{}", user_name(uid), name);
+  json entry = {{"time_ns", now_ns()},
+                {"by", peer.known ? json(user_name(peer.uid)) : json(nullptr)},
+                {"by_uid", peer.known ? json(peer.uid) : json(nullptr)},
+                {"by_pid", peer.known ? json(peer.pid) : json(nullptr)},
+                {"target", target},
+                {"job", name},
+                {"uid", uid},
+                {"asked", ask.str()}};
+  auto refuse = [&](const std::string& why) -> Refused {
+    spdlog::warn("limit refused: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    entry["outcome"] = "refused";
+    entry["reason"] = why;
+    log_limit(entry);
+    return Refused(why);
+  };
+  auto fail = [&](const std::string& why) -> std::runtime_error {
+    spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    entry["outcome"] = "failed";
+    entry["reason"] = why;
+    log_limit(entry);
+    return std::runtime_error(why);
+  };
+  if (!peer.root() && (!peer.known || peer.uid != uid))
+    throw refuse(fmt::format("job '{}' belongs to uid {} ({}); only root or its owner may change its cap", name, uid,
+                             user_name(uid)));
+  JobTable::Job* j = jobs_.find(uid, name);
+  if (!j) {
+    scan();  // a job that started a moment ago
+    j = jobs_.find(uid, name);
+  }
+  if (!j)
+    throw fail(fmt::format("no job '{}' of user {} (no {} in {})", name, user_name(uid), job::file_name(uid, name),
+                           opt_.run_dir));
+  JobTable::View v;
+  if (!jobs_.view(*j, &v)) throw fail("the job's file could not be read");
+  if (v.members.empty())
+    throw fail(fmt::format("job '{}' has no running members: a cap set now would not outlive them (the next process "
+                           "to join sets the job's cap afresh from its CUWARDEN_JOB_LIMIT)",
+                           name));
+  const uint64_t cur = v.cap;
+  const uint64_t desired = ask.remove ? job::kNoLimit : ask.bytes;
+  if (!peer.root()) {
+    if (desired == job::kNoLimit) throw refuse(fmt::format("only root may remove a cap (job '{}': current {})", name, cap_text(cur)));
+    if (desired > cur)
+      throw refuse(fmt::format("only root may raise a cap (job '{}': current {}, asked {})", name, cap_text(cur),
+                               cap_text(desired)));
+    const EffectivePolicy* eff = policy_ ? &policy_->for_user(uid) : nullptr;
+    if (eff && eff->max_job_limit && desired > eff->max_job_limit->resolve(0))
+      throw refuse(fmt::format("the policy allows uid {} at most {} per job ({})", uid,
+                               cap_text(eff->max_job_limit->resolve(0)), eff->source));
+  }
+  const int64_t n = jobs_.set_limit(*j, desired);
+  if (n < 0) throw fail("the job's file faulted while being written");
+  spdlog::info("limit: {} set job {}/{} ({} member(s)): {} -> {}", who, j->user, name, n, cap_text(cur), cap_text(desired));
+  json pids = json::array();
+  for (const auto& m : v.members) {
+    pids.push_back(m.pid);
+    for (auto& [rn, p] : procs_)
+      if (p->pid == m.pid && !p->exited)
+        record_change(p.get(), -1, cur, desired, 0, peer.known ? peer.uid : StoredEvent::kFromProcess, peer.pid);
+  }
+  entry["old_limit"] = cap_json(cur);
+  entry["new_limit"] = cap_json(desired);
+  entry["outcome"] = "changed";
+  log_limit(entry);
+  json gpus = json::array();
+  for (std::size_t i = 0; i < v.gpus.size(); ++i) {
+    uint8_t uuid[16];
+    std::memcpy(uuid, v.gpus[i].uuid, sizeof uuid);
+    gpus.push_back({{"uuid", format_uuid(uuid)}, {"used_bytes", v.used[i]}, {"new_limit_bytes", cap_json(desired)}});
+  }
+  return {{"target", "job"},
+          {"job", name},
+          {"uid", uid},
+          {"user", user_name(uid)},
+          {"members", std::move(pids)},
+          {"old_limit", cap_json(cur)},
+          {"new_limit", cap_json(desired)},
+          {"gpus", std::move(gpus)}};
 }
 
 }  // namespace cuw::daemon

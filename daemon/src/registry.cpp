@@ -50,7 +50,12 @@ json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : 
 }  // namespace
 
 Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)
-    : opt_(std::move(options)), dirfd_(dirfd), nvml_(nvml), buffer_(kDrainBatch), hostname_(host_name()) {}
+    : opt_(std::move(options)),
+      dirfd_(dirfd),
+      nvml_(nvml),
+      buffer_(kDrainBatch),
+      hostname_(host_name()),
+      jobs_(opt_.max_jobs) {}
 
 Registry::~Registry() {
   procs_.clear();
@@ -59,7 +64,7 @@ Registry::~Registry() {
 
 void Registry::scan() {
   const uint64_t mono = mono_ns();
-  std::set<std::string> present;
+  std::set<std::string> present, job_files;
   const int fd = dup(dirfd_);
   if (fd < 0) {
     spdlog::warn("scan: dup: {}", std::strerror(errno));
@@ -73,7 +78,11 @@ void Registry::scan() {
   rewinddir(d);
   while (dirent* ent = readdir(d)) {
     const std::string name = ent->d_name;
-    if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, job segments, ...
+    if (name.rfind(job::kFilePrefix, 0) == 0) {
+      if (job_files.size() < opt_.max_jobs + kMaxProblems) job_files.insert(name);
+      continue;
+    }
+    if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, temporary files, ...
     present.insert(name);
     if (present.size() > opt_.max_rings + kMaxProblems) break;
   }
@@ -105,6 +114,9 @@ void Registry::scan() {
     if (p->exited && mono - p->exited_mono >= opt_.exited_linger_ns) expired.push_back(name);
   }
   for (const auto& name : expired) forget(name, opt_.unlink_exited);
+  // Every scan sweeps every job: a killed member's share is back within a scan interval
+  // even when no other member allocates.
+  jobs_.scan(dirfd_, job_files, policy_.get());
 }
 
 void Registry::try_open(const std::string& name, uint64_t mono) {
@@ -387,6 +399,7 @@ json Registry::state_json() {
   }
   for (auto& proc : processes)
     for (auto& dev : proc["devices"]) dev["gpu_index"] = index_of[dev["uuid"].get<std::string>()];
+  json jobs = jobs_json(index_of);
 
   json limit_changes = json::array();
   for (const auto& c : limit_log_) limit_changes.push_back(c);
@@ -397,6 +410,8 @@ json Registry::state_json() {
     if (pr.transient && mono - pr.first_seen_mono < opt_.problem_grace_ns) continue;
     problems.push_back({{"path", opt_.run_dir + "/" + name}, {"reason", pr.reason}});
   }
+  for (const auto& [name, reason] : jobs_.problems())
+    problems.push_back({{"path", opt_.run_dir + "/" + name}, {"reason", reason}});
 
   return {
       {"version", CUWARDEN_VERSION},
@@ -407,6 +422,7 @@ json Registry::state_json() {
       {"events_seq", seq_},
       {"gpus", std::move(gpu_list)},
       {"processes", std::move(processes)},
+      {"jobs", std::move(jobs)},
       {"problems", std::move(problems)},
       {"policy", policy_ ? json(policy_->file) : json(nullptr)},
       {"limit_changes", limit_changes},

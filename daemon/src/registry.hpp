@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "jobs.hpp"
 #include "nvml.hpp"
 #include "policy.hpp"
 #include "ring_view.hpp"
@@ -34,6 +35,7 @@ struct RegistryOptions {
   uint64_t exited_linger_ns = 60'000'000'000;   ///< how long exited processes stay visible
   uint64_t problem_grace_ns = 1'000'000'000;    ///< a ring being created may look broken this long
   std::size_t max_rings = 4096;                 ///< processes tracked at once
+  std::size_t max_jobs = 1024;                  ///< job segments tracked at once
   bool unlink_exited = true;                    ///< remove ring files of processes forgotten
 };
 
@@ -115,6 +117,7 @@ class Registry {
   void log_limit(nlohmann::ordered_json entry);
   nlohmann::ordered_json set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
   nlohmann::ordered_json set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
+  nlohmann::ordered_json jobs_json(const std::map<std::string, int>& gpu_index_of);
 
   RegistryOptions opt_;
   int dirfd_;
@@ -125,6 +128,7 @@ class Registry {
   uint64_t seq_ = 0;  ///< last global event number handed out
   std::string hostname_;
   std::shared_ptr<const Policy> policy_;
+  JobTable jobs_;
   std::deque<nlohmann::ordered_json> limit_log_;  ///< recent limit changes and refusals
 };
 
