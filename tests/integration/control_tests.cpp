@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 
+#include "cuw/job.hpp"
 #include "daemon_test_support.hpp"
 
 using namespace cuwt;
@@ -474,4 +475,222 @@ TEST_CASE("control.policy_errors_stop_the_daemon_with_line_numbers") {
   INFO(log);
   CHECK(contains(log, cfg + ":3:1: unknown key 'maxlimit' in [default]"));
   CHECK(contains(log, "has errors; not starting"));
+}
+
+namespace {
+
+/// A job segment made with the common API, as the interposer's members would make it.
+/// For another uid (root only) the file is created and handed to that user first.
+std::unique_ptr<cuw::job::Segment> make_job(const std::string& dir, uid_t uid, const std::string& name) {
+  std::string err;
+  if (uid != geteuid()) {
+    const std::string path = dir + "/" + cuw::job::file_name(uid, name);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::fchown(fd, uid, uid) == 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(cuw::job::file_size())) == 0);
+    ::close(fd);
+  }
+  std::unique_ptr<cuw::job::Segment> seg(cuw::job::Segment::open(dir, uid, name, uid == geteuid(), &err));
+  INFO(err);
+  REQUIRE(seg);
+  return seg;
+}
+
+int join(cuw::job::Segment& seg, pid_t pid, uint64_t start_time, uint64_t limit) {
+  const int slot = seg.join(static_cast<uint32_t>(pid), start_time, limit, now_ns());
+  REQUIRE(slot >= 0);
+  return slot;
+}
+
+std::vector<uint64_t> member_limits(cuw::job::Segment& seg) {
+  std::vector<uint64_t> out;
+  for (const auto& m : seg.members()) out.push_back(m.limit);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
+  SharedDir dir;
+  const std::string run = dir / "run";
+  Child a, b, c, e;
+  FakeRing ra(run, a.pid, a.start_time());
+  ra.device(0, 0xa0);
+  auto seg = make_job(run, geteuid(), "train");
+  const int sa = join(*seg, a.pid, a.start_time(), 16 * kGiB);
+  const int sb = join(*seg, b.pid, b.start_time(), 16 * kGiB);
+  const int sc = join(*seg, c.pid, c.start_time(), 16 * kGiB);
+  join(*seg, e.pid, e.start_time(), 8 * kGiB);
+  uint8_t uuid[16];
+  for (int i = 0; i < 16; ++i) uuid[i] = static_cast<uint8_t>(0xa0 + i);
+  const int g = seg->gpu_index(uuid, 143771ULL * kMiB);
+  REQUIRE(g >= 0);
+  REQUIRE(seg->charge(sa, g, 4 * kGiB));
+  REQUIRE(seg->charge(sb, g, 2 * kGiB));
+  Daemon d(dir);
+  REQUIRE(wait_until([&] { return d.state()["jobs"].size() == 1; }));
+
+  // The state: cap, disagreement, per-GPU use, members.
+  json st = d.state();
+  const json& job = st["jobs"][0];
+  CHECK(job["name"] == "train");
+  CHECK(job["user"] == who_am_i());
+  CHECK(job["uid"] == geteuid());
+  CHECK(job["limit_bytes"] == 8 * kGiB);
+  CHECK(job["caps_disagree"] == true);
+  CHECK(job["caps_requested"] == json::parse(R"([{"bytes":17179869184,"members":3},{"bytes":8589934592,"members":1}])"));
+  REQUIRE(job["gpus"].size() == 1);
+  CHECK(job["gpus"][0]["uuid"] == uuid_for(0xa0));
+  CHECK(job["gpus"][0]["gpu_index"] == 0);
+  CHECK(job["gpus"][0]["used_bytes"] == 6 * kGiB);
+  REQUIRE(job["members"].size() == 4);
+  bool saw_a = false;
+  for (const auto& m : job["members"])
+    if (m["pid"] == a.pid) {
+      saw_a = true;
+      CHECK(m["process_name"] == "fakeproc");  // from its ring
+      CHECK(m["used_bytes"] == 4 * kGiB);
+      CHECK(m["requested_bytes"] == 16 * kGiB);
+    }
+  CHECK(saw_a);
+
+  // The table: a job row with the disagreement, each member under it.
+  CmdResult r = cli({"--socket", d.socket});
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "Jobs (shared caps per GPU):"));
+  CHECK(contains(r.out, "train (4 members)"));
+  CHECK(contains(r.out, "16 GiB ×3, 8 GiB ×1 → 8 GiB"));
+  CHECK(contains(r.out, "6144MiB"));
+  CHECK(contains(r.out, "  pid " + std::to_string(a.pid) + " fakeproc"));
+  CHECK(contains(r.out, "  pid " + std::to_string(e.pid)));
+  std::size_t width = 0;
+  for (std::size_t pos = 0; pos < r.out.size();) {
+    const std::size_t nl = r.out.find('\n', pos);
+    const std::string line = r.out.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.empty() || (line[0] != '|' && line[0] != '+')) continue;
+    std::size_t w = 0;
+    for (unsigned char ch : line) w += (ch & 0xc0) != 0x80;
+    if (!width) width = w;
+    CHECK(w == width);  // every box line equally wide, "×" and "→" counted as one column
+  }
+  r = cli({"--socket", d.socket, "--json"});
+  REQUIRE(r.status == 0);
+  CHECK(json::parse(r.out)["jobs"][0]["name"] == "train");
+
+  // Lowered live below the job's use: members' caps change, the next reservation is refused.
+  r = cli({"limit", "job:train", "4G", "--socket", d.socket});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "job train (user " + who_am_i() + ", 4 members): cap 8.00 GiB -> 4.00 GiB"));
+  CHECK(contains(r.out, "above the new cap"));
+  CHECK(member_limits(*seg) == std::vector<uint64_t>(4, 4 * kGiB));
+  CHECK(seg->cap() == 4 * kGiB);
+  CHECK_FALSE(seg->charge(sc, g, 1 * kMiB));
+  CHECK(log_has(d, "set job " + who_am_i() + "/train (4 member(s)): 8.00 GiB -> 4.00 GiB"));
+
+  if (is_root()) {
+    r = cli({"limit", "job:" + who_am_i() + "/train", "32G", "--socket", d.socket});
+    CHECK(r.status == 0);
+    CHECK(seg->cap() == 32 * kGiB);
+  } else {
+    r = cli({"limit", "job:train", "32G", "--socket", d.socket});
+    CHECK(r.status == 3);
+    CHECK(contains(r.err, "cuwarden: refused: only root may raise a cap (job 'train': current 4.00 GiB, asked 32.00 GiB)"));
+    CHECK(seg->cap() == 4 * kGiB);
+  }
+  // A job that does not exist, and one the CLI cannot name.
+  r = cli({"limit", "job:nosuch", "1G", "--socket", d.socket});
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "no job 'nosuch'"));
+
+  // A killed member's share comes back by the daemon's sweep, though no member allocates.
+  b.kill_and_reap();
+  CHECK(wait_until([&] { return seg->used(g) == 4 * kGiB; }, 3000));
+  CHECK(wait_until([&] { return d.state()["jobs"][0]["members"].size() == 3; }, 3000));
+  CHECK(log_has(d, "reclaimed the share of 1 dead member(s)"));
+}
+
+TEST_CASE("control.job_limit_rules_for_other_users") {
+  SharedDir dir;
+  const std::string run = dir / "run";
+  Child a;
+  auto mine = make_job(run, geteuid(), "train");
+  join(*mine, a.pid, a.start_time(), 8 * kGiB);
+  if (!is_root()) {
+    Daemon d(dir);
+    REQUIRE(wait_until([&] { return d.state()["jobs"].size() == 1; }));
+    CmdResult r = cli({"limit", "job:root/train", "1G", "--socket", d.socket});
+    CHECK(r.status == 3);
+    CHECK(contains(r.err, "cuwarden: refused: job 'train' belongs to uid 0 (root); only root or its owner may change its cap"));
+    r = cli({"limit", "job:train", "none", "--socket", d.socket});
+    CHECK(r.status == 3);
+    CHECK(contains(r.err, "only root may remove a cap"));
+    CHECK(mine->cap() == 8 * kGiB);
+    return;
+  }
+  UserChild n(kNobody);
+  auto theirs = make_job(run, kNobody, "etl");
+  join(*theirs, n.pid, n.start_time(), 8 * kGiB);
+  Daemon d(dir);
+  REQUIRE(wait_until([&] { return d.state()["jobs"].size() == 2; }));
+  const std::string cli_path = CUWT_CLI;
+
+  // nobody: root's job is not theirs; their own job they may lower, not raise or uncap.
+  CmdResult r = run_as(kNobody, {cli_path, "limit", "job:root/train", "1G", "--socket", d.socket});
+  INFO(r.out << r.err);
+  CHECK(r.status == 3);
+  CHECK(contains(r.err, "cuwarden: refused: job 'train' belongs to uid 0 (root); only root or its owner may change its cap"));
+  r = run_as(kNobody, {cli_path, "limit", "job:train", "1G", "--socket", d.socket});
+  CHECK(r.status == 1);  // "train" of nobody does not exist
+  CHECK(mine->cap() == 8 * kGiB);
+  r = run_as(kNobody, {cli_path, "limit", "job:etl", "4G", "--socket", d.socket});
+  CHECK(r.status == 0);
+  CHECK(theirs->cap() == 4 * kGiB);
+  r = run_as(kNobody, {cli_path, "limit", "job:etl", "6G", "--socket", d.socket});
+  CHECK(r.status == 3);
+  CHECK(contains(r.err, "cuwarden: refused: only root may raise a cap (job 'etl': current 4.00 GiB, asked 6.00 GiB)"));
+  r = run_as(kNobody, {cli_path, "limit", "job:etl", "none", "--socket", d.socket});
+  CHECK(r.status == 3);
+  CHECK(theirs->cap() == 4 * kGiB);
+  CHECK(log_has(d, "limit refused: uid 65534"));
+
+  // root names another user's job either way.
+  r = cli({"limit", "job:etl", "16G", "--user", "65534", "--socket", d.socket});
+  CHECK(r.status == 0);
+  CHECK(theirs->cap() == 16 * kGiB);
+  r = cli({"limit", "job:65534/etl", "none", "--socket", d.socket});
+  CHECK(r.status == 0);
+  CHECK(theirs->cap() == cuw::job::kNoLimit);
+}
+
+TEST_CASE("control.policy_applies_to_job_members") {
+  SharedDir dir;
+  const std::string run = dir / "run";
+  const std::string cfg = dir / "cuwarden.toml";
+  {
+    std::ofstream f(cfg);
+    f << "[default]\njob_limit = \"6G\"\nmax_job_limit = \"10G\"\n";
+  }
+  Child a, b, c;
+  auto seg = make_job(run, geteuid(), "train");
+  join(*seg, a.pid, a.start_time(), 16 * kGiB);         // above the max -> the max
+  join(*seg, b.pid, b.start_time(), cuw::job::kNoLimit); // asked for none -> the default
+  Daemon d(dir, {"--config", cfg});
+  CHECK(wait_until([&] {
+    auto l = member_limits(*seg);
+    std::sort(l.begin(), l.end());
+    return l == std::vector<uint64_t>{6 * kGiB, 10 * kGiB};
+  }));
+  CHECK(seg->cap() == 6 * kGiB);
+  // A member joining later gets it too (by the next scan).
+  join(*seg, c.pid, c.start_time(), 12 * kGiB);
+  CHECK(wait_until([&] {
+    auto l = member_limits(*seg);
+    std::sort(l.begin(), l.end());
+    return l == std::vector<uint64_t>{6 * kGiB, 10 * kGiB, 10 * kGiB};
+  }, 3000));
+  CHECK(log_has(d, "policy: job " + who_am_i() + "/train member pid " + std::to_string(a.pid) + ": cap 16.00 GiB -> 10.00 GiB"));
 }
