@@ -266,7 +266,8 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
     }
     next = used + bytes;
   } while (!d.used.compare_exchange_weak(used, next, std::memory_order_relaxed));
-  if (const int g = job_gpu(ordinal); g >= 0) {
+  if (__builtin_expect(job_slot_ >= 0, 0) && job_gpu(ordinal) >= 0) {
+    const int g = job_gpu(ordinal);
     uint64_t job_cap = 0, job_used = 0;
     if (!job_->charge(job_slot_, g, bytes, &job_cap, &job_used)) {
       d.used.fetch_sub(bytes, std::memory_order_relaxed);
@@ -290,7 +291,7 @@ void Tracker::force_charge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
 }
 
 void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
-  if (const int g = job_gpu(d.ordinal); g >= 0) job_->uncharge(job_slot_, g, bytes);
+  if (__builtin_expect(job_slot_ >= 0, 0) && job_gpu(d.ordinal) >= 0) job_->uncharge(job_slot_, job_gpu(d.ordinal), bytes);
   d.used.fetch_sub(bytes, std::memory_order_relaxed);
 }
 

@@ -2,6 +2,7 @@
 // LD_PRELOAD, to check what a whole process sees (exit codes, files, threads, the daemon).
 //   cuw_itest_probe alloc MIB   allocate MIB MiB, print "ok", free, exit 0 (2 if refused)
 //   cuw_itest_probe hold MIB    allocate, print "ready", wait for stdin EOF, free, exit 0
+//   cuw_itest_probe meminfo MIB allocate MIB MiB, print "free F total T" (cuMemGetInfo, bytes)
 //   cuw_itest_probe nocuda      touch no CUDA; print the process's thread count
 //   cuw_itest_probe fork MIB    allocate MIB, fork; the child allocates MIB/2 with its own
 //                               context, both print "ready <pid>", wait for stdin EOF, exit 0
@@ -79,7 +80,11 @@ int main(int argc, char** argv) {
     cuMemFree(p);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
   }
-  if (mode == "hold") {
+  if (mode == "meminfo") {
+    size_t free_b = 0, total = 0;
+    if (cuMemGetInfo(&free_b, &total) != CUDA_SUCCESS) return 1;
+    std::printf("free %zu total %zu\n", free_b, total);
+  } else if (mode == "hold") {
     std::printf("ready\n");
     std::fflush(stdout);
     char buf[64];

@@ -129,6 +129,56 @@ TEST_CASE("a malformed CUWARDEN_LIMIT is one clear line and exit status 78", "[p
   CHECK_THAT(out, Catch::Contains("CUWARDEN_POOL"));
 }
 
+TEST_CASE("bad job settings are one clear line and exit status 78", "[process][config][job]") {
+  const std::string dir = make_run_dir();
+  struct Case {
+    std::vector<std::string> env;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"CUWARDEN_JOB=train", "CUWARDEN_JOB_LIMIT=50%"}, "not a share of a device"},
+      {{"CUWARDEN_JOB=train", "CUWARDEN_JOB_LIMIT=8X"}, "CUWARDEN_JOB_LIMIT='8X'"},
+      {{"CUWARDEN_JOB_LIMIT=1G"}, "needs CUWARDEN_JOB"},
+      {{"CUWARDEN_JOB=a/b"}, "CUWARDEN_JOB='a/b'"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> env = {kLib, "CUWARDEN_RUN_DIR=" + dir};
+    env.insert(env.end(), c.env.begin(), c.env.end());
+    std::string out;
+    const int st = run({kProbe, "alloc", "1"}, env, &out);
+    INFO(out);
+    CHECK(st == 78);
+    CHECK_THAT(out, Catch::Contains(c.says));
+    CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  }
+  // A job file someone else could read or write is not used.
+  const std::string file = dir + "/job-" + std::to_string(geteuid()) + "-shared.cwj";
+  const int fd = ::open(file.c_str(), O_CREAT | O_RDWR, 0666);
+  ::fchmod(fd, 0666);
+  ::close(fd);
+  std::string out;
+  CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_JOB=shared"}, &out) == 78);
+  CHECK_THAT(out, Catch::Contains("refusing to use it"));
+}
+
+TEST_CASE("in a job, cuMemGetInfo reports the job's cap and what its members left free", "[process][job]") {
+  const std::string dir = make_run_dir();
+  const std::vector<std::string> job = {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_JOB=mi", "CUWARDEN_JOB_LIMIT=100M"};
+  Child holder = spawn({kProbe, "hold", "60"}, job);
+  REQUIRE(read_line(holder.out) == "ready");
+  std::string out;
+  CHECK(run({kProbe, "meminfo", "10"}, job, &out) == 0);
+  CHECK(out == "free " + std::to_string(30 << 20) + " total " + std::to_string(100 << 20) + "\n");
+  // Its own lower cap wins where it is lower.
+  auto own = job;
+  own.push_back("CUWARDEN_LIMIT=20M");
+  CHECK(run({kProbe, "meminfo", "10"}, own, &out) == 0);
+  CHECK(out == "free " + std::to_string(10 << 20) + " total " + std::to_string(20 << 20) + "\n");
+  // Over the job's cap: refused although the process has no cap of its own.
+  CHECK(run({kProbe, "alloc", "41"}, job, &out) == 2);
+  CHECK(finish(holder, nullptr) == 0);
+}
+
 TEST_CASE("CUWARDEN_ON_ERROR=open warns and runs uncapped", "[process][config]") {
   const std::string dir = make_run_dir();
   std::string out;
