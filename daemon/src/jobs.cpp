@@ -40,7 +40,9 @@ void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy*
   for (const auto& n : names)
     if (!jobs_.count(n)) try_open(dirfd, n);
 
-  for (auto& [file, j] : jobs_) {
+  for (auto& kv : jobs_) {
+    const std::string& file = kv.first;
+    Job& j = kv.second;  // not a structured binding: lambdas capture it (clang 14)
     uint32_t freed = 0;
     auto sweep = [&] { freed = j.seg->sweep(true); };
     if (!guarded_call(sweep)) {
