@@ -98,16 +98,17 @@ void Registry::set_policy(std::shared_ptr<const Policy> policy) {
 // writes its own cap before publishing the device), and again after a reload.
 void Registry::apply_policy(Process& p) {
   if (!policy_ || p.exited) return;
-  const uint32_t present = p.ring->present_mask();
-  if ((present & ~p.policy_done) == 0) return;
   if (!p.ring->writable()) {
     if (!p.policy_warned)
       spdlog::warn("policy: cannot apply to pid {} (uid {}): its ring is read-only to the daemon (uid {})", p.pid, p.uid,
                    geteuid());
     p.policy_warned = true;
-    p.policy_done |= present;
     return;
   }
+  // Which devices are present comes from the last drain's pass over the header: no extra
+  // guarded access (a signal-mask syscall) per process per tick.
+  const uint32_t present = p.present;
+  if ((present & ~p.policy_done) == 0) return;
   Snapshot s;
   if (!p.ring->snapshot(s)) return;
   const EffectivePolicy& eff = policy_->for_user(p.uid);

@@ -240,6 +240,7 @@ bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
     if (!r.ok) return false;
     p.events_lost += r.lost;
     p.events_received += r.events;
+    p.present = r.present;
     drained += r.events;
     for (std::size_t i = 0; i < r.events; ++i) {
       p.history.push_back(StoredEvent{++seq_, buffer_[i]});

@@ -81,6 +81,8 @@ DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, 
     h->consumer_heartbeat_ns.store(heartbeat_ns, std::memory_order_relaxed);
     r.write_pos = h->write_pos.load(std::memory_order_relaxed);
     r.read_pos = h->read_pos.load(std::memory_order_relaxed);
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+      if (h->devices[d].present.load(std::memory_order_acquire) == 1) r.present |= 1u << d;
   };
   if (!guarded_call(body)) r.ok = false;
   return r;
@@ -106,16 +108,6 @@ RingView::SetLimit RingView::set_limit(uint32_t d, uint64_t expected, uint64_t d
   };
   if (!guarded_call(body)) return SetLimit::fault;
   return r;
-}
-
-uint32_t RingView::present_mask() const noexcept {
-  uint32_t mask = 0;
-  auto body = [&] {
-    for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
-      if (header()->devices[d].present.load(std::memory_order_acquire) == 1) mask |= 1u << d;
-  };
-  if (!guarded_call(body)) return 0;
-  return mask;
 }
 
 namespace {

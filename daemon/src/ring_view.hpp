@@ -47,6 +47,7 @@ struct DrainResult {
   uint64_t lost = 0;         ///< claimed-but-never-published slots skipped
   uint64_t write_pos = 0;    ///< positions after the drain, for diagnostics
   uint64_t read_pos = 0;
+  uint32_t present = 0;      ///< bit d: device slot d is present (read in the same guarded pass)
 };
 
 class RingView {
@@ -67,9 +68,6 @@ class RingView {
   /// On `changed`, *actual holds the value found. The interposer reads the new value on
   /// its next allocation; nothing already allocated is touched.
   SetLimit set_limit(uint32_t d, uint64_t expected, uint64_t desired, uint64_t* actual) noexcept;
-
-  /// Bit d set when device slot d is present (16 atomic loads). 0 if the mapping faulted.
-  uint32_t present_mask() const noexcept;
 
   bool writable() const noexcept { return writable_; }
   uint32_t slot_count() const noexcept { return slot_count_; }

@@ -25,6 +25,7 @@ struct Registry::Process {
   uint64_t events_received = 0;
   uint64_t events_lost = 0;   ///< slots a dead producer claimed but never published
   std::deque<StoredEvent> history;
+  uint32_t present = 0;       ///< devices present at the last drain (bit per ordinal)
   uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once
 };
