@@ -258,14 +258,6 @@ int Segment::join(uint32_t pid, uint64_t start_time, uint64_t limit, uint64_t no
   return -1;
 }
 
-void Segment::leave(int slot) noexcept {
-  if (slot < 0 || static_cast<uint32_t>(slot) >= kMaxMembers) return;
-  Member& m = members_[slot];
-  // Clear the owner first: from then on no sum counts this slot, and a new member that
-  // takes it zeroes the counters itself.
-  m.owner.store(0, std::memory_order_seq_cst);
-}
-
 uint64_t Segment::cap() const noexcept {
   const uint32_t hw = std::min(header_->high_water.load(std::memory_order_acquire), kMaxMembers);
   uint64_t cap = kNoLimit;

@@ -208,7 +208,7 @@ TEST_CASE("charges are per GPU and bounded by the lowest cap of the members", "[
   CHECK(s->used(0) == 65 * kMiB);
 }
 
-TEST_CASE("dead, zombie and reused-pid members are swept; live ones are kept", "[job]") {
+TEST_CASE("dead, zombie and reused-pid members are swept, live ones kept", "[job]") {
   Dir d;
   auto s = open_job(d);
   Sleeper live, dead, zombie, reused;

@@ -141,13 +141,13 @@ class Segment {
   int gpu_index(const uint8_t uuid[16], uint64_t physical_total) noexcept;
 
   /// Take a slot for (pid, start_time) with the given cap (bytes per GPU, kNoLimit for
-  /// none). Slots still held by this same identity (left by the process image before an
+  /// none). A member keeps its slot until it dies; it does not give it back at exit, since
+  /// frees made by other threads or destructors after that could land in the slot's next
+  /// owner's counters. The next sweep frees it. Slots still held by this same identity (left by the process image before an
   /// exec) and slots of dead members are freed first. Returns the slot index, or -1 when
   /// every slot is held by a live process. Lock-free.
   int join(uint32_t pid, uint64_t start_time, uint64_t limit, uint64_t now_realtime_ns) noexcept;
 
-  /// Give the slot back at exit: counters zeroed, then the owner cleared.
-  void leave(int slot) noexcept;
 
   /// Reserve `bytes` on GPU `g` for `slot` (see the top of this file). True when reserved.
   /// On refusal *cap and *used (bytes, the job's cap and the sum held on g) say why.
