@@ -88,6 +88,8 @@ void JobTable::try_open(int dirfd, const std::string& file) {
   else if (!S_ISREG(st.st_mode)) why = "not a regular file";
   else if (st.st_uid != uid)
     why = "named for uid " + std::to_string(uid) + " but belongs to uid " + std::to_string(st.st_uid) + " (refused)";
+  else if (st.st_nlink != 1)
+    why = "has " + std::to_string(st.st_nlink) + " hard links (refused: it may be another file under a job's name)";
   else if (st.st_mode & 077) why = "readable or writable by other users (mode " + fmt::format("{:o}", st.st_mode & 0777) + "; refused)";
   else if (st.st_size == 0) {
     close(fd);  // being created: its first member truncates it to size in a moment
