@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cuwarden micro-benchmarks on the simulated driver: hooked entry points bare and with
-# libcuwarden.so preloaded (same binary, run twice), and the event ring on its own.
+# libcuwarden.so preloaded (same binary: bare, backend off, backend cache), and the event ring on its own.
 #
 #   bench/micro.sh [BUILD_DIR]        (default: build; needs `ninja cuw_bench cuwarden fakecuda cuwardend`)
 #
@@ -45,6 +45,9 @@ echo "== driver entry points, bare"
 echo "== driver entry points, with libcuwarden.so (CUWARDEN_LIMIT=100G, backend off${DAEMON_PID:+, daemon draining})"
 LD_PRELOAD="$BUILD/lib/libcuwarden.so" CUWARDEN_LIMIT=100G CUWARDEN_POOL=off CUWARDEN_RUN_DIR="$RUN_DIR" \
   "$BUILD/bin/cuw_bench_driver" "${GB[@]}" --benchmark_out="$OUT_DIR/micro-with.json" --benchmark_out_format=json
+echo "== driver entry points, with libcuwarden.so and CUWARDEN_POOL=cache"
+LD_PRELOAD="$BUILD/lib/libcuwarden.so" CUWARDEN_LIMIT=100G CUWARDEN_POOL=cache CUWARDEN_RUN_DIR="$RUN_DIR" \
+  "$BUILD/bin/cuw_bench_driver" "${GB[@]}" --benchmark_out="$OUT_DIR/micro-cache.json" --benchmark_out_format=json
 echo "== event ring"
 "$BUILD/bin/cuw_bench_ring" "${GB[@]}" --benchmark_out="$OUT_DIR/micro-ring.json" --benchmark_out_format=json
 
@@ -54,19 +57,21 @@ out = sys.argv[1]
 def medians(path):
     d = json.load(open(path))
     return {b["run_name"]: b for b in d["benchmarks"] if b.get("aggregate_name") == "median"}
-bare, with_, ring = (medians(f"{out}/micro-{n}.json") for n in ("bare", "with", "ring"))
+bare, with_, cache, ring = (medians(f"{out}/micro-{n}.json") for n in ("bare", "with", "cache", "ring"))
 def ns(b):
     scale = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[b.get("time_unit", "ns")]
     return b["real_time"] * scale
 print()
-print(f"{'benchmark (simulated driver)':34} {'bare ns':>10} {'with ns':>10} {'added ns':>10} {'added %':>8}")
+print(f"{'benchmark (simulated driver)':34} {'bare ns':>10} {'with ns':>10} {'added ns':>10} {'added %':>8} {'cache ns':>10}")
 for name, b in bare.items():
     w = with_.get(name)
     if not w: continue
     if w.get("cuwarden", 1) != 1 or b.get("cuwarden", 0) != 0:
         print(f"{name}: the preload did not take effect", file=sys.stderr); sys.exit(1)
     x, y = ns(b), ns(w)
-    print(f"{name:34} {x:10.1f} {y:10.1f} {y - x:10.1f} {100 * (y - x) / x:7.1f}%")
+    c = cache.get(name)
+    cs = f"{ns(c):10.1f}" if c else f"{'-':>10}"
+    print(f"{name:34} {x:10.1f} {y:10.1f} {y - x:10.1f} {100 * (y - x) / x:7.1f}% {cs}")
 print()
 print(f"{'ring (wall time, all threads)':52} {'ns/event':>10} {'Mevents/s':>10} {'drops %':>10}")
 for name, b in ring.items():

@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", st.json, "print the daemon's state as JSON");
   app.add_option("--query-compute-apps", st.query_compute_apps,
                  "nvidia-smi style: pid,process_name,used_memory,gpu_uuid,gpu_name,gpu_bus_id,timestamp,"
-                 "limit,peak_memory,reserved_memory,allocations,job,user,ooms");
+                 "limit,peak_memory,reserved_memory,in_use_memory,cached_memory,allocations,job,user,ooms");
   app.add_option("--format", st.format, "csv[,noheader][,nounits]");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));

@@ -172,6 +172,17 @@ std::string render_table(const json& st, const std::string& filter) {
     for (const auto& d : jarr(p, "devices"))
       if (d.contains("driver_used_bytes")) proc_driver = true;
   if (proc_driver) procs.columns.insert(procs.columns.begin() + 5, Column{"Driver", false, true});
+  // A pooling backend holds more than the program uses: show both (Used stays what counts
+  // against the cap, which is what the pool reserved).
+  bool pooled = false;
+  for (const auto& p : jarr(st, "processes")) {
+    const std::string pool = jstr(p, "pool", "off");
+    if (!pool.empty() && pool != "off") pooled = true;
+  }
+  if (pooled) {
+    const auto at = procs.columns.begin() + 5 + (proc_driver ? 1 : 0);
+    procs.columns.insert(at, {Column{"In use", false, true}, Column{"Reserved", false, true}});
+  }
   for (const auto& p : jarr(st, "processes")) {
     const auto& devs = jarr(p, "devices");
     auto row_for = [&](const json* d) {
@@ -182,6 +193,11 @@ std::string render_table(const json& st, const std::string& filter) {
       row.push_back(Cell::str(jstr(p, "process_name")));
       row.push_back(d ? jcell(*d, "used_bytes", CellKind::bytes) : Cell::none());
       if (proc_driver) row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
+      if (pooled) {
+        row.push_back(d ? jcell(*d, d->contains("in_use_bytes") ? "in_use_bytes" : "used_bytes", CellKind::bytes)
+                        : Cell::none());
+        row.push_back(d ? jcell(*d, "reserved_bytes", CellKind::bytes) : Cell::none());
+      }
       row.push_back(d ? jcell(*d, "peak_bytes", CellKind::bytes) : Cell::none());
       row.push_back(d ? jcell(*d, "limit_bytes", CellKind::bytes) : Cell::none());
       row.push_back(d ? jcell(*d, "allocations", CellKind::integer) : Cell::none());
@@ -236,6 +252,8 @@ constexpr QueryField kFields[] = {
     {"limit", "limit", CellKind::bytes},
     {"peak_memory", "peak_memory", CellKind::bytes},
     {"reserved_memory", "reserved_memory", CellKind::bytes},
+    {"in_use_memory", "in_use_memory", CellKind::bytes},
+    {"cached_memory", "cached_memory", CellKind::bytes},
     {"allocations", "allocations", CellKind::integer},
     {"job", "job", CellKind::text},
     {"user", "user", CellKind::text},
@@ -260,6 +278,8 @@ Cell query_cell(const std::string& field, const json& st, const json& p, const j
   if (field == "limit") return jcell(d, "limit_bytes", CellKind::bytes);
   if (field == "peak_memory") return jcell(d, "peak_bytes", CellKind::bytes);
   if (field == "reserved_memory") return jcell(d, "reserved_bytes", CellKind::bytes);
+  if (field == "in_use_memory") return jcell(d, d.contains("in_use_bytes") ? "in_use_bytes" : "used_bytes", CellKind::bytes);
+  if (field == "cached_memory") return jcell(d, "cached_bytes", CellKind::bytes);
   if (field == "allocations") return jcell(d, "allocations", CellKind::integer);
   if (field == "job") return Cell::str(jstr(p, "job"));
   if (field == "user") return Cell::str(jstr(p, "user"));

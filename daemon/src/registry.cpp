@@ -334,6 +334,12 @@ json Registry::state_json() {
           {"ooms", ds.refusals},
           {"driver_errors", ds.driver_errors},
           {"host_bytes", ds.host_bytes},
+          // CUWARDEN_POOL=cache: of used_bytes (= reserved_bytes), what the pool keeps for
+          // reuse and what the program's allocations hold. Hostile input: never underflow.
+          {"cached_bytes", ds.cached},
+          {"in_use_bytes", ds.cached < ds.used ? ds.used - ds.cached : 0},
+          {"pool_hits", ds.pool_hits},
+          {"pool_waits", ds.pool_waits},
       };
       if (auto it = nvml_by_uuid.find(uuid); it != nvml_by_uuid.end()) {
         auto pu = it->second->process_used.find(p->pid);

@@ -61,6 +61,9 @@ bool RingView::snapshot(Snapshot& out) const noexcept {
       o.refusals = s.refusals.load(std::memory_order_relaxed);
       o.driver_errors = s.driver_errors.load(std::memory_order_relaxed);
       o.host_bytes = s.host_bytes.load(std::memory_order_relaxed);
+      o.cached = s.cached.load(std::memory_order_relaxed);
+      o.pool_hits = s.pool_hits.load(std::memory_order_relaxed);
+      o.pool_waits = s.pool_waits.load(std::memory_order_relaxed);
     }
   };
   return guarded_call(copy);

@@ -26,6 +26,7 @@ struct DeviceSnapshot {
   uint64_t used = 0, peak = 0, limit = ring::kNoLimit, reserved = 0;
   uint64_t live_allocations = 0, alloc_count = 0, free_count = 0;
   uint64_t refusals = 0, driver_errors = 0, host_bytes = 0;
+  uint64_t cached = 0, pool_hits = 0, pool_waits = 0;  ///< CUWARDEN_POOL=cache
 };
 
 /// A copy of the header's fields; char fields are raw (use field_text()).

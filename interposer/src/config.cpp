@@ -48,7 +48,8 @@ Config load_config() {
   }
   if (const char* v = env("CUWARDEN_POOL")) {
     if (!std::strcmp(v, "off")) c.pool = "off";
-    else if (!std::strcmp(v, "cache") || !std::strcmp(v, "vmm"))
+    else if (!std::strcmp(v, "cache")) c.pool = "cache";
+    else if (!std::strcmp(v, "vmm"))
       c.errors.push_back(quoted("CUWARDEN_POOL", v) + ": this backend is not available in this build yet (use off)");
     else c.errors.push_back(quoted("CUWARDEN_POOL", v) + ": expected off, cache or vmm");
   }

@@ -82,6 +82,38 @@
     (const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,                                        \
      CUdriverProcAddressQueryResult* status),                                                                   \
     (symbol, pfn, cudaVersion, flags, status), "cuGetProcAddress", 12000, 0, 0)                                 \
+  X(CUresult, cuMemGetAddressRange_v2, (CUdeviceptr * pbase, size_t * psize, CUdeviceptr dptr),                \
+    (pbase, psize, dptr), "cuMemGetAddressRange", 3020, 0, 0)                                                   \
+  X(CUresult, cuPointerGetAttribute, (void* data, CUpointer_attribute attribute, CUdeviceptr ptr),              \
+    (data, attribute, ptr), "cuPointerGetAttribute", 4000, 0, 0)                                                \
+  X(CUresult, cuPointerGetAttributes,                                                                            \
+    (unsigned int count, CUpointer_attribute* attributes, void** data, CUdeviceptr ptr),                       \
+    (count, attributes, data, ptr), "cuPointerGetAttributes", 7000, 0, 0)                                       \
+  X(CUresult, cuIpcGetMemHandle, (CUipcMemHandle * handle, CUdeviceptr dptr), (handle, dptr),                   \
+    "cuIpcGetMemHandle", 4010, 0, 0)                                                                            \
+  X(CUresult, cuStreamCreate, (CUstream * stream, unsigned int flags), (stream, flags), "cuStreamCreate", 2000, \
+    0, 0)                                                                                                        \
+  X(CUresult, cuStreamCreateWithPriority, (CUstream * stream, unsigned int flags, int priority),               \
+    (stream, flags, priority), "cuStreamCreateWithPriority", 5050, 0, 0)                                        \
+  X(CUresult, cuStreamDestroy_v2, (CUstream stream), (stream), "cuStreamDestroy", 4000, 0, 0)                   \
+  X(CUresult, cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode), (stream, mode),             \
+    "cuStreamBeginCapture", 10010, 0, 0)                                                                        \
+  X(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode), (stream, mode),        \
+    "cuStreamBeginCapture", 10010, 1, 0)                                                                        \
+  X(CUresult, cuStreamBeginCaptureToGraph,                                                                       \
+    (CUstream stream, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t ndeps,      \
+     CUstreamCaptureMode mode),                                                                                  \
+    (stream, graph, deps, edges, ndeps, mode), "cuStreamBeginCaptureToGraph", 12030, 0, 0)                      \
+  X(CUresult, cuStreamBeginCaptureToGraph_ptsz,                                                                  \
+    (CUstream stream, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* edges, size_t ndeps,      \
+     CUstreamCaptureMode mode),                                                                                  \
+    (stream, graph, deps, edges, ndeps, mode), "cuStreamBeginCaptureToGraph", 12030, 1, 0)                      \
+  X(CUresult, cuStreamEndCapture, (CUstream stream, CUgraph * graph), (stream, graph), "cuStreamEndCapture",    \
+    10000, 0, 0)                                                                                                 \
+  X(CUresult, cuStreamEndCapture_ptsz, (CUstream stream, CUgraph * graph), (stream, graph),                     \
+    "cuStreamEndCapture", 10000, 1, 0)                                                                          \
+  X(CUresult, cuCtxDestroy_v2, (CUcontext ctx), (ctx), "cuCtxDestroy", 4000, 0, 0)                              \
+  X(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev), "cuDevicePrimaryCtxReset", 11000, 0, 0)        \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo, (cuw_nvmlDevice_t device, cuw_nvmlMemory_t * memory),           \
     (device, memory), "", 0, 0, 1)                                                                               \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t * memory),     \

@@ -3,9 +3,11 @@
 // The rows of hook_table.hpp and these definitions must match one to one.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
+#include "cache_resource.hpp"
 #include "real.hpp"
 #include "tracker.hpp"
 
@@ -37,11 +39,17 @@ bool capped_view(const Tracker& t, ring::DeviceSlot& d, uint64_t real_total, uin
   const bool in_job = t.job_view(d.ordinal, &job_cap, &job_used);
   if (limit == ring::kNoLimit && !in_job) return false;
   uint64_t cap_total = limit < real_total ? limit : real_total;
-  const uint64_t used = d.used.load(std::memory_order_relaxed);
+  // Bytes the cache keeps for reuse are free for the program: it gives them back (or
+  // reuses them) before refusing anything.
+  const uint64_t counted = d.used.load(std::memory_order_relaxed);
+  const uint64_t cached = d.cached.load(std::memory_order_relaxed);
+  const uint64_t used = cached < counted ? counted - cached : 0;
   uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;
   if (in_job) {
+    // The job counts what each member holds from the driver, our cache included.
     if (job_cap < cap_total) cap_total = job_cap;
-    const uint64_t job_free = job_used >= job_cap ? 0 : job_cap - job_used;
+    const uint64_t job_in_use = cached < job_used ? job_used - cached : 0;
+    const uint64_t job_free = job_in_use >= job_cap ? 0 : job_cap - job_in_use;
     if (job_free < cap_free) cap_free = job_free;
   }
   *total = cap_total;
@@ -61,7 +69,10 @@ CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api,
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return call();  // no context, or an ordinal past what we track
   if (!t.charge(*d, ordinal, bytes, api)) return CUDA_ERROR_OUT_OF_MEMORY;
-  const CUresult r = call();
+  CUresult r = call();
+  // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
+  // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && t.cache() && t.cache()->release_all() > 0) r = call();
   if (r != CUDA_SUCCESS) {
     t.uncharge(*d, bytes);
     d->driver_errors.fetch_add(1, std::memory_order_relaxed);
@@ -117,6 +128,65 @@ CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring
 
 int stream_device(Tracker& t, CUstream) { return t.current_device(); }
 
+// ---- CUWARDEN_POOL=cache ----------------------------------------------------------------
+// Pooled blocks are not in the live table: the cache's own block map is authoritative.
+// The counters and events are the passthrough path's (alloc, free, live allocations);
+// used / reserved / cached follow the driver allocations the cache makes and gives back.
+
+using cuw::mr::cache_registry;
+using cuw::mr::cache_resource;
+
+/// The caches, if the tracker exists and the pool is on (never creates the tracker).
+cache_registry* caches_if_any() noexcept {
+  Tracker* t = Tracker::instance_if_created();
+  return t ? t->cache() : nullptr;
+}
+
+/// Hot path: the cache's allocate (a hit: no driver call), two counters, one event.
+CUresult cache_alloc(Tracker& t, cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
+  const CUresult r = c.allocate(dptr, bytes);
+  if (r != CUDA_SUCCESS) return r;  // refusals and driver errors were counted by the cache
+  ring::DeviceSlot& d = c.slot();
+  d.live_allocations.fetch_add(1, std::memory_order_relaxed);
+  d.alloc_count.fetch_add(1, std::memory_order_relaxed);
+  t.emit(ring::EventKind::alloc, ring::Api::cuMemAlloc, c.ordinal(), *dptr, bytes, 0, CUDA_SUCCESS);
+  return r;
+}
+
+/// A free of a pooled block: true (and *result set) when `dptr` was one.
+bool cache_free(Tracker& t, cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
+  uint64_t requested = 0;
+  int ordinal = -1;
+  if (reg.free_block(dptr, &requested, &ordinal) != CUDA_SUCCESS) return false;
+  ring::DeviceSlot& d = t.header().devices[ordinal];
+  d.live_allocations.fetch_sub(1, std::memory_order_relaxed);
+  d.free_count.fetch_add(1, std::memory_order_relaxed);
+  t.emit(ring::EventKind::free, api, ordinal, dptr, requested, aux, CUDA_SUCCESS);
+  return true;
+}
+
+/// Bytes cuPointerGetAttributes writes for an attribute (CUDA driver API: cuPointerGetAttribute).
+size_t attribute_bytes(CUpointer_attribute attr) {
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      return 8;
+    case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+      return sizeof(CUDA_POINTER_ATTRIBUTE_P2P_TOKENS);
+    default:
+      return 4;
+  }
+}
+
 }  // namespace
 
 // ---- allocations -----------------------------------------------------------------------
@@ -127,6 +197,9 @@ CUW_EXPORT CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   Reentry g;
   if (g.nested()) return real(dptr, bytesize);
   Tracker& t = Tracker::get();
+  if (cache_registry* reg = t.cache(); reg && dptr && bytesize != 0) {
+    if (cache_resource* c = reg->for_current()) return cache_alloc(t, *c, dptr, bytesize);
+  }
   return tracked_alloc(t, ring::Api::cuMemAlloc, t.current_device(), bytesize, 0, dptr,
                        [&] { return real(dptr, bytesize); });
 }
@@ -218,21 +291,52 @@ CUW_EXPORT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
   Reentry g;
   if (g.nested()) return real(dptr);
   Tracker& t = Tracker::get();
+  if (cache_registry* reg = t.cache(); reg && dptr && cache_free(t, *reg, dptr, ring::Api::cuMemFree, 0))
+    return CUDA_SUCCESS;
   return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFree, 0, [&] { return real(dptr); });
 }
 
-#define CUW_ASYNC_FREE(name)                                                                                     \
+namespace {
+/// cuMemFreeAsync of a pooled block (a cudaMalloc pointer freed stream-ordered): retired like
+/// a cuMemFree (behind events on every stream, which covers `stream`). Not while `stream`
+/// is being captured: the free would belong to a graph that runs later, and the block
+/// could be reused before it runs; the driver's own answer for memory a graph did not
+/// allocate is an error too. Returns true when handled (*r set).
+bool cache_free_async(Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread, CUresult* r) {
+  cache_registry* reg = t.cache();
+  if (!reg || !dptr) return false;
+  if (cache_registry::captures.load(std::memory_order_acquire) > 0) {
+    using fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+    static auto is_cap = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing"));
+    static auto is_cap_pt = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing_ptsz"));
+    auto q = per_thread && is_cap_pt ? is_cap_pt : is_cap;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    bool live = false;
+    if (q && q(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE &&
+        reg->owner_of(dptr, nullptr, &live) && live) {
+      *r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      return true;
+    }
+  }
+  if (!cache_free(t, *reg, dptr, ring::Api::cuMemFreeAsync, reinterpret_cast<uint64_t>(stream))) return false;
+  *r = CUDA_SUCCESS;
+  return true;
+}
+}  // namespace
+
+#define CUW_ASYNC_FREE(name, pt)                                                                                 \
   CUW_EXPORT CUresult hook_##name(CUdeviceptr dptr, CUstream stream) {                                          \
     auto real = REAL(name);                                                                                      \
     if (!real) return kNoDriver;                                                                                 \
     Reentry g;                                                                                                   \
     if (g.nested()) return real(dptr, stream);                                                                  \
     Tracker& t = Tracker::get();                                                                                 \
+    if (CUresult cr; cache_free_async(t, dptr, stream, pt, &cr)) return cr;                                     \
     return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFreeAsync, reinterpret_cast<uint64_t>(stream),  \
                         [&] { return real(dptr, stream); });                                                   \
   }
-CUW_ASYNC_FREE(cuMemFreeAsync)
-CUW_ASYNC_FREE(cuMemFreeAsync_ptsz)
+CUW_ASYNC_FREE(cuMemFreeAsync, false)
+CUW_ASYNC_FREE(cuMemFreeAsync_ptsz, true)
 #undef CUW_ASYNC_FREE
 
 // ---- stream-ordered pools (CUDA driver API: Stream Ordered Memory Allocator) -------------
@@ -286,6 +390,231 @@ CUW_EXPORT CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
   if (g.nested()) return real(handle);
   Tracker& t = Tracker::get();
   return tracked_free(t, t.handles(), handle, ring::Api::cuMemRelease, 0, [&] { return real(handle); });
+}
+
+// ---- pointer queries and IPC of pooled memory (CUDA driver API: Memory Management) --------
+// The driver knows the cache's driver allocations, not the blocks in them: for a pooled
+// address these answer with the program's allocation (the block), and treat a freed block
+// as the driver treats freed memory. Addresses the cache does not hold go to the driver.
+
+CUW_EXPORT CUresult hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  auto real = REAL(cuMemGetAddressRange_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (cache_registry* reg = g.nested() ? nullptr : caches_if_any()) {
+    cuw::mr::range rg;
+    bool live = false;
+    if (reg->owner_of(dptr, &rg, &live)) {
+      if (!live) return CUDA_ERROR_NOT_FOUND;
+      if (pbase) *pbase = rg.base;
+      if (psize) *psize = rg.size;
+      return CUDA_SUCCESS;
+    }
+  }
+  return real(pbase, psize, dptr);
+}
+
+CUW_EXPORT CUresult hook_cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  auto real = REAL(cuPointerGetAttribute);
+  if (!real) return kNoDriver;
+  Reentry g;
+  const CUresult r = real(data, attribute, ptr);
+  if (g.nested() || r != CUDA_SUCCESS || !data) return r;
+  if (cache_registry* reg = caches_if_any()) {
+    cuw::mr::range rg;
+    bool live = false;
+    if (reg->owner_of(ptr, &rg, &live)) {
+      if (!live) return CUDA_ERROR_INVALID_VALUE;
+      if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) std::memcpy(data, &rg.base, sizeof rg.base);
+      if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
+        const size_t n = rg.size;
+        std::memcpy(data, &n, sizeof n);
+      }
+    }
+  }
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
+                                                CUdeviceptr ptr) {
+  auto real = REAL(cuPointerGetAttributes);
+  if (!real) return kNoDriver;
+  Reentry g;
+  const CUresult r = real(count, attributes, data, ptr);
+  if (g.nested() || r != CUDA_SUCCESS || !attributes || !data) return r;
+  if (cache_registry* reg = caches_if_any()) {
+    cuw::mr::range rg;
+    bool live = false;
+    if (reg->owner_of(ptr, &rg, &live)) {
+      for (unsigned i = 0; i < count; ++i) {
+        if (!data[i]) continue;
+        if (!live) {
+          std::memset(data[i], 0, attribute_bytes(attributes[i]));  // as for memory CUDA does not know
+        } else if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
+          std::memcpy(data[i], &rg.base, sizeof rg.base);
+        } else if (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
+          const size_t n = rg.size;
+          std::memcpy(data[i], &n, sizeof n);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  auto real = REAL(cuIpcGetMemHandle);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (cache_registry* reg = g.nested() ? nullptr : caches_if_any()) {
+    bool live = false;
+    if (cache_resource* c = reg->owner_of(dptr, nullptr, &live)) {
+      if (!handle) return CUDA_ERROR_INVALID_VALUE;
+      const CUresult r = c->ipc_handle(handle, dptr);
+      if (r != CUDA_ERROR_NOT_FOUND) return r;
+    }
+  }
+  return real(handle, dptr);
+}
+
+// ---- streams, captures and contexts: what the cache must know ------------------------------
+// Non-blocking streams get their own event when a batch of frees is sealed; while any
+// capture is active the cache records, queries and waits for nothing; a context that goes
+// away takes the cache's memory with it.
+
+CUW_EXPORT CUresult hook_cuStreamCreate(CUstream* stream, unsigned int flags) {
+  auto real = REAL(cuStreamCreate);
+  if (!real) return kNoDriver;
+  Reentry g;
+  const CUresult r = real(stream, flags);
+  if (!g.nested() && r == CUDA_SUCCESS && stream)
+    if (cache_registry* reg = Tracker::get().cache()) reg->stream_created(*stream, flags);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+  auto real = REAL(cuStreamCreateWithPriority);
+  if (!real) return kNoDriver;
+  Reentry g;
+  const CUresult r = real(stream, flags, priority);
+  if (!g.nested() && r == CUDA_SUCCESS && stream)
+    if (cache_registry* reg = Tracker::get().cache()) reg->stream_created(*stream, flags);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuStreamDestroy_v2(CUstream stream) {
+  auto real = REAL(cuStreamDestroy_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (!g.nested() && stream)
+    if (cache_registry* reg = caches_if_any()) reg->stream_destroying(stream);
+  return real(stream);
+}
+
+namespace {
+void capture_begun(CUresult r) {
+  if (r == CUDA_SUCCESS) cache_registry::captures.fetch_add(1, std::memory_order_acq_rel);
+}
+/// Ends one capture in the count if `stream` was capturing (a capture begun through an
+/// entry point we do not hook never makes the count negative).
+template <class End>
+CUresult capture_end(CUstream stream, bool per_thread, End&& end) {
+  using fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  static auto is_cap = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing"));
+  static auto is_cap_pt = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing_ptsz"));
+  auto q = per_thread && is_cap_pt ? is_cap_pt : is_cap;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  const bool was = q && q(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = end();
+  if (was) {
+    int n = cache_registry::captures.load(std::memory_order_relaxed);
+    while (n > 0 && !cache_registry::captures.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+    }
+  }
+  return r;
+}
+}  // namespace
+
+CUW_EXPORT CUresult hook_cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  auto real = REAL(cuStreamBeginCapture_v2);
+  if (!real) return kNoDriver;
+  const CUresult r = real(stream, mode);
+  capture_begun(r);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  auto real = REAL(cuStreamBeginCapture_v2_ptsz);
+  if (!real) return kNoDriver;
+  const CUresult r = real(stream, mode);
+  capture_begun(r);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode* deps,
+                                                     const CUgraphEdgeData* edges, size_t ndeps,
+                                                     CUstreamCaptureMode mode) {
+  auto real = REAL(cuStreamBeginCaptureToGraph);
+  if (!real) return kNoDriver;
+  const CUresult r = real(stream, graph, deps, edges, ndeps, mode);
+  capture_begun(r);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode* deps,
+                                                          const CUgraphEdgeData* edges, size_t ndeps,
+                                                          CUstreamCaptureMode mode) {
+  auto real = REAL(cuStreamBeginCaptureToGraph_ptsz);
+  if (!real) return kNoDriver;
+  const CUresult r = real(stream, graph, deps, edges, ndeps, mode);
+  capture_begun(r);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  auto real = REAL(cuStreamEndCapture);
+  if (!real) return kNoDriver;
+  return capture_end(stream, false, [&] { return real(stream, graph); });
+}
+
+CUW_EXPORT CUresult hook_cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  auto real = REAL(cuStreamEndCapture_ptsz);
+  if (!real) return kNoDriver;
+  return capture_end(stream, true, [&] { return real(stream, graph); });
+}
+
+CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
+  auto real = REAL(cuCtxDestroy_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (!g.nested() && ctx)
+    if (cache_registry* reg = caches_if_any()) reg->context_gone(ctx, -1);
+  return real(ctx);
+}
+
+CUW_EXPORT CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  auto real = REAL(cuDevicePrimaryCtxReset_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  cache_registry* reg = g.nested() ? nullptr : caches_if_any();
+  if (reg) {
+    using state_fn = CUresult (*)(CUdevice, unsigned*, int*);
+    using retain_fn = CUresult (*)(CUcontext*, CUdevice);
+    using release_fn = CUresult (*)(CUdevice);
+    static auto get_state = reinterpret_cast<state_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxGetState"));
+    static auto retain = reinterpret_cast<retain_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxRetain"));
+    static auto release = reinterpret_cast<release_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxRelease_v2"));
+    unsigned flags = 0;
+    int active = 0;
+    CUcontext primary = nullptr;
+    // Only an active primary context can hold pooled memory; retaining it then creates nothing.
+    if (get_state && retain && release && get_state(dev, &flags, &active) == CUDA_SUCCESS && active &&
+        retain(&primary, dev) == CUDA_SUCCESS) {
+      release(dev);
+      reg->context_gone(primary, dev);
+    }
+  }
+  return real(dev);
 }
 
 // ---- CUDA arrays (CUDA driver API: Memory Management, arrays) -----------------------------
@@ -519,7 +848,12 @@ CUW_EXPORT CUresult hook_cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes
   t.refresh_pools(ordinal, nullptr, true, false);  // keep `reserved` current for whoever watches
   const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : ~0ULL);
   uint64_t total, free_b;
-  if (!capped_view(t, *d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) return r;
+  if (!capped_view(t, *d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) {
+    // Uncapped: the driver's figures, plus what the cache keeps for reuse (free for the program).
+    const uint64_t cached = d->cached.load(std::memory_order_relaxed);
+    if (free_bytes && cached) *free_bytes += std::min<uint64_t>(cached, physical - std::min<uint64_t>(*free_bytes, physical));
+    return r;
+  }
   if (total_bytes) *total_bytes = total;
   if (free_bytes) *free_bytes = free_b;
   return r;

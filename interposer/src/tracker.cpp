@@ -16,6 +16,7 @@
 #include <cstring>
 #include <string>
 
+#include "cache_resource.hpp"
 #include "cuw/paths.hpp"
 #include "log.hpp"
 #include "real.hpp"
@@ -115,6 +116,7 @@ Tracker::Tracker() : config_(load_config()) {
     job_slot_ = -1;
   }
   create_ring();
+  if (config_.pool == "cache") cache_ = std::make_unique<mr::cache_registry>(*this);
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
             ring_is_file_ ? ring_path_.c_str() : "(private)",
             config_.limit.empty() ? "none" : secure_getenv("CUWARDEN_LIMIT"));

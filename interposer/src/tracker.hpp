@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 
 #include <cuda.h>
@@ -15,6 +16,10 @@
 #include "live_table.hpp"
 #include "cuw/job.hpp"
 #include "cuw/ring.hpp"
+
+namespace cuw::mr {
+class cache_registry;
+}
 
 namespace cuw::ipc {
 
@@ -77,6 +82,10 @@ class Tracker {
   void emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
             uint32_t result, uint64_t used_after = kUsedNow) noexcept;
 
+  /// CUWARDEN_POOL=cache: the caches (one per CUDA context); nullptr with the pool off.
+  /// Lock-free (one load).
+  mr::cache_registry* cache() noexcept { return cache_.get(); }
+
   LiveTable& pointers() noexcept { return pointers_; }
   LiveTable& handles() noexcept { return handles_; }  ///< VMM handles, arrays
   LiveTable& host() noexcept { return host_; }        ///< pinned / registered host memory
@@ -122,6 +131,7 @@ class Tracker {
   job::Segment* job_ = nullptr;
   int job_slot_ = -1;
   int job_gpu_[ring::kMaxDevices];
+  std::unique_ptr<mr::cache_registry> cache_;
   LiveTable pointers_;
   LiveTable handles_;
   LiveTable host_;

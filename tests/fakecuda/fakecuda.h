@@ -43,6 +43,14 @@ CUresult fakecuda_stream_delay(CUstream stream, unsigned ms);
 CUresult fakecuda_stream_fill_async(CUstream stream, CUdeviceptr dptr, unsigned char value,
                                     size_t bytes, unsigned delay_ms);
 
+/** Decodes an IPC handle made by cuIpcGetMemHandle: the driver allocation it exports (its
+ *  base address and size; an interior pointer exports the whole allocation, as on the
+ *  driver). Returns 0, or -1 for a handle the simulated driver did not make. */
+int fakecuda_ipc_handle_range(const CUipcMemHandle* handle, CUdeviceptr* base, size_t* size);
+
+/** 1 if context `from` has enabled peer access to context `to` (cuCtxEnablePeerAccess), else 0. */
+int fakecuda_peer_access_enabled(CUcontext from, CUcontext to);
+
 /** Sets every cu* call counter to zero. */
 void fakecuda_reset_counters(void);
 

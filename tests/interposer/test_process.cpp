@@ -298,6 +298,45 @@ TEST_CASE("a daemon started after the process shows it exactly; cuwarden --json"
   CHECK(finish(daemon, nullptr) == 0);
 }
 
+TEST_CASE("CUWARDEN_POOL=cache: the daemon and the CLI show in use vs reserved", "[process][daemon][cache]") {
+  const std::string dir = make_run_dir();
+  const std::string sock = dir + "/cuwardend.sock";
+  // 47 MiB: a whole block of 48 MiB (2 MiB rounding) held from the driver.
+  Child app = spawn({kProbe, "hold", "47"},
+                    {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1G", "CUWARDEN_POOL=cache"});
+  REQUIRE(read_line(app.out) == "ready");
+  Child daemon = spawn({CUW_DAEMON, "--run-dir", dir, "--socket", sock}, {});
+  nlohmann::json proc;
+  for (int i = 0; i < 100 && proc.is_null(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::string out;
+    if (run({CUW_CLI, "--socket", sock, "--json"}, {}, &out) != 0) continue;
+    auto state = nlohmann::json::parse(out, nullptr, false);
+    if (state.is_discarded()) continue;
+    for (auto& p : state["processes"])
+      if (p["pid"] == app.pid) proc = p;
+  }
+  REQUIRE(!proc.is_null());
+  CHECK(proc["pool"] == "cache");
+  auto dev0 = proc["devices"][0];
+  CHECK(dev0["used_bytes"] == 48ULL << 20);      // counted against the cap: what the cache holds
+  CHECK(dev0["reserved_bytes"] == 48ULL << 20);
+  CHECK(dev0["in_use_bytes"] == 48ULL << 20);    // all of it is the program's block
+  CHECK(dev0["cached_bytes"] == 0);
+  CHECK(dev0["allocations"] == 1);
+  std::string table;
+  REQUIRE(run({CUW_CLI, "--socket", sock}, {}, &table) == 0);
+  CHECK_THAT(table, Catch::Contains("In use") && Catch::Contains("Reserved") && Catch::Contains("48MiB"));
+  std::string csv;
+  REQUIRE(run({CUW_CLI, "--socket", sock, "--query-compute-apps=pid,in_use_memory,cached_memory,reserved_memory",
+               "--format=csv,noheader,nounits"},
+              {}, &csv) == 0);
+  CHECK_THAT(csv, Catch::Contains(std::to_string(app.pid) + ", 48, 0, 48"));
+  REQUIRE(finish(app, nullptr) == 0);
+  ::kill(daemon.pid, SIGTERM);
+  CHECK(finish(daemon, nullptr) == 0);
+}
+
 TEST_CASE("cuwarden says plainly when no daemon runs", "[process][daemon]") {
   const std::string dir = make_run_dir();
   std::string out;

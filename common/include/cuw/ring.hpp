@@ -122,9 +122,16 @@ struct alignas(64) DeviceSlot {
   std::atomic<uint64_t> refusals;     ///< allocations refused by the cap (OOMs caused by cuwarden)
   std::atomic<uint64_t> driver_errors;///< allocations the driver itself failed
   std::atomic<uint64_t> host_bytes;   ///< pinned host memory attributed to this device's context
-  uint64_t reserved_words[8];
+  /// CUWARDEN_POOL=cache: bytes the pool holds from the driver that no allocation of the
+  /// program uses (free, waiting for earlier GPU work, or not yet carved). They are part of
+  /// `used` and `reserved`; the program's own bytes are `used - cached`. 0 with pool off.
+  std::atomic<uint64_t> cached;
+  std::atomic<uint64_t> pool_hits;    ///< allocations the pool served without calling the driver
+  std::atomic<uint64_t> pool_waits;   ///< times the pool waited for earlier GPU work (event sync)
+  uint64_t reserved_words[5];
 };
 static_assert(sizeof(DeviceSlot) % 64 == 0);
+static_assert(sizeof(DeviceSlot) == 320, "DeviceSlot is shared memory: its size is part of the ABI");
 
 /// Process state values stored in RingHeader::state.
 enum class ProcessState : uint32_t { starting = 0, running = 1, exited = 2 };

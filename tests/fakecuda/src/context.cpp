@@ -369,7 +369,10 @@ CUresult primary_reset(CUdevice dev) {
   if (CUresult rc = check_device(dev)) return rc;
   Device* d = device(dev);
   std::lock_guard lock(d->primary_mu);
-  if (d->primary && d->primary->alive) context_synchronize(d->primary);
+  if (d->primary && d->primary->alive) {
+    context_synchronize(d->primary);
+    table_free_context(d->primary);  // the driver destroys every allocation of the context
+  }
   return CUDA_SUCCESS;
 }
 }  // namespace

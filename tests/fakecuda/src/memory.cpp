@@ -33,6 +33,23 @@ bool table_erase(uintptr_t base, Allocation* out) {
 
 bool table_find(uintptr_t addr, Allocation* out) { return table_find_range(addr, 1, out); }
 
+void table_free_context(Context* ctx) {
+  std::vector<Allocation> gone;
+  {
+    std::unique_lock lock(g_table_mu);
+    for (auto it = g_table.begin(); it != g_table.end();) {
+      const Allocation& a = it->second;
+      if (a.ctx == ctx && (a.kind == AllocKind::device || a.kind == AllocKind::managed)) {
+        gone.push_back(a);
+        it = g_table.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const Allocation& a : gone) device_free_block(device(a.ordinal), a.base);
+}
+
 bool table_find_range(uintptr_t addr, size_t bytes, Allocation* out) {
   std::shared_lock lock(g_table_mu);
   auto it = g_table.upper_bound(addr);

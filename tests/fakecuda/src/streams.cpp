@@ -54,7 +54,8 @@ Stream* per_thread_stream(Context* ctx) {
   return s;
 }
 
-uint64_t enqueue_with_deps(Stream* s, OpFn fn, std::vector<std::pair<Stream*, uint64_t>> deps, CUresult* err) {
+uint64_t enqueue_with_deps(Stream* s, OpFn fn, std::vector<std::pair<Stream*, uint64_t>> deps, CUresult* err,
+                           bool inline_if_idle = false) {
   *err = CUDA_SUCCESS;
   if (s->legacy && any_blocking_stream_capturing(s->ctx)) {
     invalidate_captures_of(s->ctx);
@@ -84,6 +85,23 @@ uint64_t enqueue_with_deps(Stream* s, OpFn fn, std::vector<std::pair<Stream*, ui
     }
   } else if (!(s->flags & CU_STREAM_NON_BLOCKING)) {
     deps.emplace_back(s->ctx->legacy, stream_submitted(s->ctx->legacy));
+  }
+  if (inline_if_idle) {
+    // A marker (event record) on a stream with nothing queued and nothing to wait for
+    // completes at once, as on an idle device (within microseconds there).
+    bool ready = true;
+    for (auto& [dep, dseq] : deps) ready = ready && stream_done(dep, dseq);
+    std::unique_lock lk(s->mu);
+    if (ready && s->queue.empty() && s->completed == s->submitted) {
+      const uint64_t seq = ++s->submitted;
+      lk.unlock();
+      if (fn) fn();
+      lk.lock();
+      // Work queued meanwhile has later numbers: its completion marks ours complete too.
+      if (s->completed < seq && s->queue.empty()) s->completed = seq;
+      s->cv.notify_all();
+      return seq;
+    }
   }
   std::lock_guard lk(s->mu);
   uint64_t seq = ++s->submitted;
@@ -430,7 +448,7 @@ CUresult record_event(CUevent h, CUstream hs, bool pt) {
     ev->has_time = false;
   }
   CUresult err;
-  uint64_t seq = stream_enqueue(
+  uint64_t seq = enqueue_with_deps(
       s,
       [ev, gen] {
         std::lock_guard lk(ev->mu);
@@ -439,7 +457,7 @@ CUresult record_event(CUevent h, CUstream hs, bool pt) {
           ev->has_time = true;
         }
       },
-      &err);
+      {}, &err, /*inline_if_idle=*/true);
   if (err) return err;
   std::lock_guard lk(ev->mu);
   if (seq == 0) return CUDA_SUCCESS;  // captured: becomes part of the graph

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""cuwarden: report of bench/cache_gpu.sh (CUWARDEN_POOL=cache).
+
+    cache_report.py RAW_DIR OUT_PREFIX
+
+Reads RAW_DIR/{env.txt, pairs-MODE-N.json, e2e-MODE-N.json, cupy-MODE-N.json}, writes
+OUT_PREFIX.md and OUT_PREFIX.json, prints the markdown. Medians over every repetition of
+every run. Exit 1 when a part is missing or checksums differ between modes.
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+SIZES = [(4 << 10, "4 KiB"), (1 << 20, "1 MiB"), (64 << 20, "64 MiB"), (1 << 30, "1 GiB")]
+MODES = ["bare", "off", "cache"]
+
+
+def load(raw, prefix):
+    out = {}
+    for path in sorted(glob.glob(os.path.join(raw, prefix + "-*.json"))):
+        mode = os.path.basename(path)[len(prefix) + 1:].rsplit("-", 1)[0]
+        with open(path) as f:
+            try:
+                out.setdefault(mode, []).append(json.loads(f.read()))
+            except ValueError:
+                pass
+    return out
+
+
+def fmt_ns(v):
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f} us" if v >= 10000 else f"{v:.0f} ns"
+
+
+def main():
+    raw, prefix = sys.argv[1], sys.argv[2]
+    env = {}
+    if os.path.exists(os.path.join(raw, "env.txt")):
+        for line in open(os.path.join(raw, "env.txt")):
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                env[k] = v
+    ok = True
+    pairs = load(raw, "pairs")
+    # medians[(mode, api, bytes)] = ns per pair
+    samples = {}
+    for mode, runs in pairs.items():
+        for run in runs:
+            for r in run.get("results", []):
+                if r.get("op") != "alloc_free":
+                    continue
+                samples.setdefault((mode, r["api"], r["bytes"]), []).extend(r["ns"])
+    med = {k: statistics.median(v) for k, v in samples.items() if v}
+    if not med:
+        ok = False
+    rows = []
+    for size, label in SIZES:
+        native_async = med.get(("bare", "async", size))
+        for api in ("driver", "runtime", "async"):
+            n, o, c = (med.get((m, api, size)) for m in MODES)
+            row = {"size": size, "label": label, "api": api, "native_ns": n, "off_ns": o, "cache_ns": c}
+            row["off_added_ns"] = (o - n) if (o is not None and n is not None) else None
+            if api == "driver" and c is not None:
+                row["target"] = "cache <= 150 ns"
+                row["met"] = c <= 150
+            elif api == "runtime" and c is not None and native_async is not None:
+                row["target"] = f"cache <= {native_async / 2:.0f} ns (half of cudaMallocAsync)"
+                row["met"] = c <= native_async / 2
+            else:
+                row["target"], row["met"] = "", None
+            if api in ("driver", "runtime") and row["off_added_ns"] is not None:
+                row["off_met"] = row["off_added_ns"] <= 100
+            rows.append(row)
+
+    def e2e_part(name):
+        nonlocal ok
+        runs = load(raw, name)
+        if not runs:
+            return None
+        part = {"modes": {}}
+        sums = set()
+        for mode, rs in runs.items():
+            us = [r["us_per_step"] for r in rs if "us_per_step" in r]
+            part["modes"][mode] = {"us_per_step": statistics.median(us) if us else None,
+                                   "checksums": sorted({r.get("checksum") for r in rs}),
+                                   "kernel": rs[0].get("kernel")}
+            sums.update(r.get("checksum") for r in rs)
+        part["identical"] = len(sums) == 1
+        b = part["modes"].get("bare", {}).get("us_per_step")
+        c = part["modes"].get("cache", {}).get("us_per_step")
+        part["speedup"] = (b / c) if (b and c) else None
+        if not part["identical"]:
+            ok = False
+        return part
+
+    e2e = e2e_part("e2e")
+    cupy = e2e_part("cupy")
+    if e2e is None:
+        ok = False
+
+    title = f"# CUWARDEN_POOL=cache on {env.get('gpu', env.get('tag', '?'))} ({env.get('date', '?')})"
+    md = [title, "",
+          f"Driver {env.get('driver', '-')}, CUDA driver API {env.get('cuda_driver', '-')}, CuPy {env.get('cupy', '-')}, "
+          f"commit {env.get('commit', '?')}, CPU {env.get('cpu', '?')}. Produced by `bench/cache_gpu.sh`"
+          + (" on the simulated driver (not GPU numbers)." if env.get("fake") == "1" else "."),
+          "", "## Alloc+free pair, median", "",
+          "| size | API | native | cuwarden off | off adds | cuwarden cache | target | met |",
+          "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+    names = {"driver": "cuMemAlloc+cuMemFree", "runtime": "cudaMalloc+cudaFree",
+             "async": "cudaMallocAsync+cudaFreeAsync"}
+    for r in rows:
+        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        if r.get("off_met") is False:
+            met += " (off adds > 100 ns)"
+        md.append(f"| {r['label']} | {names[r['api']]} | {fmt_ns(r['native_ns'])} | {fmt_ns(r['off_ns'])} | "
+                  f"{fmt_ns(r['off_added_ns']) if r['off_added_ns'] is not None else '-'} | {fmt_ns(r['cache_ns'])} | "
+                  f"{r['target']} | {met} |")
+    md += ["", "cudaMallocAsync rows are the driver's own stream-ordered pool in every column (cuwarden "
+           "passes it through); they are the reference the runtime target is measured against.", ""]
+    for name, part, what in (("e2e", e2e, "C++ loop: 4 x cudaMalloc, kernel, 2 copies, 4 x cudaFree per step"),
+                             ("cupy", cupy, "CuPy with its memory pool disabled")):
+        md.append(f"## End to end: {what}")
+        md.append("")
+        if part is None:
+            md += ["not measured (see the log)", ""]
+            continue
+        md += ["| mode | us per step | checksum |", "| --- | ---: | --- |"]
+        for mode in MODES:
+            m = part["modes"].get(mode)
+            if m:
+                md.append(f"| {mode} | {m['us_per_step']:.1f} | {', '.join(str(s) for s in m['checksums'])} |")
+        sp = f"{part['speedup']:.1f}x" if part["speedup"] else "-"
+        md += ["", f"Speedup with `CUWARDEN_POOL=cache`: **{sp}** (target 5x); results identical across modes: "
+               f"**{'yes' if part['identical'] else 'NO'}**.", ""]
+
+    with open(prefix + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+    with open(prefix + ".json", "w") as f:
+        json.dump({"env": env, "pairs": rows, "e2e": e2e, "cupy": cupy}, f, indent=1)
+    print("\n".join(md))
+    print(f"\nwritten: {prefix}.md, {prefix}.json")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

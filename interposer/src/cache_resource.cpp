@@ -1,0 +1,849 @@
+// cuwarden interposer: the `cache` backend (see cache_resource.hpp for the design).
+#include "cache_resource.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "log.hpp"
+#include "real.hpp"
+#include "tracker.hpp"
+
+namespace cuw::mr {
+
+namespace {
+
+constexpr uint32_t kSealBlocks = 64;             ///< an open batch this large is sealed by the free
+constexpr uint64_t kGrowPending = 64ULL << 20;   ///< past this many pending bytes, wait rather than grow
+constexpr uint32_t kSealMinBlocks = 16;          ///< a missing small request seals a batch this large
+constexpr uint64_t kSealMinBytes = 8ULL << 20;   ///< ... or holding this many bytes
+
+/// Driver entry points the cache calls and does not hook, resolved once.
+struct Drv {
+  CUresult (*event_create)(CUevent*, unsigned) = nullptr;
+  CUresult (*event_record)(CUevent, CUstream) = nullptr;
+  CUresult (*event_query)(CUevent) = nullptr;
+  CUresult (*event_sync)(CUevent) = nullptr;
+  CUresult (*event_destroy)(CUevent) = nullptr;
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*ctx_push)(CUcontext) = nullptr;
+  CUresult (*ctx_pop)(CUcontext*) = nullptr;
+  CUresult (*ctx_get_device)(CUdevice*) = nullptr;
+  CUresult (*stream_sync)(CUstream) = nullptr;
+};
+
+template <class F>
+void resolve(F& f, const char* name) {
+  f = reinterpret_cast<F>(hook::driver_symbol(name));
+}
+
+const Drv& drv() {
+  static const Drv d = [] {
+    Drv x;
+    resolve(x.event_create, "cuEventCreate");
+    resolve(x.event_record, "cuEventRecord");
+    resolve(x.event_query, "cuEventQuery");
+    resolve(x.event_sync, "cuEventSynchronize");
+    resolve(x.event_destroy, "cuEventDestroy_v2");
+    resolve(x.ctx_get_current, "cuCtxGetCurrent");
+    resolve(x.ctx_push, "cuCtxPushCurrent_v2");
+    resolve(x.ctx_pop, "cuCtxPopCurrent_v2");
+    resolve(x.ctx_get_device, "cuCtxGetDevice");
+    resolve(x.stream_sync, "cuStreamSynchronize");
+    return x;
+  }();
+  return d;
+}
+
+/// Makes `ctx` current for the scope when it is not already (a free made from a thread
+/// whose current context is another one).
+class CtxScope {
+ public:
+  explicit CtxScope(CUcontext ctx) noexcept {
+    CUcontext cur = nullptr;
+    if (drv().ctx_get_current && drv().ctx_get_current(&cur) == CUDA_SUCCESS && cur == ctx) return;
+    pushed_ = drv().ctx_push && drv().ctx_push(ctx) == CUDA_SUCCESS;
+  }
+  ~CtxScope() {
+    CUcontext out = nullptr;
+    if (pushed_ && drv().ctx_pop) drv().ctx_pop(&out);
+  }
+  CtxScope(const CtxScope&) = delete;
+  CtxScope& operator=(const CtxScope&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+
+uint64_t class_size(int cls) noexcept {
+  if (cls < 4) return static_cast<uint64_t>(cls + 1) * 512;
+  const int k = 11 + (cls - 4) / 4, j = (cls - 4) % 4;
+  return (1ULL << k) + static_cast<uint64_t>(j + 1) * (1ULL << (k - 2));
+}
+
+uint64_t large_slack(uint64_t rounded) noexcept {
+  return std::max<uint64_t>(cache_resource::kLargeRound, rounded / 8);
+}
+
+bool capturing() noexcept { return cache_registry::captures.load(std::memory_order_acquire) > 0; }
+
+}  // namespace
+
+std::atomic<int> cache_registry::captures{0};
+
+void spin_lock::contended() noexcept {
+  for (int spins = 0;; ++spins) {
+    if (!locked_.exchange(true, std::memory_order_acquire)) return;
+    while (locked_.load(std::memory_order_relaxed)) {
+      if (spins++ > 64) {
+        sched_yield();  // a holder that was descheduled: let it run
+      } else {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ volatile("yield");
+#endif
+      }
+    }
+  }
+}
+
+// ---- size classes ------------------------------------------------------------------------
+
+int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept {
+  if (n <= 2048) {
+    const uint64_t r = n == 0 ? 512 : (n + 511) & ~uint64_t{511};
+    *rounded = r;
+    return static_cast<int>(r >> 9) - 1;
+  }
+  const int k = 63 - __builtin_clzll(n - 1);  // 2^k < n <= 2^(k+1), k >= 11
+  const uint64_t step = 1ULL << (k - 2);
+  const uint64_t r = (n + step - 1) & ~(step - 1);
+  *rounded = r;
+  return 4 + (k - 11) * 4 + static_cast<int>(r >> (k - 2)) - 5;
+}
+
+// ---- construction ------------------------------------------------------------------------
+
+cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
+                               ring::DeviceSlot& slot, ipc::Tracker& tracker)
+    : upstream_(std::move(upstream)), ctx_(ctx), ordinal_(ordinal), slot_(slot), tracker_(tracker) {
+  map_.assign(1024, nullptr);
+}
+
+cache_resource::~cache_resource() {
+  // Segments are not freed: the cache lives as long as the process (or its context).
+  for (auto& [base, s] : segments_) delete s;
+}
+
+// ---- the block map and free lists (under mu_) --------------------------------------------
+
+namespace {
+inline uint64_t ptr_hash(uint64_t p) noexcept { return (p >> 9) * 0x9E3779B97F4A7C15ULL; }
+}  // namespace
+
+cache_resource::Block* cache_resource::lookup_locked(CUdeviceptr p) const noexcept {
+  const uint64_t mask = map_.size() - 1;
+  for (uint64_t i = ptr_hash(p) >> 20 & mask;; i = (i + 1) & mask) {
+    Block* b = map_[i];
+    if (!b || b->ptr == p) return b;
+  }
+}
+
+void cache_resource::map_insert_locked(Block* b) {
+  if ((map_used_ + 1) * 2 > map_.size()) {
+    map_.assign(map_.size() * 2, nullptr);
+    map_used_ = 0;
+    map_rebuild_locked();
+  }
+  const uint64_t mask = map_.size() - 1;
+  uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
+  while (map_[i]) i = (i + 1) & mask;
+  map_[i] = b;
+  ++map_used_;
+}
+
+void cache_resource::map_rebuild_locked() {
+  std::fill(map_.begin(), map_.end(), nullptr);
+  map_used_ = 0;
+  uint64_t need = 0;
+  for (auto& [base, s] : segments_) need += s->carved;
+  uint64_t cap = map_.size();
+  while ((need + 1) * 2 > cap) cap *= 2;
+  if (cap != map_.size()) map_.assign(cap, nullptr);
+  const uint64_t mask = cap - 1;
+  for (auto& [base, s] : segments_)
+    for (uint32_t k = 0; k < s->carved; ++k) {
+      Block* b = &s->blocks[k];
+      uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
+      while (map_[i]) i = (i + 1) & mask;
+      map_[i] = b;
+      ++map_used_;
+    }
+}
+
+void cache_resource::push_free_locked(Block* b) noexcept {
+  b->state = kFree;
+  Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
+  b->prev = nullptr;
+  b->next = *head;
+  if (*head) (*head)->prev = b;
+  *head = b;
+}
+
+void cache_resource::unlink_free_locked(Block* b) noexcept {
+  if (b->prev) {
+    b->prev->next = b->next;
+  } else {
+    Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
+    *head = b->next;
+  }
+  if (b->next) b->next->prev = b->prev;
+  b->prev = b->next = nullptr;
+}
+
+cache_resource::Block* cache_resource::carve_locked(Segment* s) noexcept {
+  const uint64_t size = class_size(s->cls);
+  Block* b = &s->blocks[s->carved];
+  b->ptr = s->base + s->carved * size;
+  b->size = size;
+  b->seg = s;
+  ++s->carved;
+  if (s->carved == s->capacity && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+  map_insert_locked(b);
+  return b;
+}
+
+cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rounded) noexcept {
+  if (cls >= 0) {
+    if (Block* b = free_small_[cls]) {
+      free_small_[cls] = b->next;
+      if (b->next) b->next->prev = nullptr;
+      b->next = nullptr;
+      return b;
+    }
+    if (Segment* s = carving_[cls]) return carve_locked(s);
+    return nullptr;
+  }
+  const uint64_t slack = large_slack(rounded);
+  for (auto it = free_large_.lower_bound(rounded); it != free_large_.end() && it->first - rounded <= slack; ++it) {
+    if (Block* b = it->second) {
+      it->second = b->next;
+      if (b->next) b->next->prev = nullptr;
+      b->next = nullptr;
+      return b;
+    }
+  }
+  return nullptr;
+}
+
+void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
+  b->state = kLive;
+  b->requested = requested;
+  ++b->seg->busy;
+}
+
+// ---- allocate ----------------------------------------------------------------------------
+
+// Fast path, a hit: class computation, spin lock, pop of a free list, three counters.
+// About 60 instructions, no driver call, no clock read.
+CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
+  uint64_t rounded;
+  int cls;
+  if (bytes <= kSmallMax) {
+    cls = small_class(bytes, &rounded);
+  } else {
+    cls = -1;
+    rounded = (bytes + kLargeRound - 1) & ~(kLargeRound - 1);
+    if (rounded < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  mu_.lock();
+  if (Block* b = take_locked(cls, rounded)) {
+    hand_out_locked(b, bytes);
+    const uint64_t size = b->size;
+    *out = b->ptr;
+    mu_.unlock();
+    slot_.cached.fetch_sub(size, std::memory_order_relaxed);
+    slot_.pool_hits.fetch_add(1, std::memory_order_relaxed);
+    return CUDA_SUCCESS;
+  }
+  mu_.unlock();
+  std::lock_guard<std::mutex> g(slow_);
+  return slow_allocate(out, bytes, cls, rounded);
+}
+
+bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
+  mu_.lock();
+  Block* b = take_locked(cls, rounded);
+  if (!b) {
+    mu_.unlock();
+    return false;
+  }
+  hand_out_locked(b, bytes);
+  const uint64_t size = b->size;
+  *out = b->ptr;
+  mu_.unlock();
+  slot_.cached.fetch_sub(size, std::memory_order_relaxed);
+  slot_.pool_hits.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
+  if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  const bool cap_active = capturing();
+  if (!cap_active) poll_slow();
+  if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
+  if (!cap_active) {
+    bool seal;
+    mu_.lock();
+    // One event per stream per seal: amortize it. A small request would rather grow (a slab
+    // serves many) than seal a batch of a few blocks; a large one seals at once.
+    seal = open_count_ > 0 && (open_count_ >= kSealMinBlocks || open_bytes_ >= kSealMinBytes || cls < 0 ||
+                               pending_bytes_.load(std::memory_order_relaxed) >= kGrowPending);
+    mu_.unlock();
+    if (seal) {
+      seal_locked_slow();
+      poll_slow();
+      if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
+    }
+    // Grow (one slab serves many small requests) unless the request is large or much is
+    // pending: then wait for the oldest batches, as long as one of them holds a fit.
+    const bool grow = cls >= 0 && pending_bytes_.load(std::memory_order_relaxed) < kGrowPending;
+    if (!grow) {
+      for (;;) {
+        bool fit = false;
+        for (const Batch& bt : batches_) {
+          for (Block* b = bt.head; b && !fit; b = b->next)
+            fit = cls >= 0 ? b->seg->cls == cls
+                           : b->seg->cls < 0 && b->size >= rounded && b->size - rounded <= large_slack(rounded);
+          if (fit) break;
+        }
+        if (!fit || !wait_oldest_slow()) break;
+        if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
+      }
+    }
+  }
+  return grow_slow(out, bytes, cls, rounded);
+}
+
+bool cache_resource::charge_segment(uint64_t bytes) {
+  return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc);
+}
+
+CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
+  uint64_t seg_bytes = cls >= 0 ? kSlabBytes : rounded;
+  auto fits = [this](uint64_t n) {
+    const uint64_t limit = slot_.limit.load(std::memory_order_relaxed);
+    const uint64_t used = slot_.used.load(std::memory_order_relaxed);
+    return limit == ring::kNoLimit || (n <= limit && used <= limit - n);
+  };
+  // The cap first: cached bytes count against it, so give back what is free, then what
+  // pending frees free, before charging.
+  if (!fits(seg_bytes)) {
+    release_slow();
+    if (!fits(seg_bytes) && !capturing()) {
+      wait_all_slow();
+      release_slow();
+    }
+    if (!fits(seg_bytes)) {
+      // Still no room for a slab or a rounded block: a block of exactly the request
+      // (512-byte rounded), one driver allocation of its own.
+      const uint64_t exact = (bytes + 511) & ~uint64_t{511};
+      if (exact < seg_bytes) {
+        seg_bytes = exact;
+        cls = -1;
+      }
+    }
+  }
+  if (!charge_segment(seg_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;  // refused: counted by charge
+  CUdeviceptr base = 0;
+  CUresult r = upstream_->allocate(&base, seg_bytes);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    // The driver itself is out of memory: what the cache keeps may be the reason.
+    if (!capturing()) wait_all_slow();
+    if (release_slow() > 0) r = upstream_->allocate(&base, seg_bytes);
+  }
+  if (r != CUDA_SUCCESS) {
+    tracker_.uncharge(slot_, seg_bytes);
+    slot_.driver_errors.fetch_add(1, std::memory_order_relaxed);
+    tracker_.emit(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r);
+    return r;
+  }
+  slot_.reserved.fetch_add(seg_bytes, std::memory_order_relaxed);
+  auto* s = new Segment;
+  s->base = base;
+  s->bytes = seg_bytes;
+  s->cls = cls;
+  s->capacity = cls >= 0 ? static_cast<uint32_t>(seg_bytes / class_size(cls)) : 1;
+  s->blocks.reset(new Block[s->capacity]);
+  mu_.lock();
+  segments_[base] = s;
+  Block* b;
+  if (cls >= 0) {
+    carving_[cls] = s;
+    b = carve_locked(s);
+  } else {
+    b = &s->blocks[0];
+    b->ptr = base;
+    b->size = seg_bytes;
+    b->seg = s;
+    s->carved = 1;
+    map_insert_locked(b);
+  }
+  hand_out_locked(b, bytes);
+  *out = b->ptr;
+  const uint64_t size = b->size;
+  mu_.unlock();
+  slot_.cached.fetch_add(seg_bytes - size, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+// ---- free --------------------------------------------------------------------------------
+
+// Fast path: spin lock, one map probe, a push onto the open batch, two counters. About 50
+// instructions; every kSealBlocks-th free also seals the batch (one event per stream).
+CUresult cache_resource::free_block(CUdeviceptr p, uint64_t* requested) {
+  mu_.lock();
+  Block* b = lookup_locked(p);
+  if (!b || b->state != kLive) {
+    mu_.unlock();
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  *requested = b->requested;
+  const uint64_t size = b->size;
+  if (b->exported) {
+    // An IPC handle was given out for this driver allocation: it is never handed out
+    // again. Free it now; cuMemFree synchronizes, as the program's own call would have.
+    b->state = kPending;
+    Segment* s = b->seg;
+    mu_.unlock();
+    std::lock_guard<std::mutex> g(slow_);
+    mu_.lock();
+    segments_.erase(s->base);
+    map_rebuild_locked();
+    mu_.unlock();
+    upstream_->deallocate(s->base, s->bytes);
+    tracker_.uncharge(slot_, s->bytes);
+    slot_.reserved.fetch_sub(s->bytes, std::memory_order_relaxed);
+    delete s;
+    return CUDA_SUCCESS;
+  }
+  b->state = kPending;
+  b->next = open_head_;
+  open_head_ = b;
+  open_bytes_ += size;
+  const bool seal = ++open_count_ >= kSealBlocks;
+  mu_.unlock();
+  pending_bytes_.fetch_add(size, std::memory_order_relaxed);
+  slot_.cached.fetch_add(size, std::memory_order_relaxed);
+  if (seal && !capturing() && slow_.try_lock()) {
+    seal_locked_slow();
+    poll_slow();
+    slow_.unlock();
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cache_resource::do_deallocate(CUdeviceptr p, std::size_t) {
+  uint64_t requested = 0;
+  return free_block(p, &requested);
+}
+
+// ---- batches (under slow_) -----------------------------------------------------------------
+
+CUevent cache_resource::event_slow() {
+  if (!spare_events_.empty()) {
+    CUevent e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  CUevent e = nullptr;
+  if (!drv().event_create || drv().event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  return e;
+}
+
+void cache_resource::seal_locked_slow() {
+  Batch bt;
+  mu_.lock();
+  bt.head = open_head_;
+  bt.bytes = open_bytes_;
+  open_head_ = nullptr;
+  open_count_ = 0;
+  open_bytes_ = 0;
+  mu_.unlock();
+  if (!bt.head) return;
+  bool ok = drv().event_record != nullptr;
+  {
+    CtxScope scope(ctx_);
+    // The legacy stream's event follows all earlier work of every blocking stream; each
+    // non-blocking stream needs its own.
+    for (size_t i = 0; ok && i <= streams_.size(); ++i) {
+      CUevent e = event_slow();
+      CUstream s = i == 0 ? CU_STREAM_LEGACY : streams_[i - 1];
+      if (!e || drv().event_record(e, s) != CUDA_SUCCESS) {
+        if (e) spare_events_.push_back(e);
+        ok = false;
+        break;
+      }
+      bt.events.push_back(e);
+    }
+  }
+  if (!ok) {
+    // Nothing proves these blocks unused: put them back into the open batch, so that a
+    // later seal (or the release after a device synchronization) decides.
+    for (CUevent e : bt.events) spare_events_.push_back(e);
+    mu_.lock();
+    Block* tail = bt.head;
+    uint32_t n = 1;
+    while (tail->next) tail = tail->next, ++n;
+    tail->next = open_head_;
+    open_head_ = bt.head;
+    open_count_ += n;
+    open_bytes_ += bt.bytes;
+    mu_.unlock();
+    return;
+  }
+  batches_.push_back(std::move(bt));
+}
+
+bool cache_resource::batch_done(Batch& bt, bool wait) {
+  // Events of destroyed streams first: every batch waits for them.
+  while (!orphans_.empty()) {
+    CUevent e = orphans_.back();
+    const CUresult r = wait ? drv().event_sync(e) : drv().event_query(e);
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    if (!wait && r != CUDA_SUCCESS) return false;
+    orphans_.pop_back();
+    spare_events_.push_back(e);
+  }
+  while (!bt.events.empty()) {
+    CUevent e = bt.events.back();
+    const CUresult r = wait ? drv().event_sync(e) : drv().event_query(e);
+    if (r == CUDA_ERROR_NOT_READY) return false;
+    if (!wait && r != CUDA_SUCCESS) return false;  // a broken context: only a wait decides
+    bt.events.pop_back();
+    spare_events_.push_back(e);
+  }
+  return true;
+}
+
+void cache_resource::retire_front() {
+  Batch& bt = batches_.front();
+  mu_.lock();
+  for (Block* b = bt.head; b;) {
+    Block* next = b->next;
+    --b->seg->busy;
+    push_free_locked(b);
+    b = next;
+  }
+  mu_.unlock();
+  pending_bytes_.fetch_sub(bt.bytes, std::memory_order_relaxed);
+  batches_.pop_front();
+}
+
+bool cache_resource::poll_slow() {
+  bool any = false;
+  if (!batches_.empty()) {
+    CtxScope scope(ctx_);
+    while (!batches_.empty() && batch_done(batches_.front(), false)) {
+      retire_front();
+      any = true;
+    }
+  }
+  return any;
+}
+
+bool cache_resource::wait_oldest_slow() {
+  if (batches_.empty()) return false;
+  {
+    CtxScope scope(ctx_);
+    batch_done(batches_.front(), true);
+  }
+  retire_front();
+  slot_.pool_waits.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void cache_resource::wait_all_slow() {
+  if (capturing()) return;
+  seal_locked_slow();
+  while (wait_oldest_slow()) {
+  }
+}
+
+// ---- release -------------------------------------------------------------------------------
+
+uint64_t cache_resource::release_slow() {
+  std::vector<Segment*> gone;
+  mu_.lock();
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    Segment* s = it->second;
+    if (s->busy != 0) {
+      ++it;
+      continue;
+    }
+    for (uint32_t k = 0; k < s->carved; ++k) unlink_free_locked(&s->blocks[k]);
+    if (s->cls >= 0 && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+    gone.push_back(s);
+    it = segments_.erase(it);
+  }
+  if (!gone.empty()) map_rebuild_locked();
+  mu_.unlock();
+  uint64_t total = 0;
+  for (Segment* s : gone) {
+    upstream_->deallocate(s->base, s->bytes);
+    tracker_.uncharge(slot_, s->bytes);
+    slot_.reserved.fetch_sub(s->bytes, std::memory_order_relaxed);
+    slot_.cached.fetch_sub(s->bytes, std::memory_order_relaxed);
+    total += s->bytes;
+    delete s;
+  }
+  return total;
+}
+
+std::size_t cache_resource::do_release() {
+  std::lock_guard<std::mutex> g(slow_);
+  if (dead_) return 0;
+  wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
+  return release_slow();
+}
+
+void cache_resource::forget_all() noexcept {
+  std::lock_guard<std::mutex> g(slow_);
+  mu_.lock();
+  dead_ = true;
+  uint64_t total = 0, live_bytes = 0, live = 0;
+  for (auto& [base, s] : segments_) {
+    total += s->bytes;
+    for (uint32_t k = 0; k < s->carved; ++k)
+      if (s->blocks[k].state == kLive) {
+        live_bytes += s->blocks[k].size;
+        ++live;
+      }
+    delete s;
+  }
+  segments_.clear();
+  std::fill(std::begin(free_small_), std::end(free_small_), nullptr);
+  std::fill(std::begin(carving_), std::end(carving_), nullptr);
+  free_large_.clear();
+  open_head_ = nullptr;
+  open_count_ = 0;
+  open_bytes_ = 0;
+  map_rebuild_locked();
+  mu_.unlock();
+  batches_.clear();  // the context's events went with it
+  spare_events_.clear();
+  orphans_.clear();
+  streams_.clear();
+  pending_bytes_.store(0, std::memory_order_relaxed);
+  tracker_.uncharge(slot_, total);
+  slot_.reserved.fetch_sub(total, std::memory_order_relaxed);
+  slot_.cached.fetch_sub(total - live_bytes, std::memory_order_relaxed);
+  slot_.live_allocations.fetch_sub(live, std::memory_order_relaxed);
+}
+
+// ---- queries -------------------------------------------------------------------------------
+
+bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
+  mu_.lock();
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin()) {
+    mu_.unlock();
+    return false;
+  }
+  --it;
+  Segment* s = it->second;
+  if (p >= s->base + s->bytes) {
+    mu_.unlock();
+    return false;
+  }
+  const uint64_t idx = s->cls >= 0 ? (p - s->base) / class_size(s->cls) : 0;
+  *live = false;
+  if (idx < s->carved) {
+    const Block& b = s->blocks[idx];
+    if (b.state == kLive && p - b.ptr < std::max<uint64_t>(b.requested, 1)) {
+      *live = true;
+      if (out) *out = range{b.ptr, b.requested};
+    }
+  }
+  mu_.unlock();
+  return true;
+}
+
+bool cache_resource::do_find(CUdeviceptr p, range* out) {
+  bool live = false;
+  return locate(p, out, &live) && live;
+}
+
+CUresult cache_resource::do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+  mu_.lock();
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin() || p >= std::prev(it)->second->base + std::prev(it)->second->bytes) {
+    mu_.unlock();
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  Segment* s = std::prev(it)->second;
+  const uint64_t idx = s->cls >= 0 ? (p - s->base) / class_size(s->cls) : 0;
+  Block* b = idx < s->carved ? &s->blocks[idx] : nullptr;
+  if (!b || b->state != kLive) {
+    mu_.unlock();
+    return CUDA_ERROR_INVALID_VALUE;  // freed memory, as the driver answers
+  }
+  if (s->cls >= 0) {
+    const uint64_t req = b->requested;
+    mu_.unlock();
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      ipc::log::always(
+          "cuwarden: cuIpcGetMemHandle(%#llx): this %llu-byte allocation shares a driver allocation with others "
+          "(CUWARDEN_POOL=cache packs requests up to 1 MiB), so no IPC handle can describe exactly its bytes; "
+          "returning CUDA_ERROR_NOT_SUPPORTED. Run with CUWARDEN_POOL=off to export small allocations.",
+          static_cast<unsigned long long>(p), static_cast<unsigned long long>(req));
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // A whole driver allocation: the handle maps exactly this block. It will not be reused
+  // by the cache once freed (see free_block).
+  b->exported = true;
+  const CUdeviceptr base = s->base;
+  mu_.unlock();
+  return upstream_->ipc_handle(handle, base);
+}
+
+// ---- streams ---------------------------------------------------------------------------------
+
+void cache_resource::add_stream(CUstream s) {
+  std::lock_guard<std::mutex> g(slow_);
+  streams_.push_back(s);
+}
+
+bool cache_resource::remove_stream(CUstream s) {
+  std::lock_guard<std::mutex> g(slow_);
+  auto it = std::find(streams_.begin(), streams_.end(), s);
+  if (it == streams_.end()) return false;
+  streams_.erase(it);
+  CtxScope scope(ctx_);
+  // Work queued on it may still use blocks freed later: later batches wait for this event.
+  CUevent e = event_slow();
+  if (e && drv().event_record(e, s) == CUDA_SUCCESS) {
+    orphans_.push_back(e);
+  } else {
+    if (e) spare_events_.push_back(e);
+    if (drv().stream_sync) drv().stream_sync(s);
+  }
+  return true;
+}
+
+// ---- the registry ----------------------------------------------------------------------------
+
+namespace {
+// The calling thread's last context and its cache (initial-exec: the library is preloaded,
+// its TLS is static; no __tls_get_addr call).
+thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
+}  // namespace
+
+cache_resource* cache_registry::for_current() noexcept {
+  static auto get_current = drv().ctx_get_current;
+  CUcontext ctx = nullptr;
+  if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
+  const uint64_t gen = generation_.load(std::memory_order_acquire);
+  if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache;
+  cache_resource* found = nullptr;
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n && !found; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c->context() == ctx) found = c;
+  }
+  if (!found) found = create(ctx);
+  t_ctx = ctx;
+  t_cache = found;
+  t_gen = gen;
+  return found;
+}
+
+cache_resource* cache_registry::create(CUcontext ctx) noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  const int n = count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+    if (c && c->context() == ctx) return c;
+  }
+  if (n >= kMax || !drv().ctx_get_device) return nullptr;
+  CUdevice dev = -1;
+  if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
+  ring::DeviceSlot* slot = tracker_.device(dev);
+  if (!slot) return nullptr;
+  auto* c = new (std::nothrow) cache_resource(std::make_unique<driver_resource>(), ctx, dev, *slot, tracker_);
+  if (!c) return nullptr;
+  caches_[n].store(c, std::memory_order_release);
+  count_.store(n + 1, std::memory_order_release);
+  return c;
+}
+
+CUresult cache_registry::free_block(CUdeviceptr p, uint64_t* requested, int* ordinal) {
+  // The block map answers whatever the current context is: try the thread's last cache
+  // first without asking the driver (a dropped cache finds nothing and is skipped).
+  cache_resource* first = t_cache;
+  if (!first) first = for_current();
+  if (first && first->free_block(p, requested) == CUDA_SUCCESS) {
+    *ordinal = first->ordinal();
+    return CUDA_SUCCESS;
+  }
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c != first && c->free_block(p, requested) == CUDA_SUCCESS) {
+      *ordinal = c->ordinal();
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+cache_resource* cache_registry::owner_of(CUdeviceptr p, range* out, bool* live) {
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c->locate(p, out, live)) return c;
+  }
+  return nullptr;
+}
+
+uint64_t cache_registry::release_all() {
+  uint64_t total = 0;
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) total += c->release();
+  return total;
+}
+
+void cache_registry::stream_created(CUstream s, unsigned flags) {
+  if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // covered by the legacy stream's event
+  if (cache_resource* c = for_current()) c->add_stream(s);
+}
+
+void cache_registry::stream_destroying(CUstream s) {
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c->remove_stream(s)) return;
+  }
+}
+
+void cache_registry::context_gone(CUcontext ctx, int) {
+  std::lock_guard<std::mutex> g(mu_);
+  const int n = count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+    if (c && c->context() == ctx) {
+      c->forget_all();
+      caches_[i].store(nullptr, std::memory_order_release);
+      dropped_.push_back(c);  // kept allocated (and reachable): a racing thread may hold it
+    }
+  }
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+}  // namespace cuw::mr

@@ -1,0 +1,236 @@
+// cuwarden interposer: the `cache` backend (CUWARDEN_POOL=cache), a caching memory resource
+// for one CUDA context, and the registry that finds the one of the calling thread.
+//
+// Layout of what it keeps:
+//   small requests (<= 1 MiB) are rounded to one of 40 size classes (512 B steps up to
+//   2 KiB, then four classes per power of two) and carved from 2 MiB slabs, one class per
+//   slab: a freed block is reused whole by the next request of its class, no coalescing
+//   needed; a slab goes back to the driver when none of its blocks is in use.
+//   large requests (> 1 MiB) are rounded to 2 MiB and kept whole, one driver allocation
+//   each; a freed one serves the smallest request it fits with at most 1/8 (or 2 MiB) to
+//   spare (best fit). No splitting: a driver allocation is one block, so IPC handles and
+//   range queries stay exact. (The vmm backend is where large free space is stitched.)
+//
+// cudaFree's promise: a freed block is not handed out again until all work submitted before
+// the free has finished, on every stream of the context. Frees are collected in an open
+// batch; a batch is sealed by recording one event on the legacy default stream (it runs
+// after all earlier work of every blocking stream, per-thread default streams included)
+// and one on every non-blocking stream of the context (tracked from cuStreamCreate*; a
+// destroyed one leaves an event that every later batch also waits for). A sealed batch's
+// blocks become reusable when its events have completed (cuEventQuery, polled oldest first
+// when an allocation misses). Only when no freed block is ready, and growing is not the
+// better answer (large blocks, or pending bytes past 64 MiB), does an allocation wait for
+// the oldest batch (cuEventSynchronize): never longer than the device synchronization
+// that cudaFree itself would have done, earlier. While any stream capture is active in
+// the process nothing is recorded, queried or waited for: frees stay in the open batch,
+// allocations use ready blocks or fall back to the driver (cuMemAlloc, as the program's own
+// call would have).
+//
+// Caps: every driver allocation the cache makes is charged (Tracker::charge) and every one
+// it frees is uncharged, so cached bytes count against the cap. Before an allocation is
+// refused, the cache waits for its pending frees and gives every fully free driver
+// allocation back, then charges again; a refusal is for real need only.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "memory_resource.hpp"
+#include "cuw/ring.hpp"
+
+namespace cuw::ipc {
+class Tracker;
+}
+
+namespace cuw::mr {
+
+/// Small spin lock for the fast path (critical sections of a few dozen instructions).
+/// Uncontended: one atomic exchange and one release store.
+class spin_lock {
+ public:
+  void lock() noexcept {
+    if (__builtin_expect(!locked_.exchange(true, std::memory_order_acquire), 1)) return;
+    contended();
+  }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  void contended() noexcept;
+  std::atomic<bool> locked_{false};
+};
+
+/// The caching backend for one CUDA context (see the top of this file). Thread-safe: a
+/// spin lock guards the free lists (held for a few dozen instructions, never across a
+/// driver call); a mutex serializes the slow path (driver allocation, event record,
+/// query and wait, release). Memory is given back to the driver only by release(), by
+/// the cap, or by the driver's own out-of-memory answer; the destructor gives back nothing.
+class cache_resource final : public memory_resource {
+ public:
+  /// `upstream` provides driver allocations (driver_resource; owned). `slot` holds the
+  /// device's counters (cap, used, reserved, cached), `ordinal` its CUDA ordinal.
+  cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
+                 ipc::Tracker& tracker);
+  ~cache_resource() override;
+
+  CUcontext context() const noexcept { return ctx_; }
+  int ordinal() const noexcept { return ordinal_; }
+  ring::DeviceSlot& slot() noexcept { return slot_; }
+
+  /// Like deallocate(p) and also returns the size the program had asked for (for the
+  /// event). CUDA_ERROR_NOT_FOUND when `p` is not the start of a live block of this cache.
+  CUresult free_block(CUdeviceptr p, uint64_t* requested);
+
+  /// Whether `p` lies in memory this cache took from the driver; if in a live block, *out
+  /// describes that block as the program's allocation and `live` is set.
+  bool locate(CUdeviceptr p, range* out, bool* live);
+
+  /// A non-blocking stream of this context was created: later batches record on it too.
+  void add_stream(CUstream s);
+  /// `s` is about to be destroyed: if it is ours, record an event on it that every later
+  /// batch waits for, and stop recording on it. True if it was one of this cache's streams.
+  bool remove_stream(CUstream s);
+
+  /// The context is being destroyed or reset: its memory goes with it. Forget every
+  /// block without calling the driver, and take the cache's bytes off the counters.
+  void forget_all() noexcept;
+
+  /// Sizes as the cache rounds them (exposed for tests and benchmarks).
+  static constexpr uint64_t kSmallMax = 1ULL << 20;  ///< largest request packed into slabs
+  static constexpr uint64_t kSlabBytes = 2ULL << 20;  ///< slab size, bytes
+  static constexpr uint64_t kLargeRound = 2ULL << 20;  ///< large requests round to this
+  static constexpr int kClasses = 40;
+  /// Size class of a small request (1..kSmallMax bytes): index and rounded size.
+  static int small_class(uint64_t bytes, uint64_t* rounded) noexcept;
+
+ private:
+  struct Segment;
+  struct Block {
+    CUdeviceptr ptr = 0;
+    uint64_t size = 0;       ///< bytes of the block
+    uint64_t requested = 0;  ///< the program's request while live
+    Segment* seg = nullptr;
+    Block* prev = nullptr;   ///< free list or batch list
+    Block* next = nullptr;
+    uint8_t state = 0;       ///< kFree, kLive, kPending
+    bool exported = false;   ///< an IPC handle was handed out for it
+  };
+  struct Segment {
+    CUdeviceptr base = 0;
+    uint64_t bytes = 0;
+    int cls = -1;            ///< small class, or -1: one whole block
+    uint32_t capacity = 0;   ///< blocks it can hold
+    uint32_t carved = 0;     ///< blocks made so far (a slab is carved on demand)
+    uint32_t busy = 0;       ///< blocks live or pending
+    std::unique_ptr<Block[]> blocks;
+  };
+  struct Batch {
+    Block* head = nullptr;
+    uint64_t bytes = 0;
+    std::vector<CUevent> events;
+  };
+  static constexpr uint8_t kFree = 0, kLive = 1, kPending = 2;
+
+  CUresult do_allocate(CUdeviceptr* out, std::size_t bytes) override;
+  CUresult do_deallocate(CUdeviceptr p, std::size_t bytes) override;
+  bool do_find(CUdeviceptr p, range* out) override;
+  CUresult do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) override;
+  std::size_t do_release() override;
+
+  // Under mu_.
+  Block* take_locked(int cls, uint64_t rounded) noexcept;
+  void push_free_locked(Block* b) noexcept;
+  void unlink_free_locked(Block* b) noexcept;
+  Block* lookup_locked(CUdeviceptr p) const noexcept;
+  void map_insert_locked(Block* b);
+  void map_rebuild_locked();
+  Block* carve_locked(Segment* s) noexcept;
+  void hand_out_locked(Block* b, uint64_t requested) noexcept;
+
+  // Under slow_.
+  CUresult slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
+  bool try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
+  void seal_locked_slow();
+  bool batch_done(Batch& b, bool wait);
+  void retire_front();
+  bool poll_slow();
+  bool wait_oldest_slow();
+  void wait_all_slow();
+  uint64_t release_slow();
+  CUresult grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
+  bool charge_segment(uint64_t bytes);
+  CUevent event_slow();
+
+  std::unique_ptr<memory_resource> upstream_;
+  CUcontext ctx_;
+  int ordinal_;
+  ring::DeviceSlot& slot_;
+  ipc::Tracker& tracker_;
+
+  spin_lock mu_;
+  Block* free_small_[kClasses] = {};
+  Segment* carving_[kClasses] = {};       ///< a slab of the class with uncarved room
+  std::map<uint64_t, Block*> free_large_;  ///< size -> list of free whole blocks
+  Block* open_head_ = nullptr;             ///< freed, not yet behind an event
+  uint32_t open_count_ = 0;
+  uint64_t open_bytes_ = 0;
+  std::atomic<uint64_t> pending_bytes_{0};  ///< open + sealed
+  std::map<CUdeviceptr, Segment*> segments_;  ///< by base address
+  std::vector<Block*> map_;                   ///< open addressing: block start -> block
+  uint64_t map_used_ = 0;
+  bool dead_ = false;                          ///< context gone (forget_all)
+
+  std::mutex slow_;
+  std::deque<Batch> batches_;           ///< sealed, oldest first
+  std::vector<CUevent> spare_events_;
+  std::vector<CUstream> streams_;       ///< non-blocking streams of the context
+  std::vector<CUevent> orphans_;        ///< last events of destroyed streams
+};
+
+/// Every cache of the process, one per CUDA context, and the capture count.
+class cache_registry {
+ public:
+  explicit cache_registry(ipc::Tracker& t) : tracker_(t) {}
+
+  /// The cache of the calling thread's current context, created on first use; nullptr
+  /// without a current context or for a device past what the ring tracks. Cost when the
+  /// context is the thread's last one: one cuCtxGetCurrent and two compares.
+  cache_resource* for_current() noexcept;
+  /// The cache that owns live block `p` freed by free_block; tries the current one first.
+  CUresult free_block(CUdeviceptr p, uint64_t* requested, int* ordinal);
+  /// The cache whose memory contains `p` (live or not), or nullptr.
+  cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
+
+  /// Give back to the driver everything every cache keeps (waiting for pending frees,
+  /// except during a capture); returns the bytes. For a driver allocation that failed with
+  /// CUDA_ERROR_OUT_OF_MEMORY outside the caches (cudaMallocAsync, cuMemCreate, ...).
+  uint64_t release_all();
+
+  void stream_created(CUstream s, unsigned flags);
+  void stream_destroying(CUstream s);
+  /// The context `ctx` (or, with ctx == nullptr, device `ordinal`'s primary context) is
+  /// going away; its caches forget their memory.
+  void context_gone(CUcontext ctx, int ordinal);
+
+  /// Stream captures active in the process (cuStreamBeginCapture* .. cuStreamEndCapture*).
+  static std::atomic<int> captures;
+
+ private:
+  cache_resource* create(CUcontext ctx) noexcept;
+
+  ipc::Tracker& tracker_;
+  static constexpr int kMax = 64;
+  std::mutex mu_;
+  std::atomic<cache_resource*> caches_[kMax] = {};
+  std::atomic<int> count_{0};
+  std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
+  std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
+};
+
+}  // namespace cuw::mr
