@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build
-  libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+  libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libtomlplusplus-dev
   libunwind-dev libbenchmark-dev valgrind python3
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
 )

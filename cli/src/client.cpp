@@ -5,7 +5,8 @@
 
 namespace cuw::cli {
 
-std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body) {
+std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body,
+                                          AskError* error) {
   std::string why;
   auto reply = proto::request(socket, cmd, body.dump(), 10000, &why);
   if (!reply) {
@@ -18,7 +19,10 @@ std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Comm
     const std::string msg = j.is_object() && j.contains("error") && j["error"].is_string()
                                 ? j["error"].get<std::string>()
                                 : reply->body;
-    std::fprintf(stderr, "cuwarden: the daemon refused the request: %s\n", msg.c_str());
+    const bool refused = j.is_object() && j.value("refused", false);
+    if (error) error->refused = refused;
+    if (refused) std::fprintf(stderr, "cuwarden: %s\n", msg.c_str());  // "refused: ..."
+    else std::fprintf(stderr, "cuwarden: the daemon refused the request: %s\n", msg.c_str());
     return std::nullopt;
   }
   if (j.is_discarded() || !j.is_object()) {

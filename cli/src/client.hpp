@@ -13,9 +13,17 @@ namespace cuw::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;   ///< no daemon, daemon error
 inline constexpr int kExitUsage = 2;     ///< bad arguments (sizes, fields, ...)
+inline constexpr int kExitRefused = 3;   ///< the daemon refused a control request (not allowed)
+
+/// Why ask() failed, for commands whose exit status depends on it.
+struct AskError {
+  bool refused = false;  ///< the daemon's authorization rules said no
+};
 
 /// Send one request. On success returns the reply body; otherwise prints the reason to
 /// stderr ("no daemon is running ..." or the daemon's error) and returns nullopt.
-std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body);
+/// A refusal by the authorization rules is printed as "cuwarden: refused: ...".
+std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body,
+                                          AskError* error = nullptr);
 
 }  // namespace cuw::cli

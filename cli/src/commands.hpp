@@ -25,6 +25,16 @@ struct EventsOptions {
 };
 int cmd_events(const EventsOptions& o);
 
+struct LimitOptions {
+  std::string socket;
+  std::string target;  ///< "PID", "job:NAME" or "job:USER/NAME"
+  std::string size;    ///< "8G", "75%" (PID only), "none"/"unlimited"
+  std::string user;    ///< --user: the job's owner (root only, for other users' jobs)
+  int device = -1;     ///< --device: CUDA ordinal as the process sees it; -1 = every device in use
+  bool json = false;
+};
+int cmd_limit(const LimitOptions& o);
+
 struct RunOptions {
   std::string limit, job, job_limit, pool, lib;
   int callsites = -1;  ///< -1: not given

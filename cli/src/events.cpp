@@ -38,9 +38,15 @@ std::string event_line(const json& e) {
   // A limit change carries the new cap; ~0 means "no cap".
   const std::string b = (kind == "limit_change" && bytes == ~0ULL) ? "none" : format_bytes(bytes);
   const int dev = e.contains("device") && e["device"].is_number_integer() ? e["device"].get<int>() : -1;
+  // A change made through the daemon (cuwarden limit, the policy) says by whom.
+  const std::string by = str(e, "api") == "control" && e.contains("by") && e["by"].is_string()
+                             ? "  by " + e["by"].get<std::string>() +
+                                   (num(e, "by_pid") ? fmt::format(" (pid {})", num(e, "by_pid")) : std::string())
+                             : std::string();
   return fmt::format("{}.{:03d} {:>8} {:<24} {:<12} {:>3} {:>12} {:>18} {:>12}", t, (ns / 1000000ULL) % 1000,
                      num(e, "pid"), str(e, "api"), kind, dev < 0 ? std::string("-") : std::to_string(dev), b,
-                     fmt::format("{:#x}", num(e, "address")), format_mib(num(e, "used_after")));
+                     fmt::format("{:#x}", num(e, "address")), format_mib(num(e, "used_after"))) +
+         by;
 }
 
 }  // namespace

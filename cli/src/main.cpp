@@ -46,6 +46,19 @@ int main(int argc, char** argv) {
   events->add_option("--socket", socket, "daemon socket");
   events->add_option("--max", eo.max, "how many recent events")->check(CLI::Range(1u, 100000u));
 
+  auto* limit = app.add_subcommand("limit", "change the cap of a running process or job: cuwarden limit PID|job:NAME SIZE");
+  LimitOptions lo;
+  limit->add_option("target", lo.target, "PID, job:NAME (your job) or job:USER/NAME (root: another user's)")->required();
+  limit->add_option("size", lo.size, "new cap: 8G, 512MiB, 75% (PID only), none|unlimited (root only)")->required();
+  limit->add_option("--device", lo.device, "only this device (CUDA ordinal as the process sees it; PID only)")
+      ->check(CLI::Range(0, 15));
+  limit->add_option("--user", lo.user, "the job's user (name or uid), for root changing another user's job");
+  limit->add_flag("--json", lo.json, "print the daemon's reply as JSON");
+  limit->add_option("--socket", socket, "daemon socket");
+  limit->footer(
+      "Root may set, raise or remove any cap. Other users may only lower the caps of their own\n"
+      "processes and jobs, within the policy (cuwardend --config). Exit status 3: refused.");
+
   // `run [options] -- CMD ...`: CLI11 sees only what precedes "--"; the rest is the command
   // verbatim. Without "--", prefix_command() stops at the first non-option (the command).
   std::vector<std::string> after_dashes;
@@ -77,6 +90,10 @@ int main(int argc, char** argv) {
       ro.command = after_dashes;
     }
     return cmd_run(ro);
+  }
+  if (*limit) {
+    lo.socket = socket;
+    return cmd_limit(lo);
   }
   if (*events) {
     eo.socket = socket;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "client.hpp"
+#include "cuw/size.hpp"
 #include "commands.hpp"
 #include "table.hpp"
 
@@ -66,6 +67,74 @@ bool gpu_matches(const std::string& filter, const json& dev_or_gpu, const char* 
     }
   }
   return false;
+}
+
+/// A cap for people: "16 GiB" when whole GiB, else format_bytes; "none" for null.
+std::string cap_words(const json& j) {
+  if (!j.is_number_unsigned()) return "none";
+  const uint64_t b = j.get<uint64_t>();
+  if (b && b % (1ULL << 30) == 0) return fmt::format("{} GiB", b >> 30);
+  return format_bytes(b);
+}
+
+/// "16 GiB ×3, 8 GiB ×1 → 8 GiB" when members asked for different job caps, else the one
+/// cap they all asked for.
+std::string caps_asked(const json& job) {
+  const auto& req = jarr(job, "caps_requested");
+  if (req.size() <= 1) return req.empty() ? "-" : cap_words(req[0].value("bytes", json()));
+  std::string s;
+  for (const auto& r : req)
+    s += fmt::format("{}{} ×{}", s.empty() ? "" : ", ", cap_words(r.value("bytes", json())), jnum(r, "members"));
+  return s + " → " + cap_words(job.value("limit_bytes", json()));
+}
+
+/// The jobs box: per job and GPU a row with the job's use and cap, then one row per member
+/// with what it holds on that GPU, its own cap and what it asked for.
+Table jobs_table(const json& st, const std::string& filter) {
+  Table t;
+  t.columns = {{"Job / member", false, false, 32}, {"User", false, false, 12}, {"GPU", false, true},
+               {"Used", false, true},              {"Cap", false, true},         {"Caps asked", false, false},
+               {"OOMs", false, true}};
+  for (const auto& job : jarr(st, "jobs")) {
+    const auto& members = jarr(job, "members");
+    const auto& gpus = jarr(job, "gpus");
+    const std::string title = fmt::format("{} ({} member{})", jstr(job, "name"), members.size(),
+                                          members.size() == 1 ? "" : "s");
+    auto job_row = [&](const json* g, bool first) {
+      t.rows.push_back({Cell::str(first ? title : ""), Cell::str(first ? jstr(job, "user") : ""),
+                        g ? jcell(*g, "gpu_index", CellKind::integer) : Cell::none(),
+                        g ? jcell(*g, "used_bytes", CellKind::bytes) : Cell::none(),
+                        jcell(job, "limit_bytes", CellKind::bytes), Cell::str(first ? caps_asked(job) : ""),
+                        first ? jcell(job, "refusals", CellKind::integer) : Cell::none()});
+    };
+    auto member_rows = [&](const json* g) {
+      for (const auto& m : members) {
+        Cell used = Cell::none();
+        if (g)
+          for (const auto& c : jarr(m, "charged"))
+            if (jstr(c, "uuid") == jstr(*g, "uuid")) used = jcell(c, "bytes", CellKind::bytes);
+        const std::string name = jstr(m, "process_name");
+        t.rows.push_back({Cell::str(fmt::format("  pid {}{}", jnum(m, "pid"), name.empty() ? "" : " " + name)),
+                          Cell::str(""), g ? jcell(*g, "gpu_index", CellKind::integer) : Cell::none(), used,
+                          jcell(m, "limit_bytes", CellKind::bytes), Cell::str(cap_words(m.value("requested_bytes", json()))),
+                          jcell(m, "refusals", CellKind::integer)});
+      }
+    };
+    if (gpus.empty()) {
+      if (!filter.empty()) continue;
+      job_row(nullptr, true);
+      member_rows(nullptr);
+      continue;
+    }
+    bool first = true;
+    for (const auto& g : gpus) {
+      if (!gpu_matches(filter, g, "gpu_index")) continue;
+      job_row(&g, first);
+      member_rows(&g);
+      first = false;
+    }
+  }
+  return t;
 }
 
 std::string render_table(const json& st, const std::string& filter) {
@@ -144,13 +213,19 @@ std::string render_table(const json& st, const std::string& filter) {
     }
   }
 
-  // Both boxes the same width, like nvidia-smi's.
+  // Every box the same width, like nvidia-smi's.
   const std::string gpu_note = "No GPU seen yet (no interposed process has used CUDA)";
-  const std::size_t width = std::max(render_box(procs, "Processes:", "No interposed processes found").find('\n'),
-                                     render_box(gpus, "", gpu_note).find('\n'));
+  const Table jobs = jobs_table(st, filter);
+  std::size_t width = std::max(render_box(procs, "Processes:", "No interposed processes found").find('\n'),
+                               render_box(gpus, "", gpu_note).find('\n'));
+  if (!jobs.rows.empty()) width = std::max(width, render_box(jobs, "Jobs (shared caps per GPU):", "").find('\n'));
   out += render_box(gpus, "", gpu_note, width);
   out += "\n";
   out += render_box(procs, "Processes:", "No interposed processes found", width);
+  if (!jobs.rows.empty()) {
+    out += "\n";
+    out += render_box(jobs, "Jobs (shared caps per GPU):", "", width);
+  }
   const auto& problems = jarr(st, "problems");
   if (!problems.empty()) {
     out += "\nProblems (ring files the daemon refused):\n";

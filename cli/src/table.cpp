@@ -22,6 +22,13 @@ std::string truncate(const std::string& s, std::size_t width) {
 
 namespace {
 
+/// Columns a string takes in a terminal: UTF-8 continuation bytes take none ("×", "→").
+std::size_t display_width(const std::string& s) {
+  std::size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xc0) != 0x80;
+  return n;
+}
+
 std::string box_text(const Cell& c, const Column& col) {
   switch (c.kind) {
     case CellKind::text: return truncate(c.text, col.max_width);
@@ -50,14 +57,14 @@ std::string render_box(const Table& t, const std::string& title, const std::stri
   std::vector<std::size_t> w(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     header[i] = t.columns[i].name;
-    w[i] = header[i].size();
+    w[i] = display_width(header[i]);
   }
   std::vector<std::vector<std::string>> cells;
   for (const auto& row : t.rows) {
     std::vector<std::string> r(n);
     for (std::size_t i = 0; i < n && i < row.size(); ++i) {
       r[i] = box_text(row[i], t.columns[i]);
-      w[i] = std::max(w[i], r[i].size());
+      w[i] = std::max(w[i], display_width(r[i]));
     }
     cells.push_back(std::move(r));
   }
@@ -65,15 +72,17 @@ std::string render_box(const Table& t, const std::string& title, const std::stri
     std::string s;
     for (std::size_t i = 0; i < n; ++i) {
       if (i) s += "  ";
-      const std::size_t pad = w[i] - std::min(w[i], r[i].size());
+      const std::size_t pad = w[i] - std::min(w[i], display_width(r[i]));
       if (t.columns[i].right) s += std::string(pad, ' ') + r[i];
       else s += r[i] + std::string(i + 1 == n ? pad : pad, ' ');
     }
     return s;
   };
-  std::size_t inner = line(header).size();
+  std::size_t inner = display_width(line(header));
   inner = std::max({inner, title.size(), empty_note.size(), width >= 4 ? width - 4 : 0});
-  auto framed = [&](const std::string& s) { return "| " + s + std::string(inner - std::min(inner, s.size()), ' ') + " |\n"; };
+  auto framed = [&](const std::string& s) {
+    return "| " + s + std::string(inner - std::min(inner, display_width(s)), ' ') + " |\n";
+  };
   const std::string rule = "+" + std::string(inner + 2, '-') + "+\n";
   std::string out = rule;
   if (!title.empty()) out += framed(title);

@@ -9,7 +9,7 @@
 
 namespace cuw::daemon {
 
-Server::Reply handle_request(Registry& reg, uint16_t command, const std::string& body) {
+Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body) {
   using cuw::proto::Command;
   using nlohmann::json;
   auto reply = [&](const nlohmann::ordered_json& j) {
@@ -34,7 +34,16 @@ Server::Reply handle_request(Registry& reg, uint16_t command, const std::string&
         return error(std::string("bad request: ") + e.what());
       }
     case Command::set_limit:
-      return error("set_limit is not implemented yet");
+      try {
+        return reply(reg.set_limit(peer, req));
+      } catch (const Refused& e) {
+        return Server::Reply{static_cast<uint16_t>(Command::error),
+                             json{{"error", std::string("refused: ") + e.what()}, {"refused", true}}.dump()};
+      } catch (const std::invalid_argument& e) {
+        return error(std::string("bad request: ") + e.what());
+      } catch (const std::exception& e) {
+        return error(e.what());
+      }
     default:
       return error("unknown command " + std::to_string(command));
   }

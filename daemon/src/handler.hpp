@@ -10,8 +10,10 @@
 
 namespace cuw::daemon {
 
-/// Answer `command` (a proto::Command value) with `body` (untrusted JSON, possibly empty).
-/// Never throws for bad input: malformed requests get a Command::error reply.
-Server::Reply handle_request(Registry& reg, uint16_t command, const std::string& body);
+/// Answer `command` (a proto::Command value) with `body` (untrusted JSON, possibly empty)
+/// from `peer` (its SO_PEERCRED credentials decide what set_limit may do).
+/// Never throws for bad input: malformed requests get a Command::error reply; a refusal
+/// by the authorization rules is {"error": "refused: ...", "refused": true}.
+Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body);
 
 }  // namespace cuw::daemon

@@ -24,6 +24,7 @@
 #include "fault_guard.hpp"
 #include "handler.hpp"
 #include "nvml.hpp"
+#include "policy.hpp"
 #include "registry.hpp"
 #include "server.hpp"
 #include "util.hpp"
@@ -91,10 +92,30 @@ bool ensure_run_dir(const std::string& dir) {
 }
 
 int run(const Options& o) {
+  cuw::daemon::Registry* reg_ptr = nullptr;
+  std::shared_ptr<const cuw::daemon::Policy> loaded;
   const std::string run_dir = o.run_dir.empty() ? cuw::paths::run_dir() : o.run_dir;
   const std::string socket_path = o.socket.empty() ? run_dir + "/" + cuw::paths::kSocketName : o.socket;
   if (!o.http.empty()) spdlog::warn("--http {}: HTTP is not served yet; ignored", o.http);
-  if (!o.config.empty()) spdlog::warn("--config {}: configuration files are not read yet; ignored", o.config);
+  // The policy file: refused at start-up when it has errors; on SIGHUP a bad file keeps the
+  // old policy (and says why).
+  auto load = [&](bool startup) -> bool {
+    if (o.config.empty()) return true;
+    std::vector<std::string> errors, warnings;
+    auto pol = cuw::daemon::load_policy(o.config, &errors, &warnings);
+    for (const auto& w : warnings) spdlog::warn("policy: {}", w);
+    if (!pol) {
+      for (const auto& e : errors) spdlog::error("policy: {}", e);
+      if (startup) spdlog::error("policy file {} has errors; not starting", o.config);
+      else spdlog::error("policy file {} has errors; keeping the policy loaded before", o.config);
+      return false;
+    }
+    if (reg_ptr) reg_ptr->set_policy(std::make_shared<const cuw::daemon::Policy>(std::move(*pol)));
+    else loaded = std::make_shared<const cuw::daemon::Policy>(std::move(*pol));
+    spdlog::info("policy {} {}", o.config, startup ? "loaded" : "reloaded (applied to every process and job again)");
+    return true;
+  };
+  if (!load(true)) return 78;  // EX_CONFIG, like the interposer's bad configuration
 
   if (!ensure_run_dir(run_dir)) return 1;
   const int dirfd = open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -127,9 +148,13 @@ int run(const Options& o) {
   ro.history_per_process = std::max<std::size_t>(o.history, 1);
   ro.exited_linger_ns = static_cast<uint64_t>(std::max(0.0, o.exited_linger_s) * 1e9);
   cuw::daemon::Registry reg(ro, dirfd, &nvml);
+  reg.set_policy(loaded);
+  reg_ptr = &reg;
 
   cuw::daemon::Server server(
-      [&](uint16_t cmd, const std::string& body) { return cuw::daemon::handle_request(reg, cmd, body); });
+      [&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
+        return cuw::daemon::handle_request(reg, peer, cmd, body);
+      });
   std::string err;
   if (!server.listen(socket_path, &err)) {
     spdlog::error("{}", err);
@@ -160,6 +185,7 @@ int run(const Options& o) {
       signalfd_siginfo si{};
       if (read(sigfd, &si, sizeof si) == sizeof si) {
         if (si.ssi_signo == SIGHUP) {
+          load(false);
           scan_now = true;
         } else {
           spdlog::info("signal {}: exiting", si.ssi_signo);
@@ -208,7 +234,8 @@ int main(int argc, char** argv) {
   app.add_option("--socket", o.socket, "unix socket to serve (default: <run dir>/cuwardend.sock)");
   app.add_option("--run-dir", o.run_dir, "where rings live (default: $CUWARDEN_RUN_DIR or /dev/shm/cuwarden)");
   app.add_option("--http", o.http, "HTTP listen address (not served yet; accepted for compatibility)");
-  app.add_option("--config", o.config, "configuration file (not read yet; accepted for compatibility)");
+  app.add_option("--config", o.config,
+                 "policy file (TOML): default and maximum caps per user and group; reloaded on SIGHUP");
   app.add_flag("--foreground", o.foreground, "stay in the foreground (cuwardend always does; use systemd or &)");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, critical, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "critical", "off"}));

@@ -14,26 +14,12 @@
 #include <stdexcept>
 
 #include "cuw/paths.hpp"
+#include "detail/registry_process.hpp"
 #include "util.hpp"
 
 namespace cuw::daemon {
 
 using json = nlohmann::ordered_json;  // fields in the documented order
-
-struct Registry::Process {
-  std::string file_name;
-  std::unique_ptr<RingView> ring;
-  uint32_t pid = 0;
-  uint64_t start_time = 0;
-  uint32_t uid = 0;
-  std::string user;
-  bool exited = false;
-  uint64_t exited_ns = 0;     ///< header's clean-exit time, else when the daemon noticed
-  uint64_t exited_mono = 0;   ///< for the linger timer
-  uint64_t events_received = 0;
-  uint64_t events_lost = 0;   ///< slots a dead producer claimed but never published
-  std::deque<StoredEvent> history;
-};
 
 namespace {
 
@@ -64,7 +50,12 @@ json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : 
 }  // namespace
 
 Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)
-    : opt_(std::move(options)), dirfd_(dirfd), nvml_(nvml), buffer_(kDrainBatch), hostname_(host_name()) {}
+    : opt_(std::move(options)),
+      dirfd_(dirfd),
+      nvml_(nvml),
+      buffer_(kDrainBatch),
+      hostname_(host_name()),
+      jobs_(opt_.max_jobs) {}
 
 Registry::~Registry() {
   procs_.clear();
@@ -73,7 +64,7 @@ Registry::~Registry() {
 
 void Registry::scan() {
   const uint64_t mono = mono_ns();
-  std::set<std::string> present;
+  std::set<std::string> present, job_files;
   const int fd = dup(dirfd_);
   if (fd < 0) {
     spdlog::warn("scan: dup: {}", std::strerror(errno));
@@ -87,7 +78,11 @@ void Registry::scan() {
   rewinddir(d);
   while (dirent* ent = readdir(d)) {
     const std::string name = ent->d_name;
-    if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, job segments, ...
+    if (name.rfind(job::kFilePrefix, 0) == 0) {
+      if (job_files.size() < opt_.max_jobs + kMaxProblems) job_files.insert(name);
+      continue;
+    }
+    if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, temporary files, ...
     present.insert(name);
     if (present.size() > opt_.max_rings + kMaxProblems) break;
   }
@@ -119,6 +114,9 @@ void Registry::scan() {
     if (p->exited && mono - p->exited_mono >= opt_.exited_linger_ns) expired.push_back(name);
   }
   for (const auto& name : expired) forget(name, opt_.unlink_exited);
+  // Every scan sweeps every job: a killed member's share is back within a scan interval
+  // even when no other member allocates.
+  jobs_.scan(dirfd_, job_files, policy_.get());
 }
 
 void Registry::try_open(const std::string& name, uint64_t mono) {
@@ -242,6 +240,7 @@ bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
     if (!r.ok) return false;
     p.events_lost += r.lost;
     p.events_received += r.events;
+    p.present = r.present;
     drained += r.events;
     for (std::size_t i = 0; i < r.events; ++i) {
       p.history.push_back(StoredEvent{++seq_, buffer_[i]});
@@ -262,8 +261,10 @@ Registry::DrainPace Registry::drain_all() {
   bool more = false, busy = false;
   const uint64_t now = now_ns();
   std::vector<std::string> faulted;
-  for (auto& [name, p] : procs_)
+  for (auto& [name, p] : procs_) {
     if (!drain_one(*p, now, &more, &busy)) faulted.push_back(name);
+    else if (policy_ && !p->exited) apply_policy(*p);
+  }
   for (const auto& name : faulted) drop_faulted(name, "faulted while draining events");
   return more ? DrainPace::again : busy ? DrainPace::soon : DrainPace::idle;
 }
@@ -405,6 +406,10 @@ json Registry::state_json() {
   }
   for (auto& proc : processes)
     for (auto& dev : proc["devices"]) dev["gpu_index"] = index_of[dev["uuid"].get<std::string>()];
+  json jobs = jobs_json(index_of);
+
+  json limit_changes = json::array();
+  for (const auto& c : limit_log_) limit_changes.push_back(c);
 
   const uint64_t mono = mono_ns();
   json problems = json::array();
@@ -412,6 +417,8 @@ json Registry::state_json() {
     if (pr.transient && mono - pr.first_seen_mono < opt_.problem_grace_ns) continue;
     problems.push_back({{"path", opt_.run_dir + "/" + name}, {"reason", pr.reason}});
   }
+  for (const auto& [name, reason] : jobs_.problems())
+    problems.push_back({{"path", opt_.run_dir + "/" + name}, {"reason", reason}});
 
   return {
       {"version", CUWARDEN_VERSION},
@@ -422,7 +429,10 @@ json Registry::state_json() {
       {"events_seq", seq_},
       {"gpus", std::move(gpu_list)},
       {"processes", std::move(processes)},
+      {"jobs", std::move(jobs)},
       {"problems", std::move(problems)},
+      {"policy", policy_ ? json(policy_->file) : json(nullptr)},
+      {"limit_changes", limit_changes},
   };
 }
 
@@ -446,6 +456,7 @@ json Registry::events_json(const nlohmann::json& request) const {
     const StoredEvent* ev;
     uint32_t pid;
   };
+  auto no_cap = [](uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); };
   std::vector<Ref> refs;
   for (const auto& [name, p] : procs_) {
     if (has_pid && p->pid != pid) continue;
@@ -477,6 +488,16 @@ json Registry::events_json(const nlohmann::json& request) const {
         {"result", e.result},
         {"aux", e.aux},
     });
+    if (e.api == static_cast<uint16_t>(ring::Api::control)) {
+      // A change the daemon made: who asked, and the cap before and after (null = none).
+      json& j = events.back();
+      const uint32_t by = refs[i].ev->by_uid;
+      j["new_limit"] = no_cap(e.bytes);
+      j["old_limit"] = no_cap(e.aux);
+      j["by"] = by == StoredEvent::kFromPolicy ? json("policy") : json(user_name(by));
+      j["by_uid"] = by == StoredEvent::kFromPolicy ? json(nullptr) : json(by);
+      j["by_pid"] = e.tid;
+    }
   }
   const uint64_t next = end > begin ? refs[end - 1].ev->seq : (has_after ? after : seq_);
   return {{"events", std::move(events)}, {"next", next}, {"latest", seq_}};

@@ -17,11 +17,15 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "jobs.hpp"
 #include "nvml.hpp"
+#include "policy.hpp"
 #include "ring_view.hpp"
+#include "server.hpp"
 
 namespace cuw::daemon {
 
@@ -31,12 +35,24 @@ struct RegistryOptions {
   uint64_t exited_linger_ns = 60'000'000'000;   ///< how long exited processes stay visible
   uint64_t problem_grace_ns = 1'000'000'000;    ///< a ring being created may look broken this long
   std::size_t max_rings = 4096;                 ///< processes tracked at once
+  std::size_t max_jobs = 1024;                  ///< job segments tracked at once
   bool unlink_exited = true;                    ///< remove ring files of processes forgotten
 };
 
 struct StoredEvent {
+  static constexpr uint32_t kFromProcess = ~0u;    ///< written by the process itself
+  static constexpr uint32_t kFromPolicy = ~0u - 1; ///< the daemon applying its policy file
   uint64_t seq = 0;
   ring::Event e;
+  /// Who made a limit change the daemon recorded (Api::control events): the requester's
+  /// uid, or one of the constants above. Such events carry the new cap in `bytes`, the
+  /// old one in `aux` and the requester's pid in `tid`.
+  uint32_t by_uid = kFromProcess;
+};
+
+/// A set_limit request refused by the authorization rules (the message says why).
+struct Refused : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 class Registry {
@@ -62,6 +78,17 @@ class Registry {
   /// with it, the oldest `max` events numbered above it. Throws std::invalid_argument.
   nlohmann::ordered_json events_json(const nlohmann::json& request) const;
 
+  /// Live limit change requested by `peer` (protocol.hpp, set_limit). Checks the rules
+  /// (root: anything; others: only lower caps of their own processes and jobs, within the
+  /// policy), applies, logs and records it. Returns the reply. Throws Refused when the
+  /// rules say no, std::invalid_argument for a malformed request, std::runtime_error when
+  /// it cannot be done (no such process, read-only ring...). Every outcome is logged.
+  nlohmann::ordered_json set_limit(const Peer& peer, const nlohmann::json& request);
+
+  /// Replace the policy (startup and SIGHUP); it is applied to every ring and job again.
+  void set_policy(std::shared_ptr<const Policy> policy);
+  const Policy* policy() const noexcept { return policy_.get(); }
+
   std::size_t process_count() const noexcept { return procs_.size(); }
   uint64_t last_seq() const noexcept { return seq_; }
 
@@ -83,6 +110,14 @@ class Registry {
   bool drain_one(Process& p, uint64_t now, bool* more, bool* busy);
   void drop_faulted(const std::string& name, const char* what);
   void forget(const std::string& name, bool unlink_file);
+  void apply_policy(Process& p);
+  Process* find_running(uint32_t pid);
+  void record_change(Process* p, int device, uint64_t old_limit, uint64_t new_limit, uint64_t used, uint32_t by_uid,
+                     int32_t by_pid);
+  void log_limit(nlohmann::ordered_json entry);
+  nlohmann::ordered_json set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
+  nlohmann::ordered_json set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
+  nlohmann::ordered_json jobs_json(const std::map<std::string, int>& gpu_index_of);
 
   RegistryOptions opt_;
   int dirfd_;
@@ -92,6 +127,9 @@ class Registry {
   std::vector<ring::Event> buffer_;
   uint64_t seq_ = 0;  ///< last global event number handed out
   std::string hostname_;
+  std::shared_ptr<const Policy> policy_;
+  JobTable jobs_;
+  std::deque<nlohmann::ordered_json> limit_log_;  ///< recent limit changes and refusals
 };
 
 }  // namespace cuw::daemon

@@ -84,8 +84,32 @@ DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, 
     h->consumer_heartbeat_ns.store(heartbeat_ns, std::memory_order_relaxed);
     r.write_pos = h->write_pos.load(std::memory_order_relaxed);
     r.read_pos = h->read_pos.load(std::memory_order_relaxed);
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+      if (h->devices[d].present.load(std::memory_order_acquire) == 1) r.present |= 1u << d;
   };
   if (!guarded_call(body)) r.ok = false;
+  return r;
+}
+
+RingView::SetLimit RingView::set_limit(uint32_t d, uint64_t expected, uint64_t desired, uint64_t* actual) noexcept {
+  if (d >= ring::kMaxDevices) return SetLimit::not_present;
+  if (!writable_) return SetLimit::read_only;
+  SetLimit r = SetLimit::ok;
+  auto body = [&] {
+    ring::DeviceSlot& s = header()->devices[d];
+    // The interposer fills a device (limit included) before it publishes present = 1; a
+    // limit written before that would be overwritten by the process's own.
+    if (s.present.load(std::memory_order_acquire) != 1) {
+      r = SetLimit::not_present;
+      return;
+    }
+    uint64_t e = expected;
+    if (!s.limit.compare_exchange_strong(e, desired, std::memory_order_relaxed)) {
+      *actual = e;
+      r = SetLimit::changed;
+    }
+  };
+  if (!guarded_call(body)) return SetLimit::fault;
   return r;
 }
 

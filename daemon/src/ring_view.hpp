@@ -48,6 +48,7 @@ struct DrainResult {
   uint64_t lost = 0;         ///< claimed-but-never-published slots skipped
   uint64_t write_pos = 0;    ///< positions after the drain, for diagnostics
   uint64_t read_pos = 0;
+  uint32_t present = 0;      ///< bit d: device slot d is present (read in the same guarded pass)
 };
 
 class RingView {
@@ -61,6 +62,13 @@ class RingView {
   /// Copy up to `max` events into `out` and write the consumer heartbeat. Read-only
   /// mappings drain nothing. See ring::drain for `stuck_skip`.
   DrainResult drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns) noexcept;
+
+  /// Live cap change: replace device `d`'s limit (bytes, ring::kNoLimit = none) with one
+  /// CAS from `expected`, so a concurrent writer is never overwritten unseen.
+  enum class SetLimit { ok, changed, not_present, read_only, fault };
+  /// On `changed`, *actual holds the value found. The interposer reads the new value on
+  /// its next allocation; nothing already allocated is touched.
+  SetLimit set_limit(uint32_t d, uint64_t expected, uint64_t desired, uint64_t* actual) noexcept;
 
   bool writable() const noexcept { return writable_; }
   uint32_t slot_count() const noexcept { return slot_count_; }

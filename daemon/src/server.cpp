@@ -148,6 +148,14 @@ void Server::accept_all() {
     }
     Conn c;
     c.fd = fd;
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && len == sizeof cred) {
+      c.peer.known = true;
+      c.peer.uid = cred.uid;
+      c.peer.gid = cred.gid;
+      c.peer.pid = cred.pid;
+    }
     c.deadline = mono_ns() + kRequestTimeoutNs;
     conns_.push_back(std::move(c));
   }
@@ -203,7 +211,7 @@ void Server::process(Conn& c) {
   c.in.erase(0, sizeof h + h.length);
   Reply r;
   try {
-    r = handler_(h.command, body);
+    r = handler_(c.peer, h.command, body);
   } catch (const std::exception& e) {
     r = {static_cast<uint16_t>(proto::Command::error), error_body(std::string("internal error: ") + e.what())};
   }

@@ -16,6 +16,19 @@
 
 namespace cuw::daemon {
 
+/// Who is at the other end of a connection: SO_PEERCRED, taken once at accept() (the
+/// kernel records the credentials of the process that called connect(); they cannot be
+/// changed by what the client sends). `known` is false when the kernel would not say, and
+/// such a peer is treated as unprivileged with no identity (uid kUnknownUid).
+struct Peer {
+  static constexpr uint32_t kUnknownUid = ~0u;
+  bool known = false;
+  uint32_t uid = kUnknownUid;
+  uint32_t gid = kUnknownUid;
+  int32_t pid = 0;
+  bool root() const noexcept { return known && uid == 0; }
+};
+
 class Server {
  public:
   /// Reply to one request: the command word to send back (proto::Command | kReplyBit, or
@@ -24,7 +37,8 @@ class Server {
     uint16_t command;
     std::string body;
   };
-  using Handler = std::function<Reply(uint16_t command, const std::string& body)>;
+  /// Called once per request with the connection's peer credentials (see Peer).
+  using Handler = std::function<Reply(const Peer& peer, uint16_t command, const std::string& body)>;
 
   static constexpr uint32_t kMaxRequestBody = 64 * 1024;  ///< requests are small JSON objects
   static constexpr std::size_t kMaxConnections = 256;  ///< beyond: the longest idle one is closed
@@ -54,6 +68,7 @@ class Server {
  private:
   struct Conn {
     int fd = -1;
+    Peer peer;
     std::string in;
     std::string out;
     std::size_t out_off = 0;

@@ -56,6 +56,14 @@ std::string user_name(uint32_t uid) {
   return name;
 }
 
+std::optional<uint32_t> uid_of(const std::string& name) {
+  passwd pw{};
+  passwd* res = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &res) == 0 && res) return res->pw_uid;
+  return std::nullopt;
+}
+
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "";

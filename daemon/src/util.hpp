@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace cuw::daemon {
@@ -22,6 +23,9 @@ std::string field_text(const char* data, std::size_t cap);
 
 /// Login name of `uid`, or the number as text when it has none.
 std::string user_name(uint32_t uid);
+
+/// The uid of login name `name`, if there is such a user.
+std::optional<uint32_t> uid_of(const std::string& name);
 
 /// The host name, "" if unknown.
 std::string host_name();

@@ -62,9 +62,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     reg.scan();
     reg.drain_all();
     reg.drain_all();
-    (void)daemon::handle_request(reg, static_cast<uint16_t>(proto::Command::get_state), "");
-    (void)daemon::handle_request(reg, static_cast<uint16_t>(proto::Command::get_events), "{\"after\":0,\"max\":50}");
-    (void)daemon::handle_request(reg, static_cast<uint16_t>(proto::Command::get_events), "{\"max\":3}");
+    (void)daemon::handle_request(reg, daemon::Peer{}, static_cast<uint16_t>(proto::Command::get_state), "");
+    (void)daemon::handle_request(reg, daemon::Peer{}, static_cast<uint16_t>(proto::Command::get_events), "{\"after\":0,\"max\":50}");
+    (void)daemon::handle_request(reg, daemon::Peer{}, static_cast<uint16_t>(proto::Command::get_events), "{\"max\":3}");
     reg.scan();  // exit detection and forgetting on the same file
   }
   unlink(path.c_str());

@@ -50,7 +50,9 @@ World& world() {
     nw->reg->scan();
     nw->reg->drain_all();
     nw->server = std::make_unique<daemon::Server>(
-        [r = nw->reg.get()](uint16_t cmd, const std::string& body) { return daemon::handle_request(*r, cmd, body); });
+        [r = nw->reg.get()](const daemon::Peer& peer, uint16_t cmd, const std::string& body) {
+          return daemon::handle_request(*r, peer, cmd, body);
+        });
     nw->sock = dir + "/cuwardend.sock";
     std::string err;
     if (!nw->server->listen(nw->sock, &err)) std::abort();
@@ -80,7 +82,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size >= 2) {
     uint16_t cmd;
     std::memcpy(&cmd, data, 2);
-    (void)daemon::handle_request(*w.reg, cmd, std::string(reinterpret_cast<const char*>(data + 2), size - 2));
+    // Both sides of the authorization rules: an unprivileged peer that owns nothing here
+    // (inputs of odd length) and root (even), whose set_limit requests reach the ring.
+    daemon::Peer peer;
+    peer.known = true;
+    peer.uid = (size & 1) ? 65534 : 0;
+    peer.gid = peer.uid;
+    peer.pid = 1;
+    (void)daemon::handle_request(*w.reg, peer, cmd, std::string(reinterpret_cast<const char*>(data + 2), size - 2));
   }
 
   const int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -91,5 +91,22 @@ int main(int argc, char** argv) {
   }
   // handle_request direct path: 2 bytes of command, then the body.
   put(root + "/fuzz_server", "direct_get_events", std::string("\x02\x00", 2) + "{\"max\":2}", false);
+  // set_limit bodies, framed and on the direct path (where the peer is root for inputs of
+  // even length, an unprivileged uid for odd ones). They seed the request's shapes; the
+  // scratch ring's pid is the fuzzer's own, found by mutation.
+  const std::vector<std::pair<std::string, std::string>> limits = {
+      {"set_limit_pid", "{\"pid\":4242,\"bytes\":1048576}"},
+      {"set_limit_pid_device", "{\"pid\":4242,\"bytes\":1048576,\"device\":0}"},
+      {"set_limit_remove", "{\"pid\":4242,\"bytes\":null}"},
+      {"set_limit_share", "{\"pid\":4242,\"share\":0.5}"},
+      {"set_limit_job", "{\"job\":\"train\",\"bytes\":1073741824}"},
+      {"set_limit_job_user", "{\"job\":\"train\",\"user\":\"root\",\"bytes\":null}"},
+      {"set_limit_job_uid", "{\"job\":\"train\",\"user\":0,\"bytes\":5}"},
+      {"set_limit_bad", "{\"pid\":-1,\"job\":\"../x\",\"bytes\":\"8G\",\"share\":2}"},
+  };
+  for (const auto& [name, body] : limits) {
+    put(root + "/fuzz_server", "direct_" + name, std::string("\x03\x00", 2) + body, false);
+    put(root + "/fuzz_server", name, fuzz::frame(sl, 20, body), false);
+  }
   return 0;
 }

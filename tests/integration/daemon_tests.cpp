@@ -307,7 +307,7 @@ TEST_CASE("daemon.garbage_clients_do_not_stop_it_serving_others") {
   m = cuw::proto::request(d.socket, Command::set_limit, R"({"pid":1,"bytes":5})", 2000, &why);
   REQUIRE(m);
   CHECK(m->header.command == static_cast<uint16_t>(Command::error));
-  CHECK(m->body.find("not implemented") != std::string::npos);
+  CHECK(m->body.find("no running process with pid 1 under cuwarden") != std::string::npos);
   m = cuw::proto::request(d.socket, Command::get_state, std::string(200, '['), 2000, &why);
   REQUIRE(m);
   CHECK(m->header.command == static_cast<uint16_t>(Command::error));

@@ -7,7 +7,18 @@
 //
 //   request  get_state    body: {}                              reply: state JSON (see daemon/)
 //   request  get_events   body: {"pid":P?, "after":SEQ?, "max":N?}  reply: {"events":[...], "next":SEQ}
-//   request  set_limit    body: {"pid":P | "job":NAME, "bytes":N, "device":D?}  (privileged: peer creds)
+//   request  set_limit    body: {"pid":P, "bytes":N|null, "device":D?}  or  {"pid":P, "share":F, "device":D?}
+//                               or {"job":NAME, "user":NAME|UID?, "bytes":N|null}
+//            bytes: the new cap (null or 2^64-1: none); share: 0 < F <= 1 of each device's
+//            memory (pids only); device: CUDA ordinal as the process sees it (default:
+//            every device it uses); user: the job's owner (default: the caller).
+//            Authorized by the connection's peer credentials (SO_PEERCRED): root may do
+//            anything; others may only lower caps of their own processes and jobs.
+//            reply pid: {"target":"pid","pid","process_name","uid","user",
+//                        "changes":[{"device","uuid","old_limit","new_limit","used_bytes"}]}
+//            reply job: {"target":"job","job","uid","user","members":[pid...],"old_limit",
+//                        "new_limit","gpus":[{"uuid","used_bytes","new_limit_bytes"}]}
+//            refusal:   Command::error {"error":"refused: <why>","refused":true}
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,497 @@
+// cuwarden daemon: the control plane — live limit changes (set_limit), who may make them,
+// and the policy file applied to every process and job the daemon finds.
+//
+// Rules (the README's "Live limits and policy" says them to users):
+//   - root (peer uid 0, from SO_PEERCRED) may set, raise or remove any cap;
+//   - any other user may only lower caps, of their own processes (the ring file's owner,
+//     checked at discovery to be the process's real uid) and jobs (the job file's owner),
+//     and not above what the policy allows them;
+//   - every change and every refusal is logged with who asked (uid, user name, pid), what,
+//     and the cap before and after; changes to a process are also recorded in its event
+//     history (Api::control), and the last kLimitLog outcomes are in the state JSON.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cuw/size.hpp"
+#include "detail/registry_process.hpp"
+#include "registry.hpp"
+#include "util.hpp"
+
+namespace cuw::daemon {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr std::size_t kLimitLog = 256;
+
+std::string cap_text(uint64_t v) { return v == ring::kNoLimit ? "none" : format_bytes(v); }
+json cap_json(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
+
+/// What a request asks for: bytes, a share of each device, or no cap.
+struct Ask {
+  bool remove = false;
+  bool share = false;
+  double fraction = 0;
+  uint64_t bytes = 0;
+  uint64_t resolve(uint64_t physical_total) const {
+    if (remove) return ring::kNoLimit;
+    if (!share) return bytes;
+    SizeSpec s;
+    s.percent = true;
+    s.share = fraction;
+    return s.resolve(physical_total);
+  }
+  std::string str() const {
+    if (remove) return "none";
+    if (share) return fmt::format("{:g}%", fraction * 100);
+    return format_bytes(bytes);
+  }
+};
+
+Ask parse_ask(const nlohmann::json& req) {
+  Ask a;
+  const bool has_bytes = req.contains("bytes"), has_share = req.contains("share");
+  if (has_bytes == has_share) throw std::invalid_argument("give exactly one of \"bytes\" (a number, or null for no cap) and \"share\"");
+  if (has_bytes) {
+    const auto& b = req["bytes"];
+    if (b.is_null()) a.remove = true;
+    else if (b.is_number_unsigned()) a.bytes = b.get<uint64_t>();
+    else if (b.is_number_integer() && b.get<int64_t>() >= 0) a.bytes = static_cast<uint64_t>(b.get<int64_t>());
+    else throw std::invalid_argument("\"bytes\" must be a non-negative integer or null");
+    if (!a.remove && a.bytes == ring::kNoLimit) a.remove = true;  // the wire value of "none"
+  } else {
+    const auto& s = req["share"];
+    if (!s.is_number() || !std::isfinite(s.get<double>()) || s.get<double>() <= 0 || s.get<double>() > 1)
+      throw std::invalid_argument("\"share\" must be a number in (0, 1]");
+    a.share = true;
+    a.fraction = s.get<double>();
+  }
+  return a;
+}
+
+std::string who_text(const Peer& peer) {
+  if (!peer.known) return "an unidentified client";
+  return fmt::format("uid {} ({}) pid {}", peer.uid, user_name(peer.uid), peer.pid);
+}
+
+}  // namespace
+
+void Registry::set_policy(std::shared_ptr<const Policy> policy) {
+  policy_ = policy && !policy->empty() ? std::move(policy) : nullptr;
+  for (auto& [name, p] : procs_) {
+    p->policy_done = 0;
+    p->policy_warned = false;
+  }
+  jobs_.reset_policy();  // applied to job members at the next scan
+  for (auto& [name, p] : procs_)
+    if (policy_ && !p->exited) apply_policy(*p);
+}
+
+// A process gets the lower of its own cap and the policy's max; one with no cap gets the
+// policy's default. Applied once per device when the device appears (the interposer
+// writes its own cap before publishing the device), and again after a reload.
+void Registry::apply_policy(Process& p) {
+  if (!policy_ || p.exited) return;
+  if (!p.ring->writable()) {
+    if (!p.policy_warned)
+      spdlog::warn("policy: cannot apply to pid {} (uid {}): its ring is read-only to the daemon (uid {})", p.pid, p.uid,
+                   geteuid());
+    p.policy_warned = true;
+    return;
+  }
+  // Which devices are present comes from the last drain's pass over the header: no extra
+  // guarded access (a signal-mask syscall) per process per tick.
+  const uint32_t present = p.present;
+  if ((present & ~p.policy_done) == 0) return;
+  Snapshot s;
+  if (!p.ring->snapshot(s)) return;
+  const EffectivePolicy& eff = policy_->for_user(p.uid);
+  for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+    if (!(present & (1u << d)) || (p.policy_done & (1u << d))) continue;
+    const DeviceSnapshot& ds = s.devices[d];
+    const uint64_t cur = ds.limit;
+    uint64_t target = cur;
+    if (cur == ring::kNoLimit && eff.limit) target = eff.limit->resolve(ds.physical_total);
+    if (eff.max_limit) target = std::min(target, eff.max_limit->resolve(ds.physical_total));
+    if (target != cur) {
+      uint64_t actual = 0;
+      const auto r = p.ring->set_limit(d, cur, target, &actual);
+      if (r == RingView::SetLimit::changed) continue;  // re-read on the next tick
+      if (r != RingView::SetLimit::ok) {
+        p.policy_done |= 1u << d;
+        continue;
+      }
+      spdlog::info("policy: pid {} ({}) device {}: cap {} -> {} ({})", p.pid, p.user, d, cap_text(cur),
+                   cap_text(target), eff.source);
+      record_change(&p, static_cast<int>(d), cur, target, ds.used, StoredEvent::kFromPolicy, 0);
+      log_limit({{"time_ns", now_ns()},
+                 {"by", "policy"},
+                 {"by_uid", nullptr},
+                 {"by_pid", nullptr},
+                 {"target", fmt::format("pid {}", p.pid)},
+                 {"pid", p.pid},
+                 {"device", d},
+                 {"old_limit", cap_json(cur)},
+                 {"new_limit", cap_json(target)},
+                 {"outcome", "changed"},
+                 {"reason", eff.source}});
+    }
+    p.policy_done |= 1u << d;
+  }
+}
+
+Registry::Process* Registry::find_running(uint32_t pid) {
+  for (auto& [name, p] : procs_)
+    if (p->pid == pid && !p->exited) {
+      check_exit(*p, mono_ns());
+      if (!p->exited) return p.get();
+    }
+  return nullptr;
+}
+
+void Registry::record_change(Process* p, int device, uint64_t old_limit, uint64_t new_limit, uint64_t used,
+                             uint32_t by_uid, int32_t by_pid) {
+  if (!p) return;
+  StoredEvent ev;
+  ev.seq = ++seq_;
+  ev.by_uid = by_uid;
+  ev.e.time_ns = now_ns();
+  ev.e.kind = static_cast<uint8_t>(ring::EventKind::limit_change);
+  ev.e.api = static_cast<uint16_t>(ring::Api::control);
+  ev.e.device = static_cast<int8_t>(device);
+  ev.e.bytes = new_limit;
+  ev.e.aux = old_limit;
+  ev.e.used_after = used;
+  ev.e.tid = static_cast<uint32_t>(by_pid);
+  p->history.push_back(ev);
+  if (p->history.size() > opt_.history_per_process) p->history.pop_front();
+}
+
+void Registry::log_limit(json entry) {
+  limit_log_.push_back(std::move(entry));
+  while (limit_log_.size() > kLimitLog) limit_log_.pop_front();
+}
+
+json Registry::set_limit(const Peer& peer, const nlohmann::json& req) {
+  if (!req.is_object()) throw std::invalid_argument("request body must be a JSON object");
+  const std::string who = who_text(peer);
+  const bool has_pid = req.contains("pid"), has_job = req.contains("job");
+  if (has_pid == has_job) throw std::invalid_argument("give exactly one of \"pid\" and \"job\"");
+  if (has_pid) return set_process_limit(peer, who, req);
+  return set_job_limit(peer, who, req);
+}
+
+json Registry::set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req) {
+  const auto& jp = req["pid"];
+  if (!jp.is_number_unsigned() || jp.get<uint64_t>() == 0 || jp.get<uint64_t>() > 0x7fffffff)
+    throw std::invalid_argument("\"pid\" must be a process id");
+  const auto pid = static_cast<uint32_t>(jp.get<uint64_t>());
+  if (req.contains("user")) throw std::invalid_argument("\"user\" goes with \"job\" only");
+  int device = -1;
+  if (req.contains("device") && !req["device"].is_null()) {
+    const auto& jd = req["device"];
+    if (!jd.is_number_integer() || jd.get<int64_t>() < 0 || jd.get<int64_t>() >= ring::kMaxDevices)
+      throw std::invalid_argument(fmt::format("\"device\" must be a CUDA ordinal 0..{}", ring::kMaxDevices - 1));
+    device = static_cast<int>(jd.get<int64_t>());
+  }
+  const Ask ask = parse_ask(req);
+  const std::string target = fmt::format("pid {}", pid);
+  json entry = {{"time_ns", now_ns()},
+                {"by", peer.known ? json(user_name(peer.uid)) : json(nullptr)},
+                {"by_uid", peer.known ? json(peer.uid) : json(nullptr)},
+                {"by_pid", peer.known ? json(peer.pid) : json(nullptr)},
+                {"target", target},
+                {"pid", pid},
+                {"device", device >= 0 ? json(device) : json(nullptr)},
+                {"asked", ask.str()}};
+  auto refuse = [&](const std::string& why) -> Refused {
+    spdlog::warn("limit refused: {} asked {} {}-> {}: {}", who, target, device >= 0 ? fmt::format("device {} ", device) : "",
+                 ask.str(), why);
+    entry["outcome"] = "refused";
+    entry["reason"] = why;
+    log_limit(entry);
+    return Refused(why);
+  };
+  auto fail = [&](const std::string& why) -> std::runtime_error {
+    spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    entry["outcome"] = "failed";
+    entry["reason"] = why;
+    log_limit(entry);
+    return std::runtime_error(why);
+  };
+
+  Process* p = find_running(pid);
+  if (!p) {
+    scan();  // a process that started a moment ago may not have been discovered yet
+    p = find_running(pid);
+  }
+  if (!p) throw fail(fmt::format("no running process with pid {} under cuwarden (it has no ring in {})", pid, opt_.run_dir));
+  if (!peer.root() && (!peer.known || peer.uid != p->uid))
+    throw refuse(fmt::format("pid {} belongs to uid {} ({}); only root or its owner may change its cap", pid, p->uid,
+                             p->user));
+
+  Snapshot s;
+  if (!p->ring->snapshot(s)) throw fail(fmt::format("pid {}'s ring could not be read", pid));
+  std::vector<uint32_t> devices;
+  std::string present_list;
+  for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+    if (s.devices[d].present) {
+      present_list += (present_list.empty() ? "" : ", ") + std::to_string(d);
+      if (device < 0 || static_cast<uint32_t>(device) == d) devices.push_back(d);
+    }
+  if (devices.empty()) {
+    if (device >= 0)
+      throw fail(fmt::format("pid {} has not used device {} yet (devices in use: {})", pid, device,
+                             present_list.empty() ? "none" : present_list));
+    throw fail(fmt::format("pid {} has not used a GPU yet: there is no cap to change until it does", pid));
+  }
+  const EffectivePolicy* eff = policy_ ? &policy_->for_user(p->uid) : nullptr;
+
+  // Check every device before changing any: a request is applied whole or not at all.
+  auto check = [&](uint32_t d, uint64_t cur, uint64_t desired) {
+    if (peer.root()) return;
+    if (desired == ring::kNoLimit) throw refuse(fmt::format("only root may remove a cap (device {}: current {})", d, cap_text(cur)));
+    if (desired > cur)
+      throw refuse(fmt::format("only root may raise a cap (device {}: current {}, asked {})", d, cap_text(cur),
+                               cap_text(desired)));
+    if (eff && eff->max_limit) {
+      const uint64_t m = eff->max_limit->resolve(s.devices[d].physical_total);
+      if (desired > m)
+        throw refuse(fmt::format("the policy allows uid {} at most {} on device {} ({})", p->uid, cap_text(m), d,
+                                 eff->source));
+    }
+  };
+  for (uint32_t d : devices) check(d, s.devices[d].limit, ask.resolve(s.devices[d].physical_total));
+  if (!p->ring->writable())
+    throw fail(fmt::format("the daemon (uid {}) can only read pid {}'s ring (uid {}): run cuwardend as root to change "
+                           "other users' caps",
+                           geteuid(), pid, p->uid));
+
+  json changes = json::array();
+  for (uint32_t d : devices) {
+    const DeviceSnapshot& ds = s.devices[d];
+    uint64_t cur = ds.limit;
+    const uint64_t desired = ask.resolve(ds.physical_total);
+    RingView::SetLimit r = RingView::SetLimit::changed;
+    for (int attempt = 0; attempt < 4 && r == RingView::SetLimit::changed; ++attempt) {
+      uint64_t actual = cur;
+      r = p->ring->set_limit(d, cur, desired, &actual);
+      if (r == RingView::SetLimit::changed) {
+        cur = actual;
+        check(d, cur, desired);  // someone else changed it meanwhile: judge against the new value
+      }
+    }
+    if (r != RingView::SetLimit::ok)
+      throw fail(fmt::format("could not write pid {}'s cap on device {} ({})", pid, d,
+                             r == RingView::SetLimit::fault ? "its ring faulted" : "it kept changing"));
+    spdlog::info("limit: {} set pid {} ({}, uid {}) device {}: {} -> {}{}", who, pid,
+                 field_text(s.comm, sizeof s.comm), p->uid, d, cap_text(cur), cap_text(desired),
+                 desired < ds.used ? fmt::format(" (below its use, {})", format_bytes(ds.used)) : "");
+    record_change(p, static_cast<int>(d), cur, desired, ds.used, peer.known ? peer.uid : StoredEvent::kFromProcess,
+                  peer.pid);
+    json e = entry;
+    e["device"] = d;
+    e["old_limit"] = cap_json(cur);
+    e["new_limit"] = cap_json(desired);
+    e["outcome"] = "changed";
+    log_limit(e);
+    changes.push_back({{"device", d},
+                       {"uuid", format_uuid(ds.uuid)},
+                       {"old_limit", cap_json(cur)},
+                       {"new_limit", cap_json(desired)},
+                       {"used_bytes", ds.used}});
+  }
+  return {{"target", "pid"},
+          {"pid", pid},
+          {"process_name", field_text(s.comm, sizeof s.comm)},
+          {"uid", p->uid},
+          {"user", p->user},
+          {"changes", std::move(changes)}};
+}
+
+json Registry::jobs_json(const std::map<std::string, int>& gpu_index_of) {
+  json out = json::array();
+  for (auto& [file, j] : jobs_.jobs()) {
+    JobTable::View v;
+    if (!jobs_.view(j, &v) || v.members.empty()) continue;  // a job with no members holds nothing
+    // What the members asked for (CUWARDEN_JOB_LIMIT), most common first; the job's cap is
+    // the lowest member limit, which `cuwarden` shows next to the disagreement.
+    std::map<uint64_t, unsigned> asked;
+    for (const auto& m : v.members) ++asked[m.requested];
+    std::vector<std::pair<uint64_t, unsigned>> asked_sorted(asked.begin(), asked.end());
+    std::stable_sort(asked_sorted.begin(), asked_sorted.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    json requested = json::array();
+    for (const auto& [bytes, n] : asked_sorted) requested.push_back({{"bytes", cap_json(bytes)}, {"members", n}});
+    json gpus = json::array();
+    uint64_t refusals = 0;
+    for (std::size_t i = 0; i < v.gpus.size(); ++i) {
+      const auto& g = v.gpus[i];
+      uint8_t uuid[16];
+      std::memcpy(uuid, g.uuid, sizeof uuid);
+      const std::string u = format_uuid(uuid);
+      auto it = gpu_index_of.find(u);
+      gpus.push_back({{"job_gpu", g.index},
+                      {"uuid", u},
+                      {"gpu_index", it != gpu_index_of.end() ? json(it->second) : json(nullptr)},
+                      {"memory_total_bytes", g.physical_total},
+                      {"used_bytes", v.used[i]},
+                      {"limit_bytes", cap_json(v.cap)}});
+    }
+    json members = json::array();
+    for (const auto& m : v.members) {
+      refusals += m.refusals;
+      std::string pname;
+      for (auto& [rn, p] : procs_)
+        if (p->pid == m.pid && (p->start_time & 0x7fffffffULL) == job::owner_start_low(m.owner)) {
+          Snapshot s;
+          if (p->ring->snapshot(s)) pname = field_text(s.comm, sizeof s.comm);
+        }
+      json charged = json::array();
+      uint64_t total = 0;
+      for (const auto& g : v.gpus) {
+        const uint64_t b = g.index >= 0 && g.index < static_cast<int>(job::kMaxGpus) ? m.charged[g.index] : 0;
+        uint8_t uuid[16];
+        std::memcpy(uuid, g.uuid, sizeof uuid);
+        charged.push_back({{"uuid", format_uuid(uuid)}, {"bytes", b}});
+        total += b;
+      }
+      members.push_back({{"pid", m.pid},
+                         {"slot", m.slot},
+                         {"process_name", pname},
+                         {"limit_bytes", cap_json(m.limit)},
+                         {"requested_bytes", cap_json(m.requested)},
+                         {"used_bytes", total},
+                         {"charged", std::move(charged)},
+                         {"joined_ns", m.joined_ns},
+                         {"refusals", m.refusals}});
+    }
+    out.push_back({{"name", j.name},
+                   {"user", j.user},
+                   {"uid", j.uid},
+                   {"file", opt_.run_dir + "/" + file},
+                   {"limit_bytes", cap_json(v.cap)},
+                   {"caps_requested", std::move(requested)},
+                   {"caps_disagree", asked.size() > 1},
+                   {"refusals", refusals},
+                   {"gpus", std::move(gpus)},
+                   {"members", std::move(members)}});
+  }
+  return out;
+}
+
+json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req) {
+  const auto& jn = req["job"];
+  if (!jn.is_string()) throw std::invalid_argument("\"job\" must be a job name");
+  const std::string name = jn.get<std::string>();
+  std::string why_name;
+  if (!job::valid_job_name(name, &why_name)) throw std::invalid_argument("bad job name: " + why_name);
+  if (req.contains("device") && !req["device"].is_null())
+    throw std::invalid_argument("\"device\" goes with \"pid\": a job's cap is one size for every GPU it uses");
+  if (req.contains("share")) throw std::invalid_argument("a job's cap is one size for all its GPUs: give \"bytes\"");
+  const Ask ask = parse_ask(req);
+  // Whose job: the caller's own, unless "user" names another (a login name or a uid).
+  uint32_t uid = peer.uid;
+  if (req.contains("user") && !req["user"].is_null()) {
+    const auto& ju = req["user"];
+    if (ju.is_number_unsigned() && ju.get<uint64_t>() <= 0xffffffffULL) {
+      uid = static_cast<uint32_t>(ju.get<uint64_t>());
+    } else if (ju.is_string()) {
+      auto u = uid_of(ju.get<std::string>());
+      if (!u) throw std::runtime_error("no user named '" + ju.get<std::string>() + "'");
+      uid = *u;
+    } else {
+      throw std::invalid_argument("\"user\" must be a user name or a uid");
+    }
+  } else if (!peer.known) {
+    throw Refused("the daemon could not tell who you are (no peer credentials); name the job's user");
+  }
+  const std::string target = fmt::format("job {}/{}", user_name(uid), name);
+  json entry = {{"time_ns", now_ns()},
+                {"by", peer.known ? json(user_name(peer.uid)) : json(nullptr)},
+                {"by_uid", peer.known ? json(peer.uid) : json(nullptr)},
+                {"by_pid", peer.known ? json(peer.pid) : json(nullptr)},
+                {"target", target},
+                {"job", name},
+                {"uid", uid},
+                {"asked", ask.str()}};
+  auto refuse = [&](const std::string& why) -> Refused {
+    spdlog::warn("limit refused: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    entry["outcome"] = "refused";
+    entry["reason"] = why;
+    log_limit(entry);
+    return Refused(why);
+  };
+  auto fail = [&](const std::string& why) -> std::runtime_error {
+    spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    entry["outcome"] = "failed";
+    entry["reason"] = why;
+    log_limit(entry);
+    return std::runtime_error(why);
+  };
+  if (!peer.root() && (!peer.known || peer.uid != uid))
+    throw refuse(fmt::format("job '{}' belongs to uid {} ({}); only root or its owner may change its cap", name, uid,
+                             user_name(uid)));
+  JobTable::Job* j = jobs_.find(uid, name);
+  if (!j) {
+    scan();  // a job that started a moment ago
+    j = jobs_.find(uid, name);
+  }
+  if (!j)
+    throw fail(fmt::format("no job '{}' of user {} (no {} in {})", name, user_name(uid), job::file_name(uid, name),
+                           opt_.run_dir));
+  JobTable::View v;
+  if (!jobs_.view(*j, &v)) throw fail("the job's file could not be read");
+  if (v.members.empty())
+    throw fail(fmt::format("job '{}' has no running members: a cap set now would not outlive them (the next process "
+                           "to join sets the job's cap afresh from its CUWARDEN_JOB_LIMIT)",
+                           name));
+  const uint64_t cur = v.cap;
+  const uint64_t desired = ask.remove ? job::kNoLimit : ask.bytes;
+  if (!peer.root()) {
+    if (desired == job::kNoLimit) throw refuse(fmt::format("only root may remove a cap (job '{}': current {})", name, cap_text(cur)));
+    if (desired > cur)
+      throw refuse(fmt::format("only root may raise a cap (job '{}': current {}, asked {})", name, cap_text(cur),
+                               cap_text(desired)));
+    const EffectivePolicy* eff = policy_ ? &policy_->for_user(uid) : nullptr;
+    if (eff && eff->max_job_limit && desired > eff->max_job_limit->resolve(0))
+      throw refuse(fmt::format("the policy allows uid {} at most {} per job ({})", uid,
+                               cap_text(eff->max_job_limit->resolve(0)), eff->source));
+  }
+  const int64_t n = jobs_.set_limit(*j, desired);
+  if (n < 0) throw fail("the job's file faulted while being written");
+  spdlog::info("limit: {} set job {}/{} ({} member(s)): {} -> {}", who, j->user, name, n, cap_text(cur), cap_text(desired));
+  json pids = json::array();
+  for (const auto& m : v.members) {
+    pids.push_back(m.pid);
+    for (auto& [rn, p] : procs_)
+      if (p->pid == m.pid && !p->exited)
+        record_change(p.get(), -1, cur, desired, 0, peer.known ? peer.uid : StoredEvent::kFromProcess, peer.pid);
+  }
+  entry["old_limit"] = cap_json(cur);
+  entry["new_limit"] = cap_json(desired);
+  entry["outcome"] = "changed";
+  log_limit(entry);
+  json gpus = json::array();
+  for (std::size_t i = 0; i < v.gpus.size(); ++i) {
+    uint8_t uuid[16];
+    std::memcpy(uuid, v.gpus[i].uuid, sizeof uuid);
+    gpus.push_back({{"uuid", format_uuid(uuid)}, {"used_bytes", v.used[i]}, {"new_limit_bytes", cap_json(desired)}});
+  }
+  return {{"target", "job"},
+          {"job", name},
+          {"uid", uid},
+          {"user", user_name(uid)},
+          {"members", std::move(pids)},
+          {"old_limit", cap_json(cur)},
+          {"new_limit", cap_json(desired)},
+          {"gpus", std::move(gpus)}};
+}
+
+}  // namespace cuw::daemon

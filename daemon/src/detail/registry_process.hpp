@@ -1,0 +1,33 @@
+// cuwarden daemon: what the registry keeps per interposed process. Private to the
+// registry's files (registry.cpp: discovery and draining; control.cpp: limits and policy).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "registry.hpp"
+#include "ring_view.hpp"
+
+namespace cuw::daemon {
+
+struct Registry::Process {
+  std::string file_name;
+  std::unique_ptr<RingView> ring;
+  uint32_t pid = 0;
+  uint64_t start_time = 0;
+  uint32_t uid = 0;
+  std::string user;
+  bool exited = false;
+  uint64_t exited_ns = 0;     ///< header's clean-exit time, else when the daemon noticed
+  uint64_t exited_mono = 0;   ///< for the linger timer
+  uint64_t events_received = 0;
+  uint64_t events_lost = 0;   ///< slots a dead producer claimed but never published
+  std::deque<StoredEvent> history;
+  uint32_t present = 0;       ///< devices present at the last drain (bit per ordinal)
+  uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
+  bool policy_warned = false; ///< "cannot apply: read-only ring" said once
+};
+
+}  // namespace cuw::daemon

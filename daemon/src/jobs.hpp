@@ -1,0 +1,73 @@
+// cuwarden daemon: the job segments in the run directory (job-<uid>-<name>.cwj), opened as
+// untrusted input, swept of dead members on every scan, shown in the state, given the
+// policy, and changed by `cuwarden limit job:NAME`.
+//
+// A job file is written by its user's processes, so every access to its mapping runs under
+// the fault guard (the owner may truncate it) and nothing read from it is used as a length.
+// Segment::members()/gpus() allocate inside the guard: a fault there leaks that vector and
+// unmaps nothing, which is the price of reusing the common reader; no lock is ever held.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuw/job.hpp"
+#include "policy.hpp"
+
+namespace cuw::daemon {
+
+class JobTable {
+ public:
+  /// A copy of one job, taken under the fault guard.
+  struct View {
+    uint64_t cap = job::kNoLimit;
+    std::vector<job::Segment::MemberInfo> members;  ///< claiming slots left out
+    std::vector<job::Segment::GpuInfo> gpus;
+    std::vector<uint64_t> used;                     ///< per entry of gpus
+  };
+  struct Job {
+    std::string file, name, user;
+    uint32_t uid = 0;
+    std::unique_ptr<job::Segment> seg;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::set<uint64_t> policy_done;  ///< owner words that have had the policy applied
+  };
+
+  explicit JobTable(std::size_t max_jobs = 1024) : max_jobs_(max_jobs) {}
+
+  /// Open new job files among `names` (file names in `dirfd`), forget vanished or replaced
+  /// ones, sweep dead members of each (their bytes are reclaimed at once) and apply
+  /// `policy` (may be null) to members that have not had it.
+  void scan(int dirfd, const std::set<std::string>& names, const Policy* policy);
+  /// Apply the policy to every member again (after a reload).
+  void reset_policy() noexcept;
+
+  Job* find(uint32_t uid, const std::string& name);
+  /// Snapshot of a job; false if its mapping faulted (the job is then dropped at the next scan).
+  bool view(Job& j, View* out) noexcept;
+  /// Set every member's cap (Segment::set_limit) under the guard. -1 on a fault.
+  int64_t set_limit(Job& j, uint64_t bytes) noexcept;
+
+  std::map<std::string, Job>& jobs() noexcept { return jobs_; }
+  /// Files refused (path -> reason), for the state's "problems".
+  const std::map<std::string, std::string>& problems() const noexcept { return problems_; }
+
+ private:
+  void try_open(int dirfd, const std::string& file);
+  void apply_policy(Job& j, const View& v, const Policy& policy);
+
+  std::size_t max_jobs_;
+  std::map<std::string, Job> jobs_;               ///< by file name
+  std::map<std::string, std::string> problems_;   ///< by file name
+  std::set<std::string> faulted_;                 ///< dropped on the next scan
+};
+
+}  // namespace cuw::daemon

@@ -1,0 +1,146 @@
+// Unit tests for the daemon's policy file (daemon/src/policy.cpp): what parses, what each
+// mistake says (with file:line:column), and precedence user > group > default.
+#include <grp.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+
+#include "cuw/ring.hpp"
+#include "policy.hpp"
+
+using cuw::daemon::parse_policy;
+
+namespace {
+
+constexpr uint64_t kGiB = 1ULL << 30;
+
+/// Parse `text`; on failure return the errors joined by newlines.
+std::string errors_of(const std::string& text, std::vector<std::string>* warnings = nullptr) {
+  std::vector<std::string> errors, w;
+  auto p = parse_policy(text, "p.toml", &errors, warnings ? warnings : &w);
+  std::string all;
+  for (const auto& e : errors) all += e + "\n";
+  if (p && !all.empty()) return "parsed despite errors: " + all;
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("policy: the documented example parses") {
+  std::vector<std::string> errors, warnings;
+  auto p = parse_policy(R"(# cuwarden policy
+[default]
+limit = "40G"
+max_limit = "80G"
+job_limit = "160G"
+max_job_limit = 343597383680   # bytes as an integer
+[user.root]
+max_limit = "none"
+[group.0]
+max_limit = "75%"
+)",
+                        "p.toml", &errors, &warnings);
+  REQUIRE(errors.empty());
+  REQUIRE(p);
+  CHECK(p->defaults.limit->resolve(0) == 40 * kGiB);
+  CHECK(p->defaults.max_limit->resolve(0) == 80 * kGiB);
+  CHECK(p->defaults.job_limit->resolve(0) == 160 * kGiB);
+  CHECK(p->defaults.max_job_limit->resolve(0) == 320 * kGiB);
+  CHECK(p->users.at("root").max_limit->unlimited);
+  CHECK(p->users.at("root").max_limit->resolve(100) == cuw::ring::kNoLimit);
+  CHECK(p->groups.at("0").max_limit->resolve(100 * kGiB) == 75 * kGiB);
+  CHECK(!p->empty());
+  CHECK(parse_policy("", "p.toml", &errors, &warnings)->empty());
+}
+
+TEST_CASE("policy: every mistake is reported with file:line:column") {
+  // TOML syntax.
+  CHECK_THAT(errors_of("[default]\nlimit = \"40G\nmax_limit = \"80G\"\n"), Catch::StartsWith("p.toml:2:"));
+  CHECK_THAT(errors_of("[default\n"), Catch::StartsWith("p.toml:1:"));
+  // Unknown key, section, misplaced key.
+  CHECK_THAT(errors_of("[default]\nlimit = \"40G\"\nmaxlimit = \"80G\"\n"),
+             Catch::Contains("p.toml:3:1: unknown key 'maxlimit' in [default]"));
+  CHECK_THAT(errors_of("[defaults]\nlimit = \"40G\"\n"), Catch::Contains("p.toml:1:2: unknown section or key 'defaults'"));
+  CHECK_THAT(errors_of("limit = \"40G\"\n"), Catch::Contains("p.toml:1:1: 'limit' outside a section"));
+  CHECK_THAT(errors_of("[user]\nalice = \"40G\"\n"), Catch::Contains("p.toml:2:1: 'user.alice' must be a section"));
+  // Bad sizes and types.
+  CHECK_THAT(errors_of("[default]\nlimit = \"40X\"\n"), Catch::Contains("p.toml:2:9: limit = \"40X\": "));
+  CHECK_THAT(errors_of("[default]\n\n\n  max_limit = -5\n"), Catch::Contains("p.toml:4:15: max_limit must not be negative"));
+  CHECK_THAT(errors_of("[default]\nlimit = true\n"), Catch::Contains("p.toml:2:9: limit must be a size"));
+  CHECK_THAT(errors_of("[group.0]\njob_limit = \"50%\"\n"),
+             Catch::Contains("p.toml:2:13: job_limit = \"50%\"") && Catch::Contains("one size for all its GPUs"));
+  // A default above the max of the same section.
+  CHECK_THAT(errors_of("[default]\nlimit = \"40G\"\nmax_limit = \"20G\"\n"),
+             Catch::Contains("p.toml:1:1: [default]: limit 40.00 GiB is above max_limit 20.00 GiB"));
+  // Several mistakes: all of them, in one go.
+  const std::string many = errors_of("[default]\nlimit = \"1Q\"\nfoo = 1\n[user.root]\nmax_job_limit = \"x\"\n");
+  CHECK(std::count(many.begin(), many.end(), '\n') == 3);
+  CHECK_THAT(many, Catch::Contains("p.toml:2:") && Catch::Contains("p.toml:3:") && Catch::Contains("p.toml:5:"));
+}
+
+TEST_CASE("policy: unknown user and group names are warnings, not errors") {
+  std::vector<std::string> warnings;
+  CHECK(errors_of("[user.no-such-user-cuwt]\nmax_limit = \"1G\"\n[group.no-such-group-cuwt]\nlimit = \"1G\"\n",
+                  &warnings) == "");
+  REQUIRE(warnings.size() == 2);
+  std::sort(warnings.begin(), warnings.end());
+  CHECK_THAT(warnings[0], Catch::StartsWith("p.toml:1:7: no user named 'no-such-user-cuwt'"));
+  CHECK_THAT(warnings[1], Catch::StartsWith("p.toml:3:8: no group named 'no-such-group-cuwt'"));
+}
+
+TEST_CASE("policy: precedence is user, then the lowest of the user's groups, then default") {
+  const uid_t uid = getuid();
+  passwd* pw = getpwuid(uid);
+  REQUIRE(pw);
+  const std::string gid = std::to_string(pw->pw_gid);
+  std::vector<std::string> errors, warnings;
+  auto parse = [&](const std::string& text) {
+    errors.clear();
+    auto p = parse_policy(text, "p.toml", &errors, &warnings);
+    REQUIRE(p);
+    return std::move(*p);
+  };
+  {
+    auto p = parse("[default]\nlimit = \"4G\"\nmax_limit = \"80G\"\njob_limit = \"100G\"\n");
+    const auto& e = p.for_user(uid);
+    CHECK(e.limit->resolve(0) == 4 * kGiB);
+    CHECK(e.max_limit->resolve(0) == 80 * kGiB);
+    CHECK(e.job_limit->resolve(0) == 100 * kGiB);
+    CHECK(!e.max_job_limit);
+    CHECK(e.source == "default");
+  }
+  {
+    // The user's primary group (by number) lowers the max; the default limit still applies.
+    auto p = parse("[default]\nlimit = \"4G\"\nmax_limit = \"80G\"\n[group." + gid + "]\nmax_limit = \"10G\"\n");
+    const auto& e = p.for_user(uid);
+    CHECK(e.max_limit->resolve(0) == 10 * kGiB);
+    CHECK(e.limit->resolve(0) == 4 * kGiB);
+    CHECK_THAT(e.source, Catch::Contains("group " + gid) && Catch::Contains("default"));
+  }
+  {
+    // The user's section wins over the group, key by key; by name.
+    auto p = parse("[default]\nmax_limit = \"80G\"\n[group." + gid + "]\nmax_limit = \"10G\"\nlimit = \"2G\"\n[user." +
+                   pw->pw_name + "]\nmax_limit = \"20G\"\n");
+    const auto& e = p.for_user(uid);
+    CHECK(e.max_limit->resolve(0) == 20 * kGiB);
+    CHECK(e.limit->resolve(0) == 2 * kGiB);
+  }
+  {
+    // Several groups: the lowest. The primary group by number and by name are two
+    // sections for the same group here, standing in for two groups.
+    group* gr = getgrgid(pw->pw_gid);
+    if (gr) {
+      auto p = parse("[group." + gid + "]\nmax_limit = \"30G\"\n[group." + std::string(gr->gr_name) +
+                     "]\nmax_limit = \"12G\"\n");
+      CHECK(p.for_user(uid).max_limit->resolve(0) == 12 * kGiB);
+    }
+  }
+  {
+    // Another user's sections do not apply.
+    auto p = parse("[user.4000000]\nmax_limit = \"1G\"\n");
+    CHECK(!p.for_user(uid).max_limit);
+    CHECK(p.for_user(4000000).max_limit->resolve(0) == kGiB);
+  }
+}
