@@ -22,6 +22,8 @@
 #     pageable host memory every step, which dominates the step): part e2e_upload.
 #   3 cupy: CuPy with its memory pool disabled (cupy.cuda.set_allocator(None)), a loop of
 #     elementwise ops and a reduction per step, bare vs cache; results must agree.
+#   Parts 2 and 3 also run a floor: the same work with no allocation in the loop (buffers
+#   allocated once; CuPy with its own pool), the best any allocator can do there.
 # Exit status: 0 when every part was measured and the checksums agree, 1 otherwise.
 set -uo pipefail
 
@@ -117,12 +119,15 @@ for r in $(seq "$E2E_RUNS"); do
     # shellcheck disable=SC2046
     run_json "$RAW/e2e-$m-$r.json" 240 $(mode_env $m) "$E2E" --steps "$E2E_STEPS" && echo "run $r $m: $(cat "$RAW/e2e-$m-$r.json")"
   done
+  # The floor: the same work with the buffers allocated once (no allocator in the loop).
+  run_json "$RAW/e2e-floor-$r.json" 240 env "$E2E" --steps "$E2E_STEPS" --hoist && echo "run $r floor: $(cat "$RAW/e2e-floor-$r.json")"
 done
 for r in $(seq "$E2E_RUNS"); do
   for m in bare off cache; do
     # shellcheck disable=SC2046
     run_json "$RAW/e2e_upload-$m-$r.json" 240 $(mode_env $m) "$E2E" --steps "$E2E_STEPS" --upload && echo "run $r $m --upload: $(cat "$RAW/e2e_upload-$m-$r.json")"
   done
+  run_json "$RAW/e2e_upload-floor-$r.json" 240 env "$E2E" --steps "$E2E_STEPS" --upload --hoist && echo "run $r floor --upload: $(cat "$RAW/e2e_upload-floor-$r.json")"
 done
 
 echo "== 3 cupy: pool disabled, $CUPY_STEPS steps, bare vs cache"
@@ -130,8 +135,10 @@ CUPY_PY="$WORK/cupy_steps.py"
 cat >"$CUPY_PY" <<'PY'
 import hashlib, json, sys, time
 import cupy as cp
-cp.cuda.set_allocator(None)          # every array is a cudaMalloc, every release a cudaFree
-cp.cuda.set_pinned_memory_allocator(None)
+import os
+if os.environ.get("CUPY_OWN_POOL") != "1":  # the floor keeps CuPy's own pool
+    cp.cuda.set_allocator(None)          # every array is a cudaMalloc, every release a cudaFree
+    cp.cuda.set_pinned_memory_allocator(None)
 steps = int(sys.argv[1])
 def step(k):
     x = cp.arange(1 << 18, dtype=cp.float32)
@@ -156,6 +163,8 @@ if [[ $FAKE != 1 ]] && timeout 120 python3 -c 'import cupy' >/dev/null 2>&1; the
       # shellcheck disable=SC2046
       run_json "$RAW/cupy-$m-$r.json" 240 $(mode_env $m) python3 "$CUPY_PY" "$CUPY_STEPS" && echo "run $r $m: $(cat "$RAW/cupy-$m-$r.json")"
     done
+    # The floor: CuPy with its own memory pool (no cudaMalloc in the loop).
+    run_json "$RAW/cupy-floor-$r.json" 240 env CUPY_OWN_POOL=1 python3 "$CUPY_PY" "$CUPY_STEPS" && echo "run $r floor: $(cat "$RAW/cupy-floor-$r.json")"
   done
 else
   echo "cupy: skipped ($([[ $FAKE == 1 ]] && echo 'simulated driver' || echo 'import cupy failed'))" | tee "$RAW/cupy-skipped.txt"

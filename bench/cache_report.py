@@ -92,6 +92,9 @@ def main():
         b = part["modes"].get("bare", {}).get("us_per_step")
         c = part["modes"].get("cache", {}).get("us_per_step")
         part["speedup"] = (b / c) if (b and c) else None
+        f = part["modes"].get("floor", {}).get("us_per_step")
+        part["floor_speedup"] = (b / f) if (b and f) else None
+        part["floor_share"] = (f / c) if (f and c) else None
         if not part["identical"]:
             ok = False
         return part
@@ -132,13 +135,17 @@ def main():
             md += ["not measured (see the log)", ""]
             continue
         md += ["| mode | us per step | checksum |", "| --- | ---: | --- |"]
-        for mode in MODES:
+        for mode in MODES + ["floor"]:
             m = part["modes"].get(mode)
             if m:
                 md.append(f"| {mode} | {m['us_per_step']:.1f} | {', '.join(str(s) for s in m['checksums'])} |")
         sp = f"{part['speedup']:.1f}x" if part["speedup"] else "-"
         md += ["", f"Speedup with `CUWARDEN_POOL=cache`: **{sp}** (target 5x); results identical across modes: "
-               f"**{'yes' if part['identical'] else 'NO'}**.", ""]
+               f"**{'yes' if part['identical'] else 'NO'}**."]
+        if part.get("floor_speedup"):
+            md.append(f"The floor (no allocation in the loop) is {part['floor_speedup']:.1f}x bare: the most any "
+                      f"allocator could give this program; cache reaches {part['floor_share']:.0%} of it.")
+        md.append("")
 
     with open(prefix + ".md", "w") as f:
         f.write("\n".join(md) + "\n")

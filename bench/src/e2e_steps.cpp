@@ -3,8 +3,10 @@
 // input, runs a kernel, reads a slice of the result back (a loss, a residual), and
 // cudaFree's the buffers.
 //
-//   cuw_bench_e2e [--steps 2000] [--warmup 50] [--elems 1048576] [--upload]
+//   cuw_bench_e2e [--steps 2000] [--warmup 50] [--elems 1048576] [--upload] [--hoist]
 //
+// --hoist allocates the buffers once, before the loop: the same work with no allocation
+// per step, the floor any allocator can reach on this program.
 // --upload fills the input by copying it from pageable host memory every step (4 MiB by
 // default) instead of on the device: that copy then dominates the step, whatever the
 // allocator.
@@ -86,15 +88,15 @@ DONE:
 int main(int argc, char** argv) {
   long steps = 2000, warmup = 50;
   unsigned elems = 1u << 20;
-  bool upload = false;
+  bool upload = false, hoist = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--upload") {
-      upload = true;
+    if (a == "--upload" || a == "--hoist") {
+      (a == "--upload" ? upload : hoist) = true;
       continue;
     }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: cuw_bench_e2e [--steps N] [--warmup N] [--elems N] [--upload]\n");
+      std::fprintf(stderr, "usage: cuw_bench_e2e [--steps N] [--warmup N] [--elems N] [--upload] [--hoist]\n");
       return 1;
     }
     const long v = std::atol(argv[++i]);
@@ -129,14 +131,21 @@ int main(int argc, char** argv) {
   std::vector<float> back(kSlice * 2);
   uint64_t checksum = 1469598103934665603ULL;
 
+  float *hx = nullptr, *hy = nullptr, *hz = nullptr;
+  void* hscratch = nullptr;
+  auto alloc_all = [&](float** x, float** y, float** z, void** scratch) {
+    RT(cudaMalloc(reinterpret_cast<void**>(x), bytes));
+    RT(cudaMalloc(reinterpret_cast<void**>(y), bytes));
+    RT(cudaMalloc(reinterpret_cast<void**>(z), bytes));
+    RT(cudaMalloc(scratch, 64 << 10));
+  };
+  if (hoist) alloc_all(&hx, &hy, &hz, &hscratch);
+
   auto step = [&](long k, bool sum) {
     // Per step, as the programs this is for do: fresh buffers of a few sizes.
-    float *x = nullptr, *y = nullptr, *z = nullptr;
-    void* scratch = nullptr;
-    RT(cudaMalloc(reinterpret_cast<void**>(&x), bytes));
-    RT(cudaMalloc(reinterpret_cast<void**>(&y), bytes));
-    RT(cudaMalloc(reinterpret_cast<void**>(&z), bytes));
-    RT(cudaMalloc(&scratch, 64 << 10));
+    float *x = hx, *y = hy, *z = hz;
+    void* scratch = hscratch;
+    if (!hoist) alloc_all(&x, &y, &z, &scratch);
     if (upload) RT(cudaMemcpyAsync(x, host.data(), bytes, cudaMemcpyHostToDevice, nullptr));
     else RT(cudaMemsetAsync(x, static_cast<int>(0x3f + (k & 1)), bytes, nullptr));  // floats ~0.75 / 0.76
     RT(cudaMemsetAsync(scratch, static_cast<int>(k & 0xff), 64 << 10, nullptr));
@@ -156,10 +165,12 @@ int main(int argc, char** argv) {
     }
     RT(cudaMemcpy(back.data(), y + (k % 16) * kSlice, kSlice * sizeof(float), cudaMemcpyDeviceToHost));
     if (upload) RT(cudaMemcpy(back.data() + kSlice, z, kSlice * sizeof(float), cudaMemcpyDeviceToHost));
-    RT(cudaFree(scratch));
-    RT(cudaFree(z));
-    RT(cudaFree(y));
-    RT(cudaFree(x));
+    if (!hoist) {
+      RT(cudaFree(scratch));
+      RT(cudaFree(z));
+      RT(cudaFree(y));
+      RT(cudaFree(x));
+    }
     if (sum) {
       const auto* b = reinterpret_cast<const unsigned char*>(back.data());
       for (size_t i = 0; i < back.size() * sizeof(float); ++i) checksum = (checksum ^ b[i]) * 1099511628211ULL;
@@ -171,9 +182,9 @@ int main(int argc, char** argv) {
   for (long k = 0; k < steps; ++k) step(k, true);
   RT(cudaDeviceSynchronize());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("{\"program\":\"cuw_bench_e2e\",\"upload\":%s,\"cuwarden\":%d,\"kernel\":%s,\"steps\":%ld,\"elems\":%u,"
+  std::printf("{\"program\":\"cuw_bench_e2e\",\"upload\":%s,\"hoist\":%s,\"cuwarden\":%d,\"kernel\":%s,\"steps\":%ld,\"elems\":%u,"
               "\"seconds\":%.4f,\"us_per_step\":%.2f,\"checksum\":\"%016llx\"}\n",
-              upload ? "true" : "false", cuw::bench::cuwarden_loaded() ? 1 : 0, kernel ? "true" : "false", steps, elems, secs,
+              upload ? "true" : "false", hoist ? "true" : "false", cuw::bench::cuwarden_loaded() ? 1 : 0, kernel ? "true" : "false", steps, elems, secs,
               secs * 1e6 / static_cast<double>(steps), static_cast<unsigned long long>(checksum));
   return 0;
 }

@@ -43,7 +43,9 @@ DAEMON_PID=""
 cleanup() {
   touch "$CTRL/done" 2>/dev/null || true
   for pid in "${PIDS[@]}" $DAEMON_PID; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # Only our own children: a bare `wait` would also wait for the tee below, which waits
+  # for this shell's output to close.
+  for pid in "${PIDS[@]}" $DAEMON_PID; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$WORK" "$RUN_DIR"
   exec 1>&- 2>&-
   wait "$TEE_PID" 2>/dev/null || true
