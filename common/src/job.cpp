@@ -118,7 +118,10 @@ bool owner_alive(uint64_t owner) noexcept {
   if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
   char state = 0;
   uint64_t start = 0;
-  if (!read_stat(pid, &state, &start)) return false;
+  // The process exists: unless /proc proves it is another one (or a zombie), it is the
+  // member. Never free a live member's slot on a guess (an unreadable /proc, a race with
+  // its exit that the next sweep settles).
+  if (!read_stat(pid, &state, &start)) return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
   if (state == 'Z' || state == 'X' || state == 'x') return false;
   return (start & 0x7fffffffULL) == owner_start_low(owner & ~kClaiming);
 }

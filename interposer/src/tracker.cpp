@@ -191,7 +191,12 @@ void Tracker::join_job() {
     return;
   }
   const uint32_t pid = static_cast<uint32_t>(getpid());
-  job_slot_ = job_->join(pid, paths::process_start_time(pid), config_.job_limit, realtime_ns());
+  const uint64_t start = paths::process_start_time(pid);
+  if (start == 0) {  // other members could not tell us from a reused pid
+    config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': cannot read /proc/self/stat (start time)");
+    return;
+  }
+  job_slot_ = job_->join(pid, start, config_.job_limit, realtime_ns());
   if (job_slot_ < 0)
     config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': the job already has " +
                              std::to_string(job::kMaxMembers) + " live members");
