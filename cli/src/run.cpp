@@ -14,6 +14,7 @@
 
 #include "client.hpp"
 #include "commands.hpp"
+#include "cuw/job.hpp"
 #include "cuw/size.hpp"
 
 namespace cuw::cli {
@@ -53,13 +54,6 @@ std::string find_library(const std::string& flag, std::string* tried) {
   return "";
 }
 
-bool valid_job_name(const std::string& s) {
-  if (s.empty() || s.size() > 63) return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
-  return true;
-}
-
 int usage_error(const std::string& msg) {
   std::fprintf(stderr, "cuwarden run: %s\n", msg.c_str());
   return kExitUsage;
@@ -72,10 +66,12 @@ int cmd_run(const RunOptions& o) {
   if (!o.limit.empty() && !parse_limit(o.limit, &err)) return usage_error("bad --limit '" + o.limit + "': " + err);
   if (!o.job_limit.empty()) {
     if (o.job.empty()) return usage_error("--job-limit needs --job NAME");
-    if (!parse_size(o.job_limit, true, &err)) return usage_error("bad --job-limit '" + o.job_limit + "': " + err);
+    if (!parse_size(o.job_limit, false, &err))
+      return usage_error("bad --job-limit '" + o.job_limit + "': " +
+                         (o.job_limit.find('%') != std::string::npos ? "job caps take a size, not a share of a device"
+                                                                     : err));
   }
-  if (!o.job.empty() && !valid_job_name(o.job))
-    return usage_error("bad --job '" + o.job + "': use 1-63 letters, digits, '.', '_' or '-'");
+  if (!o.job.empty() && !cuw::job::valid_job_name(o.job, &err)) return usage_error("bad --job '" + o.job + "': " + err);
   if (!o.pool.empty() && o.pool != "off" && o.pool != "cache" && o.pool != "vmm")
     return usage_error("bad --pool '" + o.pool + "': use off, cache or vmm");
   if (o.callsites != -1 && (o.callsites < 0 || o.callsites > 64))

@@ -195,6 +195,7 @@ TEST_CASE("cli.run_rejects_bad_input_before_exec") {
            {"--limit", "-1G", "--", "true"},
            {"--job-limit", "8G", "--", "true"},
            {"--job", "etl", "--job-limit", "lots", "--", "true"},
+           {"--job", "etl", "--job-limit", "50%", "--", "true"},
            {"--job", "bad/name", "--", "true"},
            {"--pool", "magic", "--", "true"},
            {"--callsites", "65", "--", "true"},
