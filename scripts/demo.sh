@@ -40,9 +40,10 @@ export CUWARDEN_RUN_DIR="$RUN_DIR"
 SOCK="$RUN_DIR/cuwardend.sock"
 DAEMON_PID=""
 WORKLOAD_PID=""
+JOB_PIDS=""
 cleanup() {
   local pid
-  for pid in $WORKLOAD_PID $DAEMON_PID; do
+  for pid in $WORKLOAD_PID $JOB_PIDS $DAEMON_PID; do
     if kill -0 "$pid" 2>/dev/null; then
       kill "$pid" 2>/dev/null || true
       wait "$pid" 2>/dev/null || true
@@ -116,5 +117,32 @@ fi
 section "7. cuwarden after the run"
 say "\$ cuwarden"
 "$CLI" --socket "$SOCK" || say "(cuwarden exited with status $?)"
+
+section "8. A job: two processes share one 2 GiB cap"
+say "\$ cuwarden run --job demo --job-limit 2G -- cuw_demo_workload --sleep-ms 300 --final 64M   # twice, at once"
+say ""
+for i in 1 2; do
+  "$CLI" run --job demo --job-limit 2G -- "$WORKLOAD" --sleep-ms 300 --final 64M \
+    >"$RUN_DIR/job$i.log" 2>&1 &
+  JOB_PIDS="$JOB_PIDS $!"
+done
+for _ in $(seq 1 100); do
+  grep -q '^step 3:' "$RUN_DIR/job1.log" "$RUN_DIR/job2.log" 2>/dev/null && break
+  sleep 0.1
+done
+say "\$ cuwarden      # the job row: what both hold together, against the job's cap"
+"$CLI" --socket "$SOCK" || say "(cuwarden exited with status $?)"
+for pid in $JOB_PIDS; do wait "$pid" || true; done
+JOB_PIDS=""
+for i in 1 2; do
+  if REFUSAL=$(grep -m1 '^refused:' "$RUN_DIR/job$i.log"); then
+    say "process $i: $REFUSAL"
+  else
+    say "process $i: ran to the end ($(grep -c '^step' "$RUN_DIR/job$i.log") steps)"
+  fi
+done
+say ""
+say "Each fits a 2 GiB cap alone; together they do not, and the one that would pass the job's"
+say "cap is refused, as if the GPU were full. Change a running job's cap: cuwarden limit job:demo 3G"
 say ""
 say "Exited processes stay in the table for about a minute. Try also: cuwarden --json"
