@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuw/paths.hpp"
@@ -112,17 +113,49 @@ bool parse_file_name(const std::string& file, uint32_t* uid, std::string* name) 
   return true;
 }
 
+uint64_t self_pidns() noexcept {
+  static const uint64_t ns = [] {
+    struct stat st {};
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : uint64_t{0};
+  }();
+  return ns;
+}
+
+namespace {
+/// Live threads of a process whose leader is a zombie ("Threads:" of /proc/<pid>/status).
+/// A main thread that called pthread_exit leaves a zombie leader while the rest runs.
+int live_threads(uint32_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/status", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  const char* t = std::strstr(buf, "\nThreads:");
+  return t ? std::atoi(t + 9) : 0;
+}
+}  // namespace
+
 bool owner_alive(uint64_t owner) noexcept {
   const uint32_t pid = owner_pid(owner);
   if (pid == 0) return false;
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) {
+    if (errno == ESRCH) return false;
+    // EPERM: the pid belongs to another user now; a member runs as the job's user, and
+    // the only other caller, a root daemon, never gets EPERM.
+    if (errno == EPERM && geteuid() != 0) return false;
+  }
   char state = 0;
   uint64_t start = 0;
   // The process exists: unless /proc proves it is another one (or a zombie), it is the
   // member. Never free a live member's slot on a guess (an unreadable /proc, a race with
   // its exit that the next sweep settles).
   if (!read_stat(pid, &state, &start)) return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
-  if (state == 'Z' || state == 'X' || state == 'x') return false;
+  if (state == 'X' || state == 'x') return false;
+  if (state == 'Z' && live_threads(pid) < 2) return false;
   return (start & 0x7fffffffULL) == owner_start_low(owner & ~kClaiming);
 }
 
@@ -232,7 +265,9 @@ int Segment::join(uint32_t pid, uint64_t start_time, uint64_t limit, uint64_t no
     uint64_t o = m.owner.load(std::memory_order_acquire);
     if (o == 0) continue;
     bool dead;
+    const uint64_t ns = m.pidns.load(std::memory_order_relaxed);
     if ((o & ~kClaiming) == me) dead = true;
+    else if (ns != 0 && ns != self_pidns()) dead = false;  // not ours to judge
     else if (::kill(static_cast<pid_t>(owner_pid(o)), 0) != 0 && errno == ESRCH) dead = true;
     else if (now - m.checked_ns.load(std::memory_order_relaxed) < kRecheckNs) dead = false;
     else dead = !owner_alive(o);
@@ -250,6 +285,7 @@ int Segment::join(uint32_t pid, uint64_t start_time, uint64_t limit, uint64_t no
     m.limit.store(limit, std::memory_order_relaxed);
     m.requested.store(limit, std::memory_order_relaxed);
     m.refusals.store(0, std::memory_order_relaxed);
+    m.pidns.store(self_pidns(), std::memory_order_relaxed);
     m.joined_ns.store(now_realtime_ns, std::memory_order_relaxed);
     m.checked_ns.store(now, std::memory_order_relaxed);
     uint32_t h = header_->high_water.load(std::memory_order_relaxed);
@@ -363,7 +399,8 @@ uint32_t Segment::sweep(bool force, int skip_slot) noexcept {
     Member& m = members_[i];
     uint64_t o = m.owner.load(std::memory_order_acquire);
     if (o == 0) continue;
-    if (owner_alive(o)) {
+    const uint64_t ns = m.pidns.load(std::memory_order_relaxed);
+    if ((ns != 0 && ns != self_pidns()) || owner_alive(o)) {
       m.checked_ns.store(now, std::memory_order_relaxed);
       continue;
     }
@@ -373,13 +410,19 @@ uint32_t Segment::sweep(bool force, int skip_slot) noexcept {
   return freed;
 }
 
-uint32_t Segment::set_limit(uint64_t bytes) noexcept {
+uint32_t Segment::set_limit(uint64_t bytes, bool lower_only) noexcept {
   const uint32_t hw = std::min(header_->high_water.load(std::memory_order_acquire), kMaxMembers);
   uint32_t changed = 0;
   for (uint32_t i = 0; i < hw; ++i) {
     Member& m = members_[i];
     if (m.owner.load(std::memory_order_acquire) == 0) continue;
-    m.limit.store(bytes, std::memory_order_seq_cst);
+    if (!lower_only) {
+      m.limit.store(bytes, std::memory_order_seq_cst);
+    } else {
+      uint64_t cur = m.limit.load(std::memory_order_seq_cst);
+      while (cur > bytes && !m.limit.compare_exchange_weak(cur, bytes, std::memory_order_seq_cst)) {
+      }
+    }
     ++changed;
   }
   return changed;

@@ -464,7 +464,8 @@ json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlo
       throw refuse(fmt::format("the policy allows uid {} at most {} per job ({})", uid,
                                cap_text(eff->max_job_limit->resolve(0)), eff->source));
   }
-  const int64_t n = jobs_.set_limit(*j, desired);
+  // A user's change only ever lowers: a member joining meanwhile with a lower cap keeps it.
+  const int64_t n = jobs_.set_limit(*j, desired, !peer.root());
   if (n < 0) throw fail("the job's file faulted while being written");
   spdlog::info("limit: {} set job {}/{} ({} member(s)): {} -> {}", who, j->user, name, n, cap_text(cur), cap_text(desired));
   json pids = json::array();

@@ -146,9 +146,9 @@ bool JobTable::view(Job& j, View* out) noexcept {
   return true;
 }
 
-int64_t JobTable::set_limit(Job& j, uint64_t bytes) noexcept {
+int64_t JobTable::set_limit(Job& j, uint64_t bytes, bool lower_only) noexcept {
   uint32_t n = 0;
-  auto body = [&] { n = j.seg->set_limit(bytes); };
+  auto body = [&] { n = j.seg->set_limit(bytes, lower_only); };
   if (!guarded_call(body)) {
     faulted_.insert(j.file);
     return -1;

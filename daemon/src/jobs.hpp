@@ -53,8 +53,8 @@ class JobTable {
   Job* find(uint32_t uid, const std::string& name);
   /// Snapshot of a job; false if its mapping faulted (the job is then dropped at the next scan).
   bool view(Job& j, View* out) noexcept;
-  /// Set every member's cap (Segment::set_limit) under the guard. -1 on a fault.
-  int64_t set_limit(Job& j, uint64_t bytes) noexcept;
+  /// Set every member's cap (Segment::set_limit; `lower_only` for non-root callers) under the guard. -1 on a fault.
+  int64_t set_limit(Job& j, uint64_t bytes, bool lower_only) noexcept;
 
   std::map<std::string, Job>& jobs() noexcept { return jobs_; }
   /// Files refused (path -> reason), for the state's "problems".

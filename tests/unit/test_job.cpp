@@ -6,6 +6,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <sys/syscall.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -288,4 +291,74 @@ TEST_CASE("a claiming slot is skipped by sums and freed when its claimer died", 
   CHECK(s->charge(sa, 0, 10 * kMiB));
   s->sweep(true);
   CHECK(s->member(5).owner.load() == 0);
+}
+
+TEST_CASE("a member whose main thread exited while others run is alive", "[job]") {
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    pthread_t t;
+    pthread_create(
+        &t, nullptr, [](void*) -> void* {
+          for (;;) pause();
+        },
+        nullptr);
+    (void)::write(ready[1], "x", 1);
+    syscall(SYS_exit, 0);  // only this thread (no unwinding): the leader is a zombie, the process runs on
+  }
+  REQUIRE(pid > 0);
+  char c;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  uint64_t start = 0;
+  for (int i = 0; i < 100 && start == 0; ++i) start = paths::process_start_time(static_cast<uint32_t>(pid));
+  const uint64_t owner = job::owner_word(static_cast<uint32_t>(pid), start);
+  // Wait until the leader shows as a zombie, then it must still count as alive.
+  bool zombie_leader = false;
+  for (int i = 0; i < 200 && !zombie_leader; ++i) {
+    std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+    char buf[512] = {};
+    if (f) {
+      (void)!std::fgets(buf, sizeof buf, f);
+      std::fclose(f);
+    }
+    const char* p = std::strrchr(buf, ')');
+    zombie_leader = p && p[2] == 'Z';
+    if (!zombie_leader) usleep(1000);
+  }
+  CHECK(zombie_leader);
+  CHECK(job::owner_alive(owner));
+  ::kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  CHECK_FALSE(job::owner_alive(owner));
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST_CASE("members of another pid namespace are not judged; users only lower caps", "[job]") {
+  Dir d;
+  auto s = open_job(d);
+  Sleeper a, gone;
+  const int sa = s->join(static_cast<uint32_t>(a.pid), a.start(), 100 * kMiB, 1);
+  const int sg = s->join(static_cast<uint32_t>(gone.pid), gone.start(), 50 * kMiB, 1);
+  REQUIRE(sa >= 0);
+  REQUIRE(sg >= 0);
+  gone.kill_only();
+  gone.reap();
+  // Its pid means nothing here when it lives in another namespace: kept.
+  s->member(static_cast<uint32_t>(sg)).pidns.store(job::self_pidns() + 1);
+  s->sweep(true);
+  CHECK(s->members().size() == 2);
+  // In ours, it is dead and freed.
+  s->member(static_cast<uint32_t>(sg)).pidns.store(job::self_pidns());
+  s->sweep(true);
+  CHECK(s->members().size() == 1);
+  // lower_only never raises a member whose cap is already lower.
+  Sleeper b;
+  const int sb = s->join(static_cast<uint32_t>(b.pid), b.start(), 10 * kMiB, 1);
+  REQUIRE(sb >= 0);
+  CHECK(s->set_limit(40 * kMiB, true) == 2);
+  CHECK(s->member(static_cast<uint32_t>(sa)).limit.load() == 40 * kMiB);
+  CHECK(s->member(static_cast<uint32_t>(sb)).limit.load() == 10 * kMiB);
+  CHECK(s->cap() == 10 * kMiB);
 }

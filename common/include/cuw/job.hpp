@@ -75,7 +75,10 @@ struct alignas(64) Member {
   std::atomic<uint64_t> joined_ns;  ///< CLOCK_REALTIME when it joined
   std::atomic<uint64_t> checked_ns; ///< CLOCK_MONOTONIC_COARSE of the last liveness check that found it alive
   std::atomic<uint64_t> refusals;   ///< allocations refused because the job was full
-  uint64_t reserved_words[2];
+  /// Inode of the member's pid namespace (/proc/self/ns/pid); 0 if unknown. Liveness is
+  /// judged only by a process in the same namespace: another one would see other pids.
+  std::atomic<uint64_t> pidns;
+  uint64_t reserved_word;
   std::atomic<uint64_t> charged[kMaxGpus];  ///< bytes held per GPU index, written by the owner only
 };
 static_assert(sizeof(Member) == 192);
@@ -111,10 +114,14 @@ std::string file_name(uint32_t uid, const std::string& name);
 /// Parse a job file name; false if `file` is not one (or the name is not valid).
 bool parse_file_name(const std::string& file, uint32_t* uid, std::string* name);
 
-/// Liveness of a member's owner word: false when the process is gone, a zombie, or its pid
-/// now belongs to a process with another start time. Reads /proc; never call it before
-/// the first CUDA call in the interposer.
+/// Liveness of a member's owner word: false when the process is gone, a zombie (all its
+/// threads exited), its pid now belongs to a process with another start time, or to another
+/// user (a member runs as the job's user). Reads /proc; never call it before the first
+/// CUDA call in the interposer.
 bool owner_alive(uint64_t owner) noexcept;
+
+/// Inode of the calling process's pid namespace (cached), or 0 when unknown.
+uint64_t self_pidns() noexcept;
 
 /// A mapped job segment. Not copyable; unmaps on destruction unless leaked.
 class Segment {
@@ -170,9 +177,10 @@ class Segment {
   /// `skip_slot` is the caller's own slot (never checked). Returns how many were freed.
   uint32_t sweep(bool force, int skip_slot = -1) noexcept;
 
-  /// Set every occupied slot's `limit` to `bytes` (live limit changes). Returns how many
-  /// members were changed.
-  uint32_t set_limit(uint64_t bytes) noexcept;
+  /// Set every occupied slot's `limit` to `bytes` (live limit changes). With `lower_only`
+  /// a slot whose limit is already below `bytes` keeps it (a CAS loop: a member joining
+  /// meanwhile with a lower request is never raised). Returns how many members were changed.
+  uint32_t set_limit(uint64_t bytes, bool lower_only = false) noexcept;
 
   /// For display and tests: occupied slots, each word read once.
   struct MemberInfo {
