@@ -7,6 +7,7 @@
 #include <string>
 
 #include "config.hpp"
+#include "cuw/job.hpp"
 
 namespace {
 #define CUW_NAME(var, def, doc) #var,
@@ -29,7 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c.callsites < 0 || c.callsites > 64) std::abort();
   if (c.log_level < 0 || c.log_level > 6) std::abort();
   if (c.job.size() > 63 && c.errors.empty()) std::abort();
-  if (c.pool != "off") std::abort();  // the only backend this build accepts
+  if (c.pool != "off" && c.pool != "cache") std::abort();  // the backends this build accepts
+  if (!c.job.empty() && !cuw::job::valid_job_name(c.job, nullptr)) std::abort();  // a kept job name is valid
+  if (c.job_limit != ~0ULL && c.job.empty() && c.errors.empty()) std::abort();  // a job cap needs a job
   for (const auto& [ordinal, spec] : c.limit.per_device)
     if (ordinal < 0 || ordinal > 63) std::abort();
   return 0;
