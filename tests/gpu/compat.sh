@@ -21,7 +21,8 @@
 # Environment: OUT (default ./gpu-out), BUILD_DIR, ROWS, ROW_TIMEOUT (120 s per row),
 # TIME_BUDGET_S (450: rows that would start later are reported "not run"), MERGE_JSON (a
 # compat.json of an earlier run whose rows not run here are merged into this matrix),
-# NVCC, DRIVER_SLACK_MIB (2048), KEEP_WORK=1 (keep the temporary directory).
+# NVCC, DRIVER_SLACK_MIB (2048), KEEP_WORK=1 (keep the temporary directory), COMPAT_POOL
+# (off: the allocation backend every row runs with, `cuwarden run --pool`).
 # Writes into $OUT: compat.md, compat.json, compat.log (everything printed),
 # compat-cuwarden.txt (the `cuwarden` table after each row).
 # Exit status: 0 when every row run passed, 1 otherwise.
@@ -47,6 +48,7 @@ ROW_TIMEOUT=${ROW_TIMEOUT:-120}
 TIME_BUDGET_S=${TIME_BUDGET_S:-450}
 HOLD_MS=1500
 LIB="$BUILD/lib/libcuwarden.so"
+POOL=${COMPAT_POOL:-off}
 DAEMON="$BUILD/bin/cuwardend"
 CLI="$BUILD/bin/cuwarden"
 
@@ -106,6 +108,7 @@ NVCC_VERSION=$( ("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\)
 echo "GPUs: $NGPU  device: ${DEVICE_NAME:-?}  driver: ${DRIVER:-?}  CUDA (driver): ${CUDA_DRIVER:-?}  sm_$COMPUTE_CAP"
 echo "GPU 0 free: ${FREE_MIB:-?} MiB  nvcc: ${NVCC_VERSION:-absent} ($NVCC)"
 echo "build dir: ${BUILD_DIR:-build}"
+echo "pool: $POOL (every row runs under cuwarden run --pool $POOL)"
 VERSIONS=$(timeout 120 python3 "$COMPAT/versions.py" 2>/dev/null || true)
 echo "$VERSIONS"
 version_of() { sed -n "s/^$1=//p" <<<"$VERSIONS" | head -1; }
@@ -276,7 +279,7 @@ run_row() {  # run_row ID
   snapshot "$pre"
   python3 "$COMPAT/poll.py" "$CLI" "$poll" 0.5 &
   POLL_PID=$!
-  cmdline="${R_ENV[*]:+${R_ENV[*]} }cuwarden run --limit $R_CAP -- ${R_CMD[*]}"
+  cmdline="${R_ENV[*]:+${R_ENV[*]} }cuwarden run --limit $R_CAP --pool $POOL -- ${R_CMD[*]}"
   cmdline=${cmdline//"$BUILD"\//${BUILD_DIR:-build}\/}
   cmdline=${cmdline//"$WORK"\//\$WORK\/}
   printf '+ timeout %s %s\n' "$tmo" "$cmdline"
@@ -284,7 +287,7 @@ run_row() {  # run_row ID
   env -u PYTORCH_CUDA_ALLOC_CONF -u XLA_PYTHON_CLIENT_ALLOCATOR -u XLA_PYTHON_CLIENT_PREALLOCATE \
     -u XLA_PYTHON_CLIENT_MEM_FRACTION -u CUWARDEN_LIMIT -u CUWARDEN_POOL -u CUWARDEN_MEMINFO \
     COMPAT_CAP_BYTES="$R_CAP_BYTES" COMPAT_CHUNK_MIB=256 COMPAT_MAX_MIB=16384 COMPAT_HOLD_S=1.5 "${R_ENV[@]}" \
-    timeout -k 10 "$tmo" "$CLI" run --limit "$R_CAP" -- "${R_CMD[@]}" >"$log" 2>&1 </dev/null
+    timeout -k 10 "$tmo" "$CLI" run --limit "$R_CAP" --pool "$POOL" -- "${R_CMD[@]}" >"$log" 2>&1 </dev/null
   rc=$?
   t1=$(date +%s.%N)
   secs=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$t0" "$t1")
