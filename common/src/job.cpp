@@ -270,9 +270,8 @@ int Segment::join(uint32_t pid, uint64_t start_time, uint64_t limit, uint64_t no
     else if (ns != 0 && ns != self_pidns()) dead = false;  // not ours to judge
     else if (::kill(static_cast<pid_t>(owner_pid(o)), 0) != 0 && errno == ESRCH) dead = true;
     else if (now - m.checked_ns.load(std::memory_order_relaxed) < kRecheckNs) dead = false;
-    else dead = !owner_alive(o);
+    else if (!(dead = !owner_alive(o))) m.checked_ns.store(now, std::memory_order_relaxed);  // checked: alive
     if (dead) m.owner.compare_exchange_strong(o, 0, std::memory_order_acq_rel);
-    else m.checked_ns.store(now, std::memory_order_relaxed);
   }
   for (uint32_t i = 0; i < kMaxMembers; ++i) {
     Member& m = members_[i];
