@@ -61,12 +61,12 @@ TEST_CASE("cache: a block freed while queued work still writes it is not handed 
     CUstream s = make_stream(flags);
     CUdeviceptr p = 0;
     REQUIRE(cuMemAlloc(&p, 4096) == CUDA_SUCCESS);
-    // A slow "kernel" that writes p 300 ms from now, then the free: cudaFree's promise says
+    // A slow "kernel" that writes p a second from now, then the free: cudaFree's promise says
     // p may not back another allocation before that write has happened.
-    REQUIRE(fakecuda_stream_fill_async(s, p, 0xEE, 4096, 300) == CUDA_SUCCESS);
-    const auto t0 = clock_type::now();
+    REQUIRE(fakecuda_stream_fill_async(s, p, 0xEE, 4096, 1000) == CUDA_SUCCESS);
     REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
-    CHECK(ms_since(t0) < 150);  // no device-wide synchronization per free
+    // No device-wide synchronization per free: the free returned with the write still queued.
+    CHECK(cuStreamQuery(s) == CUDA_ERROR_NOT_READY);
     std::vector<CUdeviceptr> got;
     bool reused_early = false;
     for (int i = 0; i < 300; ++i) {
@@ -139,7 +139,11 @@ TEST_CASE("cache: a destroyed stream's queued work still holds back blocks freed
     REQUIRE(cuMemsetD8(q, 0x33, 8192) == CUDA_SUCCESS);
     got.push_back(q);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the destroyed stream's write has run
+  // Wait for the destroyed stream's write to have run: p reads 0xEE (whether or not it was
+  // wrongly handed out again, which the check below catches).
+  const auto t0 = clock_type::now();
+  while (!all_bytes(p, 8192, 0xEE) && ms_since(t0) < 30000) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(all_bytes(p, 8192, 0xEE));
   int intact = 0;
   for (CUdeviceptr q : got) intact += all_bytes(q, 8192, 0x33) ? 1 : 0;
   CHECK(intact == 200);
