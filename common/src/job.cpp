@@ -27,34 +27,6 @@ uint64_t mono_coarse_ns() noexcept {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-/// State and start time of /proc/<pid>/stat. False when the process does not exist.
-bool read_stat(uint32_t pid, char* state, uint64_t* start_time) noexcept {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  char* p = std::strrchr(buf, ')');  // comm may hold spaces and ')'
-  if (!p || p[1] != ' ') return false;
-  p += 2;
-  *state = *p;
-  int field = 3;  // p points at field 3 (state); starttime is field 22
-  while (*p && field < 22) {
-    while (*p && *p != ' ') ++p;
-    while (*p == ' ') ++p;
-    ++field;
-  }
-  if (field != 22 || *p < '0' || *p > '9') return false;
-  uint64_t v = 0;
-  for (; *p >= '0' && *p <= '9'; ++p) v = v * 10 + static_cast<uint64_t>(*p - '0');
-  *start_time = v;
-  return true;
-}
-
 constexpr int kChargeAttempts = 8;
 constexpr uint64_t kForcedSweepGapNs = 10'000'000;
 /// A slot found alive this recently is not re-read from /proc by a join (kill(pid, 0)
@@ -153,7 +125,7 @@ bool owner_alive(uint64_t owner) noexcept {
   // The process exists: unless /proc proves it is another one (or a zombie), it is the
   // member. Never free a live member's slot on a guess (an unreadable /proc, a race with
   // its exit that the next sweep settles).
-  if (!read_stat(pid, &state, &start)) return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
+  if (!paths::process_stat(pid, &state, &start)) return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
   if (state == 'X' || state == 'x') return false;
   if (state == 'Z' && live_threads(pid) < 2) return false;
   return (start & 0x7fffffffULL) == owner_start_low(owner & ~kClaiming);

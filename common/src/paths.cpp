@@ -52,30 +52,36 @@ bool parse_ring_file_name(const std::string& name, uint32_t* pid, uint64_t* star
   return true;
 }
 
-uint64_t process_start_time(uint32_t pid) {
+bool process_stat(uint32_t pid, char* state, uint64_t* start_time) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
   int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return false;
   char buf[1024];
   ssize_t n = ::read(fd, buf, sizeof buf - 1);
   ::close(fd);
-  if (n <= 0) return 0;
+  if (n <= 0) return false;
   buf[n] = '\0';
   // comm may contain spaces and ')': fields resume after the last ')'.
   char* p = std::strrchr(buf, ')');
-  if (!p) return 0;
-  ++p;
-  // After ')': field 3 (state) is the first; starttime is field 22, i.e. the 20th from here.
-  int field = 2;
+  if (!p || p[1] != ' ') return false;
+  p += 2;
+  const char st = *p;  // field 3
+  int field = 3;       // starttime is field 22
   while (*p && field < 22) {
+    while (*p && *p != ' ') ++p;
     while (*p == ' ') ++p;
     ++field;
-    if (field == 22) break;
-    while (*p && *p != ' ') ++p;
   }
-  if (field != 22) return 0;
-  return std::strtoull(p, nullptr, 10);
+  if (field != 22 || *p < '0' || *p > '9') return false;
+  if (state) *state = st;
+  if (start_time) *start_time = std::strtoull(p, nullptr, 10);
+  return true;
+}
+
+uint64_t process_start_time(uint32_t pid) {
+  uint64_t start = 0;
+  return process_stat(pid, nullptr, &start) ? start : 0;
 }
 
 }  // namespace cuw::paths

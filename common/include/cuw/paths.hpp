@@ -30,4 +30,9 @@ bool parse_ring_file_name(const std::string& name, uint32_t* pid, uint64_t* star
 /// before the first CUDA call.
 uint64_t process_start_time(uint32_t pid);
 
+/// State letter (field 3: 'R', 'S', 'Z', ...) and starttime (field 22) of /proc/<pid>/stat.
+/// False if the process does not exist or the file cannot be parsed. Opens a file, like
+/// process_start_time().
+bool process_stat(uint32_t pid, char* state, uint64_t* start_time);
+
 }  // namespace cuw::paths
