@@ -67,6 +67,14 @@ void read_small_file(const char* path, char* out, size_t cap, bool nul_to_space)
   while (n > 0 && out[n - 1] == ' ') out[--n] = '\0';
 }
 
+/// The run directory is shared by every user, like /tmp: world-writable and sticky.
+/// Missing parents are created as the user's own (0755).
+void make_run_dir(const std::string& dir) {
+  for (size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1))
+    ::mkdir(dir.substr(0, slash).c_str(), 0755);
+  if (::mkdir(dir.c_str(), 01777) == 0) ::chmod(dir.c_str(), 01777);
+}
+
 void copy_str(char* dst, size_t cap, const std::string& s) {
   size_t n = s.size() < cap - 1 ? s.size() : cap - 1;
   std::memcpy(dst, s.data(), n);
@@ -130,11 +138,7 @@ void Tracker::create_ring() {
   const uint32_t pid = static_cast<uint32_t>(getpid());
   const uint64_t start = paths::process_start_time(pid);
 
-  // The run directory is shared by every user, like /tmp: world-writable and sticky.
-  // Missing parents are created as the user's own (0755).
-  for (size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1))
-    ::mkdir(dir.substr(0, slash).c_str(), 0755);
-  if (::mkdir(dir.c_str(), 01777) == 0) ::chmod(dir.c_str(), 01777);
+  make_run_dir(dir);
   struct stat st {};
   if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     ring_path_ = dir + "/" + paths::ring_file_name(pid, start);
@@ -181,9 +185,7 @@ void Tracker::create_ring() {
 
 void Tracker::join_job() {
   const std::string dir = paths::run_dir();
-  for (size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1))
-    ::mkdir(dir.substr(0, slash).c_str(), 0755);
-  if (::mkdir(dir.c_str(), 01777) == 0) ::chmod(dir.c_str(), 01777);
+  make_run_dir(dir);
   std::string error;
   job_ = job::Segment::open(dir, static_cast<uint32_t>(geteuid()), config_.job, true, &error);
   if (!job_) {
@@ -279,7 +281,16 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
     if (!job_->charge(job_slot_, g, bytes, &job_cap, &job_used)) {
       d.used.fetch_sub(bytes, std::memory_order_relaxed);
       d.refusals.fetch_add(1, std::memory_order_relaxed);
-      emit(ring::EventKind::job_refuse, api, ordinal, 0, bytes, job_cap, CUDA_ERROR_OUT_OF_MEMORY, job_used);
+      // used_after: what the job's other members hold (the figure that refused us).
+      ring::Event e;
+      e.bytes = bytes;
+      e.aux = job_cap;
+      e.used_after = job_used;
+      e.api = static_cast<uint16_t>(api);
+      e.kind = static_cast<uint8_t>(ring::EventKind::job_refuse);
+      e.device = static_cast<int8_t>(ordinal);
+      e.result = CUDA_ERROR_OUT_OF_MEMORY;
+      push(e);
       return false;
     }
   }
@@ -371,20 +382,22 @@ void Tracker::pooled_free(int ordinal, uint64_t bytes) noexcept {
 }
 
 void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
-                   uint32_t result, uint64_t used_after) noexcept {
+                   uint32_t result) noexcept {
   ring::Event e;
-  e.time_ns = realtime_ns();
   e.address = address;
   e.bytes = bytes;
   e.aux = aux;
-  e.tid = thread_id();
   e.api = static_cast<uint16_t>(api);
   e.kind = static_cast<uint8_t>(kind);
   e.device = static_cast<int8_t>(ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? ordinal : -1);
-  e.used_after = used_after != kUsedNow ? used_after
-                 : e.device >= 0 ? header_->devices[e.device].used.load(std::memory_order_relaxed)
-                                 : 0;
+  e.used_after = e.device >= 0 ? header_->devices[e.device].used.load(std::memory_order_relaxed) : 0;
   e.result = result;
+  push(e);
+}
+
+void Tracker::push(ring::Event& e) noexcept {
+  e.time_ns = realtime_ns();
+  e.tid = thread_id();
   ring::push(*header_, slots_, slot_count_, e);
 }
 

@@ -76,11 +76,9 @@ class Tracker {
   void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t bytes) noexcept;
   void pooled_free(int ordinal, uint64_t bytes) noexcept;
 
-  /// Emit an event into the ring; never blocks (drops and counts when full). `used_after`
-  /// defaults to the device's `used` right now.
-  static constexpr uint64_t kUsedNow = ~0ULL;
+  /// Emit an event into the ring; never blocks (drops and counts when full).
   void emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
-            uint32_t result, uint64_t used_after = kUsedNow) noexcept;
+            uint32_t result) noexcept;
 
   /// CUWARDEN_POOL=cache: the caches (one per CUDA context); nullptr with the pool off.
   /// Lock-free (one load).
@@ -102,6 +100,8 @@ class Tracker {
   /// True when a daemon accepts connections on the run directory's socket (never blocks).
   bool daemon_listening() const noexcept;
   void fill_device(int ordinal, ring::DeviceSlot& d);
+  /// Stamp time and thread on `e` and push it into the ring (never blocks).
+  void push(ring::Event& e) noexcept;
   /// Join CUWARDEN_JOB's segment (constructor). Failure is a configuration error.
   void join_job();
   int job_gpu(int ordinal) const noexcept {
