@@ -31,85 +31,23 @@ namespace {
 
 constexpr const char* kJob = "train";
 
-/// A job member process; stdout piped. Killed and reaped on destruction.
-struct Member {
-  pid_t pid = -1;
-  int out = -1;
-  std::string buffered;
-
+/// A job member: cuw_job_app under the interposer in job kJob, configured by `extra` alone.
+struct Member : cuws::App {
   Member(const std::string& run_dir, const std::string& job_limit, std::vector<std::string> args,
-         const std::string& err_path) {
+         const std::string& err_path)
+      : App(with_app(std::move(args)), member_env(run_dir, job_limit), err_path, /*clean=*/true) {}
+
+  static std::vector<std::string> with_app(std::vector<std::string> args) {
+    args.insert(args.begin(), CUWJ_APP);
+    return args;
+  }
+  static std::vector<std::string> member_env(const std::string& run_dir, const std::string& job_limit) {
     std::vector<std::string> extra = {std::string("LD_PRELOAD=") + CUWS_LIB, "CUWARDEN_RUN_DIR=" + run_dir,
                                       std::string("CUWARDEN_JOB=") + kJob, "CUWARDEN_FAKE_MEMORY=4G"};
     if (!job_limit.empty()) extra.push_back("CUWARDEN_JOB_LIMIT=" + job_limit);
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) {
-      const std::string kv = *e;
-      bool overridden = kv.rfind("CUWARDEN_", 0) == 0 || kv.rfind("LD_PRELOAD=", 0) == 0;
-      if (!overridden) env.push_back(kv);
-    }
-    for (const auto& x : extra) env.push_back(x);
-    args.insert(args.begin(), CUWJ_APP);
-    std::vector<char*> a, ev;
-    for (auto& s : args) a.push_back(s.data());
-    a.push_back(nullptr);
-    for (auto& s : env) ev.push_back(s.data());
-    ev.push_back(nullptr);
-    int op[2];
-    if (pipe2(op, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, op[1], 1);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (posix_spawn(&pid, a[0], &fa, nullptr, a.data(), ev.data()) != 0) throw std::runtime_error("spawn");
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(op[1]);
-    out = op[0];
+    return extra;
   }
-  ~Member() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-    if (out >= 0) ::close(out);
-  }
-  Member(const Member&) = delete;
-  Member& operator=(const Member&) = delete;
-
-  /// One line of stdout, or "" after `timeout_ms`.
-  std::string line(int timeout_ms = 20000) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    for (;;) {
-      const size_t nl = buffered.find('\n');
-      if (nl != std::string::npos) {
-        std::string l = buffered.substr(0, nl);
-        buffered.erase(0, nl + 1);
-        return l;
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return "";
-      pollfd p{out, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return "";
-      char buf[256];
-      const ssize_t n = ::read(out, buf, sizeof buf);
-      if (n <= 0) return "";
-      buffered.append(buf, static_cast<size_t>(n));
-    }
-  }
-  /// Exit status after a clean exit within `timeout_ms`, or -1 (then killed).
-  int wait_exit(int timeout_ms) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    int status = 0;
-    while (std::chrono::steady_clock::now() < until) {
-      const pid_t r = waitpid(pid, &status, WNOHANG);
-      if (r == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return -1;
-  }
+  std::string line(int timeout_ms = 20000) { return App::line(timeout_ms); }
 };
 
 /// The witness file and its mapping.

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon_test_support.hpp"
@@ -36,19 +37,26 @@ struct App {
   int in = -1, out = -1;
   std::string buffered;
 
-  App(const std::string& run_dir, int threads, unsigned seed, const std::string& err_path) {
-    std::vector<std::string> extra = {std::string("LD_PRELOAD=") + CUWS_LIB, "CUWARDEN_RUN_DIR=" + run_dir,
-                                      "CUWARDEN_LIMIT=900MiB", "CUWARDEN_FAKE_MEMORY=1G"};
+  App(const std::string& run_dir, int threads, unsigned seed, const std::string& err_path)
+      : App({CUWS_APP, std::to_string(threads), std::to_string(seed)},
+            {std::string("LD_PRELOAD=") + CUWS_LIB, "CUWARDEN_RUN_DIR=" + run_dir, "CUWARDEN_LIMIT=900MiB",
+             "CUWARDEN_FAKE_MEMORY=1G"},
+            err_path) {}
+
+  /// Any program, with this environment plus `extra` (NAME=VALUE, overriding). With
+  /// `clean` the inherited CUWARDEN_* and LD_PRELOAD are dropped first, so that only `extra`
+  /// configures cuwarden. stderr is appended to `err_path`.
+  App(std::vector<std::string> argv, const std::vector<std::string>& extra, const std::string& err_path,
+      bool clean = false) {
     std::vector<std::string> env;
     for (char** e = environ; *e; ++e) {
       std::string kv = *e;
-      bool overridden = false;
+      bool overridden = clean && (kv.rfind("CUWARDEN_", 0) == 0 || kv.rfind("LD_PRELOAD=", 0) == 0);
       for (const auto& x : extra)
         if (kv.substr(0, kv.find('=') + 1) == x.substr(0, x.find('=') + 1)) overridden = true;
       if (!overridden) env.push_back(kv);
     }
     for (const auto& x : extra) env.push_back(x);
-    std::vector<std::string> argv = {CUWS_APP, std::to_string(threads), std::to_string(seed)};
     std::vector<char*> a, ev;
     for (auto& s : argv) a.push_back(s.data());
     a.push_back(nullptr);
@@ -99,6 +107,21 @@ struct App {
     }
   }
   bool send(char c) { return ::write(in, &c, 1) == 1; }
+
+  /// Exit status after a clean exit within `timeout_ms` (128 + signal if killed), or -1
+  /// (then the destructor kills it).
+  int wait_exit(int timeout_ms) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    int status = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return -1;
+  }
 
   /// "paused used=.. live=.." -> {"used": .., ...}
   static std::map<std::string, uint64_t> fields(const std::string& l) {
