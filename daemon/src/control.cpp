@@ -178,6 +178,13 @@ void Registry::log_limit(json entry) {
   while (limit_log_.size() > kLimitLog) limit_log_.pop_front();
 }
 
+std::string Registry::log_outcome(json& entry, const char* outcome, const std::string& why) {
+  entry["outcome"] = outcome;
+  entry["reason"] = why;
+  log_limit(entry);
+  return why;
+}
+
 json Registry::set_limit(const Peer& peer, const nlohmann::json& req) {
   if (!req.is_object()) throw std::invalid_argument("request body must be a JSON object");
   const std::string who = who_text(peer);
@@ -213,17 +220,11 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
   auto refuse = [&](const std::string& why) -> Refused {
     spdlog::warn("limit refused: {} asked {} {}-> {}: {}", who, target, device >= 0 ? fmt::format("device {} ", device) : "",
                  ask.str(), why);
-    entry["outcome"] = "refused";
-    entry["reason"] = why;
-    log_limit(entry);
-    return Refused(why);
+    return Refused(log_outcome(entry, "refused", why));
   };
   auto fail = [&](const std::string& why) -> std::runtime_error {
     spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
-    entry["outcome"] = "failed";
-    entry["reason"] = why;
-    log_limit(entry);
-    return std::runtime_error(why);
+    return std::runtime_error(log_outcome(entry, "failed", why));
   };
 
   Process* p = find_running(pid);
@@ -423,17 +424,11 @@ json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlo
                 {"asked", ask.str()}};
   auto refuse = [&](const std::string& why) -> Refused {
     spdlog::warn("limit refused: {} asked {} -> {}: {}", who, target, ask.str(), why);
-    entry["outcome"] = "refused";
-    entry["reason"] = why;
-    log_limit(entry);
-    return Refused(why);
+    return Refused(log_outcome(entry, "refused", why));
   };
   auto fail = [&](const std::string& why) -> std::runtime_error {
     spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
-    entry["outcome"] = "failed";
-    entry["reason"] = why;
-    log_limit(entry);
-    return std::runtime_error(why);
+    return std::runtime_error(log_outcome(entry, "failed", why));
   };
   if (!peer.root() && (!peer.known || peer.uid != uid))
     throw refuse(fmt::format("job '{}' belongs to uid {} ({}); only root or its owner may change its cap", name, uid,

@@ -115,6 +115,8 @@ class Registry {
   void record_change(Process* p, int device, uint64_t old_limit, uint64_t new_limit, uint64_t used, uint32_t by_uid,
                      int32_t by_pid);
   void log_limit(nlohmann::ordered_json entry);
+  /// Mark a control request's record refused / failed with `why`, keep it (log_limit), return `why`.
+  std::string log_outcome(nlohmann::ordered_json& entry, const char* outcome, const std::string& why);
   nlohmann::ordered_json set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
   nlohmann::ordered_json set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
   nlohmann::ordered_json jobs_json(const std::map<std::string, int>& gpu_index_of);
