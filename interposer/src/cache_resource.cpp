@@ -15,6 +15,7 @@ namespace cuw::mr {
 namespace {
 
 constexpr uint32_t kSealBlocks = 64;             ///< an open batch this large is sealed by the free
+constexpr uint32_t kPollEvery = 16;              ///< a free polls sealed batches this often
 constexpr uint64_t kGrowPending = 64ULL << 20;   ///< past this many pending bytes, wait rather than grow
 constexpr uint32_t kSealMinBlocks = 16;          ///< a missing small request seals a batch this large
 constexpr uint64_t kSealMinBytes = 8ULL << 20;   ///< ... or holding this many bytes
@@ -88,9 +89,46 @@ uint64_t large_slack(uint64_t rounded) noexcept {
 
 bool capturing() noexcept { return cache_registry::captures.load(std::memory_order_acquire) > 0; }
 
+// The work counter (see cache_resource.hpp, "the fast case"). Starts at 1 so that a cache
+// that has seen no completed seal (idle_epoch_ 0) is never idle. g_counting is set when the
+// caches exist (pool on): before that no cache block exists for work to use.
+std::atomic<uint64_t> g_work_epoch{1};
+std::atomic<bool> g_counting{false};
+
 }  // namespace
 
 std::atomic<int> cache_registry::captures{0};
+std::atomic<bool> cache_registry::untracked_work{false};
+
+void work_queued() noexcept {
+  if (g_counting.load(std::memory_order_relaxed)) g_work_epoch.fetch_add(1, std::memory_order_release);
+}
+
+bool queues_work(const char* n) noexcept {
+  static constexpr const char* kPrefixes[] = {
+      "cuLaunch",          "cuMemcpy",           "cuMemset",        "cuGraphLaunch",
+      "cuStreamWaitValue", "cuStreamWriteValue", "cuStreamBatchMemOp", "cuMemPrefetch",
+      "cuMemDiscard",      "cuMemBatchDecompress", "cuSignalExternalSemaphores", "cuWaitExternalSemaphores",
+      "cuMemMapArrayAsync"};
+  if (!n) return false;
+  for (const char* p : kPrefixes)
+    if (std::strncmp(n, p, std::strlen(p)) == 0) return true;
+  return false;
+}
+
+void work_untracked(const char* name, int cuda_version) noexcept {
+  if (!cache_registry::untracked_work.exchange(true, std::memory_order_acq_rel))
+    ipc::log::info(
+        "cuwarden: cache: %s (CUDA %d) queues GPU work through an entry point cuwarden does not hook; freed "
+        "blocks now always wait for an event before reuse (slower, still safe)",
+        name, cuda_version);
+}
+
+bool cache_resource::idle() const noexcept {
+  if (cache_registry::untracked_work.load(std::memory_order_relaxed)) return false;
+  const uint64_t now = g_work_epoch.load(std::memory_order_acquire);
+  return idle_epoch_.load(std::memory_order_acquire) == now;
+}
 
 void spin_lock::contended() noexcept {
   for (int spins = 0;; ++spins) {
@@ -130,6 +168,7 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
                                ring::DeviceSlot& slot, ipc::Tracker& tracker)
     : upstream_(std::move(upstream)), ctx_(ctx), ordinal_(ordinal), slot_(slot), tracker_(tracker) {
   map_.assign(1024, nullptr);
+  g_counting.store(true, std::memory_order_relaxed);
 }
 
 cache_resource::~cache_resource() {
@@ -429,16 +468,27 @@ CUresult cache_resource::free_block(CUdeviceptr p, uint64_t* requested) {
     delete s;
     return CUDA_SUCCESS;
   }
+  if (idle()) {
+    // Nothing queued since a completed event: whatever used the block has finished.
+    --b->seg->busy;
+    push_free_locked(b);
+    mu_.unlock();
+    slot_.cached.fetch_add(size, std::memory_order_relaxed);
+    return CUDA_SUCCESS;
+  }
   b->state = kPending;
   b->next = open_head_;
   open_head_ = b;
   open_bytes_ += size;
-  const bool seal = ++open_count_ >= kSealBlocks;
+  const uint32_t n = ++open_count_;
   mu_.unlock();
   pending_bytes_.fetch_add(size, std::memory_order_relaxed);
   slot_.cached.fetch_add(size, std::memory_order_relaxed);
-  if (seal && !capturing() && slow_.try_lock()) {
-    seal_locked_slow();
+  // Seal a full batch, or the first free when nothing is sealed (its events may prove the
+  // device idle: the fast case); poll every kPollEvery frees so that a proof is seen.
+  const bool seal = n >= kSealBlocks || sealed_.load(std::memory_order_relaxed) == 0;
+  if ((seal || n % kPollEvery == 0) && !capturing() && slow_.try_lock()) {
+    if (seal) seal_locked_slow();
     poll_slow();
     slow_.unlock();
   }
@@ -473,6 +523,9 @@ void cache_resource::seal_locked_slow() {
   open_bytes_ = 0;
   mu_.unlock();
   if (!bt.head) return;
+  // Read the work counter (a read-modify-write: it synchronizes with every count before it)
+  // before recording: all work counted so far precedes the events.
+  bt.epoch = g_work_epoch.fetch_add(0, std::memory_order_acq_rel);
   bool ok = drv().event_record != nullptr;
   {
     CtxScope scope(ctx_);
@@ -505,6 +558,7 @@ void cache_resource::seal_locked_slow() {
     return;
   }
   batches_.push_back(std::move(bt));
+  sealed_.store(static_cast<uint32_t>(batches_.size()), std::memory_order_relaxed);
 }
 
 bool cache_resource::batch_done(Batch& bt, bool wait) {
@@ -539,7 +593,35 @@ void cache_resource::retire_front() {
   }
   mu_.unlock();
   pending_bytes_.fetch_sub(bt.bytes, std::memory_order_relaxed);
+  const uint64_t epoch = bt.epoch;
   batches_.pop_front();
+  sealed_.store(static_cast<uint32_t>(batches_.size()), std::memory_order_relaxed);
+  if (epoch > idle_epoch_.load(std::memory_order_relaxed)) {
+    idle_epoch_.store(epoch, std::memory_order_release);
+    retire_open_if_idle();
+  }
+}
+
+void cache_resource::retire_open_if_idle() {
+  mu_.lock();
+  if (!open_head_ || !idle()) {
+    mu_.unlock();
+    return;
+  }
+  // Freed after the proving seal read the counter, which has not moved since: nothing used
+  // these blocks after their free, and everything before has finished.
+  for (Block* b = open_head_; b;) {
+    Block* next = b->next;
+    --b->seg->busy;
+    push_free_locked(b);
+    b = next;
+  }
+  const uint64_t bytes = open_bytes_;
+  open_head_ = nullptr;
+  open_count_ = 0;
+  open_bytes_ = 0;
+  mu_.unlock();
+  pending_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 bool cache_resource::poll_slow() {
@@ -633,6 +715,7 @@ void cache_resource::forget_all() noexcept {
   map_rebuild_locked();
   mu_.unlock();
   batches_.clear();  // the context's events went with it
+  sealed_.store(0, std::memory_order_relaxed);
   spare_events_.clear();
   orphans_.clear();
   streams_.clear();

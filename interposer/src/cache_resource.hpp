@@ -12,7 +12,22 @@
 //   range queries stay exact. (The vmm backend is where large free space is stitched.)
 //
 // cudaFree's promise: a freed block is not handed out again until all work submitted before
-// the free has finished, on every stream of the context. Frees are collected in an open
+// the free has finished, on every stream of the context.
+//
+// The fast case: no work queued since a completed event. Every entry point that queues GPU
+// work (launches, copies, memsets, graph launches, stream memory operations ...; the
+// generated work_hooks.inc) bumps one process-wide work counter after the driver accepted
+// the work (a locked add: its release joins the counter's release sequence). A seal reads
+// the counter with a read-modify-write before recording its events, so every piece of work
+// counted before that read was queued before the events. When a seal's events have completed
+// and the counter still reads what the seal read, nothing was queued since and everything
+// queued before has finished: a block freed now goes straight back to its free list (no
+// event, no query), as does the open batch. One counter for the process also covers work
+// of other contexts on this memory (peer access). A work-queuing entry point handed out by
+// the driver that the table does not hook (an older ABI variant, or a newer driver's new
+// entry point) turns the fast case off for the process.
+//
+// Otherwise frees are collected in an open
 // batch; a batch is sealed by recording one event on the legacy default stream (it runs
 // after all earlier work of every blocking stream, per-thread default streams included)
 // and one on every non-blocking stream of the context (tracked from cuStreamCreate*; a
@@ -133,6 +148,7 @@ class cache_resource final : public memory_resource {
   struct Batch {
     Block* head = nullptr;
     uint64_t bytes = 0;
+    uint64_t epoch = 0;  ///< the work counter as its seal read it, before recording
     std::vector<CUevent> events;
   };
   static constexpr uint8_t kFree = 0, kLive = 1, kPending = 2;
@@ -186,8 +202,16 @@ class cache_resource final : public memory_resource {
   uint64_t map_used_ = 0;
   bool dead_ = false;                          ///< context gone (forget_all)
 
+  // The fast case (see the top of the file): the work counter's value read by the newest
+  // seal whose events were seen complete (written under slow_; 0 = none yet). Idle iff the
+  // counter still reads this.
+  std::atomic<uint64_t> idle_epoch_{0};
+  bool idle() const noexcept;
+  void retire_open_if_idle();
+
   std::mutex slow_;
   std::deque<Batch> batches_;           ///< sealed, oldest first
+  std::atomic<uint32_t> sealed_{0};     ///< batches_.size(), readable without slow_
   std::vector<CUevent> spare_events_;
   std::vector<CUstream> streams_;       ///< non-blocking streams of the context
   std::vector<CUevent> orphans_;        ///< last events of destroyed streams
@@ -220,6 +244,9 @@ class cache_registry {
 
   /// Stream captures active in the process (cuStreamBeginCapture* .. cuStreamEndCapture*).
   static std::atomic<int> captures;
+  /// Set for good when the driver handed the program a work-queuing entry point that is not
+  /// hooked: the caches can then no longer tell that no work was queued (no fast reuse).
+  static std::atomic<bool> untracked_work;
 
  private:
   cache_resource* create(CUcontext ctx) noexcept;
@@ -232,5 +259,19 @@ class cache_registry {
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
   std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
 };
+
+/// Called by every hooked entry point that queues GPU work, after the driver accepted it:
+/// counts the work for the caches' fast case. One locked add; with the pool off one load
+/// and nothing else. Lock-free, thread-safe, never calls the driver.
+void work_queued() noexcept;
+
+/// True for the name of a driver entry point that queues GPU work (the pattern
+/// gen_work_hooks.py uses: cuLaunch*, cuMemcpy*, cuMemset*, cuGraphLaunch*, stream memory
+/// operations, prefetches, semaphores, ...).
+bool queues_work(const char* name) noexcept;
+
+/// The driver handed out `name`, a work-queuing entry point that is not hooked (cuGetProcAddress
+/// or dlsym): the caches' fast reuse is turned off for the process (logged once).
+void work_untracked(const char* name, int cuda_version) noexcept;
 
 }  // namespace cuw::mr

@@ -5,7 +5,10 @@
 //      the base name cuGetProcAddress is asked for, and the CUDA version that introduced
 //      this ABI variant, and whether it is the per-thread-stream variant (_ptsz/_ptds).
 //   2. Write `hook_<name>` in hooks.cpp; call the driver through REAL(name)(args...).
-//   3. Add the exported name to interposer/exports.map (a test checks the two agree).
+//   3. Add the exported name to interposer/exports.map.in (a test checks the two agree).
+// Entry points that queue GPU work are not written here: work_hooks.inc is generated from
+// the driver's export list (interposer/gen_work_hooks.py) and its names are exported by
+// CMake.
 // Everything else (dlsym redirection, cuGetProcAddress redirection, real-pointer
 // resolution) is generated from this table; names not listed pass through untouched.
 #pragma once
@@ -14,6 +17,9 @@
 
 // cuda.h renames cuGetProcAddress to its _v2 variant; the table names both variants itself.
 #undef cuGetProcAddress
+
+// CUW_WORK_HOOKS: every entry point that queues GPU work (generated, see the file).
+#include "work_hooks.inc"
 
 // X(ret, name, params, args, base, version, per_thread, lib)
 //   lib: 0 = libcuda.so.1 (driver API), 1 = libnvidia-ml.so.1 (NVML; base/version unused)
@@ -117,7 +123,8 @@
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo, (cuw_nvmlDevice_t device, cuw_nvmlMemory_t * memory),           \
     (device, memory), "", 0, 0, 1)                                                                               \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t * memory),     \
-    (device, memory), "", 0, 0, 1)
+    (device, memory), "", 0, 0, 1)                                                                               \
+  CUW_WORK_HOOKS(X)
 
 // NVML's ABI, declared here (nvml.h is not part of every CUDA toolkit install). These
 // layouts are NVML's public, versioned structs (NVML API reference: Device Queries).

@@ -876,6 +876,21 @@ CUW_EXPORT CUresult hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   return r;
 }
 
+// ---- entry points that queue GPU work (work_hooks.inc, generated) -------------------------
+// Each calls the driver, then counts the work for CUWARDEN_POOL=cache (cache_resource.hpp,
+// "the fast case"), failed calls included: a batch may have queued part of its work.
+
+#define CUW_WORK_HOOK(ret, name, params, args, base, version, pts, lib) \
+  CUW_EXPORT ret hook_##name params {                                   \
+    auto real = REAL(name);                                             \
+    if (!real) return kNoDriver;                                        \
+    const ret r = real args;                                            \
+    cuw::mr::work_queued();                                             \
+    return r;                                                           \
+  }
+CUW_WORK_HOOKS(CUW_WORK_HOOK)
+#undef CUW_WORK_HOOK
+
 // ---- entry-point lookup (CUDA driver API: Driver Entry Point Access) ---------------------
 
 CUW_EXPORT CUresult hook_cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "cache_resource.hpp"
 #include "libc_elf.hpp"
 #include "log.hpp"
 
@@ -126,7 +127,10 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
   }
   // The driver handed back a pointer we do not know by address. Fall back to the variant
   // rules, but only for CUDA versions whose variants this build knows.
-  if (cuda_version > CUDA_VERSION) return real;
+  if (cuda_version > CUDA_VERSION) {
+    if (mr::queues_work(symbol)) mr::work_untracked(symbol, cuda_version);
+    return real;
+  }
   const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   bool base_has_pt = false;
   for (const Entry& e : kEntries)
@@ -140,6 +144,7 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
   if (best)
     ipc::log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): unknown address, hooked by name as %s", symbol,
                     cuda_version, static_cast<unsigned long long>(flags), best->name);
+  if (!best && mr::queues_work(symbol)) mr::work_untracked(symbol, cuda_version);
   return best ? best->wrapper : real;
 }
 
@@ -163,7 +168,9 @@ bool is_ours(const char* n) noexcept {
 __attribute__((noinline)) void* redirect_found(void* r, const char* name) {
   if (!r) return r;
   cuw::hook::resolve_lib(name[0] == 'n' ? 1 : 0, false);  // loaded? then know its real pointers
-  return cuw::hook::redirect_by_pointer(r);
+  void* w = cuw::hook::redirect_by_pointer(r);
+  if (w == r && cuw::mr::queues_work(name)) cuw::mr::work_untracked(name, 0);
+  return w;
 }
 
 /// RTLD_NEXT on behalf of the code at `caller`: the first definition in an object loaded

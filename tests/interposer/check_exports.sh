@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Interposer test: libcuwarden.so exports exactly the hook table's names (plus dlsym and
 # dlvsym under glibc's two version nodes), nothing else: no leaked C++ or dependency symbol.
-#   check_exports.sh LIBCUWARDEN HOOK_TABLE_HPP
+#   check_exports.sh LIBCUWARDEN HOOK_TABLE_HPP  (work_hooks.inc beside it is read too)
 set -euo pipefail
 lib=$1 table=$2
-want=$(grep -oE '^  X\([A-Za-z_0-9]+, [A-Za-z_0-9]+,' "$table" | sed -E 's/^  X\([A-Za-z_0-9]+, ([A-Za-z_0-9]+),/\1/' | sort)
+want=$(cat "$table" "$(dirname "$table")/work_hooks.inc" | grep -oE '^  X\([A-Za-z_0-9]+, [A-Za-z_0-9]+,' | sed -E 's/^  X\([A-Za-z_0-9]+, ([A-Za-z_0-9]+),/\1/' | sort)
 got=$(nm -D --defined-only "$lib" | awk '$2 == "T" { sub(/@.*/, "", $3); print $3 }' | sort -u | grep -vx -e dlsym -e dlvsym)
 if [[ "$want" != "$got" ]]; then
   echo "exports differ from the hook table (< table, > library):"

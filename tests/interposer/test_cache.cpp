@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -40,6 +41,30 @@ CUstream make_stream(unsigned flags = CU_STREAM_NON_BLOCKING) {
   return s;
 }
 
+/// A slow "kernel": queued on `s` through a real work entry point (cuLaunchHostFunc, which
+/// the interposer sees as it sees every launch); `ms` milliseconds after it starts it sets
+/// `n` bytes at `p` to `v`. (The simulated device's memory is host memory.)
+CUresult slow_fill(CUstream s, CUdeviceptr p, unsigned char v, size_t n, unsigned ms) {
+  struct Work {
+    CUdeviceptr p;
+    unsigned char v;
+    size_t n;
+    unsigned ms;
+  };
+  auto* w = new Work{p, v, n, ms};
+  const CUresult r = cuLaunchHostFunc(
+      s,
+      [](void* data) {
+        auto* work = static_cast<Work*>(data);
+        std::this_thread::sleep_for(std::chrono::milliseconds(work->ms));
+        std::memset(reinterpret_cast<void*>(work->p), work->v, work->n);
+        delete work;
+      },
+      w);
+  if (r != CUDA_SUCCESS) delete w;
+  return r;
+}
+
 /// True when all `n` bytes at device address `p` equal `v` (a synchronous copy).
 bool all_bytes(CUdeviceptr p, size_t n, unsigned char v) {
   std::vector<unsigned char> h(n);
@@ -63,7 +88,7 @@ TEST_CASE("cache: a block freed while queued work still writes it is not handed 
     REQUIRE(cuMemAlloc(&p, 4096) == CUDA_SUCCESS);
     // A slow "kernel" that writes p a second from now, then the free: cudaFree's promise says
     // p may not back another allocation before that write has happened.
-    REQUIRE(fakecuda_stream_fill_async(s, p, 0xEE, 4096, 1000) == CUDA_SUCCESS);
+    REQUIRE(slow_fill(s, p, 0xEE, 4096, 1000) == CUDA_SUCCESS);
     REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
     // No device-wide synchronization per free: the free returned with the write still queued.
     CHECK(cuStreamQuery(s) == CUDA_ERROR_NOT_READY);
@@ -106,7 +131,7 @@ TEST_CASE("cache: a large block freed while queued work uses it is waited for, n
   CUstream s = make_stream();
   CUdeviceptr p = 0;
   REQUIRE(cuMemAlloc(&p, 64 * kMiB) == CUDA_SUCCESS);
-  REQUIRE(fakecuda_stream_fill_async(s, p, 0xEE, 64 * kMiB, 300) == CUDA_SUCCESS);
+  REQUIRE(slow_fill(s, p, 0xEE, 64 * kMiB, 300) == CUDA_SUCCESS);
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
   const uint64_t waits0 = d.pool_waits.load();
   CUdeviceptr q = 0;
@@ -123,13 +148,135 @@ TEST_CASE("cache: a large block freed while queued work uses it is waited for, n
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
+namespace {
+/// Alloc+free pairs of `bytes` until 64 pairs in a row need no event work (the cache proved
+/// the device idle; a cache that has not polls and seals within 16 frees), at most `tries`
+/// rounds; true when it got there.
+bool reach_idle(size_t bytes, int tries = 50) {
+  for (int i = 0; i < tries; ++i) {
+    fakecuda_reset_counters();
+    for (int k = 0; k < 64; ++k) {
+      CUdeviceptr p = 0;
+      if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) return false;
+    }
+    if (fakecuda_call_count("cuEventRecord") == 0 && fakecuda_call_count("cuEventQuery") == 0 &&
+        fakecuda_call_count("cuEventSynchronize") == 0)
+      return true;
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE("cache: with no work queued since a completed event, a freed block is reused at once, with no event",
+          "[cache]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUstream s = make_stream();
+  for (size_t bytes : {size_t{4096}, size_t{1 * kMiB}, size_t{64 * kMiB}}) {
+    INFO(bytes << " bytes");
+    // The block has been written by work that has finished; then pairs with no work between.
+    CUdeviceptr p = 0;
+    REQUIRE(cuMemAlloc(&p, bytes) == CUDA_SUCCESS);
+    REQUIRE(cuMemsetD8Async(p, 0x5A, bytes, s) == CUDA_SUCCESS);
+    REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+    REQUIRE(reach_idle(bytes));
+    fakecuda_reset_counters();
+    const uint64_t hits0 = d.pool_hits.load(), allocs0 = fakecuda_call_count("cuMemAlloc");
+    CUdeviceptr first = 0;
+    int same = 0;
+    for (int i = 0; i < 1000; ++i) {
+      CUdeviceptr q = 0;
+      REQUIRE(cuMemAlloc(&q, bytes) == CUDA_SUCCESS);
+      if (i == 0) first = q;
+      same += q == first ? 1 : 0;
+      REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+    }
+    CHECK(same == 1000);  // the same block every time: reused at once
+    CHECK(d.pool_hits.load() - hits0 == 1000);
+    CHECK(fakecuda_call_count("cuMemAlloc") == allocs0);
+    for (const char* fn : {"cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuCtxSynchronize"}) {
+      INFO(fn);
+      CHECK(fakecuda_call_count(fn) == 0);
+    }
+  }
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
+TEST_CASE("cache: work queued through any kind of entry point holds back reuse of the blocks it uses", "[cache]") {
+  make_context();
+  touch_interposer();
+  CUstream s = make_stream();
+  constexpr size_t kBytes = 8 * kMiB;
+  std::vector<unsigned char> host(kBytes, 0xEE);
+  CUdeviceptr src = 0;
+  REQUIRE(cuMemAlloc(&src, kBytes) == CUDA_SUCCESS);
+  REQUIRE(cuMemsetD8(src, 0xEE, kBytes) == CUDA_SUCCESS);
+  // Each writes p late: queued behind 300 ms of earlier work on the non-blocking stream s.
+  const std::pair<const char*, std::function<CUresult(CUdeviceptr)>> ways[] = {
+      {"cuMemsetD8Async", [&](CUdeviceptr p) { return cuMemsetD8Async(p, 0xEE, kBytes, s); }},
+      {"cuMemsetD32Async", [&](CUdeviceptr p) { return cuMemsetD32Async(p, 0xEEEEEEEE, kBytes / 4, s); }},
+      {"cuMemcpyHtoDAsync", [&](CUdeviceptr p) { return cuMemcpyHtoDAsync(p, host.data(), kBytes, s); }},
+      {"cuMemcpyDtoDAsync", [&](CUdeviceptr p) { return cuMemcpyDtoDAsync(p, src, kBytes, s); }},
+      {"cuMemcpyAsync", [&](CUdeviceptr p) { return cuMemcpyAsync(p, src, kBytes, s); }},
+      {"cuLaunchHostFunc", [&](CUdeviceptr p) { return slow_fill(s, p, 0xEE, kBytes, 0); }},
+  };
+  for (const auto& [name, write] : ways) {
+    INFO(name);
+    REQUIRE(reach_idle(kBytes));
+    CUdeviceptr p = 0;
+    REQUIRE(cuMemAlloc(&p, kBytes) == CUDA_SUCCESS);
+    // The earlier part of the "kernel" is not a driver call the interposer sees; the write
+    // that follows it on the same stream is.
+    REQUIRE(fakecuda_stream_delay(s, 300) == CUDA_SUCCESS);
+    REQUIRE(write(p) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    REQUIRE(cuMemAlloc(&q, kBytes) == CUDA_SUCCESS);
+    if (q == p) CHECK(cuStreamQuery(s) == CUDA_SUCCESS);  // reused only once the write ran
+    REQUIRE(cuMemsetD8(q, 0x22, kBytes) == CUDA_SUCCESS);
+    REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    CHECK(all_bytes(q, kBytes, 0x22));
+    REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+  }
+  REQUIRE(cuMemFree(src) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
+TEST_CASE("cache: a work entry point cuwarden does not hook turns the fast reuse off", "[cache_untracked]") {
+  make_context();
+  touch_interposer();
+  CUstream s = make_stream();
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 4096) == CUDA_SUCCESS);
+  REQUIRE(cuMemsetD8Async(p, 1, 4096, s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  REQUIRE(reach_idle(4096));
+  // The 32-bit-era cuMemcpyHtoD (CUDA 2.0 ABI) is not hooked: once the program holds it,
+  // the interposer can no longer see all work, and every reuse waits for an event again.
+  void* fn = nullptr;
+  REQUIRE(cuGetProcAddress_v2("cuMemcpyHtoD", &fn, 2000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr) == CUDA_SUCCESS);
+  REQUIRE(fn != nullptr);
+  fakecuda_reset_counters();
+  for (int i = 0; i < 200; ++i) {
+    CUdeviceptr q = 0;
+    REQUIRE(cuMemAlloc(&q, 4096) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+  }
+  CHECK(fakecuda_call_count("cuEventRecord") > 0);
+  CHECK_FALSE(reach_idle(4096, 5));
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
 TEST_CASE("cache: a destroyed stream's queued work still holds back blocks freed after the destroy", "[cache]") {
   make_context();
   touch_interposer();
   CUstream s = make_stream();
   CUdeviceptr p = 0;
   REQUIRE(cuMemAlloc(&p, 8192) == CUDA_SUCCESS);
-  REQUIRE(fakecuda_stream_fill_async(s, p, 0xEE, 8192, 300) == CUDA_SUCCESS);
+  REQUIRE(slow_fill(s, p, 0xEE, 8192, 300) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);  // legal: the queued work still runs
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
   std::vector<CUdeviceptr> got;
@@ -207,7 +354,7 @@ TEST_CASE("cache: data of every live block is intact after random churn across t
           // of them slow), after the owner's own write on the same stream: if the block
           // were handed out before it ran, it would overwrite the next owner's data.
           const unsigned delay = rng() % 4 == 0 ? 2 : 0;
-          if (fakecuda_stream_fill_async(l.s, l.p, 0xEE, l.n, delay) != CUDA_SUCCESS) ++unexpected;
+          if (slow_fill(l.s, l.p, 0xEE, l.n, delay) != CUDA_SUCCESS) ++unexpected;
           if (cuMemFree(l.p) != CUDA_SUCCESS) ++unexpected;
         }
         if (i % 300 == 299) {  // check the live blocks once their own writes are done
@@ -254,8 +401,13 @@ TEST_CASE("cache: while a capture is active nothing is recorded, queried or sync
   }
 
   CUstream s = make_stream();
+  CUdeviceptr captured = 0;
+  REQUIRE(cuMemAlloc(&captured, 4096) == CUDA_SUCCESS);
   REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
   fakecuda_reset_counters();
+  // Work queued during the capture (a graph node): frees can no longer be proven idle, so
+  // they go through batches, which are not sealed while the capture lasts.
+  REQUIRE(cuMemsetD8Async(captured, 1, 4096, s) == CUDA_SUCCESS);
   std::vector<CUdeviceptr> got;
   for (int round = 0; round < 3; ++round) {
     for (int i = 0; i < 90; ++i) {  // more frees than a batch: the free path would seal
@@ -282,8 +434,9 @@ TEST_CASE("cache: while a capture is active nothing is recorded, queried or sync
   REQUIRE(g != nullptr);
   REQUIRE(cuGraphDestroy(g) == CUDA_SUCCESS);
 
-  // After the capture the frees made during it are retired as usual.
+  // After the capture the frees made during it are retired as usual (the next free seals).
   fakecuda_reset_counters();
+  REQUIRE(cuMemFree(captured) == CUDA_SUCCESS);
   for (int i = 0; i < 300; ++i) {
     CUdeviceptr p = 0;
     REQUIRE(cuMemAlloc(&p, 4096) == CUDA_SUCCESS);
@@ -455,7 +608,7 @@ TEST_CASE("cache: the cap refuses only after the cache gave back what it keeps",
     REQUIRE(cuMemAlloc(&p, 100000) == CUDA_SUCCESS);
     ps.push_back(p);
   }
-  REQUIRE(fakecuda_stream_fill_async(s, ps[0], 0xEE, 64 * kMiB, 200) == CUDA_SUCCESS);
+  REQUIRE(slow_fill(s, ps[0], 0xEE, 64 * kMiB, 200) == CUDA_SUCCESS);
   for (CUdeviceptr p : ps) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
   const uint64_t held = d.used.load();
   CHECK(held >= 192 * kMiB);
