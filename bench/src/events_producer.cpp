@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
   const double elapsed = static_cast<double>(mono_ns() - t0) * 1e-9;
 
   // Let the consumer catch up, then read what it took.
-  const uint64_t written = h->events_written.load(std::memory_order_acquire);
+  const uint64_t written = h->write_pos.load(std::memory_order_acquire);
   const uint64_t wait_deadline = mono_ns() + uint64_t{o.drain_wait_ms} * 1000000;
   while (h->read_pos.load(std::memory_order_acquire) < h->write_pos.load(std::memory_order_acquire) &&
          mono_ns() < wait_deadline)

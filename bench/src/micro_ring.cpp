@@ -113,7 +113,7 @@ void BM_ring_push_drained(benchmark::State& state) {
     // which only moves a few events between `drained` and the ring.
     g_stop.store(true);
     g_consumer.join();
-    const double pushed = static_cast<double>(g_push_ring->h->events_written.load());
+    const double pushed = static_cast<double>(g_push_ring->h->write_pos.load());
     const double dropped = static_cast<double>(g_push_ring->h->events_dropped.load());
     state.counters["drops"] = benchmark::Counter(dropped);
     state.counters["drop_pct"] = benchmark::Counter(pushed + dropped > 0 ? 100.0 * dropped / (pushed + dropped) : 0);

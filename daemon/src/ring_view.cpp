@@ -35,7 +35,7 @@ bool RingView::snapshot(Snapshot& out) const noexcept {
     out.device_count = h->device_count.load(std::memory_order_relaxed);
     out.exited_ns = h->exited_ns.load(std::memory_order_relaxed);
     out.heartbeat_ns = h->consumer_heartbeat_ns.load(std::memory_order_relaxed);
-    out.events_written = h->events_written.load(std::memory_order_relaxed);
+    out.events_written = h->write_pos.load(std::memory_order_relaxed);  // every claim is published
     out.events_dropped = h->events_dropped.load(std::memory_order_relaxed);
     out.write_pos = h->write_pos.load(std::memory_order_relaxed);
     out.read_pos = h->read_pos.load(std::memory_order_relaxed);

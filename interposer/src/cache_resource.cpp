@@ -130,23 +130,6 @@ bool cache_resource::idle() const noexcept {
   return idle_epoch_.load(std::memory_order_acquire) == now;
 }
 
-void spin_lock::contended() noexcept {
-  for (int spins = 0;; ++spins) {
-    if (!locked_.exchange(true, std::memory_order_acquire)) return;
-    while (locked_.load(std::memory_order_relaxed)) {
-      if (spins++ > 64) {
-        sched_yield();  // a holder that was descheduled: let it run
-      } else {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ volatile("yield");
-#endif
-      }
-    }
-  }
-}
-
 // ---- size classes ------------------------------------------------------------------------
 
 int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept {
@@ -166,7 +149,12 @@ int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept {
 
 cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
                                ring::DeviceSlot& slot, ipc::Tracker& tracker)
-    : upstream_(std::move(upstream)), ctx_(ctx), ordinal_(ordinal), slot_(slot), tracker_(tracker) {
+    : upstream_(std::move(upstream)),
+      ctx_(ctx),
+      ordinal_(ordinal),
+      slot_(slot),
+      tracker_(tracker),
+      mu_(tracker.counters_lock(slot)) {
   map_.assign(1024, nullptr);
   g_counting.store(true, std::memory_order_relaxed);
 }
@@ -281,6 +269,8 @@ void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
   b->state = kLive;
   b->requested = requested;
   ++b->seg->busy;
+  ipc::locked_add(slot_.live_allocations, 1);
+  ipc::locked_add(slot_.alloc_count, 1);
 }
 
 // ---- allocate ----------------------------------------------------------------------------
@@ -300,11 +290,10 @@ CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
   mu_.lock();
   if (Block* b = take_locked(cls, rounded)) {
     hand_out_locked(b, bytes);
-    const uint64_t size = b->size;
+    ipc::locked_sub(slot_.cached, b->size);
+    ipc::locked_add(slot_.pool_hits, 1);
     *out = b->ptr;
     mu_.unlock();
-    slot_.cached.fetch_sub(size, std::memory_order_relaxed);
-    slot_.pool_hits.fetch_add(1, std::memory_order_relaxed);
     return CUDA_SUCCESS;
   }
   mu_.unlock();
@@ -320,11 +309,10 @@ bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_
     return false;
   }
   hand_out_locked(b, bytes);
-  const uint64_t size = b->size;
+  ipc::locked_sub(slot_.cached, b->size);
+  ipc::locked_add(slot_.pool_hits, 1);
   *out = b->ptr;
   mu_.unlock();
-  slot_.cached.fetch_sub(size, std::memory_order_relaxed);
-  slot_.pool_hits.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -405,11 +393,10 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   }
   if (r != CUDA_SUCCESS) {
     tracker_.uncharge(slot_, seg_bytes);
-    slot_.driver_errors.fetch_add(1, std::memory_order_relaxed);
+    tracker_.note_driver_error(slot_);
     tracker_.emit(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r);
     return r;
   }
-  slot_.reserved.fetch_add(seg_bytes, std::memory_order_relaxed);
   auto* s = new Segment;
   s->base = base;
   s->bytes = seg_bytes;
@@ -432,16 +419,17 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   }
   hand_out_locked(b, bytes);
   *out = b->ptr;
-  const uint64_t size = b->size;
+  ipc::locked_add(slot_.reserved, seg_bytes);
+  ipc::locked_add(slot_.cached, seg_bytes - b->size);
   mu_.unlock();
-  slot_.cached.fetch_add(seg_bytes - size, std::memory_order_relaxed);
   return CUDA_SUCCESS;
 }
 
 // ---- free --------------------------------------------------------------------------------
 
-// Fast path: spin lock, one map probe, a push onto the open batch, two counters. About 50
-// instructions; every kSealBlocks-th free also seals the batch (one event per stream).
+// Fast path: one lock, one map probe, a push onto a free list (idle) or the open batch,
+// four counters. Not idle: every kSealBlocks-th free also seals the batch (one event per
+// stream), every kPollEvery-th polls.
 CUresult cache_resource::free_block(CUdeviceptr p, uint64_t* requested) {
   mu_.lock();
   Block* b = lookup_locked(p);
@@ -451,6 +439,8 @@ CUresult cache_resource::free_block(CUdeviceptr p, uint64_t* requested) {
   }
   *requested = b->requested;
   const uint64_t size = b->size;
+  ipc::locked_sub(slot_.live_allocations, 1);
+  ipc::locked_add(slot_.free_count, 1);
   if (b->exported) {
     // An IPC handle was given out for this driver allocation: it is never handed out
     // again. Free it now; cuMemFree synchronizes, as the program's own call would have.
@@ -464,26 +454,27 @@ CUresult cache_resource::free_block(CUdeviceptr p, uint64_t* requested) {
     mu_.unlock();
     upstream_->deallocate(s->base, s->bytes);
     tracker_.uncharge(slot_, s->bytes);
-    slot_.reserved.fetch_sub(s->bytes, std::memory_order_relaxed);
+    mu_.lock();
+    ipc::locked_sub(slot_.reserved, s->bytes);
+    mu_.unlock();
     delete s;
     return CUDA_SUCCESS;
   }
+  ipc::locked_add(slot_.cached, size);
   if (idle()) {
     // Nothing queued since a completed event: whatever used the block has finished.
     --b->seg->busy;
     push_free_locked(b);
     mu_.unlock();
-    slot_.cached.fetch_add(size, std::memory_order_relaxed);
     return CUDA_SUCCESS;
   }
   b->state = kPending;
   b->next = open_head_;
   open_head_ = b;
   open_bytes_ += size;
+  ipc::locked_add(pending_bytes_, size);
   const uint32_t n = ++open_count_;
   mu_.unlock();
-  pending_bytes_.fetch_add(size, std::memory_order_relaxed);
-  slot_.cached.fetch_add(size, std::memory_order_relaxed);
   // Seal a full batch, or the first free when nothing is sealed (its events may prove the
   // device idle: the fast case); poll every kPollEvery frees so that a proof is seen.
   const bool seal = n >= kSealBlocks || sealed_.load(std::memory_order_relaxed) == 0;
@@ -591,8 +582,8 @@ void cache_resource::retire_front() {
     push_free_locked(b);
     b = next;
   }
+  ipc::locked_sub(pending_bytes_, bt.bytes);
   mu_.unlock();
-  pending_bytes_.fetch_sub(bt.bytes, std::memory_order_relaxed);
   const uint64_t epoch = bt.epoch;
   batches_.pop_front();
   sealed_.store(static_cast<uint32_t>(batches_.size()), std::memory_order_relaxed);
@@ -616,12 +607,11 @@ void cache_resource::retire_open_if_idle() {
     push_free_locked(b);
     b = next;
   }
-  const uint64_t bytes = open_bytes_;
+  ipc::locked_sub(pending_bytes_, open_bytes_);
   open_head_ = nullptr;
   open_count_ = 0;
   open_bytes_ = 0;
   mu_.unlock();
-  pending_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 bool cache_resource::poll_slow() {
@@ -643,7 +633,9 @@ bool cache_resource::wait_oldest_slow() {
     batch_done(batches_.front(), true);
   }
   retire_front();
-  slot_.pool_waits.fetch_add(1, std::memory_order_relaxed);
+  mu_.lock();
+  ipc::locked_add(slot_.pool_waits, 1);
+  mu_.unlock();
   return true;
 }
 
@@ -676,10 +668,14 @@ uint64_t cache_resource::release_slow() {
   for (Segment* s : gone) {
     upstream_->deallocate(s->base, s->bytes);
     tracker_.uncharge(slot_, s->bytes);
-    slot_.reserved.fetch_sub(s->bytes, std::memory_order_relaxed);
-    slot_.cached.fetch_sub(s->bytes, std::memory_order_relaxed);
     total += s->bytes;
     delete s;
+  }
+  if (total) {
+    mu_.lock();
+    ipc::locked_sub(slot_.reserved, total);
+    ipc::locked_sub(slot_.cached, total);
+    mu_.unlock();
   }
   return total;
 }
@@ -713,17 +709,17 @@ void cache_resource::forget_all() noexcept {
   open_count_ = 0;
   open_bytes_ = 0;
   map_rebuild_locked();
+  pending_bytes_.store(0, std::memory_order_relaxed);
+  ipc::locked_sub(slot_.reserved, total);
+  ipc::locked_sub(slot_.cached, total - live_bytes);
+  ipc::locked_sub(slot_.live_allocations, live);
   mu_.unlock();
   batches_.clear();  // the context's events went with it
   sealed_.store(0, std::memory_order_relaxed);
   spare_events_.clear();
   orphans_.clear();
   streams_.clear();
-  pending_bytes_.store(0, std::memory_order_relaxed);
   tracker_.uncharge(slot_, total);
-  slot_.reserved.fetch_sub(total, std::memory_order_relaxed);
-  slot_.cached.fetch_sub(total - live_bytes, std::memory_order_relaxed);
-  slot_.live_allocations.fetch_sub(live, std::memory_order_relaxed);
 }
 
 // ---- queries -------------------------------------------------------------------------------

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "memory_resource.hpp"
+#include "spin_lock.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::ipc {
@@ -66,25 +67,11 @@ class Tracker;
 
 namespace cuw::mr {
 
-/// Small spin lock for the fast path (critical sections of a few dozen instructions).
-/// Uncontended: one atomic exchange and one release store.
-class spin_lock {
- public:
-  void lock() noexcept {
-    if (__builtin_expect(!locked_.exchange(true, std::memory_order_acquire), 1)) return;
-    contended();
-  }
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
-
- private:
-  void contended() noexcept;
-  std::atomic<bool> locked_{false};
-};
-
-/// The caching backend for one CUDA context (see the top of this file). Thread-safe: a
-/// spin lock guards the free lists (held for a few dozen instructions, never across a
-/// driver call); a mutex serializes the slow path (driver allocation, event record,
-/// query and wait, release). Memory is given back to the driver only by release(), by
+/// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
+/// device's counters lock guards the free lists (held for a few dozen instructions, never
+/// across a driver call); a mutex serializes the slow path (driver allocation, event
+/// record, query and wait, release). Allocations and frees it serves are counted here
+/// (live_allocations, alloc_count, free_count), not by the hooks. Memory is given back to the driver only by release(), by
 /// the cap, or by the driver's own out-of-memory answer; the destructor gives back nothing.
 class cache_resource final : public memory_resource {
  public:
@@ -189,14 +176,18 @@ class cache_resource final : public memory_resource {
   ring::DeviceSlot& slot_;
   ipc::Tracker& tracker_;
 
-  spin_lock mu_;
+  /// The device's counters lock (Tracker::counters_lock): guards the free lists, the open
+  /// batch and the block map, and the device counters the cache writes (cached, pool_hits,
+  /// pool_waits, reserved, live_allocations, alloc_count, free_count, driver_errors), so a
+  /// hit or a free takes one lock for all of them. Shared by the caches of one device.
+  spin_lock& mu_;
   Block* free_small_[kClasses] = {};
   Segment* carving_[kClasses] = {};       ///< a slab of the class with uncarved room
   std::map<uint64_t, Block*> free_large_;  ///< size -> list of free whole blocks
   Block* open_head_ = nullptr;             ///< freed, not yet behind an event
   uint32_t open_count_ = 0;
   uint64_t open_bytes_ = 0;
-  std::atomic<uint64_t> pending_bytes_{0};  ///< open + sealed
+  std::atomic<uint64_t> pending_bytes_{0};  ///< open + sealed; written under mu_, read without
   std::map<CUdeviceptr, Segment*> segments_;  ///< by base address
   std::vector<Block*> map_;                   ///< open addressing: block start -> block
   uint64_t map_used_ = 0;

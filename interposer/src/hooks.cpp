@@ -75,15 +75,13 @@ CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api,
   if (r == CUDA_ERROR_OUT_OF_MEMORY && t.cache() && t.cache()->release_all() > 0) r = call();
   if (r != CUDA_SUCCESS) {
     t.uncharge(*d, bytes);
-    d->driver_errors.fetch_add(1, std::memory_order_relaxed);
+    t.note_driver_error(*d);
     t.emit(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r);
     return r;
   }
   const uint64_t key = key_of_result();
   table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
-  if (!pooled(api)) d->reserved.fetch_add(bytes, std::memory_order_relaxed);
-  d->live_allocations.fetch_add(1, std::memory_order_relaxed);
-  d->alloc_count.fetch_add(1, std::memory_order_relaxed);
+  t.note_alloc(*d, bytes, pooled(api));
   t.emit(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS);
   return r;
 }
@@ -102,10 +100,7 @@ void account_free(Tracker& t, uint64_t key, const LiveRecord& rec, ring::Api api
   ring::DeviceSlot* d = t.device(rec.device);
   if (!d) return;
   t.uncharge(*d, rec.bytes);
-  if (pooled(static_cast<ring::Api>(rec.api))) t.pooled_free(rec.device, rec.bytes);
-  else d->reserved.fetch_sub(rec.bytes, std::memory_order_relaxed);
-  d->live_allocations.fetch_sub(1, std::memory_order_relaxed);
-  d->free_count.fetch_add(1, std::memory_order_relaxed);
+  t.note_free(*d, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
   t.emit(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS);
 }
 
@@ -142,13 +137,11 @@ cache_registry* caches_if_any() noexcept {
   return t ? t->cache() : nullptr;
 }
 
-/// Hot path: the cache's allocate (a hit: no driver call), two counters, one event.
+/// Hot path: the cache's allocate (a hit: one lock, no driver call; it counts the
+/// allocation), one event.
 CUresult cache_alloc(Tracker& t, cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
   const CUresult r = c.allocate(dptr, bytes);
   if (r != CUDA_SUCCESS) return r;  // refusals and driver errors were counted by the cache
-  ring::DeviceSlot& d = c.slot();
-  d.live_allocations.fetch_add(1, std::memory_order_relaxed);
-  d.alloc_count.fetch_add(1, std::memory_order_relaxed);
   t.emit(ring::EventKind::alloc, ring::Api::cuMemAlloc, c.ordinal(), *dptr, bytes, 0, CUDA_SUCCESS);
   return r;
 }
@@ -157,10 +150,7 @@ CUresult cache_alloc(Tracker& t, cache_resource& c, CUdeviceptr* dptr, size_t by
 bool cache_free(Tracker& t, cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
   uint64_t requested = 0;
   int ordinal = -1;
-  if (reg.free_block(dptr, &requested, &ordinal) != CUDA_SUCCESS) return false;
-  ring::DeviceSlot& d = t.header().devices[ordinal];
-  d.live_allocations.fetch_sub(1, std::memory_order_relaxed);
-  d.free_count.fetch_add(1, std::memory_order_relaxed);
+  if (reg.free_block(dptr, &requested, &ordinal) != CUDA_SUCCESS) return false;  // it counts the free
   t.emit(ring::EventKind::free, api, ordinal, dptr, requested, aux, CUDA_SUCCESS);
   return true;
 }
@@ -233,12 +223,11 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     if (d && actual != est) {
       LiveRecord rec;
       if (t.pointers().take(*dptr, &rec)) {
-        if (actual > est) {
-          t.force_charge(*d, actual - est);
-          d->reserved.fetch_add(actual - est, std::memory_order_relaxed);
-        } else {
-          t.uncharge(*d, est - actual);
-          d->reserved.fetch_sub(est - actual, std::memory_order_relaxed);
+        if (actual > est) t.force_charge(*d, actual - est);
+        else t.uncharge(*d, est - actual);
+        {
+          std::lock_guard<cuw::spin_lock> lk(t.counters_lock(*d));
+          cuw::ipc::locked_add(d->reserved, actual - est);  // wraps for a decrease
         }
         rec.bytes = actual;
         t.pointers().insert(*dptr, rec);
@@ -258,7 +247,7 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     const int ordinal = stream_device(t, stream);                                                                \
     const CUresult r = tracked_alloc(t, api, ordinal, bytesize, reinterpret_cast<uint64_t>(stream), dptr,       \
                                      [&] { return real(dptr, bytesize, stream); });                            \
-    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, stream, bytesize);                                           \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, stream);                                           \
     return r;                                                                                                    \
   }
 CUW_ASYNC_ALLOC(cuMemAllocAsync, ring::Api::cuMemAllocAsync)
@@ -276,7 +265,7 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz, ring::Api::cuMemAllocAsync)
     const CUresult r = tracked_alloc(t, ring::Api::cuMemAllocFromPoolAsync, ordinal, bytesize,                   \
                                      reinterpret_cast<uint64_t>(stream), dptr,                                   \
                                      [&] { return real(dptr, bytesize, pool, stream); });                      \
-    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, stream, bytesize);                                              \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, stream);                                              \
     return r;                                                                                                    \
   }
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync)
@@ -769,7 +758,10 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
   const int ordinal = t.current_device();
   const uint64_t key = reinterpret_cast<uint64_t>(*result);
   t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
-  if (ring::DeviceSlot* d = t.device(ordinal)) d->host_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  if (ring::DeviceSlot* d = t.device(ordinal)) {
+    std::lock_guard<cuw::spin_lock> lk(t.counters_lock(*d));
+    cuw::ipc::locked_add(d->host_bytes, bytes);
+  }
   t.emit(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS);
   return r;
 }
@@ -785,7 +777,10 @@ CUresult tracked_host_free(ring::Api api, void* p, Call&& call) {
     t.host().insert(reinterpret_cast<uint64_t>(p), rec);
     return r;
   }
-  if (ring::DeviceSlot* d = t.device(rec.device)) d->host_bytes.fetch_sub(rec.bytes, std::memory_order_relaxed);
+  if (ring::DeviceSlot* d = t.device(rec.device)) {
+    std::lock_guard<cuw::spin_lock> lk(t.counters_lock(*d));
+    cuw::ipc::locked_sub(d->host_bytes, rec.bytes);
+  }
   t.emit(ring::EventKind::host_free, api, rec.device, reinterpret_cast<uint64_t>(p), rec.bytes, 0, CUDA_SUCCESS);
   return r;
 }

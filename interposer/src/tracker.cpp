@@ -269,7 +269,10 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
   uint64_t next;
   do {
     if (limit != ring::kNoLimit && (bytes > limit || used > limit - bytes)) {
-      d.refusals.fetch_add(1, std::memory_order_relaxed);
+      {
+        std::lock_guard<spin_lock> lk(counters_lock(d));
+        locked_add(d.refusals, 1);
+      }
       emit(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY);
       return false;
     }
@@ -280,7 +283,10 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
     uint64_t job_cap = 0, job_used = 0;
     if (!job_->charge(job_slot_, g, bytes, &job_cap, &job_used)) {
       d.used.fetch_sub(bytes, std::memory_order_relaxed);
-      d.refusals.fetch_add(1, std::memory_order_relaxed);
+      {
+        std::lock_guard<spin_lock> lk(counters_lock(d));
+        locked_add(d.refusals, 1);
+      }
       // used_after: what the job's other members hold (the figure that refused us).
       ring::Event e;
       e.bytes = bytes;
@@ -298,6 +304,27 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
   while (peak < next && !d.peak.compare_exchange_weak(peak, next, std::memory_order_relaxed)) {
   }
   return true;
+}
+
+void Tracker::note_alloc(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
+  std::lock_guard<spin_lock> lk(counters_lock(d));
+  if (pooled) locked_add(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
+  else locked_add(d.reserved, bytes);
+  locked_add(d.live_allocations, 1);
+  locked_add(d.alloc_count, 1);
+}
+
+void Tracker::note_free(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
+  std::lock_guard<spin_lock> lk(counters_lock(d));
+  if (pooled) locked_sub(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
+  else locked_sub(d.reserved, bytes);
+  locked_sub(d.live_allocations, 1);
+  locked_add(d.free_count, 1);
+}
+
+void Tracker::note_driver_error(ring::DeviceSlot& d) noexcept {
+  std::lock_guard<spin_lock> lk(counters_lock(d));
+  locked_add(d.driver_errors, 1);
 }
 
 void Tracker::force_charge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
@@ -352,15 +379,17 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool dis
   const uint64_t old = ps.reserved.exchange(total, std::memory_order_relaxed);
   ps.refreshed_ns.store(now, std::memory_order_relaxed);
   if (total != old) {
-    ring::DeviceSlot* d = device(ordinal);
-    if (d) d->reserved.fetch_add(total - old, std::memory_order_relaxed);  // wraps for a decrease
+    if (ring::DeviceSlot* d = device(ordinal)) {
+      std::lock_guard<spin_lock> lk2(counters_lock(*d));
+      locked_add(d->reserved, total - old);  // wraps for a decrease
+    }
   }
 }
 
-void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t bytes) noexcept {
+void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream) noexcept {
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
   PoolSet& ps = pools_[ordinal];
-  const uint64_t live = ps.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  const uint64_t live = ps.live.load(std::memory_order_relaxed);
   const bool grew = live > ps.reserved.load(std::memory_order_relaxed);
   if (!grew) {
     timespec ts;
@@ -374,11 +403,6 @@ void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   if (is_capturing && (is_capturing(stream, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE)) return;
   refresh_pools(ordinal, pool, true);
-}
-
-void Tracker::pooled_free(int ordinal, uint64_t bytes) noexcept {
-  if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
-  pools_[ordinal].live.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,

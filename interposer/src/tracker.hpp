@@ -14,6 +14,7 @@
 
 #include "config.hpp"
 #include "live_table.hpp"
+#include "spin_lock.hpp"
 #include "cuw/job.hpp"
 #include "cuw/ring.hpp"
 
@@ -22,6 +23,15 @@ class cache_registry;
 }
 
 namespace cuw::ipc {
+
+/// Add to / take from a device counter with a plain relaxed load and store (no locked
+/// instruction). Only under Tracker::counters_lock of the counter's device.
+inline void locked_add(std::atomic<uint64_t>& c, uint64_t v) noexcept {
+  c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+}
+inline void locked_sub(std::atomic<uint64_t>& c, uint64_t v) noexcept {
+  c.store(c.load(std::memory_order_relaxed) - v, std::memory_order_relaxed);
+}
 
 /// The per-process core. One instance, created at the first CUDA call (Tracker::get()).
 class Tracker {
@@ -49,6 +59,25 @@ class Tracker {
   /// a read of each member's slot.
   bool charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api);
 
+  /// The lock that serializes this process's writes of device `d`'s counters other than
+  /// used / peak / limit (those are lock-free: CAS and locked adds): live_allocations,
+  /// alloc_count, free_count, reserved, cached, pool_hits, pool_waits, driver_errors,
+  /// host_bytes, refusals, and the stream-ordered pools' live bytes. A writer holds it and
+  /// updates them with locked_add / locked_sub: one locked instruction for any number of
+  /// counters. Readers (the daemon, cuMemGetInfo) load each counter atomically, no lock.
+  /// The cache backend guards its free lists with the same lock, so a pooled allocation or
+  /// free takes one lock for everything. Never held across a driver or system call.
+  spin_lock& counters_lock(const ring::DeviceSlot& d) noexcept { return counters_mu_[d.ordinal & (ring::kMaxDevices - 1)]; }
+
+  /// A successful driver allocation of `bytes` (counted by charge()) on `d`: live
+  /// allocations, allocations, and reserved (or, for a stream-ordered one, the pools' live
+  /// bytes). One lock.
+  void note_alloc(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
+  /// A successful free of such an allocation (after uncharge()). One lock.
+  void note_free(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
+  /// The driver failed an allocation: counted (one lock).
+  void note_driver_error(ring::DeviceSlot& d) noexcept;
+
   /// Count bytes that are already allocated, cap or not (a pitch larger than estimated).
   void force_charge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
 
@@ -68,13 +97,12 @@ class Tracker {
   /// allocation is left exactly as it was). Thread-safe.
   void refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool discover = true) noexcept;
 
-  /// A stream-ordered allocation (+bytes) or free (-bytes) on `ordinal`'s pools. After an
-  /// allocation the pools are refreshed at once when their live bytes passed what they were
-  /// known to reserve (the pool grew), else at most once a millisecond.
-  /// `stream` is the allocation's stream: while it is being captured into a graph the
-  /// refresh is skipped (no driver query inside a capture), and done at a later one.
-  void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t bytes) noexcept;
-  void pooled_free(int ordinal, uint64_t bytes) noexcept;
+  /// After a stream-ordered allocation on `ordinal`'s pools (its bytes already counted in
+  /// the pools' live bytes by note_alloc): the pools are refreshed at once when their live
+  /// bytes passed what they were known to reserve (the pool grew), else at most once a
+  /// millisecond. `stream` is the allocation's stream: while it is being captured into a
+  /// graph the refresh is skipped (no driver query inside a capture), and done at a later one.
+  void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream) noexcept;
 
   /// Emit an event into the ring; never blocks (drops and counts when full).
   void emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
@@ -109,6 +137,7 @@ class Tracker {
   }
 
   Config config_;
+  spin_lock counters_mu_[ring::kMaxDevices];
   ring::RingHeader* header_ = nullptr;
   ring::EventSlot* slots_ = nullptr;
   uint32_t slot_count_ = 0;
@@ -120,7 +149,7 @@ class Tracker {
     static constexpr int kMax = 8;
     std::atomic<CUmemoryPool> pools[kMax] = {};
     std::atomic<uint64_t> reserved{0};       ///< sum over pools, bytes
-    std::atomic<uint64_t> live{0};           ///< bytes of live stream-ordered allocations
+    std::atomic<uint64_t> live{0};           ///< bytes of live stream-ordered allocations (counters_lock)
     std::atomic<uint64_t> refreshed_ns{0};   ///< CLOCK_MONOTONIC_COARSE
     std::mutex mu;                           ///< serialises refreshes (never on the alloc path)
   };

@@ -55,7 +55,7 @@ TEST_CASE("ring: a fresh ring validates and carries events in order", "[ring]") 
     CHECK(out[i].bytes == (i + 1) * 512);
   }
   CHECK(lost == 0);
-  CHECK(r.header()->events_written.load() == 10);
+  CHECK(r.header()->write_pos.load() == 10);
   CHECK(ring::drain(*r.header(), r.slots(), r.count, out, 32, false, &lost) == 0);
 }
 
@@ -96,7 +96,7 @@ TEST_CASE("ring: many producers and a concurrent consumer lose nothing uncounted
   for (auto& p : producers) p.join();
   done = true;
   consumer.join();
-  const uint64_t written = r.header()->events_written.load();
+  const uint64_t written = r.header()->write_pos.load();
   const uint64_t dropped = r.header()->events_dropped.load();
   CHECK(written + dropped == kThreads * kPerThread);
   CHECK(seen.size() == written);

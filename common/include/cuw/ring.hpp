@@ -152,7 +152,8 @@ struct RingHeader {
   std::atomic<uint32_t> device_count;  ///< devices visible to the process (<= kMaxDevices)
   std::atomic<uint64_t> exited_ns;     ///< CLOCK_REALTIME at clean exit, 0 while running
   std::atomic<uint64_t> consumer_heartbeat_ns;  ///< written by the daemon on each drain (CLOCK_REALTIME)
-  std::atomic<uint64_t> events_written;  ///< events published
+  std::atomic<uint64_t> events_written;  ///< not written (0): events published = write_pos, since
+                                         ///< every position a producer claims is published
   std::atomic<uint64_t> events_dropped;  ///< events lost because the ring was full
   char comm[32];                  ///< short process name, NUL-terminated
   char cmdline[256];              ///< command line, arguments separated by spaces, truncated
@@ -190,7 +191,7 @@ struct Event {
 /// `slot_count` is the producer's private copy (never re-read from shared memory, which a
 /// consumer could scribble on). Returns false (and counts a drop in the header) when the
 /// ring is full. Thread-safe for any number of producers.
-/// Cost: ~2 atomic loads, one CAS, one release store, one relaxed add.
+/// Cost: one relaxed and one acquire load, one CAS, one release store.
 inline constexpr int kMaxPushAttempts = 64;
 bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept;
 
