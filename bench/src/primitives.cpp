@@ -4,6 +4,7 @@
 //
 //   cuw_bench_primitives [--iters 2000000]
 //
+// cuwarden_event_clock is the interposer's event timestamp (fast_clock.hpp).
 // Prints one JSON object: for each primitive the median over 15 rounds of the mean cost of
 // one call in nanoseconds. CPU rows need nothing; driver rows (cuCtxGetCurrent,
 // cuEventRecord, cuEventQuery, cuStreamQuery ...) need a GPU and are left out without one.
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "driver_api.hpp"
+#include "fast_clock.hpp"
 
 namespace {
 
@@ -74,6 +76,15 @@ int main(int argc, char** argv) {
   clock_row("clock_gettime_realtime", CLOCK_REALTIME);
   clock_row("clock_gettime_monotonic", CLOCK_MONOTONIC);
   clock_row("clock_gettime_realtime_coarse", CLOCK_REALTIME_COARSE);
+  // The interposer's event clock (interposer/src/fast_clock.hpp), once calibrated.
+  cuw::ipc::fast_clock::init();
+  {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(120);
+    while (std::chrono::steady_clock::now() < until) sink = sink + cuw::ipc::fast_clock::realtime_ns();
+  }
+  rows.push_back(row("cuwarden_event_clock", measure(iters, [&](long n) {
+    for (long k = 0; k < n; ++k) sink = sink + cuw::ipc::fast_clock::realtime_ns();
+  })));
 #if defined(__x86_64__)
   rows.push_back(row("rdtsc", measure(iters, [&](long n) {
     for (long k = 0; k < n; ++k) sink = sink + __rdtsc();

@@ -18,6 +18,7 @@
 
 #include "cache_resource.hpp"
 #include "cuw/paths.hpp"
+#include "fast_clock.hpp"
 #include "log.hpp"
 #include "real.hpp"
 
@@ -41,11 +42,7 @@ void atfork_child() {
   pthread_mutex_unlock(&g_create_mu);
 }
 
-uint64_t realtime_ns() noexcept {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
+uint64_t realtime_ns() noexcept { return fast_clock::realtime_ns_slow(); }
 
 uint32_t thread_id() noexcept {
   static thread_local uint32_t tid __attribute__((tls_model("initial-exec"))) = 0;
@@ -123,6 +120,7 @@ Tracker::Tracker() : config_(load_config()) {
     config_.limit = LimitSpec{};
     job_slot_ = -1;
   }
+  fast_clock::init();
   create_ring();
   if (config_.pool == "cache") cache_ = std::make_unique<mr::cache_registry>(*this);
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
@@ -420,7 +418,7 @@ void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t ad
 }
 
 void Tracker::push(ring::Event& e) noexcept {
-  e.time_ns = realtime_ns();
+  e.time_ns = fast_clock::realtime_ns();
   e.tid = thread_id();
   ring::push(*header_, slots_, slot_count_, e);
 }
