@@ -64,6 +64,11 @@ Config load_config() {
     else if (std::strcmp(v, "limit") != 0)
       c.errors.push_back(quoted("CUWARDEN_MEMINFO", v) + ": expected 'limit' or 'physical'");
   }
+  if (const char* v = env("CUWARDEN_CLOCK")) {
+    if (!std::strcmp(v, "syscall")) c.clock_syscall = true;
+    else if (std::strcmp(v, "auto") != 0)
+      c.errors.push_back(quoted("CUWARDEN_CLOCK", v) + ": expected 'auto' or 'syscall'");
+  }
   if (const char* v = env("CUWARDEN_LOG")) {
     static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
     int lvl = -1;

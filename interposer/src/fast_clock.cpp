@@ -108,10 +108,10 @@ bool kernel_uses_counter() noexcept {
 
 }  // namespace
 
-void init() noexcept {
+void init(bool allow_counter) noexcept {
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;
-  g_usable.store(kernel_uses_counter(), std::memory_order_release);
+  g_usable.store(allow_counter && kernel_uses_counter(), std::memory_order_release);
 }
 
 uint64_t realtime_ns_slow() noexcept {

@@ -20,8 +20,9 @@ namespace cuw::ipc::fast_clock {
 
 /// Decide whether the CPU counter may be used (reads the kernel's current clocksource from
 /// sysfs once). Call before the first realtime_ns() of the process that should be fast;
-/// without it every call is a clock_gettime. Thread-safe, idempotent.
-void init() noexcept;
+/// without it, or with `allow_counter` false (CUWARDEN_CLOCK=syscall), every call is a
+/// clock_gettime. Thread-safe; the first call decides.
+void init(bool allow_counter = true) noexcept;
 
 /// CLOCK_REALTIME in ns since the Unix epoch. Lock-free; no system call on the fast path
 /// (a counter read, a multiply, a compare). Never goes backwards by more than the anchor

@@ -120,7 +120,7 @@ Tracker::Tracker() : config_(load_config()) {
     config_.limit = LimitSpec{};
     job_slot_ = -1;
   }
-  fast_clock::init();
+  fast_clock::init(!config_.clock_syscall);
   create_ring();
   if (config_.pool == "cache") cache_ = std::make_unique<mr::cache_registry>(*this);
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
