@@ -334,9 +334,11 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
       poll_slow();
       if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
     }
-    // Grow (one slab serves many small requests) unless the request is large or much is
-    // pending: then wait for the oldest batches, as long as one of them holds a fit.
-    const bool grow = cls >= 0 && pending_bytes_.load(std::memory_order_relaxed) < kGrowPending;
+    // Grow (one slab serves many small requests; a new large block lets the program run
+    // ahead of the GPU) while what waits for the GPU, this request included, stays under
+    // kGrowPending; past it, wait for the oldest batches, as long as one holds a fit.
+    const uint64_t pending = pending_bytes_.load(std::memory_order_relaxed);
+    const bool grow = cls >= 0 ? pending < kGrowPending : pending + rounded <= kGrowPending;
     if (!grow) {
       for (;;) {
         bool fit = false;

@@ -34,7 +34,8 @@
 // destroyed one leaves an event that every later batch also waits for). A sealed batch's
 // blocks become reusable when its events have completed (cuEventQuery, polled oldest first
 // when an allocation misses). Only when no freed block is ready, and growing is not the
-// better answer (large blocks, or pending bytes past 64 MiB), does an allocation wait for
+// better answer (the bytes waiting for the GPU, with this request, would pass 64 MiB),
+// does an allocation wait for
 // the oldest batch (cuEventSynchronize): never longer than the device synchronization
 // that cudaFree itself would have done, earlier. While any stream capture is active in
 // the process nothing is recorded, queried or waited for: frees stay in the open batch,
