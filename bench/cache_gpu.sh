@@ -22,6 +22,8 @@
 #     pageable host memory every step, which dominates the step): part e2e_upload.
 #   3 cupy: CuPy with its memory pool disabled (cupy.cuda.set_allocator(None)), a loop of
 #     elementwise ops and a reduction per step, bare vs cache; results must agree.
+#   Parts 2 and 3 also run with the results read back every 10th step only (e2e_check10,
+#   cupy_check10): a loop whose GPU work runs ahead of the host between checks.
 #   Parts 2 and 3 also run a floor: the same work with no allocation in the loop (buffers
 #   allocated once; CuPy with its own pool), the best any allocator can do there.
 # Exit status: 0 when every part was measured and the checksums agree, 1 otherwise.
@@ -122,6 +124,14 @@ for r in $(seq "$E2E_RUNS"); do
   # The floor: the same work with the buffers allocated once (no allocator in the loop).
   run_json "$RAW/e2e-floor-$r.json" 240 env "$E2E" --steps "$E2E_STEPS" --hoist && echo "run $r floor: $(cat "$RAW/e2e-floor-$r.json")"
 done
+# The residual read back every 10th step only (the GPU runs ahead of the host in between).
+for r in $(seq "$E2E_RUNS"); do
+  for m in bare off cache; do
+    # shellcheck disable=SC2046
+    run_json "$RAW/e2e_check10-$m-$r.json" 240 $(mode_env $m) "$E2E" --steps "$E2E_STEPS" --check-every 10 && echo "run $r $m --check-every 10: $(cat "$RAW/e2e_check10-$m-$r.json")"
+  done
+  run_json "$RAW/e2e_check10-floor-$r.json" 240 env "$E2E" --steps "$E2E_STEPS" --check-every 10 --hoist && echo "run $r floor --check-every 10: $(cat "$RAW/e2e_check10-floor-$r.json")"
+done
 for r in $(seq "$E2E_RUNS"); do
   for m in bare off cache; do
     # shellcheck disable=SC2046
@@ -140,10 +150,13 @@ if os.environ.get("CUPY_OWN_POOL") != "1":  # the floor keeps CuPy's own pool
     cp.cuda.set_allocator(None)          # every array is a cudaMalloc, every release a cudaFree
     cp.cuda.set_pinned_memory_allocator(None)
 steps = int(sys.argv[1])
+check = int(sys.argv[2]) if len(sys.argv) > 2 else 1  # read the results back every N-th step
 def step(k):
     x = cp.arange(1 << 18, dtype=cp.float32)
     y = x * 1.0001 + (k % 97)
     z = cp.sqrt(cp.abs(y - x)) + x[::-1]
+    if k % check:
+        return None
     return float(z.sum()) + float(cp.max(y))
 for k in range(20):
     step(k)
@@ -165,6 +178,11 @@ if [[ $FAKE != 1 ]] && timeout 120 python3 -c 'import cupy' >/dev/null 2>&1; the
     done
     # The floor: CuPy with its own memory pool (no cudaMalloc in the loop).
     run_json "$RAW/cupy-floor-$r.json" 240 env CUPY_OWN_POOL=1 python3 "$CUPY_PY" "$CUPY_STEPS" && echo "run $r floor: $(cat "$RAW/cupy-floor-$r.json")"
+    for m in bare cache; do
+      # shellcheck disable=SC2046
+      run_json "$RAW/cupy_check10-$m-$r.json" 240 $(mode_env $m) python3 "$CUPY_PY" "$CUPY_STEPS" 10 && echo "run $r $m check 10: $(cat "$RAW/cupy_check10-$m-$r.json")"
+    done
+    run_json "$RAW/cupy_check10-floor-$r.json" 240 env CUPY_OWN_POOL=1 python3 "$CUPY_PY" "$CUPY_STEPS" 10 && echo "run $r floor check 10: $(cat "$RAW/cupy_check10-floor-$r.json")"
   done
 else
   echo "cupy: skipped ($([[ $FAKE == 1 ]] && echo 'simulated driver' || echo 'import cupy failed'))" | tee "$RAW/cupy-skipped.txt"

@@ -47,12 +47,15 @@ def main():
     pairs = load(raw, "pairs")
     # medians[(mode, api, bytes)] = ns per pair
     samples = {}
+    run_medians = {}  # (mode, api, bytes) -> the median of each run
     for mode, runs in pairs.items():
         for run in runs:
             for r in run.get("results", []):
                 if r.get("op") != "alloc_free":
                     continue
                 samples.setdefault((mode, r["api"], r["bytes"]), []).extend(r["ns"])
+                if r["ns"]:
+                    run_medians.setdefault((mode, r["api"], r["bytes"]), []).append(statistics.median(r["ns"]))
     med = {k: statistics.median(v) for k, v in samples.items() if v}
     if not med:
         ok = False
@@ -71,8 +74,15 @@ def main():
                 row["met"] = c <= native_async / 2
             else:
                 row["target"], row["met"] = "", None
-            if api in ("driver", "runtime") and row["off_added_ns"] is not None:
-                row["off_met"] = row["off_added_ns"] <= 100
+            # "off adds at most 100 ns" can only be judged where the native pair is steady to
+            # better than that from run to run; a 60 us cudaMalloc pair moves by microseconds.
+            natives = run_medians.get(("bare", api, size), [])
+            row["native_spread_ns"] = (max(natives) - min(natives)) if len(natives) > 1 else None
+            if row["off_added_ns"] is not None:
+                if row["native_spread_ns"] is not None and row["native_spread_ns"] > 100:
+                    row["off_met"] = None
+                else:
+                    row["off_met"] = row["off_added_ns"] <= 100
             rows.append(row)
 
     def e2e_part(name):
@@ -100,8 +110,10 @@ def main():
         return part
 
     e2e = e2e_part("e2e")
+    e2e_check10 = e2e_part("e2e_check10")
     e2e_upload = e2e_part("e2e_upload")
     cupy = e2e_part("cupy")
+    cupy_check10 = e2e_part("cupy_check10")
     if e2e is None:
         ok = False
 
@@ -111,24 +123,33 @@ def main():
           f"commit {env.get('commit', '?')}, CPU {env.get('cpu', '?')}. Produced by `bench/cache_gpu.sh`"
           + (" on the simulated driver (not GPU numbers)." if env.get("fake") == "1" else "."),
           "", "## Alloc+free pair, median", "",
-          "| size | API | native | cuwarden off | off adds | cuwarden cache | target | met |",
-          "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
+          "| size | API | native | cuwarden off | off adds | off adds <= 100 ns | cuwarden cache | cache target | met |",
+          "| --- | --- | ---: | ---: | ---: | --- | ---: | --- | --- |"]
     names = {"driver": "cuMemAlloc+cuMemFree", "runtime": "cudaMalloc+cudaFree",
              "async": "cudaMallocAsync+cudaFreeAsync"}
     for r in rows:
         met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        if r.get("off_met") is False:
-            met += " (off adds > 100 ns)"
+        if "off_met" not in r:
+            off = "-"
+        elif r["off_met"] is None:
+            off = f"not resolvable (native moves {fmt_ns(r['native_spread_ns'])} between runs)"
+        else:
+            off = "yes" if r["off_met"] else "**no**"
+        added = r["off_added_ns"]
         md.append(f"| {r['label']} | {names[r['api']]} | {fmt_ns(r['native_ns'])} | {fmt_ns(r['off_ns'])} | "
-                  f"{fmt_ns(r['off_added_ns']) if r['off_added_ns'] is not None else '-'} | {fmt_ns(r['cache_ns'])} | "
-                  f"{r['target']} | {met} |")
+                  f"{(fmt_ns(added) if added >= 0 else '-' + fmt_ns(-added)) if added is not None else '-'} | {off} | "
+                  f"{fmt_ns(r['cache_ns'])} | {r['target']} | {met} |")
     md += ["", "cudaMallocAsync rows are the driver's own stream-ordered pool in every column (cuwarden "
            "passes it through); they are the reference the runtime target is measured against.", ""]
     for name, part, what in (("e2e", e2e, "C++ loop: 4 x cudaMalloc, device fill, kernel, 16 KiB read back, "
                                            "4 x cudaFree per step"),
+                             ("e2e_check10", e2e_check10, "the same loop reading its 16 KiB back every 10th step "
+                                                          "only (`--check-every 10`)"),
                              ("e2e_upload", e2e_upload, "the same loop with its 4 MiB input copied from pageable "
                                                         "host memory every step (`--upload`)"),
-                             ("cupy", cupy, "CuPy with its memory pool disabled")):
+                             ("cupy", cupy, "CuPy with its memory pool disabled"),
+                             ("cupy_check10", cupy_check10, "CuPy with its memory pool disabled, results read "
+                                                            "back every 10th step")):
         md.append(f"## End to end: {what}")
         md.append("")
         if part is None:
@@ -150,7 +171,8 @@ def main():
     with open(prefix + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     with open(prefix + ".json", "w") as f:
-        json.dump({"env": env, "pairs": rows, "e2e": e2e, "e2e_upload": e2e_upload, "cupy": cupy}, f, indent=1)
+        json.dump({"env": env, "pairs": rows, "e2e": e2e, "e2e_check10": e2e_check10, "e2e_upload": e2e_upload,
+                   "cupy": cupy, "cupy_check10": cupy_check10}, f, indent=1)
     print("\n".join(md))
     print(f"\nwritten: {prefix}.md, {prefix}.json")
     return 0 if ok else 1

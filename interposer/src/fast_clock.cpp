@@ -63,31 +63,41 @@ Anchor read_pair() noexcept {
   return best;
 }
 
-__attribute__((noinline)) uint64_t reanchor() noexcept {
+/// Before the rate is known: the time is a plain clock_gettime; the process's first call
+/// takes the first anchor, and the first call 50 ms later measures the rate against it.
+__attribute__((noinline)) uint64_t calibrate() noexcept {
+  const uint64_t ns = realtime_ns_slow();
+  const uint64_t first_ns = g_first_ns.load(std::memory_order_acquire);
+  if (first_ns == 0) {
+    uint64_t zero = 0;
+    const Anchor a = read_pair();
+    if (g_first_ticks.compare_exchange_strong(zero, a.ticks, std::memory_order_acq_rel))
+      g_first_ns.store(a.ns, std::memory_order_release);
+    return ns;
+  }
+  if (ns < first_ns + kCalibrateNs) return ns;
+  static std::atomic<bool> measuring{false};
+  if (measuring.exchange(true, std::memory_order_acq_rel)) return ns;  // another thread is on it
   const Anchor a = read_pair();
-  const uint64_t tk = a.ticks, ns = a.ns;
-  t_anchor = a;
-  if (g_mult.load(std::memory_order_relaxed) == 0) {
-    uint64_t first = g_first_ticks.load(std::memory_order_acquire);
-    if (first == 0) {
-      uint64_t zero = 0;
-      if (g_first_ticks.compare_exchange_strong(zero, tk, std::memory_order_acq_rel)) {
-        g_first_ns.store(ns, std::memory_order_release);
-        return ns;
-      }
-      first = zero;
-    }
-    const uint64_t first_ns = g_first_ns.load(std::memory_order_acquire);
-    if (first_ns != 0 && ns > first_ns + kCalibrateNs && tk > first) {
-      const u128 mult = (static_cast<u128>(ns - first_ns) << 32) / (tk - first);
-      if (mult > 0 && mult < (static_cast<u128>(1) << 40)) {  // 0 .. 256 ns per tick
-        const uint64_t m = static_cast<uint64_t>(mult);
-        g_period.store((static_cast<u128>(kAnchorNs) << 32) / m, std::memory_order_relaxed);
-        g_mult.store(m, std::memory_order_release);
-      }
+  const uint64_t first = g_first_ticks.load(std::memory_order_acquire);
+  if (a.ticks > first && a.ns > first_ns) {
+    const u128 mult = (static_cast<u128>(a.ns - first_ns) << 32) / (a.ticks - first);
+    if (mult > 0 && mult < (static_cast<u128>(1) << 40)) {  // up to 256 ns per tick
+      const uint64_t m = static_cast<uint64_t>(mult);
+      g_period.store(static_cast<uint64_t>((static_cast<u128>(kAnchorNs) << 32) / m), std::memory_order_relaxed);
+      g_mult.store(m, std::memory_order_release);
+      return ns;
     }
   }
+  measuring.store(false, std::memory_order_release);  // a counter that went backwards: try later
   return ns;
+}
+
+/// A thread's first call, or its anchor is ~100 ms old (or the counter jumped): a new one.
+__attribute__((noinline)) uint64_t reanchor() noexcept {
+  const Anchor a = read_pair();
+  t_anchor = a;
+  return a.ns;
 }
 
 bool kernel_uses_counter() noexcept {
@@ -122,12 +132,12 @@ uint64_t realtime_ns_slow() noexcept {
 
 uint64_t realtime_ns() noexcept {
   if (!g_usable.load(std::memory_order_relaxed)) return realtime_ns_slow();
-  const uint64_t now = ticks();
   const uint64_t mult = g_mult.load(std::memory_order_acquire);
+  if (__builtin_expect(mult == 0, 0)) return calibrate();
+  const uint64_t now = ticks();
   const Anchor a = t_anchor;
   const uint64_t d = now - a.ticks;
-  if (__builtin_expect(mult == 0 || a.ns == 0 || d >= g_period.load(std::memory_order_relaxed), 0))
-    return reanchor();
+  if (__builtin_expect(a.ns == 0 || d >= g_period.load(std::memory_order_relaxed), 0)) return reanchor();
   // d < one anchor period (~100 ms of ticks), so d * mult stays below 2^63.
   return a.ns + ((d * mult) >> 32);
 }
