@@ -15,6 +15,13 @@
 //     and once: meminfo_driver cuMemGetInfo_v2, meminfo_runtime cudaMemGetInfo.
 //     Each repetition times a fixed count of operations sized to take about --rep-ms;
 //     "ns" holds one ns/operation figure per repetition.
+//   cuw_bench_gpu hookcost [--sizes 4K,1M,64M] [--rounds 300]
+//     What the hooks add to a driver-API pair, measured inside one process: the pair through
+//     the entry points dlsym hands out (cuwarden's hooks when it is preloaded) and through
+//     libcuda's own definitions (found in its ELF symbol table, past any interposer), in
+//     alternating batches; per size and API (driver cuMemAlloc_v2+cuMemFree_v2, async
+//     cuMemAllocAsync+cuMemFreeAsync), the median of the per-batch differences. Run without
+//     a preload it measures the method's own noise (both paths are the driver's).
 //   cuw_bench_gpu rss [--count 100000] [--size 4K]
 //     VmRSS after warm-up, with --count allocations live (cuMemAlloc_v2), after freeing them.
 //
@@ -32,6 +39,7 @@
 #include <vector>
 
 #include "driver_api.hpp"
+#include "libc_elf.hpp"
 
 namespace {
 
@@ -227,9 +235,88 @@ int run_rss(uint64_t count, uint64_t bytes) {
   return 0;
 }
 
+int run_hookcost(const std::vector<uint64_t>& sizes, int rounds) {
+  Context c;
+  init(c);
+  auto& d = c.drv;
+  using alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
+  using free_fn = CUresult (*)(CUdeviceptr);
+  using aalloc_fn = CUresult (*)(CUdeviceptr*, size_t, CUstream);
+  using afree_fn = CUresult (*)(CUdeviceptr, CUstream);
+  using sync_fn = CUresult (*)(CUstream);
+  auto own = [](const char* n) { return cuw::libc_elf::find_in("libcuda.so", n, nullptr); };
+  auto via = [&](const char* n) { return dlsym(d.lib, n); };
+  const alloc_fn alloc[2] = {reinterpret_cast<alloc_fn>(via("cuMemAlloc_v2")), reinterpret_cast<alloc_fn>(own("cuMemAlloc_v2"))};
+  const free_fn dfree[2] = {reinterpret_cast<free_fn>(via("cuMemFree_v2")), reinterpret_cast<free_fn>(own("cuMemFree_v2"))};
+  const aalloc_fn aalloc[2] = {reinterpret_cast<aalloc_fn>(via("cuMemAllocAsync")),
+                               reinterpret_cast<aalloc_fn>(own("cuMemAllocAsync"))};
+  const afree_fn afree[2] = {reinterpret_cast<afree_fn>(via("cuMemFreeAsync")),
+                             reinterpret_cast<afree_fn>(own("cuMemFreeAsync"))};
+  const auto ssync = reinterpret_cast<sync_fn>(own("cuStreamSynchronize"));
+  for (int k = 0; k < 2; ++k)
+    if (!alloc[k] || !dfree[k] || !aalloc[k] || !afree[k] || !ssync) {
+      std::fprintf(stderr, "cuw_bench_gpu: hookcost: driver entry points not found\n");
+      return 2;
+    }
+  CUstream stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&stream), cudaStreamNonBlocking);
+      e != cudaSuccess)
+    die_rt("cudaStreamCreate", e);
+  std::string results;
+  for (uint64_t bytes : sizes) {
+    for (int api = 0; api < 2; ++api) {  // 0 driver, 1 async
+      const int batch = api == 0 ? 8 : 64;
+      // One batch of pairs through path k (0 hooked, 1 the driver's own), ns per pair.
+      auto run_batch = [&](int k) {
+        const auto t0 = clock_type::now();
+        for (int i = 0; i < batch; ++i) {
+          CUdeviceptr p = 0;
+          if (api == 0) {
+            if (CUresult r = alloc[k](&p, bytes); r != CUDA_SUCCESS) die_drv(d, "cuMemAlloc_v2", r);
+            if (CUresult r = dfree[k](p); r != CUDA_SUCCESS) die_drv(d, "cuMemFree_v2", r);
+          } else {
+            if (CUresult r = aalloc[k](&p, bytes, stream); r != CUDA_SUCCESS) die_drv(d, "cuMemAllocAsync", r);
+            if (CUresult r = afree[k](p, stream); r != CUDA_SUCCESS) die_drv(d, "cuMemFreeAsync", r);
+          }
+        }
+        if (api == 1) ssync(stream);
+        return std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() / batch;
+      };
+      for (int w = 0; w < 20; ++w) run_batch(w & 1);  // warm both paths
+      std::vector<double> hooked, own_ns, diff;
+      for (int r = 0; r < rounds; ++r) {
+        const int first = r & 1;  // alternate which path goes first
+        const double a = run_batch(first), b = run_batch(1 - first);
+        const double h = first == 0 ? a : b, o = first == 0 ? b : a;
+        hooked.push_back(h);
+        own_ns.push_back(o);
+        diff.push_back(h - o);
+      }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      auto quart = [](std::vector<double> v, double q) {
+        std::sort(v.begin(), v.end());
+        return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+      };
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "%s{\"api\":\"%s\",\"bytes\":%llu,\"batch\":%d,\"rounds\":%d,\"hooked_ns\":%.1f,\"driver_ns\":%.1f,"
+                    "\"added_ns\":%.1f,\"added_q1_ns\":%.1f,\"added_q3_ns\":%.1f}",
+                    results.empty() ? "" : ",", api == 0 ? "driver" : "async", static_cast<unsigned long long>(bytes),
+                    batch, rounds, median(hooked), median(own_ns), median(diff), quart(diff, 0.25), quart(diff, 0.75));
+      results += buf;
+    }
+  }
+  std::printf("%s,\"results\":[%s]}\n", header(c, "hookcost").c_str(), results.c_str());
+  return 0;
+}
+
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: cuw_bench_gpu pairs [--sizes 4K,1M,64M,1G] [--reps N] [--rep-ms MS] [--async-sync-every N]\n"
+               "       cuw_bench_gpu hookcost [--sizes 4K,1M,64M] [--rounds N]\n"
                "       cuw_bench_gpu rss [--count N] [--size BYTES]\n");
   std::exit(1);
 }
@@ -243,6 +330,8 @@ int main(int argc, char** argv) {
   int reps = 5;
   double rep_ms = 100;
   uint64_t count = 100000, size = 4096, sync_every = 0;
+  int rounds = 300;
+  if (mode == "hookcost") sizes = {4ULL << 10, 1ULL << 20, 64ULL << 20};
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) usage();
@@ -265,6 +354,9 @@ int main(int argc, char** argv) {
       if (rep_ms <= 0) usage();
     } else if (a == "--async-sync-every") {
       if (!parse_size(v, &sync_every)) usage();
+    } else if (a == "--rounds") {
+      rounds = std::atoi(v.c_str());
+      if (rounds < 1 || rounds > 100000) usage();
     } else if (a == "--count") {
       if (!parse_size(v, &count)) usage();
     } else if (a == "--size") {
@@ -275,5 +367,6 @@ int main(int argc, char** argv) {
   }
   if (mode == "pairs") return run_pairs(sizes, reps, rep_ms, sync_every);
   if (mode == "rss") return run_rss(count, size);
+  if (mode == "hookcost") return run_hookcost(sizes, rounds);
   usage();
 }

@@ -23,12 +23,11 @@ bool same(const char* a, const char* b) noexcept {
   return *a == *b;
 }
 
-/// True when `path`'s file name starts with "libc.so" (".../libc.so.6").
-bool is_libc(const char* path) noexcept {
+/// True when `path`'s file name starts with `want` ("libc.so" for ".../libc.so.6").
+bool file_name_starts(const char* path, const char* want) noexcept {
   const char* base = path;
   for (const char* c = path; *c; ++c)
     if (*c == '/') base = c + 1;
-  const char* want = "libc.so";
   for (; *want; ++want, ++base)
     if (*base != *want) return false;
   return true;
@@ -103,10 +102,12 @@ void* lookup(const struct link_map* lm, const char* name, const char* version) n
 
 }  // namespace
 
-void* find(const char* name, const char* version) noexcept {
+void* find_in(const char* file_prefix, const char* name, const char* version) noexcept {
   for (const struct link_map* lm = _r_debug.r_map; lm; lm = lm->l_next)
-    if (lm->l_name && is_libc(lm->l_name)) return lookup(lm, name, version);
+    if (lm->l_name && file_name_starts(lm->l_name, file_prefix)) return lookup(lm, name, version);
   return nullptr;
 }
+
+void* find(const char* name, const char* version) noexcept { return find_in("libc.so", name, version); }
 
 }  // namespace cuw::libc_elf

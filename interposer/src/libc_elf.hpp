@@ -11,4 +11,8 @@ namespace cuw::libc_elf {
 /// file and allocates nothing. Thread-safe.
 void* find(const char* name, const char* version) noexcept;
 
+/// The same in the first loaded object whose file name starts with `file_prefix`
+/// ("libcuda.so": the driver's own entry point, whatever dlsym would answer).
+void* find_in(const char* file_prefix, const char* name, const char* version) noexcept;
+
 }  // namespace cuw::libc_elf
