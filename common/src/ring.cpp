@@ -82,6 +82,29 @@ bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) 
   return false;
 }
 
+bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
+  const uint64_t pos = h.write_pos.load(std::memory_order_relaxed);
+  EventSlot& s = slots[pos & (slot_count - 1)];
+  if (s.seq.load(std::memory_order_acquire) != pos) {  // full: the consumer is a lap behind (or absent)
+    h.events_dropped.store(h.events_dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return false;
+  }
+  h.write_pos.store(pos + 1, std::memory_order_relaxed);
+  s.time_ns = e.time_ns;
+  s.address = e.address;
+  s.bytes = e.bytes;
+  s.used_after = e.used_after;
+  s.aux = e.aux;
+  s.tid = e.tid;
+  s.api = e.api;
+  s.kind = e.kind;
+  s.device = e.device;
+  s.result = e.result;
+  s.reserved = 0;
+  s.seq.store(pos + 1, std::memory_order_release);
+  return true;
+}
+
 const char* invalid_reason(Invalid r) noexcept {
   switch (r) {
     case Invalid::none: return "ok";

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "fast_clock.hpp"
 #include "log.hpp"
 #include "real.hpp"
 #include "tracker.hpp"
@@ -154,7 +155,7 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
       ordinal_(ordinal),
       slot_(slot),
       tracker_(tracker),
-      mu_(tracker.counters_lock(slot)) {
+      mu_(tracker.lock()) {
   map_.assign(1024, nullptr);
   g_counting.store(true, std::memory_order_relaxed);
 }
@@ -275,9 +276,13 @@ void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
 
 // ---- allocate ----------------------------------------------------------------------------
 
-// Fast path, a hit: class computation, spin lock, pop of a free list, three counters.
-// About 60 instructions, no driver call, no clock read.
 CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
+  return allocate_traced(out, bytes, ring::Api::cuMemAlloc, ipc::fast_clock::realtime_ns());
+}
+
+// Fast path, a hit: class computation, the lock, pop of a free list, four counters, the
+// event. No driver call, no clock read (the caller read the time before).
+CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
   uint64_t rounded;
   int cls;
   if (bytes <= kSmallMax) {
@@ -293,12 +298,18 @@ CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
     ipc::locked_sub(slot_.cached, b->size);
     ipc::locked_add(slot_.pool_hits, 1);
     *out = b->ptr;
+    tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, b->ptr, bytes, 0, CUDA_SUCCESS, now);
     mu_.unlock();
     return CUDA_SUCCESS;
   }
   mu_.unlock();
-  std::lock_guard<std::mutex> g(slow_);
-  return slow_allocate(out, bytes, cls, rounded);
+  CUresult r;
+  {
+    std::lock_guard<std::mutex> g(slow_);
+    r = slow_allocate(out, bytes, cls, rounded);
+  }
+  if (r == CUDA_SUCCESS) tracker_.emit(ring::EventKind::alloc, api, ordinal_, *out, bytes, 0, CUDA_SUCCESS);
+  return r;
 }
 
 bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
@@ -395,8 +406,10 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   }
   if (r != CUDA_SUCCESS) {
     tracker_.uncharge(slot_, seg_bytes);
-    tracker_.note_driver_error(slot_);
-    tracker_.emit(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r);
+    const uint64_t now = ipc::fast_clock::realtime_ns();
+    std::lock_guard<spin_lock> lk(mu_);
+    ipc::locked_add(slot_.driver_errors, 1);
+    tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
     return r;
   }
   auto* s = new Segment;
@@ -430,19 +443,19 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
 // ---- free --------------------------------------------------------------------------------
 
 // Fast path: one lock, one map probe, a push onto a free list (idle) or the open batch,
-// four counters. Not idle: every kSealBlocks-th free also seals the batch (one event per
-// stream), every kPollEvery-th polls.
-CUresult cache_resource::free_block(CUdeviceptr p, uint64_t* requested) {
+// four counters, the event. Not idle: every kSealBlocks-th free also seals the batch (one
+// event per stream), every kPollEvery-th polls.
+CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   mu_.lock();
   Block* b = lookup_locked(p);
   if (!b || b->state != kLive) {
     mu_.unlock();
     return CUDA_ERROR_NOT_FOUND;
   }
-  *requested = b->requested;
   const uint64_t size = b->size;
   ipc::locked_sub(slot_.live_allocations, 1);
   ipc::locked_add(slot_.free_count, 1);
+  tracker_.emit_locked(ring::EventKind::free, api, ordinal_, p, b->requested, aux, CUDA_SUCCESS, now);
   if (b->exported) {
     // An IPC handle was given out for this driver allocation: it is never handed out
     // again. Free it now; cuMemFree synchronizes, as the program's own call would have.
@@ -489,8 +502,7 @@ CUresult cache_resource::free_block(CUdeviceptr p, uint64_t* requested) {
 }
 
 CUresult cache_resource::do_deallocate(CUdeviceptr p, std::size_t) {
-  uint64_t requested = 0;
-  return free_block(p, &requested);
+  return free_traced(p, ring::Api::cuMemFree, 0, ipc::fast_clock::realtime_ns());
 }
 
 // ---- batches (under slow_) -----------------------------------------------------------------
@@ -863,22 +875,16 @@ cache_resource* cache_registry::create(CUcontext ctx) noexcept {
   return c;
 }
 
-CUresult cache_registry::free_block(CUdeviceptr p, uint64_t* requested, int* ordinal) {
+CUresult cache_registry::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   // The block map answers whatever the current context is: try the thread's last cache
   // first without asking the driver (a dropped cache finds nothing and is skipped).
   cache_resource* first = t_cache;
   if (!first) first = for_current();
-  if (first && first->free_block(p, requested) == CUDA_SUCCESS) {
-    *ordinal = first->ordinal();
-    return CUDA_SUCCESS;
-  }
+  if (first && first->free_traced(p, api, aux, now) == CUDA_SUCCESS) return CUDA_SUCCESS;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c != first && c->free_block(p, requested) == CUDA_SUCCESS) {
-      *ordinal = c->ordinal();
-      return CUDA_SUCCESS;
-    }
+    if (c && c != first && c->free_traced(p, api, aux, now) == CUDA_SUCCESS) return CUDA_SUCCESS;
   }
   return CUDA_ERROR_NOT_FOUND;
 }

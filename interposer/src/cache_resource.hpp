@@ -69,10 +69,10 @@ class Tracker;
 namespace cuw::mr {
 
 /// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
-/// device's counters lock guards the free lists (held for a few dozen instructions, never
+/// tracker's lock guards the free lists (held for a few dozen instructions, never
 /// across a driver call); a mutex serializes the slow path (driver allocation, event
-/// record, query and wait, release). Allocations and frees it serves are counted here
-/// (live_allocations, alloc_count, free_count), not by the hooks. Memory is given back to the driver only by release(), by
+/// record, query and wait, release). Allocations and frees it serves are counted and
+/// recorded (events) here, not by the hooks. Memory is given back to the driver only by release(), by
 /// the cap, or by the driver's own out-of-memory answer; the destructor gives back nothing.
 class cache_resource final : public memory_resource {
  public:
@@ -86,9 +86,14 @@ class cache_resource final : public memory_resource {
   int ordinal() const noexcept { return ordinal_; }
   ring::DeviceSlot& slot() noexcept { return slot_; }
 
-  /// Like deallocate(p) and also returns the size the program had asked for (for the
-  /// event). CUDA_ERROR_NOT_FOUND when `p` is not the start of a live block of this cache.
-  CUresult free_block(CUdeviceptr p, uint64_t* requested);
+  /// allocate() as the hooks call it: the program's allocation through `api`, whose event
+  /// (stamped `now_ns`, CLOCK_REALTIME read before) goes into the ring under the same lock
+  /// as the free list and the counters on a hit. Errors as allocate().
+  CUresult allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now_ns);
+  /// deallocate(p) as the hooks call it: the free event (`api`, `aux` = stream or 0,
+  /// stamped `now_ns`) under the same lock. CUDA_ERROR_NOT_FOUND, having done nothing, when
+  /// `p` is not the start of a live block of this cache.
+  CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
 
   /// Whether `p` lies in memory this cache took from the driver; if in a live block, *out
   /// describes that block as the program's allocation and `live` is set.
@@ -177,10 +182,10 @@ class cache_resource final : public memory_resource {
   ring::DeviceSlot& slot_;
   ipc::Tracker& tracker_;
 
-  /// The device's counters lock (Tracker::counters_lock): guards the free lists, the open
-  /// batch and the block map, and the device counters the cache writes (cached, pool_hits,
-  /// pool_waits, reserved, live_allocations, alloc_count, free_count, driver_errors), so a
-  /// hit or a free takes one lock for all of them. Shared by the caches of one device.
+  /// The tracker's lock (Tracker::lock()): guards the free lists, the open batch and the
+  /// block map, and the device counters the cache writes (cached, pool_hits, pool_waits,
+  /// reserved, live_allocations, alloc_count, free_count, driver_errors) and the ring, so a
+  /// hit or a free takes one lock for all of them and its event.
   spin_lock& mu_;
   Block* free_small_[kClasses] = {};
   Segment* carving_[kClasses] = {};       ///< a slab of the class with uncarved room
@@ -218,8 +223,9 @@ class cache_registry {
   /// without a current context or for a device past what the ring tracks. Cost when the
   /// context is the thread's last one: one cuCtxGetCurrent and two compares.
   cache_resource* for_current() noexcept;
-  /// The cache that owns live block `p` freed by free_block; tries the current one first.
-  CUresult free_block(CUdeviceptr p, uint64_t* requested, int* ordinal);
+  /// Free live block `p` in whichever cache owns it (free_traced; the thread's last cache
+  /// first). CUDA_ERROR_NOT_FOUND when no cache owns it.
+  CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
   /// The cache whose memory contains `p` (live or not), or nullptr.
   cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
 

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cache_resource.hpp"
+#include "fast_clock.hpp"
 #include "real.hpp"
 #include "tracker.hpp"
 
@@ -61,11 +62,11 @@ bool capped_view(const Tracker& t, ring::DeviceSlot& d, uint64_t real_total, uin
 constexpr CUresult kNoDriver = CUDA_ERROR_NOT_INITIALIZED;
 
 /// Count, call, record in `table`. `call` performs the real allocation and writes *out
-/// on success. Hot path: device slot (one branch), charge (one CAS), the driver call, one
-/// table insert, one ring push.
+/// on success. Hot path: device slot (one branch), charge (one lock), the driver call, then
+/// one lock for the table insert, the counters and the event.
 template <class Call, class Key>
 CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api, int ordinal, uint64_t bytes,
-                          uint64_t aux, Call&& call, Key&& key_of_result) {
+                          uint64_t aux, Call&& call, Key&& key_of_result, uint64_t* when = nullptr) {
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return call();  // no context, or an ordinal past what we track
   if (!t.charge(*d, ordinal, bytes, api)) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -73,51 +74,61 @@ CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api,
   // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
   // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
   if (r == CUDA_ERROR_OUT_OF_MEMORY && t.cache() && t.cache()->release_all() > 0) r = call();
+  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
+  if (when) *when = now;
   if (r != CUDA_SUCCESS) {
-    t.uncharge(*d, bytes);
-    t.note_driver_error(*d);
-    t.emit(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r);
+    {
+      std::lock_guard<cuw::spin_lock> lk(t.lock());
+      t.uncharge_locked(*d, bytes);
+      cuw::ipc::locked_add(d->driver_errors, 1);
+      t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
+    }
+    t.job_uncharge(*d, bytes);
     return r;
   }
   const uint64_t key = key_of_result();
+  std::lock_guard<cuw::spin_lock> lk(t.lock());
   table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
-  t.note_alloc(*d, bytes, pooled(api));
-  t.emit(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS);
+  t.count_alloc_locked(*d, bytes, pooled(api));
+  t.emit_locked(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
   return r;
 }
 
 /// Count, call, record. `call` performs the real allocation and writes *out on success.
-/// Hot path: tracker lookup (one branch), device slot (one branch), charge (one CAS),
-/// the driver call, one table insert, one ring push.
+/// `when`, if given, receives the event's time.
 template <class Call>
 CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, uint64_t aux, CUdeviceptr* out,
-                       Call&& call) {
-  return tracked_alloc_in(t, t.pointers(), api, ordinal, bytes, aux, call, [out] { return uint64_t{*out}; });
+                       Call&& call, uint64_t* when = nullptr) {
+  return tracked_alloc_in(t, t.pointers(), api, ordinal, bytes, aux, call, [out] { return uint64_t{*out}; }, when);
 }
 
-/// Account a successful free of a live record.
-void account_free(Tracker& t, uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t aux) {
-  ring::DeviceSlot* d = t.device(rec.device);
-  if (!d) return;
-  t.uncharge(*d, rec.bytes);
-  t.note_free(*d, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
-  t.emit(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS);
-}
-
-/// Free through `call`, taking the pointer out of the live table first so that a
-/// concurrent allocation handed the same address is never erased by us.
+/// Free through `call`, taking the record out of the live table first (one lock) so that a
+/// concurrent allocation handed the same address is never erased by us; then, once the
+/// driver freed it, one lock for `used`, the counters and the event (the cap counts the
+/// bytes until the driver has them back).
 template <class Call>
 CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
                       Call&& call) {
   LiveRecord rec;
-  const bool live = key != 0 && table.take(key, &rec);
+  bool live = false;
+  if (key != 0) {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    live = table.take(key, &rec);
+  }
   const CUresult r = call();
   if (!live) return r;  // not counted by us (allocated before we were loaded, or invalid)
+  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
+  ring::DeviceSlot& d = t.header().devices[rec.device];  // filled when it was allocated
+  std::unique_lock<cuw::spin_lock> lk(t.lock());
   if (r != CUDA_SUCCESS) {
     table.insert(key, rec);  // the driver kept it
     return r;
   }
-  account_free(t, key, rec, api, aux);
+  t.uncharge_locked(d, rec.bytes);
+  t.count_free_locked(d, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+  t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
+  lk.unlock();
+  t.job_uncharge(d, rec.bytes);
   return r;
 }
 
@@ -137,22 +148,15 @@ cache_registry* caches_if_any() noexcept {
   return t ? t->cache() : nullptr;
 }
 
-/// Hot path: the cache's allocate (a hit: one lock, no driver call; it counts the
-/// allocation), one event.
-CUresult cache_alloc(Tracker& t, cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
-  const CUresult r = c.allocate(dptr, bytes);
-  if (r != CUDA_SUCCESS) return r;  // refusals and driver errors were counted by the cache
-  t.emit(ring::EventKind::alloc, ring::Api::cuMemAlloc, c.ordinal(), *dptr, bytes, 0, CUDA_SUCCESS);
-  return r;
+/// Hot path: the cache's allocate (a hit: one lock for the free list, the counters and the
+/// event; no driver call).
+CUresult cache_alloc(cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
+  return c.allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, cuw::ipc::fast_clock::realtime_ns());
 }
 
-/// A free of a pooled block: true (and *result set) when `dptr` was one.
-bool cache_free(Tracker& t, cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
-  uint64_t requested = 0;
-  int ordinal = -1;
-  if (reg.free_block(dptr, &requested, &ordinal) != CUDA_SUCCESS) return false;  // it counts the free
-  t.emit(ring::EventKind::free, api, ordinal, dptr, requested, aux, CUDA_SUCCESS);
-  return true;
+/// A free of a pooled block: true when `dptr` was one (freed, counted, event pushed).
+bool cache_free(cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
+  return reg.free_traced(dptr, api, aux, cuw::ipc::fast_clock::realtime_ns()) == CUDA_SUCCESS;
 }
 
 /// Bytes cuPointerGetAttributes writes for an attribute (CUDA driver API: cuPointerGetAttribute).
@@ -188,7 +192,7 @@ CUW_EXPORT CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   if (g.nested()) return real(dptr, bytesize);
   Tracker& t = Tracker::get();
   if (cache_registry* reg = t.cache(); reg && dptr && bytesize != 0) {
-    if (cache_resource* c = reg->for_current()) return cache_alloc(t, *c, dptr, bytesize);
+    if (cache_resource* c = reg->for_current()) return cache_alloc(*c, dptr, bytesize);
   }
   return tracked_alloc(t, ring::Api::cuMemAlloc, t.current_device(), bytesize, 0, dptr,
                        [&] { return real(dptr, bytesize); });
@@ -221,17 +225,21 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     const uint64_t actual = static_cast<uint64_t>(*pitch) * height;
     ring::DeviceSlot* d = t.device(ordinal);
     if (d && actual != est) {
-      LiveRecord rec;
-      if (t.pointers().take(*dptr, &rec)) {
-        if (actual > est) t.force_charge(*d, actual - est);
-        else t.uncharge(*d, est - actual);
-        {
-          std::lock_guard<cuw::spin_lock> lk(t.counters_lock(*d));
+      bool adjusted = false;
+      {
+        std::lock_guard<cuw::spin_lock> lk(t.lock());
+        LiveRecord rec;
+        if (t.pointers().take(*dptr, &rec)) {
+          if (actual > est) t.force_charge_locked(*d, actual - est);
+          else t.uncharge_locked(*d, est - actual);
           cuw::ipc::locked_add(d->reserved, actual - est);  // wraps for a decrease
+          rec.bytes = actual;
+          t.pointers().insert(*dptr, rec);
+          adjusted = true;
         }
-        rec.bytes = actual;
-        t.pointers().insert(*dptr, rec);
       }
+      if (adjusted && actual > est) t.job_force_charge(*d, actual - est);
+      else if (adjusted) t.job_uncharge(*d, est - actual);
     }
   }
   return r;
@@ -245,9 +253,10 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     if (g.nested()) return real(dptr, bytesize, stream);                                                        \
     Tracker& t = Tracker::get();                                                                                 \
     const int ordinal = stream_device(t, stream);                                                                \
+    uint64_t now = 0;                                                                                            \
     const CUresult r = tracked_alloc(t, api, ordinal, bytesize, reinterpret_cast<uint64_t>(stream), dptr,       \
-                                     [&] { return real(dptr, bytesize, stream); });                            \
-    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, stream);                                           \
+                                     [&] { return real(dptr, bytesize, stream); }, &now);                      \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, stream, now);                                           \
     return r;                                                                                                    \
   }
 CUW_ASYNC_ALLOC(cuMemAllocAsync, ring::Api::cuMemAllocAsync)
@@ -262,10 +271,11 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz, ring::Api::cuMemAllocAsync)
     if (g.nested()) return real(dptr, bytesize, pool, stream);                                                  \
     Tracker& t = Tracker::get();                                                                                 \
     const int ordinal = stream_device(t, stream);                                                                \
+    uint64_t now = 0;                                                                                            \
     const CUresult r = tracked_alloc(t, ring::Api::cuMemAllocFromPoolAsync, ordinal, bytesize,                   \
                                      reinterpret_cast<uint64_t>(stream), dptr,                                   \
-                                     [&] { return real(dptr, bytesize, pool, stream); });                      \
-    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, stream);                                              \
+                                     [&] { return real(dptr, bytesize, pool, stream); }, &now);                \
+    if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, stream, now);                                              \
     return r;                                                                                                    \
   }
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync)
@@ -280,7 +290,7 @@ CUW_EXPORT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
   Reentry g;
   if (g.nested()) return real(dptr);
   Tracker& t = Tracker::get();
-  if (cache_registry* reg = t.cache(); reg && dptr && cache_free(t, *reg, dptr, ring::Api::cuMemFree, 0))
+  if (cache_registry* reg = t.cache(); reg && dptr && cache_free(*reg, dptr, ring::Api::cuMemFree, 0))
     return CUDA_SUCCESS;
   return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFree, 0, [&] { return real(dptr); });
 }
@@ -307,7 +317,7 @@ bool cache_free_async(Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_th
       return true;
     }
   }
-  if (!cache_free(t, *reg, dptr, ring::Api::cuMemFreeAsync, reinterpret_cast<uint64_t>(stream))) return false;
+  if (!cache_free(*reg, dptr, ring::Api::cuMemFreeAsync, reinterpret_cast<uint64_t>(stream))) return false;
   *r = CUDA_SUCCESS;
   return true;
 }
@@ -756,13 +766,13 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
   const CUresult r = call();
   if (r != CUDA_SUCCESS || !result) return r;
   const int ordinal = t.current_device();
+  ring::DeviceSlot* d = t.device(ordinal);
   const uint64_t key = reinterpret_cast<uint64_t>(*result);
+  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
+  std::lock_guard<cuw::spin_lock> lk(t.lock());
   t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
-  if (ring::DeviceSlot* d = t.device(ordinal)) {
-    std::lock_guard<cuw::spin_lock> lk(t.counters_lock(*d));
-    cuw::ipc::locked_add(d->host_bytes, bytes);
-  }
-  t.emit(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS);
+  if (d) cuw::ipc::locked_add(d->host_bytes, bytes);
+  t.emit_locked(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS, now);
   return r;
 }
 
@@ -770,18 +780,23 @@ template <class Call>
 CUresult tracked_host_free(ring::Api api, void* p, Call&& call) {
   Tracker& t = Tracker::get();
   LiveRecord rec;
-  const bool live = p && t.host().take(reinterpret_cast<uint64_t>(p), &rec);
+  bool live = false;
+  if (p) {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    live = t.host().take(reinterpret_cast<uint64_t>(p), &rec);
+  }
   const CUresult r = call();
   if (!live) return r;
+  ring::DeviceSlot* d = t.device(rec.device);
+  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
+  std::lock_guard<cuw::spin_lock> lk(t.lock());
   if (r != CUDA_SUCCESS) {
     t.host().insert(reinterpret_cast<uint64_t>(p), rec);
     return r;
   }
-  if (ring::DeviceSlot* d = t.device(rec.device)) {
-    std::lock_guard<cuw::spin_lock> lk(t.counters_lock(*d));
-    cuw::ipc::locked_sub(d->host_bytes, rec.bytes);
-  }
-  t.emit(ring::EventKind::host_free, api, rec.device, reinterpret_cast<uint64_t>(p), rec.bytes, 0, CUDA_SUCCESS);
+  if (d) cuw::ipc::locked_sub(d->host_bytes, rec.bytes);
+  t.emit_locked(ring::EventKind::host_free, api, rec.device, reinterpret_cast<uint64_t>(p), rec.bytes, 0, CUDA_SUCCESS,
+                now);
   return r;
 }
 

@@ -1,32 +1,10 @@
 // cuwarden interposer: the live-allocation table (see live_table.hpp).
 #include "live_table.hpp"
 
-#include <sched.h>
-
 #include <cstdlib>
 #include <cstring>
 
 namespace cuw::ipc {
-
-namespace {
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ volatile("yield");
-#endif
-}
-}  // namespace
-
-void LiveTable::Shard::lock() noexcept {
-  for (int spins = 0;; ++spins) {
-    if (!locked.exchange(true, std::memory_order_acquire)) return;
-    while (locked.load(std::memory_order_relaxed)) {
-      if (spins++ > 64) sched_yield();  // a holder that was descheduled: let it run
-      else cpu_relax();
-    }
-  }
-}
 
 bool LiveTable::Shard::grow() noexcept {
   // Double when live entries fill half; otherwise rebuild at the same size to drop tombstones.
@@ -42,7 +20,7 @@ bool LiveTable::Shard::grow() noexcept {
   }
   std::free(slots);
   slots = fresh;
-  capacity = cap;
+  __atomic_store_n(&capacity, cap, __ATOMIC_RELAXED);  // footprint() reads it without the lock
   occupied = live;
   return true;
 }
@@ -55,11 +33,7 @@ bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
   if (key == kEmpty || key == kTomb) return true;
   const uint64_t h = hash(key);
   Shard& s = shards_[shard_of(h)];
-  s.lock();
-  if ((s.occupied + 1) * 4 > s.capacity * 3 && !s.grow()) {
-    s.unlock();
-    return false;
-  }
+  if ((s.occupied + 1) * 4 > s.capacity * 3 && !s.grow()) return false;
   const uint32_t mask = s.capacity - 1;
   uint32_t i = static_cast<uint32_t>(h) & mask;
   uint32_t tomb = UINT32_MAX;
@@ -67,7 +41,6 @@ bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
     const uint64_t k = s.slots[i].key;
     if (k == key) {  // overwrite (the driver handed out an address we thought live)
       s.slots[i].rec = rec;
-      s.unlock();
       return true;
     }
     if (k == kTomb && tomb == UINT32_MAX) tomb = i;
@@ -80,8 +53,7 @@ bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
   }
   s.slots[i].key = key;
   s.slots[i].rec = rec;
-  ++s.live;
-  s.unlock();
+  __atomic_store_n(&s.live, s.live + 1, __ATOMIC_RELAXED);
   return true;
 }
 
@@ -89,11 +61,7 @@ bool LiveTable::take(uint64_t key, LiveRecord* out) noexcept {
   if (key == kEmpty || key == kTomb) return false;
   const uint64_t h = hash(key);
   Shard& s = shards_[shard_of(h)];
-  s.lock();
-  if (s.capacity == 0) {
-    s.unlock();
-    return false;
-  }
+  if (s.capacity == 0) return false;
   const uint32_t mask = s.capacity - 1;
   for (uint32_t i = static_cast<uint32_t>(h) & mask;; i = (i + 1) & mask) {
     const uint64_t k = s.slots[i].key;
@@ -101,12 +69,10 @@ bool LiveTable::take(uint64_t key, LiveRecord* out) noexcept {
     if (k == key) {
       if (out) *out = s.slots[i].rec;
       s.slots[i].key = kTomb;
-      --s.live;
-      s.unlock();
+      __atomic_store_n(&s.live, s.live - 1, __ATOMIC_RELAXED);
       return true;
     }
   }
-  s.unlock();
   return false;
 }
 

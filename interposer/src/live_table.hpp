@@ -1,7 +1,9 @@
 // cuwarden interposer: the live-allocation table, device pointer (or handle) -> record.
-// Sharded open addressing with linear probing and tombstones; one small spin lock per
-// shard. No allocation per insert (the unordered_map it replaces allocated a node for
-// every cudaMalloc); a shard's array doubles when three quarters full.
+// Sharded open addressing with linear probing and tombstones. No allocation per insert (the
+// unordered_map it replaces allocated a node for every cudaMalloc); a shard's array doubles
+// when three quarters full. Not synchronized itself: the interposer calls it under the
+// tracker's lock (Tracker::lock()), which the same critical section uses for the counters
+// and the event, so a hooked call takes one lock for all three.
 #pragma once
 
 #include <atomic>
@@ -16,9 +18,9 @@ struct LiveRecord {
   uint16_t api = 0;     ///< ring::Api of the allocating call
 };
 
-/// Thread-safe map from a nonzero 64-bit key to a LiveRecord. Cost of insert or take,
-/// uncontended: one hash, one atomic exchange and one release store for the lock, a probe
-/// of usually one slot. Memory: 24 bytes a slot, 32 to 64 bytes per live entry.
+/// Map from a nonzero 64-bit key to a LiveRecord. Not thread-safe: callers serialize (the
+/// interposer holds Tracker::lock()). Cost of insert or take: one hash, a probe of usually
+/// one slot. Memory: 24 bytes a slot, 32 to 64 bytes per live entry.
 class LiveTable {
  public:
   LiveTable() = default;
@@ -42,14 +44,11 @@ class LiveTable {
     uint64_t key;  ///< 0 empty, ~0 tombstone
     LiveRecord rec;
   };
-  struct alignas(64) Shard {
-    std::atomic<bool> locked{false};
+  struct Shard {
     Slot* slots = nullptr;
     uint32_t capacity = 0;  ///< power of two, or 0
     uint32_t occupied = 0;  ///< live + tombstones
-    uint32_t live = 0;
-    void lock() noexcept;
-    void unlock() noexcept { locked.store(false, std::memory_order_release); }
+    uint32_t live = 0;      ///< read by size() without the caller's lock (relaxed)
     bool grow() noexcept;
   };
   static constexpr int kShards = 64;

@@ -12,8 +12,9 @@
 // address, for cuMemGetAddressRange / cuPointerGetAttribute range attributes; ipc_handle:
 // cuIpcGetMemHandle), and gives back memory it keeps (release).
 //
-// Caps and events are not here: the hooks and the tracker count what a backend takes from
-// the driver (Tracker::charge when a backend reserves, uncharge when it gives back).
+// Caps are not here: a backend charges what it takes from the driver (Tracker::charge) and
+// uncharges what it gives back. A pooling backend counts and records the program's own
+// allocations (events) itself, under the tracker's lock with its free lists.
 #pragma once
 
 #include <cuda.h>

@@ -262,31 +262,32 @@ int Tracker::current_device() {
 }
 
 bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api) {
-  const uint64_t limit = d.limit.load(std::memory_order_relaxed);
-  uint64_t used = d.used.load(std::memory_order_relaxed);
-  uint64_t next;
-  do {
+  const int g = job_gpu(ordinal);
+  {
+    std::lock_guard<spin_lock> lk(mu_);
+    const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+    const uint64_t used = d.used.load(std::memory_order_relaxed);
     if (limit != ring::kNoLimit && (bytes > limit || used > limit - bytes)) {
-      {
-        std::lock_guard<spin_lock> lk(counters_lock(d));
-        locked_add(d.refusals, 1);
-      }
-      emit(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY);
+      locked_add(d.refusals, 1);
+      emit_locked(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY,
+                  fast_clock::realtime_ns());
       return false;
     }
-    next = used + bytes;
-  } while (!d.used.compare_exchange_weak(used, next, std::memory_order_relaxed));
-  if (__builtin_expect(job_slot_ >= 0, 0) && job_gpu(ordinal) >= 0) {
-    const int g = job_gpu(ordinal);
+    d.used.store(used + bytes, std::memory_order_relaxed);
+    // In a job the peak waits for the job's answer: a refused request never was held.
+    if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
+      d.peak.store(used + bytes, std::memory_order_relaxed);
+  }
+  if (__builtin_expect(g >= 0, 0)) {
     uint64_t job_cap = 0, job_used = 0;
-    if (!job_->charge(job_slot_, g, bytes, &job_cap, &job_used)) {
-      d.used.fetch_sub(bytes, std::memory_order_relaxed);
-      {
-        std::lock_guard<spin_lock> lk(counters_lock(d));
-        locked_add(d.refusals, 1);
-      }
+    const bool ok = job_->charge(job_slot_, g, bytes, &job_cap, &job_used);
+    std::lock_guard<spin_lock> lk(mu_);
+    if (!ok) {
+      locked_sub(d.used, bytes);
+      locked_add(d.refusals, 1);
       // used_after: what the job's other members hold (the figure that refused us).
       ring::Event e;
+      e.time_ns = fast_clock::realtime_ns();
       e.bytes = bytes;
       e.aux = job_cap;
       e.used_after = job_used;
@@ -294,57 +295,58 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
       e.kind = static_cast<uint8_t>(ring::EventKind::job_refuse);
       e.device = static_cast<int8_t>(ordinal);
       e.result = CUDA_ERROR_OUT_OF_MEMORY;
-      push(e);
+      push_locked(e);
       return false;
     }
-  }
-  uint64_t peak = d.peak.load(std::memory_order_relaxed);
-  while (peak < next && !d.peak.compare_exchange_weak(peak, next, std::memory_order_relaxed)) {
+    const uint64_t used = d.used.load(std::memory_order_relaxed);
+    if (used > d.peak.load(std::memory_order_relaxed)) d.peak.store(used, std::memory_order_relaxed);
   }
   return true;
 }
 
-void Tracker::note_alloc(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
-  std::lock_guard<spin_lock> lk(counters_lock(d));
+void Tracker::count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
   if (pooled) locked_add(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
   else locked_add(d.reserved, bytes);
   locked_add(d.live_allocations, 1);
   locked_add(d.alloc_count, 1);
 }
 
-void Tracker::note_free(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
-  std::lock_guard<spin_lock> lk(counters_lock(d));
+void Tracker::count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
   if (pooled) locked_sub(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
   else locked_sub(d.reserved, bytes);
   locked_sub(d.live_allocations, 1);
   locked_add(d.free_count, 1);
 }
 
-void Tracker::note_driver_error(ring::DeviceSlot& d) noexcept {
-  std::lock_guard<spin_lock> lk(counters_lock(d));
-  locked_add(d.driver_errors, 1);
+void Tracker::force_charge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept {
+  const uint64_t next = d.used.load(std::memory_order_relaxed) + bytes;
+  d.used.store(next, std::memory_order_relaxed);
+  if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
 }
 
-void Tracker::force_charge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
-  if (const int g = job_gpu(d.ordinal); g >= 0) job_->force_charge(job_slot_, g, bytes);
-  uint64_t next = d.used.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  uint64_t peak = d.peak.load(std::memory_order_relaxed);
-  while (peak < next && !d.peak.compare_exchange_weak(peak, next, std::memory_order_relaxed)) {
-  }
+void Tracker::uncharge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept { locked_sub(d.used, bytes); }
+
+void Tracker::job_uncharge(const ring::DeviceSlot& d, uint64_t bytes) noexcept {
+  if (const int g = job_gpu(d.ordinal); __builtin_expect(g >= 0, 0)) job_->uncharge(job_slot_, g, bytes);
+}
+
+void Tracker::job_force_charge(const ring::DeviceSlot& d, uint64_t bytes) noexcept {
+  if (const int g = job_gpu(d.ordinal); __builtin_expect(g >= 0, 0)) job_->force_charge(job_slot_, g, bytes);
 }
 
 void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
-  if (__builtin_expect(job_slot_ >= 0, 0) && job_gpu(d.ordinal) >= 0) job_->uncharge(job_slot_, job_gpu(d.ordinal), bytes);
-  d.used.fetch_sub(bytes, std::memory_order_relaxed);
+  {
+    std::lock_guard<spin_lock> lk(mu_);
+    uncharge_locked(d, bytes);
+  }
+  job_uncharge(d, bytes);
 }
 
 void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool discover) noexcept {
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
   PoolSet& ps = pools_[ordinal];
   if (!discover && ps.pools[0].load(std::memory_order_relaxed) == nullptr) return;  // none seen
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+  const uint64_t now = fast_clock::realtime_ns();
   if (!force && now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL) {
     // Still note a pool we have not seen, so the next refresh includes it.
     if (pool == nullptr) return;
@@ -378,23 +380,20 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool dis
   ps.refreshed_ns.store(now, std::memory_order_relaxed);
   if (total != old) {
     if (ring::DeviceSlot* d = device(ordinal)) {
-      std::lock_guard<spin_lock> lk2(counters_lock(*d));
+      std::lock_guard<spin_lock> lk2(mu_);
       locked_add(d->reserved, total - old);  // wraps for a decrease
     }
   }
 }
 
-void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream) noexcept {
+void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t now) noexcept {
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
   PoolSet& ps = pools_[ordinal];
   const uint64_t live = ps.live.load(std::memory_order_relaxed);
   const bool grew = live > ps.reserved.load(std::memory_order_relaxed);
-  if (!grew) {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    const uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-    if (now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL && ps.pools[0].load() != nullptr) return;
-  }
+  if (!grew && now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL &&
+      ps.pools[0].load(std::memory_order_relaxed) != nullptr)
+    return;
   // A refresh is due. Not inside a stream capture: the allocation is then a graph node.
   using capturing_fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
   static auto is_capturing = reinterpret_cast<capturing_fn>(hook::driver_symbol("cuStreamIsCapturing"));
@@ -405,7 +404,15 @@ void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream) noex
 
 void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
                    uint32_t result) noexcept {
+  const uint64_t now = fast_clock::realtime_ns();
+  std::lock_guard<spin_lock> lk(mu_);
+  emit_locked(kind, api, ordinal, address, bytes, aux, result, now);
+}
+
+void Tracker::emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
+                          uint64_t aux, uint32_t result, uint64_t time_ns) noexcept {
   ring::Event e;
+  e.time_ns = time_ns;
   e.address = address;
   e.bytes = bytes;
   e.aux = aux;
@@ -414,13 +421,12 @@ void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t ad
   e.device = static_cast<int8_t>(ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? ordinal : -1);
   e.used_after = e.device >= 0 ? header_->devices[e.device].used.load(std::memory_order_relaxed) : 0;
   e.result = result;
-  push(e);
+  push_locked(e);
 }
 
-void Tracker::push(ring::Event& e) noexcept {
-  e.time_ns = fast_clock::realtime_ns();
+void Tracker::push_locked(ring::Event& e) noexcept {
   e.tid = thread_id();
-  ring::push(*header_, slots_, slot_count_, e);
+  ring::push_exclusive(*header_, slots_, slot_count_, e);
 }
 
 void Tracker::on_exit() noexcept {

@@ -24,8 +24,8 @@ class cache_registry;
 
 namespace cuw::ipc {
 
-/// Add to / take from a device counter with a plain relaxed load and store (no locked
-/// instruction). Only under Tracker::counters_lock of the counter's device.
+/// Add to / take from a counter with a plain relaxed load and store (no locked
+/// instruction). Only under Tracker::lock().
 inline void locked_add(std::atomic<uint64_t>& c, uint64_t v) noexcept {
   c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
 }
@@ -50,39 +50,45 @@ class Tracker {
   /// Ordinal of the calling thread's current context, or -1 (no context / driver error).
   int current_device();
 
+  /// The hot path's one lock. Held by a hooked call for one short critical section (two
+  /// for an allocation that reaches the driver: before the call and after it), never across
+  /// a driver or system call. It guards, for every device: used and peak (the cap), the
+  /// counters (live_allocations, alloc_count, free_count, reserved, cached, pool_hits,
+  /// pool_waits, driver_errors, host_bytes, refusals), the stream-ordered pools' live
+  /// bytes; the live tables (pointers, handles, host); the ring's write position (events are
+  /// pushed with ring::push_exclusive); the caches' free lists. So one locked instruction
+  /// covers what took a CAS or locked add each. Counters are written with locked_add /
+  /// locked_sub (plain relaxed load and store); readers outside the process (the daemon) and
+  /// inside it (cuMemGetInfo) load each counter atomically, without the lock. The daemon
+  /// writes only `limit`, atomically. The job segment (shared between processes) is
+  /// lock-free and updated outside this lock.
+  spin_lock& lock() noexcept { return mu_; }
+
   /// Try to count `bytes` against `dev`'s cap and, in a job, the job's cap on that GPU.
-  /// Exact under any number of threads and processes: a CAS loop that never lets `used`
-  /// pass `limit` and never refuses because of another allocation's failed attempt, then
-  /// the job segment's reserve-then-validate (cuw/job.hpp). Updates `peak`. Returns false
-  /// when over either cap (the refusal is counted and a refuse / job_refuse event
-  /// emitted). Cost: one load, one CAS, one peak check; in a job also one locked add and
-  /// a read of each member's slot.
+  /// Takes lock() (the caller must not hold it): under it `used` never passes `limit`, and
+  /// `peak` follows; then, outside it, the job segment's reserve-then-validate
+  /// (cuw/job.hpp). Returns false when over either cap (the refusal is counted and a
+  /// refuse / job_refuse event emitted). Cost: one lock; in a job also one locked add and a
+  /// read of each member's slot.
   bool charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api);
 
-  /// The lock that serializes this process's writes of device `d`'s counters other than
-  /// used / peak / limit (those are lock-free: CAS and locked adds): live_allocations,
-  /// alloc_count, free_count, reserved, cached, pool_hits, pool_waits, driver_errors,
-  /// host_bytes, refusals, and the stream-ordered pools' live bytes. A writer holds it and
-  /// updates them with locked_add / locked_sub: one locked instruction for any number of
-  /// counters. Readers (the daemon, cuMemGetInfo) load each counter atomically, no lock.
-  /// The cache backend guards its free lists with the same lock, so a pooled allocation or
-  /// free takes one lock for everything. Never held across a driver or system call.
-  spin_lock& counters_lock(const ring::DeviceSlot& d) noexcept { return counters_mu_[d.ordinal & (ring::kMaxDevices - 1)]; }
-
-  /// A successful driver allocation of `bytes` (counted by charge()) on `d`: live
-  /// allocations, allocations, and reserved (or, for a stream-ordered one, the pools' live
-  /// bytes). One lock.
-  void note_alloc(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
-  /// A successful free of such an allocation (after uncharge()). One lock.
-  void note_free(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
-  /// The driver failed an allocation: counted (one lock).
-  void note_driver_error(ring::DeviceSlot& d) noexcept;
-
-  /// Count bytes that are already allocated, cap or not (a pitch larger than estimated).
-  void force_charge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
-
-  /// Give back bytes counted by charge() (a failed driver call, or a free).
+  /// Give back bytes counted by charge() (a failed driver call, or a free): `used` under
+  /// lock() (taken here), then the job's share.
   void uncharge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+  /// The same with lock() already held: `used` only; call job_uncharge() after unlocking.
+  void uncharge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+  /// Count bytes that are already allocated, cap or not (a pitch larger than estimated);
+  /// lock() held; call job_force_charge() after unlocking.
+  void force_charge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+  /// The job's share of uncharge / force_charge (lock-free; no-op outside a job).
+  void job_uncharge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+  void job_force_charge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+
+  /// With lock() held: a successful driver allocation of `bytes` (charged) on `d`: live
+  /// allocations, allocations, and reserved (or, for a stream-ordered one, the pools' live
+  /// bytes); and its free.
+  void count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
+  void count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
 
   /// The job's cap on `ordinal`'s GPU and what all members hold there (bytes). False when
   /// the process is in no job, or the job has no cap. Lock-free.
@@ -91,27 +97,33 @@ class Tracker {
   /// Stream-ordered pools: remember `pool` (nullptr = the device's default pool) as one
   /// that holds memory for `ordinal`, and refresh the device's `reserved` figure from the
   /// pools' CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT (what they keep from the driver, in use or
-  /// cached). `force` = false refreshes at most once a millisecond per device (one coarse
-  /// clock read otherwise). `discover` = false only refreshes pools already seen, and never
+  /// cached). `force` = false refreshes at most once a millisecond per device. `discover` = false only refreshes pools already seen, and never
   /// asks the driver for a device's default pool (a program that never used stream-ordered
   /// allocation is left exactly as it was). Thread-safe.
   void refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool discover = true) noexcept;
 
   /// After a stream-ordered allocation on `ordinal`'s pools (its bytes already counted in
-  /// the pools' live bytes by note_alloc): the pools are refreshed at once when their live
+  /// the pools' live bytes by count_alloc_locked): the pools are refreshed at once when their live
   /// bytes passed what they were known to reserve (the pool grew), else at most once a
   /// millisecond. `stream` is the allocation's stream: while it is being captured into a
   /// graph the refresh is skipped (no driver query inside a capture), and done at a later one.
-  void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream) noexcept;
+  /// `now` is the allocation event's time (fast_clock::realtime_ns()).
+  void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t now) noexcept;
 
-  /// Emit an event into the ring; never blocks (drops and counts when full).
+  /// Emit an event into the ring, stamped now; takes lock(). Never blocks on the consumer
+  /// (drops and counts when full).
   void emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
             uint32_t result) noexcept;
+  /// The same with lock() held and the time already read (fast_clock::realtime_ns(), read
+  /// before locking to keep the critical section short). used_after is `ordinal`'s used.
+  void emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
+                   uint32_t result, uint64_t time_ns) noexcept;
 
   /// CUWARDEN_POOL=cache: the caches (one per CUDA context); nullptr with the pool off.
   /// Lock-free (one load).
   mr::cache_registry* cache() noexcept { return cache_.get(); }
 
+  /// The live tables; lock() held to use them.
   LiveTable& pointers() noexcept { return pointers_; }
   LiveTable& handles() noexcept { return handles_; }  ///< VMM handles, arrays
   LiveTable& host() noexcept { return host_; }        ///< pinned / registered host memory
@@ -128,8 +140,8 @@ class Tracker {
   /// True when a daemon accepts connections on the run directory's socket (never blocks).
   bool daemon_listening() const noexcept;
   void fill_device(int ordinal, ring::DeviceSlot& d);
-  /// Stamp time and thread on `e` and push it into the ring (never blocks).
-  void push(ring::Event& e) noexcept;
+  /// Stamp the thread on `e` (time already set) and push it into the ring; lock() held.
+  void push_locked(ring::Event& e) noexcept;
   /// Join CUWARDEN_JOB's segment (constructor). Failure is a configuration error.
   void join_job();
   int job_gpu(int ordinal) const noexcept {
@@ -137,7 +149,7 @@ class Tracker {
   }
 
   Config config_;
-  spin_lock counters_mu_[ring::kMaxDevices];
+  spin_lock mu_;
   ring::RingHeader* header_ = nullptr;
   ring::EventSlot* slots_ = nullptr;
   uint32_t slot_count_ = 0;
@@ -149,8 +161,8 @@ class Tracker {
     static constexpr int kMax = 8;
     std::atomic<CUmemoryPool> pools[kMax] = {};
     std::atomic<uint64_t> reserved{0};       ///< sum over pools, bytes
-    std::atomic<uint64_t> live{0};           ///< bytes of live stream-ordered allocations (counters_lock)
-    std::atomic<uint64_t> refreshed_ns{0};   ///< CLOCK_MONOTONIC_COARSE
+    std::atomic<uint64_t> live{0};           ///< bytes of live stream-ordered allocations (lock())
+    std::atomic<uint64_t> refreshed_ns{0};   ///< fast_clock::realtime_ns() of the last refresh
     std::mutex mu;                           ///< serialises refreshes (never on the alloc path)
   };
   PoolSet pools_[ring::kMaxDevices];

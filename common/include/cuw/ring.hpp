@@ -195,6 +195,12 @@ struct Event {
 inline constexpr int kMaxPushAttempts = 64;
 bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept;
 
+/// Producer side for a writer that excludes every other producer of this ring itself (the
+/// interposer pushes under its one lock): the same protocol and memory order as push(),
+/// with a plain claim of write_pos instead of the CAS. Returns false (drop counted) when
+/// full. Cost: two loads, the slot's stores, one release store, one relaxed store.
+bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept;
+
 /// Initialise a freshly created, zero-filled mapping of file_size(slot_count) bytes.
 /// `slot_count` must be a power of two in [kMinSlotCount, kMaxSlotCount].
 void init(RingHeader& h, EventSlot* slots, uint32_t slot_count) noexcept;
