@@ -102,6 +102,9 @@ bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, const 
   s.result = e.result;
   s.reserved = 0;
   s.seq.store(pos + 1, std::memory_order_release);
+  // The next event's slot: a line the consumer last read (or not touched for a lap). Ask
+  // for it, for writing, now, so that the next push does not wait for it.
+  __builtin_prefetch(&slots[(pos + 1) & (slot_count - 1)], 1, 3);
   return true;
 }
 

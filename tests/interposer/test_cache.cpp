@@ -43,21 +43,25 @@ CUstream make_stream(unsigned flags = CU_STREAM_NON_BLOCKING) {
 
 /// A slow "kernel": queued on `s` through a real work entry point (cuLaunchHostFunc, which
 /// the interposer sees as it sees every launch); `ms` milliseconds after it starts it sets
-/// `n` bytes at `p` to `v`. (The simulated device's memory is host memory.)
-CUresult slow_fill(CUstream s, CUdeviceptr p, unsigned char v, size_t n, unsigned ms) {
+/// `n` bytes at `p` to `v` (the simulated device's memory is host memory), then sets
+/// *done (release), if given.
+CUresult slow_fill(CUstream s, CUdeviceptr p, unsigned char v, size_t n, unsigned ms,
+                   std::atomic<bool>* done = nullptr) {
   struct Work {
     CUdeviceptr p;
     unsigned char v;
     size_t n;
     unsigned ms;
+    std::atomic<bool>* done;
   };
-  auto* w = new Work{p, v, n, ms};
+  auto* w = new Work{p, v, n, ms, done};
   const CUresult r = cuLaunchHostFunc(
       s,
       [](void* data) {
         auto* work = static_cast<Work*>(data);
         std::this_thread::sleep_for(std::chrono::milliseconds(work->ms));
         std::memset(reinterpret_cast<void*>(work->p), work->v, work->n);
+        if (work->done) work->done->store(true, std::memory_order_release);
         delete work;
       },
       w);
@@ -276,7 +280,8 @@ TEST_CASE("cache: a destroyed stream's queued work still holds back blocks freed
   CUstream s = make_stream();
   CUdeviceptr p = 0;
   REQUIRE(cuMemAlloc(&p, 8192) == CUDA_SUCCESS);
-  REQUIRE(slow_fill(s, p, 0xEE, 8192, 300) == CUDA_SUCCESS);
+  std::atomic<bool> written{false};
+  REQUIRE(slow_fill(s, p, 0xEE, 8192, 300, &written) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);  // legal: the queued work still runs
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
   std::vector<CUdeviceptr> got;
@@ -286,10 +291,12 @@ TEST_CASE("cache: a destroyed stream's queued work still holds back blocks freed
     REQUIRE(cuMemsetD8(q, 0x33, 8192) == CUDA_SUCCESS);
     got.push_back(q);
   }
-  // Wait for the destroyed stream's write to have run: p reads 0xEE (whether or not it was
-  // wrongly handed out again, which the check below catches).
+  // Wait for the destroyed stream's write to have run: p then reads 0xEE (whether or not it
+  // was wrongly handed out again, which the check below catches).
   const auto t0 = clock_type::now();
-  while (!all_bytes(p, 8192, 0xEE) && ms_since(t0) < 30000) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (!written.load(std::memory_order_acquire) && ms_since(t0) < 30000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(written.load(std::memory_order_acquire));
   REQUIRE(all_bytes(p, 8192, 0xEE));
   int intact = 0;
   for (CUdeviceptr q : got) intact += all_bytes(q, 8192, 0x33) ? 1 : 0;
