@@ -1,6 +1,8 @@
 // cuwarden: ring producer/consumer (see ring.hpp for the protocol). Hot path: push().
 #include "cuw/ring.hpp"
 
+#include "cuw/attrs.hpp"
+
 #include <cstring>
 
 namespace cuw::ring {
@@ -82,7 +84,7 @@ bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) 
   return false;
 }
 
-bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
+CUW_HOT bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
   const uint64_t pos = h.write_pos.load(std::memory_order_relaxed);
   EventSlot& s = slots[pos & (slot_count - 1)];
   if (s.seq.load(std::memory_order_acquire) != pos) {  // full: the consumer is a lap behind (or absent)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cuw/attrs.hpp"
 #include "fast_clock.hpp"
 #include "log.hpp"
 #include "real.hpp"
@@ -125,7 +126,7 @@ void work_untracked(const char* name, int cuda_version) noexcept {
         name, cuda_version);
 }
 
-bool cache_resource::idle() const noexcept {
+CUW_HOT bool cache_resource::idle() const noexcept {
   if (cache_registry::untracked_work.load(std::memory_order_relaxed)) return false;
   const uint64_t now = g_work_epoch.load(std::memory_order_acquire);
   return idle_epoch_.load(std::memory_order_acquire) == now;
@@ -133,7 +134,7 @@ bool cache_resource::idle() const noexcept {
 
 // ---- size classes ------------------------------------------------------------------------
 
-int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept {
+CUW_HOT int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept {
   if (n <= 2048) {
     const uint64_t r = n == 0 ? 512 : (n + 511) & ~uint64_t{511};
     *rounded = r;
@@ -171,7 +172,7 @@ namespace {
 inline uint64_t ptr_hash(uint64_t p) noexcept { return (p >> 9) * 0x9E3779B97F4A7C15ULL; }
 }  // namespace
 
-cache_resource::Block* cache_resource::lookup_locked(CUdeviceptr p) const noexcept {
+CUW_HOT cache_resource::Block* cache_resource::lookup_locked(CUdeviceptr p) const noexcept {
   const uint64_t mask = map_.size() - 1;
   for (uint64_t i = ptr_hash(p) >> 20 & mask;; i = (i + 1) & mask) {
     Block* b = map_[i];
@@ -211,7 +212,7 @@ void cache_resource::map_rebuild_locked() {
     }
 }
 
-void cache_resource::push_free_locked(Block* b) noexcept {
+CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
   b->state = kFree;
   Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
   b->prev = nullptr;
@@ -243,7 +244,7 @@ cache_resource::Block* cache_resource::carve_locked(Segment* s) noexcept {
   return b;
 }
 
-cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rounded) noexcept {
+CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rounded) noexcept {
   if (cls >= 0) {
     if (Block* b = free_small_[cls]) {
       free_small_[cls] = b->next;
@@ -266,7 +267,7 @@ cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rounded) no
   return nullptr;
 }
 
-void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
+CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
   b->state = kLive;
   b->requested = requested;
   ++b->seg->busy;
@@ -282,7 +283,7 @@ CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
 
 // Fast path, a hit: class computation, the lock, pop of a free list, four counters, the
 // event. No driver call, no clock read (the caller read the time before).
-CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
+CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
   uint64_t rounded;
   int cls;
   if (bytes <= kSmallMax) {
@@ -445,7 +446,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
 // Fast path: one lock, one map probe, a push onto a free list (idle) or the open batch,
 // four counters, the event. Not idle: every kSealBlocks-th free also seals the batch (one
 // event per stream), every kPollEvery-th polls.
-CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
+CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   mu_.lock();
   Block* b = lookup_locked(p);
   if (!b || b->state != kLive) {
@@ -837,7 +838,7 @@ thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) 
 thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
 }  // namespace
 
-cache_resource* cache_registry::for_current() noexcept {
+CUW_HOT cache_resource* cache_registry::for_current() noexcept {
   static auto get_current = drv().ctx_get_current;
   CUcontext ctx = nullptr;
   if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
@@ -875,7 +876,7 @@ cache_resource* cache_registry::create(CUcontext ctx) noexcept {
   return c;
 }
 
-CUresult cache_registry::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
+CUW_HOT CUresult cache_registry::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   // The block map answers whatever the current context is: try the thread's last cache
   // first without asking the driver (a dropped cache finds nothing and is skipped).
   cache_resource* first = t_cache;

@@ -1,6 +1,8 @@
 // cuwarden interposer: event timestamps from the CPU counter (see fast_clock.hpp).
 #include "fast_clock.hpp"
 
+#include "cuw/attrs.hpp"
+
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,7 +67,7 @@ Anchor read_pair() noexcept {
 
 /// Before the rate is known: the time is a plain clock_gettime; the process's first call
 /// takes the first anchor, and the first call 50 ms later measures the rate against it.
-__attribute__((noinline)) uint64_t calibrate() noexcept {
+CUW_COLD uint64_t calibrate() noexcept {
   const uint64_t ns = realtime_ns_slow();
   const uint64_t first_ns = g_first_ns.load(std::memory_order_acquire);
   if (first_ns == 0) {
@@ -94,7 +96,7 @@ __attribute__((noinline)) uint64_t calibrate() noexcept {
 }
 
 /// A thread's first call, or its anchor is ~100 ms old (or the counter jumped): a new one.
-__attribute__((noinline)) uint64_t reanchor() noexcept {
+CUW_COLD uint64_t reanchor() noexcept {
   const Anchor a = read_pair();
   t_anchor = a;
   return a.ns;
@@ -130,7 +132,7 @@ uint64_t realtime_ns_slow() noexcept {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-uint64_t realtime_ns() noexcept {
+CUW_HOT uint64_t realtime_ns() noexcept {
   if (!g_usable.load(std::memory_order_relaxed)) return realtime_ns_slow();
   const uint64_t mult = g_mult.load(std::memory_order_acquire);
   if (__builtin_expect(mult == 0, 0)) return calibrate();

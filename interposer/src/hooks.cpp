@@ -18,6 +18,8 @@ using cuw::ipc::Tracker;
 namespace ring = cuw::ring;
 
 #define CUW_EXPORT extern "C" __attribute__((visibility("default")))
+// Entry points on the allocation hot path: grouped with the tracker's hot code (cuw/attrs.hpp).
+#define CUW_EXPORT_HOT extern "C" __attribute__((visibility("default"), hot))
 
 namespace {
 
@@ -185,7 +187,7 @@ size_t attribute_bytes(CUpointer_attribute attr) {
 
 // ---- allocations -----------------------------------------------------------------------
 
-CUW_EXPORT CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+CUW_EXPORT_HOT CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   auto real = REAL(cuMemAlloc_v2);
   if (!real) return kNoDriver;
   Reentry g;
@@ -246,7 +248,7 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
 }
 
 #define CUW_ASYNC_ALLOC(name, api)                                                                              \
-  CUW_EXPORT CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {                        \
+  CUW_EXPORT_HOT CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {                        \
     auto real = REAL(name);                                                                                      \
     if (!real) return kNoDriver;                                                                                 \
     Reentry g;                                                                                                   \
@@ -264,7 +266,7 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz, ring::Api::cuMemAllocAsync)
 #undef CUW_ASYNC_ALLOC
 
 #define CUW_POOL_ALLOC(name)                                                                                     \
-  CUW_EXPORT CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {     \
+  CUW_EXPORT_HOT CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {     \
     auto real = REAL(name);                                                                                      \
     if (!real) return kNoDriver;                                                                                 \
     Reentry g;                                                                                                   \
@@ -284,7 +286,7 @@ CUW_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
 
 // ---- frees -----------------------------------------------------------------------------
 
-CUW_EXPORT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
+CUW_EXPORT_HOT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
   auto real = REAL(cuMemFree_v2);
   if (!real) return kNoDriver;
   Reentry g;
@@ -324,7 +326,7 @@ bool cache_free_async(Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_th
 }  // namespace
 
 #define CUW_ASYNC_FREE(name, pt)                                                                                 \
-  CUW_EXPORT CUresult hook_##name(CUdeviceptr dptr, CUstream stream) {                                          \
+  CUW_EXPORT_HOT CUresult hook_##name(CUdeviceptr dptr, CUstream stream) {                                          \
     auto real = REAL(name);                                                                                      \
     if (!real) return kNoDriver;                                                                                 \
     Reentry g;                                                                                                   \

@@ -1,12 +1,14 @@
 // cuwarden interposer: the live-allocation table (see live_table.hpp).
 #include "live_table.hpp"
 
+#include "cuw/attrs.hpp"
+
 #include <cstdlib>
 #include <cstring>
 
 namespace cuw::ipc {
 
-bool LiveTable::Shard::grow() noexcept {
+CUW_COLD bool LiveTable::Shard::grow() noexcept {
   // Double when live entries fill half; otherwise rebuild at the same size to drop tombstones.
   const uint32_t cap = capacity == 0 ? 64 : (live * 2 >= capacity ? capacity * 2 : capacity);
   auto* fresh = static_cast<Slot*>(std::calloc(cap, sizeof(Slot)));
@@ -29,7 +31,7 @@ LiveTable::~LiveTable() {
   for (Shard& s : shards_) std::free(s.slots);
 }
 
-bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
+CUW_HOT bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
   if (key == kEmpty || key == kTomb) return true;
   const uint64_t h = hash(key);
   Shard& s = shards_[shard_of(h)];
@@ -57,7 +59,7 @@ bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
   return true;
 }
 
-bool LiveTable::take(uint64_t key, LiveRecord* out) noexcept {
+CUW_HOT bool LiveTable::take(uint64_t key, LiveRecord* out) noexcept {
   if (key == kEmpty || key == kTomb) return false;
   const uint64_t h = hash(key);
   Shard& s = shards_[shard_of(h)];

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "cache_resource.hpp"
+#include "cuw/attrs.hpp"
 #include "cuw/paths.hpp"
 #include "fast_clock.hpp"
 #include "log.hpp"
@@ -244,7 +245,7 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
   d.present.store(1, std::memory_order_release);
 }
 
-ring::DeviceSlot* Tracker::device(int ordinal) {
+CUW_HOT ring::DeviceSlot* Tracker::device(int ordinal) {
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return nullptr;
   ring::DeviceSlot& d = header_->devices[ordinal];
   if (__builtin_expect(d.present.load(std::memory_order_acquire) != 0, 1)) return &d;
@@ -253,7 +254,7 @@ ring::DeviceSlot* Tracker::device(int ordinal) {
   return &d;
 }
 
-int Tracker::current_device() {
+CUW_HOT int Tracker::current_device() {
   using fn = CUresult (*)(CUdevice*);
   static auto get = reinterpret_cast<fn>(hook::driver_symbol("cuCtxGetDevice"));
   CUdevice dev = -1;
@@ -261,7 +262,7 @@ int Tracker::current_device() {
   return dev;
 }
 
-bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api) {
+CUW_HOT bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api) {
   const int g = job_gpu(ordinal);
   {
     std::lock_guard<spin_lock> lk(mu_);
@@ -304,14 +305,14 @@ bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api
   return true;
 }
 
-void Tracker::count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
+CUW_HOT void Tracker::count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
   if (pooled) locked_add(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
   else locked_add(d.reserved, bytes);
   locked_add(d.live_allocations, 1);
   locked_add(d.alloc_count, 1);
 }
 
-void Tracker::count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
+CUW_HOT void Tracker::count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
   if (pooled) locked_sub(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
   else locked_sub(d.reserved, bytes);
   locked_sub(d.live_allocations, 1);
@@ -324,9 +325,9 @@ void Tracker::force_charge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept 
   if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
 }
 
-void Tracker::uncharge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept { locked_sub(d.used, bytes); }
+CUW_HOT void Tracker::uncharge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept { locked_sub(d.used, bytes); }
 
-void Tracker::job_uncharge(const ring::DeviceSlot& d, uint64_t bytes) noexcept {
+CUW_HOT void Tracker::job_uncharge(const ring::DeviceSlot& d, uint64_t bytes) noexcept {
   if (const int g = job_gpu(d.ordinal); __builtin_expect(g >= 0, 0)) job_->uncharge(job_slot_, g, bytes);
 }
 
@@ -386,7 +387,7 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool dis
   }
 }
 
-void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t now) noexcept {
+CUW_HOT void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t now) noexcept {
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
   PoolSet& ps = pools_[ordinal];
   const uint64_t live = ps.live.load(std::memory_order_relaxed);
@@ -409,7 +410,7 @@ void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t ad
   emit_locked(kind, api, ordinal, address, bytes, aux, result, now);
 }
 
-void Tracker::emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
+CUW_HOT void Tracker::emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
                           uint64_t aux, uint32_t result, uint64_t time_ns) noexcept {
   ring::Event e;
   e.time_ns = time_ns;
@@ -424,7 +425,7 @@ void Tracker::emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint
   push_locked(e);
 }
 
-void Tracker::push_locked(ring::Event& e) noexcept {
+CUW_HOT void Tracker::push_locked(ring::Event& e) noexcept {
   e.tid = thread_id();
   ring::push_exclusive(*header_, slots_, slot_count_, e);
 }
