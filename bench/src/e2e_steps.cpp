@@ -148,11 +148,17 @@ int main(int argc, char** argv) {
   };
   if (hoist) alloc_all(&hx, &hy, &hz, &hscratch);
 
+  // Time inside the allocator's calls (cudaMalloc x4, cudaFree x4), summed over measured steps.
+  double alloc_ns = 0, free_ns = 0;
   auto step = [&](long k, bool sum) {
     // Per step, as the programs this is for do: fresh buffers of a few sizes.
     float *x = hx, *y = hy, *z = hz;
     void* scratch = hscratch;
-    if (!hoist) alloc_all(&x, &y, &z, &scratch);
+    if (!hoist) {
+      const auto a0 = std::chrono::steady_clock::now();
+      alloc_all(&x, &y, &z, &scratch);
+      if (sum) alloc_ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - a0).count();
+    }
     if (upload) RT(cudaMemcpyAsync(x, host.data(), bytes, cudaMemcpyHostToDevice, nullptr));
     else RT(cudaMemsetAsync(x, static_cast<int>(0x3f + (k & 1)), bytes, nullptr));  // floats ~0.75 / 0.76
     RT(cudaMemsetAsync(scratch, static_cast<int>(k & 0xff), 64 << 10, nullptr));
@@ -176,10 +182,12 @@ int main(int argc, char** argv) {
       if (upload) RT(cudaMemcpy(back.data() + kSlice, z, kSlice * sizeof(float), cudaMemcpyDeviceToHost));
     }
     if (!hoist) {
+      const auto f0 = std::chrono::steady_clock::now();
       RT(cudaFree(scratch));
       RT(cudaFree(z));
       RT(cudaFree(y));
       RT(cudaFree(x));
+      if (sum) free_ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - f0).count();
     }
     if (sum && check) {
       const auto* b = reinterpret_cast<const unsigned char*>(back.data());
@@ -193,8 +201,10 @@ int main(int argc, char** argv) {
   RT(cudaDeviceSynchronize());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("{\"program\":\"cuw_bench_e2e\",\"check_every\":%ld,\"upload\":%s,\"hoist\":%s,\"cuwarden\":%d,\"kernel\":%s,\"steps\":%ld,\"elems\":%u,"
-              "\"seconds\":%.4f,\"us_per_step\":%.2f,\"checksum\":\"%016llx\"}\n",
+              "\"seconds\":%.4f,\"us_per_step\":%.2f,\"alloc_us_per_step\":%.2f,\"free_us_per_step\":%.2f,"
+              "\"checksum\":\"%016llx\"}\n",
               check_every, upload ? "true" : "false", hoist ? "true" : "false", cuw::bench::cuwarden_loaded() ? 1 : 0, kernel ? "true" : "false", steps, elems, secs,
-              secs * 1e6 / static_cast<double>(steps), static_cast<unsigned long long>(checksum));
+              secs * 1e6 / static_cast<double>(steps), alloc_ns / 1e3 / static_cast<double>(steps),
+              free_ns / 1e3 / static_cast<double>(steps), static_cast<unsigned long long>(checksum));
   return 0;
 }
