@@ -16,6 +16,9 @@
 #     (cuMemAlloc_v2/cuMemFree_v2) and the runtime (cudaMalloc/cudaFree), plus
 #     cudaMallocAsync/cudaFreeAsync: bare (native), cuwarden off, cuwarden cache;
 #     PAIR_RUNS (3) runs per mode, interleaved, each PAIR_REPS (5) repetitions of PAIR_REP_MS (40).
+#   1b hookcost: cuw_bench_gpu hookcost, bare (the method's noise) and off: the same
+#     driver-API pairs through cuwarden's hooks and through libcuda's own entry points in
+#     one process, alternating batches: what `off` adds, free of run-to-run drift.
 #   2 e2e: cuw_bench_e2e (cudaMalloc x4, device fill, kernel, a 16 KiB slice read back,
 #     cudaFree x4 per step), bare vs cache (and off), E2E_RUNS (2) runs of E2E_STEPS (2000)
 #     steps; checksums must agree. Then the same with --upload (the 4 MiB input copied from
@@ -41,6 +44,7 @@ PAIR_RUNS=${PAIR_RUNS:-3}
 PAIR_REPS=${PAIR_REPS:-5}
 PAIR_REP_MS=${PAIR_REP_MS:-40}
 E2E_RUNS=${E2E_RUNS:-2}
+HOOKCOST_RUNS=${HOOKCOST_RUNS:-3}
 E2E_STEPS=${E2E_STEPS:-2000}
 CUPY_STEPS=${CUPY_STEPS:-2000}
 
@@ -112,6 +116,14 @@ for r in $(seq "$PAIR_RUNS"); do
   for m in bare off cache; do
     # shellcheck disable=SC2046
     run_json "$RAW/pairs-$m-$r.json" 240 $(mode_env $m) "$BENCH" "${PAIR_ARGS[@]}" && echo "run $r $m: ok"
+  done
+done
+
+echo "== 1b hookcost: what the hooks add to a driver-API pair, in one process (HOOKCOST_RUNS=$HOOKCOST_RUNS runs)"
+for r in $(seq "$HOOKCOST_RUNS"); do
+  for m in bare off; do
+    # shellcheck disable=SC2046
+    run_json "$RAW/hookcost-$m-$r.json" 240 $(mode_env $m) "$BENCH" hookcost --rounds 400 && echo "run $r $m: ok"
   done
 done
 

@@ -94,7 +94,11 @@ def main():
         sums = set()
         for mode, rs in runs.items():
             us = [r["us_per_step"] for r in rs if "us_per_step" in r]
+            al = [r["alloc_us_per_step"] for r in rs if "alloc_us_per_step" in r]
+            fr = [r["free_us_per_step"] for r in rs if "free_us_per_step" in r]
             part["modes"][mode] = {"us_per_step": statistics.median(us) if us else None,
+                                   "alloc_us_per_step": statistics.median(al) if al else None,
+                                   "free_us_per_step": statistics.median(fr) if fr else None,
                                    "checksums": sorted({r.get("checksum") for r in rs}),
                                    "kernel": rs[0].get("kernel")}
             sums.update(r.get("checksum") for r in rs)
@@ -108,6 +112,25 @@ def main():
         if not part["identical"]:
             ok = False
         return part
+
+    # hookcost: per (api, bytes) the median over runs of each run's median added ns.
+    hook = {}
+    for mode, runs in load(raw, "hookcost").items():
+        for run in runs:
+            for r in run.get("results", []):
+                hook.setdefault((mode, r["api"], r["bytes"]), []).append(r)
+    hookcost = []
+    for (mode, api, size), rs in sorted(hook.items()):
+        added = sorted(x["added_ns"] for x in rs)
+        hookcost.append({"mode": mode, "api": api, "bytes": size, "runs": len(rs),
+                         "added_ns": statistics.median(added), "added_ns_runs": added,
+                         "hooked_ns": statistics.median(x["hooked_ns"] for x in rs),
+                         "driver_ns": statistics.median(x["driver_ns"] for x in rs),
+                         "q1_ns": statistics.median(x["added_q1_ns"] for x in rs),
+                         "q3_ns": statistics.median(x["added_q3_ns"] for x in rs),
+                         # standard error of one run's median, from its interquartile range
+                         "se_ns": statistics.median(0.93 * (x["added_q3_ns"] - x["added_q1_ns"]) / max(x["rounds"], 1) ** 0.5
+                                                    for x in rs)})
 
     e2e = e2e_part("e2e")
     e2e_check10 = e2e_part("e2e_check10")
@@ -141,6 +164,32 @@ def main():
                   f"{fmt_ns(r['cache_ns'])} | {r['target']} | {met} |")
     md += ["", "cudaMallocAsync rows are the driver's own stream-ordered pool in every column (cuwarden "
            "passes it through); they are the reference the runtime target is measured against.", ""]
+    if hookcost:
+        md += ["## What `off` adds, measured inside one process (`cuw_bench_gpu hookcost`)", "",
+               "The same driver-API pair through cuwarden's hooks and through libcuda's own entry points, in "
+               "alternating batches (8 pairs for cuMemAlloc, 64 for cuMemAllocAsync) of 400 rounds; the median of "
+               "the per-batch differences, then the median over runs. `bare` runs the same program without "
+               "cuwarden: both paths are then the driver's, and its figure is the method's own noise.", "",
+               "± is two standard errors of a run's median (0.93 x interquartile range / sqrt(rounds), per run, "
+               "then the median over runs); the verdict holds only when the whole interval is on one side of 100 ns.", "",
+               "| mode | pair | size | hooked | driver's own | added (median of runs) | each run | <= 100 ns |",
+               "| --- | --- | --- | ---: | ---: | ---: | --- | --- |"]
+        pname = {"driver": "cuMemAlloc+cuMemFree", "async": "cuMemAllocAsync+cuMemFreeAsync"}
+        for h in hookcost:
+            label = dict(SIZES).get(h["bytes"], str(h["bytes"]))
+            err = 2 * h["se_ns"]
+            if h["mode"] != "off":
+                verdict = ""
+            elif h["added_ns"] + err <= 100:
+                verdict = "yes"
+            elif h["added_ns"] - err > 100:
+                verdict = "**no**"
+            else:
+                verdict = "undecided (the interval holds 100 ns)"
+            md.append(f"| {h['mode']} | {pname.get(h['api'], h['api'])} | {label} | {fmt_ns(h['hooked_ns'])} | "
+                      f"{fmt_ns(h['driver_ns'])} | {h['added_ns']:.0f} ± {err:.0f} ns | "
+                      f"{', '.join(f'{a:.0f}' for a in h['added_ns_runs'])} | {verdict} |")
+        md.append("")
     for name, part, what in (("e2e", e2e, "C++ loop: 4 x cudaMalloc, device fill, kernel, 16 KiB read back, "
                                            "4 x cudaFree per step"),
                              ("e2e_check10", e2e_check10, "the same loop reading its 16 KiB back every 10th step "
@@ -155,11 +204,15 @@ def main():
         if part is None:
             md += ["not measured (see the log)", ""]
             continue
-        md += ["| mode | us per step | checksum |", "| --- | ---: | --- |"]
+        md += ["| mode | us per step | in cudaMalloc (us/step) | in cudaFree (us/step) | checksum |",
+               "| --- | ---: | ---: | ---: | --- |"]
         for mode in MODES + ["floor"]:
             m = part["modes"].get(mode)
             if m:
-                md.append(f"| {mode} | {m['us_per_step']:.1f} | {', '.join(str(s) for s in m['checksums'])} |")
+                a = m.get("alloc_us_per_step")
+                f = m.get("free_us_per_step")
+                md.append(f"| {mode} | {m['us_per_step']:.1f} | {'-' if a is None else f'{a:.2f}'} | "
+                          f"{'-' if f is None else f'{f:.2f}'} | {', '.join(str(s) for s in m['checksums'])} |")
         sp = f"{part['speedup']:.1f}x" if part["speedup"] else "-"
         md += ["", f"Speedup with `CUWARDEN_POOL=cache`: **{sp}** (target 5x); results identical across modes: "
                f"**{'yes' if part['identical'] else 'NO'}**."]
@@ -171,7 +224,7 @@ def main():
     with open(prefix + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     with open(prefix + ".json", "w") as f:
-        json.dump({"env": env, "pairs": rows, "e2e": e2e, "e2e_check10": e2e_check10, "e2e_upload": e2e_upload,
+        json.dump({"env": env, "pairs": rows, "hookcost": hookcost, "e2e": e2e, "e2e_check10": e2e_check10, "e2e_upload": e2e_upload,
                    "cupy": cupy, "cupy_check10": cupy_check10}, f, indent=1)
     print("\n".join(md))
     print(f"\nwritten: {prefix}.md, {prefix}.json")
