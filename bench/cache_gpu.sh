@@ -98,7 +98,8 @@ echo "== environment"
   echo "date=$DATE"
   echo "tag=$TAG"
   echo "fake=$FAKE"
-  echo "commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$REPO" diff --quiet HEAD 2>/dev/null || echo '+local changes')"
+  # BENCH_COMMIT: the commit the tree is at, when this copy of it has no git history.
+  echo "commit=${BENCH_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$REPO" diff --quiet HEAD 2>/dev/null || echo '+local changes')}"
   echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
   if [[ $FAKE != 1 ]] && command -v nvidia-smi >/dev/null; then
     echo "gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
