@@ -492,11 +492,13 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
   const uint32_t n = ++open_count_;
   mu_.unlock();
   // Seal a full batch, or the first free when nothing is sealed (its events may prove the
-  // device idle: the fast case); poll every kPollEvery frees so that a proof is seen.
-  const bool seal = n >= kSealBlocks || sealed_.load(std::memory_order_relaxed) == 0;
-  if ((seal || n % kPollEvery == 0) && !capturing() && slow_.try_lock()) {
-    if (seal) seal_locked_slow();
-    poll_slow();
+  // device idle: the fast case); poll every kPollEvery frees so that a proof is seen. A
+  // batch sealed this instant is not polled (its events cannot have completed yet).
+  const bool full = n >= kSealBlocks;
+  const bool first = !full && sealed_.load(std::memory_order_relaxed) == 0;
+  if ((full || first || n % kPollEvery == 0) && !capturing() && slow_.try_lock()) {
+    if (full || first) seal_locked_slow();
+    if (!first) poll_slow();
     slow_.unlock();
   }
   return CUDA_SUCCESS;
