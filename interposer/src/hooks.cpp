@@ -118,7 +118,9 @@ CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring
     live = table.take(key, &rec);
   }
   const CUresult r = call();
-  if (!live) return r;  // not counted by us (allocated before we were loaded, or invalid)
+  // Not counted by us (allocated before we were loaded, or invalid); a record always names
+  // a tracked device (tracked_alloc_in inserts only then), checked all the same.
+  if (!live || rec.device < 0 || rec.device >= static_cast<int>(ring::kMaxDevices)) return r;
   const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
   ring::DeviceSlot& d = t.header().devices[rec.device];  // filled when it was allocated
   std::unique_lock<cuw::spin_lock> lk(t.lock());
