@@ -21,6 +21,22 @@ constexpr const char* kKindNames[] = {"unknown", "alloc", "free", "refuse", "dri
                                       "limit_change", "host_alloc", "host_free", "job_refuse"};
 
 constexpr bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
+
+/// Fill a slot claimed at position `pos` and publish it (the release store of seq).
+inline void publish(EventSlot& s, uint64_t pos, const Event& e) noexcept {
+  s.time_ns = e.time_ns;
+  s.address = e.address;
+  s.bytes = e.bytes;
+  s.used_after = e.used_after;
+  s.aux = e.aux;
+  s.tid = e.tid;
+  s.api = e.api;
+  s.kind = e.kind;
+  s.device = e.device;
+  s.result = e.result;
+  s.reserved = 0;
+  s.seq.store(pos + 1, std::memory_order_release);
+}
 }  // namespace
 
 const char* api_name(uint16_t api) noexcept {
@@ -59,18 +75,7 @@ bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) 
     const int64_t diff = static_cast<int64_t>(seq - pos);
     if (diff == 0) {
       if (h.write_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-        s.time_ns = e.time_ns;
-        s.address = e.address;
-        s.bytes = e.bytes;
-        s.used_after = e.used_after;
-        s.aux = e.aux;
-        s.tid = e.tid;
-        s.api = e.api;
-        s.kind = e.kind;
-        s.device = e.device;
-        s.result = e.result;
-        s.reserved = 0;
-        s.seq.store(pos + 1, std::memory_order_release);
+        publish(s, pos, e);
         return true;
       }
       // CAS failure reloaded pos; retry.
@@ -92,18 +97,7 @@ CUW_HOT bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count
     return false;
   }
   h.write_pos.store(pos + 1, std::memory_order_relaxed);
-  s.time_ns = e.time_ns;
-  s.address = e.address;
-  s.bytes = e.bytes;
-  s.used_after = e.used_after;
-  s.aux = e.aux;
-  s.tid = e.tid;
-  s.api = e.api;
-  s.kind = e.kind;
-  s.device = e.device;
-  s.result = e.result;
-  s.reserved = 0;
-  s.seq.store(pos + 1, std::memory_order_release);
+  publish(s, pos, e);
   // The next event's slot: a line the consumer last read (or not touched for a lap). Ask
   // for it, for writing, now, so that the next push does not wait for it.
   __builtin_prefetch(&slots[(pos + 1) & (slot_count - 1)], 1, 3);

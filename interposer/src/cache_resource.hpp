@@ -83,8 +83,6 @@ class cache_resource final : public memory_resource {
   ~cache_resource() override;
 
   CUcontext context() const noexcept { return ctx_; }
-  int ordinal() const noexcept { return ordinal_; }
-  ring::DeviceSlot& slot() noexcept { return slot_; }
 
   /// allocate() as the hooks call it: the program's allocation through `api`, whose event
   /// (stamped `now_ns`, CLOCK_REALTIME read before) goes into the ring under the same lock

@@ -538,41 +538,26 @@ CUresult capture_end(CUstream stream, bool per_thread, End&& end) {
 }
 }  // namespace
 
-CUW_EXPORT CUresult hook_cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
-  auto real = REAL(cuStreamBeginCapture_v2);
-  if (!real) return kNoDriver;
-  const CUresult r = real(stream, mode);
-  capture_begun(r);
-  return r;
-}
-
-CUW_EXPORT CUresult hook_cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
-  auto real = REAL(cuStreamBeginCapture_v2_ptsz);
-  if (!real) return kNoDriver;
-  const CUresult r = real(stream, mode);
-  capture_begun(r);
-  return r;
-}
-
-CUW_EXPORT CUresult hook_cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode* deps,
-                                                     const CUgraphEdgeData* edges, size_t ndeps,
-                                                     CUstreamCaptureMode mode) {
-  auto real = REAL(cuStreamBeginCaptureToGraph);
-  if (!real) return kNoDriver;
-  const CUresult r = real(stream, graph, deps, edges, ndeps, mode);
-  capture_begun(r);
-  return r;
-}
-
-CUW_EXPORT CUresult hook_cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode* deps,
-                                                          const CUgraphEdgeData* edges, size_t ndeps,
-                                                          CUstreamCaptureMode mode) {
-  auto real = REAL(cuStreamBeginCaptureToGraph_ptsz);
-  if (!real) return kNoDriver;
-  const CUresult r = real(stream, graph, deps, edges, ndeps, mode);
-  capture_begun(r);
-  return r;
-}
+// Every way to begin a capture: the driver call, then the count.
+#define CUW_BEGIN_CAPTURE(name, params, args) \
+  CUW_EXPORT CUresult hook_##name params {     \
+    auto real = REAL(name);                     \
+    if (!real) return kNoDriver;                \
+    const CUresult r = real args;               \
+    capture_begun(r);                           \
+    return r;                                   \
+  }
+CUW_BEGIN_CAPTURE(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode), (stream, mode))
+CUW_BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode), (stream, mode))
+CUW_BEGIN_CAPTURE(cuStreamBeginCaptureToGraph,
+                  (CUstream stream, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                   size_t ndeps, CUstreamCaptureMode mode),
+                  (stream, graph, deps, edges, ndeps, mode))
+CUW_BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz,
+                  (CUstream stream, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                   size_t ndeps, CUstreamCaptureMode mode),
+                  (stream, graph, deps, edges, ndeps, mode))
+#undef CUW_BEGIN_CAPTURE
 
 CUW_EXPORT CUresult hook_cuStreamEndCapture(CUstream stream, CUgraph* graph) {
   auto real = REAL(cuStreamEndCapture);

@@ -10,15 +10,12 @@ namespace cuw {
 
 /// Test-and-test-and-set lock. Uncontended: one atomic exchange to lock, one release store
 /// to unlock. A waiter spins with pause, then yields (a holder that was descheduled gets to
-/// run). Not recursive; satisfies Lockable (std::lock_guard works).
+/// run). Not recursive; satisfies BasicLockable (std::lock_guard works).
 class spin_lock {
  public:
   void lock() noexcept {
     if (__builtin_expect(!locked_.exchange(true, std::memory_order_acquire), 1)) return;
     contended();
-  }
-  bool try_lock() noexcept {
-    return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
   }
   void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 

@@ -43,8 +43,6 @@ void atfork_child() {
   pthread_mutex_unlock(&g_create_mu);
 }
 
-uint64_t realtime_ns() noexcept { return fast_clock::realtime_ns_slow(); }
-
 uint32_t thread_id() noexcept {
   static thread_local uint32_t tid __attribute__((tls_model("initial-exec"))) = 0;
   if (__builtin_expect(tid == 0, 0)) tid = static_cast<uint32_t>(syscall(SYS_gettid));
@@ -173,7 +171,7 @@ void Tracker::create_ring() {
   header_->pid = pid;
   header_->uid = static_cast<uint32_t>(getuid());
   header_->start_time = start;
-  header_->created_ns = realtime_ns();
+  header_->created_ns = fast_clock::realtime_ns_slow();
   read_small_file("/proc/self/comm", header_->comm, sizeof header_->comm, false);
   read_small_file("/proc/self/cmdline", header_->cmdline, sizeof header_->cmdline, true);
   copy_str(header_->job, sizeof header_->job, config_.job);
@@ -197,7 +195,7 @@ void Tracker::join_job() {
     config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': cannot read /proc/self/stat (start time)");
     return;
   }
-  job_slot_ = job_->join(pid, start, config_.job_limit, realtime_ns());
+  job_slot_ = job_->join(pid, start, config_.job_limit, fast_clock::realtime_ns_slow());
   if (job_slot_ < 0)
     config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': the job already has " +
                              std::to_string(job::kMaxMembers) + " live members");
@@ -431,13 +429,13 @@ CUW_HOT void Tracker::push_locked(ring::Event& e) noexcept {
 }
 
 void Tracker::on_exit() noexcept {
-  header_->exited_ns.store(realtime_ns(), std::memory_order_relaxed);
+  header_->exited_ns.store(fast_clock::realtime_ns_slow(), std::memory_order_relaxed);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::exited), std::memory_order_release);
   if (!ring_is_file_) return;
   // No daemon reading us: remove the file now rather than leave it in tmpfs. With a daemon
   // attached, it drains the last events and removes the file itself.
   const uint64_t beat = header_->consumer_heartbeat_ns.load(std::memory_order_relaxed);
-  if (beat != 0 && realtime_ns() - beat <= 5'000'000'000ULL) return;
+  if (beat != 0 && fast_clock::realtime_ns_slow() - beat <= 5'000'000'000ULL) return;
   // A daemon that has not reached us yet (a short-lived process) still gets the ring if
   // one is listening: it shows the process as exited and removes the file itself.
   if (daemon_listening()) return;
