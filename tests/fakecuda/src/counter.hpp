@@ -13,6 +13,11 @@ struct CallCounter {
   std::atomic<uint64_t> count{0};
 };
 
+/// FAKECUDA_THRASH_KB=N (benchmarks only): each allocation and free entry point first
+/// writes N KiB of private memory and runs 32 KiB of code, as a real driver call evicts its
+/// caller's cache lines (L1 data, L1 instruction and part of L2). Unset or 0: nothing.
+void thrash_caches() noexcept;
+
 int trace_level();  // FAKECUDA_TRACE: 0 off, 1 stubs/export tables/misses, 2 every call
 void trace(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -49,6 +49,21 @@ void CallCounter::hit() noexcept {
   if (trace_level() >= 2) trace("call %s", name);
 }
 
+void thrash_caches() noexcept {
+  static const size_t bytes = [] {
+    const char* v = std::getenv("FAKECUDA_THRASH_KB");
+    return v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) * 1024 : size_t{0};
+  }();
+  if (bytes == 0) return;
+  static char* buf = static_cast<char*>(std::calloc(bytes, 1));
+  if (!buf) return;
+  for (size_t i = 0; i < bytes; i += 64) buf[i] = static_cast<char>(buf[i] + 1);
+#if defined(__x86_64__)
+  // 4096 eight-byte nops: 32 KiB of instructions, the size of an L1 instruction cache.
+  __asm__ volatile(".rept 4096\n\t.byte 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00\n\t.endr" ::: "memory");
+#endif
+}
+
 int trace_level() {
   static const int level = [] {
     const char* v = std::getenv("FAKECUDA_TRACE");

@@ -126,6 +126,7 @@ CUresult alloc_device(CUdeviceptr* dptr, size_t bytes, AllocKind kind) {
 
 FC_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   FC_ENTER();
+  thrash_caches();
   return alloc_device(dptr, bytesize, AllocKind::device);
 }
 
@@ -149,6 +150,7 @@ FC_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned i
 
 FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   FC_ENTER();
+  thrash_caches();
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (CUresult rc = capture_unsafe_call_check()) return rc;
   Allocation a;

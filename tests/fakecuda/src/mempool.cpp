@@ -212,10 +212,12 @@ using namespace fc;
 
 FC_API CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   FC_ENTER();
+  thrash_caches();
   return alloc_async(dptr, bytesize, nullptr, hStream, false);
 }
 FC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   FC_ENTER();
+  thrash_caches();
   return alloc_async(dptr, bytesize, nullptr, hStream, true);
 }
 
@@ -239,10 +241,12 @@ FC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
 }
 FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   FC_ENTER();
+  thrash_caches();
   return free_async(dptr, hStream, false);
 }
 FC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   FC_ENTER();
+  thrash_caches();
   return free_async(dptr, hStream, true);
 }
 
