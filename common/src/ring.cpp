@@ -1,8 +1,6 @@
 // cuwarden: ring producer/consumer (see ring.hpp for the protocol). Hot path: push().
 #include "cuw/ring.hpp"
 
-#include "cuw/attrs.hpp"
-
 #include <cstring>
 
 namespace cuw::ring {
@@ -22,21 +20,6 @@ constexpr const char* kKindNames[] = {"unknown", "alloc", "free", "refuse", "dri
 
 constexpr bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 
-/// Fill a slot claimed at position `pos` and publish it (the release store of seq).
-inline void publish(EventSlot& s, uint64_t pos, const Event& e) noexcept {
-  s.time_ns = e.time_ns;
-  s.address = e.address;
-  s.bytes = e.bytes;
-  s.used_after = e.used_after;
-  s.aux = e.aux;
-  s.tid = e.tid;
-  s.api = e.api;
-  s.kind = e.kind;
-  s.device = e.device;
-  s.result = e.result;
-  s.reserved = 0;
-  s.seq.store(pos + 1, std::memory_order_release);
-}
 }  // namespace
 
 const char* api_name(uint16_t api) noexcept {
@@ -87,21 +70,6 @@ bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) 
   }
   h.events_dropped.fetch_add(1, std::memory_order_relaxed);
   return false;
-}
-
-CUW_HOT bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
-  const uint64_t pos = h.write_pos.load(std::memory_order_relaxed);
-  EventSlot& s = slots[pos & (slot_count - 1)];
-  if (s.seq.load(std::memory_order_acquire) != pos) {  // full: the consumer is a lap behind (or absent)
-    h.events_dropped.store(h.events_dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    return false;
-  }
-  h.write_pos.store(pos + 1, std::memory_order_relaxed);
-  publish(s, pos, e);
-  // The next event's slot: a line the consumer last read (or not touched for a lap). Ask
-  // for it, for writing, now, so that the next push does not wait for it.
-  __builtin_prefetch(&slots[(pos + 1) & (slot_count - 1)], 1, 3);
-  return true;
 }
 
 const char* invalid_reason(Invalid r) noexcept {

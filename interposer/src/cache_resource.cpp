@@ -369,7 +369,7 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
 }
 
 bool cache_resource::charge_segment(uint64_t bytes) {
-  return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc);
+  return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc) == ipc::Tracker::Charge::ok;
 }
 
 CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {

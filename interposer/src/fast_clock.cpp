@@ -10,41 +10,24 @@
 #include <atomic>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
-
 namespace cuw::ipc::fast_clock {
 
-namespace {
+namespace detail {
+State g_state;
+constinit thread_local ThreadState t_state __attribute__((tls_model("initial-exec")));
+}  // namespace detail
 
-inline uint64_t ticks() noexcept {
-#if defined(__x86_64__)
-  return __rdtsc();
-#elif defined(__aarch64__)
-  uint64_t v;
-  __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
-  return v;
-#else
-  return 0;
-#endif
-}
+using namespace detail;
+
+namespace {
 
 __extension__ typedef unsigned __int128 u128;
 
 constexpr uint64_t kCalibrateNs = 50'000'000;  // rate measured over at least 50 ms
 constexpr uint64_t kAnchorNs = 100'000'000;    // a thread re-anchors every ~100 ms
 
-std::atomic<bool> g_usable{false};
-// First anchor of the process (for the rate), then the rate: ns per tick as 32.32 fixed
-// point, and the anchor period in ticks. g_mult 0 = not measured yet.
+// First anchor of the process (for the rate).
 std::atomic<uint64_t> g_first_ticks{0}, g_first_ns{0};
-std::atomic<uint64_t> g_mult{0}, g_period{0};
-
-struct Anchor {
-  uint64_t ticks = 0, ns = 0;
-};
-thread_local Anchor t_anchor __attribute__((tls_model("initial-exec")));
 
 /// A (ticks, ns) pair read as close together as the machine allows: the counter on both
 /// sides of clock_gettime, the narrowest of three tries (a thread preempted in between
@@ -65,9 +48,11 @@ Anchor read_pair() noexcept {
   return best;
 }
 
+bool kernel_uses_counter() noexcept;
+
 /// Before the rate is known: the time is a plain clock_gettime; the process's first call
 /// takes the first anchor, and the first call 50 ms later measures the rate against it.
-CUW_COLD uint64_t calibrate() noexcept {
+uint64_t calibrate() noexcept {
   const uint64_t ns = realtime_ns_slow();
   const uint64_t first_ns = g_first_ns.load(std::memory_order_acquire);
   if (first_ns == 0) {
@@ -86,20 +71,13 @@ CUW_COLD uint64_t calibrate() noexcept {
     const u128 mult = (static_cast<u128>(a.ns - first_ns) << 32) / (a.ticks - first);
     if (mult > 0 && mult < (static_cast<u128>(1) << 40)) {  // up to 256 ns per tick
       const uint64_t m = static_cast<uint64_t>(mult);
-      g_period.store(static_cast<uint64_t>((static_cast<u128>(kAnchorNs) << 32) / m), std::memory_order_relaxed);
-      g_mult.store(m, std::memory_order_release);
+      g_state.period.store(static_cast<uint64_t>((static_cast<u128>(kAnchorNs) << 32) / m), std::memory_order_relaxed);
+      g_state.mult.store(m, std::memory_order_release);
       return ns;
     }
   }
   measuring.store(false, std::memory_order_release);  // a counter that went backwards: try later
   return ns;
-}
-
-/// A thread's first call, or its anchor is ~100 ms old (or the counter jumped): a new one.
-CUW_COLD uint64_t reanchor() noexcept {
-  const Anchor a = read_pair();
-  t_anchor = a;
-  return a.ns;
 }
 
 bool kernel_uses_counter() noexcept {
@@ -120,28 +98,31 @@ bool kernel_uses_counter() noexcept {
 
 }  // namespace
 
+/// A new anchor for the thread, with its copies of the rate and period.
+CUW_COLD uint64_t detail::reanchor() noexcept {
+  const Anchor a = read_pair();
+  t_state.anchor = a;
+  t_state.mult = g_state.mult.load(std::memory_order_acquire);  // period was stored before it
+  t_state.period = g_state.period.load(std::memory_order_relaxed);
+  return a.ns;
+}
+
+CUW_COLD uint64_t detail::slow_path() noexcept {
+  if (!g_state.usable.load(std::memory_order_relaxed)) return realtime_ns_slow();
+  if (g_state.mult.load(std::memory_order_acquire) == 0) return calibrate();
+  return reanchor();  // the thread's first call since the rate was measured
+}
+
 void init(bool allow_counter) noexcept {
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;
-  g_usable.store(allow_counter && kernel_uses_counter(), std::memory_order_release);
+  g_state.usable.store(allow_counter && kernel_uses_counter(), std::memory_order_release);
 }
 
 uint64_t realtime_ns_slow() noexcept {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-CUW_HOT uint64_t realtime_ns() noexcept {
-  if (!g_usable.load(std::memory_order_relaxed)) return realtime_ns_slow();
-  const uint64_t mult = g_mult.load(std::memory_order_acquire);
-  if (__builtin_expect(mult == 0, 0)) return calibrate();
-  const uint64_t now = ticks();
-  const Anchor a = t_anchor;
-  const uint64_t d = now - a.ticks;
-  if (__builtin_expect(a.ns == 0 || d >= g_period.load(std::memory_order_relaxed), 0)) return reanchor();
-  // d < one anchor period (~100 ms of ticks), so d * mult stays below 2^63.
-  return a.ns + ((d * mult) >> 32);
 }
 
 }  // namespace cuw::ipc::fast_clock

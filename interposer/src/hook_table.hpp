@@ -25,26 +25,26 @@
 //   lib: 0 = libcuda.so.1 (driver API), 1 = libnvidia-ml.so.1 (NVML; base/version unused)
 #define CUW_HOOKS(X)                                                                                            \
   X(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize), (dptr, bytesize), "cuMemAlloc", 3020, 0, 0) \
+  X(CUresult, cuMemFree_v2, (CUdeviceptr dptr), (dptr), "cuMemFree", 3020, 0, 0)                                \
+  X(CUresult, cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream stream),                          \
+    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 0, 0)                                                   \
+  X(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync", 11020, 0, \
+    0)                                                                                                           \
+  X(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream stream),                     \
+    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 1, 0)                                                   \
+  X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync",      \
+    11020, 1, 0)                                                                                                 \
+  X(CUresult, cuMemAllocFromPoolAsync,                                                                           \
+    (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), (dptr, bytesize, pool, stream), \
+    "cuMemAllocFromPoolAsync", 11020, 0, 0)                                                                     \
   X(CUresult, cuMemAllocPitch_v2,                                                                                \
     (CUdeviceptr * dptr, size_t * pitch, size_t width, size_t height, unsigned int elem),                     \
     (dptr, pitch, width, height, elem), "cuMemAllocPitch", 3020, 0, 0)                                         \
   X(CUresult, cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags),                    \
     (dptr, bytesize, flags), "cuMemAllocManaged", 6000, 0, 0)                                                   \
-  X(CUresult, cuMemFree_v2, (CUdeviceptr dptr), (dptr), "cuMemFree", 3020, 0, 0)                                \
-  X(CUresult, cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream stream),                          \
-    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 0, 0)                                                   \
-  X(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream stream),                     \
-    (dptr, bytesize, stream), "cuMemAllocAsync", 11020, 1, 0)                                                   \
-  X(CUresult, cuMemAllocFromPoolAsync,                                                                           \
-    (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), (dptr, bytesize, pool, stream), \
-    "cuMemAllocFromPoolAsync", 11020, 0, 0)                                                                     \
   X(CUresult, cuMemAllocFromPoolAsync_ptsz,                                                                      \
     (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream), (dptr, bytesize, pool, stream), \
     "cuMemAllocFromPoolAsync", 11020, 1, 0)                                                                     \
-  X(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync", 11020, 0, \
-    0)                                                                                                           \
-  X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream), "cuMemFreeAsync",      \
-    11020, 1, 0)                                                                                                 \
   X(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep), (pool, keep), "cuMemPoolTrimTo", 11020, 0, 0)  \
   X(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void* value),               \
     (pool, attr, value), "cuMemPoolSetAttribute", 11020, 0, 0)                                                  \

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cache_resource.hpp"
+#include "cuw/attrs.hpp"
 #include "fast_clock.hpp"
 #include "real.hpp"
 #include "tracker.hpp"
@@ -63,34 +64,62 @@ bool capped_view(const Tracker& t, ring::DeviceSlot& d, uint64_t real_total, uin
 // A driver entry point we hook but cannot find: behave like a driver that lacks it.
 constexpr CUresult kNoDriver = CUDA_ERROR_NOT_INITIALIZED;
 
+/// For an ordinal assumed by Tracker::allocation_device (one device, no driver call):
+/// whether the thread has a context at all. Asked after a failed allocation (no context:
+/// the driver's answer passes through, uncounted, as for any call without a context; under
+/// a cap the bytes charged before the call are given back, though `peak` may keep them).
+CUW_COLD bool has_context(Tracker& t) { return t.current_device() >= 0; }
+
+/// A failed driver allocation: give back what was charged, count, record; cold.
+CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, ring::Api api, uint64_t bytes,
+                                 uint64_t aux, CUresult r, bool charged, uint64_t now) {
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    if (charged) t.uncharge_locked(d, bytes);
+    cuw::ipc::locked_add(d.driver_errors, 1);
+    t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
+  }
+  if (charged) t.job_uncharge(d, bytes);
+}
+
 /// Count, call, record in `table`. `call` performs the real allocation and writes *out
-/// on success. Hot path: device slot (one branch), charge (one lock), the driver call, then
-/// one lock for the table insert, the counters and the event.
+/// on success. `assumed`: `ordinal` came from Tracker::allocation_device without asking
+/// the driver. Hot path: the device slot (one branch); with a cap or in a job, charge (one
+/// lock) before the call; the driver call; then one lock for the table insert, the
+/// counters (and, uncapped, the charge) and the event.
 template <class Call, class Key>
-CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api, int ordinal, uint64_t bytes,
-                          uint64_t aux, Call&& call, Key&& key_of_result, uint64_t* when = nullptr) {
+CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api, int ordinal, bool assumed,
+                          uint64_t bytes, uint64_t aux, Call&& call, Key&& key_of_result, uint64_t* when = nullptr) {
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return call();  // no context, or an ordinal past what we track
-  if (!t.charge(*d, ordinal, bytes, api)) return CUDA_ERROR_OUT_OF_MEMORY;
-  CUresult r = call();
-  // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
-  // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
-  if (r == CUDA_ERROR_OUT_OF_MEMORY && t.cache() && t.cache()->release_all() > 0) r = call();
+  const bool charged = !t.uncapped(*d, ordinal);
+  if (charged) {
+    if (const Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed); __builtin_expect(c != Tracker::Charge::ok, 0))
+      return c == Tracker::Charge::refused ? CUDA_ERROR_OUT_OF_MEMORY : call();
+  }
+  // The event's time: when the call was made. Read before the driver call, whose own work
+  // hides the counter read (measured after it, two timestamps cost ~80 ns a pair on an
+  // H200 host: bench/results/2026-11-30-h200-off-hotpath.md).
   const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
   if (when) *when = now;
-  if (r != CUDA_SUCCESS) {
-    {
-      std::lock_guard<cuw::spin_lock> lk(t.lock());
-      t.uncharge_locked(*d, bytes);
-      cuw::ipc::locked_add(d->driver_errors, 1);
-      t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
+  CUresult r = call();
+  t.prefetch_commit(*d);
+  if (__builtin_expect(r == CUDA_SUCCESS, 1)) table.prefetch(key_of_result());
+  // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
+  // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
+  if (__builtin_expect(r == CUDA_ERROR_OUT_OF_MEMORY, 0) && t.cache() && t.cache()->release_all() > 0) r = call();
+  if (__builtin_expect(r != CUDA_SUCCESS, 0)) {
+    if (assumed && !has_context(t)) {  // no context: the driver's answer, nothing counted
+      if (charged) t.uncharge(*d, bytes);
+      return r;
     }
-    t.job_uncharge(*d, bytes);
+    count_driver_error(t, *d, ordinal, api, bytes, aux, r, charged, now);
     return r;
   }
   const uint64_t key = key_of_result();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
+  if (!charged) t.count_uncapped_locked(*d, bytes);
   t.count_alloc_locked(*d, bytes, pooled(api));
   t.emit_locked(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
   return r;
@@ -99,9 +128,17 @@ CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api,
 /// Count, call, record. `call` performs the real allocation and writes *out on success.
 /// `when`, if given, receives the event's time.
 template <class Call>
-CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, uint64_t aux, CUdeviceptr* out,
-                       Call&& call, uint64_t* when = nullptr) {
-  return tracked_alloc_in(t, t.pointers(), api, ordinal, bytes, aux, call, [out] { return uint64_t{*out}; }, when);
+CUW_INLINE CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, bool assumed, uint64_t bytes, uint64_t aux,
+                       CUdeviceptr* out, Call&& call, uint64_t* when = nullptr) {
+  return tracked_alloc_in(t, t.pointers(), api, ordinal, assumed, bytes, aux, call,
+                          [out] { return uint64_t{*out}; }, when);
+}
+
+/// The driver failed a free of a live record: it still holds the memory, so the record
+/// goes back (cold).
+CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, const LiveRecord& rec) {
+  std::lock_guard<cuw::spin_lock> lk(t.lock());
+  table.insert(key, rec);
 }
 
 /// Free through `call`, taking the record out of the live table first (one lock) so that a
@@ -109,34 +146,39 @@ CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, u
 /// driver freed it, one lock for `used`, the counters and the event (the cap counts the
 /// bytes until the driver has them back).
 template <class Call>
-CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
-                      Call&& call) {
+CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
+                                 Call&& call) {
   LiveRecord rec;
   bool live = false;
-  if (key != 0) {
+  if (__builtin_expect(key != 0, 1)) {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     live = table.take(key, &rec);
   }
+  // The event's time: when the call was made (read before the driver call, as above).
+  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
   const CUresult r = call();
   // Not counted by us (allocated before we were loaded, or invalid); a record always names
   // a tracked device (tracked_alloc_in inserts only then), checked all the same.
-  if (!live || rec.device < 0 || rec.device >= static_cast<int>(ring::kMaxDevices)) return r;
-  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
-  ring::DeviceSlot& d = t.header().devices[rec.device];  // filled when it was allocated
-  std::unique_lock<cuw::spin_lock> lk(t.lock());
-  if (r != CUDA_SUCCESS) {
-    table.insert(key, rec);  // the driver kept it
+  if (__builtin_expect(!live || static_cast<unsigned>(rec.device) >= ring::kMaxDevices, 0)) return r;
+  t.prefetch_commit(t.header().devices[rec.device]);
+  if (__builtin_expect(r != CUDA_SUCCESS, 0)) {
+    keep_live(t, table, key, rec);
     return r;
   }
-  t.uncharge_locked(d, rec.bytes);
-  t.count_free_locked(d, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
-  t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
-  lk.unlock();
+  ring::DeviceSlot& d = t.header().devices[rec.device];  // filled when it was allocated
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    t.uncharge_locked(d, rec.bytes);
+    t.count_free_locked(d, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+    t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
+  }
   t.job_uncharge(d, rec.bytes);
   return r;
 }
 
-int stream_device(Tracker& t, CUstream) { return t.current_device(); }
+/// The ordinal a stream-ordered allocation on `stream` is counted on: the current
+/// context's (Tracker::allocation_device).
+int stream_device(Tracker& t, CUstream, bool* assumed) { return t.allocation_device(assumed); }
 
 // ---- CUWARDEN_POOL=cache ----------------------------------------------------------------
 // Pooled blocks are not in the live table: the cache's own block map is authoritative.
@@ -195,10 +237,13 @@ CUW_EXPORT_HOT CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   Reentry g;
   if (g.nested()) return real(dptr, bytesize);
   Tracker& t = Tracker::get();
-  if (cache_registry* reg = t.cache(); reg && dptr && bytesize != 0) {
+  // CUWARDEN_POOL=cache: out of the off path's straight line (a taken branch for the cache).
+  if (cache_registry* reg = t.cache(); __builtin_expect(reg != nullptr, 0) && dptr && bytesize != 0) {
     if (cache_resource* c = reg->for_current()) return cache_alloc(*c, dptr, bytesize);
   }
-  return tracked_alloc(t, ring::Api::cuMemAlloc, t.current_device(), bytesize, 0, dptr,
+  bool assumed = false;
+  const int ordinal = t.allocation_device(&assumed);
+  return tracked_alloc(t, ring::Api::cuMemAlloc, ordinal, assumed, bytesize, 0, dptr,
                        [&] { return real(dptr, bytesize); });
 }
 
@@ -208,7 +253,7 @@ CUW_EXPORT CUresult hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, u
   Reentry g;
   if (g.nested()) return real(dptr, bytesize, flags);
   Tracker& t = Tracker::get();
-  return tracked_alloc(t, ring::Api::cuMemAllocManaged, t.current_device(), bytesize, 0, dptr,
+  return tracked_alloc(t, ring::Api::cuMemAllocManaged, t.current_device(), false, bytesize, 0, dptr,
                        [&] { return real(dptr, bytesize, flags); });
 }
 
@@ -223,7 +268,7 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
   // The pitch is only known afterwards: charge an estimate (rows of 512 bytes, the
   // driver's smallest pitch alignment) and settle on the real pitch * height after.
   const uint64_t est = ((static_cast<uint64_t>(width) + 511) & ~uint64_t{511}) * height;
-  CUresult r = tracked_alloc(t, ring::Api::cuMemAllocPitch, ordinal, est, 0, dptr,
+  CUresult r = tracked_alloc(t, ring::Api::cuMemAllocPitch, ordinal, false, est, 0, dptr,
                              [&] { return real(dptr, pitch, width, height, elem); });
   if (r == CUDA_SUCCESS && pitch) {
     const uint64_t actual = static_cast<uint64_t>(*pitch) * height;
@@ -256,9 +301,10 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     Reentry g;                                                                                                   \
     if (g.nested()) return real(dptr, bytesize, stream);                                                        \
     Tracker& t = Tracker::get();                                                                                 \
-    const int ordinal = stream_device(t, stream);                                                                \
+    bool assumed = false;                                                                                        \
+    const int ordinal = stream_device(t, stream, &assumed);                                                      \
     uint64_t now = 0;                                                                                            \
-    const CUresult r = tracked_alloc(t, api, ordinal, bytesize, reinterpret_cast<uint64_t>(stream), dptr,       \
+    const CUresult r = tracked_alloc(t, api, ordinal, assumed, bytesize, reinterpret_cast<uint64_t>(stream), dptr, \
                                      [&] { return real(dptr, bytesize, stream); }, &now);                      \
     if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, nullptr, stream, now);                                           \
     return r;                                                                                                    \
@@ -274,9 +320,10 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz, ring::Api::cuMemAllocAsync)
     Reentry g;                                                                                                   \
     if (g.nested()) return real(dptr, bytesize, pool, stream);                                                  \
     Tracker& t = Tracker::get();                                                                                 \
-    const int ordinal = stream_device(t, stream);                                                                \
+    bool assumed = false;                                                                                        \
+    const int ordinal = stream_device(t, stream, &assumed);                                                      \
     uint64_t now = 0;                                                                                            \
-    const CUresult r = tracked_alloc(t, ring::Api::cuMemAllocFromPoolAsync, ordinal, bytesize,                   \
+    const CUresult r = tracked_alloc(t, ring::Api::cuMemAllocFromPoolAsync, ordinal, assumed, bytesize,          \
                                      reinterpret_cast<uint64_t>(stream), dptr,                                   \
                                      [&] { return real(dptr, bytesize, pool, stream); }, &now);                \
     if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, stream, now);                                              \
@@ -294,7 +341,8 @@ CUW_EXPORT_HOT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
   Reentry g;
   if (g.nested()) return real(dptr);
   Tracker& t = Tracker::get();
-  if (cache_registry* reg = t.cache(); reg && dptr && cache_free(*reg, dptr, ring::Api::cuMemFree, 0))
+  if (cache_registry* reg = t.cache();
+      __builtin_expect(reg != nullptr, 0) && dptr && cache_free(*reg, dptr, ring::Api::cuMemFree, 0))
     return CUDA_SUCCESS;
   return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFree, 0, [&] { return real(dptr); });
 }
@@ -305,9 +353,14 @@ namespace {
 /// is being captured: the free would belong to a graph that runs later, and the block
 /// could be reused before it runs; the driver's own answer for memory a graph did not
 /// allocate is an error too. Returns true when handled (*r set).
-bool cache_free_async(Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread, CUresult* r) {
+bool cache_free_async_slow(cache_registry* reg, CUdeviceptr dptr, CUstream stream, bool per_thread, CUresult* r);
+CUW_INLINE bool cache_free_async(Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread, CUresult* r) {
   cache_registry* reg = t.cache();
-  if (!reg || !dptr) return false;
+  if (__builtin_expect(reg == nullptr, 1) || !dptr) return false;
+  return cache_free_async_slow(reg, dptr, stream, per_thread, r);
+}
+__attribute__((noinline)) bool cache_free_async_slow(cache_registry* reg, CUdeviceptr dptr, CUstream stream,
+                                                    bool per_thread, CUresult* r) {
   if (cache_registry::captures.load(std::memory_order_acquire) > 0) {
     using fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
     static auto is_cap = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing"));
@@ -382,7 +435,7 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
   if (g.nested() || !prop || !handle || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(handle, size, prop, flags);  // host-located memory: not device memory, not capped
   Tracker& t = Tracker::get();
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuMemCreate, prop->location.id, size, 0,
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
                           [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; });
 }
 
@@ -664,7 +717,7 @@ CUW_EXPORT CUresult hook_cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESC
   Tracker& t = Tracker::get();
   const int ordinal = t.current_device();
   const uint64_t bytes = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1, 0);
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuArrayCreate, ordinal, bytes, 0,
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuArrayCreate, ordinal, false, bytes, 0,
                           [&] { return real(handle, desc); },
                           [handle] { return reinterpret_cast<uint64_t>(*handle); });
 }
@@ -677,7 +730,7 @@ CUW_EXPORT CUresult hook_cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_
   Tracker& t = Tracker::get();
   const uint64_t bytes =
       array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1, desc->Flags);
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuArray3DCreate, t.current_device(), bytes, 0,
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuArray3DCreate, t.current_device(), false, bytes, 0,
                           [&] { return real(handle, desc); },
                           [handle] { return reinterpret_cast<uint64_t>(*handle); });
 }
@@ -691,7 +744,7 @@ CUW_EXPORT CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* handle, const 
   Tracker& t = Tracker::get();
   const uint64_t bytes =
       array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, levels, desc->Flags);
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuMipmappedArrayCreate, t.current_device(), bytes, 0,
+  return tracked_alloc_in(t, t.handles(), ring::Api::cuMipmappedArrayCreate, t.current_device(), false, bytes, 0,
                           [&] { return real(handle, desc, levels); },
                           [handle] { return reinterpret_cast<uint64_t>(*handle); });
 }
@@ -729,7 +782,7 @@ CUW_EXPORT CUresult hook_cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph graph
   if (g.nested() || !params || params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(node, graph, deps, ndeps, params);
   Tracker& t = Tracker::get();
-  return tracked_alloc_in(t, t.pointers(), ring::Api::cuGraphMemAlloc, params->poolProps.location.id,
+  return tracked_alloc_in(t, t.pointers(), ring::Api::cuGraphMemAlloc, params->poolProps.location.id, false,
                           params->bytesize, 0, [&] { return real(node, graph, deps, ndeps, params); },
                           [params] { return uint64_t{params->dptr}; });
 }

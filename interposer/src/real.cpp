@@ -14,7 +14,7 @@
 
 namespace cuw::hook {
 
-std::atomic<void*> g_real[static_cast<int>(Id::count_)];
+HotGlobals g_hot;
 
 namespace {
 
@@ -84,7 +84,7 @@ bool resolve_lib(int lib, bool load) noexcept {
     if (kEntries[i].lib != lib) continue;
     void* p = real_dlsym(h, kEntries[i].name);
     if (p && is_wrapper(p)) p = nullptr;  // never call ourselves
-    g_real[i].store(p, std::memory_order_release);
+    g_hot.real[i].store(p, std::memory_order_release);
   }
   g_resolved[lib].store(true, std::memory_order_release);
   return true;
@@ -94,7 +94,7 @@ void* resolve_one(Id id) noexcept {
   const int i = static_cast<int>(id);
   // NVML is only ever used when the program loaded it; libcuda is loaded on demand.
   resolve_lib(kEntries[i].lib, kEntries[i].lib == 0);
-  return g_real[i].load(std::memory_order_acquire);
+  return g_hot.real[i].load(std::memory_order_acquire);
 }
 
 void* driver_symbol(const char* name) noexcept {
@@ -112,7 +112,7 @@ void* nvml_symbol(const char* name) noexcept {
 void* redirect_by_pointer(void* real) noexcept {
   if (!real) return real;
   for (int i = 0; i < kCount; ++i)
-    if (g_real[i].load(std::memory_order_relaxed) == real) return kEntries[i].wrapper;
+    if (g_hot.real[i].load(std::memory_order_relaxed) == real) return kEntries[i].wrapper;
   return real;
 }
 

@@ -15,8 +15,17 @@ CUW_HOOKS(CUW_DECLARE_HOOK)
 
 namespace cuw::hook {
 
-/// Real driver pointers, indexed by Id. Filled by resolve_lib(); nullptr = not found.
-extern std::atomic<void*> g_real[static_cast<int>(Id::count_)];
+/// What every hooked call reads first, together: the tracker instance and the real driver
+/// pointers, the hottest ones (the table's first seven rows) in the same cache line as the
+/// instance (a hooked call runs with the caches cold, so each line is a miss).
+struct alignas(64) HotGlobals {
+  /// The ipc::Tracker (tracker.hpp owns it; nullptr until the first CUDA call, and in a
+  /// forked child until its own).
+  std::atomic<void*> instance{nullptr};
+  /// Real driver pointers, indexed by Id. Filled by resolve_lib(); nullptr = not found.
+  std::atomic<void*> real[static_cast<int>(Id::count_)];
+};
+extern HotGlobals g_hot;
 
 /// Slow path: take library `lib`'s handle (0 libcuda.so.1, 1 libnvidia-ml.so.1; loading
 /// it if `load` is true) and resolve every row of the table that belongs to it.
@@ -28,7 +37,7 @@ void* resolve_one(Id id) noexcept;
 /// The real pointer for `id`, resolving on first use. Never returns one of our wrappers.
 /// Cost on the hot path: one acquire load and one predictable branch.
 inline void* real_ptr(Id id) noexcept {
-  void* p = g_real[static_cast<int>(id)].load(std::memory_order_acquire);
+  void* p = g_hot.real[static_cast<int>(id)].load(std::memory_order_acquire);
   if (__builtin_expect(p == nullptr, 0)) p = resolve_one(id);
   return p;
 }

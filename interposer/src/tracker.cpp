@@ -25,13 +25,21 @@
 
 namespace cuw::ipc {
 
-thread_local int Reentry::depth_ __attribute__((tls_model("initial-exec"))) = 0;
-
 // ---- instance and fork -----------------------------------------------------------------
+
+namespace detail {
+
+CUW_COLD uint32_t thread_id_slow() noexcept {
+  const auto tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  fast_clock::detail::t_state.tid = tid;
+  return tid;
+}
+}  // namespace detail
+
+using hook::g_hot;
 
 namespace {
 
-std::atomic<Tracker*> g_tracker{nullptr};
 pthread_mutex_t g_create_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void atfork_prepare() { pthread_mutex_lock(&g_create_mu); }
@@ -39,14 +47,9 @@ void atfork_parent() { pthread_mutex_unlock(&g_create_mu); }
 void atfork_child() {
   // The child never writes into its parent's ring or counters: it starts afresh at its own
   // first CUDA call. The parent's tracker is leaked in the child on purpose.
-  g_tracker.store(nullptr, std::memory_order_release);
+  g_hot.instance.store(nullptr, std::memory_order_release);
+  fast_clock::detail::t_state.tid = 0;  // the child's thread has an id of its own
   pthread_mutex_unlock(&g_create_mu);
-}
-
-uint32_t thread_id() noexcept {
-  static thread_local uint32_t tid __attribute__((tls_model("initial-exec"))) = 0;
-  if (__builtin_expect(tid == 0, 0)) tid = static_cast<uint32_t>(syscall(SYS_gettid));
-  return tid;
 }
 
 void read_small_file(const char* path, char* out, size_t cap, bool nul_to_space) {
@@ -79,11 +82,9 @@ void copy_str(char* dst, size_t cap, const std::string& s) {
 
 }  // namespace
 
-Tracker& Tracker::get() {
-  Tracker* t = g_tracker.load(std::memory_order_acquire);
-  if (__builtin_expect(t != nullptr, 1)) return *t;
+CUW_COLD Tracker& Tracker::create() {
   pthread_mutex_lock(&g_create_mu);
-  t = g_tracker.load(std::memory_order_acquire);
+  auto* t = static_cast<Tracker*>(g_hot.instance.load(std::memory_order_acquire));
   if (!t) {
     static bool atfork_registered = false;
     if (!atfork_registered) {
@@ -91,13 +92,11 @@ Tracker& Tracker::get() {
       atfork_registered = true;
     }
     t = new Tracker();
-    g_tracker.store(t, std::memory_order_release);
+    g_hot.instance.store(t, std::memory_order_release);
   }
   pthread_mutex_unlock(&g_create_mu);
   return *t;
 }
-
-Tracker* Tracker::instance_if_created() noexcept { return g_tracker.load(std::memory_order_acquire); }
 
 Tracker::Tracker() : config_(load_config()) {
   for (int& g : job_gpu_) g = -1;
@@ -121,7 +120,10 @@ Tracker::Tracker() : config_(load_config()) {
   }
   fast_clock::init(!config_.clock_syscall);
   create_ring();
-  if (config_.pool == "cache") cache_ = std::make_unique<mr::cache_registry>(*this);
+  if (config_.pool == "cache") {
+    cache_owner_ = std::make_unique<mr::cache_registry>(*this);
+    cache_ = cache_owner_.get();
+  }
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
             ring_is_file_ ? ring_path_.c_str() : "(private)",
             config_.limit.empty() ? "none" : secure_getenv("CUWARDEN_LIMIT"));
@@ -166,7 +168,6 @@ void Tracker::create_ring() {
     }
   }
   header_ = static_cast<ring::RingHeader*>(base);
-  slots_ = reinterpret_cast<ring::EventSlot*>(static_cast<char*>(base) + ring::kHeaderBytes);
 
   header_->pid = pid;
   header_->uid = static_cast<uint32_t>(getuid());
@@ -177,7 +178,7 @@ void Tracker::create_ring() {
   copy_str(header_->job, sizeof header_->job, config_.job);
   copy_str(header_->pool, sizeof header_->pool, config_.pool);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::running), std::memory_order_relaxed);
-  ring::init(*header_, slots_, slot_count_);  // publishes the magic last
+  ring::init(*header_, slots(), slot_count_);  // publishes the magic last
 }
 
 void Tracker::join_job() {
@@ -237,56 +238,75 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
       log::warn("cuwarden: job %s uses more than %u GPUs; device %d is not counted in the job", config_.job.c_str(),
                 job::kMaxGpus, ordinal);
   }
+  // One device visible to the process (CUDA_VISIBLE_DEVICES, MIG, or the machine): every
+  // context is on ordinal 0, so allocation hooks need not ask the driver (allocation_device).
+  using count_fn = CUresult (*)(int*);
+  static auto get_count = reinterpret_cast<count_fn>(hook::driver_symbol("cuDeviceGetCount"));
+  if (int n = 0; ordinal == 0 && get_count && get_count(&n) == CUDA_SUCCESS && n == 1)
+    single_device_.store(true, std::memory_order_relaxed);
   uint32_t count = header_->device_count.load(std::memory_order_relaxed);
   if (static_cast<uint32_t>(ordinal) + 1 > count)
     header_->device_count.store(static_cast<uint32_t>(ordinal) + 1, std::memory_order_relaxed);
   d.present.store(1, std::memory_order_release);
+  filled_.fetch_or(1u << ordinal, std::memory_order_release);
 }
 
-CUW_HOT ring::DeviceSlot* Tracker::device(int ordinal) {
-  if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return nullptr;
+CUW_COLD ring::DeviceSlot* Tracker::fill_device_once(int ordinal) {
   ring::DeviceSlot& d = header_->devices[ordinal];
-  if (__builtin_expect(d.present.load(std::memory_order_acquire) != 0, 1)) return &d;
   std::lock_guard<std::mutex> lk(device_mu_);
   if (!d.present.load(std::memory_order_acquire)) fill_device(ordinal, d);
   return &d;
 }
 
-CUW_HOT int Tracker::current_device() {
-  using fn = CUresult (*)(CUdevice*);
-  static auto get = reinterpret_cast<fn>(hook::driver_symbol("cuCtxGetDevice"));
-  CUdevice dev = -1;
-  if (!get || get(&dev) != CUDA_SUCCESS) return -1;
-  return dev;
+CUW_COLD Tracker::ctx_get_device_fn Tracker::resolve_ctx_get_device() noexcept {
+  auto f = reinterpret_cast<ctx_get_device_fn>(hook::driver_symbol("cuCtxGetDevice"));
+  ctx_get_device_.store(f, std::memory_order_relaxed);
+  return f;
 }
 
-CUW_HOT bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api) {
+CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
+                                         bool assumed) {
+  if (assumed && current_device() < 0) return Charge::no_context;
+  const uint64_t now = fast_clock::realtime_ns();
+  std::lock_guard<spin_lock> lk(mu_);
+  locked_add(d.refusals, 1);
+  emit_locked(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, now);
+  return Charge::refused;
+}
+
+CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
+                                        bool assumed) {
   const int g = job_gpu(ordinal);
+  bool over = false;
   {
     std::lock_guard<spin_lock> lk(mu_);
     const uint64_t limit = d.limit.load(std::memory_order_relaxed);
     const uint64_t used = d.used.load(std::memory_order_relaxed);
-    if (limit != ring::kNoLimit && (bytes > limit || used > limit - bytes)) {
-      locked_add(d.refusals, 1);
-      emit_locked(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY,
-                  fast_clock::realtime_ns());
-      return false;
+    over = limit != ring::kNoLimit && (bytes > limit || used > limit - bytes);
+    if (!over) {
+      d.used.store(used + bytes, std::memory_order_relaxed);
+      // In a job the peak waits for the job's answer: a refused request never was held.
+      if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
+        d.peak.store(used + bytes, std::memory_order_relaxed);
     }
-    d.used.store(used + bytes, std::memory_order_relaxed);
-    // In a job the peak waits for the job's answer: a refused request never was held.
-    if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
-      d.peak.store(used + bytes, std::memory_order_relaxed);
   }
+  if (__builtin_expect(over, 0)) return refuse(d, ordinal, bytes, api, assumed);
   if (__builtin_expect(g >= 0, 0)) {
     uint64_t job_cap = 0, job_used = 0;
     const bool ok = job_->charge(job_slot_, g, bytes, &job_cap, &job_used);
+    if (!ok && assumed && current_device() < 0) {  // no context: nothing was asked for
+      std::lock_guard<spin_lock> lk(mu_);
+      uncharge_locked(d, bytes);  // the job's own share was not taken (refused)
+      return Charge::no_context;
+    }
+    const uint64_t now = ok ? 0 : fast_clock::realtime_ns();
     std::lock_guard<spin_lock> lk(mu_);
     if (!ok) {
       locked_sub(d.used, bytes);
       locked_add(d.refusals, 1);
       // used_after: what the job's other members hold (the figure that refused us).
       ring::Event e;
-      e.time_ns = fast_clock::realtime_ns();
+      e.time_ns = now;
       e.bytes = bytes;
       e.aux = job_cap;
       e.used_after = job_used;
@@ -295,26 +315,12 @@ CUW_HOT bool Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, r
       e.device = static_cast<int8_t>(ordinal);
       e.result = CUDA_ERROR_OUT_OF_MEMORY;
       push_locked(e);
-      return false;
+      return Charge::refused;
     }
     const uint64_t used = d.used.load(std::memory_order_relaxed);
     if (used > d.peak.load(std::memory_order_relaxed)) d.peak.store(used, std::memory_order_relaxed);
   }
-  return true;
-}
-
-CUW_HOT void Tracker::count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
-  if (pooled) locked_add(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
-  else locked_add(d.reserved, bytes);
-  locked_add(d.live_allocations, 1);
-  locked_add(d.alloc_count, 1);
-}
-
-CUW_HOT void Tracker::count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
-  if (pooled) locked_sub(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
-  else locked_sub(d.reserved, bytes);
-  locked_sub(d.live_allocations, 1);
-  locked_add(d.free_count, 1);
+  return Charge::ok;
 }
 
 void Tracker::force_charge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept {
@@ -323,11 +329,7 @@ void Tracker::force_charge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept 
   if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
 }
 
-CUW_HOT void Tracker::uncharge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept { locked_sub(d.used, bytes); }
-
-CUW_HOT void Tracker::job_uncharge(const ring::DeviceSlot& d, uint64_t bytes) noexcept {
-  if (const int g = job_gpu(d.ordinal); __builtin_expect(g >= 0, 0)) job_->uncharge(job_slot_, g, bytes);
-}
+CUW_COLD void Tracker::job_uncharge_slow(int g, uint64_t bytes) noexcept { job_->uncharge(job_slot_, g, bytes); }
 
 void Tracker::job_force_charge(const ring::DeviceSlot& d, uint64_t bytes) noexcept {
   if (const int g = job_gpu(d.ordinal); __builtin_expect(g >= 0, 0)) job_->force_charge(job_slot_, g, bytes);
@@ -385,15 +387,8 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool dis
   }
 }
 
-CUW_HOT void Tracker::pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t now) noexcept {
-  if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
-  PoolSet& ps = pools_[ordinal];
-  const uint64_t live = ps.live.load(std::memory_order_relaxed);
-  const bool grew = live > ps.reserved.load(std::memory_order_relaxed);
-  if (!grew && now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL &&
-      ps.pools[0].load(std::memory_order_relaxed) != nullptr)
-    return;
-  // A refresh is due. Not inside a stream capture: the allocation is then a graph node.
+CUW_COLD void Tracker::pooled_refresh(int ordinal, CUmemoryPool pool, CUstream stream) noexcept {
+  // A refresh is due (pooled_alloc). Not inside a stream capture: the allocation is then a graph node.
   using capturing_fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
   static auto is_capturing = reinterpret_cast<capturing_fn>(hook::driver_symbol("cuStreamIsCapturing"));
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -406,26 +401,6 @@ void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t ad
   const uint64_t now = fast_clock::realtime_ns();
   std::lock_guard<spin_lock> lk(mu_);
   emit_locked(kind, api, ordinal, address, bytes, aux, result, now);
-}
-
-CUW_HOT void Tracker::emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
-                          uint64_t aux, uint32_t result, uint64_t time_ns) noexcept {
-  ring::Event e;
-  e.time_ns = time_ns;
-  e.address = address;
-  e.bytes = bytes;
-  e.aux = aux;
-  e.api = static_cast<uint16_t>(api);
-  e.kind = static_cast<uint8_t>(kind);
-  e.device = static_cast<int8_t>(ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? ordinal : -1);
-  e.used_after = e.device >= 0 ? header_->devices[e.device].used.load(std::memory_order_relaxed) : 0;
-  e.result = result;
-  push_locked(e);
-}
-
-CUW_HOT void Tracker::push_locked(ring::Event& e) noexcept {
-  e.tid = thread_id();
-  ring::push_exclusive(*header_, slots_, slot_count_, e);
 }
 
 void Tracker::on_exit() noexcept {

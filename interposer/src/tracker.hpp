@@ -13,7 +13,10 @@
 #include <cuda.h>
 
 #include "config.hpp"
+#include "cuw/attrs.hpp"
+#include "fast_clock.hpp"
 #include "live_table.hpp"
+#include "real.hpp"
 #include "spin_lock.hpp"
 #include "cuw/job.hpp"
 #include "cuw/ring.hpp"
@@ -33,22 +36,71 @@ inline void locked_sub(std::atomic<uint64_t>& c, uint64_t v) noexcept {
   c.store(c.load(std::memory_order_relaxed) - v, std::memory_order_relaxed);
 }
 
+class Tracker;
+namespace detail {
+/// The calling thread's Linux thread id (cached per thread, fast_clock::detail::t_state).
+uint32_t thread_id_slow() noexcept;
+CUW_INLINE uint32_t thread_id() noexcept {
+  const uint32_t tid = fast_clock::detail::t_state.tid;
+  return __builtin_expect(tid != 0, 1) ? tid : thread_id_slow();
+}
+}  // namespace detail
+
 /// The per-process core. One instance, created at the first CUDA call (Tracker::get()).
+///
+/// The hot path (an allocation or free through the hooks) is inline, in this header: a
+/// hooked call runs right after the driver's own work has evicted the interposer from the
+/// CPU's caches, so what matters is how many distinct cache lines of code and data it
+/// touches. Each hook's path is one stretch of code; the fields it reads sit in the
+/// object's first cache line, next to the lock; rare paths are out of line (CUW_COLD).
 class Tracker {
  public:
   /// The instance; creates it on first use: reads the configuration (exits with 78 on bad
-  /// configuration unless CUWARDEN_ON_ERROR=open), creates the ring. Thread-safe.
-  static Tracker& get();
+  /// configuration unless CUWARDEN_ON_ERROR=open), creates the ring. Thread-safe; after
+  /// the first call, one acquire load.
+  CUW_INLINE static Tracker& get() {
+    auto* t = static_cast<Tracker*>(hook::g_hot.instance.load(std::memory_order_acquire));
+    return __builtin_expect(t != nullptr, 1) ? *t : create();
+  }
 
   /// The instance if one was created, else nullptr (used at exit). Lock-free.
-  static Tracker* instance_if_created() noexcept;
+  static Tracker* instance_if_created() noexcept {
+    return static_cast<Tracker*>(hook::g_hot.instance.load(std::memory_order_acquire));
+  }
 
   /// Device slot for a CUDA ordinal, filled on first use (UUID, name, physical memory, cap).
   /// nullptr when the ordinal is outside 0..ring::kMaxDevices-1 (then nothing is counted).
-  ring::DeviceSlot* device(int ordinal);
+  CUW_INLINE ring::DeviceSlot* device(int ordinal) {
+    if (static_cast<unsigned>(ordinal) >= ring::kMaxDevices) return nullptr;
+    // The mask, in the hot line, rather than the slot's `present` (a line of its own).
+    if (__builtin_expect(filled_.load(std::memory_order_acquire) >> ordinal & 1, 1)) return &header_->devices[ordinal];
+    return fill_device_once(ordinal);
+  }
 
   /// Ordinal of the calling thread's current context, or -1 (no context / driver error).
-  int current_device();
+  /// One driver call (cuCtxGetDevice).
+  CUW_INLINE int current_device() {
+    auto get = ctx_get_device_.load(std::memory_order_relaxed);
+    if (__builtin_expect(get == nullptr, 0)) get = resolve_ctx_get_device();
+    CUdevice dev = -1;
+    if (!get || get(&dev) != CUDA_SUCCESS) return -1;
+    return dev;
+  }
+
+  /// The ordinal an allocation on the calling thread's current context is counted on,
+  /// for the allocation hooks: when the process sees exactly one device (known once its
+  /// slot was filled), 0 without asking the driver, and `*assumed` is set; a caller that
+  /// got `*assumed` and whose driver call failed (or was refused) checks current_device()
+  /// before counting anything (there may have been no context at all). Otherwise
+  /// current_device().
+  CUW_INLINE int allocation_device(bool* assumed) {
+    if (single_device_.load(std::memory_order_relaxed)) {
+      *assumed = true;
+      return 0;
+    }
+    *assumed = false;
+    return current_device();
+  }
 
   /// The hot path's one lock. Held by a hooked call for one short critical section (two
   /// for an allocation that reaches the driver: before the call and after it), never across
@@ -67,28 +119,60 @@ class Tracker {
   /// Try to count `bytes` against `dev`'s cap and, in a job, the job's cap on that GPU.
   /// Takes lock() (the caller must not hold it): under it `used` never passes `limit`, and
   /// `peak` follows; then, outside it, the job segment's reserve-then-validate
-  /// (cuw/job.hpp). Returns false when over either cap (the refusal is counted and a
-  /// refuse / job_refuse event emitted). Cost: one lock; in a job also one locked add and a
-  /// read of each member's slot.
-  bool charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api);
+  /// (cuw/job.hpp). Returns ok, or refused when over either cap (the refusal is counted and
+  /// a refuse / job_refuse event emitted). `assumed`: `ordinal` came from
+  /// allocation_device() without asking the driver; then a refusal first checks that the
+  /// thread has a context at all, and returns no_context (nothing charged, counted or
+  /// emitted: the caller passes the call to the driver, which answers for itself). Cost:
+  /// one lock; in a job also one locked add and a read of each member's slot.
+  enum class Charge { ok, refused, no_context };
+  Charge charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api, bool assumed = false);
+
+  /// True when nothing can refuse an allocation on `dev` right now: no cap on it and the
+  /// process in no job. Then a hook need not charge before its driver call: it counts the
+  /// bytes with count_uncapped_locked() after the call, in the same critical section as
+  /// the table and the event (one lock instead of two). A cap set live in between (the
+  /// daemon) is as if it came right after the allocation: a cap lowered below use is
+  /// already allowed for. Lock-free (one relaxed load).
+  CUW_INLINE bool uncapped(const ring::DeviceSlot& dev, int ordinal) const noexcept {
+    return dev.limit.load(std::memory_order_relaxed) == ring::kNoLimit && job_gpu(ordinal) < 0;
+  }
+  /// `used` and `peak` for an allocation that was not charged (uncapped()); lock() held.
+  CUW_INLINE void count_uncapped_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept {
+    const uint64_t next = d.used.load(std::memory_order_relaxed) + bytes;
+    d.used.store(next, std::memory_order_relaxed);
+    if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
+  }
 
   /// Give back bytes counted by charge() (a failed driver call, or a free): `used` under
   /// lock() (taken here), then the job's share.
   void uncharge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
   /// The same with lock() already held: `used` only; call job_uncharge() after unlocking.
-  void uncharge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+  void uncharge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept { locked_sub(dev.used, bytes); }
   /// Count bytes that are already allocated, cap or not (a pitch larger than estimated);
   /// lock() held; call job_force_charge() after unlocking.
   void force_charge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
   /// The job's share of uncharge / force_charge (lock-free; no-op outside a job).
-  void job_uncharge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+  CUW_INLINE void job_uncharge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept {
+    if (const int g = job_gpu(dev.ordinal); __builtin_expect(g >= 0, 0)) job_uncharge_slow(g, bytes);
+  }
   void job_force_charge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept;
 
   /// With lock() held: a successful driver allocation of `bytes` (charged) on `d`: live
   /// allocations, allocations, and reserved (or, for a stream-ordered one, the pools' live
   /// bytes); and its free.
-  void count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
-  void count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept;
+  CUW_INLINE void count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
+    if (pooled) locked_add(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
+    else locked_add(d.reserved, bytes);
+    locked_add(d.live_allocations, 1);
+    locked_add(d.alloc_count, 1);
+  }
+  CUW_INLINE void count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
+    if (pooled) locked_sub(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
+    else locked_sub(d.reserved, bytes);
+    locked_sub(d.live_allocations, 1);
+    locked_add(d.free_count, 1);
+  }
 
   /// The job's cap on `ordinal`'s GPU and what all members hold there (bytes). False when
   /// the process is in no job, or the job has no cap. Lock-free.
@@ -108,7 +192,16 @@ class Tracker {
   /// millisecond. `stream` is the allocation's stream: while it is being captured into a
   /// graph the refresh is skipped (no driver query inside a capture), and done at a later one.
   /// `now` is the allocation event's time (fast_clock::realtime_ns()).
-  void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t now) noexcept;
+  CUW_INLINE void pooled_alloc(int ordinal, CUmemoryPool pool, CUstream stream, uint64_t now) noexcept {
+    if (static_cast<unsigned>(ordinal) >= ring::kMaxDevices) return;
+    PoolSet& ps = pools_[ordinal];
+    const bool grew = ps.live.load(std::memory_order_relaxed) > ps.reserved.load(std::memory_order_relaxed);
+    if (__builtin_expect(!grew && now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL &&
+                             ps.pools[0].load(std::memory_order_relaxed) != nullptr,
+                         1))
+      return;
+    pooled_refresh(ordinal, pool, stream);
+  }
 
   /// Emit an event into the ring, stamped now; takes lock(). Never blocks on the consumer
   /// (drops and counts when full).
@@ -116,12 +209,39 @@ class Tracker {
             uint32_t result) noexcept;
   /// The same with lock() held and the time already read (fast_clock::realtime_ns(), read
   /// before locking to keep the critical section short). used_after is `ordinal`'s used.
-  void emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
-                   uint32_t result, uint64_t time_ns) noexcept;
+  CUW_INLINE void emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
+                              uint64_t aux, uint32_t result, uint64_t time_ns) noexcept {
+    ring::Event e;
+    e.time_ns = time_ns;
+    e.address = address;
+    e.bytes = bytes;
+    e.aux = aux;
+    e.api = static_cast<uint16_t>(api);
+    e.kind = static_cast<uint8_t>(kind);
+    const bool known = static_cast<unsigned>(ordinal) < ring::kMaxDevices;
+    e.device = static_cast<int8_t>(known ? ordinal : -1);
+    e.used_after = known ? header_->devices[ordinal].used.load(std::memory_order_relaxed) : 0;
+    e.result = result;
+    push_locked(e);
+  }
+
+  /// Right after a driver call, before the critical section that records it: ask the CPU
+  /// for the lines that section writes (the lock's, `d`'s counters, the next ring slot and
+  /// the ring's shared write position),
+  /// so that their misses overlap rather than follow one another (the driver's own work
+  /// evicted them). Reads a few words without the lock: a stale value only prefetches a
+  /// wrong line.
+  CUW_INLINE void prefetch_commit(const ring::DeviceSlot& d) noexcept {
+    __builtin_prefetch(&mu_, 1, 3);
+    __builtin_prefetch(&d.used, 1, 3);
+    const uint64_t pos = __atomic_load_n(&write_pos_, __ATOMIC_RELAXED);
+    __builtin_prefetch(&slots()[pos & (slot_count_ - 1)], 1, 3);
+    __builtin_prefetch(&header_->write_pos, 1, 3);
+  }
 
   /// CUWARDEN_POOL=cache: the caches (one per CUDA context); nullptr with the pool off.
   /// Lock-free (one load).
-  mr::cache_registry* cache() noexcept { return cache_.get(); }
+  mr::cache_registry* cache() noexcept { return cache_; }
 
   /// The live tables; lock() held to use them.
   LiveTable& pointers() noexcept { return pointers_; }
@@ -136,44 +256,73 @@ class Tracker {
 
  private:
   Tracker();
+  ~Tracker() = delete;  // never destroyed: CUDA calls made by other destructors still work
+  static Tracker& create();
+  ring::DeviceSlot* fill_device_once(int ordinal);
+  /// charge()'s refusal by the process cap (lock() not held): the context check, the count
+  /// and the event.
+  Charge refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api, bool assumed);
+  using ctx_get_device_fn = CUresult (*)(CUdevice*);
+  ctx_get_device_fn resolve_ctx_get_device() noexcept;
+  void job_uncharge_slow(int job_gpu, uint64_t bytes) noexcept;
+  void pooled_refresh(int ordinal, CUmemoryPool pool, CUstream stream) noexcept;
   void create_ring();
+  ring::EventSlot* slots() const noexcept {
+    return reinterpret_cast<ring::EventSlot*>(reinterpret_cast<char*>(header_) + ring::kHeaderBytes);
+  }
   /// True when a daemon accepts connections on the run directory's socket (never blocks).
   bool daemon_listening() const noexcept;
   void fill_device(int ordinal, ring::DeviceSlot& d);
   /// Stamp the thread on `e` (time already set) and push it into the ring; lock() held.
-  void push_locked(ring::Event& e) noexcept;
+  CUW_INLINE void push_locked(ring::Event& e) noexcept {
+    e.tid = detail::thread_id();
+    ring::push_exclusive(*header_, slots(), slot_count_, write_pos_, e);
+  }
   /// Join CUWARDEN_JOB's segment (constructor). Failure is a configuration error.
   void join_job();
   int job_gpu(int ordinal) const noexcept {
     return job_slot_ >= 0 && ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? job_gpu_[ordinal] : -1;
   }
 
-  Config config_;
-  spin_lock mu_;
-  ring::RingHeader* header_ = nullptr;
-  ring::EventSlot* slots_ = nullptr;
+  // The hot path's fields: the object's first cache line, with the lock (a hooked call
+  // runs with the caches cold, so each line is a miss). The ring's slots follow its header
+  // at a fixed offset (slots()).
+  alignas(64) spin_lock mu_;
+  std::atomic<bool> single_device_{false};  ///< the process sees one device (allocation_device)
+  std::atomic<uint32_t> filled_{0};         ///< bit i: devices[i] is filled (device())
+  static_assert(ring::kMaxDevices <= 32, "filled_ holds one bit per device");
   uint32_t slot_count_ = 0;
+  int job_slot_ = -1;
+  ring::RingHeader* header_ = nullptr;
+  /// The ring's write position: only this process writes it, under lock(), so the producer
+  /// keeps its own copy and never reads the shared header's (a line the daemon reads).
+  uint64_t write_pos_ = 0;
+  mr::cache_registry* cache_ = nullptr;  ///< owned (cache_owner_)
+  LiveTable pointers_;
+  // (end of the first line)
+  std::atomic<ctx_get_device_fn> ctx_get_device_{nullptr};
+  job::Segment* job_ = nullptr;
+  int job_gpu_[ring::kMaxDevices];  ///< see below
+
+  Config config_;
   bool ring_is_file_ = false;
   std::string ring_path_;
   std::mutex device_mu_;
   /// Per device: the stream-ordered pools seen and what they reserved at the last refresh.
   struct PoolSet {
     static constexpr int kMax = 8;
+    // What pooled_alloc reads and count_*_locked write, in one line.
+    alignas(64) std::atomic<uint64_t> live{0};  ///< bytes of live stream-ordered allocations (lock())
+    std::atomic<uint64_t> reserved{0};          ///< sum over pools, bytes
+    std::atomic<uint64_t> refreshed_ns{0};      ///< fast_clock::realtime_ns() of the last refresh
     std::atomic<CUmemoryPool> pools[kMax] = {};
-    std::atomic<uint64_t> reserved{0};       ///< sum over pools, bytes
-    std::atomic<uint64_t> live{0};           ///< bytes of live stream-ordered allocations (lock())
-    std::atomic<uint64_t> refreshed_ns{0};   ///< fast_clock::realtime_ns() of the last refresh
-    std::mutex mu;                           ///< serialises refreshes (never on the alloc path)
+    std::mutex mu;                              ///< serialises refreshes (never on the alloc path)
   };
   PoolSet pools_[ring::kMaxDevices];
-  /// The job (CUWARDEN_JOB): segment, our slot (-1: no job), the job's GPU index of each
-  /// ordinal (-1: not counted, e.g. the job's GPU table is full). Set before the device
-  /// slot's `present` is published, read after it.
-  job::Segment* job_ = nullptr;
-  int job_slot_ = -1;
-  int job_gpu_[ring::kMaxDevices];
-  std::unique_ptr<mr::cache_registry> cache_;
-  LiveTable pointers_;
+  // The job (CUWARDEN_JOB): segment (job_, above), our slot (job_slot_, above; -1: no
+  // job), the job's GPU index of each ordinal (job_gpu_, above; -1: not counted, e.g. the
+  // job's GPU table is full). Set before the device is marked filled, read after it.
+  std::unique_ptr<mr::cache_registry> cache_owner_;
   LiveTable handles_;
   LiveTable host_;
 };
@@ -182,13 +331,15 @@ class Tracker {
 /// thread (a driver calling its own exported entry point) passes straight through.
 class Reentry {
  public:
-  Reentry() noexcept : nested_(depth_ > 0) { ++depth_; }
-  ~Reentry() { --depth_; }
+  Reentry() noexcept : nested_(depth() > 0) { ++depth(); }
+  ~Reentry() { --depth(); }
   bool nested() const noexcept { return nested_; }
 
  private:
   // initial-exec: the library is preloaded, so its TLS is static; no __tls_get_addr call.
-  static thread_local int depth_ __attribute__((tls_model("initial-exec")));
+  // In the thread's hot line (fast_clock::detail::ThreadState); initial-exec TLS: the
+  // library is preloaded, so no __tls_get_addr call.
+  static int& depth() noexcept { return fast_clock::detail::t_state.reentry_depth; }
   bool nested_;
 };
 

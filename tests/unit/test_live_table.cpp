@@ -1,4 +1,4 @@
-// Unit tests: the interposer's live-allocation table (open addressing, sharded spin locks).
+// Unit tests: the interposer's live-allocation table (open addressing, one array).
 #include <catch2/catch.hpp>
 #include <random>
 #include <thread>

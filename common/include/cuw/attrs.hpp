@@ -8,3 +8,6 @@
 
 #define CUW_HOT __attribute__((hot))
 #define CUW_COLD __attribute__((cold, noinline))
+// A piece of the hot path that must be inlined into each hook that uses it, so that the
+// hook's path is one stretch of code instead of calls into lines spread over the library.
+#define CUW_INLINE inline __attribute__((always_inline))

@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuw/attrs.hpp"
+
 namespace cuw::ring {
 
 inline constexpr uint64_t kMagic = 0x31474e4952575543ULL;  // "CUWRING1"
@@ -86,7 +88,7 @@ const char* kind_name(uint8_t kind) noexcept;
 /// One event, 64 bytes, one cache line. Written by exactly one producer per lap.
 struct alignas(64) EventSlot {
   std::atomic<uint64_t> seq;  ///< ring protocol sequence (see top of file)
-  uint64_t time_ns;           ///< CLOCK_REALTIME, ns since the Unix epoch
+  uint64_t time_ns;           ///< CLOCK_REALTIME, ns since the Unix epoch, when the call was made
   uint64_t address;           ///< device pointer or allocation handle (0 for refusals)
   uint64_t bytes;             ///< size of the request, in bytes
   uint64_t used_after;        ///< device's used bytes right after this event
@@ -195,11 +197,46 @@ struct Event {
 inline constexpr int kMaxPushAttempts = 64;
 bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept;
 
+/// Fill a slot claimed at position `pos` and publish it (the release store of seq).
+CUW_INLINE void publish(EventSlot& s, uint64_t pos, const Event& e) noexcept {
+  s.time_ns = e.time_ns;
+  s.address = e.address;
+  s.bytes = e.bytes;
+  s.used_after = e.used_after;
+  s.aux = e.aux;
+  s.tid = e.tid;
+  s.api = e.api;
+  s.kind = e.kind;
+  s.device = e.device;
+  s.result = e.result;
+  s.reserved = 0;
+  s.seq.store(pos + 1, std::memory_order_release);
+}
+
 /// Producer side for a writer that excludes every other producer of this ring itself (the
 /// interposer pushes under its one lock): the same protocol and memory order as push(),
-/// with a plain claim of write_pos instead of the CAS. Returns false (drop counted) when
-/// full. Cost: two loads, the slot's stores, one release store, one relaxed store.
-bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept;
+/// with a plain claim of write_pos instead of the CAS. `write_pos` is the writer's own copy
+/// of h.write_pos (equal to it, and only ever advanced here); the shared field is stored,
+/// never loaded. Returns false (drop counted) when full. Cost: one load (the slot's seq),
+/// the slot's stores, one release store, one relaxed store. Inline (the interposer's hot
+/// path): with `e` built in place, the compiler stores its fields straight into the slot.
+CUW_INLINE bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, uint64_t& write_pos,
+                               const Event& e) noexcept {
+  const uint64_t pos = write_pos;
+  EventSlot& s = slots[pos & (slot_count - 1)];
+  if (__builtin_expect(s.seq.load(std::memory_order_acquire) != pos, 0)) {
+    // Full: the consumer is a lap behind (or absent).
+    h.events_dropped.store(h.events_dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return false;
+  }
+  __atomic_store_n(&write_pos, pos + 1, __ATOMIC_RELAXED);  // a prefetcher may read it unlocked
+  h.write_pos.store(pos + 1, std::memory_order_relaxed);
+  publish(s, pos, e);
+  // The next event's slot: a line the consumer last read (or not touched for a lap). Ask
+  // for it, for writing, now, so that the next push does not wait for it.
+  __builtin_prefetch(&slots[(pos + 1) & (slot_count - 1)], 1, 3);
+  return true;
+}
 
 /// Initialise a freshly created, zero-filled mapping of file_size(slot_count) bytes.
 /// `slot_count` must be a power of two in [kMinSlotCount, kMaxSlotCount].

@@ -1,0 +1,105 @@
+// Interposer tests: a process that sees one device (CUWARDEN_FAKE_DEVICES=1). There the
+// allocation hooks count on ordinal 0 without asking the driver for the thread's device
+// (Tracker::allocation_device); a thread without a context must still get the driver's own
+// answer and count nothing, capped or not. Run twice by ctest: with CUWARDEN_LIMIT=64MiB
+// (interposer.single_cap) and without a cap (interposer.single).
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "support.hpp"
+
+using namespace cuwtest;
+
+namespace {
+constexpr uint64_t kMiB = 1ULL << 20;
+
+/// Every event published since the last call (drained as a daemon would).
+std::vector<cuw::ring::Event> drain_events() {
+  auto& h = own_ring();
+  std::vector<cuw::ring::Event> buf(cuw::ring::kDefaultSlotCount);
+  auto* slots = reinterpret_cast<cuw::ring::EventSlot*>(reinterpret_cast<char*>(&h) + cuw::ring::kHeaderBytes);
+  const size_t n = cuw::ring::drain(h, slots, cuw::ring::kDefaultSlotCount, buf.data(), buf.size(), false, nullptr);
+  buf.resize(n);
+  return buf;
+}
+
+/// `f` run on a fresh thread, which has no current context.
+template <class F>
+CUresult on_thread_without_context(F&& f) {
+  CUresult r = CUDA_SUCCESS;
+  std::thread([&] { r = f(); }).join();
+  return r;
+}
+}  // namespace
+
+TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their events", "[single]") {
+  make_context();
+  touch_interposer();
+  drain_events();
+  auto& d = dev_counters();
+  const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr;
+  CHECK(d.limit.load() == (capped ? 64 * kMiB : cuw::ring::kNoLimit));
+  const uint64_t allocs = d.alloc_count.load(), frees = d.free_count.load();
+
+  CUdeviceptr p = 0, q = 0;
+  REQUIRE(cuMemAlloc(&p, 3 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAllocAsync(&q, 5 * kMiB, nullptr) == CUDA_SUCCESS);
+  CHECK(used() == 8 * kMiB);
+  CHECK(d.peak.load() >= 8 * kMiB);
+  CHECK(d.live_allocations.load() == 2);
+  REQUIRE(cuMemFreeAsync(q, nullptr) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  CHECK(used() == 0);
+  CHECK(d.live_allocations.load() == 0);
+  CHECK(d.alloc_count.load() == allocs + 2);
+  CHECK(d.free_count.load() == frees + 2);
+
+  const auto ev = drain_events();
+  REQUIRE(ev.size() == 4);
+  using K = cuw::ring::EventKind;
+  CHECK(ev[0].kind == static_cast<uint8_t>(K::alloc));
+  CHECK(ev[0].bytes == 3 * kMiB);
+  CHECK(ev[1].kind == static_cast<uint8_t>(K::alloc));
+  CHECK(ev[1].used_after == 8 * kMiB);
+  CHECK(ev[2].kind == static_cast<uint8_t>(K::free));
+  CHECK(ev[3].kind == static_cast<uint8_t>(K::free));
+  CHECK(ev[3].used_after == 0);
+  for (const auto& e : ev) {
+    CHECK(e.device == 0);
+    CHECK(e.time_ns > 1'600'000'000'000'000'000ULL);
+  }
+  // Times are taken when each call is made, in order on one thread.
+  for (size_t i = 1; i < ev.size(); ++i) CHECK(ev[i].time_ns >= ev[i - 1].time_ns);
+}
+
+TEST_CASE("one device: a thread without a context gets the driver's answer and counts nothing", "[single]") {
+  make_context();
+  touch_interposer();
+  drain_events();
+  auto& d = dev_counters();
+  const uint64_t refusals = d.refusals.load(), errors = d.driver_errors.load();
+
+  CUdeviceptr p = 0;
+  CHECK(on_thread_without_context([&] { return cuMemAlloc(&p, kMiB); }) == CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(on_thread_without_context([&] { return cuMemAllocAsync(&p, kMiB, nullptr); }) ==
+        CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(used() == 0);
+  CHECK(d.driver_errors.load() == errors);
+  CHECK(d.refusals.load() == refusals);
+  CHECK(drain_events().empty());
+
+  if (std::getenv("CUWARDEN_LIMIT")) {
+    // At the cap: still the driver's answer (no context), not a refusal by the cap.
+    CUdeviceptr full = 0;
+    REQUIRE(cuMemAlloc(&full, 64 * kMiB) == CUDA_SUCCESS);
+    drain_events();
+    CHECK(on_thread_without_context([&] { return cuMemAlloc(&p, kMiB); }) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(d.refusals.load() == refusals);
+    CHECK(drain_events().empty());
+    CHECK(cuMemAlloc(&p, kMiB) == CUDA_ERROR_OUT_OF_MEMORY);  // with a context: refused
+    CHECK(d.refusals.load() == refusals + 1);
+    REQUIRE(cuMemFree(full) == CUDA_SUCCESS);
+  }
+  CHECK(used() == 0);
+}
