@@ -7,7 +7,8 @@
 //
 // Built for the hooks' hot path, which runs with the CPU caches cold (the driver's own work
 // evicted them): the table's header is 24 bytes that sit in the tracker's hot cache line,
-// and a slot is 32 bytes, aligned, so an insert or a take usually touches one more line.
+// and a slot is 16 bytes (the record packed into one word), four to a line, so an insert or
+// a take usually touches one more line.
 #pragma once
 
 #include <atomic>
@@ -17,7 +18,7 @@
 
 namespace cuw::ipc {
 
-/// What the live table remembers about one allocation. 16 bytes.
+/// What the live table remembers about one allocation.
 struct LiveRecord {
   uint64_t bytes = 0;   ///< bytes counted against the cap
   int8_t device = -1;   ///< CUDA ordinal
@@ -26,8 +27,9 @@ struct LiveRecord {
 
 /// Map from a nonzero 64-bit key to a LiveRecord. Not thread-safe: callers serialize (the
 /// interposer holds Tracker::lock()). Cost of insert or take: one multiply, a probe of
-/// usually one slot. Memory: 32 bytes a slot, 43 to 128 bytes per live entry. Growth
-/// rehashes every entry once (under the caller's lock: about 10 ns an entry).
+/// usually one slot. Memory: 16 bytes a slot, 21 to 64 bytes per live entry. Growth
+/// rehashes every entry once (under the caller's lock: about 10 ns an entry). A record's
+/// bytes must be below 2^51 (2 PiB), its device in -1..30 and its api below 256.
 class LiveTable {
  public:
   LiveTable() = default;
@@ -36,8 +38,9 @@ class LiveTable {
   ~LiveTable();
 
   /// Insert or overwrite. `key` must not be 0 or ~0 (reserved); such keys are ignored.
-  /// Returns false only when memory for growth could not be had (the entry is then lost:
-  /// its free will not be counted, and a warning is the caller's business). Inline (the
+  /// Returns false only when memory for growth could not be had, or the record does not
+  /// fit (see above) (the entry is then lost: its free will not be counted, and a warning
+  /// is the caller's business). Inline (the
   /// hooks' hot path); growth is out of line.
   bool insert(uint64_t key, LiveRecord rec) noexcept;
   /// Remove and return the record; false if `key` is not live. Inline.
@@ -55,11 +58,22 @@ class LiveTable {
   uint64_t footprint() const noexcept;
 
  private:
-  struct alignas(32) Slot {
+  struct alignas(16) Slot {
     uint64_t key;  ///< 0 empty, ~0 tombstone
-    LiveRecord rec;
+    uint64_t rec;  ///< pack(): bytes | (device + 1) << 51 | api << 56
   };
   static constexpr uint64_t kEmpty = 0, kTomb = ~0ULL;
+  static constexpr int kBytesBits = 51;
+  static bool fits(const LiveRecord& r) noexcept {
+    return r.bytes >> kBytesBits == 0 && r.device >= -1 && r.device <= 30 && r.api < 256;
+  }
+  static uint64_t pack(const LiveRecord& r) noexcept {
+    return r.bytes | uint64_t(static_cast<uint8_t>(r.device + 1)) << kBytesBits | uint64_t(r.api) << 56;
+  }
+  static LiveRecord unpack(uint64_t v) noexcept {
+    return LiveRecord{v & ((uint64_t{1} << kBytesBits) - 1), static_cast<int8_t>(int((v >> kBytesBits) & 31) - 1),
+                      static_cast<uint16_t>(v >> 56)};
+  }
   /// Fibonacci hashing: the product's top bits (the low bits of an aligned pointer are zero).
   uint32_t home(uint64_t key) const noexcept {
     return static_cast<uint32_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
@@ -75,6 +89,7 @@ class LiveTable {
 
 CUW_INLINE bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
   if (__builtin_expect(key == kEmpty || key == kTomb, 0)) return true;
+  if (__builtin_expect(!fits(rec), 0)) return false;
   if (__builtin_expect((occupied_ + 1) * 4 > capacity_ * 3, 0) && !grow()) return false;
   const uint32_t mask = capacity_ - 1;
   uint32_t i = home(key);
@@ -82,7 +97,7 @@ CUW_INLINE bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
   for (;; i = (i + 1) & mask) {
     const uint64_t k = slots_[i].key;
     if (k == key) {  // overwrite (the driver handed out an address we thought live)
-      slots_[i].rec = rec;
+      slots_[i].rec = pack(rec);
       return true;
     }
     if (k == kEmpty) break;
@@ -94,7 +109,7 @@ CUW_INLINE bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
     ++occupied_;
   }
   slots_[i].key = key;
-  slots_[i].rec = rec;
+  slots_[i].rec = pack(rec);
   __atomic_store_n(&live_, live_ + 1, __ATOMIC_RELAXED);
   return true;
 }
@@ -105,7 +120,7 @@ CUW_INLINE bool LiveTable::take(uint64_t key, LiveRecord* out) noexcept {
   for (uint32_t i = home(key);; i = (i + 1) & mask) {
     const uint64_t k = slots_[i].key;
     if (k == key) {
-      if (out) *out = slots_[i].rec;
+      if (out) *out = unpack(slots_[i].rec);
       slots_[i].key = kTomb;
       __atomic_store_n(&live_, live_ - 1, __ATOMIC_RELAXED);
       return true;

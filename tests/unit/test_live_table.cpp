@@ -94,3 +94,28 @@ TEST_CASE("live table: threads never lose or duplicate entries (under one lock, 
   CHECK(errors.load() == 0);
   CHECK(t.size() == kThreads * kPer / 2);
 }
+
+TEST_CASE("live table: records keep every field at the edges of their packing, and one too large is refused",
+          "[live_table]") {
+  LiveTable t;
+  const uint64_t max_bytes = (uint64_t{1} << 51) - 1;  // 2 PiB - 1
+  REQUIRE(t.insert(0x1000, LiveRecord{max_bytes, 15, 255}));
+  REQUIRE(t.insert(0x2000, LiveRecord{0, -1, 0}));
+  REQUIRE(t.insert(0x3000, LiveRecord{141ULL << 30, 7, 4}));
+  LiveRecord r;
+  REQUIRE(t.take(0x1000, &r));
+  CHECK(r.bytes == max_bytes);
+  CHECK(r.device == 15);
+  CHECK(r.api == 255);
+  REQUIRE(t.take(0x2000, &r));
+  CHECK(r.bytes == 0);
+  CHECK(r.device == -1);
+  CHECK(r.api == 0);
+  REQUIRE(t.take(0x3000, &r));
+  CHECK(r.bytes == 141ULL << 30);
+  CHECK(r.device == 7);
+  CHECK(r.api == 4);
+  CHECK_FALSE(t.insert(0x4000, LiveRecord{uint64_t{1} << 51, 0, 1}));  // does not fit: not stored
+  CHECK_FALSE(t.insert(0x4000, LiveRecord{1, 0, 256}));
+  CHECK(t.size() == 0);
+}
