@@ -9,7 +9,9 @@
 // that the interposer really is loaded and capping (a guard that measured a run without the
 // hook would pass for the wrong reason); with --expect-bare it checks that it is not loaded.
 //
-// Usage: cuw_callgrind_pairs [--pairs N] [--warmup N] [--size BYTES]
+// With --async the pairs are cuMemAllocAsync + cuMemFreeAsync on the legacy stream.
+//
+// Usage: cuw_callgrind_pairs [--pairs N] [--warmup N] [--size BYTES] [--async]
 //                            [--expect-limit BYTES | --expect-bare]
 // stdout: one line `pairs=N size=B cuwarden=0|1 meminfo_total=T`. Exit 0 ok, 1 bad usage,
 // 2 driver error, 3 the expectation about the interposer failed.
@@ -18,6 +20,8 @@
 #else
 #define CALLGRIND_TOGGLE_COLLECT
 #endif
+
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -38,16 +42,18 @@ bool parse_u64(const char* s, unsigned long long* out) {
 
 int main(int argc, char** argv) {
   unsigned long long pairs = 2000, warmup = 200, size = 1 << 20, expect_limit = 0;
-  bool expect_bare = false;
+  bool expect_bare = false, async = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     unsigned long long* target = a == "--pairs" ? &pairs : a == "--warmup" ? &warmup : a == "--size" ? &size
                                : a == "--expect-limit" ? &expect_limit : nullptr;
     if (a == "--expect-bare") {
       expect_bare = true;
+    } else if (a == "--async") {
+      async = true;
     } else if (!target || i + 1 >= argc || !parse_u64(argv[++i], target)) {
       std::fprintf(stderr,
-                   "usage: cuw_callgrind_pairs [--pairs N] [--warmup N] [--size BYTES] "
+                   "usage: cuw_callgrind_pairs [--pairs N] [--warmup N] [--size BYTES] [--async] "
                    "[--expect-limit BYTES | --expect-bare]\n");
       return 1;
     }
@@ -73,10 +79,18 @@ int main(int argc, char** argv) {
     return 3;
   }
 
+  using alloc_async_fn = CUresult (*)(CUdeviceptr*, size_t, CUstream);
+  using free_async_fn = CUresult (*)(CUdeviceptr, CUstream);
+  const auto alloc_async = reinterpret_cast<alloc_async_fn>(dlsym(d.lib, "cuMemAllocAsync"));
+  const auto free_async = reinterpret_cast<free_async_fn>(dlsym(d.lib, "cuMemFreeAsync"));
+  if (async && (!alloc_async || !free_async)) {
+    std::fprintf(stderr, "cuw_callgrind_pairs: the driver lacks cuMemAllocAsync / cuMemFreeAsync\n");
+    return 2;
+  }
   auto pair = [&]() -> bool {
     CUdeviceptr p = 0;
-    CUresult r = d.mem_alloc(&p, size);
-    if (r == CUDA_SUCCESS) r = d.mem_free(p);
+    CUresult r = async ? alloc_async(&p, size, nullptr) : d.mem_alloc(&p, size);
+    if (r == CUDA_SUCCESS) r = async ? free_async(p, nullptr) : d.mem_free(p);
     if (r != CUDA_SUCCESS) std::fprintf(stderr, "cuw_callgrind_pairs: %s\n", d.err(r).c_str());
     return r == CUDA_SUCCESS;
   };
