@@ -50,7 +50,9 @@ class LiveTable {
   CUW_INLINE void prefetch(uint64_t key) const noexcept {
     const uint32_t cap = __atomic_load_n(&capacity_, __ATOMIC_RELAXED);
     Slot* const s = __atomic_load_n(&slots_, __ATOMIC_RELAXED);
-    if (cap != 0 && s != nullptr) __builtin_prefetch(&s[home(key) & (cap - 1)], 1, 3);
+    if (cap == 0 || s == nullptr) return;
+    const auto i = static_cast<uint32_t>((key * 0x9E3779B97F4A7C15ULL) >> (64 - __builtin_ctz(cap)));
+    __builtin_prefetch(&s[i & (cap - 1)], 1, 3);
   }
   /// Number of live entries (a snapshot under concurrency; relaxed load, no lock).
   uint64_t size() const noexcept { return __atomic_load_n(&live_, __ATOMIC_RELAXED); }

@@ -103,8 +103,8 @@ class Tracker {
   }
 
   /// The hot path's one lock. Held by a hooked call for one short critical section (two
-  /// for an allocation that reaches the driver: before the call and after it), never across
-  /// a driver or system call. It guards, for every device: used and peak (the cap), the
+  /// for a capped allocation that reaches the driver, before the call and after it, and for
+  /// a free: the table before, the counters after), never across a driver or system call. It guards, for every device: used and peak (the cap), the
   /// counters (live_allocations, alloc_count, free_count, reserved, cached, pool_hits,
   /// pool_waits, driver_errors, host_bytes, refusals), the stream-ordered pools' live
   /// bytes; the live tables (pointers, handles, host); the ring's write position (events are
@@ -227,10 +227,9 @@ class Tracker {
 
   /// Right after a driver call, before the critical section that records it: ask the CPU
   /// for the lines that section writes (the lock's, `d`'s counters, the next ring slot and
-  /// the ring's shared write position),
-  /// so that their misses overlap rather than follow one another (the driver's own work
-  /// evicted them). Reads a few words without the lock: a stale value only prefetches a
-  /// wrong line.
+  /// the ring's shared write position), so that their misses overlap rather than follow
+  /// one another (the driver's own work evicted them). Reads a few words without the lock:
+  /// a stale value only prefetches a wrong line.
   CUW_INLINE void prefetch_commit(const ring::DeviceSlot& d) noexcept {
     __builtin_prefetch(&mu_, 1, 3);
     __builtin_prefetch(&d.used, 1, 3);
