@@ -305,16 +305,8 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
       locked_sub(d.used, bytes);
       locked_add(d.refusals, 1);
       // used_after: what the job's other members hold (the figure that refused us).
-      ring::Event e;
-      e.time_ns = now;
-      e.bytes = bytes;
-      e.aux = job_cap;
-      e.used_after = job_used;
-      e.api = static_cast<uint16_t>(api);
-      e.kind = static_cast<uint8_t>(ring::EventKind::job_refuse);
-      e.device = static_cast<int8_t>(ordinal);
-      e.result = CUDA_ERROR_OUT_OF_MEMORY;
-      push_locked(e);
+      emit_locked(ring::EventKind::job_refuse, api, ordinal, 0, bytes, job_cap, CUDA_ERROR_OUT_OF_MEMORY, now,
+                  job_used);
       return Charge::refused;
     }
     const uint64_t used = d.used.load(std::memory_order_relaxed);

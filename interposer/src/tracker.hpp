@@ -211,6 +211,13 @@ class Tracker {
   /// before locking to keep the critical section short). used_after is `ordinal`'s used.
   CUW_INLINE void emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
                               uint64_t aux, uint32_t result, uint64_t time_ns) noexcept {
+    const bool known = static_cast<unsigned>(ordinal) < ring::kMaxDevices;
+    emit_locked(kind, api, ordinal, address, bytes, aux, result, time_ns,
+                known ? header_->devices[ordinal].used.load(std::memory_order_relaxed) : 0);
+  }
+  /// The same with used_after given (a job refusal reports what the job's members hold).
+  CUW_INLINE void emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
+                              uint64_t aux, uint32_t result, uint64_t time_ns, uint64_t used_after) noexcept {
     ring::Event e;
     e.time_ns = time_ns;
     e.address = address;
@@ -218,9 +225,8 @@ class Tracker {
     e.aux = aux;
     e.api = static_cast<uint16_t>(api);
     e.kind = static_cast<uint8_t>(kind);
-    const bool known = static_cast<unsigned>(ordinal) < ring::kMaxDevices;
-    e.device = static_cast<int8_t>(known ? ordinal : -1);
-    e.used_after = known ? header_->devices[ordinal].used.load(std::memory_order_relaxed) : 0;
+    e.device = static_cast<int8_t>(static_cast<unsigned>(ordinal) < ring::kMaxDevices ? ordinal : -1);
+    e.used_after = used_after;
     e.result = result;
     push_locked(e);
   }
