@@ -103,7 +103,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
   if (when) *when = now;
   CUresult r = call();
-  t.prefetch_commit(*d);
+  t.prefetch_commit(*d, ordinal, pooled(api));
   if (__builtin_expect(r == CUDA_SUCCESS, 1)) table.prefetch(key_of_result());
   // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
   // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
@@ -120,7 +120,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
   if (!charged) t.count_uncapped_locked(*d, bytes);
-  t.count_alloc_locked(*d, bytes, pooled(api));
+  t.count_alloc_locked(*d, ordinal, bytes, pooled(api));
   t.emit_locked(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
   return r;
 }
@@ -135,41 +135,65 @@ CUW_INLINE CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, bool a
 }
 
 /// The driver failed a free of a live record: it still holds the memory, so the record
-/// goes back (cold).
-CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, const LiveRecord& rec) {
+/// goes back and a driver_error event (the free's API, address and bytes, the driver's
+/// result) says the allocation is still live (cold). `committed`: the free was already
+/// counted and its free event pushed (tracked_free's uncapped path); its counts are undone.
+CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
+                        ring::Api api, uint64_t aux, CUresult r, uint64_t now) {
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   table.insert(key, rec);
+  ring::DeviceSlot& d = t.header().devices[rec.device];
+  if (committed) {
+    t.count_uncapped_locked(d, rec.bytes);
+    t.uncount_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+  }
+  t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
 }
 
 /// Free through `call`, taking the record out of the live table first (one lock) so that a
-/// concurrent allocation handed the same address is never erased by us; then, once the
-/// driver freed it, one lock for `used`, the counters and the event (the cap counts the
-/// bytes until the driver has them back).
+/// concurrent allocation handed the same address is never erased by us.
+///
+/// Without a cap on the record's device (and outside a job: Tracker::uncapped), the same
+/// critical section also counts the free and pushes its event, before the driver call:
+/// one lock per free, and nothing after the call but its result. `used` then drops while
+/// the driver is still freeing, which no cap can notice; a failed free undoes it (keep_live).
+/// With a cap, the counters and the event wait for the driver (a second lock after the
+/// call): the cap counts the bytes until the driver has them back.
 template <class Call>
 CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
                                  Call&& call) {
   LiveRecord rec;
-  bool live = false;
+  bool live = false, committed = false;
+  // The event's time: when the call was made (read before the driver call, as above).
+  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
   if (__builtin_expect(key != 0, 1)) {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     live = table.take(key, &rec);
+    // A record always names a tracked device (tracked_alloc_in inserts only then).
+    if (__builtin_expect(live && static_cast<unsigned>(rec.device) < ring::kMaxDevices, 1)) {
+      ring::DeviceSlot& d = t.header().devices[rec.device];
+      if (t.uncapped(d, rec.device)) {
+        t.uncharge_locked(d, rec.bytes);
+        t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+        t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
+        committed = true;
+      }
+    }
   }
-  // The event's time: when the call was made (read before the driver call, as above).
-  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
   const CUresult r = call();
-  // Not counted by us (allocated before we were loaded, or invalid); a record always names
-  // a tracked device (tracked_alloc_in inserts only then), checked all the same.
+  // Not counted by us (allocated before we were loaded, or invalid), or already recorded.
   if (__builtin_expect(!live || static_cast<unsigned>(rec.device) >= ring::kMaxDevices, 0)) return r;
-  t.prefetch_commit(t.header().devices[rec.device]);
   if (__builtin_expect(r != CUDA_SUCCESS, 0)) {
-    keep_live(t, table, key, rec);
+    keep_live(t, table, key, rec, committed, api, aux, r, now);
     return r;
   }
+  if (committed) return r;
   ring::DeviceSlot& d = t.header().devices[rec.device];  // filled when it was allocated
+  t.prefetch_commit(d, rec.device, pooled(static_cast<ring::Api>(rec.api)));
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     t.uncharge_locked(d, rec.bytes);
-    t.count_free_locked(d, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+    t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
     t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
   }
   t.job_uncharge(d, rec.bytes);
@@ -178,7 +202,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
 
 /// The ordinal a stream-ordered allocation on `stream` is counted on: the current
 /// context's (Tracker::allocation_device).
-int stream_device(Tracker& t, CUstream, bool* assumed) { return t.allocation_device(assumed); }
+CUW_INLINE int stream_device(Tracker& t, CUstream, bool* assumed) { return t.allocation_device(assumed); }
 
 // ---- CUWARDEN_POOL=cache ----------------------------------------------------------------
 // Pooled blocks are not in the live table: the cache's own block map is authoritative.

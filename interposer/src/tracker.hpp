@@ -103,8 +103,9 @@ class Tracker {
   }
 
   /// The hot path's one lock. Held by a hooked call for one short critical section (two
-  /// for a capped allocation that reaches the driver, before the call and after it, and for
-  /// a free: the table before, the counters after), never across a driver or system call. It guards, for every device: used and peak (the cap), the
+  /// with a cap: for an allocation that reaches the driver, before the call and after it;
+  /// for a free, the table before, the counters after), never across a driver or system
+  /// call. It guards, for every device: used and peak (the cap), the
   /// counters (live_allocations, alloc_count, free_count, reserved, cached, pool_hits,
   /// pool_waits, driver_errors, host_bytes, refusals), the stream-ordered pools' live
   /// bytes; the live tables (pointers, handles, host); the ring's write position (events are
@@ -158,20 +159,28 @@ class Tracker {
   }
   void job_force_charge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept;
 
-  /// With lock() held: a successful driver allocation of `bytes` (charged) on `d`: live
-  /// allocations, allocations, and reserved (or, for a stream-ordered one, the pools' live
-  /// bytes); and its free.
-  CUW_INLINE void count_alloc_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
-    if (pooled) locked_add(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
+  /// With lock() held: a successful driver allocation of `bytes` (charged) on `d`, whose
+  /// ordinal is `ordinal` (given: `d.ordinal` is on a line the hot path does not otherwise
+  /// read): live allocations, allocations, and reserved (or, for a stream-ordered one, the
+  /// pools' live bytes); its free; and the undoing of a free (counted before a driver call
+  /// that then failed).
+  CUW_INLINE void count_alloc_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
+    if (pooled) locked_add(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
     else locked_add(d.reserved, bytes);
     locked_add(d.live_allocations, 1);
     locked_add(d.alloc_count, 1);
   }
-  CUW_INLINE void count_free_locked(ring::DeviceSlot& d, uint64_t bytes, bool pooled) noexcept {
-    if (pooled) locked_sub(pools_[d.ordinal & (ring::kMaxDevices - 1)].live, bytes);
+  CUW_INLINE void count_free_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
+    if (pooled) locked_sub(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
     else locked_sub(d.reserved, bytes);
     locked_sub(d.live_allocations, 1);
     locked_add(d.free_count, 1);
+  }
+  CUW_INLINE void uncount_free_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
+    if (pooled) locked_add(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
+    else locked_add(d.reserved, bytes);
+    locked_add(d.live_allocations, 1);
+    locked_sub(d.free_count, 1);
   }
 
   /// The job's cap on `ordinal`'s GPU and what all members hold there (bytes). False when
@@ -233,12 +242,16 @@ class Tracker {
 
   /// Right after a driver call, before the critical section that records it: ask the CPU
   /// for the lines that section writes (the lock's, `d`'s counters, the next ring slot and
-  /// the ring's shared write position), so that their misses overlap rather than follow
-  /// one another (the driver's own work evicted them). Reads a few words without the lock:
-  /// a stale value only prefetches a wrong line.
-  CUW_INLINE void prefetch_commit(const ring::DeviceSlot& d) noexcept {
+  /// the ring's shared write position, the thread's own line with its id and re-entry
+  /// depth, and for a stream-ordered allocation the pools' line), so that their misses
+  /// overlap rather than follow one another (the driver's own work evicted them). Reads a
+  /// few words without the lock: a stale value only prefetches a wrong line.
+  /// `ordinal`: `d`'s.
+  CUW_INLINE void prefetch_commit(const ring::DeviceSlot& d, int ordinal, bool pooled) noexcept {
     __builtin_prefetch(&mu_, 1, 3);
     __builtin_prefetch(&d.used, 1, 3);
+    __builtin_prefetch(&fast_clock::detail::t_state, 1, 3);
+    if (pooled) __builtin_prefetch(&pools_[ordinal & (ring::kMaxDevices - 1)], 1, 3);
     const uint64_t pos = __atomic_load_n(&write_pos_, __ATOMIC_RELAXED);
     __builtin_prefetch(&slots()[pos & (slot_count_ - 1)], 1, 3);
     __builtin_prefetch(&header_->write_pos, 1, 3);

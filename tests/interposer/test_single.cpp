@@ -103,3 +103,58 @@ TEST_CASE("one device: a thread without a context gets the driver's answer and c
   }
   CHECK(used() == 0);
 }
+
+TEST_CASE("one device: a free the driver fails leaves the allocation live, counted, and says so", "[single]") {
+  make_context();
+  touch_interposer();
+  drain_events();
+  auto& d = dev_counters();
+  const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr;
+  const uint64_t frees = d.free_count.load(), reserved = d.reserved.load();
+
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 2 * kMiB) == CUDA_SUCCESS);
+  // cuMemFree is not allowed while this thread captures in global mode: the driver fails it
+  // (and invalidates the capture) and still holds the memory.
+  CUstream s = nullptr;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CHECK(cuMemFree(p) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph g = nullptr;
+  cuStreamEndCapture(s, &g);  // invalidated by the free: its answer is not this test's subject
+  if (g) REQUIRE(cuGraphDestroy(g) == CUDA_SUCCESS);
+
+  CHECK(used() == 2 * kMiB);
+  CHECK(d.reserved.load() == reserved + 2 * kMiB);
+  CHECK(d.live_allocations.load() == 1);
+  CHECK(d.free_count.load() == frees);
+  using K = cuw::ring::EventKind;
+  auto ev = drain_events();
+  // Without a cap the free's event is pushed before the driver call; the driver_error
+  // that follows says the allocation is still live.
+  REQUIRE(ev.size() == (capped ? 2u : 3u));
+  CHECK(ev.front().kind == static_cast<uint8_t>(K::alloc));
+  if (!capped) {
+    CHECK(ev[1].kind == static_cast<uint8_t>(K::free));
+    CHECK(ev[1].used_after == 0);
+  }
+  const auto& err = ev.back();
+  CHECK(err.kind == static_cast<uint8_t>(K::driver_error));
+  CHECK(err.api == static_cast<uint16_t>(cuw::ring::Api::cuMemFree));
+  CHECK(err.address == p);
+  CHECK(err.bytes == 2 * kMiB);
+  CHECK(err.result == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK(err.used_after == 2 * kMiB);
+
+  // Outside the capture the same free succeeds, once.
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  CHECK(used() == 0);
+  CHECK(d.reserved.load() == reserved);
+  CHECK(d.live_allocations.load() == 0);
+  CHECK(d.free_count.load() == frees + 1);
+  ev = drain_events();
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].kind == static_cast<uint8_t>(K::free));
+  CHECK(ev[0].address == p);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}

@@ -47,7 +47,10 @@ enum class EventKind : uint8_t {
   alloc = 1,        ///< an allocation succeeded; bytes counted against the cap
   free = 2,         ///< an allocation was released; bytes returned
   refuse = 3,       ///< refused by cuwarden's cap: CUDA_ERROR_OUT_OF_MEMORY, driver not called
-  driver_error = 4, ///< the driver itself failed the allocation (result holds its CUresult)
+  driver_error = 4, ///< the driver itself failed the allocation (result holds its CUresult), or
+                    ///< failed the free of a live allocation (api: the free's; address and
+                    ///< bytes: the allocation's), which stays live; without a cap that free's
+                    ///< own free event came first (it is pushed before the driver call)
   limit_change = 5, ///< the cap of a device changed (bytes = new limit, kNoLimit = none)
   host_alloc = 6,   ///< host (pinned) memory: tracked, not capped
   host_free = 7,
