@@ -79,7 +79,7 @@ CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, r
     cuw::ipc::locked_add(d.driver_errors, 1);
     t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
   }
-  if (charged) t.job_uncharge(d, bytes);
+  if (charged) t.job_uncharge(ordinal, bytes);
 }
 
 /// Count, call, record in `table`. `call` performs the real allocation and writes *out
@@ -137,28 +137,41 @@ CUW_INLINE CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, bool a
 /// The driver failed a free of a live record: it still holds the memory, so the record
 /// goes back and a driver_error event (the free's API, address and bytes, the driver's
 /// result) says the allocation is still live (cold). `committed`: the free was already
-/// counted and its free event pushed (tracked_free's uncapped path); its counts are undone.
+/// counted, uncharged and its free event pushed (tracked_free's early commit); that is
+/// undone (the bytes are counted again even over a cap: the driver holds them).
 CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
                         ring::Api api, uint64_t aux, CUresult r, uint64_t now) {
-  std::lock_guard<cuw::spin_lock> lk(t.lock());
-  table.insert(key, rec);
-  ring::DeviceSlot& d = t.header().devices[rec.device];
-  if (committed) {
-    t.count_uncapped_locked(d, rec.bytes);
-    t.uncount_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    table.insert(key, rec);
+    ring::DeviceSlot& d = t.header().devices[rec.device];
+    if (committed) {
+      t.count_uncapped_locked(d, rec.bytes);
+      t.uncount_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+    }
+    t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
   }
-  t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
+  if (committed) t.job_force_charge(rec.device, rec.bytes);
+}
+
+/// Whether a free through `api` may be counted before its driver call (one lock per free):
+/// a stream-ordered free (cuMemFreeAsync) gives its bytes back to the driver's pool only
+/// when the stream reaches it, so when the call itself returns makes no difference to what
+/// the GPU holds, cap or not; any free when nothing can refuse an allocation on the device
+/// (Tracker::uncapped), since no cap can notice that `used` dropped while the driver was
+/// still freeing.
+CUW_INLINE bool commit_before_free(Tracker& t, ring::Api api, const ring::DeviceSlot& d, int ordinal) {
+  return api == ring::Api::cuMemFreeAsync || t.uncapped(d, ordinal);
 }
 
 /// Free through `call`, taking the record out of the live table first (one lock) so that a
 /// concurrent allocation handed the same address is never erased by us.
 ///
-/// Without a cap on the record's device (and outside a job: Tracker::uncapped), the same
-/// critical section also counts the free and pushes its event, before the driver call:
-/// one lock per free, and nothing after the call but its result. `used` then drops while
-/// the driver is still freeing, which no cap can notice; a failed free undoes it (keep_live).
-/// With a cap, the counters and the event wait for the driver (a second lock after the
-/// call): the cap counts the bytes until the driver has them back.
+/// When commit_before_free(), that critical section also uncharges and counts the free and
+/// pushes its event, before the driver call: nothing after the call but its result; a
+/// failed free undoes it (keep_live). Otherwise (a cuMemFree, cuMemRelease or array
+/// destroy under a cap) the counters and the event wait for the driver (a second lock
+/// after the call): the cap counts the bytes until the driver has them back.
 template <class Call>
 CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
                                  Call&& call) {
@@ -172,7 +185,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
     // A record always names a tracked device (tracked_alloc_in inserts only then).
     if (__builtin_expect(live && static_cast<unsigned>(rec.device) < ring::kMaxDevices, 1)) {
       ring::DeviceSlot& d = t.header().devices[rec.device];
-      if (t.uncapped(d, rec.device)) {
+      if (commit_before_free(t, api, d, rec.device)) {
         t.uncharge_locked(d, rec.bytes);
         t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
         t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
@@ -180,6 +193,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
       }
     }
   }
+  if (committed) t.job_uncharge(rec.device, rec.bytes);
   const CUresult r = call();
   // Not counted by us (allocated before we were loaded, or invalid), or already recorded.
   if (__builtin_expect(!live || static_cast<unsigned>(rec.device) >= ring::kMaxDevices, 0)) return r;
@@ -196,7 +210,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
     t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
     t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
   }
-  t.job_uncharge(d, rec.bytes);
+  t.job_uncharge(rec.device, rec.bytes);
   return r;
 }
 
@@ -311,8 +325,8 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
           adjusted = true;
         }
       }
-      if (adjusted && actual > est) t.job_force_charge(*d, actual - est);
-      else if (adjusted) t.job_uncharge(*d, est - actual);
+      if (adjusted && actual > est) t.job_force_charge(ordinal, actual - est);
+      else if (adjusted) t.job_uncharge(ordinal, est - actual);
     }
   }
   return r;

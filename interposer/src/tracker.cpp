@@ -323,8 +323,8 @@ void Tracker::force_charge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept 
 
 CUW_COLD void Tracker::job_uncharge_slow(int g, uint64_t bytes) noexcept { job_->uncharge(job_slot_, g, bytes); }
 
-void Tracker::job_force_charge(const ring::DeviceSlot& d, uint64_t bytes) noexcept {
-  if (const int g = job_gpu(d.ordinal); __builtin_expect(g >= 0, 0)) job_->force_charge(job_slot_, g, bytes);
+void Tracker::job_force_charge(int ordinal, uint64_t bytes) noexcept {
+  if (const int g = job_gpu(ordinal); __builtin_expect(g >= 0, 0)) job_->force_charge(job_slot_, g, bytes);
 }
 
 void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
@@ -332,7 +332,7 @@ void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
     std::lock_guard<spin_lock> lk(mu_);
     uncharge_locked(d, bytes);
   }
-  job_uncharge(d, bytes);
+  job_uncharge(d.ordinal, bytes);
 }
 
 void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool discover) noexcept {

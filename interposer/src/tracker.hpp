@@ -154,10 +154,11 @@ class Tracker {
   /// lock() held; call job_force_charge() after unlocking.
   void force_charge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
   /// The job's share of uncharge / force_charge (lock-free; no-op outside a job).
-  CUW_INLINE void job_uncharge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept {
-    if (const int g = job_gpu(dev.ordinal); __builtin_expect(g >= 0, 0)) job_uncharge_slow(g, bytes);
+  /// `ordinal`: the device's CUDA ordinal (the slot's index).
+  CUW_INLINE void job_uncharge(int ordinal, uint64_t bytes) noexcept {
+    if (const int g = job_gpu(ordinal); __builtin_expect(g >= 0, 0)) job_uncharge_slow(g, bytes);
   }
-  void job_force_charge(const ring::DeviceSlot& dev, uint64_t bytes) noexcept;
+  void job_force_charge(int ordinal, uint64_t bytes) noexcept;
 
   /// With lock() held: a successful driver allocation of `bytes` (charged) on `d`, whose
   /// ordinal is `ordinal` (given: `d.ordinal` is on a line the hot path does not otherwise

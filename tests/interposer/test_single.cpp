@@ -110,51 +110,75 @@ TEST_CASE("one device: a free the driver fails leaves the allocation live, count
   drain_events();
   auto& d = dev_counters();
   const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr;
-  const uint64_t frees = d.free_count.load(), reserved = d.reserved.load();
+  using K = cuw::ring::EventKind;
+  using cuw::ring::Api;
 
-  CUdeviceptr p = 0;
-  REQUIRE(cuMemAlloc(&p, 2 * kMiB) == CUDA_SUCCESS);
+  // `fail` frees `p` in a way the driver refuses; `early`: the free's own event was pushed
+  // before the driver call (no cap, or a stream-ordered free).
+  auto check = [&](CUdeviceptr p, Api api, CUresult expected, bool early, auto&& fail, auto&& free_ok) {
+    INFO("api " << static_cast<int>(api) << (capped ? " with a cap" : " without a cap"));
+    const uint64_t frees = d.free_count.load(), reserved = d.reserved.load(), live = d.live_allocations.load();
+    const uint64_t before = used();
+    drain_events();
+    CHECK(fail() == expected);
+    CHECK(used() == before);
+    CHECK(d.reserved.load() == reserved);
+    CHECK(d.live_allocations.load() == live);
+    CHECK(d.free_count.load() == frees);
+    auto ev = drain_events();
+    REQUIRE(ev.size() == (early ? 2u : 1u));
+    if (early) {
+      CHECK(ev[0].kind == static_cast<uint8_t>(K::free));
+      CHECK(ev[0].address == p);
+      CHECK(ev[0].used_after == before - 2 * kMiB);
+    }
+    const auto& err = ev.back();
+    CHECK(err.kind == static_cast<uint8_t>(K::driver_error));
+    CHECK(err.api == static_cast<uint16_t>(api));
+    CHECK(err.address == p);
+    CHECK(err.bytes == 2 * kMiB);
+    CHECK(err.result == static_cast<uint32_t>(expected));
+    CHECK(err.used_after == before);
+    // Done right, the same free succeeds, once.
+    REQUIRE(free_ok() == CUDA_SUCCESS);
+    CHECK(used() == before - 2 * kMiB);
+    CHECK(d.live_allocations.load() == live - 1);
+    CHECK(d.free_count.load() == frees + 1);
+    ev = drain_events();
+    REQUIRE(ev.size() == 1);
+    CHECK(ev[0].kind == static_cast<uint8_t>(K::free));
+    CHECK(ev[0].address == p);
+  };
+
   // cuMemFree is not allowed while this thread captures in global mode: the driver fails it
   // (and invalidates the capture) and still holds the memory.
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 2 * kMiB) == CUDA_SUCCESS);
   CUstream s = nullptr;
   REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
-  CHECK(cuMemFree(p) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  CUgraph g = nullptr;
-  cuStreamEndCapture(s, &g);  // invalidated by the free: its answer is not this test's subject
-  if (g) REQUIRE(cuGraphDestroy(g) == CUDA_SUCCESS);
+  check(p, Api::cuMemFree, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, !capped,
+        [&] {
+          REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+          const CUresult r = cuMemFree(p);
+          CUgraph g = nullptr;
+          cuStreamEndCapture(s, &g);  // invalidated by the free: its answer is not this test's subject
+          if (g) cuGraphDestroy(g);
+          return r;
+        },
+        [&] { return cuMemFree(p); });
 
-  CHECK(used() == 2 * kMiB);
-  CHECK(d.reserved.load() == reserved + 2 * kMiB);
-  CHECK(d.live_allocations.load() == 1);
-  CHECK(d.free_count.load() == frees);
-  using K = cuw::ring::EventKind;
-  auto ev = drain_events();
-  // Without a cap the free's event is pushed before the driver call; the driver_error
-  // that follows says the allocation is still live.
-  REQUIRE(ev.size() == (capped ? 2u : 3u));
-  CHECK(ev.front().kind == static_cast<uint8_t>(K::alloc));
-  if (!capped) {
-    CHECK(ev[1].kind == static_cast<uint8_t>(K::free));
-    CHECK(ev[1].used_after == 0);
-  }
-  const auto& err = ev.back();
-  CHECK(err.kind == static_cast<uint8_t>(K::driver_error));
-  CHECK(err.api == static_cast<uint16_t>(cuw::ring::Api::cuMemFree));
-  CHECK(err.address == p);
-  CHECK(err.bytes == 2 * kMiB);
-  CHECK(err.result == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-  CHECK(err.used_after == 2 * kMiB);
-
-  // Outside the capture the same free succeeds, once.
-  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
-  CHECK(used() == 0);
-  CHECK(d.reserved.load() == reserved);
-  CHECK(d.live_allocations.load() == 0);
-  CHECK(d.free_count.load() == frees + 1);
-  ev = drain_events();
-  REQUIRE(ev.size() == 1);
-  CHECK(ev[0].kind == static_cast<uint8_t>(K::free));
-  CHECK(ev[0].address == p);
+  // A stream-ordered free on a destroyed stream: an invalid handle, the memory still held.
+  // Counted before the driver call with a cap too (the pool gets the bytes back only when
+  // the stream reaches the free).
+  CUdeviceptr q = 0;
+  REQUIRE(cuMemAllocAsync(&q, 2 * kMiB, s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+  CUstream gone = nullptr;
+  REQUIRE(cuStreamCreate(&gone, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(gone) == CUDA_SUCCESS);
+  check(q, Api::cuMemFreeAsync, CUDA_ERROR_INVALID_HANDLE, true, [&] { return cuMemFreeAsync(q, gone); },
+        [&] { return cuMemFreeAsync(q, s); });
+  REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+  CHECK(used() == 0);
 }
