@@ -7,8 +7,8 @@
 #
 #   BENCH=<build>/bin/cuw_bench_gpu OUT=<dir> bash bench/hookcost_ab.sh NAME=LIB [NAME=LIB ...]
 #
-# NAME ending in "+cap" runs its library with CUWARDEN_LIMIT=100G (the capped path);
-# otherwise CUWARDEN_POOL=off without a cap. ROUNDS (4), SIZES (4K,1M), HOOKCOST_ROUNDS (300).
+# Every library runs with CUWARDEN_POOL=off; a NAME containing "+cap" adds CUWARDEN_LIMIT=100G
+# (the capped path), "+fine" CUWARDEN_CLOCK=fine (event times from the CPU counter). ROUNDS (4), SIZES (4K,1M), HOOKCOST_ROUNDS (300).
 # Writes OUT/<name>-<round>.json, OUT/bare-<round>.json, OUT/env.txt; prints, per library,
 # API and size, the added ns of every round (in round order).
 set -u
@@ -28,7 +28,8 @@ for r in $(seq "${ROUNDS:-4}"); do
   timeout 120 "$BENCH" "${args[@]}" > "$OUT/bare-$r.json" 2>>"$OUT/err.txt" || echo "bare $r failed"
   for name in $(printf '%s\n' "${!LIB[@]}" | shuf); do
     mode=(CUWARDEN_POOL=off)
-    [[ $name == *+cap ]] && mode+=(CUWARDEN_LIMIT=100G)
+    [[ $name == *+cap* ]] && mode+=(CUWARDEN_LIMIT=100G)
+    [[ $name == *+fine* ]] && mode+=(CUWARDEN_CLOCK=fine)
     timeout 120 env LD_PRELOAD="${LIB[$name]}" "${mode[@]}" "$BENCH" "${args[@]}" > "$OUT/$name-$r.json" 2>>"$OUT/err.txt" \
       || echo "$name $r failed"
   done

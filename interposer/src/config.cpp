@@ -65,9 +65,11 @@ Config load_config() {
       c.errors.push_back(quoted("CUWARDEN_MEMINFO", v) + ": expected 'limit' or 'physical'");
   }
   if (const char* v = env("CUWARDEN_CLOCK")) {
-    if (!std::strcmp(v, "syscall")) c.clock_syscall = true;
-    else if (std::strcmp(v, "auto") != 0)
-      c.errors.push_back(quoted("CUWARDEN_CLOCK", v) + ": expected 'auto' or 'syscall'");
+    using fast_clock::Mode;
+    if (!std::strcmp(v, "coarse")) c.clock = Mode::coarse;
+    else if (!std::strcmp(v, "fine") || !std::strcmp(v, "auto")) c.clock = Mode::fine;  // auto: its former name
+    else if (!std::strcmp(v, "syscall")) c.clock = Mode::syscall;
+    else c.errors.push_back(quoted("CUWARDEN_CLOCK", v) + ": expected 'coarse', 'fine' or 'syscall'");
   }
   if (const char* v = env("CUWARDEN_LOG")) {
     static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cuw/size.hpp"
+#include "fast_clock.hpp"
 
 namespace cuw::ipc {
 
@@ -19,7 +20,7 @@ namespace cuw::ipc {
   X(CUWARDEN_CALLSITES, "0", "frames captured per allocation, 0..64")                                   \
   X(CUWARDEN_MEMINFO, "limit", "what cuMemGetInfo / cuDeviceTotalMem report: limit or physical")        \
   X(CUWARDEN_ON_ERROR, "fail", "bad configuration: fail (message, exit 78) or open (warn, run uncapped)") \
-  X(CUWARDEN_CLOCK, "auto", "event timestamps: auto (the CPU counter when the kernel times with it) or syscall") \
+  X(CUWARDEN_CLOCK, "coarse", "event timestamps: coarse (kernel tick), fine (CPU counter) or syscall") \
   X(CUWARDEN_LOG, "warn", "interposer log level: trace, debug, info, warn, error, off")                 \
   X(CUWARDEN_LOG_FILE, "", "interposer log file (default: stderr)")                                     \
   X(CUWARDEN_RUN_DIR, "/dev/shm/cuwarden", "where rings, job segments and the socket live")
@@ -38,7 +39,7 @@ struct Config {
   std::string log_file;
   std::string pool = "off";
   int callsites = 0;
-  bool clock_syscall = false;    ///< CUWARDEN_CLOCK=syscall: every timestamp a clock_gettime
+  fast_clock::Mode clock = fast_clock::Mode::coarse;  ///< CUWARDEN_CLOCK (fast_clock.hpp)
   std::vector<std::string> errors;  ///< one line each, naming the variable
 };
 

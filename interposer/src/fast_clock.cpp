@@ -1,4 +1,4 @@
-// cuwarden interposer: event timestamps from the CPU counter (see fast_clock.hpp).
+// cuwarden interposer: event timestamps (see fast_clock.hpp).
 #include "fast_clock.hpp"
 
 #include "cuw/attrs.hpp"
@@ -108,15 +108,26 @@ CUW_COLD uint64_t detail::reanchor() noexcept {
 }
 
 CUW_COLD uint64_t detail::slow_path() noexcept {
+  if (!g_state.ready.load(std::memory_order_acquire)) return realtime_ns_slow();
+  if (g_state.mode.load(std::memory_order_relaxed) == Mode::coarse) {
+    t_state.mult = kCoarse;  // every later call of this thread: coarse_ns(), inline
+    return coarse_ns();
+  }
   if (!g_state.usable.load(std::memory_order_relaxed)) return realtime_ns_slow();
   if (g_state.mult.load(std::memory_order_acquire) == 0) return calibrate();
   return reanchor();  // the thread's first call since the rate was measured
 }
 
-void init(bool allow_counter) noexcept {
+void init(Mode mode) noexcept {
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;
-  g_state.usable.store(allow_counter && kernel_uses_counter(), std::memory_order_release);
+  g_state.mode.store(mode, std::memory_order_relaxed);
+  g_state.usable.store(mode == Mode::fine && kernel_uses_counter(), std::memory_order_relaxed);
+  g_state.ready.store(true, std::memory_order_release);
+}
+
+Mode mode() noexcept {
+  return g_state.ready.load(std::memory_order_acquire) ? g_state.mode.load(std::memory_order_relaxed) : Mode::syscall;
 }
 
 uint64_t realtime_ns_slow() noexcept {

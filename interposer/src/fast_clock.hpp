@@ -1,18 +1,31 @@
-// cuwarden interposer: CLOCK_REALTIME for event timestamps, from the CPU's own counter.
+// cuwarden interposer: CLOCK_REALTIME for event timestamps, at one of three costs.
 //
-// Every ring event carries a wall-clock time. clock_gettime(CLOCK_REALTIME) costs about
-// 29 ns on an H200 host (bench/results, cuw_bench_primitives), two per alloc+free pair; the
-// CPU's counter (rdtsc on x86-64, cntvct_el0 on aarch64) costs about half. So the time is
-// interpolated: each thread keeps an anchor (counter, CLOCK_REALTIME) taken with
-// clock_gettime, and converts counter ticks since its anchor with one process-wide rate
-// (ns per tick, measured between two anchors at least 50 ms apart). A thread takes a fresh
-// anchor every ~100 ms of counter time, which bounds the drift from a rate error of a few
-// ppm to well under a microsecond and follows wall-clock steps within 100 ms.
+// Every ring event carries a wall-clock time, read on the hooks' hot path (two per
+// alloc+free pair). What a read costs inside a hooked call, on an H200 host (Intel Xeon VM,
+// bench/results/2026-11-30-h200-off-clock.md), per pair, interleaved in one machine call:
+// no clock at all ~40 ns added by the hooks, the kernel's coarse clock ~50 ns, the CPU's
+// counter ~95 ns. The counter instruction (rdtsc: microcoded, ~20 ns each there) dominates
+// the whole hook. So the modes (CUWARDEN_CLOCK):
 //
-// The counter is only used when the kernel itself times with it (clocksource "tsc" or
-// "arch_sys_counter": then it runs at a constant rate and agrees across CPUs); otherwise,
-// and until the rate is measured, every call is a clock_gettime.
+// - coarse (the default): CLOCK_REALTIME_COARSE, the kernel's time as of its last
+//   timekeeping update, read from the vDSO's data page without a counter read: resolution
+//   one tick (clock_getres: 1-4 ms, CONFIG_HZ), never ahead of CLOCK_REALTIME and behind
+//   it by a tick or two (3-7 ms measured with 4 ms ticks on an idle VM; more while the
+//   kernel's ticks come late). Events keep their exact order (the ring's); what they lose
+//   is sub-tick timing.
+// - fine: CLOCK_REALTIME interpolated from the CPU's counter (rdtsc on x86-64, cntvct_el0 on
+//   aarch64). Each thread keeps an anchor (counter, CLOCK_REALTIME) taken with
+//   clock_gettime and converts counter ticks since its anchor with one process-wide rate
+//   (ns per tick, measured between two anchors at least 50 ms apart). A thread takes a fresh
+//   anchor every ~100 ms of counter time, which bounds the drift from a rate error of a few
+//   ppm to well under a microsecond and follows wall-clock steps within 100 ms. The counter
+//   is only used when the kernel itself times with it (clocksource "tsc" or
+//   "arch_sys_counter": then it runs at a constant rate and agrees across CPUs); otherwise,
+//   and until the rate is measured, every call is a clock_gettime.
+// - syscall: clock_gettime(CLOCK_REALTIME) every time.
 #pragma once
+
+#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -25,14 +38,20 @@
 
 namespace cuw::ipc::fast_clock {
 
+/// CUWARDEN_CLOCK: see the top of this file.
+enum class Mode : uint8_t { coarse, fine, syscall };
+
 namespace detail {
-/// The process-wide state of the clock. mult: ns per tick, 32.32 fixed point, 0 until
-/// measured; period: the anchor period in ticks; usable: the kernel times with the counter
-/// (init()). The hot path reads each thread's copy (ThreadState), not this.
+/// The process-wide state of the clock. mode: init()'s (until then every call is a
+/// clock_gettime); mult: ns per tick, 32.32 fixed point, 0 until measured; period: the
+/// anchor period in ticks; usable: fine mode and the kernel times with the counter. The hot
+/// path reads each thread's copy (ThreadState), not this.
 struct alignas(64) State {
   std::atomic<uint64_t> mult{0};
   std::atomic<uint64_t> period{0};
   std::atomic<bool> usable{false};
+  std::atomic<bool> ready{false};  ///< init() ran
+  std::atomic<Mode> mode{Mode::syscall};
 };
 extern State g_state;
 /// A thread's anchor: a counter reading and the CLOCK_REALTIME it corresponds to.
@@ -49,16 +68,26 @@ struct Anchor {
 /// 2026-11-30-h200-off-hotpath.md).
 struct alignas(64) ThreadState {
   Anchor anchor;
-  uint64_t mult = 0;        ///< g_state.mult when the anchor was taken
+  uint64_t mult = 0;        ///< g_state.mult when the anchor was taken; kCoarse: coarse mode
   uint64_t period = 0;      ///< g_state.period when the anchor was taken
   uint32_t tid = 0;         ///< Linux thread id, 0 until first needed (tracker.hpp)
   int reentry_depth = 0;    ///< hooks on this thread's stack (tracker.hpp: Reentry)
 };
+/// ThreadState::mult of a thread in coarse mode (no real rate is this large).
+inline constexpr uint64_t kCoarse = ~0ULL;
 extern constinit thread_local ThreadState t_state __attribute__((tls_model("initial-exec")));
-/// No usable per-thread rate yet (or the counter is not used): clock_gettime, calibration,
-/// or a first anchor (cold).
+/// The thread's first call since init() (then coarse mode sets kCoarse), no usable
+/// per-thread rate yet, or the counter is not used: clock_gettime, calibration, or a first
+/// anchor (cold).
 uint64_t slow_path() noexcept;
 uint64_t reanchor() noexcept;   ///< the thread's anchor is old (or the counter jumped) (cold)
+
+/// CLOCK_REALTIME_COARSE in ns (the vDSO: no system call, no counter read).
+CUW_INLINE uint64_t coarse_ns() noexcept {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME_COARSE, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ULL + static_cast<uint64_t>(t.tv_nsec);
+}
 
 CUW_INLINE uint64_t ticks() noexcept {
 #if defined(__x86_64__)
@@ -73,15 +102,20 @@ CUW_INLINE uint64_t ticks() noexcept {
 }
 }  // namespace detail
 
-/// Decide whether the CPU counter may be used (reads the kernel's current clocksource from
-/// sysfs once). Call before the first realtime_ns() of the process that should be fast;
-/// without it, or with `allow_counter` false (CUWARDEN_CLOCK=syscall), every call is a
-/// clock_gettime. Thread-safe; the first call decides.
-void init(bool allow_counter = true) noexcept;
+/// Set the process's mode (CUWARDEN_CLOCK); for fine, also decide whether the CPU counter
+/// may be used (reads the kernel's current clocksource from sysfs once). Call before the
+/// first realtime_ns() that should be fast; until then every call is a clock_gettime.
+/// Thread-safe; the first call decides.
+void init(Mode mode = Mode::fine) noexcept;
 
-/// CLOCK_REALTIME in ns since the Unix epoch. Lock-free; no system call on the fast path
-/// (a counter read, a multiply, a compare). Never goes backwards by more than the anchor
-/// error (< 1 us) within a thread. Thread-safe. Inline: the hooks' hot path.
+/// The mode init() set (Mode::syscall before it).
+Mode mode() noexcept;
+
+/// CLOCK_REALTIME in ns since the Unix epoch, as the mode reads it. Lock-free; no system
+/// call on the fast path (coarse: one vDSO read; fine: a counter read, a multiply, a
+/// compare). Within a thread never goes backwards (fine: by more than the anchor error,
+/// < 1 us), wall-clock steps aside; coarse lags CLOCK_REALTIME by a tick or two.
+/// Thread-safe. Inline: the hooks' hot path.
 uint64_t realtime_ns() noexcept;
 
 /// The same, always through clock_gettime (for tests and anchors).
@@ -91,6 +125,7 @@ CUW_INLINE uint64_t realtime_ns() noexcept {
   using namespace detail;
   ThreadState& ts = t_state;
   const uint64_t mult = ts.mult;
+  if (__builtin_expect(mult == kCoarse, 1)) return coarse_ns();
   if (__builtin_expect(mult == 0, 0)) return slow_path();
   const uint64_t d = ticks() - ts.anchor.ticks;
   if (__builtin_expect(d >= ts.period, 0)) return reanchor();

@@ -118,7 +118,7 @@ Tracker::Tracker() : config_(load_config()) {
     config_.limit = LimitSpec{};
     job_slot_ = -1;
   }
-  fast_clock::init(!config_.clock_syscall);
+  fast_clock::init(config_.clock);
   create_ring();
   if (config_.pool == "cache") {
     cache_owner_ = std::make_unique<mr::cache_registry>(*this);

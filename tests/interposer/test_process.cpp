@@ -128,8 +128,12 @@ TEST_CASE("a malformed CUWARDEN_LIMIT is one clear line and exit status 78", "[p
   CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_POOL=fast"}, &out) == 78);
   CHECK_THAT(out, Catch::Contains("CUWARDEN_POOL"));
   CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CLOCK=tsc"}, &out) == 78);
-  CHECK_THAT(out, Catch::Contains("CUWARDEN_CLOCK='tsc': expected 'auto' or 'syscall'"));
-  CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CLOCK=syscall"}, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("CUWARDEN_CLOCK='tsc': expected 'coarse', 'fine' or 'syscall'"));
+  for (const char* mode : {"coarse", "fine", "auto", "syscall"}) {
+    INFO("CUWARDEN_CLOCK=" << mode);
+    CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, std::string("CUWARDEN_CLOCK=") + mode}, &out) ==
+          0);
+  }
 }
 
 TEST_CASE("bad job settings are one clear line and exit status 78", "[process][config][job]") {

@@ -3,6 +3,8 @@
 // (Tracker::allocation_device); a thread without a context must still get the driver's own
 // answer and count nothing, capped or not. Run twice by ctest: with CUWARDEN_LIMIT=64MiB
 // (interposer.single_cap) and without a cap (interposer.single).
+#include <time.h>
+
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -33,10 +35,18 @@ CUresult on_thread_without_context(F&& f) {
 }
 }  // namespace
 
+/// CLOCK_REALTIME_COARSE in ns: what event times read in the default mode (CUWARDEN_CLOCK=coarse).
+uint64_t coarse_now() {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME_COARSE, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ULL + static_cast<uint64_t>(t.tv_nsec);
+}
+
 TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their events", "[single]") {
   make_context();
   touch_interposer();
   drain_events();
+  const uint64_t coarse_before = coarse_now();
   auto& d = dev_counters();
   const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr;
   CHECK(d.limit.load() == (capped ? 64 * kMiB : cuw::ring::kNoLimit));
@@ -55,6 +65,7 @@ TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their
   CHECK(d.alloc_count.load() == allocs + 2);
   CHECK(d.free_count.load() == frees + 2);
 
+  const uint64_t coarse_after = coarse_now();
   const auto ev = drain_events();
   REQUIRE(ev.size() == 4);
   using K = cuw::ring::EventKind;
@@ -69,8 +80,14 @@ TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their
     CHECK(e.device == 0);
     CHECK(e.time_ns > 1'600'000'000'000'000'000ULL);
   }
-  // Times are taken when each call is made, in order on one thread.
+  // Times are taken when each call is made, in order on one thread; by default from the
+  // kernel's coarse clock (a time from the CPU counter would be ahead of it, short of a tick
+  // landing within the call).
   for (size_t i = 1; i < ev.size(); ++i) CHECK(ev[i].time_ns >= ev[i - 1].time_ns);
+  for (const auto& e : ev) {
+    CHECK(e.time_ns >= coarse_before);
+    CHECK(e.time_ns <= coarse_after);
+  }
 }
 
 TEST_CASE("one device: a thread without a context gets the driver's answer and counts nothing", "[single]") {
