@@ -8,7 +8,8 @@
 #   BENCH=<build>/bin/cuw_bench_gpu OUT=<dir> bash bench/hookcost_ab.sh NAME=LIB [NAME=LIB ...]
 #
 # Every library runs with CUWARDEN_POOL=off; a NAME containing "+cap" adds CUWARDEN_LIMIT=100G
-# (the capped path), "+fine" CUWARDEN_CLOCK=fine (event times from the CPU counter). ROUNDS (4), SIZES (4K,1M), HOOKCOST_ROUNDS (300).
+# (the capped path), "+fine" CUWARDEN_CLOCK=fine (event times from the CPU counter).
+# ROUNDS (4), SIZES (4K,1M), HOOKCOST_ROUNDS (300).
 # Writes OUT/<name>-<round>.json, OUT/bare-<round>.json, OUT/env.txt; prints, per library,
 # API and size, the added ns of every round (in round order).
 set -u
