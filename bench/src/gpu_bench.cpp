@@ -282,7 +282,11 @@ int run_hookcost(const std::vector<uint64_t>& sizes, int rounds) {
         if (api == 1) ssync(stream);
         return std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() / batch;
       };
-      for (int w = 0; w < 20; ++w) run_batch(w & 1);  // warm both paths
+      // Warm both paths: at least 20 batches and 200 ms. On an H200 host the first
+      // stream-ordered phase of a process ran with the driver's own pair at 3.2-3.5 us,
+      // against 2.1 us later in the same process (bench/results/2026-11-30-h200-off-clock.md).
+      const auto warm_until = clock_type::now() + std::chrono::milliseconds(200);
+      for (int w = 0; w < 20 || clock_type::now() < warm_until; ++w) run_batch(w & 1);
       std::vector<double> hooked, own_ns, diff;
       for (int r = 0; r < rounds; ++r) {
         const int first = r & 1;  // alternate which path goes first
