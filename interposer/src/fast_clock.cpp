@@ -126,10 +126,6 @@ void init(Mode mode) noexcept {
   g_state.ready.store(true, std::memory_order_release);
 }
 
-Mode mode() noexcept {
-  return g_state.ready.load(std::memory_order_acquire) ? g_state.mode.load(std::memory_order_relaxed) : Mode::syscall;
-}
-
 uint64_t realtime_ns_slow() noexcept {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

@@ -108,9 +108,6 @@ CUW_INLINE uint64_t ticks() noexcept {
 /// Thread-safe; the first call decides.
 void init(Mode mode = Mode::fine) noexcept;
 
-/// The mode init() set (Mode::syscall before it).
-Mode mode() noexcept;
-
 /// CLOCK_REALTIME in ns since the Unix epoch, as the mode reads it. Lock-free; no system
 /// call on the fast path (coarse: one vDSO read; fine: a counter read, a multiply, a
 /// compare). Within a thread never goes backwards (fine: by more than the anchor error,

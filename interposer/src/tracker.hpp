@@ -103,9 +103,9 @@ class Tracker {
   }
 
   /// The hot path's one lock. Held by a hooked call for one short critical section (two
-  /// with a cap: for an allocation that reaches the driver, before the call and after it;
-  /// for a free, the table before, the counters after), never across a driver or system
-  /// call. It guards, for every device: used and peak (the cap), the
+  /// with a cap or in a job: for an allocation that reaches the driver, before the call and
+  /// after it; for a cuMemFree, cuMemRelease or array destroy, the table before, the
+  /// counters after), never across a driver or system call. It guards, for every device: used and peak (the cap), the
   /// counters (live_allocations, alloc_count, free_count, reserved, cached, pool_hits,
   /// pool_waits, driver_errors, host_bytes, refusals), the stream-ordered pools' live
   /// bytes; the live tables (pointers, handles, host); the ring's write position (events are

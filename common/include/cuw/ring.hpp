@@ -49,8 +49,9 @@ enum class EventKind : uint8_t {
   refuse = 3,       ///< refused by cuwarden's cap: CUDA_ERROR_OUT_OF_MEMORY, driver not called
   driver_error = 4, ///< the driver itself failed the allocation (result holds its CUresult), or
                     ///< failed the free of a live allocation (api: the free's; address and
-                    ///< bytes: the allocation's), which stays live; without a cap that free's
-                    ///< own free event came first (it is pushed before the driver call)
+                    ///< bytes: the allocation's), which stays live; when that free was counted
+                    ///< before its driver call (no cap or job on the device, or a
+                    ///< stream-ordered free), its own free event came first
   limit_change = 5, ///< the cap of a device changed (bytes = new limit, kNoLimit = none)
   host_alloc = 6,   ///< host (pinned) memory: tracked, not capped
   host_free = 7,
