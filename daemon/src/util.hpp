@@ -8,7 +8,8 @@
 
 namespace cuw::daemon {
 
-/// CLOCK_REALTIME in ns since the Unix epoch (the clock the ring's timestamps use).
+/// CLOCK_REALTIME in ns since the Unix epoch (the ring's timestamps' clock; the interposer
+/// reads its coarse variant by default, a tick or two behind this).
 uint64_t now_ns() noexcept;
 /// CLOCK_MONOTONIC in ns: for the daemon's own timers.
 uint64_t mono_ns() noexcept;

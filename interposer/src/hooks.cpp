@@ -154,14 +154,16 @@ CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, co
   if (committed) t.job_force_charge(rec.device, rec.bytes);
 }
 
-/// Whether a free through `api` may be counted before its driver call (one lock per free):
-/// a stream-ordered free (cuMemFreeAsync) gives its bytes back to the driver's pool only
-/// when the stream reaches it, so when the call itself returns makes no difference to what
-/// the GPU holds, cap or not; any free when nothing can refuse an allocation on the device
-/// (Tracker::uncapped), since no cap can notice that `used` dropped while the driver was
-/// still freeing.
-CUW_INLINE bool commit_before_free(Tracker& t, ring::Api api, const ring::DeviceSlot& d, int ordinal) {
-  return api == ring::Api::cuMemFreeAsync || t.uncapped(d, ordinal);
+/// Whether a free through `api` of a record `rec` may be counted before its driver call (one
+/// lock per free): a stream-ordered free (cuMemFreeAsync) of a stream-ordered allocation
+/// gives its bytes back to the driver's pool only when the stream reaches it, so when the
+/// call itself returns makes no difference to what the GPU holds, cap or not; and any free
+/// when nothing can refuse an allocation on the device (Tracker::uncapped). A cap set live
+/// (by the daemon) between this count and the driver's free sees the free as done just
+/// before it; should the driver then fail the free, keep_live counts the bytes back even
+/// over such a cap (the driver holds them), as for a cap lowered below use.
+CUW_INLINE bool commit_before_free(Tracker& t, ring::Api api, const LiveRecord& rec, const ring::DeviceSlot& d) {
+  return (api == ring::Api::cuMemFreeAsync && pooled(static_cast<ring::Api>(rec.api))) || t.uncapped(d, rec.device);
 }
 
 /// Free through `call`, taking the record out of the live table first (one lock) so that a
@@ -169,9 +171,10 @@ CUW_INLINE bool commit_before_free(Tracker& t, ring::Api api, const ring::Device
 ///
 /// When commit_before_free(), that critical section also uncharges and counts the free and
 /// pushes its event, before the driver call: nothing after the call but its result; a
-/// failed free undoes it (keep_live). Otherwise (a cuMemFree, cuMemRelease or array
-/// destroy under a cap) the counters and the event wait for the driver (a second lock
-/// after the call): the cap counts the bytes until the driver has them back.
+/// failed free undoes it (keep_live). Otherwise (under a cap or in a job: a cuMemFree,
+/// cuMemRelease or array destroy, or a cuMemFreeAsync of cuMemAlloc memory) the counters and
+/// the event wait for the driver (a second lock after the call): the cap counts the bytes
+/// until the driver has them back.
 template <class Call>
 CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
                                  Call&& call) {
@@ -185,7 +188,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
     // A record always names a tracked device (tracked_alloc_in inserts only then).
     if (__builtin_expect(live && static_cast<unsigned>(rec.device) < ring::kMaxDevices, 1)) {
       ring::DeviceSlot& d = t.header().devices[rec.device];
-      if (commit_before_free(t, api, d, rec.device)) {
+      if (commit_before_free(t, api, rec, d)) {
         t.uncharge_locked(d, rec.bytes);
         t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
         t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);

@@ -102,10 +102,15 @@ TEST_CASE("cuMemGetInfo and cuDeviceTotalMem report the cap, under and over it",
   CHECK(cuDeviceTotalMem(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
 }
 
+// Also run without a cap (interposer.concurrency_nocap): then frees are counted before their
+// driver call (one lock per free), and no allocation is refused (16 threads hold at most
+// 8 x 6 MiB each, on a simulated 4 GiB device there).
 TEST_CASE("16 threads allocating and freeing never pass the cap and end with exact counters", "[cap][concurrency]") {
   make_context();
   touch_interposer();
   auto& d = dev_counters();
+  const bool capped = d.limit.load() != cuw::ring::kNoLimit;
+  INFO((capped ? "with a 64 MiB cap" : "without a cap"));
   const uint64_t allocs0 = d.alloc_count.load(), frees0 = d.free_count.load(), refusals0 = d.refusals.load();
   CUcontext ctx = nullptr;
   REQUIRE(cuCtxGetCurrent(&ctx) == CUDA_SUCCESS);
@@ -161,15 +166,18 @@ TEST_CASE("16 threads allocating and freeing never pass the cap and end with exa
   }
   for (auto& th : threads) th.join();
   CHECK(unexpected.load() == 0);
-  CHECK(over_cap_seen.load() == 0);
-  CHECK(d.peak.load() <= kCap);
+  if (capped) {
+    CHECK(over_cap_seen.load() == 0);
+    CHECK(d.peak.load() <= kCap);
+  }
   CHECK(d.used.load() == 0);
   CHECK(d.reserved.load() == 0);
   CHECK(d.live_allocations.load() == 0);
   CHECK(d.alloc_count.load() - allocs0 == ok.load());
   CHECK(d.free_count.load() - frees0 == ok.load());
   CHECK(d.refusals.load() - refusals0 == refused.load());
-  CHECK(refused.load() > 0);  // the workload really pressed against the cap (the first phase alone)
+  if (capped) CHECK(refused.load() > 0);  // the workload really pressed against the cap (the first phase alone)
+  else CHECK(refused.load() == 0);
   CHECK(fakecuda_live_bytes(0) == 0);
 }
 

@@ -4,12 +4,16 @@
 // answer and count nothing, capped or not. Run twice by ctest: with CUWARDEN_LIMIT=64MiB
 // (interposer.single_cap) and without a cap (interposer.single).
 #include <time.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cuw/job.hpp"
+#include "cuw/paths.hpp"
 #include "support.hpp"
 
 using namespace cuwtest;
@@ -25,6 +29,19 @@ std::vector<cuw::ring::Event> drain_events() {
   const size_t n = cuw::ring::drain(h, slots, cuw::ring::kDefaultSlotCount, buf.data(), buf.size(), false, nullptr);
   buf.resize(n);
   return buf;
+}
+
+/// With CUWARDEN_JOB (interposer.single_job): what the job's members hold on its GPU 0
+/// (bytes, from the job segment, as the daemon reads it); 0 outside a job.
+uint64_t job_used() {
+  const char* name = std::getenv("CUWARDEN_JOB");
+  if (!name) return 0;
+  std::string err;
+  std::unique_ptr<cuw::job::Segment> seg(
+      cuw::job::Segment::open(cuw::paths::run_dir(), static_cast<uint32_t>(geteuid()), name, false, &err));
+  INFO("job segment: " << err);
+  REQUIRE(seg);
+  return seg->used(0);
 }
 
 /// `f` run on a fresh thread, which has no current context.
@@ -136,7 +153,8 @@ TEST_CASE("one device: a free the driver fails leaves the allocation live, count
   touch_interposer();
   drain_events();
   auto& d = dev_counters();
-  const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr;
+  // A cap or a job: a cuMemFree waits for the driver before it is counted.
+  const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr || std::getenv("CUWARDEN_JOB") != nullptr;
   using K = cuw::ring::EventKind;
   using cuw::ring::Api;
 
@@ -145,10 +163,11 @@ TEST_CASE("one device: a free the driver fails leaves the allocation live, count
   auto check = [&](CUdeviceptr p, Api api, CUresult expected, bool early, auto&& fail, auto&& free_ok) {
     INFO("api " << static_cast<int>(api) << (capped ? " with a cap" : " without a cap"));
     const uint64_t frees = d.free_count.load(), reserved = d.reserved.load(), live = d.live_allocations.load();
-    const uint64_t before = used();
+    const uint64_t before = used(), job_before = job_used();
     drain_events();
     CHECK(fail() == expected);
     CHECK(used() == before);
+    CHECK(job_used() == job_before);  // in a job, its share is held again too
     CHECK(d.reserved.load() == reserved);
     CHECK(d.live_allocations.load() == live);
     CHECK(d.free_count.load() == frees);
@@ -169,6 +188,7 @@ TEST_CASE("one device: a free the driver fails leaves the allocation live, count
     // Done right, the same free succeeds, once.
     REQUIRE(free_ok() == CUDA_SUCCESS);
     CHECK(used() == before - 2 * kMiB);
+    if (std::getenv("CUWARDEN_JOB")) CHECK(job_used() == job_before - 2 * kMiB);
     CHECK(d.live_allocations.load() == live - 1);
     CHECK(d.free_count.load() == frees + 1);
     ev = drain_events();

@@ -51,7 +51,8 @@ enum class EventKind : uint8_t {
                     ///< failed the free of a live allocation (api: the free's; address and
                     ///< bytes: the allocation's), which stays live; when that free was counted
                     ///< before its driver call (no cap or job on the device, or a
-                    ///< stream-ordered free), its own free event came first
+                    ///< stream-ordered free of a stream-ordered allocation), its own free
+                    ///< event came first
   limit_change = 5, ///< the cap of a device changed (bytes = new limit, kNoLimit = none)
   host_alloc = 6,   ///< host (pinned) memory: tracked, not capped
   host_free = 7,
@@ -92,7 +93,9 @@ const char* kind_name(uint8_t kind) noexcept;
 /// One event, 64 bytes, one cache line. Written by exactly one producer per lap.
 struct alignas(64) EventSlot {
   std::atomic<uint64_t> seq;  ///< ring protocol sequence (see top of file)
-  uint64_t time_ns;           ///< CLOCK_REALTIME, ns since the Unix epoch, when the call was made
+  uint64_t time_ns;           ///< CLOCK_REALTIME, ns since the Unix epoch, when the call was made, as
+                              ///< the producer's clock reads it (the interposer's default,
+                              ///< CLOCK_REALTIME_COARSE, is a tick or two behind)
   uint64_t address;           ///< device pointer or allocation handle (0 for refusals)
   uint64_t bytes;             ///< size of the request, in bytes
   uint64_t used_after;        ///< device's used bytes right after this event
@@ -124,7 +127,8 @@ struct alignas(64) DeviceSlot {
   std::atomic<uint64_t> reserved;     ///< bytes the process holds from the driver (>= used with pools)
   std::atomic<uint64_t> live_allocations;  ///< allocations not yet freed
   std::atomic<uint64_t> alloc_count;  ///< successful allocations, cumulative
-  std::atomic<uint64_t> free_count;   ///< frees, cumulative
+  std::atomic<uint64_t> free_count;   ///< frees, cumulative (a free counted before a driver call that
+                                      ///< then failed is taken back)
   std::atomic<uint64_t> refusals;     ///< allocations refused by the cap (OOMs caused by cuwarden)
   std::atomic<uint64_t> driver_errors;///< allocations the driver itself failed
   std::atomic<uint64_t> host_bytes;   ///< pinned host memory attributed to this device's context
