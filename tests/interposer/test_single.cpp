@@ -1,8 +1,9 @@
 // Interposer tests: a process that sees one device (CUWARDEN_FAKE_DEVICES=1). There the
 // allocation hooks count on ordinal 0 without asking the driver for the thread's device
 // (Tracker::allocation_device); a thread without a context must still get the driver's own
-// answer and count nothing, capped or not. Run twice by ctest: with CUWARDEN_LIMIT=64MiB
-// (interposer.single_cap) and without a cap (interposer.single).
+// answer and count nothing, capped or not. Run four times by ctest: with CUWARDEN_LIMIT=64MiB
+// (interposer.single_cap), without a cap (interposer.single), with CUWARDEN_CLOCK=fine
+// (interposer.single_fine) and in a job without a job cap (interposer.single_job).
 #include <time.h>
 #include <unistd.h>
 
@@ -51,8 +52,6 @@ CUresult on_thread_without_context(F&& f) {
   std::thread([&] { r = f(); }).join();
   return r;
 }
-}  // namespace
-
 /// CUWARDEN_CLOCK=fine (interposer.single_fine): event times from the CPU counter.
 bool fine_clock() {
   const char* v = std::getenv("CUWARDEN_CLOCK");
@@ -66,6 +65,7 @@ uint64_t event_clock_now() {
   clock_gettime(fine_clock() ? CLOCK_REALTIME : CLOCK_REALTIME_COARSE, &t);
   return static_cast<uint64_t>(t.tv_sec) * 1000000000ULL + static_cast<uint64_t>(t.tv_nsec);
 }
+}  // namespace
 
 TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their events", "[single]") {
   make_context();
