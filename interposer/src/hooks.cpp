@@ -103,7 +103,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
   if (when) *when = now;
   CUresult r = call();
-  t.prefetch_commit(*d, ordinal, pooled(api));
+  t.prefetch_commit(*d);
   if (__builtin_expect(r == CUDA_SUCCESS, 1)) table.prefetch(key_of_result());
   // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
   // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
@@ -206,7 +206,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
   }
   if (committed) return r;
   ring::DeviceSlot& d = t.header().devices[rec.device];  // filled when it was allocated
-  t.prefetch_commit(d, rec.device, pooled(static_cast<ring::Api>(rec.api)));
+  t.prefetch_commit(d);
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     t.uncharge_locked(d, rec.bytes);

@@ -243,16 +243,13 @@ class Tracker {
 
   /// Right after a driver call, before the critical section that records it: ask the CPU
   /// for the lines that section writes (the lock's, `d`'s counters, the next ring slot and
-  /// the ring's shared write position, the thread's own line with its id and re-entry
-  /// depth, and for a stream-ordered allocation the pools' line), so that their misses
-  /// overlap rather than follow one another (the driver's own work evicted them). Reads a
-  /// few words without the lock: a stale value only prefetches a wrong line.
-  /// `ordinal`: `d`'s.
-  CUW_INLINE void prefetch_commit(const ring::DeviceSlot& d, int ordinal, bool pooled) noexcept {
+  /// the ring's shared write position), so that their misses overlap rather than follow
+  /// one another (the driver's own work evicted them). Reads a few words without the lock:
+  /// a stale value only prefetches a wrong line. (Prefetching the thread's own line and the
+  /// pools' line as well measured no different on an H200 host: 2026-11-30-h200-off-clock.md.)
+  CUW_INLINE void prefetch_commit(const ring::DeviceSlot& d) noexcept {
     __builtin_prefetch(&mu_, 1, 3);
     __builtin_prefetch(&d.used, 1, 3);
-    __builtin_prefetch(&fast_clock::detail::t_state, 1, 3);
-    if (pooled) __builtin_prefetch(&pools_[ordinal & (ring::kMaxDevices - 1)], 1, 3);
     const uint64_t pos = __atomic_load_n(&write_pos_, __ATOMIC_RELAXED);
     __builtin_prefetch(&slots()[pos & (slot_count_ - 1)], 1, 3);
     __builtin_prefetch(&header_->write_pos, 1, 3);
