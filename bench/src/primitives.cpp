@@ -81,6 +81,20 @@ int main(int argc, char** argv) {
   rows.push_back(row("cuwarden_event_clock_coarse", measure(iters, [&](long n) {
     for (long k = 0; k < n; ++k) sink = sink + cuw::ipc::fast_clock::detail::coarse_ns();
   })));
+  // How far the coarse event clock is behind CLOCK_REALTIME: the largest gap seen over 200 ms
+  // (ns; a tick or two, more while the kernel's ticks come late).
+  {
+    auto realtime = [](clockid_t id) {
+      timespec t;
+      clock_gettime(id, &t);
+      return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+    };
+    int64_t worst = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (std::chrono::steady_clock::now() < until)
+      worst = std::max(worst, realtime(CLOCK_REALTIME) - realtime(CLOCK_REALTIME_COARSE));
+    rows.push_back(row("coarse_clock_lag_max", static_cast<double>(worst)));
+  }
   cuw::ipc::fast_clock::init(cuw::ipc::fast_clock::Mode::fine);
   {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(120);

@@ -10,7 +10,7 @@
 // - coarse (the default): CLOCK_REALTIME_COARSE, the kernel's time as of its last
 //   timekeeping update, read from the vDSO's data page without a counter read: resolution
 //   one tick (clock_getres: 1-4 ms, CONFIG_HZ), never ahead of CLOCK_REALTIME and behind
-//   it by a tick or two (3-7 ms measured with 4 ms ticks on an idle VM; more while the
+//   it by a tick or two (up to 7 ms measured with 4 ms ticks on a VM; more while the
 //   kernel's ticks come late). Events keep their exact order (the ring's); what they lose
 //   is sub-tick timing.
 // - fine: CLOCK_REALTIME interpolated from the CPU's counter (rdtsc on x86-64, cntvct_el0 on
