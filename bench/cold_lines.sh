@@ -10,7 +10,9 @@
 # BUILD_DIR/lib/libcuwarden.so) preloaded with CUWARDEN_POOL=off and no cap, under callgrind
 # with a 32 KiB L1i, a 48 KiB L1d and a 2 MiB last level; prints, per pair, the Ir of
 # cuwarden's own code and its L1 instruction and data read misses (each a line that came
-# from far away), in total and per function. --async: cuMemAllocAsync + cuMemFreeAsync.
+# from far away), in total and per function, and those of what it calls outside itself and
+# the driver (libc; valgrind hides the vDSO, so a clock read there is libc's system call).
+# --async: cuMemAllocAsync + cuMemFreeAsync.
 # The stream-ordered pools' refresh (at most once a millisecond, which valgrind's slowness
 # turns into every pair) is left out of the totals.
 set -euo pipefail
@@ -44,7 +46,8 @@ def resolve(kind, val):
         if m.group(2): table[m.group(1)] = m.group(2)
         return table.get(m.group(1), "?")
     return val
-events = None; ob = fn = None; agg = collections.defaultdict(lambda: None); skip_next = False
+events = None; ob = fn = cob = None; agg = collections.defaultdict(lambda: None); skip_next = False
+outside = None  # inclusive cost of calls from cuwarden's code into other objects but the driver
 for line in open(path):
     line = line.rstrip("\n")
     if line.startswith("events:"): events = line.split()[1:]; continue
@@ -52,11 +55,21 @@ for line in open(path):
     if m:
         k, v = m.groups(); r = resolve(k, v)
         if k == "ob": ob = r
-        elif k == "fn": fn = r
+        elif k == "fn": fn = r; cob = None
+        elif k == "cob": cob = r
         continue
     if line.startswith("calls="): skip_next = True; continue
     if line and (line[0].isdigit() or line[0] in "+-*"):
-        if skip_next: skip_next = False; continue  # the inclusive cost of a call
+        if skip_next:  # the inclusive cost of a call
+            skip_next = False
+            callee = cob or ob
+            if ob and "libcuwarden" in ob and fn and "refresh" not in fn and callee and "libcuwarden" not in callee \
+                    and "libcuda" not in callee:
+                vals = [int(x) for x in line.split()[1:]]
+                vals += [0] * (len(events) - len(vals))
+                outside = vals if outside is None else [x + y for x, y in zip(outside, vals)]
+            cob = None
+            continue
         vals = [int(x) for x in line.split()[1:]]
         vals += [0] * (len(events) - len(vals))
         if ob and "libcuwarden" in ob and fn and "refresh" not in fn:
@@ -65,6 +78,8 @@ idx = {e: i for i, e in enumerate(events)}
 keys = [k for k in ("Ir", "I1mr", "D1mr", "D1mw") if k in idx]
 tot = {k: sum(v[idx[k]] for v in agg.values()) / n for k in keys}
 print("per pair: " + "  ".join("%s %.1f" % (k, tot[k]) for k in keys))
+if outside:
+    print("  %-44s " % "(called: libc, ld.so)" + "  ".join("%s %.1f" % (k, outside[idx[k]] / n) for k in keys))
 for f, v in sorted(agg.items(), key=lambda kv: -kv[1][idx["Ir"]])[:8]:
     print("  %-44s " % re.sub(r"\(.*", "", f)[-44:] + "  ".join("%s %.1f" % (k, v[idx[k]] / n) for k in keys))
 PY

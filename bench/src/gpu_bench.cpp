@@ -22,12 +22,26 @@
 //     alternating batches; per size and API (driver cuMemAlloc_v2+cuMemFree_v2, async
 //     cuMemAllocAsync+cuMemFreeAsync), the median of the per-batch differences. Run without
 //     a preload it measures the method's own noise (both paths are the driver's).
+//   cuw_bench_gpu hookraw --out FILE [--size 1M] [--pairs 30000] [--block 8] [--api driver|async]
+//     Per-pair times (alloc and free separately) for offline analysis: the hooked path and
+//     libcuda's own entry points twice (an A/A control in the same process), in blocks of
+//     --block pairs, each group of three blocks in a random order (bench/hookraw_report.py).
+//     --own-stack-shift B: libcuda's own entry points called B bytes deeper (the hooks'
+//     frame); --random-stack 1: each block at a random stack depth in [0, 4096) bytes.
+//     The JSON line adds, where perf_event_open allows, the CPU's cycles, instructions, TLB
+//     and L1i misses per pair for each path (user space; cycles_k with the kernel).
 //   cuw_bench_gpu rss [--count 100000] [--size 4K]
 //     VmRSS after warm-up, with --count allocations live (cuMemAlloc_v2), after freeing them.
 //
 // Exit 0; 1 bad usage; 2 CUDA error (message on stderr).
+#include <alloca.h>
 #include <cuda_runtime_api.h>
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -317,11 +332,237 @@ int run_hookcost(const std::vector<uint64_t>& sizes, int rounds) {
   return 0;
 }
 
+/// Raw per-pair times for offline analysis of what the hooks add to one pair, with an A/A
+/// control in the same process: path 0 the entry points dlsym hands out (cuwarden's hooks
+/// when it is preloaded), paths 1 and 2 libcuda's own definitions (the same function twice:
+/// 2 - 1 is the method's noise). Pairs run in blocks of `block` on one path; each group of
+/// three blocks takes the paths in a random order (seed 1). Writes one line per pair to
+/// `path` after a "# ..." header line (api, bytes, block, selftime, clock_read_ns):
+/// "path position-in-block alloc_ns free_ns hook_alloc_ns hook_free_ns" (the last two:
+/// the hooked call's time outside the driver when the preloaded library is a
+/// CUWARDEN_SELFTIME build, two clock reads included; else 0); the stream-ordered pair
+/// (`async`) synchronizes its stream after each block, outside the timed calls.
+/// The CPU's own counts of what a stretch of code cost (Linux perf_event_open, one group,
+/// this thread, user space unless named "_k"): what the hooks add in cycles, instructions,
+/// TLB and instruction-cache misses. Unavailable (no PMU in a VM, perf_event_paranoid):
+/// ok() is false and nothing is counted.
+class CpuCounters {
+ public:
+  static constexpr int kN = 6;
+  static constexpr const char* kNames[kN] = {"cycles", "instructions", "dtlb_load_misses", "itlb_misses",
+                                            "l1i_misses", "cycles_k"};
+  CpuCounters() {
+    struct Ev {
+      uint32_t type;
+      uint64_t config;
+      bool kernel;
+    };
+    const Ev evs[kN] = {
+        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES, false},
+        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS, false},
+        {PERF_TYPE_HW_CACHE, PERF_COUNT_HW_CACHE_DTLB | PERF_COUNT_HW_CACHE_OP_READ << 8 | PERF_COUNT_HW_CACHE_RESULT_MISS << 16, false},
+        {PERF_TYPE_HW_CACHE, PERF_COUNT_HW_CACHE_ITLB | PERF_COUNT_HW_CACHE_OP_READ << 8 | PERF_COUNT_HW_CACHE_RESULT_MISS << 16, false},
+        {PERF_TYPE_HW_CACHE, PERF_COUNT_HW_CACHE_L1I | PERF_COUNT_HW_CACHE_OP_READ << 8 | PERF_COUNT_HW_CACHE_RESULT_MISS << 16, false},
+        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES, true},
+    };
+    for (int i = 0; i < kN; ++i) {
+      perf_event_attr a{};
+      a.size = sizeof a;
+      a.type = evs[i].type;
+      a.config = evs[i].config;
+      a.exclude_kernel = evs[i].kernel ? 0 : 1;
+      a.exclude_hv = 1;
+      a.read_format = PERF_FORMAT_GROUP | PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING;
+      a.disabled = i == 0 ? 1 : 0;
+      const int fd = static_cast<int>(syscall(SYS_perf_event_open, &a, 0, -1, i == 0 ? -1 : fd_[0], 0));
+      if (fd < 0) {
+        error_ = std::string(kNames[i]) + ": " + std::strerror(errno);
+        return;
+      }
+      fd_[i] = fd;
+    }
+    ioctl(fd_[0], PERF_EVENT_IOC_ENABLE, PERF_IOC_FLAG_GROUP);
+    ok_ = true;
+  }
+  ~CpuCounters() {
+    for (int fd : fd_)
+      if (fd >= 0) close(fd);
+  }
+  bool ok() const { return ok_; }
+  const std::string& error() const { return error_; }
+  /// The counts so far; false when the group was not scheduled all the time (multiplexed).
+  bool read_now(uint64_t out[kN]) const {
+    uint64_t buf[3 + kN] = {};
+    if (!ok_ || ::read(fd_[0], buf, sizeof buf) != static_cast<ssize_t>(sizeof buf) || buf[0] != kN) return false;
+    for (int i = 0; i < kN; ++i) out[i] = buf[3 + i];
+    return buf[1] == buf[2];
+  }
+
+ private:
+  int fd_[kN] = {-1, -1, -1, -1, -1, -1};
+  bool ok_ = false;
+  std::string error_;
+};
+
+/// Run `f` with `shift` more bytes of stack below this frame (alloca), so that what `f`
+/// calls runs that much deeper.
+__attribute__((noinline)) void with_stack_shift(size_t shift, const std::function<void()>& f) {
+  char* p = static_cast<char*>(alloca(shift + 16));
+  __asm__ volatile("" : : "r"(p) : "memory");  // keep the allocation
+  f();
+}
+
+int run_hookraw(uint64_t bytes, uint64_t pairs, int block, bool async, size_t own_shift, bool random_shift,
+                const std::string& path) {
+  Context c;
+  init(c);
+  auto& d = c.drv;
+  using alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
+  using free_fn = CUresult (*)(CUdeviceptr);
+  using aalloc_fn = CUresult (*)(CUdeviceptr*, size_t, CUstream);
+  using afree_fn = CUresult (*)(CUdeviceptr, CUstream);
+  using sync_fn = CUresult (*)(CUstream);
+  auto own = [](const char* n) { return cuw::libc_elf::find_in("libcuda.so", n, nullptr); };
+  auto via = [&](const char* n) { return dlsym(d.lib, n); };
+  const alloc_fn alloc[3] = {reinterpret_cast<alloc_fn>(via("cuMemAlloc_v2")), reinterpret_cast<alloc_fn>(own("cuMemAlloc_v2")),
+                             reinterpret_cast<alloc_fn>(own("cuMemAlloc_v2"))};
+  const free_fn dfree[3] = {reinterpret_cast<free_fn>(via("cuMemFree_v2")), reinterpret_cast<free_fn>(own("cuMemFree_v2")),
+                            reinterpret_cast<free_fn>(own("cuMemFree_v2"))};
+  const aalloc_fn aalloc[3] = {reinterpret_cast<aalloc_fn>(via("cuMemAllocAsync")),
+                               reinterpret_cast<aalloc_fn>(own("cuMemAllocAsync")),
+                               reinterpret_cast<aalloc_fn>(own("cuMemAllocAsync"))};
+  const afree_fn afree[3] = {reinterpret_cast<afree_fn>(via("cuMemFreeAsync")),
+                             reinterpret_cast<afree_fn>(own("cuMemFreeAsync")),
+                             reinterpret_cast<afree_fn>(own("cuMemFreeAsync"))};
+  const auto ssync = reinterpret_cast<sync_fn>(own("cuStreamSynchronize"));
+  for (int k = 0; k < 3; ++k)
+    if (!alloc[k] || !dfree[k] || !aalloc[k] || !afree[k] || !ssync) {
+      std::fprintf(stderr, "cuw_bench_gpu: hookraw: driver entry points not found\n");
+      return 2;
+    }
+  CUstream stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&stream), cudaStreamNonBlocking);
+      e != cudaSuccess)
+    die_rt("cudaStreamCreate", e);
+  // A CUWARDEN_SELFTIME build stamps (CLOCK_MONOTONIC, as steady_clock) around its driver
+  // call: the hooked pair's time outside the driver, per call.
+  using selftime_fn = const uint64_t* (*)();
+  const auto selftime_get = reinterpret_cast<selftime_fn>(dlsym(RTLD_DEFAULT, "cuwarden_selftime"));
+  const volatile uint64_t* stamps = selftime_get ? selftime_get() : nullptr;
+  auto ns_of = [](clock_type::time_point t) {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  };
+  struct Row {
+    uint8_t path;
+    uint16_t pos;
+    float alloc_ns, free_ns, hook_alloc_ns, hook_free_ns;
+  };
+  std::vector<Row> rows;
+  rows.reserve(pairs);
+  CpuCounters pmu;
+  double counts[3][CpuCounters::kN] = {};
+  uint64_t counted_pairs[3] = {}, multiplexed = 0;
+  auto run_block = [&](int k, bool keep) {
+    uint64_t c0[CpuCounters::kN] = {}, c1[CpuCounters::kN] = {};
+    const bool counting = keep && pmu.ok() && pmu.read_now(c0);
+    for (int i = 0; i < block; ++i) {
+      CUdeviceptr p = 0;
+      const auto t0 = clock_type::now();
+      if (CUresult r = async ? aalloc[k](&p, bytes, stream) : alloc[k](&p, bytes); r != CUDA_SUCCESS)
+        die_drv(d, "alloc", r);
+      const auto t1 = clock_type::now();
+      float hook_alloc = 0, hook_free = 0;
+      if (stamps && k == 0) {
+        hook_alloc = static_cast<float>(static_cast<int64_t>(stamps[0] - ns_of(t0) + (ns_of(t1) - stamps[1])));
+      }
+      if (CUresult r = async ? afree[k](p, stream) : dfree[k](p); r != CUDA_SUCCESS) die_drv(d, "free", r);
+      const auto t2 = clock_type::now();
+      if (stamps && k == 0) {
+        hook_free = static_cast<float>(static_cast<int64_t>(stamps[0] - ns_of(t1) + (ns_of(t2) - stamps[1])));
+      }
+      if (keep)
+        rows.push_back(Row{static_cast<uint8_t>(k), static_cast<uint16_t>(i),
+                           static_cast<float>(std::chrono::duration<double, std::nano>(t1 - t0).count()),
+                           static_cast<float>(std::chrono::duration<double, std::nano>(t2 - t1).count()), hook_alloc,
+                           hook_free});
+    }
+    if (counting) {  // the block's pairs only (the stream's synchronization left out)
+      if (pmu.read_now(c1)) {
+        for (int j = 0; j < CpuCounters::kN; ++j) counts[k][j] += static_cast<double>(c1[j] - c0[j]);
+        counted_pairs[k] += static_cast<uint64_t>(block);
+      } else {
+        ++multiplexed;
+      }
+    }
+    if (async) ssync(stream);
+  };
+  // The stack depth at which a path calls the driver: libcuda's own entry points are called
+  // `own_shift` bytes deeper (the hooks' frame, to compare at equal depth), and with
+  // `random_shift` every block runs at a random depth in [0, 4096) bytes, 16-byte steps
+  // (the driver's speed can depend on where its stack falls: 4K aliasing of loads with
+  // stores; a program calls it at whatever depth it has).
+  std::mt19937 rng(1), depth_rng(2);
+  auto at_depth = [&](int k, bool keep) {
+    size_t shift = k == 1 ? own_shift : 0;
+    if (random_shift) shift += 16 * (depth_rng() % 256);
+    with_stack_shift(shift, [&] { run_block(k, keep); });
+  };
+  const auto warm_until = clock_type::now() + std::chrono::milliseconds(200);
+  for (int w = 0; w < 30 || clock_type::now() < warm_until; ++w) at_depth(w % 3, false);
+  int order[3] = {0, 1, 2};
+  while (rows.size() + 3 * static_cast<uint64_t>(block) <= pairs) {
+    std::shuffle(order, order + 3, rng);
+    for (int k : order) at_depth(k, true);
+  }
+  cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream));
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "cuw_bench_gpu: hookraw: cannot write %s\n", path.c_str());
+    return 2;
+  }
+  // What one steady_clock read adds to an interval (the smallest of many back-to-back pairs):
+  // each hook_*_ns figure holds two such reads beyond the hook's own time.
+  double clock_ns = 1e9;
+  for (int i = 0; i < 10000; ++i) {
+    const auto a = clock_type::now(), b = clock_type::now();
+    clock_ns = std::min(clock_ns, std::chrono::duration<double, std::nano>(b - a).count());
+  }
+  std::fprintf(f,
+               "# cuw_bench_gpu hookraw api=%s bytes=%llu block=%d selftime=%d clock_read_ns=%.0f own_shift=%zu "
+               "random_shift=%d\n",
+               async ? "async" : "driver", static_cast<unsigned long long>(bytes), block, stamps ? 1 : 0, clock_ns,
+               own_shift, random_shift ? 1 : 0);
+  for (const Row& r : rows)
+    std::fprintf(f, "%u %u %.0f %.0f %.0f %.0f\n", r.path, r.pos, r.alloc_ns, r.free_ns, r.hook_alloc_ns, r.hook_free_ns);
+  std::fclose(f);
+  // Per path, the CPU's counts per pair (path 0 hooked, 1 and 2 the driver's own).
+  std::string cpu = pmu.ok() ? "{\"multiplexed_blocks\":" + std::to_string(multiplexed) : "{\"error\":" + json_str(pmu.error());
+  if (pmu.ok()) {
+    for (int j = 0; j < CpuCounters::kN; ++j) {
+      cpu += std::string(",\"") + CpuCounters::kNames[j] + "\":[";
+      for (int k = 0; k < 3; ++k) {
+        char b[48];
+        std::snprintf(b, sizeof b, "%s%.2f", k ? "," : "", counted_pairs[k] ? counts[k][j] / static_cast<double>(counted_pairs[k]) : 0.0);
+        cpu += b;
+      }
+      cpu += "]";
+    }
+  }
+  cpu += "}";
+  std::printf("%s,\"api\":\"%s\",\"bytes\":%llu,\"pairs\":%zu,\"block\":%d,\"selftime\":%d,\"clock_read_ns\":%.0f,"
+              "\"cpu_per_pair\":%s,\"file\":%s}\n",
+              header(c, "hookraw").c_str(), async ? "async" : "driver", static_cast<unsigned long long>(bytes), rows.size(),
+              block, stamps ? 1 : 0, clock_ns, cpu.c_str(), json_str(path).c_str());
+  return 0;
+}
+
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: cuw_bench_gpu pairs [--sizes 4K,1M,64M,1G] [--reps N] [--rep-ms MS] [--async-sync-every N]\n"
                "       cuw_bench_gpu hookcost [--sizes 4K,1M,64M] [--rounds N]\n"
-               "       cuw_bench_gpu rss [--count N] [--size BYTES]\n");
+               "       cuw_bench_gpu rss [--count N] [--size BYTES]\n"
+               "       cuw_bench_gpu hookraw --out FILE [--size BYTES] [--pairs N] [--block N] [--api driver|async]\n"
+               "                              [--own-stack-shift BYTES] [--random-stack 0|1]\n");
   std::exit(1);
 }
 
@@ -334,7 +575,12 @@ int main(int argc, char** argv) {
   int reps = 5;
   double rep_ms = 100;
   uint64_t count = 100000, size = 4096, sync_every = 0;
-  int rounds = 300;
+  int rounds = 300, block = 8;
+  bool async = false;
+  std::string out_path;
+  uint64_t pairs = 30000, own_shift = 0;
+  bool random_shift = false;
+  if (mode == "hookraw") size = 1ULL << 20;
   if (mode == "hookcost") sizes = {4ULL << 10, 1ULL << 20, 64ULL << 20};
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -363,6 +609,21 @@ int main(int argc, char** argv) {
       if (rounds < 1 || rounds > 100000) usage();
     } else if (a == "--count") {
       if (!parse_size(v, &count)) usage();
+    } else if (a == "--pairs") {
+      if (!parse_size(v, &pairs) || pairs == 0 || pairs > 100000000) usage();
+    } else if (a == "--block") {
+      block = std::atoi(v.c_str());
+      if (block < 1 || block > 65535) usage();
+    } else if (a == "--api") {
+      if (v != "driver" && v != "async") usage();
+      async = v == "async";
+    } else if (a == "--own-stack-shift") {
+      if (!parse_size(v, &own_shift) || own_shift > 65536) usage();
+    } else if (a == "--random-stack") {
+      if (v != "0" && v != "1") usage();
+      random_shift = v == "1";
+    } else if (a == "--out") {
+      out_path = v;
     } else if (a == "--size") {
       if (!parse_size(v, &size) || size == 0) usage();
     } else {
@@ -372,5 +633,9 @@ int main(int argc, char** argv) {
   if (mode == "pairs") return run_pairs(sizes, reps, rep_ms, sync_every);
   if (mode == "rss") return run_rss(count, size);
   if (mode == "hookcost") return run_hookcost(sizes, rounds);
+  if (mode == "hookraw") {
+    if (out_path.empty()) usage();
+    return run_hookraw(size, pairs, block, async, own_shift, random_shift, out_path);
+  }
   usage();
 }

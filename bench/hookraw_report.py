@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""cuwarden bench: what the hooks add to one alloc+free pair, from `cuw_bench_gpu hookraw` files.
+
+    python3 bench/hookraw_report.py FILE [FILE ...]
+
+Each file holds one process's pairs: "path position alloc_ns free_ns", path 0 the hooked entry
+points, 1 and 2 libcuda's own (the same function twice). Pairs come in blocks of one path and
+every group of three consecutive blocks holds each path once, in a random order. Per group:
+added = mean(path 0) - mean(path 1), control = mean(path 2) - mean(path 1), per pair; a
+group's three blocks share the machine's state of that moment, so slow drift cancels. Prints,
+per file and for all files together, the 10%-trimmed mean and the median of both over the
+groups, with a 95% bootstrap interval (groups resampled, 2000 times, seed 1) of the trimmed
+mean; and the same for the alloc and the free halves. The control's figure is the method's
+own error: the added figure means something only where the control's interval is narrow and
+holds zero. For files from a CUWARDEN_SELFTIME build, also the hooked calls' own time (outside
+the driver call), per pair.
+"""
+import random
+import sys
+
+
+def load(path):
+    """(groups, header fields, rows)."""
+    groups, rows, head = [], [], {}
+    for line in open(path):
+        if line.startswith("#"):
+            head.update(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+            continue
+        v = line.split()
+        if len(v) < 4:
+            continue
+        rows.append((int(v[0]), int(v[1]), float(v[2]), float(v[3]),
+                     float(v[4]) if len(v) > 4 else 0.0, float(v[5]) if len(v) > 5 else 0.0))
+    # Blocks: runs of one path starting at position 0.
+    blocks = []
+    for r in rows:
+        if r[1] == 0:
+            blocks.append((r[0], []))
+        blocks[-1][1].append(r)
+    for i in range(0, len(blocks) - 2, 3):
+        g = {}
+        for path, rs in blocks[i:i + 3]:
+            n = len(rs)
+            g[path] = (sum(x[2] for x in rs) / n, sum(x[3] for x in rs) / n)
+        if len(g) == 3:
+            groups.append(g)
+    return groups, head, rows
+
+
+def selftime(label, head, rows):
+    """The hooked calls' own time (CUWARDEN_SELFTIME builds): outside the driver, per pair,
+    less the four clock reads the two intervals hold."""
+    if head.get("selftime") != "1":
+        return []
+    c = float(head.get("clock_read_ns", 0))
+    v = [r[4] + r[5] - 4 * c for r in rows if r[0] == 0]
+    a = [r[4] - 2 * c for r in rows if r[0] == 0]
+    f = [r[5] - 2 * c for r in rows if r[0] == 0]
+    q = sorted(v)
+    print("  self  hook's own time per pair %.0f ns (median %.0f, p10 %.0f, p90 %.0f; alloc %.0f, free %.0f; "
+          "clock read %.0f ns taken out 4 times)" % (trimmed(v), median(v), q[len(q) // 10], q[len(q) * 9 // 10],
+                                                      median(a), median(f), c))
+    return v
+
+
+def trimmed(v, cut=0.1):
+    v = sorted(v)
+    k = int(len(v) * cut)
+    v = v[k:len(v) - k] if len(v) > 2 * k else v
+    return sum(v) / len(v)
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def interval(v, reps=2000):
+    rng = random.Random(1)
+    n = len(v)
+    est = sorted(trimmed([v[rng.randrange(n)] for _ in range(n)]) for _ in range(reps))
+    return est[int(0.025 * reps)], est[int(0.975 * reps)]
+
+
+def figures(groups):
+    out = {}
+    for name, pick in (("pair", lambda t: t[0] + t[1]), ("alloc", lambda t: t[0]), ("free", lambda t: t[1])):
+        added = [pick(g[0]) - pick(g[1]) for g in groups]
+        control = [pick(g[2]) - pick(g[1]) for g in groups]
+        own = [pick(g[1]) for g in groups]
+        out[name] = dict(own=median(own), added=trimmed(added), added_med=median(added), added_ci=interval(added),
+                         control=trimmed(control), control_med=median(control), control_ci=interval(control))
+    return out
+
+
+def show(label, groups):
+    f = figures(groups)
+    print("%s: %d groups" % (label, len(groups)))
+    for name in ("pair", "alloc", "free"):
+        x = f[name]
+        print("  %-5s own %9.0f ns | added %6.0f ns [%6.0f, %6.0f] median %6.0f | control %6.0f ns [%6.0f, %6.0f] median %6.0f"
+              % (name, x["own"], x["added"], x["added_ci"][0], x["added_ci"][1], x["added_med"], x["control"],
+                 x["control_ci"][0], x["control_ci"][1], x["control_med"]))
+    return f
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: bench/hookraw_report.py FILE [FILE ...]")
+    every, selves = [], []
+    for path in sys.argv[1:]:
+        g, head, rows = load(path)
+        if not g:
+            sys.exit("hookraw_report: %s: no complete group of three blocks" % path)
+        show(path, g)
+        selves += selftime(path, head, rows)
+        every += g
+    if len(sys.argv) > 2:
+        show("all %d files" % (len(sys.argv) - 1), every)
+        if selves:
+            q = sorted(selves)
+            print("  self  hook's own time per pair %.0f ns (median %.0f, p10 %.0f, p90 %.0f)"
+                  % (trimmed(selves), median(selves), q[len(q) // 10], q[len(q) * 9 // 10]))
+
+
+if __name__ == "__main__":
+    main()
