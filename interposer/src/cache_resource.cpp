@@ -278,7 +278,7 @@ CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexc
 // ---- allocate ----------------------------------------------------------------------------
 
 CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
-  return allocate_traced(out, bytes, ring::Api::cuMemAlloc, ipc::fast_clock::realtime_ns());
+  return allocate_traced(out, bytes, ring::Api::cuMemAlloc, ipc::now_ns());
 }
 
 // Fast path, a hit: class computation, the lock, pop of a free list, four counters, the
@@ -407,7 +407,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   }
   if (r != CUDA_SUCCESS) {
     tracker_.uncharge(slot_, seg_bytes);
-    const uint64_t now = ipc::fast_clock::realtime_ns();
+    const uint64_t now = ipc::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
     ipc::locked_add(slot_.driver_errors, 1);
     tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
@@ -507,7 +507,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
 }
 
 CUresult cache_resource::do_deallocate(CUdeviceptr p, std::size_t) {
-  return free_traced(p, ring::Api::cuMemFree, 0, ipc::fast_clock::realtime_ns());
+  return free_traced(p, ring::Api::cuMemFree, 0, ipc::now_ns());
 }
 
 // ---- batches (under slow_) -----------------------------------------------------------------

@@ -2,6 +2,7 @@
 #include "fast_clock.hpp"
 
 #include "cuw/attrs.hpp"
+#include "libc_elf.hpp"
 
 #include <fcntl.h>
 #include <time.h>
@@ -98,6 +99,21 @@ bool kernel_uses_counter() noexcept {
 
 }  // namespace
 
+clock_fn detail::vdso_clock_gettime() noexcept {
+  // The vDSO's own entry point (Linux: Documentation/ABI/stable/vdso; x86-64 and arm64
+  // names), found in its dynamic symbol table like any loaded object's. An x86-64 vDSO
+  // has a GNU hash table; arm64's is linked with a System V one only, which libc_elf does
+  // not read: libc's clock_gettime then (as when there is no vDSO at all).
+#if defined(__x86_64__)
+  void* p = libc_elf::find_in("linux-vdso.so", "__vdso_clock_gettime", nullptr);
+#elif defined(__aarch64__)
+  void* p = libc_elf::find_in("linux-vdso.so", "__kernel_clock_gettime", nullptr);
+#else
+  void* p = nullptr;
+#endif
+  return p ? reinterpret_cast<clock_fn>(p) : &::clock_gettime;
+}
+
 /// A new anchor for the thread, with its copies of the rate and period.
 CUW_COLD uint64_t detail::reanchor() noexcept {
   const Anchor a = read_pair();
@@ -110,8 +126,9 @@ CUW_COLD uint64_t detail::reanchor() noexcept {
 CUW_COLD uint64_t detail::slow_path() noexcept {
   if (!g_state.ready.load(std::memory_order_acquire)) return realtime_ns_slow();
   if (g_state.mode.load(std::memory_order_relaxed) == Mode::coarse) {
-    t_state.mult = kCoarse;  // every later call of this thread: coarse_ns(), inline
-    return coarse_ns();
+    t_state.coarse_fn = g_state.coarse_fn.load(std::memory_order_relaxed);  // set before ready
+    t_state.mult = kCoarse;  // every later call of this thread: coarse_ns(coarse_fn), inline
+    return coarse_ns(t_state.coarse_fn);
   }
   if (!g_state.usable.load(std::memory_order_relaxed)) return realtime_ns_slow();
   if (g_state.mult.load(std::memory_order_acquire) == 0) return calibrate();
@@ -122,6 +139,7 @@ void init(Mode mode) noexcept {
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;
   g_state.mode.store(mode, std::memory_order_relaxed);
+  g_state.coarse_fn.store(vdso_clock_gettime(), std::memory_order_relaxed);
   g_state.usable.store(mode == Mode::fine && kernel_uses_counter(), std::memory_order_relaxed);
   g_state.ready.store(true, std::memory_order_release);
 }

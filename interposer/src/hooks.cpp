@@ -22,6 +22,27 @@ namespace ring = cuw::ring;
 // Entry points on the allocation hot path: grouped with the tracker's hot code (cuw/attrs.hpp).
 #define CUW_EXPORT_HOT extern "C" __attribute__((visibility("default"), hot))
 
+#ifdef CUW_SELFTIME
+#include <time.h>
+// Measurement builds only (CMake option CUWARDEN_SELFTIME, never a release): the
+// CLOCK_MONOTONIC times (ns) just before and just after the last real driver call made by
+// a passthrough alloc or free hook, for `cuw_bench_gpu hookraw` to split a pair's time into
+// the driver's and the hook's own. Not thread-safe (the benchmark is single-threaded).
+namespace {
+uint64_t g_selftime[2];
+inline void selftime_stamp(int i) {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  g_selftime[i] = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+}  // namespace
+/// The two stamps above (index 0 before, 1 after the driver call); in CUWARDEN_SELFTIME builds only.
+extern "C" __attribute__((visibility("default"))) const uint64_t* cuwarden_selftime() { return g_selftime; }
+#define CUW_SELFTIME_STAMP(i) selftime_stamp(i)
+#else
+#define CUW_SELFTIME_STAMP(i) ((void)0)
+#endif
+
 namespace {
 
 /// Stream-ordered allocations live in the driver's pools: what the process holds from the
@@ -93,17 +114,19 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return call();  // no context, or an ordinal past what we track
   const bool charged = !t.uncapped(*d, ordinal);
-  if (charged) {
+  if (__builtin_expect(charged, 0)) {  // no cap (monitoring only): the straight line
     if (const Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed); __builtin_expect(c != Tracker::Charge::ok, 0))
       return c == Tracker::Charge::refused ? CUDA_ERROR_OUT_OF_MEMORY : call();
   }
-  // The event's time: when the call was made. Read before the driver call, whose own work
-  // hides the counter read (measured after it, two timestamps cost ~80 ns a pair on an
-  // H200 host: bench/results/2026-11-30-h200-off-hotpath.md).
-  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
-  if (when) *when = now;
+  CUW_SELFTIME_STAMP(0);
   CUresult r = call();
+  CUW_SELFTIME_STAMP(1);
   t.prefetch_commit(*d);
+  // The event's time: when the call returned. Read after the driver call, so that a free
+  // right after it (the common alloc, use, free pattern; a free reads its time before its
+  // driver call) finds the clock's code and data in the cache.
+  const uint64_t now = cuw::ipc::now_ns();
+  if (when) *when = now;
   if (__builtin_expect(r == CUDA_SUCCESS, 1)) table.prefetch(key_of_result());
   // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
   // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
@@ -180,15 +203,16 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
                                  Call&& call) {
   LiveRecord rec;
   bool live = false, committed = false;
-  // The event's time: when the call was made (read before the driver call, as above).
-  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
+  // The event's time: when the call was made (read before the driver call: the free is
+  // usually committed before it).
+  const uint64_t now = cuw::ipc::now_ns();
   if (__builtin_expect(key != 0, 1)) {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     live = table.take(key, &rec);
     // A record always names a tracked device (tracked_alloc_in inserts only then).
     if (__builtin_expect(live && static_cast<unsigned>(rec.device) < ring::kMaxDevices, 1)) {
       ring::DeviceSlot& d = t.header().devices[rec.device];
-      if (commit_before_free(t, api, rec, d)) {
+      if (__builtin_expect(commit_before_free(t, api, rec, d), 1)) {
         t.uncharge_locked(d, rec.bytes);
         t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
         t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
@@ -197,7 +221,9 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
     }
   }
   if (committed) t.job_uncharge(rec.device, rec.bytes);
+  CUW_SELFTIME_STAMP(0);
   const CUresult r = call();
+  CUW_SELFTIME_STAMP(1);
   // Not counted by us (allocated before we were loaded, or invalid), or already recorded.
   if (__builtin_expect(!live || static_cast<unsigned>(rec.device) >= ring::kMaxDevices, 0)) return r;
   if (__builtin_expect(r != CUDA_SUCCESS, 0)) {
@@ -238,12 +264,12 @@ cache_registry* caches_if_any() noexcept {
 /// Hot path: the cache's allocate (a hit: one lock for the free list, the counters and the
 /// event; no driver call).
 CUresult cache_alloc(cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
-  return c.allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, cuw::ipc::fast_clock::realtime_ns());
+  return c.allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, cuw::ipc::now_ns());
 }
 
 /// A free of a pooled block: true when `dptr` was one (freed, counted, event pushed).
 bool cache_free(cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
-  return reg.free_traced(dptr, api, aux, cuw::ipc::fast_clock::realtime_ns()) == CUDA_SUCCESS;
+  return reg.free_traced(dptr, api, aux, cuw::ipc::now_ns()) == CUDA_SUCCESS;
 }
 
 /// Bytes cuPointerGetAttributes writes for an attribute (CUDA driver API: cuPointerGetAttribute).
@@ -272,7 +298,12 @@ size_t attribute_bytes(CUpointer_attribute attr) {
 
 // ---- allocations -----------------------------------------------------------------------
 
-CUW_EXPORT_HOT CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+// cuMemAlloc_v2 and cuMemFree_v2 (defined right after it, so emitted right after it) fit in
+// one 4 KiB page together, which is where this alignment starts them: a program that
+// allocates and frees synchronously runs the pair with the driver's work in between, which
+// leaves the caches, and after an unmapping the TLB, cold; each page of code is one more
+// translation to walk (bench/results/2026-11-30-h200-sync-pair.md).
+CUW_EXPORT_HOT __attribute__((aligned(4096))) CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   auto real = REAL(cuMemAlloc_v2);
   if (!real) return kNoDriver;
   Reentry g;
@@ -286,6 +317,19 @@ CUW_EXPORT_HOT CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   const int ordinal = t.allocation_device(&assumed);
   return tracked_alloc(t, ring::Api::cuMemAlloc, ordinal, assumed, bytesize, 0, dptr,
                        [&] { return real(dptr, bytesize); });
+}
+
+// (Right after cuMemAlloc_v2: see there.)
+CUW_EXPORT_HOT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
+  auto real = REAL(cuMemFree_v2);
+  if (!real) return kNoDriver;
+  Reentry g;
+  if (g.nested()) return real(dptr);
+  Tracker& t = Tracker::get();
+  if (cache_registry* reg = t.cache();
+      __builtin_expect(reg != nullptr, 0) && dptr && cache_free(*reg, dptr, ring::Api::cuMemFree, 0))
+    return CUDA_SUCCESS;
+  return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFree, 0, [&] { return real(dptr); });
 }
 
 CUW_EXPORT CUresult hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
@@ -374,19 +418,7 @@ CUW_POOL_ALLOC(cuMemAllocFromPoolAsync)
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
 #undef CUW_POOL_ALLOC
 
-// ---- frees -----------------------------------------------------------------------------
-
-CUW_EXPORT_HOT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
-  auto real = REAL(cuMemFree_v2);
-  if (!real) return kNoDriver;
-  Reentry g;
-  if (g.nested()) return real(dptr);
-  Tracker& t = Tracker::get();
-  if (cache_registry* reg = t.cache();
-      __builtin_expect(reg != nullptr, 0) && dptr && cache_free(*reg, dptr, ring::Api::cuMemFree, 0))
-    return CUDA_SUCCESS;
-  return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFree, 0, [&] { return real(dptr); });
-}
+// ---- frees (cuMemFree_v2: with the allocations above) ------------------------------------
 
 namespace {
 /// cuMemFreeAsync of a pooled block (a cudaMalloc pointer freed stream-ordered): retired like
@@ -851,7 +883,7 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
   const int ordinal = t.current_device();
   ring::DeviceSlot* d = t.device(ordinal);
   const uint64_t key = reinterpret_cast<uint64_t>(*result);
-  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
+  const uint64_t now = cuw::ipc::now_ns();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
   if (d) cuw::ipc::locked_add(d->host_bytes, bytes);
@@ -871,7 +903,7 @@ CUresult tracked_host_free(ring::Api api, void* p, Call&& call) {
   const CUresult r = call();
   if (!live) return r;
   ring::DeviceSlot* d = t.device(rec.device);
-  const uint64_t now = cuw::ipc::fast_clock::realtime_ns();
+  const uint64_t now = cuw::ipc::now_ns();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   if (r != CUDA_SUCCESS) {
     t.host().insert(reinterpret_cast<uint64_t>(p), rec);

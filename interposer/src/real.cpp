@@ -14,7 +14,7 @@
 
 namespace cuw::hook {
 
-HotGlobals g_hot;
+HotPage g_page;
 
 namespace {
 

@@ -15,17 +15,37 @@ CUW_HOOKS(CUW_DECLARE_HOOK)
 
 namespace cuw::hook {
 
-/// What every hooked call reads first, together: the tracker instance and the real driver
-/// pointers, the hottest ones (the table's first seven rows) in the same cache line as the
-/// instance (a hooked call runs with the caches cold, so each line is a miss).
+/// What every hooked call reads first, together: the tracker instance, the thread-state
+/// offset and the real driver pointers, the hottest ones (the table's first six rows) in
+/// the same cache line as the instance (a hooked call runs with the caches cold, so each
+/// line is a miss).
 struct alignas(64) HotGlobals {
   /// The ipc::Tracker (tracker.hpp owns it; nullptr until the first CUDA call, and in a
   /// forked child until its own).
   std::atomic<void*> instance{nullptr};
+  /// Where the interposer's thread-local state (fast_clock::detail::ThreadState) is, in
+  /// bytes from the thread pointer: the same in every thread (initial-exec TLS). Written
+  /// once, by the library's constructor (tracker.cpp), before any hook can run; 0 before
+  /// that (ipc::thread_state() then takes the GOT's way). Kept here so that a hooked call
+  /// finds its thread's state without reading the GOT (a line and a page of its own).
+  intptr_t tls_offset = 0;
   /// Real driver pointers, indexed by Id. Filled by resolve_lib(); nullptr = not found.
   std::atomic<void*> real[static_cast<int>(Id::count_)];
 };
-extern HotGlobals g_hot;
+
+/// Bytes kept for the ipc::Tracker in HotPage: what g_hot leaves of a page (tracker.cpp
+/// checks that the tracker fits).
+inline constexpr size_t kTrackerBytes = (4096 - sizeof(HotGlobals)) & ~size_t{63};
+
+/// g_hot and the ipc::Tracker's storage, in one 4 KiB page from its start: a hooked call
+/// reads both (the tracker's first cache line holds what the hot path reads), and after a
+/// synchronous driver call, which can leave the TLB cold, each page is one more walk.
+struct alignas(4096) HotPage {
+  HotGlobals hot;
+  alignas(64) unsigned char tracker[kTrackerBytes];  ///< constructed by Tracker::create()
+};
+extern HotPage g_page;
+inline constexpr HotGlobals& g_hot = g_page.hot;
 
 /// Slow path: take library `lib`'s handle (0 libcuda.so.1, 1 libnvidia-ml.so.1; loading
 /// it if `load` is true) and resolve every row of the table that belongs to it.

@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "cache_resource.hpp"
@@ -34,9 +35,20 @@ CUW_COLD uint32_t thread_id_slow() noexcept {
   fast_clock::detail::t_state.tid = tid;
   return tid;
 }
+
+/// hook::g_hot.tls_offset, at load: a pointer difference (no thread, no file, no call).
+/// Never 0: x86-64 puts static TLS below the thread pointer, aarch64 past its header.
+__attribute__((constructor)) void set_tls_offset() {
+  hook::g_hot.tls_offset = reinterpret_cast<char*>(&fast_clock::detail::t_state) -
+                           static_cast<char*>(__builtin_thread_pointer());
+}
 }  // namespace detail
 
 using hook::g_hot;
+
+// The tracker lives in hook::g_page, beside g_hot, rather than on the heap.
+static_assert(sizeof(Tracker) <= hook::kTrackerBytes, "raise hook::kTrackerBytes (real.hpp)");
+static_assert(alignof(Tracker) <= 64, "HotPage::tracker is 64-byte aligned");
 
 namespace {
 
@@ -46,7 +58,9 @@ void atfork_prepare() { pthread_mutex_lock(&g_create_mu); }
 void atfork_parent() { pthread_mutex_unlock(&g_create_mu); }
 void atfork_child() {
   // The child never writes into its parent's ring or counters: it starts afresh at its own
-  // first CUDA call. The parent's tracker is leaked in the child on purpose.
+  // first CUDA call, constructing its tracker over the parent's copy, which is never
+  // destroyed (its destructors would release what the parent still uses: its heap objects
+  // are leaked in the child on purpose).
   g_hot.instance.store(nullptr, std::memory_order_release);
   fast_clock::detail::t_state.tid = 0;  // the child's thread has an id of its own
   pthread_mutex_unlock(&g_create_mu);
@@ -91,7 +105,7 @@ CUW_COLD Tracker& Tracker::create() {
       pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
       atfork_registered = true;
     }
-    t = new Tracker();
+    t = new (hook::g_page.tracker) Tracker();  // never destroyed (a forked child builds anew over it)
     g_hot.instance.store(t, std::memory_order_release);
   }
   pthread_mutex_unlock(&g_create_mu);
@@ -267,7 +281,7 @@ CUW_COLD Tracker::ctx_get_device_fn Tracker::resolve_ctx_get_device() noexcept {
 CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
                                          bool assumed) {
   if (assumed && current_device() < 0) return Charge::no_context;
-  const uint64_t now = fast_clock::realtime_ns();
+  const uint64_t now = now_ns();
   std::lock_guard<spin_lock> lk(mu_);
   locked_add(d.refusals, 1);
   emit_locked(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, now);
@@ -299,7 +313,7 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
       uncharge_locked(d, bytes);  // the job's own share was not taken (refused)
       return Charge::no_context;
     }
-    const uint64_t now = ok ? 0 : fast_clock::realtime_ns();
+    const uint64_t now = ok ? 0 : now_ns();
     std::lock_guard<spin_lock> lk(mu_);
     if (!ok) {
       locked_sub(d.used, bytes);
@@ -339,7 +353,7 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool dis
   if (ordinal < 0 || ordinal >= static_cast<int>(ring::kMaxDevices)) return;
   PoolSet& ps = pools_[ordinal];
   if (!discover && ps.pools[0].load(std::memory_order_relaxed) == nullptr) return;  // none seen
-  const uint64_t now = fast_clock::realtime_ns();
+  const uint64_t now = now_ns();
   if (!force && now - ps.refreshed_ns.load(std::memory_order_relaxed) < 1'000'000ULL) {
     // Still note a pool we have not seen, so the next refresh includes it.
     if (pool == nullptr) return;
@@ -390,7 +404,7 @@ CUW_COLD void Tracker::pooled_refresh(int ordinal, CUmemoryPool pool, CUstream s
 
 void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
                    uint32_t result) noexcept {
-  const uint64_t now = fast_clock::realtime_ns();
+  const uint64_t now = now_ns();
   std::lock_guard<spin_lock> lk(mu_);
   emit_locked(kind, api, ordinal, address, bytes, aux, result, now);
 }

@@ -37,11 +37,23 @@ inline void locked_sub(std::atomic<uint64_t>& c, uint64_t v) noexcept {
 }
 
 class Tracker;
+/// The calling thread's fast_clock::detail::ThreadState (the reentry depth, the thread id,
+/// the clock's per-thread state), found from the thread pointer and hook::g_hot's
+/// tls_offset, a line every hooked call reads anyway, rather than through the GOT. Lock-free.
+CUW_INLINE fast_clock::detail::ThreadState& thread_state() noexcept {
+  const intptr_t off = hook::g_hot.tls_offset;
+  if (__builtin_expect(off == 0, 0)) return fast_clock::detail::t_state;  // before the constructor
+  return *reinterpret_cast<fast_clock::detail::ThreadState*>(static_cast<char*>(__builtin_thread_pointer()) + off);
+}
+
+/// fast_clock::realtime_ns() through thread_state(): the event clock of the hot path.
+CUW_INLINE uint64_t now_ns() noexcept { return fast_clock::realtime_ns(thread_state()); }
+
 namespace detail {
-/// The calling thread's Linux thread id (cached per thread, fast_clock::detail::t_state).
+/// The calling thread's Linux thread id (cached per thread, in its ThreadState).
 uint32_t thread_id_slow() noexcept;
 CUW_INLINE uint32_t thread_id() noexcept {
-  const uint32_t tid = fast_clock::detail::t_state.tid;
+  const uint32_t tid = thread_state().tid;
   return __builtin_expect(tid != 0, 1) ? tid : thread_id_slow();
 }
 }  // namespace detail
@@ -166,13 +178,13 @@ class Tracker {
   /// pools' live bytes); its free; and the undoing of a free (counted before a driver call
   /// that then failed).
   CUW_INLINE void count_alloc_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
-    if (pooled) locked_add(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
+    if (__builtin_expect(pooled, 0)) locked_add(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
     else locked_add(d.reserved, bytes);
     locked_add(d.live_allocations, 1);
     locked_add(d.alloc_count, 1);
   }
   CUW_INLINE void count_free_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
-    if (pooled) locked_sub(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
+    if (__builtin_expect(pooled, 0)) locked_sub(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
     else locked_sub(d.reserved, bytes);
     locked_sub(d.live_allocations, 1);
     locked_add(d.free_count, 1);
@@ -297,7 +309,10 @@ class Tracker {
   /// Join CUWARDEN_JOB's segment (constructor). Failure is a configuration error.
   void join_job();
   int job_gpu(int ordinal) const noexcept {
-    return job_slot_ >= 0 && ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices) ? job_gpu_[ordinal] : -1;
+    // In no job is the common case: its test laid out as the straight line.
+    return __builtin_expect(job_slot_ >= 0, 0) && ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices)
+               ? job_gpu_[ordinal]
+               : -1;
   }
 
   // The hot path's fields: the object's first cache line, with the lock (a hooked call
@@ -347,15 +362,14 @@ class Tracker {
 /// thread (a driver calling its own exported entry point) passes straight through.
 class Reentry {
  public:
-  Reentry() noexcept : nested_(depth() > 0) { ++depth(); }
-  ~Reentry() { --depth(); }
+  Reentry() noexcept : depth_(thread_state().reentry_depth), nested_(depth_ > 0) { ++depth_; }
+  ~Reentry() { --depth_; }
   bool nested() const noexcept { return nested_; }
 
  private:
-  // initial-exec: the library is preloaded, so its TLS is static; no __tls_get_addr call.
-  // In the thread's hot line (fast_clock::detail::ThreadState); initial-exec TLS: the
-  // library is preloaded, so no __tls_get_addr call.
-  static int& depth() noexcept { return fast_clock::detail::t_state.reentry_depth; }
+  // In the thread's hot line (fast_clock::detail::ThreadState, initial-exec TLS: the
+  // library is preloaded, so no __tls_get_addr call), found through thread_state().
+  int& depth_;
   bool nested_;
 };
 

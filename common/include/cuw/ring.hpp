@@ -221,6 +221,12 @@ CUW_INLINE void publish(EventSlot& s, uint64_t pos, const Event& e) noexcept {
   s.seq.store(pos + 1, std::memory_order_release);
 }
 
+/// A dropped event (the ring was full), counted by an exclusive writer. Out of line, so that
+/// the path that pushes stays one stretch of code.
+__attribute__((cold, noinline)) inline void count_dropped(RingHeader& h) noexcept {
+  h.events_dropped.store(h.events_dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
 /// Producer side for a writer that excludes every other producer of this ring itself (the
 /// interposer pushes under its one lock): the same protocol and memory order as push(),
 /// with a plain claim of write_pos instead of the CAS. `write_pos` is the writer's own copy
@@ -233,8 +239,7 @@ CUW_INLINE bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_co
   const uint64_t pos = write_pos;
   EventSlot& s = slots[pos & (slot_count - 1)];
   if (__builtin_expect(s.seq.load(std::memory_order_acquire) != pos, 0)) {
-    // Full: the consumer is a lap behind (or absent).
-    h.events_dropped.store(h.events_dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    count_dropped(h);  // full: the consumer is a lap behind (or absent)
     return false;
   }
   __atomic_store_n(&write_pos, pos + 1, __ATOMIC_RELAXED);  // a prefetcher may read it unlocked
