@@ -9,10 +9,12 @@ every group of three consecutive blocks holds each path once, in a random order.
 added = mean(path 0) - mean(path 1), control = mean(path 2) - mean(path 1), per pair; a
 group's three blocks share the machine's state of that moment, so slow drift cancels. Prints,
 per file and for all files together, the 10%-trimmed mean and the median of both over the
-groups, with a 95% bootstrap interval (groups resampled, 2000 times, seed 1) of the trimmed
-mean; and the same for the alloc and the free halves. The control's figure is the method's
-own error: the added figure means something only where the control's interval is narrow and
-holds zero. For files from a CUWARDEN_SELFTIME build, also the hooked calls' own time (outside
+groups, with a 95% bootstrap interval (2000 resamples, seed 1) of the trimmed mean: per file
+the groups are resampled; for all files together the files (processes) first, then the groups
+within each, since what the hooks add moves more between processes than within one; and the
+same for the alloc and the free halves. The control's figure is the method's own error: the
+added figure means something only where the control's interval is narrow and holds zero.
+For files from a CUWARDEN_SELFTIME build, also the hooked calls' own time (outside
 the driver call), per pair.
 """
 import random
@@ -76,26 +78,43 @@ def median(v):
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
-def interval(v, reps=2000):
+def interval(per_process, reps=2000):
+    """95% bootstrap interval of the trimmed mean of values grouped by process: each
+    resample draws processes with replacement, then values within each drawn process (a
+    process's own state moves what the hooks cost more than its rounds do, so resampling
+    groups alone would make a pooled interval too narrow)."""
     rng = random.Random(1)
-    n = len(v)
-    est = sorted(trimmed([v[rng.randrange(n)] for _ in range(n)]) for _ in range(reps))
+    k = len(per_process)
+    est = []
+    for _ in range(reps):
+        sample = []
+        for _ in range(k):
+            v = per_process[rng.randrange(k)]
+            n = len(v)
+            sample.extend(v[rng.randrange(n)] for _ in range(n))
+        est.append(trimmed(sample))
+    est.sort()
     return est[int(0.025 * reps)], est[int(0.975 * reps)]
 
 
-def figures(groups):
+def figures(processes):
+    """processes: one list of groups per process (file)."""
     out = {}
     for name, pick in (("pair", lambda t: t[0] + t[1]), ("alloc", lambda t: t[0]), ("free", lambda t: t[1])):
-        added = [pick(g[0]) - pick(g[1]) for g in groups]
-        control = [pick(g[2]) - pick(g[1]) for g in groups]
-        own = [pick(g[1]) for g in groups]
-        out[name] = dict(own=median(own), added=trimmed(added), added_med=median(added), added_ci=interval(added),
-                         control=trimmed(control), control_med=median(control), control_ci=interval(control))
+        added = [[pick(g[0]) - pick(g[1]) for g in gs] for gs in processes]
+        control = [[pick(g[2]) - pick(g[1]) for g in gs] for gs in processes]
+        own = [pick(g[1]) for gs in processes for g in gs]
+        flat_added = [x for v in added for x in v]
+        flat_control = [x for v in control for x in v]
+        out[name] = dict(own=median(own), added=trimmed(flat_added), added_med=median(flat_added),
+                         added_ci=interval(added), control=trimmed(flat_control), control_med=median(flat_control),
+                         control_ci=interval(control))
     return out
 
 
-def show(label, groups):
-    f = figures(groups)
+def show(label, processes):
+    f = figures(processes)
+    groups = [g for gs in processes for g in gs]
     print("%s: %d groups" % (label, len(groups)))
     for name in ("pair", "alloc", "free"):
         x = f[name]
@@ -113,11 +132,11 @@ def main():
         g, head, rows = load(path)
         if not g:
             sys.exit("hookraw_report: %s: no complete group of three blocks" % path)
-        show(path, g)
+        show(path, [g])
         selves += selftime(path, head, rows)
-        every += g
+        every.append(g)
     if len(sys.argv) > 2:
-        show("all %d files" % (len(sys.argv) - 1), every)
+        show("all %d files (intervals: processes, then groups, resampled)" % (len(sys.argv) - 1), every)
         if selves:
             q = sorted(selves)
             print("  self  hook's own time per pair %.0f ns (median %.0f, p10 %.0f, p90 %.0f)"

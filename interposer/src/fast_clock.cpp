@@ -2,9 +2,11 @@
 #include "fast_clock.hpp"
 
 #include "cuw/attrs.hpp"
-#include "libc_elf.hpp"
 
+#include <elf.h>
 #include <fcntl.h>
+#include <link.h>
+#include <sys/auxv.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,15 +101,100 @@ bool kernel_uses_counter() noexcept {
 
 }  // namespace
 
+namespace {
+
+/// The System V ELF hash (System V ABI, "Hash Table").
+uint32_t elf_hash(const char* s) noexcept {
+  uint32_t h = 0;
+  for (; *s; ++s) {
+    h = (h << 4) + static_cast<unsigned char>(*s);
+    const uint32_t g = h & 0xf0000000u;
+    if (g) h ^= g >> 24;
+    h &= ~g;
+  }
+  return h;
+}
+
+/// The address of the default (non-hidden) definition of function `name` in the vDSO image
+/// the kernel mapped at `base` (getauxval(AT_SYSINFO_EHDR)), or nullptr. Read the way the
+/// kernel's own example does (tools/testing/selftests/vDSO/parse_vdso.c): the first PT_LOAD
+/// gives the load offset, which turns link-time addresses (0-based on current kernels,
+/// 0xffffffffff700000-based on old x86-64 ones) into mapped ones; PT_DYNAMIC gives the
+/// tables, the System V hash table (x86-64 and arm64 vDSOs both have one) the symbol. Every table, entry and the result must lie inside
+/// the PT_LOAD segment, or nullptr: a vDSO it does not understand costs the libc fallback,
+/// never a fault.
+void* vdso_function(uintptr_t base, const char* name) noexcept {
+  if (base == 0) return nullptr;
+  const auto* eh = reinterpret_cast<const ElfW(Ehdr)*>(base);
+  if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh->e_phentsize != sizeof(ElfW(Phdr)) || eh->e_phoff + eh->e_phnum * sizeof(ElfW(Phdr)) > 4096)
+    return nullptr;  // the headers sit in the image's first page
+  const auto* ph = reinterpret_cast<const ElfW(Phdr)*>(base + eh->e_phoff);
+  uintptr_t load = 0, lo = 0, hi = 0;
+  const ElfW(Phdr)* dyn_ph = nullptr;
+  for (int i = 0; i < eh->e_phnum; ++i) {
+    if (ph[i].p_type == PT_LOAD && hi == 0) {
+      load = base + ph[i].p_offset - ph[i].p_vaddr;
+      lo = base + ph[i].p_offset;
+      hi = lo + ph[i].p_memsz;
+    } else if (ph[i].p_type == PT_DYNAMIC) {
+      dyn_ph = &ph[i];
+    }
+  }
+  if (hi <= lo || !dyn_ph) return nullptr;
+  auto inside = [lo, hi](uintptr_t p, uintptr_t bytes) { return p >= lo && p <= hi && bytes <= hi - p; };
+  const uintptr_t dyn = base + dyn_ph->p_offset;
+  if (!inside(dyn, dyn_ph->p_memsz)) return nullptr;
+  const uint32_t* hash = nullptr;
+  const ElfW(Sym)* symtab = nullptr;
+  const char* strtab = nullptr;
+  const ElfW(Versym)* versym = nullptr;
+  uintptr_t strsz = 0;
+  for (const auto* d = reinterpret_cast<const ElfW(Dyn)*>(dyn);
+       reinterpret_cast<uintptr_t>(d + 1) <= dyn + dyn_ph->p_memsz && d->d_tag != DT_NULL; ++d) {
+    const uintptr_t at = d->d_un.d_ptr + load;  // link-time address + load offset
+    switch (d->d_tag) {
+      case DT_HASH: hash = reinterpret_cast<const uint32_t*>(at); break;
+      case DT_SYMTAB: symtab = reinterpret_cast<const ElfW(Sym)*>(at); break;
+      case DT_STRTAB: strtab = reinterpret_cast<const char*>(at); break;
+      case DT_STRSZ: strsz = d->d_un.d_val; break;
+      case DT_VERSYM: versym = reinterpret_cast<const ElfW(Versym)*>(at); break;
+      default: break;
+    }
+  }
+  const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  if (!hash || !symtab || !strtab || !inside(addr(hash), 8) || !inside(addr(strtab), strsz)) return nullptr;
+  const uint32_t nbucket = hash[0], nchain = hash[1];
+  if (nbucket == 0 || !inside(addr(hash), (2ull + nbucket + nchain) * 4) ||
+      !inside(addr(symtab), uintptr_t{nchain} * sizeof(ElfW(Sym))) ||
+      (versym && !inside(addr(versym), uintptr_t{nchain} * sizeof(ElfW(Versym)))))
+    return nullptr;
+  const uint32_t* bucket = hash + 2;
+  const uint32_t* chain = bucket + nbucket;
+  const size_t name_len = std::strlen(name);
+  uint32_t steps = 0;
+  for (uint32_t i = bucket[elf_hash(name) % nbucket]; i != STN_UNDEF && i < nchain && steps < nchain;
+       i = chain[i], ++steps) {
+    const ElfW(Sym)& s = symtab[i];
+    if (ELF64_ST_TYPE(s.st_info) != STT_FUNC || s.st_shndx == SHN_UNDEF || s.st_name >= strsz ||
+        strsz - s.st_name <= name_len || std::memcmp(strtab + s.st_name, name, name_len + 1) != 0)
+      continue;
+    const int bind = ELF64_ST_BIND(s.st_info);
+    if ((bind != STB_GLOBAL && bind != STB_WEAK) || (versym && (versym[i] & 0x8000))) continue;  // hidden
+    const uintptr_t fn = s.st_value + load;
+    return inside(fn, 1) ? reinterpret_cast<void*>(fn) : nullptr;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 clock_fn detail::vdso_clock_gettime() noexcept {
-  // The vDSO's own entry point (Linux: Documentation/ABI/stable/vdso; x86-64 and arm64
-  // names), found in its dynamic symbol table like any loaded object's. An x86-64 vDSO
-  // has a GNU hash table; arm64's is linked with a System V one only, which libc_elf does
-  // not read: libc's clock_gettime then (as when there is no vDSO at all).
+  // The vDSO's own entry point (Linux: Documentation/ABI/stable/vdso: x86-64 and arm64 names).
 #if defined(__x86_64__)
-  void* p = libc_elf::find_in("linux-vdso.so", "__vdso_clock_gettime", nullptr);
+  void* p = vdso_function(static_cast<uintptr_t>(getauxval(AT_SYSINFO_EHDR)), "__vdso_clock_gettime");
 #elif defined(__aarch64__)
-  void* p = libc_elf::find_in("linux-vdso.so", "__kernel_clock_gettime", nullptr);
+  void* p = vdso_function(static_cast<uintptr_t>(getauxval(AT_SYSINFO_EHDR)), "__kernel_clock_gettime");
 #else
   void* p = nullptr;
 #endif

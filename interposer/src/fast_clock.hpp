@@ -87,8 +87,9 @@ extern constinit thread_local ThreadState t_state __attribute__((tls_model("init
 /// anchor (cold).
 uint64_t slow_path() noexcept;
 uint64_t reanchor() noexcept;   ///< the thread's anchor is old (or the counter jumped) (cold)
-/// The vDSO's clock_gettime, or libc's where the vDSO (or its symbol) is not found.
-/// Reads only mapped memory (libc_elf.hpp). Thread-safe.
+/// The vDSO's clock_gettime, or libc's where the vDSO (or its symbol) is not found, or its
+/// image is not one this reads (fast_clock.cpp). Reads only the mapped image, checking every
+/// offset against it. Thread-safe.
 clock_fn vdso_clock_gettime() noexcept;
 
 /// CLOCK_REALTIME_COARSE in ns through libc's clock_gettime (the vDSO: no system call, no

@@ -298,8 +298,9 @@ size_t attribute_bytes(CUpointer_attribute attr) {
 
 // ---- allocations -----------------------------------------------------------------------
 
-// cuMemAlloc_v2 and cuMemFree_v2 (defined right after it, so emitted right after it) fit in
-// one 4 KiB page together, which is where this alignment starts them: a program that
+// The hot paths of cuMemAlloc_v2 and cuMemFree_v2 (defined right after it, so emitted right
+// after it) fit in one 4 KiB page, which is where this alignment starts them (the free's
+// rare paths, at its end, may run into the next; tests/interposer/check_hot_page.sh): a program that
 // allocates and frees synchronously runs the pair with the driver's work in between, which
 // leaves the caches, and after an unmapping the TLB, cold; each page of code is one more
 // translation to walk (bench/results/2026-11-30-h200-sync-pair.md).

@@ -25,10 +25,12 @@ struct alignas(64) HotGlobals {
   std::atomic<void*> instance{nullptr};
   /// Where the interposer's thread-local state (fast_clock::detail::ThreadState) is, in
   /// bytes from the thread pointer: the same in every thread (initial-exec TLS). Written
-  /// once, by the library's constructor (tracker.cpp), before any hook can run; 0 before
-  /// that (ipc::thread_state() then takes the GOT's way). Kept here so that a hooked call
-  /// finds its thread's state without reading the GOT (a line and a page of its own).
-  intptr_t tls_offset = 0;
+  /// once, by the library's constructor (tracker.cpp); a hook can run before it (another
+  /// library's constructor, or a thread it started, calling CUDA first), and then reads 0
+  /// and takes the GOT's way (ipc::thread_state()). Kept here so that a hooked call finds
+  /// its thread's state without reading the GOT (a line and a page of its own). Relaxed
+  /// loads and the one store: every value either reads is right.
+  std::atomic<intptr_t> tls_offset{0};
   /// Real driver pointers, indexed by Id. Filled by resolve_lib(); nullptr = not found.
   std::atomic<void*> real[static_cast<int>(Id::count_)];
 };

@@ -39,8 +39,9 @@ CUW_COLD uint32_t thread_id_slow() noexcept {
 /// hook::g_hot.tls_offset, at load: a pointer difference (no thread, no file, no call).
 /// Never 0: x86-64 puts static TLS below the thread pointer, aarch64 past its header.
 __attribute__((constructor)) void set_tls_offset() {
-  hook::g_hot.tls_offset = reinterpret_cast<char*>(&fast_clock::detail::t_state) -
-                           static_cast<char*>(__builtin_thread_pointer());
+  hook::g_hot.tls_offset.store(reinterpret_cast<char*>(&fast_clock::detail::t_state) -
+                                    static_cast<char*>(__builtin_thread_pointer()),
+                                std::memory_order_relaxed);
 }
 }  // namespace detail
 

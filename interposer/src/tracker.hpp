@@ -41,7 +41,7 @@ class Tracker;
 /// the clock's per-thread state), found from the thread pointer and hook::g_hot's
 /// tls_offset, a line every hooked call reads anyway, rather than through the GOT. Lock-free.
 CUW_INLINE fast_clock::detail::ThreadState& thread_state() noexcept {
-  const intptr_t off = hook::g_hot.tls_offset;
+  const intptr_t off = hook::g_hot.tls_offset.load(std::memory_order_relaxed);
   if (__builtin_expect(off == 0, 0)) return fast_clock::detail::t_state;  // before the constructor
   return *reinterpret_cast<fast_clock::detail::ThreadState*>(static_cast<char*>(__builtin_thread_pointer()) + off);
 }

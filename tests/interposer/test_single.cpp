@@ -4,6 +4,7 @@
 // answer and count nothing, capped or not. Run four times by ctest: with CUWARDEN_LIMIT=64MiB
 // (interposer.single_cap), without a cap (interposer.single), with CUWARDEN_CLOCK=fine
 // (interposer.single_fine) and in a job without a job cap (interposer.single_job).
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,11 +102,16 @@ TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their
   CHECK(ev[2].kind == static_cast<uint8_t>(K::free));
   CHECK(ev[3].kind == static_cast<uint8_t>(K::free));
   CHECK(ev[3].used_after == 0);
+  // The calling thread's id, kept in the thread's state (found from the thread pointer and
+  // an offset, not the GOT: tracker.hpp's thread_state()).
+  const auto self = static_cast<uint32_t>(syscall(SYS_gettid));
   for (const auto& e : ev) {
     CHECK(e.device == 0);
+    CHECK(e.tid == self);
     CHECK(e.time_ns > 1'600'000'000'000'000'000ULL);
   }
-  // Times are taken when each call is made, in order on one thread; by default from the
+  // Times are taken at each call (an allocation's after its driver call, a free's before),
+  // in order on one thread; by default from the
   // kernel's coarse clock (a time from the CPU counter would be ahead of it, short of a tick
   // landing within the calls), with CUWARDEN_CLOCK=fine from the counter (within its anchor
   // error, < 1 us, of CLOCK_REALTIME; 50 us of slack).

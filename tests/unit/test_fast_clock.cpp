@@ -87,11 +87,16 @@ TEST_CASE("coarse clock: never ahead of CLOCK_REALTIME, and not far behind it", 
 TEST_CASE("coarse clock: the vDSO's own clock_gettime is found where the kernel maps one", "[fast_clock]") {
   const fc::detail::clock_fn fn = fc::detail::vdso_clock_gettime();
   REQUIRE(fn != nullptr);
-#if defined(__x86_64__)
-  // An x86-64 vDSO always exports __vdso_clock_gettime (with a GNU hash table); without a
-  // vDSO (getauxval 0: some emulators and tools hide it) libc's entry point stands in.
-  if (getauxval(AT_SYSINFO_EHDR) != 0) {
+#if defined(__x86_64__) || defined(__aarch64__)
+  // Every x86-64 and arm64 vDSO exports its clock_gettime; the entry point found must lie
+  // inside the image the kernel mapped (a few pages from AT_SYSINFO_EHDR). Without a vDSO
+  // (getauxval 0: some emulators and tools hide it) libc's entry point stands in.
+  const auto base = static_cast<uintptr_t>(getauxval(AT_SYSINFO_EHDR));
+  if (base != 0) {
+    const auto at = reinterpret_cast<uintptr_t>(fn);
     CHECK(fn != &::clock_gettime);
+    CHECK(at > base);
+    CHECK(at < base + 64 * 1024);
   } else {
     CHECK(fn == &::clock_gettime);
   }

@@ -93,9 +93,11 @@ const char* kind_name(uint8_t kind) noexcept;
 /// One event, 64 bytes, one cache line. Written by exactly one producer per lap.
 struct alignas(64) EventSlot {
   std::atomic<uint64_t> seq;  ///< ring protocol sequence (see top of file)
-  uint64_t time_ns;           ///< CLOCK_REALTIME, ns since the Unix epoch, when the call was made, as
-                              ///< the producer's clock reads it (the interposer's default,
-                              ///< CLOCK_REALTIME_COARSE, is a tick or two behind)
+  uint64_t time_ns;           ///< CLOCK_REALTIME, ns since the Unix epoch, as the producer's
+                              ///< clock reads it (the interposer's default,
+                              ///< CLOCK_REALTIME_COARSE, is a tick or two behind): for the
+                              ///< interposer's alloc events when the driver call returned,
+                              ///< for the others when the call was made
   uint64_t address;           ///< device pointer or allocation handle (0 for refusals)
   uint64_t bytes;             ///< size of the request, in bytes
   uint64_t used_after;        ///< device's used bytes right after this event
