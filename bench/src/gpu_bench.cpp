@@ -41,9 +41,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -332,16 +331,6 @@ int run_hookcost(const std::vector<uint64_t>& sizes, int rounds) {
   return 0;
 }
 
-/// Raw per-pair times for offline analysis of what the hooks add to one pair, with an A/A
-/// control in the same process: path 0 the entry points dlsym hands out (cuwarden's hooks
-/// when it is preloaded), paths 1 and 2 libcuda's own definitions (the same function twice:
-/// 2 - 1 is the method's noise). Pairs run in blocks of `block` on one path; each group of
-/// three blocks takes the paths in a random order (seed 1). Writes one line per pair to
-/// `path` after a "# ..." header line (api, bytes, block, selftime, clock_read_ns):
-/// "path position-in-block alloc_ns free_ns hook_alloc_ns hook_free_ns" (the last two:
-/// the hooked call's time outside the driver when the preloaded library is a
-/// CUWARDEN_SELFTIME build, two clock reads included; else 0); the stream-ordered pair
-/// (`async`) synchronizes its stream after each block, outside the timed calls.
 /// The CPU's own counts of what a stretch of code cost (Linux perf_event_open, one group,
 /// this thread, user space unless named "_k"): what the hooks add in cycles, instructions,
 /// TLB and instruction-cache misses. Unavailable (no PMU in a VM, perf_event_paranoid):
@@ -412,6 +401,16 @@ __attribute__((noinline)) void with_stack_shift(size_t shift, const std::functio
   f();
 }
 
+/// Raw per-pair times for offline analysis of what the hooks add to one pair, with an A/A
+/// control in the same process: path 0 the entry points dlsym hands out (cuwarden's hooks
+/// when it is preloaded), paths 1 and 2 libcuda's own definitions (the same function twice:
+/// 2 - 1 is the method's noise). Pairs run in blocks of `block` on one path; each group of
+/// three blocks takes the paths in a random order (seed 1). Writes one line per pair to
+/// `path` after a "# ..." header line (api, bytes, block, selftime, clock_read_ns):
+/// "path position-in-block alloc_ns free_ns hook_alloc_ns hook_free_ns" (the last two:
+/// the hooked call's time outside the driver when the preloaded library is a
+/// CUWARDEN_SELFTIME build, two clock reads included; else 0); the stream-ordered pair
+/// (`async`) synchronizes its stream after each block, outside the timed calls.
 int run_hookraw(uint64_t bytes, uint64_t pairs, int block, bool async, size_t own_shift, bool random_shift,
                 const std::string& path) {
   Context c;
