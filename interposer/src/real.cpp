@@ -14,7 +14,7 @@
 
 namespace cuw::hook {
 
-HotPage g_page;
+constinit HotPage g_page;  // no dynamic initializer: see real.hpp
 
 namespace {
 

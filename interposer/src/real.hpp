@@ -42,9 +42,13 @@ inline constexpr size_t kTrackerBytes = (4096 - sizeof(HotGlobals)) & ~size_t{63
 /// g_hot and the ipc::Tracker's storage, in one 4 KiB page from its start: a hooked call
 /// reads both (the tracker's first cache line holds what the hot path reads), and after a
 /// synchronous driver call, which can leave the TLB cold, each page is one more walk.
+/// Constant-initialized (constinit, real.cpp): hooks can run before this library's own
+/// constructors (another library's constructor calling CUDA), and a dynamic initializer
+/// running after them would wipe the instance and the resolved driver pointers
+/// (interposer.early_ctor).
 struct alignas(4096) HotPage {
   HotGlobals hot;
-  alignas(64) unsigned char tracker[kTrackerBytes];  ///< constructed by Tracker::create()
+  alignas(64) unsigned char tracker[kTrackerBytes] = {};  ///< constructed by Tracker::create()
 };
 extern HotPage g_page;
 inline constexpr HotGlobals& g_hot = g_page.hot;
