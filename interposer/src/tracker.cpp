@@ -48,7 +48,8 @@ __attribute__((constructor)) void set_tls_offset() {
 using hook::g_hot;
 
 // The tracker lives in hook::g_page, beside g_hot, rather than on the heap.
-static_assert(sizeof(Tracker) <= hook::kTrackerBytes, "raise hook::kTrackerBytes (real.hpp)");
+static_assert(sizeof(Tracker) <= hook::kTrackerBytes,
+              "the tracker no longer fits beside g_hot in one page: shrink one, or let HotPage span two (real.hpp)");
 static_assert(alignof(Tracker) <= 64, "HotPage::tracker is 64-byte aligned");
 
 namespace {
