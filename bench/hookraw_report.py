@@ -14,8 +14,6 @@ the groups are resampled; for all files together the files (processes) first, th
 within each, since what the hooks add moves more between processes than within one; and the
 same for the alloc and the free halves. The control's figure is the method's own error: the
 added figure means something only where the control's interval is narrow and holds zero.
-For files from a CUWARDEN_SELFTIME build, also the hooked calls' own time (outside
-the driver call), per pair.
 """
 import random
 import sys
@@ -31,8 +29,7 @@ def load(path):
         v = line.split()
         if len(v) < 4:
             continue
-        rows.append((int(v[0]), int(v[1]), float(v[2]), float(v[3]),
-                     float(v[4]) if len(v) > 4 else 0.0, float(v[5]) if len(v) > 5 else 0.0))
+        rows.append((int(v[0]), int(v[1]), float(v[2]), float(v[3])))  # older files have 2 more columns
     # Blocks: runs of one path starting at position 0.
     blocks = []
     for r in rows:
@@ -47,22 +44,6 @@ def load(path):
         if len(g) == 3:
             groups.append(g)
     return groups, head, rows
-
-
-def selftime(label, head, rows):
-    """The hooked calls' own time (CUWARDEN_SELFTIME builds): outside the driver, per pair,
-    less the four clock reads the two intervals hold."""
-    if head.get("selftime") != "1":
-        return []
-    c = float(head.get("clock_read_ns", 0))
-    v = [r[4] + r[5] - 4 * c for r in rows if r[0] == 0]
-    a = [r[4] - 2 * c for r in rows if r[0] == 0]
-    f = [r[5] - 2 * c for r in rows if r[0] == 0]
-    q = sorted(v)
-    print("  self  hook's own time per pair %.0f ns (median %.0f, p10 %.0f, p90 %.0f; alloc %.0f, free %.0f; "
-          "clock read %.0f ns taken out 4 times)" % (trimmed(v), median(v), q[len(q) // 10], q[len(q) * 9 // 10],
-                                                      median(a), median(f), c))
-    return v
 
 
 def trimmed(v, cut=0.1):
@@ -127,20 +108,15 @@ def show(label, processes):
 def main():
     if len(sys.argv) < 2:
         sys.exit("usage: bench/hookraw_report.py FILE [FILE ...]")
-    every, selves = [], []
+    every = []
     for path in sys.argv[1:]:
         g, head, rows = load(path)
         if not g:
             sys.exit("hookraw_report: %s: no complete group of three blocks" % path)
         show(path, [g])
-        selves += selftime(path, head, rows)
         every.append(g)
     if len(sys.argv) > 2:
         show("all %d files (intervals: processes, then groups, resampled)" % (len(sys.argv) - 1), every)
-        if selves:
-            q = sorted(selves)
-            print("  self  hook's own time per pair %.0f ns (median %.0f, p10 %.0f, p90 %.0f)"
-                  % (trimmed(selves), median(selves), q[len(q) // 10], q[len(q) * 9 // 10]))
 
 
 if __name__ == "__main__":

@@ -28,21 +28,15 @@
 //     --block pairs, each group of three blocks in a random order (bench/hookraw_report.py).
 //     --own-stack-shift B: libcuda's own entry points called B bytes deeper (the hooks'
 //     frame); --random-stack 1: each block at a random stack depth in [0, 4096) bytes.
-//     The JSON line adds, where perf_event_open allows, the CPU's cycles, instructions, TLB
-//     and L1i misses per pair for each path (user space; cycles_k with the kernel).
 //   cuw_bench_gpu rss [--count 100000] [--size 4K]
 //     VmRSS after warm-up, with --count allocations live (cuMemAlloc_v2), after freeing them.
 //
 // Exit 0; 1 bad usage; 2 CUDA error (message on stderr).
 #include <alloca.h>
 #include <cuda_runtime_api.h>
-#include <linux/perf_event.h>
-#include <sys/ioctl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -249,33 +243,57 @@ int run_rss(uint64_t count, uint64_t bytes) {
   return 0;
 }
 
-int run_hookcost(const std::vector<uint64_t>& sizes, int rounds) {
-  Context c;
-  init(c);
-  auto& d = c.drv;
+/// The driver-API pair's entry points two ways: [0] the ones dlsym hands out (cuwarden's
+/// hooks when it is preloaded), [1] libcuda's own definitions, found in its ELF symbol table
+/// past any interposer; and libcuda's own cuStreamSynchronize. False (with a message) when
+/// one is missing.
+struct PairPaths {
   using alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
   using free_fn = CUresult (*)(CUdeviceptr);
   using aalloc_fn = CUresult (*)(CUdeviceptr*, size_t, CUstream);
   using afree_fn = CUresult (*)(CUdeviceptr, CUstream);
-  using sync_fn = CUresult (*)(CUstream);
-  auto own = [](const char* n) { return cuw::libc_elf::find_in("libcuda.so", n, nullptr); };
-  auto via = [&](const char* n) { return dlsym(d.lib, n); };
-  const alloc_fn alloc[2] = {reinterpret_cast<alloc_fn>(via("cuMemAlloc_v2")), reinterpret_cast<alloc_fn>(own("cuMemAlloc_v2"))};
-  const free_fn dfree[2] = {reinterpret_cast<free_fn>(via("cuMemFree_v2")), reinterpret_cast<free_fn>(own("cuMemFree_v2"))};
-  const aalloc_fn aalloc[2] = {reinterpret_cast<aalloc_fn>(via("cuMemAllocAsync")),
-                               reinterpret_cast<aalloc_fn>(own("cuMemAllocAsync"))};
-  const afree_fn afree[2] = {reinterpret_cast<afree_fn>(via("cuMemFreeAsync")),
-                             reinterpret_cast<afree_fn>(own("cuMemFreeAsync"))};
-  const auto ssync = reinterpret_cast<sync_fn>(own("cuStreamSynchronize"));
-  for (int k = 0; k < 2; ++k)
-    if (!alloc[k] || !dfree[k] || !aalloc[k] || !afree[k] || !ssync) {
-      std::fprintf(stderr, "cuw_bench_gpu: hookcost: driver entry points not found\n");
-      return 2;
+  alloc_fn alloc[2];
+  free_fn dfree[2];
+  aalloc_fn aalloc[2];
+  afree_fn afree[2];
+  CUresult (*ssync)(CUstream);
+
+  bool resolve(const cuw::bench::Driver& d, const char* mode) {
+    auto own = [](const char* n) { return cuw::libc_elf::find_in("libcuda.so", n, nullptr); };
+    for (int k = 0; k < 2; ++k) {
+      auto get = [&](const char* n) { return k == 0 ? dlsym(d.lib, n) : own(n); };
+      alloc[k] = reinterpret_cast<alloc_fn>(get("cuMemAlloc_v2"));
+      dfree[k] = reinterpret_cast<free_fn>(get("cuMemFree_v2"));
+      aalloc[k] = reinterpret_cast<aalloc_fn>(get("cuMemAllocAsync"));
+      afree[k] = reinterpret_cast<afree_fn>(get("cuMemFreeAsync"));
     }
+    ssync = reinterpret_cast<CUresult (*)(CUstream)>(own("cuStreamSynchronize"));
+    for (int k = 0; k < 2; ++k)
+      if (!alloc[k] || !dfree[k] || !aalloc[k] || !afree[k] || !ssync) {
+        std::fprintf(stderr, "cuw_bench_gpu: %s: driver entry points not found\n", mode);
+        return false;
+      }
+    return true;
+  }
+};
+
+/// A non-blocking stream (exits 2 on failure).
+CUstream make_stream() {
   CUstream stream = nullptr;
   if (cudaError_t e = cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&stream), cudaStreamNonBlocking);
       e != cudaSuccess)
     die_rt("cudaStreamCreate", e);
+  return stream;
+}
+
+int run_hookcost(const std::vector<uint64_t>& sizes, int rounds) {
+  Context c;
+  init(c);
+  auto& d = c.drv;
+  PairPaths pp;
+  if (!pp.resolve(d, "hookcost")) return 2;
+  const auto& [alloc, dfree, aalloc, afree, ssync] = pp;
+  CUstream stream = make_stream();
   std::string results;
   for (uint64_t bytes : sizes) {
     for (int api = 0; api < 2; ++api) {  // 0 driver, 1 async
@@ -331,68 +349,6 @@ int run_hookcost(const std::vector<uint64_t>& sizes, int rounds) {
   return 0;
 }
 
-/// The CPU's own counts of what a stretch of code cost (Linux perf_event_open, one group,
-/// this thread, user space unless named "_k"): what the hooks add in cycles, instructions,
-/// TLB and instruction-cache misses. Unavailable (no PMU in a VM, perf_event_paranoid):
-/// ok() is false and nothing is counted.
-class CpuCounters {
- public:
-  static constexpr int kN = 6;
-  static constexpr const char* kNames[kN] = {"cycles", "instructions", "dtlb_load_misses", "itlb_misses",
-                                            "l1i_misses", "cycles_k"};
-  CpuCounters() {
-    struct Ev {
-      uint32_t type;
-      uint64_t config;
-      bool kernel;
-    };
-    const Ev evs[kN] = {
-        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES, false},
-        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS, false},
-        {PERF_TYPE_HW_CACHE, PERF_COUNT_HW_CACHE_DTLB | PERF_COUNT_HW_CACHE_OP_READ << 8 | PERF_COUNT_HW_CACHE_RESULT_MISS << 16, false},
-        {PERF_TYPE_HW_CACHE, PERF_COUNT_HW_CACHE_ITLB | PERF_COUNT_HW_CACHE_OP_READ << 8 | PERF_COUNT_HW_CACHE_RESULT_MISS << 16, false},
-        {PERF_TYPE_HW_CACHE, PERF_COUNT_HW_CACHE_L1I | PERF_COUNT_HW_CACHE_OP_READ << 8 | PERF_COUNT_HW_CACHE_RESULT_MISS << 16, false},
-        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES, true},
-    };
-    for (int i = 0; i < kN; ++i) {
-      perf_event_attr a{};
-      a.size = sizeof a;
-      a.type = evs[i].type;
-      a.config = evs[i].config;
-      a.exclude_kernel = evs[i].kernel ? 0 : 1;
-      a.exclude_hv = 1;
-      a.read_format = PERF_FORMAT_GROUP | PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING;
-      a.disabled = i == 0 ? 1 : 0;
-      const int fd = static_cast<int>(syscall(SYS_perf_event_open, &a, 0, -1, i == 0 ? -1 : fd_[0], 0));
-      if (fd < 0) {
-        error_ = std::string(kNames[i]) + ": " + std::strerror(errno);
-        return;
-      }
-      fd_[i] = fd;
-    }
-    ioctl(fd_[0], PERF_EVENT_IOC_ENABLE, PERF_IOC_FLAG_GROUP);
-    ok_ = true;
-  }
-  ~CpuCounters() {
-    for (int fd : fd_)
-      if (fd >= 0) close(fd);
-  }
-  bool ok() const { return ok_; }
-  const std::string& error() const { return error_; }
-  /// The counts so far; false when the group was not scheduled all the time (multiplexed).
-  bool read_now(uint64_t out[kN]) const {
-    uint64_t buf[3 + kN] = {};
-    if (!ok_ || ::read(fd_[0], buf, sizeof buf) != static_cast<ssize_t>(sizeof buf) || buf[0] != kN) return false;
-    for (int i = 0; i < kN; ++i) out[i] = buf[3 + i];
-    return buf[1] == buf[2];
-  }
-
- private:
-  int fd_[kN] = {-1, -1, -1, -1, -1, -1};
-  bool ok_ = false;
-  std::string error_;
-};
-
 /// Run `f` with `shift` more bytes of stack below this frame (alloca), so that what `f`
 /// calls runs that much deeper.
 __attribute__((noinline)) void with_stack_shift(size_t shift, const std::function<void()>& f) {
@@ -406,99 +362,45 @@ __attribute__((noinline)) void with_stack_shift(size_t shift, const std::functio
 /// when it is preloaded), paths 1 and 2 libcuda's own definitions (the same function twice:
 /// 2 - 1 is the method's noise). Pairs run in blocks of `block` on one path; each group of
 /// three blocks takes the paths in a random order (seed 1). Writes one line per pair to
-/// `path` after a "# ..." header line (api, bytes, block, selftime, clock_read_ns):
-/// "path position-in-block alloc_ns free_ns hook_alloc_ns hook_free_ns" (the last two:
-/// the hooked call's time outside the driver when the preloaded library is a
-/// CUWARDEN_SELFTIME build, two clock reads included; else 0); the stream-ordered pair
-/// (`async`) synchronizes its stream after each block, outside the timed calls.
+/// `path` after a "# ..." header line (api, bytes, block, stack options):
+/// "path position-in-block alloc_ns free_ns"; the stream-ordered pair (`async`)
+/// synchronizes its stream after each block, outside the timed calls.
 int run_hookraw(uint64_t bytes, uint64_t pairs, int block, bool async, size_t own_shift, bool random_shift,
                 const std::string& path) {
   Context c;
   init(c);
   auto& d = c.drv;
-  using alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
-  using free_fn = CUresult (*)(CUdeviceptr);
-  using aalloc_fn = CUresult (*)(CUdeviceptr*, size_t, CUstream);
-  using afree_fn = CUresult (*)(CUdeviceptr, CUstream);
-  using sync_fn = CUresult (*)(CUstream);
-  auto own = [](const char* n) { return cuw::libc_elf::find_in("libcuda.so", n, nullptr); };
-  auto via = [&](const char* n) { return dlsym(d.lib, n); };
-  const alloc_fn alloc[3] = {reinterpret_cast<alloc_fn>(via("cuMemAlloc_v2")), reinterpret_cast<alloc_fn>(own("cuMemAlloc_v2")),
-                             reinterpret_cast<alloc_fn>(own("cuMemAlloc_v2"))};
-  const free_fn dfree[3] = {reinterpret_cast<free_fn>(via("cuMemFree_v2")), reinterpret_cast<free_fn>(own("cuMemFree_v2")),
-                            reinterpret_cast<free_fn>(own("cuMemFree_v2"))};
-  const aalloc_fn aalloc[3] = {reinterpret_cast<aalloc_fn>(via("cuMemAllocAsync")),
-                               reinterpret_cast<aalloc_fn>(own("cuMemAllocAsync")),
-                               reinterpret_cast<aalloc_fn>(own("cuMemAllocAsync"))};
-  const afree_fn afree[3] = {reinterpret_cast<afree_fn>(via("cuMemFreeAsync")),
-                             reinterpret_cast<afree_fn>(own("cuMemFreeAsync")),
-                             reinterpret_cast<afree_fn>(own("cuMemFreeAsync"))};
-  const auto ssync = reinterpret_cast<sync_fn>(own("cuStreamSynchronize"));
-  for (int k = 0; k < 3; ++k)
-    if (!alloc[k] || !dfree[k] || !aalloc[k] || !afree[k] || !ssync) {
-      std::fprintf(stderr, "cuw_bench_gpu: hookraw: driver entry points not found\n");
-      return 2;
-    }
-  CUstream stream = nullptr;
-  if (cudaError_t e = cudaStreamCreateWithFlags(reinterpret_cast<cudaStream_t*>(&stream), cudaStreamNonBlocking);
-      e != cudaSuccess)
-    die_rt("cudaStreamCreate", e);
-  // A CUWARDEN_SELFTIME build stamps (CLOCK_MONOTONIC, as steady_clock) around its driver
-  // call: the hooked pair's time outside the driver, per call.
-  using selftime_fn = const uint64_t* (*)();
-  const auto selftime_get = reinterpret_cast<selftime_fn>(dlsym(RTLD_DEFAULT, "cuwarden_selftime"));
-  const volatile uint64_t* stamps = selftime_get ? selftime_get() : nullptr;
-  auto ns_of = [](clock_type::time_point t) {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
-  };
+  PairPaths pp;
+  if (!pp.resolve(d, "hookraw")) return 2;
+  CUstream stream = make_stream();
   struct Row {
     uint8_t path;
     uint16_t pos;
-    float alloc_ns, free_ns, hook_alloc_ns, hook_free_ns;
+    float alloc_ns, free_ns;
   };
   std::vector<Row> rows;
   rows.reserve(pairs);
-  CpuCounters pmu;
-  double counts[3][CpuCounters::kN] = {};
-  uint64_t counted_pairs[3] = {}, multiplexed = 0;
   auto run_block = [&](int k, bool keep) {
-    uint64_t c0[CpuCounters::kN] = {}, c1[CpuCounters::kN] = {};
-    const bool counting = keep && pmu.ok() && pmu.read_now(c0);
+    const int e = k == 0 ? 0 : 1;  // paths 1 and 2 both call libcuda's own entry points
     for (int i = 0; i < block; ++i) {
       CUdeviceptr p = 0;
       const auto t0 = clock_type::now();
-      if (CUresult r = async ? aalloc[k](&p, bytes, stream) : alloc[k](&p, bytes); r != CUDA_SUCCESS)
+      if (CUresult r = async ? pp.aalloc[e](&p, bytes, stream) : pp.alloc[e](&p, bytes); r != CUDA_SUCCESS)
         die_drv(d, "alloc", r);
       const auto t1 = clock_type::now();
-      float hook_alloc = 0, hook_free = 0;
-      if (stamps && k == 0) {
-        hook_alloc = static_cast<float>(static_cast<int64_t>(stamps[0] - ns_of(t0) + (ns_of(t1) - stamps[1])));
-      }
-      if (CUresult r = async ? afree[k](p, stream) : dfree[k](p); r != CUDA_SUCCESS) die_drv(d, "free", r);
+      if (CUresult r = async ? pp.afree[e](p, stream) : pp.dfree[e](p); r != CUDA_SUCCESS) die_drv(d, "free", r);
       const auto t2 = clock_type::now();
-      if (stamps && k == 0) {
-        hook_free = static_cast<float>(static_cast<int64_t>(stamps[0] - ns_of(t1) + (ns_of(t2) - stamps[1])));
-      }
       if (keep)
         rows.push_back(Row{static_cast<uint8_t>(k), static_cast<uint16_t>(i),
                            static_cast<float>(std::chrono::duration<double, std::nano>(t1 - t0).count()),
-                           static_cast<float>(std::chrono::duration<double, std::nano>(t2 - t1).count()), hook_alloc,
-                           hook_free});
+                           static_cast<float>(std::chrono::duration<double, std::nano>(t2 - t1).count())});
     }
-    if (counting) {  // the block's pairs only (the stream's synchronization left out)
-      if (pmu.read_now(c1)) {
-        for (int j = 0; j < CpuCounters::kN; ++j) counts[k][j] += static_cast<double>(c1[j] - c0[j]);
-        counted_pairs[k] += static_cast<uint64_t>(block);
-      } else {
-        ++multiplexed;
-      }
-    }
-    if (async) ssync(stream);
+    if (async) pp.ssync(stream);
   };
   // The stack depth at which a path calls the driver: libcuda's own entry points are called
   // `own_shift` bytes deeper (the hooks' frame, to compare at equal depth), and with
   // `random_shift` every block runs at a random depth in [0, 4096) bytes, 16-byte steps
-  // (the driver's speed can depend on where its stack falls: 4K aliasing of loads with
+  // (the driver's speed could depend on where its stack falls: 4K aliasing of loads with
   // stores; a program calls it at whatever depth it has).
   std::mt19937 rng(1), depth_rng(2);
   auto at_depth = [&](int k, bool keep) {
@@ -519,39 +421,13 @@ int run_hookraw(uint64_t bytes, uint64_t pairs, int block, bool async, size_t ow
     std::fprintf(stderr, "cuw_bench_gpu: hookraw: cannot write %s\n", path.c_str());
     return 2;
   }
-  // What one steady_clock read adds to an interval (the smallest of many back-to-back pairs):
-  // each hook_*_ns figure holds two such reads beyond the hook's own time.
-  double clock_ns = 1e9;
-  for (int i = 0; i < 10000; ++i) {
-    const auto a = clock_type::now(), b = clock_type::now();
-    clock_ns = std::min(clock_ns, std::chrono::duration<double, std::nano>(b - a).count());
-  }
-  std::fprintf(f,
-               "# cuw_bench_gpu hookraw api=%s bytes=%llu block=%d selftime=%d clock_read_ns=%.0f own_shift=%zu "
-               "random_shift=%d\n",
-               async ? "async" : "driver", static_cast<unsigned long long>(bytes), block, stamps ? 1 : 0, clock_ns,
-               own_shift, random_shift ? 1 : 0);
-  for (const Row& r : rows)
-    std::fprintf(f, "%u %u %.0f %.0f %.0f %.0f\n", r.path, r.pos, r.alloc_ns, r.free_ns, r.hook_alloc_ns, r.hook_free_ns);
+  std::fprintf(f, "# cuw_bench_gpu hookraw api=%s bytes=%llu block=%d own_shift=%zu random_shift=%d\n",
+               async ? "async" : "driver", static_cast<unsigned long long>(bytes), block, own_shift, random_shift ? 1 : 0);
+  for (const Row& r : rows) std::fprintf(f, "%u %u %.0f %.0f\n", r.path, r.pos, r.alloc_ns, r.free_ns);
   std::fclose(f);
-  // Per path, the CPU's counts per pair (path 0 hooked, 1 and 2 the driver's own).
-  std::string cpu = pmu.ok() ? "{\"multiplexed_blocks\":" + std::to_string(multiplexed) : "{\"error\":" + json_str(pmu.error());
-  if (pmu.ok()) {
-    for (int j = 0; j < CpuCounters::kN; ++j) {
-      cpu += std::string(",\"") + CpuCounters::kNames[j] + "\":[";
-      for (int k = 0; k < 3; ++k) {
-        char b[48];
-        std::snprintf(b, sizeof b, "%s%.2f", k ? "," : "", counted_pairs[k] ? counts[k][j] / static_cast<double>(counted_pairs[k]) : 0.0);
-        cpu += b;
-      }
-      cpu += "]";
-    }
-  }
-  cpu += "}";
-  std::printf("%s,\"api\":\"%s\",\"bytes\":%llu,\"pairs\":%zu,\"block\":%d,\"selftime\":%d,\"clock_read_ns\":%.0f,"
-              "\"cpu_per_pair\":%s,\"file\":%s}\n",
+  std::printf("%s,\"api\":\"%s\",\"bytes\":%llu,\"pairs\":%zu,\"block\":%d,\"file\":%s}\n",
               header(c, "hookraw").c_str(), async ? "async" : "driver", static_cast<unsigned long long>(bytes), rows.size(),
-              block, stamps ? 1 : 0, clock_ns, cpu.c_str(), json_str(path).c_str());
+              block, json_str(path).c_str());
   return 0;
 }
 

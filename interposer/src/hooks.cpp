@@ -22,27 +22,6 @@ namespace ring = cuw::ring;
 // Entry points on the allocation hot path: grouped with the tracker's hot code (cuw/attrs.hpp).
 #define CUW_EXPORT_HOT extern "C" __attribute__((visibility("default"), hot))
 
-#ifdef CUW_SELFTIME
-#include <time.h>
-// Measurement builds only (CMake option CUWARDEN_SELFTIME, never a release): the
-// CLOCK_MONOTONIC times (ns) just before and just after the last real driver call made by
-// a passthrough alloc or free hook, for `cuw_bench_gpu hookraw` to split a pair's time into
-// the driver's and the hook's own. Not thread-safe (the benchmark is single-threaded).
-namespace {
-uint64_t g_selftime[2];
-inline void selftime_stamp(int i) {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  g_selftime[i] = static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-}
-}  // namespace
-/// The two stamps above (index 0 before, 1 after the driver call); in CUWARDEN_SELFTIME builds only.
-extern "C" __attribute__((visibility("default"))) const uint64_t* cuwarden_selftime() { return g_selftime; }
-#define CUW_SELFTIME_STAMP(i) selftime_stamp(i)
-#else
-#define CUW_SELFTIME_STAMP(i) ((void)0)
-#endif
-
 namespace {
 
 /// Stream-ordered allocations live in the driver's pools: what the process holds from the
@@ -118,9 +97,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
     if (const Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed); __builtin_expect(c != Tracker::Charge::ok, 0))
       return c == Tracker::Charge::refused ? CUDA_ERROR_OUT_OF_MEMORY : call();
   }
-  CUW_SELFTIME_STAMP(0);
   CUresult r = call();
-  CUW_SELFTIME_STAMP(1);
   t.prefetch_commit(*d);
   // The event's time: when the call returned. Read after the driver call, so that a free
   // right after it (the common alloc, use, free pattern; a free reads its time before its
@@ -221,9 +198,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_
     }
   }
   if (committed) t.job_uncharge(rec.device, rec.bytes);
-  CUW_SELFTIME_STAMP(0);
   const CUresult r = call();
-  CUW_SELFTIME_STAMP(1);
   // Not counted by us (allocated before we were loaded, or invalid), or already recorded.
   if (__builtin_expect(!live || static_cast<unsigned>(rec.device) >= ring::kMaxDevices, 0)) return r;
   if (__builtin_expect(r != CUDA_SUCCESS, 0)) {
