@@ -92,16 +92,10 @@ uint64_t reanchor() noexcept;   ///< the thread's anchor is old (or the counter 
 /// offset against it. Thread-safe.
 clock_fn vdso_clock_gettime() noexcept;
 
-/// CLOCK_REALTIME_COARSE in ns through libc's clock_gettime (the vDSO: no system call, no
-/// counter read).
-CUW_INLINE uint64_t coarse_ns() noexcept {
-  timespec t;
-  clock_gettime(CLOCK_REALTIME_COARSE, &t);
-  return static_cast<uint64_t>(t.tv_sec) * 1000000000ULL + static_cast<uint64_t>(t.tv_nsec);
-}
-/// The same through `fn` (ThreadState::coarse_fn: the vDSO's entry point called directly,
-/// which skips libc's PLT stub, its wrapper and the dynamic linker's data that the wrapper
-/// reads: three cache lines fewer on a cold hot path).
+/// CLOCK_REALTIME_COARSE in ns (no system call, no counter read) through `fn`:
+/// ThreadState::coarse_fn, the vDSO's entry point called directly, which skips libc's PLT
+/// stub, its wrapper and the dynamic linker's data that the wrapper reads (three cache lines
+/// fewer on a cold hot path); or libc's clock_gettime where there is no vDSO.
 CUW_INLINE uint64_t coarse_ns(clock_fn fn) noexcept {
   timespec t;
   fn(CLOCK_REALTIME_COARSE, &t);
