@@ -7,13 +7,17 @@
 #   BUILD_DIR=<dir> OUT=<dir> bash tests/gpu/cache_reuse.sh
 #
 # Cases: canary.cu for kernel, memset, memcpy, graph at 4 KiB (packed slabs), 64 MiB and
-# 1 GiB (whole blocks), both default-stream flavours; framework_canary.py for PyTorch
+# 1 GiB (whole blocks), both default-stream flavours, and peer (the late write from a
+# kernel on device 1, through peer access); peer_access.cu (device 1 reads and writes
+# device 0's blocks and the reverse: packed, whole, reused); framework_canary.py for PyTorch
 # (cudaMalloc per tensor) and CuPy (pool off), where cuBLAS writes the block. Every case
 # also runs bare (no cuwarden) as a control. The interposer log (CUWARDEN_LOG=info) of each
 # case is searched for "does not hook": a program that obtained a work entry point cuwarden
 # does not track (the cache then always waits for events; reported, not a failure).
+# The peer cases need two GPUs that can reach each other, and are reported as skipped
+# otherwise. ONLY=REGEX runs only the cases whose name matches (e.g. ONLY=peer).
 # Writes $OUT/cache-reuse.md, cache-reuse.json, cache-reuse.log. Exit 0 when every case
-# under cuwarden is ok, 1 otherwise.
+# under cuwarden is ok (or skipped), 1 otherwise.
 set -u -o pipefail
 START_CWD=$(pwd)
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -33,12 +37,14 @@ export CUWARDEN_RUN_DIR="$WORK/run"
 echo "== build (nvcc: $("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
 "$NVCC" -O2 -arch=native -o "$WORK/canary" "$REPO/tests/gpu/cache_reuse/canary.cu" || exit 1
 "$NVCC" -O2 -arch=native --default-stream per-thread -o "$WORK/canary_pt" "$REPO/tests/gpu/cache_reuse/canary.cu" || exit 1
+"$NVCC" -O2 -arch=native -o "$WORK/peer_access" "$REPO/tests/gpu/cache_reuse/peer_access.cu" || exit 1
 
 RESULTS="$WORK/results.jsonl"
 : >"$RESULTS"
 # one MODE NAME CMD...: run a case; append {"case", "mode", "untracked", ...its JSON line}.
 one() {
   local mode=$1 name=$2; shift 2
+  [[ -z ${ONLY:-} || $name =~ $ONLY ]] || return 0
   local log="$WORK/$name-$mode.interposer.log" line rc
   rm -f "$log"
   if [[ $mode == cache ]]; then
@@ -65,12 +71,14 @@ PY
 }
 
 for flavour in canary canary_pt; do
-  for path in kernel memset memcpy graph; do
+  for path in kernel memset memcpy graph peer; do
+    [[ $path == peer && $flavour == canary_pt ]] && continue  # one flavour: the path is the device
     for bytes in 4096 67108864 1073741824; do
       for mode in bare cache; do one "$mode" "$flavour-$path-$bytes" "$WORK/$flavour" "$path" "$bytes"; done
     done
   done
 done
+for mode in bare cache; do one "$mode" peer-access "$WORK/peer_access"; done
 if timeout 120 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   for mode in bare cache; do
     one "$mode" torch-cublas env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 "$REPO/tests/gpu/cache_reuse/framework_canary.py" torch
@@ -88,21 +96,52 @@ python3 - "$RESULTS" "$OUT_DIR" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 out = sys.argv[2]
-cache = [r for r in rows if r["mode"] == "cache"]
-bad = [r for r in cache if not r.get("ok")]
+skipped = [r for r in rows if "skipped" in r]
+# The peer path shows what cudaFree promises about another device's work on the block: the
+# bare run is the driver's answer, and the cache is held to it, not counted with the rest.
+peer = [r for r in rows if r.get("path") == "peer" and "skipped" not in r]
+def no_weaker(r):
+    """A peer case under the cache: ok, or the driver itself (bare) handed the block out under that work."""
+    bare = [b for b in peer if b["case"] == r["case"] and b["mode"] == "bare" and "error" not in b]
+    return r.get("ok") or any(b.get("reused_while_pending") or b.get("nonzero_words") for b in bare)
+cache = [r for r in rows if r["mode"] == "cache" and "skipped" not in r and r not in peer]
+bad = [r for r in cache if not r.get("ok")] + [r for r in peer if r["mode"] == "cache" and not no_weaker(r)]
+header = ["| case | mode | late write pending at free | cudaFree us | still pending after free | reused the block | reused while pending | cudaMalloc us | non-zero words | untracked entry points | ok |",
+          "| --- | --- | --- | ---: | --- | --- | --- | ---: | ---: | --- | --- |"]
 md = ["# CUWARDEN_POOL=cache: no reuse under queued work (tests/gpu/cache_reuse.sh)", "",
-      f"{len(cache)} cases under cuwarden, {len(cache) - len(bad)} ok; every case also run bare as a control.", "",
-      "| case | mode | late write pending at free | reused the block | reused while pending | cudaMalloc us | non-zero words | untracked entry points | ok |",
-      "| --- | --- | --- | --- | --- | ---: | ---: | --- | --- |"]
-for r in rows:
+      f"{len(cache)} cases under cuwarden, {len(cache) - len([r for r in bad if r in cache])} ok; every case also run bare as a control."
+      + (f" {len(skipped)} runs skipped ({skipped[0]['skipped']})." if skipped else ""), "",
+      *header]
+def row(r, ok):
     if "error" in r:
-        md.append(f"| {r['case']} | {r['mode']} | error: {r['error']} | | | | | | **no** |")
-        continue
-    md.append(f"| {r['case']} | {r['mode']} | {r['late_write_pending_at_free']} | {r['reused']} | "
-              f"{r['reused_while_pending']} | {r['alloc_us']} | {r['nonzero_words']} | {r['untracked']} | "
-              f"{'yes' if r['ok'] else '**no**'} |")
+        return f"| {r['case']} | {r['mode']} | error: {r['error']} | | | | | | | | **no** |"
+    return (f"| {r['case']} | {r['mode']} | {r['late_write_pending_at_free']} | {r.get('free_us', '')} | "
+            f"{r.get('pending_after_free', '')} | {r['reused']} | "
+            f"{r['reused_while_pending']} | {r['alloc_us']} | {r['nonzero_words']} | {r['untracked']} | {ok} |")
+access = [r for r in rows if "blocks" in r]  # peer_access.cu
+main = [r for r in rows if "skipped" not in r and r not in peer and r not in access]
+if not main:
+    del md[-2:]  # no table of canary cases (ONLY= left none)
+for r in main:
+    md.append(row(r, "yes" if r.get("ok") else "**no**"))
+if peer:
+    md += ["", "cudaFree and another device's work (canary.cu peer: the late write is a kernel on device 1 "
+           "writing device 0's block through peer access; bare is what the driver does, and the cache "
+           "is held to that: ok when it reused nothing under that work, or the driver did too):", "",
+           header[0], header[1]]
+    for r in peer:
+        ok = "" if r["mode"] == "bare" else ("yes" if r.get("ok") else "as the driver" if no_weaker(r) else "**no**")
+        md.append(row(r, ok))
+if access:
+    md += ["", "Peer access (peer_access.cu: each GPU writes the other's blocks of 4 KiB, 1 MiB and 64 MiB, "
+           "allocated before and after enabling access and reused, then reads them back by cudaMemcpyPeer):", "",
+           "| case | mode | blocks | wrong words (written by the peer) | wrong words (copied back) | untracked entry points | ok |",
+           "| --- | --- | ---: | ---: | ---: | --- | --- |"]
+    for r in access:
+        md.append(f"| {r['case']} | {r['mode']} | {r['blocks']} | {r['wrong_words']} | {r['wrong_words_copy']} | "
+                  f"{r['untracked']} | {'yes' if r['ok'] else '**no**'} |")
 open(f"{out}/cache-reuse.md", "w").write("\n".join(md) + "\n")
 json.dump(rows, open(f"{out}/cache-reuse.json", "w"), indent=1)
 print("\n".join(md))
-sys.exit(1 if bad or not cache else 0)
+sys.exit(1 if bad or not (cache or skipped) else 0)
 PY

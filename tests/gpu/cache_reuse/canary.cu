@@ -6,7 +6,9 @@
 //   canary PATH BYTES
 //     PATH: kernel (a kernel that spins ~50 ms, then writes the block), memset (one big
 //     cudaMemsetAsync into it), memcpy (one big device-to-device cudaMemcpyAsync into it),
-//     graph (the kernel inside a CUDA graph, cudaGraphLaunch)
+//     graph (the kernel inside a CUDA graph, cudaGraphLaunch), peer (the kernel launched on
+//     device 1, writing device 0's block through peer access; needs two GPUs that can reach
+//     each other: otherwise prints {"skipped": ...} and exits 0)
 //
 // Each run: make the cache idle (pairs of allocations with no work between), allocate A,
 // queue the late write into A on a non-blocking stream through PATH (the only work queued
@@ -58,12 +60,28 @@ int main(int argc, char** argv) {
   const std::string path = argv[1];
   const size_t bytes = std::strtoull(argv[2], nullptr, 10);
   const size_t words = bytes / 4;
+  const bool peer = path == "peer";
+  if (peer) {
+    int n = 0, can = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2 || cudaDeviceCanAccessPeer(&can, 1, 0) != cudaSuccess || !can) {
+      std::printf("{\"path\":\"peer\",\"bytes\":%zu,\"skipped\":\"needs two GPUs with peer access (devices: %d)\"}\n",
+                  bytes, n);
+      return 0;
+    }
+  }
   CK(cudaSetDevice(0));
   int clock_khz = 0;
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   const long long spin = static_cast<long long>(clock_khz) * 50;  // ~50 ms
   cudaStream_t s, s2;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (peer) {  // the late write's stream is device 1's; device 1 may write device 0's memory
+    CK(cudaSetDevice(1));
+    CK(cudaDeviceEnablePeerAccess(0, 0));
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaSetDevice(0));
+  } else {
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
   CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
   unsigned* src = nullptr;
   unsigned long long* count = nullptr;
@@ -91,6 +109,11 @@ int main(int argc, char** argv) {
   }
   // The late write, the only work queued since.
   if (path == "kernel") spin_then_write<<<1, 1024, 0, s>>>(a, words, spin);
+  else if (peer) {
+    CK(cudaSetDevice(1));
+    spin_then_write<<<1, 1024, 0, s>>>(a, words, spin);
+    CK(cudaSetDevice(0));
+  }
   else if (path == "memset") CK(cudaMemsetAsync(a, 0xEE, bytes, s));
   else if (path == "memcpy") CK(cudaMemcpyAsync(a, src, bytes, cudaMemcpyDeviceToDevice, s));
   else if (path == "graph") CK(cudaGraphLaunch(exec, s));
@@ -100,8 +123,13 @@ int main(int argc, char** argv) {
   }
   CK(cudaGetLastError());
   const bool still_running = cudaStreamQuery(s) == cudaErrorNotReady;
+  const auto f0 = std::chrono::steady_clock::now();
   CK(cudaFree(a));
   const auto t0 = std::chrono::steady_clock::now();
+  const double free_us = std::chrono::duration<double, std::micro>(t0 - f0).count();
+  // Whether the free waited for the late write (the driver's cudaFree synchronizes; for the
+  // peer path this says whether it also waits for the other device).
+  const bool pending_after_free = cudaStreamQuery(s) == cudaErrorNotReady;
   unsigned* b = nullptr;
   CK(cudaMalloc(&b, bytes));
   const double alloc_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
@@ -110,14 +138,19 @@ int main(int argc, char** argv) {
   CK(cudaMemsetAsync(b, 0, bytes, s2));
   CK(cudaStreamSynchronize(s2));
   CK(cudaDeviceSynchronize());
+  if (peer) {
+    CK(cudaSetDevice(1));
+    CK(cudaDeviceSynchronize());
+    CK(cudaSetDevice(0));
+  }
   CK(cudaMemset(count, 0, sizeof *count));
   count_nonzero<<<1024, 256>>>(b, words, count);
   unsigned long long nonzero = 0;
   CK(cudaMemcpy(&nonzero, count, sizeof nonzero, cudaMemcpyDeviceToHost));
   const bool ok = nonzero == 0 && !early;
   std::printf("{\"path\":\"%s\",\"bytes\":%zu,\"late_write_pending_at_free\":%s,\"reused\":%s,"
-              "\"reused_while_pending\":%s,\"alloc_us\":%.1f,\"nonzero_words\":%llu,\"ok\":%s}\n",
+              "\"reused_while_pending\":%s,\"free_us\":%.1f,\"pending_after_free\":%s,\"alloc_us\":%.1f,\"nonzero_words\":%llu,\"ok\":%s}\n",
               path.c_str(), bytes, still_running ? "true" : "false", b == a ? "true" : "false", early ? "true" : "false",
-              alloc_us, nonzero, ok ? "true" : "false");
+              free_us, pending_after_free ? "true" : "false", alloc_us, nonzero, ok ? "true" : "false");
   return ok ? 0 : 1;
 }
