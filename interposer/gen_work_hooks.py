@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generate interposer/src/work_hooks.inc: a hook-table row for every libcuda entry point
 that queues work on the GPU (kernel launches, copies, memsets, graph launches, stream memory
-operations, host functions, prefetches ...).
+operations, host functions and stream callbacks (which may write memory the CPU can reach),
+prefetches ...).
 
 CUWARDEN_POOL=cache hands a freed block straight out again only while it can prove that no
 work was queued since its last completed event; these hooks are how it learns that work was
@@ -24,7 +25,7 @@ import sys
 SUBMITS = re.compile(
     r"^cu(Launch|Memcpy|Memset|GraphLaunch|StreamWaitValue|StreamWriteValue|StreamBatchMemOp|"
     r"MemPrefetch|MemDiscard|MemBatchDecompress|SignalExternalSemaphores|WaitExternalSemaphores|"
-    r"MemMapArrayAsync)")
+    r"MemMapArrayAsync|StreamAddCallback)")
 
 # Exports that match SUBMITS but get no row, and why.
 SKIPPED_REASONS = {

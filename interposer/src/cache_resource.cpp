@@ -34,6 +34,8 @@ struct Drv {
   CUresult (*ctx_pop)(CUcontext*) = nullptr;
   CUresult (*ctx_get_device)(CUdevice*) = nullptr;
   CUresult (*stream_sync)(CUstream) = nullptr;
+  CUresult (*stream_get_ctx)(CUstream, CUcontext*) = nullptr;
+  CUresult (*ctx_sync)() = nullptr;
 };
 
 template <class F>
@@ -54,6 +56,8 @@ const Drv& drv() {
     resolve(x.ctx_pop, "cuCtxPopCurrent_v2");
     resolve(x.ctx_get_device, "cuCtxGetDevice");
     resolve(x.stream_sync, "cuStreamSynchronize");
+    resolve(x.stream_get_ctx, "cuStreamGetCtx");
+    resolve(x.ctx_sync, "cuCtxSynchronize");
     return x;
   }();
   return d;
@@ -111,7 +115,7 @@ bool queues_work(const char* n) noexcept {
       "cuLaunch",          "cuMemcpy",           "cuMemset",        "cuGraphLaunch",
       "cuStreamWaitValue", "cuStreamWriteValue", "cuStreamBatchMemOp", "cuMemPrefetch",
       "cuMemDiscard",      "cuMemBatchDecompress", "cuSignalExternalSemaphores", "cuWaitExternalSemaphores",
-      "cuMemMapArrayAsync"};
+      "cuMemMapArrayAsync", "cuStreamAddCallback"};
   if (!n) return false;
   for (const char* p : kPrefixes)
     if (std::strncmp(n, p, std::strlen(p)) == 0) return true;
@@ -178,6 +182,11 @@ CUW_HOT cache_resource::Block* cache_resource::lookup_locked(CUdeviceptr p) cons
     Block* b = map_[i];
     if (!b || b->ptr == p) return b;
   }
+}
+
+bool cache_resource::holds_locked(CUdeviceptr p) const noexcept {
+  auto it = segments_.upper_bound(p);
+  return it != segments_.begin() && p - std::prev(it)->second->base < std::prev(it)->second->bytes;
 }
 
 void cache_resource::map_insert_locked(Block* b) {
@@ -305,9 +314,18 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
   }
   mu_.unlock();
   CUresult r;
+  bool cap_refused = false;
   {
     std::lock_guard<std::mutex> g(slow_);
-    r = slow_allocate(out, bytes, cls, rounded);
+    r = slow_allocate(out, bytes, cls, rounded, false, &cap_refused);
+  }
+  if (__builtin_expect(cap_refused, 0)) {
+    // The cap refused even after this cache gave back what it keeps: the device's other
+    // contexts' caches give back theirs (outside this one's slow_: each takes its own), and
+    // the last try's refusal is the one counted.
+    if (cache_registry* reg = tracker_.cache()) reg->release_all_except(this);
+    std::lock_guard<std::mutex> g(slow_);
+    r = slow_allocate(out, bytes, cls, rounded, true, nullptr);
   }
   if (r == CUDA_SUCCESS) tracker_.emit(ring::EventKind::alloc, api, ordinal_, *out, bytes, 0, CUDA_SUCCESS);
   return r;
@@ -328,7 +346,8 @@ bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_
   return true;
 }
 
-CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
+CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                                       bool* cap_refused) {
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   const bool cap_active = capturing();
   if (!cap_active) poll_slow();
@@ -365,14 +384,15 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
       }
     }
   }
-  return grow_slow(out, bytes, cls, rounded);
+  return grow_slow(out, bytes, cls, rounded, last, cap_refused);
 }
 
-bool cache_resource::charge_segment(uint64_t bytes) {
-  return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc) == ipc::Tracker::Charge::ok;
+bool cache_resource::charge_segment(uint64_t bytes, bool quiet) {
+  return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc, false, quiet) == ipc::Tracker::Charge::ok;
 }
 
-CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
+CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                                   bool* cap_refused) {
   uint64_t seg_bytes = cls >= 0 ? kSlabBytes : rounded;
   auto fits = [this](uint64_t n) {
     const uint64_t limit = slot_.limit.load(std::memory_order_relaxed);
@@ -397,7 +417,19 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
       }
     }
   }
-  if (!charge_segment(seg_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;  // refused: counted by charge
+  if (!charge_segment(seg_bytes, true)) {
+    // Refused (a job's cap, which fits() does not see, or another thread's charge in
+    // between): give back what this cache keeps, then charge again.
+    release_slow();
+    if (!capturing()) {
+      wait_all_slow();
+      release_slow();
+    }
+    if (!charge_segment(seg_bytes, !last)) {  // the last try's refusal is counted by charge
+      if (!last && cap_refused) *cap_refused = true;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
   CUdeviceptr base = 0;
   CUresult r = upstream_->allocate(&base, seg_bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -449,33 +481,23 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
 CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   mu_.lock();
   Block* b = lookup_locked(p);
-  if (!b || b->state != kLive) {
+  if (__builtin_expect(!b || b->state != kLive, 0)) {
+    // Inside memory this cache holds but not a live block's start (a second free, an
+    // interior pointer): the driver's answer for a pointer it did not hand out. Passing it
+    // on would free the driver allocation under the cache's other blocks.
+    const bool ours = holds_locked(p);
     mu_.unlock();
-    return CUDA_ERROR_NOT_FOUND;
+    return ours ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_FOUND;
   }
   const uint64_t size = b->size;
+  if (__builtin_expect(b->exported, 0)) {
+    b->state = kPending;  // claimed: a second free of it is refused while the driver's runs
+    mu_.unlock();
+    return free_exported(b, api, aux, now);
+  }
   ipc::locked_sub(slot_.live_allocations, 1);
   ipc::locked_add(slot_.free_count, 1);
   tracker_.emit_locked(ring::EventKind::free, api, ordinal_, p, b->requested, aux, CUDA_SUCCESS, now);
-  if (b->exported) {
-    // An IPC handle was given out for this driver allocation: it is never handed out
-    // again. Free it now; cuMemFree synchronizes, as the program's own call would have.
-    b->state = kPending;
-    Segment* s = b->seg;
-    mu_.unlock();
-    std::lock_guard<std::mutex> g(slow_);
-    mu_.lock();
-    segments_.erase(s->base);
-    map_rebuild_locked();
-    mu_.unlock();
-    upstream_->deallocate(s->base, s->bytes);
-    tracker_.uncharge(slot_, s->bytes);
-    mu_.lock();
-    ipc::locked_sub(slot_.reserved, s->bytes);
-    mu_.unlock();
-    delete s;
-    return CUDA_SUCCESS;
-  }
   ipc::locked_add(slot_.cached, size);
   if (idle()) {
     // Nothing queued since a completed event: whatever used the block has finished.
@@ -503,6 +525,32 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
     poll_slow();
     slow_.unlock();
   }
+  return CUDA_SUCCESS;
+}
+
+// (free_traced, for a block it set kPending.) An IPC handle was given out for this block's
+// driver allocation: it is never handed out again, but freed now (cuMemFree synchronizes, as the program's own call would have). The
+// free is counted only once the driver did it: a refused one (inside a global-mode capture,
+// say) leaves the block live and returns the driver's error, as the program's own call would.
+CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now) {
+  std::lock_guard<std::mutex> g(slow_);
+  Segment* s = b->seg;  // b is ours (kPending, set by free_traced), its segment busy
+  const CUresult r = upstream_->deallocate(s->base, s->bytes);
+  mu_.lock();
+  if (r != CUDA_SUCCESS) {
+    b->state = kLive;
+    mu_.unlock();
+    return r;
+  }
+  segments_.erase(s->base);
+  map_rebuild_locked();
+  ipc::locked_sub(slot_.live_allocations, 1);
+  ipc::locked_add(slot_.free_count, 1);
+  ipc::locked_sub(slot_.reserved, s->bytes);
+  tracker_.emit_locked(ring::EventKind::free, api, ordinal_, b->ptr, b->requested, aux, CUDA_SUCCESS, now);
+  mu_.unlock();
+  tracker_.uncharge(slot_, s->bytes);
+  delete s;
   return CUDA_SUCCESS;
 }
 
@@ -572,6 +620,12 @@ void cache_resource::seal_locked_slow() {
 }
 
 bool cache_resource::batch_done(Batch& bt, bool wait) {
+  // A stream was destroyed when its work could not be marked with an event (during a
+  // capture): only a synchronization of the whole context says that work has finished.
+  if (__builtin_expect(unsure_, 0)) {
+    if (capturing() || !drv().ctx_sync || drv().ctx_sync() != CUDA_SUCCESS) return false;
+    unsure_ = false;
+  }
   // Events of destroyed streams first: every batch waits for them.
   while (!orphans_.empty()) {
     CUevent e = orphans_.back();
@@ -668,6 +722,9 @@ void cache_resource::wait_all_slow() {
 // ---- release -------------------------------------------------------------------------------
 
 uint64_t cache_resource::release_slow() {
+  // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
+  // would invalidate the program's graph) and it synchronizes the device in any other.
+  if (capturing()) return 0;
   std::vector<Segment*> gone;
   mu_.lock();
   for (auto it = segments_.begin(); it != segments_.end();) {
@@ -684,18 +741,25 @@ uint64_t cache_resource::release_slow() {
   if (!gone.empty()) map_rebuild_locked();
   mu_.unlock();
   uint64_t total = 0;
+  std::vector<Segment*> kept;  // the driver refused to free them: still ours, still counted
   for (Segment* s : gone) {
-    upstream_->deallocate(s->base, s->bytes);
+    if (upstream_->deallocate(s->base, s->bytes) != CUDA_SUCCESS) {
+      kept.push_back(s);
+      continue;
+    }
     tracker_.uncharge(slot_, s->bytes);
     total += s->bytes;
     delete s;
   }
-  if (total) {
-    mu_.lock();
-    ipc::locked_sub(slot_.reserved, total);
-    ipc::locked_sub(slot_.cached, total);
-    mu_.unlock();
+  mu_.lock();
+  for (Segment* s : kept) {
+    segments_[s->base] = s;
+    for (uint32_t k = 0; k < s->carved; ++k) push_free_locked(&s->blocks[k]);
   }
+  if (!kept.empty()) map_rebuild_locked();
+  ipc::locked_sub(slot_.reserved, total);
+  ipc::locked_sub(slot_.cached, total);
+  mu_.unlock();
   return total;
 }
 
@@ -737,6 +801,7 @@ void cache_resource::forget_all() noexcept {
   sealed_.store(0, std::memory_order_relaxed);
   spare_events_.clear();
   orphans_.clear();
+  unsure_ = false;
   streams_.clear();
   tracker_.uncharge(slot_, total);
 }
@@ -820,16 +885,31 @@ bool cache_resource::remove_stream(CUstream s) {
   auto it = std::find(streams_.begin(), streams_.end(), s);
   if (it == streams_.end()) return false;
   streams_.erase(it);
-  CtxScope scope(ctx_);
+  orphan_slow(s);
+  return true;
+}
+
+void cache_resource::orphan_stream(CUstream s) {
+  std::lock_guard<std::mutex> g(slow_);
+  orphan_slow(s);
+}
+
+void cache_resource::orphan_slow(CUstream s) {
   // Work queued on it may still use blocks freed later: later batches wait for this event.
+  // While a capture is active nothing may be recorded (nor the stream synchronized): the
+  // next batch to complete synchronizes the context first instead (batch_done).
+  if (capturing()) {
+    unsure_ = true;
+    return;
+  }
+  CtxScope scope(ctx_);
   CUevent e = event_slow();
   if (e && drv().event_record(e, s) == CUDA_SUCCESS) {
     orphans_.push_back(e);
-  } else {
-    if (e) spare_events_.push_back(e);
-    if (drv().stream_sync) drv().stream_sync(s);
+    return;
   }
-  return true;
+  if (e) spare_events_.push_back(e);
+  if (!drv().stream_sync || drv().stream_sync(s) != CUDA_SUCCESS) unsure_ = true;
 }
 
 // ---- the registry ----------------------------------------------------------------------------
@@ -850,11 +930,13 @@ CUW_HOT cache_resource* cache_registry::for_current() noexcept {
   if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache;
   cache_resource* found = nullptr;
   const int n = count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n && !found; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c->context() == ctx) found = c;
+  if (ctx != dying_.load(std::memory_order_acquire)) {
+    for (int i = 0; i < n && !found; ++i) {
+      cache_resource* c = caches_[i].load(std::memory_order_acquire);
+      if (c && c->context() == ctx) found = c;
+    }
   }
-  if (!found) found = create(ctx);
+  if (!found) found = create(ctx);  // waits for a destruction of ctx in progress (mu_)
   t_ctx = ctx;
   t_cache = found;
   t_gen = gen;
@@ -864,19 +946,21 @@ CUW_HOT cache_resource* cache_registry::for_current() noexcept {
 cache_resource* cache_registry::create(CUcontext ctx) noexcept {
   std::lock_guard<std::mutex> g(mu_);
   const int n = count_.load(std::memory_order_relaxed);
+  int slot_index = n;  // the first free slot (a destroyed context's), else a new one
   for (int i = 0; i < n; ++i) {
     cache_resource* c = caches_[i].load(std::memory_order_relaxed);
     if (c && c->context() == ctx) return c;
+    if (!c && slot_index == n) slot_index = i;
   }
-  if (n >= kMax || !drv().ctx_get_device) return nullptr;
+  if (slot_index >= kMax || !drv().ctx_get_device) return nullptr;
   CUdevice dev = -1;
   if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
   ring::DeviceSlot* slot = tracker_.device(dev);
   if (!slot) return nullptr;
   auto* c = new (std::nothrow) cache_resource(std::make_unique<driver_resource>(), ctx, dev, *slot, tracker_);
   if (!c) return nullptr;
-  caches_[n].store(c, std::memory_order_release);
-  count_.store(n + 1, std::memory_order_release);
+  caches_[slot_index].store(c, std::memory_order_release);
+  if (slot_index == n) count_.store(n + 1, std::memory_order_release);
   return c;
 }
 
@@ -885,11 +969,13 @@ CUW_HOT CUresult cache_registry::free_traced(CUdeviceptr p, ring::Api api, uint6
   // first without asking the driver (a dropped cache finds nothing and is skipped).
   cache_resource* first = t_cache;
   if (!first) first = for_current();
-  if (first && first->free_traced(p, api, aux, now) == CUDA_SUCCESS) return CUDA_SUCCESS;
+  if (first)
+    if (const CUresult r = first->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c != first && c->free_traced(p, api, aux, now) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    if (c && c != first)
+      if (const CUresult r = c->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
   }
   return CUDA_ERROR_NOT_FOUND;
 }
@@ -903,11 +989,13 @@ cache_resource* cache_registry::owner_of(CUdeviceptr p, range* out, bool* live) 
   return nullptr;
 }
 
-uint64_t cache_registry::release_all() {
+uint64_t cache_registry::release_all() { return release_all_except(nullptr); }
+
+uint64_t cache_registry::release_all_except(const cache_resource* skip) {
   uint64_t total = 0;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) total += c->release();
+    if (cache_resource* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
   return total;
 }
 
@@ -922,20 +1010,42 @@ void cache_registry::stream_destroying(CUstream s) {
     cache_resource* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->remove_stream(s)) return;
   }
-}
-
-void cache_registry::context_gone(CUcontext ctx, int) {
-  std::lock_guard<std::mutex> g(mu_);
-  const int n = count_.load(std::memory_order_relaxed);
+  // A blocking stream (not tracked: the legacy stream's event follows its work while it
+  // exists): its work queued before the destroy is marked with an event of its own, not
+  // left to the legacy stream's ordering with a stream that no longer exists.
+  CUcontext ctx = nullptr;
+  if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || !drv().stream_get_ctx ||
+      drv().stream_get_ctx(s, &ctx) != CUDA_SUCCESS || !ctx)
+    return;
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->context() == ctx) {
-      c->forget_all();
-      caches_[i].store(nullptr, std::memory_order_release);
-      dropped_.push_back(c);  // kept allocated (and reachable): a racing thread may hold it
+      c->orphan_stream(s);
+      return;
     }
   }
+}
+
+bool cache_registry::context_destroy(CUcontext ctx, const std::function<bool()>& destroy) {
+  std::lock_guard<std::mutex> g(mu_);
+  // Hide ctx's cache from for_current (its per-thread shortcut too) until the outcome.
+  dying_.store(ctx, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
+  const bool gone = destroy();
+  if (gone) {
+    const int n = count_.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+      cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+      if (c && c->context() == ctx) {
+        c->forget_all();
+        caches_[i].store(nullptr, std::memory_order_release);
+        dropped_.push_back(c);  // kept allocated (and reachable): a racing thread may hold it
+      }
+    }
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  dying_.store(nullptr, std::memory_order_release);
+  return gone;
 }
 
 }  // namespace cuw::mr

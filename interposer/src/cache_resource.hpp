@@ -53,6 +53,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -89,8 +90,10 @@ class cache_resource final : public memory_resource {
   /// as the free list and the counters on a hit. Errors as allocate().
   CUresult allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now_ns);
   /// deallocate(p) as the hooks call it: the free event (`api`, `aux` = stream or 0,
-  /// stamped `now_ns`) under the same lock. CUDA_ERROR_NOT_FOUND, having done nothing, when
-  /// `p` is not the start of a live block of this cache.
+  /// stamped `now_ns`) under the same lock. Having done nothing: CUDA_ERROR_INVALID_VALUE
+  /// when `p` lies in memory this cache holds but is not the start of a live block (freed
+  /// twice, or an interior pointer: the driver's answer), CUDA_ERROR_NOT_FOUND when it is
+  /// not this cache's memory at all (the caller passes it to the driver).
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
 
   /// Whether `p` lies in memory this cache took from the driver; if in a live block, *out
@@ -102,6 +105,10 @@ class cache_resource final : public memory_resource {
   /// `s` is about to be destroyed: if it is ours, record an event on it that every later
   /// batch waits for, and stop recording on it. True if it was one of this cache's streams.
   bool remove_stream(CUstream s);
+  /// A blocking stream of this context is about to be destroyed: record an event on it that
+  /// every later batch waits for (while a capture is active: synchronize the context before
+  /// the next batch completes instead).
+  void orphan_stream(CUstream s);
 
   /// The context is being destroyed or reset: its memory goes with it. Forget every
   /// block without calling the driver, and take the cache's bytes off the counters.
@@ -155,13 +162,18 @@ class cache_resource final : public memory_resource {
   void push_free_locked(Block* b) noexcept;
   void unlink_free_locked(Block* b) noexcept;
   Block* lookup_locked(CUdeviceptr p) const noexcept;
+  bool holds_locked(CUdeviceptr p) const noexcept;  ///< p inside one of segments_
   void map_insert_locked(Block* b);
   void map_rebuild_locked();
   Block* carve_locked(Segment* s) noexcept;
   void hand_out_locked(Block* b, uint64_t requested) noexcept;
 
+  CUresult free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now);  // takes slow_
+
   // Under slow_.
-  CUresult slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
+  // `last` = false: a refusal by the cap is not counted but reported in *cap_refused (the
+  // caller makes room in the other caches and tries once more with `last`).
+  CUresult slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   bool try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
   void seal_locked_slow();
   bool batch_done(Batch& b, bool wait);
@@ -170,8 +182,8 @@ class cache_resource final : public memory_resource {
   bool wait_oldest_slow();
   void wait_all_slow();
   uint64_t release_slow();
-  CUresult grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
-  bool charge_segment(uint64_t bytes);
+  CUresult grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
+  bool charge_segment(uint64_t bytes, bool quiet);
   CUevent event_slow();
 
   std::unique_ptr<memory_resource> upstream_;
@@ -210,6 +222,8 @@ class cache_resource final : public memory_resource {
   std::vector<CUevent> spare_events_;
   std::vector<CUstream> streams_;       ///< non-blocking streams of the context
   std::vector<CUevent> orphans_;        ///< last events of destroyed streams
+  bool unsure_ = false;                 ///< a destroyed stream left no event: synchronize first
+  void orphan_slow(CUstream s);
 };
 
 /// Every cache of the process, one per CUDA context, and the capture count.
@@ -222,7 +236,8 @@ class cache_registry {
   /// context is the thread's last one: one cuCtxGetCurrent and two compares.
   cache_resource* for_current() noexcept;
   /// Free live block `p` in whichever cache owns it (free_traced; the thread's last cache
-  /// first). CUDA_ERROR_NOT_FOUND when no cache owns it.
+  /// first). CUDA_ERROR_INVALID_VALUE when `p` is inside a cache's memory but not a live
+  /// block's start; CUDA_ERROR_NOT_FOUND when no cache holds it.
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
   /// The cache whose memory contains `p` (live or not), or nullptr.
   cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
@@ -231,12 +246,19 @@ class cache_registry {
   /// except during a capture); returns the bytes. For a driver allocation that failed with
   /// CUDA_ERROR_OUT_OF_MEMORY outside the caches (cudaMallocAsync, cuMemCreate, ...).
   uint64_t release_all();
+  /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
+  /// has just released itself).
+  uint64_t release_all_except(const cache_resource* skip);
 
   void stream_created(CUstream s, unsigned flags);
   void stream_destroying(CUstream s);
-  /// The context `ctx` (or, with ctx == nullptr, device `ordinal`'s primary context) is
-  /// going away; its caches forget their memory.
-  void context_gone(CUcontext ctx, int ordinal);
+  /// Run `destroy`, the driver call that may destroy context `ctx` (cuCtxDestroy, a primary
+  /// context's reset or last release), which returns whether the context is gone. While it
+  /// runs, no thread finds `ctx`'s cache (one asking waits for the outcome: a context created
+  /// meanwhile under the same handle gets a cache of its own); when the context is gone its
+  /// cache forgets its memory (the driver freed it), otherwise it stays as it was (a refused
+  /// destroy frees nothing). Serializes context destructions. Returns destroy's answer.
+  bool context_destroy(CUcontext ctx, const std::function<bool()>& destroy);
 
   /// Stream captures active in the process (cuStreamBeginCapture* .. cuStreamEndCapture*).
   static std::atomic<int> captures;
@@ -248,10 +270,11 @@ class cache_registry {
   cache_resource* create(CUcontext ctx) noexcept;
 
   ipc::Tracker& tracker_;
-  static constexpr int kMax = 64;
+  static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
   std::mutex mu_;
   std::atomic<cache_resource*> caches_[kMax] = {};
-  std::atomic<int> count_{0};
+  std::atomic<int> count_{0};  ///< slots in use or freed, [0, count_)
+  std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (context_destroy; under mu_)
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
   std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
 };

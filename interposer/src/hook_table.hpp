@@ -15,8 +15,10 @@
 
 #include <cuda.h>
 
-// cuda.h renames cuGetProcAddress to its _v2 variant; the table names both variants itself.
+// cuda.h renames these to their _v2 variants; the table names both variants itself.
 #undef cuGetProcAddress
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 // CUW_WORK_HOOKS: every entry point that queues GPU work (generated, see the file).
 #include "work_hooks.inc"
@@ -120,6 +122,9 @@
     "cuStreamEndCapture", 10000, 1, 0)                                                                          \
   X(CUresult, cuCtxDestroy_v2, (CUcontext ctx), (ctx), "cuCtxDestroy", 4000, 0, 0)                              \
   X(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev), "cuDevicePrimaryCtxReset", 11000, 0, 0)        \
+  X(CUresult, cuDevicePrimaryCtxReset, (CUdevice dev), (dev), "cuDevicePrimaryCtxReset", 7000, 0, 0)            \
+  X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev), "cuDevicePrimaryCtxRelease", 11000, 0, 0)    \
+  X(CUresult, cuDevicePrimaryCtxRelease, (CUdevice dev), (dev), "cuDevicePrimaryCtxRelease", 7000, 0, 0)        \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo, (cuw_nvmlDevice_t device, cuw_nvmlMemory_t * memory),           \
     (device, memory), "", 0, 0, 1)                                                                               \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t * memory),     \

@@ -94,8 +94,16 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   if (!d) return call();  // no context, or an ordinal past what we track
   const bool charged = !t.uncapped(*d, ordinal);
   if (__builtin_expect(charged, 0)) {  // no cap (monitoring only): the straight line
-    if (const Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed); __builtin_expect(c != Tracker::Charge::ok, 0))
-      return c == Tracker::Charge::refused ? CUDA_ERROR_OUT_OF_MEMORY : call();
+    // With the cache on, a refusal waits until the cache gave back what it keeps free
+    // (every context's: the cap is the device's), then charges again: a refusal is for
+    // real need only.
+    cuw::mr::cache_registry* reg = t.cache();
+    Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed, reg != nullptr);
+    if (__builtin_expect(c == Tracker::Charge::refused && reg != nullptr, 0)) {
+      reg->release_all();
+      c = t.charge(*d, ordinal, bytes, api, assumed);  // a refusal now is counted and recorded
+    }
+    if (__builtin_expect(c != Tracker::Charge::ok, 0)) return c == Tracker::Charge::refused ? CUDA_ERROR_OUT_OF_MEMORY : call();
   }
   CUresult r = call();
   t.prefetch_commit(*d);
@@ -242,9 +250,12 @@ CUresult cache_alloc(cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
   return c.allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, cuw::ipc::now_ns());
 }
 
-/// A free of a pooled block: true when `dptr` was one (freed, counted, event pushed).
-bool cache_free(cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
-  return reg.free_traced(dptr, api, aux, cuw::ipc::now_ns()) == CUDA_SUCCESS;
+/// A free of a pooled block: CUDA_SUCCESS when `dptr` was one (freed, counted, event
+/// pushed), CUDA_ERROR_INVALID_VALUE when it lies in the cache's memory but is no live
+/// block's start (a second free: never passed to the driver, which would free the slab or
+/// block under the cache), CUDA_ERROR_NOT_FOUND when it is not the cache's memory.
+CUresult cache_free(cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
+  return reg.free_traced(dptr, api, aux, cuw::ipc::now_ns());
 }
 
 /// Bytes cuPointerGetAttributes writes for an attribute (CUDA driver API: cuPointerGetAttribute).
@@ -302,9 +313,8 @@ CUW_EXPORT_HOT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
   Reentry g;
   if (g.nested()) return real(dptr);
   Tracker& t = Tracker::get();
-  if (cache_registry* reg = t.cache();
-      __builtin_expect(reg != nullptr, 0) && dptr && cache_free(*reg, dptr, ring::Api::cuMemFree, 0))
-    return CUDA_SUCCESS;
+  if (cache_registry* reg = t.cache(); __builtin_expect(reg != nullptr, 0) && dptr)
+    if (const CUresult r = cache_free(*reg, dptr, ring::Api::cuMemFree, 0); r != CUDA_ERROR_NOT_FOUND) return r;
   return tracked_free(t, t.pointers(), dptr, ring::Api::cuMemFree, 0, [&] { return real(dptr); });
 }
 
@@ -423,9 +433,8 @@ __attribute__((noinline)) bool cache_free_async_slow(cache_registry* reg, CUdevi
       return true;
     }
   }
-  if (!cache_free(*reg, dptr, ring::Api::cuMemFreeAsync, reinterpret_cast<uint64_t>(stream))) return false;
-  *r = CUDA_SUCCESS;
-  return true;
+  *r = cache_free(*reg, dptr, ring::Api::cuMemFreeAsync, reinterpret_cast<uint64_t>(stream));
+  return *r != CUDA_ERROR_NOT_FOUND;
 }
 }  // namespace
 
@@ -677,34 +686,81 @@ CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
   auto real = REAL(cuCtxDestroy_v2);
   if (!real) return kNoDriver;
   Reentry g;
-  if (!g.nested() && ctx)
-    if (cache_registry* reg = caches_if_any()) reg->context_gone(ctx, -1);
-  return real(ctx);
+  cache_registry* reg = g.nested() || !ctx ? nullptr : caches_if_any();
+  if (!reg) return real(ctx);
+  CUresult r = CUDA_SUCCESS;
+  reg->context_destroy(ctx, [&] { return (r = real(ctx)) == CUDA_SUCCESS; });
+  return r;
 }
+
+namespace {
+/// Device `dev`'s primary context if it is active (only an active one can hold pooled
+/// memory; retaining it then creates nothing), else nullptr. `*active_after` (optional)
+/// reads the state again after a call: primary_gone().
+CUcontext active_primary(CUdevice dev) {
+  using state_fn = CUresult (*)(CUdevice, unsigned*, int*);
+  using retain_fn = CUresult (*)(CUcontext*, CUdevice);
+  using release_fn = CUresult (*)(CUdevice);
+  static auto get_state = reinterpret_cast<state_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxGetState"));
+  static auto retain = reinterpret_cast<retain_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxRetain"));
+  static auto release = reinterpret_cast<release_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxRelease_v2"));
+  unsigned flags = 0;
+  int active = 0;
+  CUcontext primary = nullptr;
+  if (!get_state || !retain || !release || get_state(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+      retain(&primary, dev) != CUDA_SUCCESS)
+    return nullptr;
+  release(dev);  // the driver's own entry point: our retain undone, nothing else
+  return primary;
+}
+/// Whether device `dev`'s primary context is inactive (destroyed) now.
+bool primary_gone(CUdevice dev) {
+  using state_fn = CUresult (*)(CUdevice, unsigned*, int*);
+  static auto get_state = reinterpret_cast<state_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxGetState"));
+  unsigned flags = 0;
+  int active = 1;
+  return get_state && get_state(dev, &flags, &active) == CUDA_SUCCESS && !active;
+}
+/// A call that resets or releases device `dev`'s primary context: when it leaves the
+/// context destroyed (a reset; the release of its last reference), the cache forgets the
+/// memory the driver freed with it (cache_registry::context_destroy).
+template <class Call>
+CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
+  Reentry g;
+  cache_registry* reg = g.nested() ? nullptr : caches_if_any();
+  CUcontext primary = reg ? active_primary(dev) : nullptr;
+  if (!primary) return call();
+  CUresult r = CUDA_SUCCESS;
+  reg->context_destroy(primary, [&] {
+    r = call();
+    return r == CUDA_SUCCESS && (reset || primary_gone(dev));
+  });
+  return r;
+}
+}  // namespace
 
 CUW_EXPORT CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   auto real = REAL(cuDevicePrimaryCtxReset_v2);
   if (!real) return kNoDriver;
-  Reentry g;
-  cache_registry* reg = g.nested() ? nullptr : caches_if_any();
-  if (reg) {
-    using state_fn = CUresult (*)(CUdevice, unsigned*, int*);
-    using retain_fn = CUresult (*)(CUcontext*, CUdevice);
-    using release_fn = CUresult (*)(CUdevice);
-    static auto get_state = reinterpret_cast<state_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxGetState"));
-    static auto retain = reinterpret_cast<retain_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxRetain"));
-    static auto release = reinterpret_cast<release_fn>(cuw::hook::driver_symbol("cuDevicePrimaryCtxRelease_v2"));
-    unsigned flags = 0;
-    int active = 0;
-    CUcontext primary = nullptr;
-    // Only an active primary context can hold pooled memory; retaining it then creates nothing.
-    if (get_state && retain && release && get_state(dev, &flags, &active) == CUDA_SUCCESS && active &&
-        retain(&primary, dev) == CUDA_SUCCESS) {
-      release(dev);
-      reg->context_gone(primary, dev);
-    }
-  }
-  return real(dev);
+  return primary_call(dev, true, [&] { return real(dev); });
+}
+
+CUW_EXPORT CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev) {
+  auto real = REAL(cuDevicePrimaryCtxReset);
+  if (!real) return kNoDriver;
+  return primary_call(dev, true, [&] { return real(dev); });
+}
+
+CUW_EXPORT CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  auto real = REAL(cuDevicePrimaryCtxRelease_v2);
+  if (!real) return kNoDriver;
+  return primary_call(dev, false, [&] { return real(dev); });
+}
+
+CUW_EXPORT CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev) {
+  auto real = REAL(cuDevicePrimaryCtxRelease);
+  if (!real) return kNoDriver;
+  return primary_call(dev, false, [&] { return real(dev); });
 }
 
 // ---- CUDA arrays (CUDA driver API: Memory Management, arrays) -----------------------------

@@ -291,7 +291,7 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
 }
 
 CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
-                                        bool assumed) {
+                                        bool assumed, bool quiet) {
   const int g = job_gpu(ordinal);
   bool over = false;
   {
@@ -306,7 +306,10 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
         d.peak.store(used + bytes, std::memory_order_relaxed);
     }
   }
-  if (__builtin_expect(over, 0)) return refuse(d, ordinal, bytes, api, assumed);
+  if (__builtin_expect(over, 0)) {
+    if (quiet) return assumed && current_device() < 0 ? Charge::no_context : Charge::refused;
+    return refuse(d, ordinal, bytes, api, assumed);
+  }
   if (__builtin_expect(g >= 0, 0)) {
     uint64_t job_cap = 0, job_used = 0;
     const bool ok = job_->charge(job_slot_, g, bytes, &job_cap, &job_used);
@@ -317,6 +320,10 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
     }
     const uint64_t now = ok ? 0 : now_ns();
     std::lock_guard<spin_lock> lk(mu_);
+    if (!ok && quiet) {
+      locked_sub(d.used, bytes);
+      return Charge::refused;
+    }
     if (!ok) {
       locked_sub(d.used, bytes);
       locked_add(d.refusals, 1);

@@ -137,9 +137,12 @@ class Tracker {
   /// allocation_device() without asking the driver; then a refusal first checks that the
   /// thread has a context at all, and returns no_context (nothing charged, counted or
   /// emitted: the caller passes the call to the driver, which answers for itself). Cost:
-  /// one lock; in a job also one locked add and a read of each member's slot.
+  /// one lock; in a job also one locked add and a read of each member's slot. `quiet`: a
+  /// refusal is neither counted nor emitted (the caller can make room, the cache's memory,
+  /// and charge again; its last try is not quiet).
   enum class Charge { ok, refused, no_context };
-  Charge charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api, bool assumed = false);
+  Charge charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api, bool assumed = false,
+                bool quiet = false);
 
   /// True when nothing can refuse an allocation on `dev` right now: no cap on it and the
   /// process in no job. Then a hook need not charge before its driver call: it counts the
