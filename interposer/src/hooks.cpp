@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cache_resource.hpp"
 #include "cuw/attrs.hpp"
@@ -682,21 +683,74 @@ CUW_EXPORT CUresult hook_cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph
   return capture_end(stream, true, [&] { return real(stream, graph); });
 }
 
+namespace {
+/// After the driver destroyed a context: the allocations and pinned host memory it freed
+/// with it are counted as freed (uncharged; free / host_free events with api cuCtxDestroy),
+/// so that the counters and the cap do not keep memory the program can no longer free.
+/// Which ones: every tracked pointer the driver no longer knows (cuPointerGetAttribute
+/// answers CUDA_ERROR_INVALID_VALUE); memory of other contexts, stream-ordered pools and VMM
+/// handles (which outlive a context) are still known and stay. Each key is asked and taken
+/// under the tracker's lock, so that an allocation handed the same address meanwhile is
+/// either seen as known or recorded after the old record is gone. Cold: one driver query
+/// per live record.
+CUW_COLD void forget_driver_freed(Tracker& t) {
+  auto query = REAL(cuPointerGetAttribute);
+  if (!query) return;
+  std::vector<uint64_t> dev_keys, host_keys;
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    t.pointers().keys(dev_keys);
+    t.host().keys(host_keys);
+  }
+  auto gone = [&](uint64_t key) {
+    CUcontext c = nullptr;
+    return query(&c, CU_POINTER_ATTRIBUTE_CONTEXT, key) == CUDA_ERROR_INVALID_VALUE;
+  };
+  const uint64_t now = cuw::ipc::now_ns();
+  for (const uint64_t key : dev_keys) {
+    LiveRecord rec;
+    bool took = false;
+    {
+      std::lock_guard<cuw::spin_lock> lk(t.lock());
+      took = gone(key) && t.pointers().take(key, &rec);
+      if (took && static_cast<unsigned>(rec.device) < ring::kMaxDevices) {
+        ring::DeviceSlot& d = t.header().devices[rec.device];
+        t.uncharge_locked(d, rec.bytes);
+        t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+        t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
+                      now);
+      }
+    }
+    if (took) t.job_uncharge(rec.device, rec.bytes);
+  }
+  for (const uint64_t key : host_keys) {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    LiveRecord rec;
+    if (!gone(key) || !t.host().take(key, &rec)) continue;
+    if (static_cast<unsigned>(rec.device) < ring::kMaxDevices)
+      cuw::ipc::locked_sub(t.header().devices[rec.device].host_bytes, rec.bytes);
+    t.emit_locked(ring::EventKind::host_free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
+                  now);
+  }
+}
+}  // namespace
+
 CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
   auto real = REAL(cuCtxDestroy_v2);
   if (!real) return kNoDriver;
   Reentry g;
-  cache_registry* reg = g.nested() || !ctx ? nullptr : caches_if_any();
-  if (!reg) return real(ctx);
+  Tracker* t = g.nested() || !ctx ? nullptr : Tracker::instance_if_created();
+  if (!t) return real(ctx);  // nothing counted yet
   CUresult r = CUDA_SUCCESS;
-  reg->context_destroy(ctx, [&] { return (r = real(ctx)) == CUDA_SUCCESS; });
+  auto destroy = [&] { return (r = real(ctx)) == CUDA_SUCCESS; };
+  const bool gone = t->cache() ? t->cache()->context_destroy(ctx, destroy) : destroy();
+  if (gone) forget_driver_freed(*t);
   return r;
 }
 
 namespace {
 /// Device `dev`'s primary context if it is active (only an active one can hold pooled
-/// memory; retaining it then creates nothing), else nullptr. `*active_after` (optional)
-/// reads the state again after a call: primary_gone().
+/// memory; retaining it then creates nothing), else nullptr.
 CUcontext active_primary(CUdevice dev) {
   using state_fn = CUresult (*)(CUdevice, unsigned*, int*);
   using retain_fn = CUresult (*)(CUcontext*, CUdevice);
@@ -723,18 +777,22 @@ bool primary_gone(CUdevice dev) {
 }
 /// A call that resets or releases device `dev`'s primary context: when it leaves the
 /// context destroyed (a reset; the release of its last reference), the cache forgets the
-/// memory the driver freed with it (cache_registry::context_destroy).
+/// memory the driver freed with it (cache_registry::context_destroy), and so do the
+/// counters (forget_driver_freed).
 template <class Call>
 CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
   Reentry g;
-  cache_registry* reg = g.nested() ? nullptr : caches_if_any();
-  CUcontext primary = reg ? active_primary(dev) : nullptr;
-  if (!primary) return call();
+  Tracker* t = g.nested() ? nullptr : Tracker::instance_if_created();
+  if (!t) return call();
   CUresult r = CUDA_SUCCESS;
-  reg->context_destroy(primary, [&] {
+  auto run = [&] {
     r = call();
     return r == CUDA_SUCCESS && (reset || primary_gone(dev));
-  });
+  };
+  cache_registry* reg = t->cache();
+  CUcontext primary = reg ? active_primary(dev) : nullptr;
+  const bool gone = primary ? reg->context_destroy(primary, run) : run();
+  if (gone) forget_driver_freed(*t);
   return r;
 }
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "cuw/attrs.hpp"
 
@@ -58,6 +59,9 @@ class LiveTable {
   uint64_t size() const noexcept { return __atomic_load_n(&live_, __ATOMIC_RELAXED); }
   /// Bytes of slot array held (relaxed load, no lock).
   uint64_t footprint() const noexcept;
+  /// Every live key, appended to `out` (the caller's lock held; allocates, so never on a
+  /// hot path: for context destruction). Returns false if memory ran out (keys so far kept).
+  bool keys(std::vector<uint64_t>& out) const noexcept;
 
  private:
   struct alignas(16) Slot {

@@ -213,3 +213,66 @@ TEST_CASE("every allocation, free and refusal is an event in the ring", "[cap][e
   CHECK(h.pid == static_cast<uint32_t>(getpid()));
   CHECK(std::string(h.comm).size() > 0);
 }
+
+// Run as interposer.ctx_gone (off) and interposer.ctx_gone_cache (CUWARDEN_POOL=cache: the
+// same allocations the cache does not serve), each with a 64 MiB cap.
+TEST_CASE("memory the driver frees with a destroyed context stops counting against the cap", "[ctx_gone]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  // What the program holds (the cache, where on, may keep or give back memory of its own).
+  auto in_use = [&d] { return d.used.load() - d.cached.load(); };
+  CUcontext primary = nullptr;
+  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  const uint64_t use0 = in_use(), live0 = d.live_allocations.load(), frees0 = d.free_count.load();
+  // In the primary context: stays.
+  CUdeviceptr keep = 0;
+  REQUIRE(cuMemAllocManaged(&keep, 4 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  const uint64_t use_keep = in_use();
+  REQUIRE(use_keep == use0 + 4 * kMiB);
+  // In a context of its own, destroyed with them.
+  CUcontext other = nullptr;
+  REQUIRE(cuCtxCreate(&other, nullptr, 0, dev) == CUDA_SUCCESS);
+  CUdeviceptr managed = 0, pitched = 0;
+  size_t pitch = 0;
+  REQUIRE(cuMemAllocManaged(&managed, 24 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(cuMemAllocPitch(&pitched, &pitch, 4096, 2048, 4) == CUDA_SUCCESS);
+  CHECK(in_use() > use_keep + 24 * kMiB);
+  // More than the cap leaves is refused while they are counted.
+  CUdeviceptr big = 0;
+  CHECK(cuMemAllocManaged(&big, 40 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
+  REQUIRE(cuCtxDestroy(other) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+  CHECK(in_use() == use_keep);
+  CHECK(d.live_allocations.load() == live0 + 1);
+  CHECK(d.free_count.load() == frees0 + 2);
+  // A free of the destroyed context's memory is the driver's answer, and counts nothing.
+  CHECK(cuMemFree(managed) != CUDA_SUCCESS);
+  CHECK(in_use() == use_keep);
+  // The cap sees the room again.
+  REQUIRE(cuMemAllocManaged(&big, 40 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(keep) == CUDA_SUCCESS);
+  CHECK(in_use() == use0);
+  CHECK(d.live_allocations.load() == live0);
+}
+
+TEST_CASE("a primary context's reset stops counting what the driver freed with it", "[ctx_gone]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  const uint64_t live0 = d.live_allocations.load();
+  CUdeviceptr a = 0;
+  REQUIRE(cuMemAllocManaged(&a, 16 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  CHECK(d.live_allocations.load() == live0 + 1);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  REQUIRE(cuDevicePrimaryCtxReset(dev) == CUDA_SUCCESS);
+  CHECK(d.live_allocations.load() == live0);
+  make_context();
+  CUdeviceptr b = 0;
+  REQUIRE(cuMemAllocManaged(&b, 60 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);  // the cap's room is back
+  REQUIRE(cuMemFree(b) == CUDA_SUCCESS);
+}

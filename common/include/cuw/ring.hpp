@@ -82,7 +82,9 @@ enum class Api : uint16_t {
   cuMemFreeHost = 17,
   cuGraphMemAlloc = 18,
   control = 19,      ///< a limit change made from outside (daemon / CLI)
-  count_ = 20,
+  cuCtxDestroy = 20, ///< freed by the driver with its context (cuCtxDestroy, a primary
+                     ///< context's reset or last release): free / host_free events
+  count_ = 21,
 };
 
 /// Stable, human-readable API name for display ("cuMemAlloc" ...); "unknown" when out of range.

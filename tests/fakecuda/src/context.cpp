@@ -53,6 +53,7 @@ CUresult destroy_context(CUcontext h) {
   if (!c) return CUDA_ERROR_INVALID_CONTEXT;
   if (c->is_primary) return CUDA_ERROR_INVALID_CONTEXT;
   context_synchronize(c);
+  table_free_context(c);  // the driver destroys every allocation of the context
   make_live(c, false);
   // The driver pops it from the calling thread's stack if it is current there.
   if (!stack().empty() && stack().back() == c) stack().pop_back();
@@ -353,6 +354,7 @@ CUresult primary_release(CUdevice dev) {
   if (d->primary_refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (--d->primary_refs == 0) {
     context_synchronize(d->primary);
+    table_free_context(d->primary);  // the last reference destroys the context and its memory
     make_live(d->primary, false);
   }
   return CUDA_SUCCESS;
