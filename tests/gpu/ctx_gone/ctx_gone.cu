@@ -1,0 +1,66 @@
+// cuwarden GPU test: memory the driver frees with a context stops counting against the cap.
+// Run under a 4 GiB cap (tests/gpu/ctx_gone.sh): holds 3 GiB, is refused 2 GiB more, then
+// loses the 3 GiB with its context, three ways, and must get 3 GiB again each time:
+//   reset    cudaMalloc, cudaDeviceReset (the primary context's reset)
+//   destroy  cuCtxCreate, cuMemAlloc, cuCtxDestroy
+//   release  cuDevicePrimaryCtxRetain, cuMemAlloc, cuDevicePrimaryCtxRelease (the last
+//            reference; the runtime is not used in this process)
+// Prints one JSON line; exit 0 when every step answered as expected, 1 otherwise.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+constexpr size_t kGiB = 1ULL << 30;
+std::string steps;
+bool ok = true;
+void step(const char* what, bool good) {
+  steps += std::string(steps.empty() ? "" : ",") + "\"" + what + "\":" + (good ? "true" : "false");
+  ok = ok && good;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "reset") {
+    void *a = nullptr, *b = nullptr;
+    step("hold_3g", cudaMalloc(&a, 3 * kGiB) == cudaSuccess);
+    step("refused_2g_more", cudaMalloc(&b, 2 * kGiB) == cudaErrorMemoryAllocation);
+    cudaGetLastError();
+    step("reset", cudaDeviceReset() == cudaSuccess);
+    step("3g_again", cudaMalloc(&b, 3 * kGiB) == cudaSuccess);
+    step("freed", cudaFree(b) == cudaSuccess);
+  } else if (mode == "destroy" || mode == "release") {
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    CUdeviceptr a = 0, b = 0;
+    step("init", cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    if (mode == "destroy") {
+      CUctxCreateParams* params = nullptr;
+      step("create", cuCtxCreate(&ctx, params, 0, dev) == CUDA_SUCCESS);
+    } else {
+      step("retain", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    }
+    step("hold_3g", cuMemAlloc(&a, 3 * kGiB) == CUDA_SUCCESS);
+    step("refused_2g_more", cuMemAlloc(&b, 2 * kGiB) == CUDA_ERROR_OUT_OF_MEMORY);
+    if (mode == "destroy") {
+      step("destroy", cuCtxDestroy(ctx) == CUDA_SUCCESS);
+    } else {
+      step("release", cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);
+      unsigned flags = 0;
+      int active = 1;
+      step("inactive", cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active);
+    }
+    step("retain_again", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    step("3g_again", cuMemAlloc(&b, 3 * kGiB) == CUDA_SUCCESS);
+    step("freed", cuMemFree(b) == CUDA_SUCCESS);
+  } else {
+    std::fprintf(stderr, "usage: ctx_gone reset|destroy|release\n");
+    return 2;
+  }
+  std::printf("{\"mode\":\"%s\",%s,\"ok\":%s}\n", mode.c_str(), steps.c_str(), ok ? "true" : "false");
+  return ok ? 0 : 1;
+}
