@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cuwarden: the reliability run CI adds to scripts/test.sh (issue 6), in order:
 #   1. the whole ctest suite under ASan + UBSan   (preset asan, build-asan/)
-#   2. the concurrency tests under TSan           (preset tsan, build-tsan/: unit, interposer.cap, interposer.cache(_cap), daemon.*)
+#   2. the concurrency tests under TSan           (preset tsan, build-tsan/: unit, interposer.cap,
+#      interposer.cache(_cap), the cache's adversarial churn / contexts / cap cases, ctx_gone, daemon.*)
 #   3. every libFuzzer target for FUZZ_SECONDS (default 10) from its committed corpus
 # Stops at the first failing step and says which. Prints each step's time.
 set -euo pipefail

@@ -96,6 +96,9 @@ void context_attach_stream(Context* ctx, Stream* s) {
 void context_detach_stream(Context* ctx, Stream* s) {
   std::lock_guard lock(ctx->streams_mu);
   std::erase(ctx->streams, s);
+  // Its queued work still belongs to the context: a synchronization (and the context's
+  // destruction, which frees its memory) waits for it, as the real driver does.
+  ctx->draining.push_back(s);
 }
 
 CUresult context_synchronize(Context* ctx) {
@@ -103,8 +106,13 @@ CUresult context_synchronize(Context* ctx) {
   {
     std::lock_guard lock(ctx->streams_mu);
     streams = ctx->streams;
+    streams.insert(streams.end(), ctx->draining.begin(), ctx->draining.end());
   }
   for (Stream* s : streams) stream_wait(s, stream_submitted(s));
+  {
+    std::lock_guard lock(ctx->streams_mu);  // drained: destroyed streams are never freed, only forgotten
+    std::erase_if(ctx->draining, [](Stream* s) { return stream_done(s, stream_submitted(s)); });
+  }
   pools_trim_to_threshold();
   return CUDA_SUCCESS;
 }

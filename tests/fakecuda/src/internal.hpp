@@ -124,6 +124,7 @@ struct Context {
   Stream* legacy = nullptr;
   std::mutex streams_mu;
   std::vector<Stream*> streams;  // every live stream of this context, incl. legacy and per-thread
+  std::vector<Stream*> draining;  // destroyed streams whose queued work may still run
   std::atomic<uint64_t> id{0};
 };
 
