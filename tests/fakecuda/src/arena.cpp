@@ -52,6 +52,13 @@ size_t Arena::release(uintptr_t addr) {
     if (it == used_.end()) return 0;
     len = it->second;
     used_.erase(it);
+    // Give big blocks' pages back so long tests do not grow the resident set (the contents
+    // of freed device memory are undefined anyway). Before the range is free again: done
+    // after, it zeroed the pages of an allocation another thread had been handed meanwhile.
+    constexpr size_t kPage = 4096;
+    const uintptr_t lo = (addr + kPage - 1) / kPage * kPage;
+    const uintptr_t hi = (addr + len) / kPage * kPage;
+    if (hi > lo && hi - lo >= 16 * kPage) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
     size_t start = off, end = off + len;
     auto next = free_.lower_bound(off);
     if (next != free_.end() && next->first == end) {
@@ -67,12 +74,6 @@ size_t Arena::release(uintptr_t addr) {
     }
     free_[start] = end - start;
   }
-  // Give big blocks' pages back so long tests do not grow the resident set; the contents of
-  // freed device memory are undefined anyway.
-  constexpr size_t kPage = 4096;
-  uintptr_t lo = (addr + kPage - 1) / kPage * kPage;
-  uintptr_t hi = (addr + len) / kPage * kPage;
-  if (hi > lo && hi - lo >= 16 * kPage) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
   return len;
 }
 
