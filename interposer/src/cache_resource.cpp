@@ -534,6 +534,15 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
 // say) leaves the block live and returns the driver's error, as the program's own call would.
 CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now) {
   std::lock_guard<std::mutex> g(slow_);
+  // The context was destroyed (forget_all deleted b with its segment) or is being destroyed
+  // (its memory goes with it): no driver call on an address that may be someone else's.
+  if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (dying_) {
+    mu_.lock();
+    b->state = kLive;
+    mu_.unlock();
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  }
   Segment* s = b->seg;  // b is ours (kPending, set by free_traced), its segment busy
   const CUresult r = upstream_->deallocate(s->base, s->bytes);
   mu_.lock();
@@ -622,8 +631,11 @@ void cache_resource::seal_locked_slow() {
 bool cache_resource::batch_done(Batch& bt, bool wait) {
   // A stream was destroyed when its work could not be marked with an event (during a
   // capture): only a synchronization of the whole context says that work has finished.
+  // Only a wait does that (a poll must not block), and never during a capture; a failed
+  // synchronization means a broken context, where, as for events, only a wait decides.
   if (__builtin_expect(unsure_, 0)) {
-    if (capturing() || !drv().ctx_sync || drv().ctx_sync() != CUDA_SUCCESS) return false;
+    if (!wait || capturing()) return false;
+    if (drv().ctx_sync) drv().ctx_sync();
     unsure_ = false;
   }
   // Events of destroyed streams first: every batch waits for them.
@@ -701,10 +713,12 @@ bool cache_resource::poll_slow() {
 
 bool cache_resource::wait_oldest_slow() {
   if (batches_.empty()) return false;
+  bool done;
   {
     CtxScope scope(ctx_);
-    batch_done(batches_.front(), true);
+    done = batch_done(batches_.front(), true);
   }
+  if (!done) return false;  // a capture began: nothing may be waited for now
   retire_front();
   mu_.lock();
   ipc::locked_add(slot_.pool_waits, 1);
@@ -723,51 +737,60 @@ void cache_resource::wait_all_slow() {
 
 uint64_t cache_resource::release_slow() {
   // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
-  // would invalidate the program's graph) and it synchronizes the device in any other.
-  if (capturing()) return 0;
+  // would invalidate the program's graph) and it synchronizes the device in any other. None
+  // either while the context is being destroyed: its addresses may be someone else's.
+  if (capturing() || dying_ || dead_) return 0;
   std::vector<Segment*> gone;
   mu_.lock();
-  for (auto it = segments_.begin(); it != segments_.end();) {
-    Segment* s = it->second;
-    if (s->busy != 0) {
-      ++it;
-      continue;
-    }
+  for (auto& [base, s] : segments_) {
+    if (s->busy != 0) continue;
+    // Out of reach while the driver frees it: no block free or carvable; it stays in
+    // segments_ and the block map, so a free of one of its addresses is still refused.
     for (uint32_t k = 0; k < s->carved; ++k) unlink_free_locked(&s->blocks[k]);
     if (s->cls >= 0 && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+    ++s->busy;
     gone.push_back(s);
-    it = segments_.erase(it);
   }
-  if (!gone.empty()) map_rebuild_locked();
   mu_.unlock();
+  if (gone.empty()) return 0;
+  std::vector<bool> freed(gone.size());
+  for (size_t i = 0; i < gone.size(); ++i) freed[i] = upstream_->deallocate(gone[i]->base, gone[i]->bytes) == CUDA_SUCCESS;
   uint64_t total = 0;
-  std::vector<Segment*> kept;  // the driver refused to free them: still ours, still counted
-  for (Segment* s : gone) {
-    if (upstream_->deallocate(s->base, s->bytes) != CUDA_SUCCESS) {
-      kept.push_back(s);
+  mu_.lock();
+  for (size_t i = 0; i < gone.size(); ++i) {
+    Segment* s = gone[i];
+    --s->busy;
+    if (freed[i]) {
+      segments_.erase(s->base);
+      total += s->bytes;
       continue;
     }
-    tracker_.uncharge(slot_, s->bytes);
-    total += s->bytes;
-    delete s;
-  }
-  mu_.lock();
-  for (Segment* s : kept) {
-    segments_[s->base] = s;
+    // The driver refused to free it: still ours, still counted, usable again.
     for (uint32_t k = 0; k < s->carved; ++k) push_free_locked(&s->blocks[k]);
+    if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
   }
-  if (!kept.empty()) map_rebuild_locked();
+  if (total) map_rebuild_locked();
   ipc::locked_sub(slot_.reserved, total);
   ipc::locked_sub(slot_.cached, total);
   mu_.unlock();
+  for (size_t i = 0; i < gone.size(); ++i) {
+    if (!freed[i]) continue;
+    tracker_.uncharge(slot_, gone[i]->bytes);
+    delete gone[i];
+  }
   return total;
 }
 
 std::size_t cache_resource::do_release() {
   std::lock_guard<std::mutex> g(slow_);
-  if (dead_) return 0;
+  if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
   return release_slow();
+}
+
+void cache_resource::set_dying(bool dying) {
+  std::lock_guard<std::mutex> g(slow_);  // after any driver call of the slow path in flight
+  dying_ = dying;
 }
 
 void cache_resource::forget_all() noexcept {
@@ -775,13 +798,20 @@ void cache_resource::forget_all() noexcept {
   mu_.lock();
   dead_ = true;
   uint64_t total = 0, live_bytes = 0, live = 0;
+  const uint64_t now = ipc::now_ns();
   for (auto& [base, s] : segments_) {
     total += s->bytes;
-    for (uint32_t k = 0; k < s->carved; ++k)
-      if (s->blocks[k].state == kLive) {
-        live_bytes += s->blocks[k].size;
+    for (uint32_t k = 0; k < s->carved; ++k) {
+      const Block& b = s->blocks[k];
+      // Live, or an exported block whose free is waiting for slow_ (still counted live).
+      if (b.state == kLive || (b.state == kPending && b.exported)) {
+        live_bytes += b.size;
         ++live;
+        // Freed by the driver with the context: a free, as forget_driver_freed counts one.
+        tracker_.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, b.ptr, b.requested, 0,
+                             CUDA_SUCCESS, now);
       }
+    }
     delete s;
   }
   segments_.clear();
@@ -796,8 +826,13 @@ void cache_resource::forget_all() noexcept {
   ipc::locked_sub(slot_.reserved, total);
   ipc::locked_sub(slot_.cached, total - live_bytes);
   ipc::locked_sub(slot_.live_allocations, live);
+  ipc::locked_add(slot_.free_count, live);
+  // Keep what a dropped cache holds small (it stays allocated for racing readers).
+  map_.assign(2, nullptr);
+  map_used_ = 0;
   mu_.unlock();
   batches_.clear();  // the context's events went with it
+  batches_.shrink_to_fit();
   sealed_.store(0, std::memory_order_relaxed);
   spare_events_.clear();
   orphans_.clear();
@@ -898,6 +933,7 @@ void cache_resource::orphan_slow(CUstream s) {
   // Work queued on it may still use blocks freed later: later batches wait for this event.
   // While a capture is active nothing may be recorded (nor the stream synchronized): the
   // next batch to complete synchronizes the context first instead (batch_done).
+  if (dead_ || dying_) return;
   if (capturing()) {
     unsure_ = true;
     return;
@@ -1026,11 +1062,17 @@ void cache_registry::stream_destroying(CUstream s) {
   }
 }
 
-bool cache_registry::context_destroy(CUcontext ctx, const std::function<bool()>& destroy) {
+bool cache_registry::context_destroy(const std::function<CUcontext()>& which, const std::function<bool()>& destroy) {
   std::lock_guard<std::mutex> g(mu_);
-  // Hide ctx's cache from for_current (its per-thread shortcut too) until the outcome.
+  const CUcontext ctx = which();
+  if (!ctx) return destroy();
+  // Hide ctx's cache from for_current (its per-thread shortcut too) until the outcome, and
+  // stop its driver calls on its memory (release, frees of exported blocks, stream events).
   dying_.store(ctx, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
+  const int n0 = count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n0; ++i)
+    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
   const bool gone = destroy();
   if (gone) {
     const int n = count_.load(std::memory_order_relaxed);
@@ -1043,9 +1085,17 @@ bool cache_registry::context_destroy(CUcontext ctx, const std::function<bool()>&
       }
     }
     generation_.fetch_add(1, std::memory_order_acq_rel);
+  } else {
+    for (int i = 0; i < n0; ++i)
+      if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
   }
   dying_.store(nullptr, std::memory_order_release);
   return gone;
+}
+
+CUresult cache_registry::serialized(const std::function<CUresult()>& call) {
+  std::lock_guard<std::mutex> g(mu_);
+  return call();
 }
 
 }  // namespace cuw::mr

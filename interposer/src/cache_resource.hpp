@@ -110,8 +110,15 @@ class cache_resource final : public memory_resource {
   /// the next batch completes instead).
   void orphan_stream(CUstream s);
 
-  /// The context is being destroyed or reset: its memory goes with it. Forget every
-  /// block without calling the driver, and take the cache's bytes off the counters.
+  /// The context is being destroyed (`true`: no driver call on its memory from now on:
+  /// releases, frees of exported blocks and stream events are skipped, since its addresses
+  /// may be handed out again as the driver frees them), or its destruction was refused
+  /// (`false`). Waits for a slow-path driver call in flight.
+  void set_dying(bool dying);
+
+  /// The context was destroyed or reset: its memory went with it. Forget every block
+  /// without calling the driver, count the live ones freed (free events, api cuCtxDestroy),
+  /// and take the cache's bytes off the counters.
   void forget_all() noexcept;
 
   /// Sizes as the cache rounds them (exposed for tests and benchmarks).
@@ -176,6 +183,9 @@ class cache_resource final : public memory_resource {
   CUresult slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   bool try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
   void seal_locked_slow();
+  /// Whether the batch's events (and every destroyed stream's) have completed: polled, or
+  /// waited for (`wait`), where false then only means a capture is active and the context
+  /// must be synchronized first (unsure_). A failed wait counts as done (a broken context).
   bool batch_done(Batch& b, bool wait);
   void retire_front();
   bool poll_slow();
@@ -208,6 +218,7 @@ class cache_resource final : public memory_resource {
   std::vector<Block*> map_;                   ///< open addressing: block start -> block
   uint64_t map_used_ = 0;
   bool dead_ = false;                          ///< context gone (forget_all)
+  bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
 
   // The fast case (see the top of the file): the work counter's value read by the newest
   // seal whose events were seen complete (written under slow_; 0 = none yet). Idle iff the
@@ -252,13 +263,19 @@ class cache_registry {
 
   void stream_created(CUstream s, unsigned flags);
   void stream_destroying(CUstream s);
-  /// Run `destroy`, the driver call that may destroy context `ctx` (cuCtxDestroy, a primary
-  /// context's reset or last release), which returns whether the context is gone. While it
-  /// runs, no thread finds `ctx`'s cache (one asking waits for the outcome: a context created
-  /// meanwhile under the same handle gets a cache of its own); when the context is gone its
-  /// cache forgets its memory (the driver freed it), otherwise it stays as it was (a refused
-  /// destroy frees nothing). Serializes context destructions. Returns destroy's answer.
-  bool context_destroy(CUcontext ctx, const std::function<bool()>& destroy);
+  /// Under the registry's lock: `which()` names the context a driver call may destroy
+  /// (nullptr: none of ours), then `destroy` runs that call (cuCtxDestroy, a primary
+  /// context's reset or last release) and returns whether the context is gone. While it
+  /// runs, for_current finds no cache for the context (a thread asking waits for the
+  /// outcome: a context created meanwhile under the same handle gets a cache of its own),
+  /// and the context's cache makes no driver call on its memory (set_dying). When the
+  /// context is gone its cache forgets its memory (the driver freed it), otherwise it stays
+  /// as it was (a refused destroy frees nothing). Serializes context destructions with each
+  /// other and with serialized() calls. Returns destroy's answer.
+  bool context_destroy(const std::function<CUcontext()>& which, const std::function<bool()>& destroy);
+  /// Run `call` under the registry's lock: cuDevicePrimaryCtxRetain, so that no retain
+  /// falls between a release and the check of whether that release destroyed the context.
+  CUresult serialized(const std::function<CUresult()>& call);
 
   /// Stream captures active in the process (cuStreamBeginCapture* .. cuStreamEndCapture*).
   static std::atomic<int> captures;

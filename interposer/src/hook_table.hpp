@@ -125,6 +125,8 @@
   X(CUresult, cuDevicePrimaryCtxReset, (CUdevice dev), (dev), "cuDevicePrimaryCtxReset", 7000, 0, 0)            \
   X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev), "cuDevicePrimaryCtxRelease", 11000, 0, 0)    \
   X(CUresult, cuDevicePrimaryCtxRelease, (CUdevice dev), (dev), "cuDevicePrimaryCtxRelease", 7000, 0, 0)        \
+  X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev), "cuDevicePrimaryCtxRetain", \
+    7000, 0, 0)                                                                                                  \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo, (cuw_nvmlDevice_t device, cuw_nvmlMemory_t * memory),           \
     (device, memory), "", 0, 0, 1)                                                                               \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t * memory),     \

@@ -687,20 +687,26 @@ namespace {
 /// After the driver destroyed a context: the allocations and pinned host memory it freed
 /// with it are counted as freed (uncharged; free / host_free events with api cuCtxDestroy),
 /// so that the counters and the cap do not keep memory the program can no longer free.
-/// Which ones: every tracked pointer the driver no longer knows (cuPointerGetAttribute
-/// answers CUDA_ERROR_INVALID_VALUE); memory of other contexts, stream-ordered pools and VMM
-/// handles (which outlive a context) are still known and stay. Each key is asked and taken
-/// under the tracker's lock, so that an allocation handed the same address meanwhile is
-/// either seen as known or recorded after the old record is gone. Cold: one driver query
-/// per live record.
+/// Which ones: the tracked cuMemAlloc / pitch / managed allocations and pinned host blocks
+/// the driver no longer knows (cuPointerGetAttribute answers CUDA_ERROR_INVALID_VALUE).
+/// Stream-ordered and graph allocations are not asked: pools outlive a context, and the
+/// driver does not know a graph's memory until the graph runs (measured on an H200);
+/// arrays and VMM handles are not pointers and stay counted until freed. Every key is asked
+/// without the tracker's lock; one that looks gone is asked again and taken under it, so
+/// that an address the driver has handed out again meanwhile (known again) is left to its
+/// new owner. Not at exit (the runtime releases its contexts then; nothing is capped any
+/// more). Cold: one driver query per live record.
 CUW_COLD void forget_driver_freed(Tracker& t) {
   auto query = REAL(cuPointerGetAttribute);
-  if (!query) return;
+  if (!query || t.exiting()) return;
   std::vector<uint64_t> dev_keys, host_keys;
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    t.pointers().keys(dev_keys);
-    t.host().keys(host_keys);
+    t.pointers().keys(dev_keys, [](const LiveRecord& r) {
+      const auto api = static_cast<ring::Api>(r.api);
+      return api == ring::Api::cuMemAlloc || api == ring::Api::cuMemAllocPitch || api == ring::Api::cuMemAllocManaged;
+    });
+    t.host().keys(host_keys, [](const LiveRecord&) { return true; });
   }
   auto gone = [&](uint64_t key) {
     CUcontext c = nullptr;
@@ -708,6 +714,7 @@ CUW_COLD void forget_driver_freed(Tracker& t) {
   };
   const uint64_t now = cuw::ipc::now_ns();
   for (const uint64_t key : dev_keys) {
+    if (!gone(key)) continue;
     LiveRecord rec;
     bool took = false;
     {
@@ -716,7 +723,7 @@ CUW_COLD void forget_driver_freed(Tracker& t) {
       if (took && static_cast<unsigned>(rec.device) < ring::kMaxDevices) {
         ring::DeviceSlot& d = t.header().devices[rec.device];
         t.uncharge_locked(d, rec.bytes);
-        t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+        t.count_free_locked(d, rec.device, rec.bytes, false);
         t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
                       now);
       }
@@ -724,6 +731,7 @@ CUW_COLD void forget_driver_freed(Tracker& t) {
     if (took) t.job_uncharge(rec.device, rec.bytes);
   }
   for (const uint64_t key : host_keys) {
+    if (!gone(key)) continue;
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     LiveRecord rec;
     if (!gone(key) || !t.host().take(key, &rec)) continue;
@@ -743,7 +751,7 @@ CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
   if (!t) return real(ctx);  // nothing counted yet
   CUresult r = CUDA_SUCCESS;
   auto destroy = [&] { return (r = real(ctx)) == CUDA_SUCCESS; };
-  const bool gone = t->cache() ? t->cache()->context_destroy(ctx, destroy) : destroy();
+  const bool gone = t->cache() ? t->cache()->context_destroy([ctx] { return ctx; }, destroy) : destroy();
   if (gone) forget_driver_freed(*t);
   return r;
 }
@@ -785,17 +793,36 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
   Tracker* t = g.nested() ? nullptr : Tracker::instance_if_created();
   if (!t) return call();
   CUresult r = CUDA_SUCCESS;
+  bool was_active = false;
+  auto which = [&] {
+    const CUcontext p = active_primary(dev);
+    was_active = p != nullptr;
+    return p;
+  };
   auto run = [&] {
     r = call();
-    return r == CUDA_SUCCESS && (reset || primary_gone(dev));
+    return r == CUDA_SUCCESS && was_active && (reset || primary_gone(dev));
   };
-  cache_registry* reg = t->cache();
-  CUcontext primary = reg ? active_primary(dev) : nullptr;
-  const bool gone = primary ? reg->context_destroy(primary, run) : run();
+  bool gone;
+  if (cache_registry* reg = t->cache()) {
+    gone = reg->context_destroy(which, run);  // the check and the call under its lock (retains wait)
+  } else {
+    which();
+    gone = run();
+  }
   if (gone) forget_driver_freed(*t);
   return r;
 }
 }  // namespace
+
+CUW_EXPORT CUresult hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  auto real = REAL(cuDevicePrimaryCtxRetain);
+  if (!real) return kNoDriver;
+  Reentry g;
+  cache_registry* reg = g.nested() ? nullptr : caches_if_any();
+  if (!reg) return real(pctx, dev);
+  return reg->serialized([&] { return real(pctx, dev); });  // not between a release and its check
+}
 
 CUW_EXPORT CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   auto real = REAL(cuDevicePrimaryCtxReset_v2);

@@ -30,17 +30,6 @@ CUW_COLD bool LiveTable::grow() noexcept {
 
 LiveTable::~LiveTable() { std::free(slots_); }
 
-bool LiveTable::keys(std::vector<uint64_t>& out) const noexcept {
-  try {
-    out.reserve(out.size() + live_);
-    for (uint32_t i = 0; i < capacity_; ++i)
-      if (slots_[i].key != kEmpty && slots_[i].key != kTomb) out.push_back(slots_[i].key);
-  } catch (...) {
-    return false;
-  }
-  return true;
-}
-
 uint64_t LiveTable::footprint() const noexcept {
   return uint64_t{__atomic_load_n(&capacity_, __ATOMIC_RELAXED)} * sizeof(Slot);
 }

@@ -59,9 +59,20 @@ class LiveTable {
   uint64_t size() const noexcept { return __atomic_load_n(&live_, __ATOMIC_RELAXED); }
   /// Bytes of slot array held (relaxed load, no lock).
   uint64_t footprint() const noexcept;
-  /// Every live key, appended to `out` (the caller's lock held; allocates, so never on a
-  /// hot path: for context destruction). Returns false if memory ran out (keys so far kept).
-  bool keys(std::vector<uint64_t>& out) const noexcept;
+  /// Every live key whose record `want(record)` accepts, appended to `out` (the caller's
+  /// lock held; allocates, so never on a hot path: for context destruction). Returns false
+  /// if memory ran out (the keys so far are kept).
+  template <class Want>
+  bool keys(std::vector<uint64_t>& out, Want&& want) const noexcept {
+    try {
+      for (uint32_t i = 0; i < capacity_; ++i)
+        if (slots_[i].key != kEmpty && slots_[i].key != kTomb && want(unpack(slots_[i].rec)))
+          out.push_back(slots_[i].key);
+    } catch (...) {
+      return false;
+    }
+    return true;
+  }
 
  private:
   struct alignas(16) Slot {

@@ -284,6 +284,8 @@ class Tracker {
   /// Mark the process exited in the ring (atexit). Never unmaps: CUDA calls made by other
   /// destructors after this still work.
   void on_exit() noexcept;
+  /// on_exit() ran (the process is exiting). Lock-free.
+  bool exiting() const noexcept { return header_->exited_ns.load(std::memory_order_relaxed) != 0; }
 
  private:
   Tracker();
