@@ -694,8 +694,8 @@ namespace {
 /// arrays and VMM handles are not pointers and stay counted until freed. Every key is asked
 /// without the tracker's lock; one that looks gone is asked again and taken under it, so
 /// that an address the driver has handed out again meanwhile (known again) is left to its
-/// new owner. Not at exit (the runtime releases its contexts then; nothing is capped any
-/// more). Cold: one driver query per live record.
+/// new owner. Not once cuwarden's atexit handler has run (Tracker::exiting: nothing is
+/// capped any more). Cold: one driver query per live record.
 CUW_COLD void forget_driver_freed(Tracker& t) {
   auto query = REAL(cuPointerGetAttribute);
   if (!query || t.exiting()) return;
