@@ -529,9 +529,10 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
 }
 
 // (free_traced, for a block it set kPending.) An IPC handle was given out for this block's
-// driver allocation: it is never handed out again, but freed now (cuMemFree synchronizes, as the program's own call would have). The
-// free is counted only once the driver did it: a refused one (inside a global-mode capture,
-// say) leaves the block live and returns the driver's error, as the program's own call would.
+// driver allocation: it is never handed out again, but freed now (cuMemFree synchronizes,
+// as the program's own call would have). The free is counted only once the driver did it:
+// a refused one (inside a global-mode capture, say) leaves the block live and returns the
+// driver's error, as the program's own call would.
 CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now) {
   std::lock_guard<std::mutex> g(slow_);
   // The context was destroyed (forget_all deleted b with its segment) or is being destroyed
