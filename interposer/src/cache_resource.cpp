@@ -320,9 +320,9 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
     r = slow_allocate(out, bytes, cls, rounded, false, &cap_refused);
   }
   if (__builtin_expect(cap_refused, 0)) {
-    // The cap refused even after this cache gave back what it keeps: the device's other
-    // contexts' caches give back theirs (outside this one's slow_: each takes its own), and
-    // the last try's refusal is the one counted.
+    // The cap (or the driver, out of memory) refused even after this cache gave back what
+    // it keeps: the other contexts' caches give back theirs (outside this one's slow_: each
+    // takes its own), and the last try's refusal is the one counted.
     if (cache_registry* reg = tracker_.cache()) reg->release_all_except(this);
     std::lock_guard<std::mutex> g(slow_);
     r = slow_allocate(out, bytes, cls, rounded, true, nullptr);
@@ -439,6 +439,12 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   }
   if (r != CUDA_SUCCESS) {
     tracker_.uncharge(slot_, seg_bytes);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !last && cap_refused) {
+      // Other contexts' caches may hold what the driver lacks: the caller has them give it
+      // back and tries once more; only that try's failure is counted.
+      *cap_refused = true;
+      return r;
+    }
     const uint64_t now = ipc::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
     ipc::locked_add(slot_.driver_errors, 1);

@@ -178,8 +178,9 @@ class cache_resource final : public memory_resource {
   CUresult free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now);  // takes slow_
 
   // Under slow_.
-  // `last` = false: a refusal by the cap is not counted but reported in *cap_refused (the
-  // caller makes room in the other caches and tries once more with `last`).
+  // `last` = false: a refusal by the cap, or the driver's out-of-memory, is not counted but
+  // reported in *cap_refused (the caller makes room in the other caches and tries once more
+  // with `last`).
   CUresult slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   bool try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
   void seal_locked_slow();

@@ -839,3 +839,32 @@ TEST_CASE("cadv: the primary context's last release makes the cache forget what 
   REQUIRE(cuMemFree(b) == CUDA_SUCCESS);
   CHECK(snap().live == s0.live);
 }
+
+// Registered with 256 MiB of simulated device memory and no cap.
+TEST_CASE("cadv: the driver out of memory in one context gets back what another context's cache keeps",
+          "[cadv_driver_oom]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUcontext primary = nullptr;
+  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  CUdeviceptr big = 0;
+  REQUIRE(cuMemAlloc(&big, 200 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(big) == CUDA_SUCCESS);  // kept by the primary context's cache
+  CHECK(d.cached.load() >= 200 * kMiB);
+  const uint64_t errors0 = d.driver_errors.load();
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  CUcontext other = nullptr;
+  REQUIRE(cuCtxCreate(&other, nullptr, 0, dev) == CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  CHECK(cuMemAlloc(&p, 200 * kMiB) == CUDA_SUCCESS);  // only after the primary's cache gave its block back
+  CHECK(d.driver_errors.load() == errors0);           // the first, failed try is not counted
+  if (p) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  // Past what the device has at all: refused by the driver, counted once.
+  CUdeviceptr q = 0;
+  CHECK(cuMemAlloc(&q, 512 * kMiB) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(d.driver_errors.load() == errors0 + 1);
+  REQUIRE(cuCtxDestroy(other) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+}
