@@ -7,8 +7,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cuw/paths.hpp"
 #include "cuw/ring.hpp"
@@ -53,6 +58,43 @@ inline void touch_interposer() {
   CUdeviceptr p = 0;
   REQUIRE(cuMemAlloc(&p, 512) == CUDA_SUCCESS);
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+}
+
+/// A slow "kernel": queued on `s` through a real work entry point (cuLaunchHostFunc, which
+/// the interposer sees as it sees every launch); `ms` milliseconds after it starts it sets
+/// `n` bytes at `p` to `v` (the simulated device's memory is host memory), then sets
+/// *done (release), if given.
+inline CUresult slow_fill(CUstream s, CUdeviceptr p, unsigned char v, size_t n, unsigned ms,
+                   std::atomic<bool>* done = nullptr) {
+  struct Work {
+    CUdeviceptr p;
+    unsigned char v;
+    size_t n;
+    unsigned ms;
+    std::atomic<bool>* done;
+  };
+  auto* w = new Work{p, v, n, ms, done};
+  const CUresult r = cuLaunchHostFunc(
+      s,
+      [](void* data) {
+        auto* work = static_cast<Work*>(data);
+        std::this_thread::sleep_for(std::chrono::milliseconds(work->ms));
+        std::memset(reinterpret_cast<void*>(work->p), work->v, work->n);
+        if (work->done) work->done->store(true, std::memory_order_release);
+        delete work;
+      },
+      w);
+  if (r != CUDA_SUCCESS) delete w;
+  return r;
+}
+
+/// True when all `n` bytes at device address `p` equal `v` (a synchronous copy).
+inline bool all_bytes(CUdeviceptr p, size_t n, unsigned char v) {
+  std::vector<unsigned char> h(n);
+  if (cuMemcpyDtoH(h.data(), p, n) != CUDA_SUCCESS) return false;
+  for (unsigned char c : h)
+    if (c != v) return false;
+  return true;
 }
 
 }  // namespace cuwtest

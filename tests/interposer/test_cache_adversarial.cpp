@@ -32,37 +32,6 @@ Snap snap(int ordinal = 0) {
   return {d.used.load(), d.reserved.load(), d.cached.load(), d.live_allocations.load()};
 }
 
-CUresult slow_fill(CUstream s, CUdeviceptr p, unsigned char v, size_t n, unsigned ms, std::atomic<bool>* done = nullptr) {
-  struct Work {
-    CUdeviceptr p;
-    unsigned char v;
-    size_t n;
-    unsigned ms;
-    std::atomic<bool>* done;
-  };
-  auto* w = new Work{p, v, n, ms, done};
-  const CUresult r = cuLaunchHostFunc(
-      s,
-      [](void* data) {
-        auto* work = static_cast<Work*>(data);
-        std::this_thread::sleep_for(std::chrono::milliseconds(work->ms));
-        std::memset(reinterpret_cast<void*>(work->p), work->v, work->n);
-        if (work->done) work->done->store(true, std::memory_order_release);
-        delete work;
-      },
-      w);
-  if (r != CUDA_SUCCESS) delete w;
-  return r;
-}
-
-bool all_bytes(CUdeviceptr p, size_t n, unsigned char v) {
-  std::vector<unsigned char> h(n);
-  if (cuMemcpyDtoH(h.data(), p, n) != CUDA_SUCCESS) return false;
-  for (unsigned char c : h)
-    if (c != v) return false;
-  return true;
-}
-
 bool overlap(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn) { return a < b + bn && b < a + an; }
 
 /// Make every pending free of the current context's cache ready (synchronize, then one
