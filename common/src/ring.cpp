@@ -12,7 +12,7 @@ constexpr const char* kApiNames[] = {
     "cuMemCreate",    "cuMemRelease",      "cuArrayCreate",    "cuArray3DCreate",
     "cuMipmappedArrayCreate", "cuArrayDestroy", "cuMipmappedArrayDestroy", "cuMemHostAlloc",
     "cuMemAllocHost", "cuMemFreeHost",     "cuGraphMemAlloc",  "control",
-    "cuCtxDestroy",
+    "cuCtxDestroy",   "reused",
 };
 static_assert(sizeof(kApiNames) / sizeof(kApiNames[0]) == static_cast<size_t>(Api::count_));
 

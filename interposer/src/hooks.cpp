@@ -4,8 +4,11 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <optional>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "cache_resource.hpp"
@@ -83,14 +86,45 @@ CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, r
   if (charged) t.job_uncharge(ordinal, bytes);
 }
 
+/// The context each tracked CUDA array and mipmapped array (handle, the table's key) was
+/// created in. The driver frees arrays with their context (CUDA driver API: cuCtxDestroy),
+/// and an array's handle cannot be asked about once it is gone, so forget_arrays_of() finds
+/// them here. Guarded by the tracker's lock (Tracker::lock()), changed in the same critical
+/// sections as the handle table; never destroyed (hooks may run during exit).
+std::unordered_map<uint64_t, CUcontext>& array_owners() {
+  static auto* owners = new std::unordered_map<uint64_t, CUcontext>;
+  return *owners;
+}
+
+/// The driver handed out `key` (an address, or a handle) while the table held a record for
+/// it: the allocation that record counts was freed where the hooks did not see it (with a
+/// context destroyed on another thread before forget_driver_freed reached it, or through a
+/// path not hooked). It is counted freed now (uncharged; a free event, api `reused`, at
+/// `now`), before the new allocation's own event. Lock held; the caller gives the job's
+/// share back after unlocking (job_uncharge). Cold.
+CUW_COLD void count_reused_locked(Tracker& t, uint64_t key, const LiveRecord& stale, uint64_t now) {
+  if (static_cast<unsigned>(stale.device) >= ring::kMaxDevices) return;  // never inserted so
+  ring::DeviceSlot& d = t.header().devices[stale.device];
+  t.uncharge_locked(d, stale.bytes);
+  t.count_free_locked(d, stale.device, stale.bytes, pooled(static_cast<ring::Api>(stale.api)));
+  t.emit_locked(ring::EventKind::free, ring::Api::reused, stale.device, key, stale.bytes, 0, CUDA_SUCCESS, now);
+}
+
+/// No-op for tracked_alloc_in's `on_insert`.
+struct NoInsertHook {
+  void operator()(uint64_t) const noexcept {}
+};
+
 /// Count, call, record in `table`. `call` performs the real allocation and writes *out
 /// on success. `assumed`: `ordinal` came from Tracker::allocation_device without asking
-/// the driver. Hot path: the device slot (one branch); with a cap or in a job, charge (one
+/// the driver. `on_insert(key)` runs in the insert's critical section (the tracker's lock
+/// held). Hot path: the device slot (one branch); with a cap or in a job, charge (one
 /// lock) before the call; the driver call; then one lock for the table insert, the
 /// counters (and, uncapped, the charge) and the event.
-template <class Call, class Key>
+template <class Call, class Key, class OnInsert = NoInsertHook>
 CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api, int ordinal, bool assumed,
-                          uint64_t bytes, uint64_t aux, Call&& call, Key&& key_of_result, uint64_t* when = nullptr) {
+                                     uint64_t bytes, uint64_t aux, Call&& call, Key&& key_of_result,
+                                     uint64_t* when = nullptr, OnInsert on_insert = {}) {
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return call();  // no context, or an ordinal past what we track
   const bool charged = !t.uncapped(*d, ordinal);
@@ -126,11 +160,17 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
     return r;
   }
   const uint64_t key = key_of_result();
-  std::lock_guard<cuw::spin_lock> lk(t.lock());
-  table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
-  if (!charged) t.count_uncapped_locked(*d, bytes);
-  t.count_alloc_locked(*d, ordinal, bytes, pooled(api));
-  t.emit_locked(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
+  std::optional<LiveRecord> stale;
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
+    if (__builtin_expect(stale.has_value(), 0)) count_reused_locked(t, key, *stale, now);
+    on_insert(key);
+    if (!charged) t.count_uncapped_locked(*d, bytes);
+    t.count_alloc_locked(*d, ordinal, bytes, pooled(api));
+    t.emit_locked(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
+  }
+  if (__builtin_expect(stale.has_value(), 0)) t.job_uncharge(stale->device, stale->bytes);
   return r;
 }
 
@@ -690,15 +730,22 @@ namespace {
 /// Which ones: the tracked cuMemAlloc / pitch / managed allocations and pinned host blocks
 /// the driver no longer knows (cuPointerGetAttribute answers CUDA_ERROR_INVALID_VALUE).
 /// Stream-ordered and graph allocations are not asked: pools outlive a context, and the
-/// driver does not know a graph's memory until the graph runs (measured on an H200);
-/// arrays and VMM handles are not pointers and stay counted until freed. Every key is asked
+/// driver does not know a graph's memory until the graph runs (measured on an H200). CUDA
+/// arrays are handles and cannot be asked: those created in `ctx` (array_owners(); nullptr:
+/// not known) are counted freed (forget_arrays_of). VMM handles (cuMemCreate) outlive a
+/// context and stay counted until released. Every key is asked
 /// without the tracker's lock; one that looks gone is asked again and taken under it, so
 /// that an address the driver has handed out again meanwhile (known again) is left to its
 /// new owner. Not once cuwarden's atexit handler has run (Tracker::exiting: nothing is
 /// capped any more). Cold: one driver query per live record.
-CUW_COLD void forget_driver_freed(Tracker& t) {
+CUW_COLD void forget_arrays_of(Tracker& t, CUcontext ctx, uint64_t now);
+
+CUW_COLD void forget_driver_freed(Tracker& t, CUcontext ctx) {
   auto query = REAL(cuPointerGetAttribute);
-  if (!query || t.exiting()) return;
+  if (t.exiting()) return;
+  const uint64_t now = cuw::ipc::now_ns();
+  if (ctx) forget_arrays_of(t, ctx, now);
+  if (!query) return;
   std::vector<uint64_t> dev_keys, host_keys;
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
@@ -712,7 +759,6 @@ CUW_COLD void forget_driver_freed(Tracker& t) {
     CUcontext c = nullptr;
     return query(&c, CU_POINTER_ATTRIBUTE_CONTEXT, key) == CUDA_ERROR_INVALID_VALUE;
   };
-  const uint64_t now = cuw::ipc::now_ns();
   for (const uint64_t key : dev_keys) {
     if (!gone(key)) continue;
     LiveRecord rec;
@@ -741,6 +787,37 @@ CUW_COLD void forget_driver_freed(Tracker& t) {
                   now);
   }
 }
+
+/// The arrays the driver destroyed with context `ctx` (array_owners()): counted freed
+/// (uncharged; free events with api cuCtxDestroy at `now`), in one critical section with
+/// their owner entries, so that an array created meanwhile in another context and handed a
+/// freed handle (its owner entry rewritten, the stale record counted by
+/// count_reused_locked) is left to its new owner. Cold; allocates nothing.
+CUW_COLD void forget_arrays_of(Tracker& t, CUcontext ctx, uint64_t now) {
+  std::array<uint64_t, ring::kMaxDevices> job_back{};  // the jobs' shares, given back after unlocking
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    auto& owners = array_owners();
+    for (auto it = owners.begin(); it != owners.end();) {
+      if (it->second != ctx) {
+        ++it;
+        continue;
+      }
+      LiveRecord rec;
+      if (t.handles().take(it->first, &rec) && static_cast<unsigned>(rec.device) < ring::kMaxDevices) {
+        ring::DeviceSlot& d = t.header().devices[rec.device];
+        t.uncharge_locked(d, rec.bytes);
+        t.count_free_locked(d, rec.device, rec.bytes, false);
+        t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, it->first, rec.bytes, 0,
+                      CUDA_SUCCESS, now);
+        job_back[rec.device] += rec.bytes;
+      }
+      it = owners.erase(it);
+    }
+  }
+  for (uint32_t i = 0; i < ring::kMaxDevices; ++i)
+    if (job_back[i]) t.job_uncharge(static_cast<int>(i), job_back[i]);
+}
 }  // namespace
 
 CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
@@ -752,7 +829,7 @@ CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
   CUresult r = CUDA_SUCCESS;
   auto destroy = [&] { return (r = real(ctx)) == CUDA_SUCCESS; };
   const bool gone = t->cache() ? t->cache()->context_destroy([ctx] { return ctx; }, destroy) : destroy();
-  if (gone) forget_driver_freed(*t);
+  if (gone) forget_driver_freed(*t, ctx);
   return r;
 }
 
@@ -793,15 +870,11 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
   Tracker* t = g.nested() ? nullptr : Tracker::instance_if_created();
   if (!t) return call();
   CUresult r = CUDA_SUCCESS;
-  bool was_active = false;
-  auto which = [&] {
-    const CUcontext p = active_primary(dev);
-    was_active = p != nullptr;
-    return p;
-  };
+  CUcontext primary = nullptr;  // the context destroyed, if the call destroys it
+  auto which = [&] { return primary = active_primary(dev); };
   auto run = [&] {
     r = call();
-    return r == CUDA_SUCCESS && was_active && (reset || primary_gone(dev));
+    return r == CUDA_SUCCESS && primary != nullptr && (reset || primary_gone(dev));
   };
   bool gone;
   if (cache_registry* reg = t->cache()) {
@@ -810,7 +883,7 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
     which();
     gone = run();
   }
-  if (gone) forget_driver_freed(*t);
+  if (gone) forget_driver_freed(*t, primary);
   return r;
 }
 }  // namespace
@@ -897,6 +970,61 @@ bool array_takes_memory(unsigned flags) {
   return (flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) == 0;
 }
 
+/// The calling thread's current context (nullptr: none, or the driver lacks the call).
+CUcontext current_context() {
+  using get_fn = CUresult (*)(CUcontext*);
+  static auto get = reinterpret_cast<get_fn>(cuw::hook::driver_symbol("cuCtxGetCurrent"));
+  CUcontext c = nullptr;
+  return get && get(&c) == CUDA_SUCCESS ? c : nullptr;
+}
+
+/// tracked_alloc_in's `on_insert` for an array: remember its context (the tracker's lock
+/// held). Without memory for the entry the array is not forgotten with its context (it
+/// stays counted until destroyed: an over-count, never an under-count).
+struct RememberArray {
+  CUcontext owner;
+  void operator()(uint64_t key) const noexcept {
+    try {
+      array_owners()[key] = owner;
+    } catch (...) {
+    }
+  }
+};
+
+/// A tracked array allocation: the context asked before the call, remembered with the record.
+template <class Call, class Handle>
+CUresult tracked_array_create(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, Call&& call,
+                              Handle* handle_out) {
+  const CUcontext owner = current_context();
+  return tracked_alloc_in(
+      t, t.handles(), api, ordinal, false, bytes, 0, call,
+      [handle_out] { return reinterpret_cast<uint64_t>(*handle_out); }, nullptr, RememberArray{owner});
+}
+
+/// A destroy of array `key` through tracked_free: the owner entry goes first (one lock);
+/// should the driver refuse the destroy, the array is still the driver's and the entry
+/// comes back (nobody else can be handed the handle meanwhile).
+template <class Call>
+CUresult tracked_array_destroy(Tracker& t, uint64_t key, ring::Api api, Call&& call) {
+  CUcontext owner = nullptr;
+  bool had = false;
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    auto& owners = array_owners();
+    if (auto it = owners.find(key); it != owners.end()) {
+      owner = it->second;
+      had = true;
+      owners.erase(it);
+    }
+  }
+  const CUresult r = tracked_free(t, t.handles(), key, api, 0, call);
+  if (r != CUDA_SUCCESS && had) {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    RememberArray{owner}(key);
+  }
+  return r;
+}
+
 }  // namespace
 
 CUW_EXPORT CUresult hook_cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
@@ -907,9 +1035,8 @@ CUW_EXPORT CUresult hook_cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESC
   Tracker& t = Tracker::get();
   const int ordinal = t.current_device();
   const uint64_t bytes = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1, 0);
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuArrayCreate, ordinal, false, bytes, 0,
-                          [&] { return real(handle, desc); },
-                          [handle] { return reinterpret_cast<uint64_t>(*handle); });
+  return tracked_array_create(t, ring::Api::cuArrayCreate, ordinal, bytes, [&] { return real(handle, desc); },
+                              handle);
 }
 
 CUW_EXPORT CUresult hook_cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
@@ -920,9 +1047,8 @@ CUW_EXPORT CUresult hook_cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_
   Tracker& t = Tracker::get();
   const uint64_t bytes =
       array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1, desc->Flags);
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuArray3DCreate, t.current_device(), false, bytes, 0,
-                          [&] { return real(handle, desc); },
-                          [handle] { return reinterpret_cast<uint64_t>(*handle); });
+  return tracked_array_create(t, ring::Api::cuArray3DCreate, t.current_device(), bytes,
+                              [&] { return real(handle, desc); }, handle);
 }
 
 CUW_EXPORT CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
@@ -934,9 +1060,8 @@ CUW_EXPORT CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* handle, const 
   Tracker& t = Tracker::get();
   const uint64_t bytes =
       array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, levels, desc->Flags);
-  return tracked_alloc_in(t, t.handles(), ring::Api::cuMipmappedArrayCreate, t.current_device(), false, bytes, 0,
-                          [&] { return real(handle, desc, levels); },
-                          [handle] { return reinterpret_cast<uint64_t>(*handle); });
+  return tracked_array_create(t, ring::Api::cuMipmappedArrayCreate, t.current_device(), bytes,
+                              [&] { return real(handle, desc, levels); }, handle);
 }
 
 CUW_EXPORT CUresult hook_cuArrayDestroy(CUarray handle) {
@@ -945,8 +1070,8 @@ CUW_EXPORT CUresult hook_cuArrayDestroy(CUarray handle) {
   Reentry g;
   if (g.nested()) return real(handle);
   Tracker& t = Tracker::get();
-  return tracked_free(t, t.handles(), reinterpret_cast<uint64_t>(handle), ring::Api::cuArrayDestroy, 0,
-                      [&] { return real(handle); });
+  return tracked_array_destroy(t, reinterpret_cast<uint64_t>(handle), ring::Api::cuArrayDestroy,
+                               [&] { return real(handle); });
 }
 
 CUW_EXPORT CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray handle) {
@@ -955,8 +1080,8 @@ CUW_EXPORT CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray handle) {
   Reentry g;
   if (g.nested()) return real(handle);
   Tracker& t = Tracker::get();
-  return tracked_free(t, t.handles(), reinterpret_cast<uint64_t>(handle), ring::Api::cuMipmappedArrayDestroy, 0,
-                      [&] { return real(handle); });
+  return tracked_array_destroy(t, reinterpret_cast<uint64_t>(handle), ring::Api::cuMipmappedArrayDestroy,
+                               [&] { return real(handle); });
 }
 
 // ---- graph memory nodes (CUDA driver API: Graph Management) -------------------------------
@@ -1002,7 +1127,14 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
   const uint64_t key = reinterpret_cast<uint64_t>(*result);
   const uint64_t now = cuw::ipc::now_ns();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
-  t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)});
+  std::optional<LiveRecord> stale;  // freed where we did not see it (count_reused_locked)
+  t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
+  if (stale) {
+    if (static_cast<unsigned>(stale->device) < ring::kMaxDevices)
+      cuw::ipc::locked_sub(t.header().devices[stale->device].host_bytes, stale->bytes);
+    t.emit_locked(ring::EventKind::host_free, ring::Api::reused, stale->device, key, stale->bytes, 0, CUDA_SUCCESS,
+                  now);
+  }
   if (d) cuw::ipc::locked_add(d->host_bytes, bytes);
   t.emit_locked(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS, now);
   return r;

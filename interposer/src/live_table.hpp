@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "cuw/attrs.hpp"
@@ -41,9 +42,11 @@ class LiveTable {
   /// Insert or overwrite. `key` must not be 0 or ~0 (reserved); such keys are ignored.
   /// Returns false only when memory for growth could not be had, or the record does not
   /// fit (see above) (the entry is then lost: its free will not be counted, and a warning
-  /// is the caller's business). Inline (the
+  /// is the caller's business). `replaced`, if given, receives the record `key` held when
+  /// the entry is overwritten (the driver handed out a key we thought live: that allocation
+  /// was freed where the caller did not see it) and is left alone otherwise. Inline (the
   /// hooks' hot path); growth is out of line.
-  bool insert(uint64_t key, LiveRecord rec) noexcept;
+  bool insert(uint64_t key, LiveRecord rec, std::optional<LiveRecord>* replaced = nullptr) noexcept;
   /// Remove and return the record; false if `key` is not live. Inline.
   bool take(uint64_t key, LiveRecord* out) noexcept;
   /// Ask the CPU for the line `key` probes first (no effect on the table; callable without
@@ -104,7 +107,7 @@ class LiveTable {
   uint32_t live_ = 0;      ///< read by size() without the caller's lock (relaxed)
 };
 
-CUW_INLINE bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
+CUW_INLINE bool LiveTable::insert(uint64_t key, LiveRecord rec, std::optional<LiveRecord>* replaced) noexcept {
   if (__builtin_expect(key == kEmpty || key == kTomb, 0)) return true;
   if (__builtin_expect(!fits(rec), 0)) return false;
   if (__builtin_expect((occupied_ + 1) * 4 > capacity_ * 3, 0) && !grow()) return false;
@@ -114,6 +117,7 @@ CUW_INLINE bool LiveTable::insert(uint64_t key, LiveRecord rec) noexcept {
   for (;; i = (i + 1) & mask) {
     const uint64_t k = slots_[i].key;
     if (k == key) {  // overwrite (the driver handed out an address we thought live)
+      if (replaced) *replaced = unpack(slots_[i].rec);
       slots_[i].rec = pack(rec);
       return true;
     }

@@ -59,6 +59,10 @@ void fakecuda_reset_counters(void);
  *  (cuMemAlloc_v2, ..._ptds, ..._ptsz). Calls the driver makes internally are not counted. */
 uint64_t fakecuda_call_count(const char* name);
 
+/** cuMemFree_v2 under a name no interposer hooks: memory freed where cuwarden does not see
+ *  it (as the driver frees a destroyed context's memory). Same results as cuMemFree_v2. */
+CUresult fakecuda_free_unseen(CUdeviceptr dptr);
+
 /** Bytes currently counted against device `ordinal`'s capacity (what cuMemGetInfo subtracts):
  *  cuMemAlloc blocks (512-byte granules), memory-pool reserve, VMM handles, graph memory.
  *  Returns 0 for an unknown ordinal. */

@@ -1,5 +1,6 @@
 // Interposer tests: the per-process cap (CUWARDEN_LIMIT=64MiB in this test's environment).
 // Exact at the byte, never passed under concurrency, reported by cuMemGetInfo.
+#include <algorithm>
 #include <atomic>
 #include <latch>
 #include <random>
@@ -257,6 +258,128 @@ TEST_CASE("memory the driver frees with a destroyed context stops counting again
   REQUIRE(cuMemFree(keep) == CUDA_SUCCESS);
   CHECK(in_use() == use0);
   CHECK(d.live_allocations.load() == live0);
+}
+
+namespace {
+/// Every event published since the last call (the ring drained as a daemon would).
+std::vector<cuw::ring::Event> drain_events() {
+  auto& h = own_ring();
+  std::vector<cuw::ring::Event> buf(cuw::ring::kDefaultSlotCount);
+  auto* slots = reinterpret_cast<cuw::ring::EventSlot*>(reinterpret_cast<char*>(&h) + cuw::ring::kHeaderBytes);
+  buf.resize(cuw::ring::drain(h, slots, cuw::ring::kDefaultSlotCount, buf.data(), buf.size(), false, nullptr));
+  return buf;
+}
+/// CUDA arrays of 2D floats, `mib` MiB each (width 1024 floats: 4 KiB rows).
+CUDA_ARRAY_DESCRIPTOR float_2d(uint64_t mib) {
+  CUDA_ARRAY_DESCRIPTOR d{};
+  d.Width = 1024;
+  d.Height = mib * 256;
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;
+  return d;
+}
+}  // namespace
+
+TEST_CASE("CUDA arrays destroyed with their context stop counting against the cap", "[ctx_gone]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  auto in_use = [&d] { return d.used.load() - d.cached.load(); };
+  CUcontext primary = nullptr;
+  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  // One array in the primary context stays.
+  const CUDA_ARRAY_DESCRIPTOR small = float_2d(4);
+  CUarray keep = nullptr;
+  REQUIRE(cuArrayCreate(&keep, &small) == CUDA_SUCCESS);
+  const uint64_t use_keep = in_use(), live_keep = d.live_allocations.load(), frees0 = d.free_count.load();
+  // A context of its own with a 2D array, a 3D array and a mipmapped array: 48 MiB.
+  CUcontext other = nullptr;
+  REQUIRE(cuCtxCreate(&other, nullptr, 0, dev) == CUDA_SUCCESS);
+  const CUDA_ARRAY_DESCRIPTOR big = float_2d(16);
+  CUarray a2 = nullptr, a3 = nullptr;
+  REQUIRE(cuArrayCreate(&a2, &big) == CUDA_SUCCESS);
+  CUDA_ARRAY3D_DESCRIPTOR d3{};
+  d3.Width = 1024;
+  d3.Height = 1024;
+  d3.Depth = 4;
+  d3.Format = CU_AD_FORMAT_FLOAT;
+  d3.NumChannels = 1;
+  REQUIRE(cuArray3DCreate(&a3, &d3) == CUDA_SUCCESS);
+  CUmipmappedArray mip = nullptr;
+  CUDA_ARRAY3D_DESCRIPTOR dm = d3;
+  dm.Depth = 0;
+  dm.Width = 2048;
+  REQUIRE(cuMipmappedArrayCreate(&mip, &dm, 2) == CUDA_SUCCESS);  // 8 + 2 MiB
+  CHECK(in_use() >= use_keep + 16 * kMiB + 16 * kMiB + 10 * kMiB);
+  CHECK(d.live_allocations.load() == live_keep + 3);
+  drain_events();
+  REQUIRE(cuCtxDestroy(other) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+  CHECK(in_use() == use_keep);
+  CHECK(d.live_allocations.load() == live_keep);
+  CHECK(d.free_count.load() == frees0 + 3);
+  // One free event each, api cuCtxDestroy, naming the handles.
+  std::vector<uint64_t> freed;
+  for (const auto& e : drain_events())
+    if (e.kind == static_cast<uint8_t>(cuw::ring::EventKind::free) &&
+        e.api == static_cast<uint16_t>(cuw::ring::Api::cuCtxDestroy))
+      freed.push_back(e.address);
+  std::sort(freed.begin(), freed.end());
+  std::vector<uint64_t> want{reinterpret_cast<uint64_t>(a2), reinterpret_cast<uint64_t>(a3),
+                             reinterpret_cast<uint64_t>(mip)};
+  std::sort(want.begin(), want.end());
+  CHECK(freed == want);
+  // The cap sees the room again (56 MiB with the 4 MiB array kept, under 64 MiB).
+  CUarray again = nullptr;
+  const CUDA_ARRAY_DESCRIPTOR room = float_2d(56);
+  REQUIRE(cuArrayCreate(&again, &room) == CUDA_SUCCESS);
+  REQUIRE(cuArrayDestroy(again) == CUDA_SUCCESS);
+  // The primary context's array was not touched, and its destroy counts as before.
+  REQUIRE(cuArrayDestroy(keep) == CUDA_SUCCESS);
+  CHECK(d.live_allocations.load() == live_keep - 1);
+  CHECK(in_use() == use_keep - 4 * kMiB);
+}
+
+TEST_CASE("an address the driver hands out again counts its old allocation freed", "[ctx_gone]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  auto in_use = [&d] { return d.used.load() - d.cached.load(); };
+  // The simulated driver's own free under a name cuwarden does not hook: memory freed
+  // where the hooks do not see it (as when another thread's context destruction freed it
+  // before the sweep reached it).
+  auto unhooked_free = fakecuda_free_unseen;
+  const uint64_t use0 = in_use(), live0 = d.live_allocations.load(), frees0 = d.free_count.load();
+  CUdeviceptr a = 0, b = 0;
+  REQUIRE(cuMemAllocManaged(&a, 40 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(unhooked_free(a) == CUDA_SUCCESS);
+  CHECK(in_use() == use0 + 40 * kMiB);  // still counted: nothing told the hooks
+  drain_events();
+  // Under a 64 MiB cap, 20 MiB fits beside the 40 still counted; the driver gives the
+  // same address.
+  REQUIRE(cuMemAllocManaged(&b, 20 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(b == a);
+  CHECK(in_use() == use0 + 20 * kMiB);
+  CHECK(d.live_allocations.load() == live0 + 1);
+  CHECK(d.free_count.load() == frees0 + 1);
+  const auto ev = drain_events();
+  REQUIRE(ev.size() == 2);
+  CHECK(ev[0].kind == static_cast<uint8_t>(cuw::ring::EventKind::free));
+  CHECK(ev[0].api == static_cast<uint16_t>(cuw::ring::Api::reused));
+  CHECK(ev[0].address == a);
+  CHECK(ev[0].bytes == 40 * kMiB);
+  CHECK(ev[1].kind == static_cast<uint8_t>(cuw::ring::EventKind::alloc));
+  CHECK(ev[1].bytes == 20 * kMiB);
+  CHECK(ev[1].used_after == d.used.load());
+  CHECK(ev[0].used_after <= ev[1].used_after);  // the old bytes out (the new, capped, were charged first)
+  // The new allocation frees as any other, and the cap has all its room.
+  REQUIRE(cuMemFree(b) == CUDA_SUCCESS);
+  CHECK(in_use() == use0);
+  CHECK(d.live_allocations.load() == live0);
+  REQUIRE(cuMemAllocManaged(&b, 60 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(b) == CUDA_SUCCESS);
 }
 
 TEST_CASE("a primary context's reset stops counting what the driver freed with it", "[ctx_gone]") {

@@ -84,7 +84,11 @@ enum class Api : uint16_t {
   control = 19,      ///< a limit change made from outside (daemon / CLI)
   cuCtxDestroy = 20, ///< freed by the driver with its context (cuCtxDestroy, a primary
                      ///< context's reset or last release): free / host_free events
-  count_ = 21,
+  reused = 21,       ///< free / host_free of an allocation whose address (or handle) the
+                     ///< driver handed out again: it was freed where the hooks did not see
+                     ///< it (a context destroyed on another thread, a path not hooked);
+                     ///< pushed just before the new allocation's event
+  count_ = 22,
 };
 
 /// Stable, human-readable API name for display ("cuMemAlloc" ...); "unknown" when out of range.

@@ -32,6 +32,7 @@ struct ArrayObj {
   uintptr_t block = 0;   // arena block (0: no memory, or owned by a mipmapped array)
   size_t bytes = 0;      // bytes this array takes (a level: its share of the mipmap's block)
   MipArray* owner = nullptr;
+  Context* ctx = nullptr;  // created in; the array dies with it (arrays_free_context)
 };
 
 struct MipArray {
@@ -41,6 +42,7 @@ struct MipArray {
   uintptr_t block = 0;
   size_t bytes = 0;
   std::vector<ArrayObj*> level_arrays;
+  Context* ctx = nullptr;
 };
 
 std::mutex g_mu;
@@ -159,6 +161,7 @@ CUresult create_array(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR& desc, bool fr
   a->desc = desc;
   a->from_2d_api = from_2d_api;
   a->ordinal = ctx->ordinal;
+  a->ctx = ctx;
   if (takes_memory(desc)) {
     size_t block = 0;
     if (CUresult rc = device_alloc(device(ctx->ordinal), bytes, &a->block, &block)) {
@@ -174,6 +177,44 @@ CUresult create_array(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR& desc, bool fr
   *out = reinterpret_cast<CUarray>(a);
   return CUDA_SUCCESS;
 }
+
+}  // namespace
+
+void arrays_free_context(Context* ctx) {
+  std::vector<ArrayObj*> arrays;
+  std::vector<MipArray*> mipmaps;
+  {
+    std::lock_guard lock(g_mu);
+    for (auto it = g_mipmaps.begin(); it != g_mipmaps.end();) {
+      if (it->first->ctx != ctx) {
+        ++it;
+        continue;
+      }
+      for (ArrayObj* l : it->first->level_arrays) g_arrays.erase(l);
+      mipmaps.push_back(it->first);
+      it = g_mipmaps.erase(it);
+    }
+    for (auto it = g_arrays.begin(); it != g_arrays.end();) {
+      if (it->first->ctx != ctx || it->first->owner) {
+        ++it;
+        continue;
+      }
+      arrays.push_back(it->first);
+      it = g_arrays.erase(it);
+    }
+  }
+  for (ArrayObj* a : arrays) {
+    if (a->block) device_free_block(device(a->ordinal), a->block);
+    delete a;
+  }
+  for (MipArray* m : mipmaps) {
+    if (m->block) device_free_block(device(m->ordinal), m->block);
+    for (ArrayObj* l : m->level_arrays) delete l;
+    delete m;
+  }
+}
+
+namespace {
 
 ArrayObj* find_array(CUarray h) {
   auto* a = reinterpret_cast<ArrayObj*>(h);
@@ -350,6 +391,7 @@ FC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARR
   m->desc = desc;
   m->levels = numMipmapLevels;
   m->ordinal = ctx->ordinal;
+  m->ctx = ctx;
   size_t total = 0;
   for (unsigned i = 0; i < numMipmapLevels; ++i) {
     auto* l = new ArrayObj;

@@ -157,8 +157,12 @@ bool table_erase(uintptr_t base, Allocation* out);  // exact start address
 bool table_find(uintptr_t addr, Allocation* out);   // any address inside
 bool table_find_range(uintptr_t addr, size_t bytes, Allocation* out);
 bool table_overlaps(uintptr_t addr, size_t bytes);
-// Frees every cuMemAlloc / cuMemAllocManaged allocation of `ctx` (a primary context reset).
+// Frees every cuMemAlloc / cuMemAllocManaged allocation and every array of `ctx` (its
+// destruction, a primary context's reset or last release).
 void table_free_context(Context* ctx);
+/// Destroy every CUDA array and mipmapped array created in `ctx` (the driver frees them
+/// with their context); arrays.cpp.
+void arrays_free_context(Context* ctx);
 
 // Device memory from the arena, accounted against capacity.
 CUresult device_alloc(Device* d, size_t bytes, uintptr_t* out, size_t* block);

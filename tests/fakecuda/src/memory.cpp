@@ -48,6 +48,7 @@ void table_free_context(Context* ctx) {
     }
   }
   for (const Allocation& a : gone) device_free_block(device(a.ordinal), a.base);
+  arrays_free_context(ctx);
 }
 
 bool table_find_range(uintptr_t addr, size_t bytes, Allocation* out) {
@@ -148,6 +149,7 @@ FC_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned i
   return alloc_device(dptr, bytesize, AllocKind::managed);
 }
 
+// Also fakecuda_free_unseen: the same free under a name no interposer hooks.
 FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   FC_ENTER();
   thrash_caches();
@@ -167,6 +169,8 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   device_free_block(device(a.ordinal), a.base);
   return CUDA_SUCCESS;
 }
+
+FC_API CUresult fakecuda_free_unseen(CUdeviceptr dptr) { return cuMemFree_v2(dptr); }
 
 // The driver documents both out-pointers of cuMemGetInfo as required; drivers have been seen
 // to tolerate a NULL one. Conservative middle: both NULL is CUDA_ERROR_INVALID_VALUE, a single
