@@ -458,6 +458,11 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   s->capacity = cls >= 0 ? static_cast<uint32_t>(seg_bytes / class_size(cls)) : 1;
   s->blocks.reset(new Block[s->capacity]);
   mu_.lock();
+  // An allocation the hooks still count at this address (not the cache's: freed with a
+  // context another thread destroyed a moment ago) was freed: Tracker::count_reused_locked.
+  ipc::LiveRecord stale;
+  const bool reused = tracker_.pointers().take(base, &stale);
+  if (__builtin_expect(reused, 0)) tracker_.count_reused_locked(base, stale, ipc::now_ns());
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
@@ -476,6 +481,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   ipc::locked_add(slot_.reserved, seg_bytes);
   ipc::locked_add(slot_.cached, seg_bytes - b->size);
   mu_.unlock();
+  if (__builtin_expect(reused, 0)) tracker_.job_uncharge(stale.device, stale.bytes);
   return CUDA_SUCCESS;
 }
 

@@ -20,6 +20,7 @@
 using cuw::ipc::LiveRecord;
 using cuw::ipc::Reentry;
 using cuw::ipc::Tracker;
+using cuw::ipc::pooled;
 namespace ring = cuw::ring;
 
 #define CUW_EXPORT extern "C" __attribute__((visibility("default")))
@@ -27,12 +28,6 @@ namespace ring = cuw::ring;
 #define CUW_EXPORT_HOT extern "C" __attribute__((visibility("default"), hot))
 
 namespace {
-
-/// Stream-ordered allocations live in the driver's pools: what the process holds from the
-/// driver for them is the pools' reserve (Tracker::refresh_pools), not their sum.
-bool pooled(ring::Api api) {
-  return api == ring::Api::cuMemAllocAsync || api == ring::Api::cuMemAllocFromPoolAsync;
-}
 
 /// Cap-adjusted (total, free) of a device, as cuMemGetInfo and NVML report them: total is
 /// the cap (or the physical size, if smaller), free is what the cap leaves and never more
@@ -96,20 +91,6 @@ std::unordered_map<uint64_t, CUcontext>& array_owners() {
   return *owners;
 }
 
-/// The driver handed out `key` (an address, or a handle) while the table held a record for
-/// it: the allocation that record counts was freed where the hooks did not see it (with a
-/// context destroyed on another thread before forget_driver_freed reached it, or through a
-/// path not hooked). It is counted freed now (uncharged; a free event, api `reused`, at
-/// `now`), before the new allocation's own event. Lock held; the caller gives the job's
-/// share back after unlocking (job_uncharge). Cold.
-CUW_COLD void count_reused_locked(Tracker& t, uint64_t key, const LiveRecord& stale, uint64_t now) {
-  if (static_cast<unsigned>(stale.device) >= ring::kMaxDevices) return;  // never inserted so
-  ring::DeviceSlot& d = t.header().devices[stale.device];
-  t.uncharge_locked(d, stale.bytes);
-  t.count_free_locked(d, stale.device, stale.bytes, pooled(static_cast<ring::Api>(stale.api)));
-  t.emit_locked(ring::EventKind::free, ring::Api::reused, stale.device, key, stale.bytes, 0, CUDA_SUCCESS, now);
-}
-
 /// No-op for tracked_alloc_in's `on_insert`.
 struct NoInsertHook {
   void operator()(uint64_t) const noexcept {}
@@ -164,7 +145,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
-    if (__builtin_expect(stale.has_value(), 0)) count_reused_locked(t, key, *stale, now);
+    if (__builtin_expect(stale.has_value(), 0)) t.count_reused_locked(key, *stale, now);
     on_insert(key);
     if (!charged) t.count_uncapped_locked(*d, bytes);
     t.count_alloc_locked(*d, ordinal, bytes, pooled(api));

@@ -36,6 +36,12 @@ inline void locked_sub(std::atomic<uint64_t>& c, uint64_t v) noexcept {
   c.store(c.load(std::memory_order_relaxed) - v, std::memory_order_relaxed);
 }
 
+/// Stream-ordered allocations live in the driver's pools: what the process holds from the
+/// driver for them is the pools' reserve (Tracker::refresh_pools), not their sum.
+inline bool pooled(ring::Api api) noexcept {
+  return api == ring::Api::cuMemAllocAsync || api == ring::Api::cuMemAllocFromPoolAsync;
+}
+
 class Tracker;
 /// The calling thread's fast_clock::detail::ThreadState (the reentry depth, the thread id,
 /// the clock's per-thread state), found from the thread pointer and hook::g_hot's
@@ -273,6 +279,15 @@ class Tracker {
   /// CUWARDEN_POOL=cache: the caches (one per CUDA context); nullptr with the pool off.
   /// Lock-free (one load).
   mr::cache_registry* cache() noexcept { return cache_; }
+
+  /// With lock() held: the driver handed out `key` (an address, or a handle) while a live
+  /// table held `stale` for it (LiveTable::insert's `replaced`, or a take): the allocation
+  /// that record counts was freed where the hooks did not see it (with a context destroyed
+  /// on another thread before its sweep reached it, or through a path not hooked). Counted
+  /// freed now: uncharged, a free event (api ring::Api::reused) at `now`, before the new
+  /// allocation's own. The caller calls job_uncharge(stale.device, stale.bytes) after
+  /// unlocking. Cold.
+  void count_reused_locked(uint64_t key, const LiveRecord& stale, uint64_t now) noexcept;
 
   /// The live tables; lock() held to use them.
   LiveTable& pointers() noexcept { return pointers_; }
