@@ -5,6 +5,9 @@
 //   destroy  cuCtxCreate, cuMemAlloc, cuCtxDestroy
 //   release  cuDevicePrimaryCtxRetain, cuMemAlloc, cuDevicePrimaryCtxRelease (the last
 //            reference; the runtime is not used in this process)
+// and the same with CUDA arrays (handles, remembered with their context):
+//   array_reset    cudaMallocArray (32768 x 6144 float4), cudaDeviceReset
+//   array_destroy  cuCtxCreate, cuArray3DCreate (16384 x 16384 x 3 float), cuCtxDestroy
 // Prints one JSON line; exit 0 when every step answered as expected, 1 otherwise.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -57,8 +60,38 @@ int main(int argc, char** argv) {
     step("retain_again", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
     step("3g_again", cuMemAlloc(&b, 3 * kGiB) == CUDA_SUCCESS);
     step("freed", cuMemFree(b) == CUDA_SUCCESS);
+  } else if (mode == "array_reset") {
+    const cudaChannelFormatDesc f4 = cudaCreateChannelDesc<float4>();
+    cudaArray_t a = nullptr, b = nullptr;
+    step("hold_3g", cudaMallocArray(&a, &f4, 32768, 6144) == cudaSuccess);  // 3 GiB
+    step("refused_2g_more", cudaMallocArray(&b, &f4, 32768, 4096) == cudaErrorMemoryAllocation);
+    cudaGetLastError();
+    step("reset", cudaDeviceReset() == cudaSuccess);
+    step("3g_again", cudaMallocArray(&b, &f4, 32768, 6144) == cudaSuccess);
+    step("freed", cudaFreeArray(b) == cudaSuccess);
+  } else if (mode == "array_destroy") {
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    CUarray a = nullptr, b = nullptr;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = 16384;
+    d.Height = 16384;
+    d.Depth = 3;  // 3 GiB of floats
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 1;
+    CUDA_ARRAY3D_DESCRIPTOR more = d;
+    more.Depth = 2;
+    step("init", cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    CUctxCreateParams* params = nullptr;
+    step("create", cuCtxCreate(&ctx, params, 0, dev) == CUDA_SUCCESS);
+    step("hold_3g", cuArray3DCreate(&a, &d) == CUDA_SUCCESS);
+    step("refused_2g_more", cuArray3DCreate(&b, &more) == CUDA_ERROR_OUT_OF_MEMORY);
+    step("destroy", cuCtxDestroy(ctx) == CUDA_SUCCESS);
+    step("retain_again", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    step("3g_again", cuArray3DCreate(&b, &d) == CUDA_SUCCESS);
+    step("freed", cuArrayDestroy(b) == CUDA_SUCCESS);
   } else {
-    std::fprintf(stderr, "usage: ctx_gone reset|destroy|release\n");
+    std::fprintf(stderr, "usage: ctx_gone reset|destroy|release|array_reset|array_destroy\n");
     return 2;
   }
   std::printf("{\"mode\":\"%s\",%s,\"ok\":%s}\n", mode.c_str(), steps.c_str(), ok ? "true" : "false");
