@@ -476,6 +476,50 @@ TEST_CASE("cadv: destroying a stream during another stream's capture records no 
   REQUIRE(cuStreamDestroy(s1) == CUDA_SUCCESS);
 }
 
+TEST_CASE("cadv: work queued on a stream destroyed during a capture still holds back reuse after it",
+          "[cadv_capture_destroy]") {
+  make_context();
+  touch_interposer();
+  CUstream s1 = nullptr, s2 = nullptr;
+  REQUIRE(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  // Reach the idle state (no work since a completed event), so that only s2's work is pending.
+  for (int i = 0; i < 200; ++i) {
+    CUdeviceptr q = 0;
+    REQUIRE(cuMemAlloc(&q, 8192) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+  }
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 8192) == CUDA_SUCCESS);
+  std::atomic<bool> written{false};
+  REQUIRE(slow_fill(s2, p, 0xEE, 8192, 300, &written) == CUDA_SUCCESS);
+  // s2 dies while s1 captures: no event can be recorded on it then.
+  REQUIRE(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s2) == CUDA_SUCCESS);
+  CUgraph g = nullptr;
+  REQUIRE(cuStreamEndCapture(s1, &g) == CUDA_SUCCESS);
+  if (g) cuGraphDestroy(g);
+  // Freed after the capture: its fill (queued before the free, on the dead stream) may not
+  // land in a block handed out again.
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  bool early = false;
+  std::vector<CUdeviceptr> got;
+  for (int i = 0; i < 200; ++i) {
+    CUdeviceptr q = 0;
+    REQUIRE(cuMemAlloc(&q, 8192) == CUDA_SUCCESS);
+    if (q == p && !written.load()) early = true;
+    REQUIRE(cuMemsetD8(q, 0x33, 8192) == CUDA_SUCCESS);
+    got.push_back(q);
+  }
+  while (!written.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK_FALSE(early);
+  int intact = 0;
+  for (CUdeviceptr q : got) intact += all_bytes(q, 8192, 0x33) ? 1 : 0;
+  CHECK(intact == 200);
+  for (CUdeviceptr q : got) REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s1) == CUDA_SUCCESS);
+}
+
 TEST_CASE("cadv: cap pressure during a capture gives nothing back to the driver (no cuMemFree during capture)",
           "[cadv_capture_cap]") {
   make_context();
