@@ -63,6 +63,15 @@ uint64_t fakecuda_call_count(const char* name);
  *  it (as the driver frees a destroyed context's memory). Same results as cuMemFree_v2. */
 CUresult fakecuda_free_unseen(CUdeviceptr dptr);
 
+/** Test hook: `fn(arg)` runs once, on the calling thread with no lock of the simulated
+ *  driver held, inside the next call that reaches point `name`, then the point is disarmed:
+ *  "cuArrayDestroy" (on entry, before the array is looked up) or
+ *  "cuDevicePrimaryCtxGetState" (after it found the primary context inactive, before it
+ *  returns). Lets a test run another thread's calls at an exact moment of a driver call
+ *  (for races between an interposer's bookkeeping and the driver). `fn` NULL disarms.
+ *  One point is armed at a time; arming another replaces it. */
+void fakecuda_pause_in(const char* name, void (*fn)(void*), void* arg);
+
 /** Bytes currently counted against device `ordinal`'s capacity (what cuMemGetInfo subtracts):
  *  cuMemAlloc blocks (512-byte granules), memory-pool reserve, VMM handles, graph memory.
  *  Returns 0 for an unknown ordinal. */

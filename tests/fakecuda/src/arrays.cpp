@@ -346,6 +346,7 @@ FC_API CUresult cuArray3DGetDescriptor(CUDA_ARRAY3D_DESCRIPTOR_v1* pArrayDescrip
 FC_API CUresult cuArrayDestroy(CUarray hArray) {
   FC_ENTER();
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  pause_point("cuArrayDestroy");
   if (CUresult rc = capture_unsafe_call_check()) return rc;
   ArrayObj* a;
   {

@@ -417,8 +417,11 @@ FC_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, in
   if (CUresult rc = check_device(dev)) return rc;
   if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
   Device* d = device(dev);
-  std::lock_guard lock(d->primary_mu);
-  *flags = d->primary_flags;
-  *active = d->primary_refs > 0 ? 1 : 0;
+  {
+    std::lock_guard lock(d->primary_mu);
+    *flags = d->primary_flags;
+    *active = d->primary_refs > 0 ? 1 : 0;
+  }
+  if (!*active) pause_point("cuDevicePrimaryCtxGetState");
   return CUDA_SUCCESS;
 }

@@ -167,3 +167,40 @@ FC_API uint64_t fakecuda_call_count(const char* name) {
   }
   return total;
 }
+
+namespace fc {
+namespace {
+struct PausePoint {
+  std::mutex mu;
+  std::string name;
+  void (*fn)(void*) = nullptr;
+  void* arg = nullptr;
+};
+PausePoint& pause_state() {
+  static auto* p = new PausePoint;  // never destroyed: driver calls may run during exit
+  return *p;
+}
+}  // namespace
+
+void pause_point(const char* name) {
+  void (*fn)(void*) = nullptr;
+  void* arg = nullptr;
+  {
+    PausePoint& p = pause_state();
+    std::lock_guard lock(p.mu);
+    if (!p.fn || p.name != name) return;
+    fn = p.fn;
+    arg = p.arg;
+    p.fn = nullptr;
+  }
+  fn(arg);
+}
+}  // namespace fc
+
+FC_API void fakecuda_pause_in(const char* name, void (*fn)(void*), void* arg) {
+  fc::PausePoint& p = fc::pause_state();
+  std::lock_guard lock(p.mu);
+  p.name = name ? name : "";
+  p.fn = name ? fn : nullptr;
+  p.arg = arg;
+}

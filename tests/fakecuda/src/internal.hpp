@@ -238,4 +238,8 @@ void invalidate_captures_of(Context* ctx);
 
 uint64_t thread_token();
 
+// ---------------------------------------------------------------- counters.cpp
+// Runs the test hook armed for point `name` (fakecuda_pause_in), once. Call with no lock held.
+void pause_point(const char* name);
+
 }  // namespace fc
