@@ -17,6 +17,8 @@
 #include "real.hpp"
 #include "tracker.hpp"
 
+using cuw::ipc::ArrayOwner;
+using cuw::ipc::ArrayOwners;
 using cuw::ipc::LiveRecord;
 using cuw::ipc::Reentry;
 using cuw::ipc::Tracker;
@@ -81,19 +83,18 @@ CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, r
   if (charged) t.job_uncharge(ordinal, bytes);
 }
 
-/// The context each tracked CUDA array and mipmapped array (handle, the table's key) was
-/// created in. The driver frees arrays with their context (CUDA driver API: cuCtxDestroy),
-/// and an array's handle cannot be asked about once it is gone, so forget_arrays_of() finds
-/// them here. Guarded by the tracker's lock (Tracker::lock()), changed in the same critical
-/// sections as the handle table; never destroyed (hooks may run during exit).
-std::unordered_map<uint64_t, CUcontext>& array_owners() {
-  static auto* owners = new std::unordered_map<uint64_t, CUcontext>;
-  return *owners;
-}
-
 /// No-op for tracked_alloc_in's `on_insert`.
 struct NoInsertHook {
   void operator()(uint64_t) const noexcept {}
+};
+
+/// tracked_alloc_in's `on_insert` for a VMM handle (the tracker's lock held): an array
+/// entry left at the same value (an array freed where the hooks did not see it) is
+/// dropped, so that its context's destruction cannot sweep the handle as that array. Cold
+/// unless arrays are in use: one lookup in an empty map otherwise.
+struct ForgetArray {
+  Tracker* t;
+  void operator()(uint64_t key) const noexcept { t->array_owners().forget(key, 0); }
 };
 
 /// Count, call, record in `table`. `call` performs the real allocation and writes *out
@@ -168,20 +169,35 @@ CUW_INLINE CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, bool a
 /// goes back and a driver_error event (the free's API, address and bytes, the driver's
 /// result) says the allocation is still live (cold). `committed`: the free was already
 /// counted, uncharged and its free event pushed (tracked_free's early commit); that is
-/// undone (the bytes are counted again even over a cap: the driver holds them).
+/// undone (the bytes are counted again even over a cap: the driver holds them). Unless
+/// the driver has meanwhile handed `key` out again (recorded by then): `rec`'s allocation
+/// is then gone, and is counted freed (Tracker::count_reused_locked) if not already.
 CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
                         ring::Api api, uint64_t aux, CUresult r, uint64_t now) {
+  std::optional<LiveRecord> other;
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    table.insert(key, rec);
-    ring::DeviceSlot& d = t.header().devices[rec.device];
-    if (committed) {
-      t.count_uncapped_locked(d, rec.bytes);
-      t.uncount_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+    table.insert(key, rec, &other);
+    if (__builtin_expect(other.has_value(), 0)) {
+      // The driver handed `key` out again while this free was in flight (an array freed
+      // with its context, say): the allocation `rec` counts is gone. The new one keeps the
+      // key; ours is counted freed (api reused), unless the free was counted already.
+      table.insert(key, *other);
+      if (!committed) t.count_reused_locked(key, rec, now);
+    } else {
+      ring::DeviceSlot& d = t.header().devices[rec.device];
+      if (committed) {
+        t.count_uncapped_locked(d, rec.bytes);
+        t.uncount_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+      }
+      t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
     }
-    t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
   }
-  if (committed) t.job_force_charge(rec.device, rec.bytes);
+  if (other.has_value()) {
+    if (!committed) t.job_uncharge(rec.device, rec.bytes);
+  } else if (committed) {
+    t.job_force_charge(rec.device, rec.bytes);
+  }
 }
 
 /// Whether a free through `api` of a record `rec` may be counted before its driver call (one
@@ -516,7 +532,8 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
     return real(handle, size, prop, flags);  // host-located memory: not device memory, not capped
   Tracker& t = Tracker::get();
   return tracked_alloc_in(t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
-                          [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; });
+                          [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; },
+                          nullptr, ForgetArray{&t});
 }
 
 CUW_EXPORT CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -712,20 +729,20 @@ namespace {
 /// the driver no longer knows (cuPointerGetAttribute answers CUDA_ERROR_INVALID_VALUE).
 /// Stream-ordered and graph allocations are not asked: pools outlive a context, and the
 /// driver does not know a graph's memory until the graph runs (measured on an H200). CUDA
-/// arrays are handles and cannot be asked: those created in `ctx` (array_owners(); nullptr:
-/// not known) are counted freed (forget_arrays_of). VMM handles (cuMemCreate) outlive a
-/// context and stay counted until released. Every key is asked
+/// arrays are handles and cannot be asked: those in `arrays` (the context's, taken by
+/// arrays_of() before the driver call) are counted freed (forget_arrays_of). VMM handles
+/// (cuMemCreate) outlive a context and stay counted until released. Every key is asked
 /// without the tracker's lock; one that looks gone is asked again and taken under it, so
 /// that an address the driver has handed out again meanwhile (known again) is left to its
 /// new owner. Not once cuwarden's atexit handler has run (Tracker::exiting: nothing is
 /// capped any more). Cold: one driver query per live record.
-CUW_COLD void forget_arrays_of(Tracker& t, CUcontext ctx, uint64_t now);
+CUW_COLD void forget_arrays_of(Tracker& t, const ArrayOwners::Snapshot& arrays, uint64_t now);
 
-CUW_COLD void forget_driver_freed(Tracker& t, CUcontext ctx) {
+CUW_COLD void forget_driver_freed(Tracker& t, const ArrayOwners::Snapshot& arrays) {
   auto query = REAL(cuPointerGetAttribute);
   if (t.exiting()) return;
   const uint64_t now = cuw::ipc::now_ns();
-  if (ctx) forget_arrays_of(t, ctx, now);
+  forget_arrays_of(t, arrays, now);
   if (!query) return;
   std::vector<uint64_t> dev_keys, host_keys;
   {
@@ -769,31 +786,60 @@ CUW_COLD void forget_driver_freed(Tracker& t, CUcontext ctx) {
   }
 }
 
-/// The arrays the driver destroyed with context `ctx` (array_owners()): counted freed
-/// (uncharged; free events with api cuCtxDestroy at `now`), in one critical section with
-/// their owner entries, so that an array created meanwhile in another context and handed a
-/// freed handle (its owner entry rewritten, the stale record counted by
-/// count_reused_locked) is left to its new owner. Cold; allocates nothing.
-CUW_COLD void forget_arrays_of(Tracker& t, CUcontext ctx, uint64_t now) {
+/// The arrays of context `ctx` (key, serial), taken just before the driver call that may
+/// destroy it, for forget_arrays_of() after it. An array created by another thread between
+/// this and the driver call, in the same context, is not in it (it stays counted: an
+/// over-count, for a program that creates arrays in a context it is destroying); one created
+/// after the call, in a context that took the handle over, is never in it. Empty if memory
+/// ran out (the arrays then stay counted until destroyed). Cold: walks every array.
+CUW_COLD ArrayOwners::Snapshot arrays_of(Tracker& t, CUcontext ctx) noexcept {
+  ArrayOwners::Snapshot snap;
+  if (!ctx) return snap;
+  try {
+    for (;;) {  // room first, without the lock; again should the map have grown meanwhile
+      size_t n = 0;
+      {
+        std::lock_guard<cuw::spin_lock> lk(t.lock());
+        n = t.array_owners().size();
+      }
+      if (n == 0) return snap;
+      snap.reserve(n + 16);
+      std::lock_guard<cuw::spin_lock> lk(t.lock());
+      if (t.array_owners().snapshot(ctx, snap)) return snap;
+    }
+  } catch (...) {
+    return {};
+  }
+}
+
+/// The arrays in `arrays` (arrays_of()), destroyed by the driver with their context: each
+/// still remembered under the same serial is counted freed (uncharged; a free event with api
+/// cuCtxDestroy at `now`) and forgotten, in one critical section per sweep. One whose entry
+/// is gone or carries another serial was destroyed meanwhile, or its handle now names a new
+/// array: left alone. One whose record a destroy in flight has taken (cuArrayDestroy racing
+/// the context's end) is marked ctx_gone: that destroy, refused by the driver, counts it
+/// (tracked_array_destroy). Cold; frees the entries' nodes under the lock.
+CUW_COLD void forget_arrays_of(Tracker& t, const ArrayOwners::Snapshot& arrays, uint64_t now) {
+  if (arrays.empty()) return;
   std::array<uint64_t, ring::kMaxDevices> job_back{};  // the jobs' shares, given back after unlocking
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    auto& owners = array_owners();
-    for (auto it = owners.begin(); it != owners.end();) {
-      if (it->second != ctx) {
-        ++it;
+    ArrayOwners& owners = t.array_owners();
+    for (const auto& [key, serial] : arrays) {
+      ArrayOwner* o = owners.find(key);
+      if (!o || o->serial != serial) continue;
+      LiveRecord rec;
+      if (!t.handles().take(key, &rec)) {
+        o->ctx_gone = true;
         continue;
       }
-      LiveRecord rec;
-      if (t.handles().take(it->first, &rec) && static_cast<unsigned>(rec.device) < ring::kMaxDevices) {
-        ring::DeviceSlot& d = t.header().devices[rec.device];
-        t.uncharge_locked(d, rec.bytes);
-        t.count_free_locked(d, rec.device, rec.bytes, false);
-        t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, it->first, rec.bytes, 0,
-                      CUDA_SUCCESS, now);
-        job_back[rec.device] += rec.bytes;
-      }
-      it = owners.erase(it);
+      owners.forget(key, serial);
+      if (static_cast<unsigned>(rec.device) >= ring::kMaxDevices) continue;
+      ring::DeviceSlot& d = t.header().devices[rec.device];
+      t.uncharge_locked(d, rec.bytes);
+      t.count_free_locked(d, rec.device, rec.bytes, false);
+      t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS, now);
+      job_back[rec.device] += rec.bytes;
     }
   }
   for (uint32_t i = 0; i < ring::kMaxDevices; ++i)
@@ -808,9 +854,13 @@ CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
   Tracker* t = g.nested() || !ctx ? nullptr : Tracker::instance_if_created();
   if (!t) return real(ctx);  // nothing counted yet
   CUresult r = CUDA_SUCCESS;
-  auto destroy = [&] { return (r = real(ctx)) == CUDA_SUCCESS; };
+  ArrayOwners::Snapshot arrays;  // ctx's arrays, taken just before the driver call
+  auto destroy = [&] {
+    arrays = arrays_of(*t, ctx);
+    return (r = real(ctx)) == CUDA_SUCCESS;
+  };
   const bool gone = t->cache() ? t->cache()->context_destroy([ctx] { return ctx; }, destroy) : destroy();
-  if (gone) forget_driver_freed(*t, ctx);
+  if (gone) forget_driver_freed(*t, arrays);
   return r;
 }
 
@@ -852,8 +902,10 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
   if (!t) return call();
   CUresult r = CUDA_SUCCESS;
   CUcontext primary = nullptr;  // the context destroyed, if the call destroys it
+  ArrayOwners::Snapshot arrays;  // its arrays, taken just before the call
   auto which = [&] { return primary = active_primary(dev); };
   auto run = [&] {
+    arrays = arrays_of(*t, primary);
     r = call();
     return r == CUDA_SUCCESS && primary != nullptr && (reset || primary_gone(dev));
   };
@@ -864,7 +916,7 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
     which();
     gone = run();
   }
-  if (gone) forget_driver_freed(*t, primary);
+  if (gone) forget_driver_freed(*t, arrays);
   return r;
 }
 }  // namespace
@@ -959,50 +1011,66 @@ CUcontext current_context() {
   return get && get(&c) == CUDA_SUCCESS ? c : nullptr;
 }
 
-/// tracked_alloc_in's `on_insert` for an array: remember its context (the tracker's lock
-/// held). Without memory for the entry the array is not forgotten with its context (it
-/// stays counted until destroyed: an over-count, never an under-count).
+/// tracked_alloc_in's `on_insert` for an array: remember it in the context `node` holds
+/// (made before the lock; the tracker's lock held here). Without memory for the entry the
+/// array is not forgotten with its context (it stays counted until destroyed: an
+/// over-count, never an under-count).
 struct RememberArray {
-  CUcontext owner;
-  void operator()(uint64_t key) const noexcept {
-    try {
-      array_owners()[key] = owner;
-    } catch (...) {
-    }
-  }
+  Tracker* t;
+  ArrayOwners::Node* node;  // consumed, or left for the caller to free after unlocking
+  void operator()(uint64_t key) const noexcept { t->array_owners().remember(key, *node); }
 };
 
 /// A tracked array allocation: the context asked before the call, remembered with the record.
 template <class Call, class Handle>
 CUresult tracked_array_create(Tracker& t, ring::Api api, int ordinal, uint64_t bytes, Call&& call,
                               Handle* handle_out) {
-  const CUcontext owner = current_context();
+  ArrayOwners::Node node = ArrayOwners::make_node(current_context());  // freed here if unused
   return tracked_alloc_in(
       t, t.handles(), api, ordinal, false, bytes, 0, call,
-      [handle_out] { return reinterpret_cast<uint64_t>(*handle_out); }, nullptr, RememberArray{owner});
+      [handle_out] { return reinterpret_cast<uint64_t>(*handle_out); }, nullptr, RememberArray{&t, &node});
 }
 
-/// A destroy of array `key` through tracked_free: the owner entry goes first (one lock);
-/// should the driver refuse the destroy, the array is still the driver's and the entry
-/// comes back (nobody else can be handed the handle meanwhile).
+/// A destroy of array `key` through tracked_free. Its owner entry stays while the driver
+/// call runs, so that a destruction of its context meanwhile finds it (forget_arrays_of).
+/// Destroyed: the entry goes, if it is still this array's (same serial; a new array may
+/// have been handed the handle since). Refused by the driver, with the entry marked
+/// ctx_gone: the context was destroyed while this call ran and freed the array with it,
+/// so the record keep_live put back is counted freed (api cuCtxDestroy). Refused
+/// otherwise: the array is still the driver's, and stays counted and remembered.
 template <class Call>
 CUresult tracked_array_destroy(Tracker& t, uint64_t key, ring::Api api, Call&& call) {
-  CUcontext owner = nullptr;
-  bool had = false;
+  uint64_t serial = 0;
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    auto& owners = array_owners();
-    if (auto it = owners.find(key); it != owners.end()) {
-      owner = it->second;
-      had = true;
-      owners.erase(it);
-    }
+    if (const ArrayOwner* o = t.array_owners().find(key)) serial = o->serial;
   }
   const CUresult r = tracked_free(t, t.handles(), key, api, 0, call);
-  if (r != CUDA_SUCCESS && had) {
+  if (serial == 0) return r;
+  ArrayOwners::Node dead;  // a removed entry, freed after unlocking
+  LiveRecord rec;
+  bool took = false;
+  const uint64_t now = r == CUDA_SUCCESS ? 0 : cuw::ipc::now_ns();
+  {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    RememberArray{owner}(key);
+    ArrayOwners& owners = t.array_owners();
+    const ArrayOwner* o = owners.find(key);
+    if (o && o->serial == serial && (r == CUDA_SUCCESS || o->ctx_gone)) {
+      const bool ctx_gone = r != CUDA_SUCCESS;
+      owners.forget(key, serial, &dead);
+      if (ctx_gone) {
+        took = t.handles().take(key, &rec) && static_cast<unsigned>(rec.device) < ring::kMaxDevices;
+        if (took) {
+          ring::DeviceSlot& d = t.header().devices[rec.device];
+          t.uncharge_locked(d, rec.bytes);
+          t.count_free_locked(d, rec.device, rec.bytes, false);
+          t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
+                        now);
+        }
+      }
+    }
   }
+  if (took) t.job_uncharge(rec.device, rec.bytes);
   return r;
 }
 

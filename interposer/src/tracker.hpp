@@ -12,6 +12,7 @@
 
 #include <cuda.h>
 
+#include "array_owners.hpp"
 #include "config.hpp"
 #include "cuw/attrs.hpp"
 #include "fast_clock.hpp"
@@ -293,6 +294,9 @@ class Tracker {
   LiveTable& pointers() noexcept { return pointers_; }
   LiveTable& handles() noexcept { return handles_; }  ///< VMM handles, arrays
   LiveTable& host() noexcept { return host_; }        ///< pinned / registered host memory
+  /// The context of each array in handles() (array_owners.hpp); lock() held to use it. A
+  /// forked child's tracker starts with none (its parent's are not its own).
+  ArrayOwners& array_owners() noexcept { return *array_owners_; }
   const Config& config() const noexcept { return config_; }
   ring::RingHeader& header() noexcept { return *header_; }
 
@@ -376,6 +380,7 @@ class Tracker {
   std::unique_ptr<mr::cache_registry> cache_owner_;
   LiveTable handles_;
   LiveTable host_;
+  std::unique_ptr<ArrayOwners> array_owners_ = std::make_unique<ArrayOwners>();  ///< never null
 };
 
 /// Thread-local re-entrancy guard: a hook entered from inside another hook on the same

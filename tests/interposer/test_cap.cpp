@@ -2,6 +2,8 @@
 // Exact at the byte, never passed under concurrency, reported by cuMemGetInfo.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <latch>
 #include <random>
 #include <thread>
@@ -117,7 +119,7 @@ TEST_CASE("16 threads allocating and freeing never pass the cap and end with exa
   REQUIRE(cuCtxGetCurrent(&ctx) == CUDA_SUCCESS);
 
   constexpr int kThreads = 16;
-  constexpr int kIters = 3000;
+  constexpr int kIters = 2000;
   // Catch2's assertions are not thread-safe: the workers count failures, the test checks them.
   std::atomic<uint64_t> ok{0}, refused{0}, over_cap_seen{0}, unexpected{0};
   std::vector<std::thread> threads;
@@ -399,4 +401,228 @@ TEST_CASE("a primary context's reset stops counting what the driver freed with i
   CUdeviceptr b = 0;
   REQUIRE(cuMemAllocManaged(&b, 60 * kMiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);  // the cap's room is back
   REQUIRE(cuMemFree(b) == CUDA_SUCCESS);
+}
+
+// ---- races between a context's destruction and its arrays ----------------------------------
+
+namespace {
+/// Runs `work` on another thread from inside a paused driver call (fakecuda_pause_in),
+/// waiting up to half a second for it: work that blocks on a lock the paused call's caller
+/// holds finishes after the call instead. join() waits for it either way.
+struct Meanwhile {
+  std::function<void()> work;
+  std::thread thread;
+  std::atomic<bool> done{false};
+  static void run(void* self) {
+    auto* m = static_cast<Meanwhile*>(self);
+    m->thread = std::thread([m] {
+      m->work();
+      m->done.store(true);
+    });
+    for (int i = 0; i < 500 && !m->done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+};
+}  // namespace
+
+// Thread B makes the primary context active again and creates an array in it after A's
+// release destroyed it and found it inactive, before A counts the old context's arrays
+// freed (the simulated driver pauses A there; with CUWARDEN_POOL=cache B's retain waits for
+// the release's check and then races A's sweep). The primary keeps its handle, but B's
+// array is not the old context's: it stays counted, and the old array is counted freed.
+TEST_CASE("a primary context's release counts its own arrays freed, not those of its next activation",
+          "[ctx_gone_race]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  // The program's bytes (used - cached): the release also frees what the cache keeps.
+  auto own = [&d] { return d.used.load() - d.cached.load(); };
+  const uint64_t live0 = d.live_allocations.load(), own0 = own();
+  const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
+  CUarray old = nullptr;
+  REQUIRE(cuArrayCreate(&old, &small) == CUDA_SUCCESS);  // freed by the driver with the primary
+  REQUIRE(d.live_allocations.load() == live0 + 1);
+  CUarray fresh = nullptr;
+  CUresult made = CUDA_ERROR_UNKNOWN;
+  Meanwhile b;
+  b.work = [&] {
+    CUcontext p = nullptr;
+    if (cuDevicePrimaryCtxRetain(&p, dev) == CUDA_SUCCESS && cuCtxSetCurrent(p) == CUDA_SUCCESS)
+      made = cuArrayCreate(&fresh, &small);
+  };
+  fakecuda_pause_in("cuDevicePrimaryCtxGetState", &Meanwhile::run, &b);
+  REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // make_context's reference, the last
+  b.join();
+  fakecuda_pause_in(nullptr, nullptr, nullptr);
+  REQUIRE(made == CUDA_SUCCESS);
+  CHECK(d.live_allocations.load() == live0 + 1);  // B's array; the old one is gone
+  REQUIRE(cuArrayDestroy(fresh) == CUDA_SUCCESS);
+  CHECK(d.live_allocations.load() == live0);
+  CHECK(own() == own0);
+}  // B's retain is the primary's reference now, as make_context's was
+
+// cuArrayDestroy(H) on thread A; H's context X destroyed by thread B while A's driver call
+// runs, before it finds H (the simulated driver pauses A there). The driver freed H with X
+// and refuses A's destroy (CUDA_ERROR_INVALID_HANDLE): H is counted freed once, not kept
+// counted forever (the record A took out is out of the table while B counts X's arrays).
+TEST_CASE("an array destroy its context's destruction overtakes counts the array freed once", "[ctx_gone_race]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  CUcontext primary = nullptr;
+  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  const uint64_t live0 = d.live_allocations.load(), used0 = d.used.load(), frees0 = d.free_count.load();
+  const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
+  CUcontext x = nullptr;
+  REQUIRE(cuCtxCreate(&x, nullptr, 0, dev) == CUDA_SUCCESS);
+  CUarray h = nullptr;
+  REQUIRE(cuArrayCreate(&h, &small) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+  REQUIRE(d.live_allocations.load() == live0 + 1);
+  CUresult destroyed = CUDA_ERROR_UNKNOWN;
+  Meanwhile b;
+  b.work = [&] { destroyed = cuCtxDestroy(x); };
+  fakecuda_pause_in("cuArrayDestroy", &Meanwhile::run, &b);
+  CHECK(cuArrayDestroy(h) == CUDA_ERROR_INVALID_HANDLE);  // the context took it first
+  b.join();
+  fakecuda_pause_in(nullptr, nullptr, nullptr);
+  REQUIRE(destroyed == CUDA_SUCCESS);
+  CHECK(d.live_allocations.load() == live0);
+  CHECK(d.used.load() == used0);
+  CHECK(d.free_count.load() == frees0 + 1);
+}
+
+// A primary context keeps its handle when it is destroyed and made active again (the
+// simulated driver, like the real one, hands out the same CUcontext). Thread B retains the
+// primary right after thread A's release destroyed it, and creates an array in it: that array
+// is live (the driver holds it), so it stays counted, whenever A's sweep of the old
+// context's arrays runs. Matching arrays by context handle alone counted it freed.
+TEST_CASE("an array created in a primary context another thread made active again stays counted",
+          "[ctx_gone_race]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  CUcontext primary = nullptr;
+  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // make_context's reference: refs 0
+  const uint64_t live0 = d.live_allocations.load();
+  const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
+  constexpr int kIters = 20000;
+  // Per iteration: A retains (refs 1) and signals go; A releases (destroying the primary
+  // unless B retained first) while B retains and creates an array; when both are done, B
+  // checks that its live array is counted, destroys it and releases.
+  std::atomic<int> go{0}, made{0}, check{0}, done{0};
+  std::atomic<uint64_t> swept_live{0}, created{0}, unexpected{0};
+  std::thread b([&] {
+    for (int i = 1; i <= kIters; ++i) {
+      while (go.load() != i) {
+      }
+      for (int s = 0; s < (i % 64) * 8; ++s) __asm__ volatile("" ::: "memory");  // sweep the window
+      CUcontext p = nullptr;
+      if (cuDevicePrimaryCtxRetain(&p, dev) != CUDA_SUCCESS || p != primary) ++unexpected;
+      if (i == 1 && cuCtxSetCurrent(p) != CUDA_SUCCESS) ++unexpected;
+      CUarray h = nullptr;
+      const CUresult r = cuArrayCreate(&h, &small);
+      made.store(i);
+      while (check.load() != i) {
+      }
+      if (r == CUDA_SUCCESS) {
+        ++created;
+        // The array is the driver's (its destroy below succeeds): it must be counted.
+        if (d.live_allocations.load() != live0 + 1) ++swept_live;
+        if (cuArrayDestroy(h) != CUDA_SUCCESS) ++unexpected;
+      } else {
+        ++unexpected;
+      }
+      if (cuDevicePrimaryCtxRelease(dev) != CUDA_SUCCESS) ++unexpected;
+      done.store(i);
+    }
+  });
+  for (int i = 1; i <= kIters; ++i) {
+    CUcontext p = nullptr;
+    REQUIRE(cuDevicePrimaryCtxRetain(&p, dev) == CUDA_SUCCESS);  // active, refs 1
+    go.store(i);
+    REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // destroys it unless B retained first
+    while (made.load() != i) {
+    }
+    check.store(i);  // A's release (and its sweep) is over
+    while (done.load() != i) {
+    }
+  }
+  b.join();
+  REQUIRE(cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS);
+  CHECK(unexpected.load() == 0);
+  CHECK(created.load() == kIters);
+  CHECK(swept_live.load() == 0);
+  CHECK(d.live_allocations.load() == live0);
+}
+
+// cuArrayDestroy(H) on one thread racing cuCtxDestroy(X) (H's context) on another. Whoever
+// reaches the driver first frees H; either way H is gone and stops counting. When the
+// context wins, the array destroy fails (CUDA_ERROR_INVALID_HANDLE) while its record is out
+// of the table; the record put back is then counted freed, not kept forever.
+TEST_CASE("an array destroy that loses to its context's destruction is counted freed",
+          "[ctx_gone_race]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  CUcontext primary = nullptr;
+  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  const uint64_t live0 = d.live_allocations.load(), used0 = d.used.load();
+  const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
+  constexpr int kIters = 2000;
+  std::atomic<int> go{0}, a_done{0}, b_done{0};
+  std::atomic<CUarray> arr{nullptr};
+  std::atomic<CUcontext> ctx{nullptr};
+  std::atomic<uint64_t> lost_to_ctx{0}, unexpected{0};
+  std::thread a([&] {
+    for (int i = 1; i <= kIters; ++i) {
+      while (go.load() != i) {
+      }
+      for (int s = 0; s < (i % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
+      const CUresult r = cuArrayDestroy(arr.load());
+      if (r == CUDA_ERROR_INVALID_HANDLE) ++lost_to_ctx;
+      else if (r != CUDA_SUCCESS) ++unexpected;
+      a_done.store(i);
+    }
+  });
+  std::thread b([&] {
+    for (int i = 1; i <= kIters; ++i) {
+      while (go.load() != i) {
+      }
+      for (int s = 0; s < ((i / 32) % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
+      if (cuCtxDestroy(ctx.load()) != CUDA_SUCCESS) ++unexpected;
+      b_done.store(i);
+    }
+  });
+  uint64_t drift_at = 0;
+  for (int i = 1; i <= kIters; ++i) {
+    CUcontext x = nullptr;
+    REQUIRE(cuCtxCreate(&x, nullptr, 0, dev) == CUDA_SUCCESS);
+    CUarray h = nullptr;
+    REQUIRE(cuArrayCreate(&h, &small) == CUDA_SUCCESS);
+    REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
+    ctx.store(x);
+    arr.store(h);
+    go.store(i);
+    while (a_done.load() != i || b_done.load() != i) {
+    }
+    if (!drift_at && d.live_allocations.load() != live0) drift_at = static_cast<uint64_t>(i);
+  }
+  a.join();
+  b.join();
+  WARN("array destroys that lost to the context: " << lost_to_ctx.load() << "; first drift at iteration " << drift_at);
+  CHECK(unexpected.load() == 0);
+  CHECK(d.live_allocations.load() == live0);
+  CHECK(d.used.load() == used0);
 }
