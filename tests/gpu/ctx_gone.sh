@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cuwarden GPU test: memory the driver frees with a context stops counting against the cap
 # (cudaDeviceReset, cuCtxDestroy, the last cuDevicePrimaryCtxRelease; device memory and CUDA
-# arrays), under --pool off and --pool cache, with a 4 GiB cap. One call on a CUDA machine with 8 GiB free on device 0;
+# arrays; a primary context made active again keeps counting its new arrays), under --pool
+# off and --pool cache, with a 4 GiB cap. One call on a CUDA machine with 8 GiB free on device 0;
 # builds tests/gpu/ctx_gone/ctx_gone.cu with the machine's nvcc into a temporary directory.
 #
 #   BUILD_DIR=<dir> OUT=<dir> bash tests/gpu/ctx_gone.sh
@@ -32,7 +33,7 @@ fail=0
   echo "| case | pool | result |"
   echo "| --- | --- | --- |"
 } >"$OUT_DIR/ctx-gone.md"
-for mode in reset destroy release array_reset array_destroy; do
+for mode in reset destroy release array_reset array_destroy array_release; do
   for pool in off cache; do
     line=$(timeout 120 env LD_PRELOAD="$LIB" CUWARDEN_LIMIT=4G CUWARDEN_POOL=$pool "$WORK/ctx_gone" "$mode" 2>"$WORK/err" | tail -1)
     rc=$?

@@ -8,6 +8,9 @@
 // and the same with CUDA arrays (handles, remembered with their context):
 //   array_reset    cudaMallocArray (32768 x 6144 float4), cudaDeviceReset
 //   array_destroy  cuCtxCreate, cuArray3DCreate (16384 x 16384 x 3 float), cuCtxDestroy
+//   array_release  cuDevicePrimaryCtxRetain, cuArray3DCreate, the last release; then the
+//                  primary made active again (the same handle: "same_handle", recorded, not
+//                  judged) holds a new 3 GiB array that counts (2 GiB more refused)
 // Prints one JSON line; exit 0 when every step answered as expected, 1 otherwise.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -90,8 +93,34 @@ int main(int argc, char** argv) {
     step("retain_again", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
     step("3g_again", cuArray3DCreate(&b, &d) == CUDA_SUCCESS);
     step("freed", cuArrayDestroy(b) == CUDA_SUCCESS);
+  } else if (mode == "array_release") {
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr, again = nullptr;
+    CUarray a = nullptr, b = nullptr;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = 16384;
+    d.Height = 16384;
+    d.Depth = 3;  // 3 GiB of floats
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 1;
+    CUDA_ARRAY3D_DESCRIPTOR more = d;
+    more.Depth = 2;
+    step("init", cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    step("retain", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    step("hold_3g", cuArray3DCreate(&a, &d) == CUDA_SUCCESS);
+    step("refused_2g_more", cuArray3DCreate(&b, &more) == CUDA_ERROR_OUT_OF_MEMORY);
+    step("release", cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);
+    unsigned flags = 0;
+    int active = 1;
+    step("inactive", cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active);
+    step("retain_again", cuDevicePrimaryCtxRetain(&again, dev) == CUDA_SUCCESS && cuCtxSetCurrent(again) == CUDA_SUCCESS);
+    steps += std::string(",\"same_handle\":") + (again == ctx ? "true" : "false");  // a fact, not judged
+    step("3g_again", cuArray3DCreate(&b, &d) == CUDA_SUCCESS);
+    CUarray c = nullptr;
+    step("refused_2g_more_again", cuArray3DCreate(&c, &more) == CUDA_ERROR_OUT_OF_MEMORY);
+    step("freed", cuArrayDestroy(b) == CUDA_SUCCESS);
   } else {
-    std::fprintf(stderr, "usage: ctx_gone reset|destroy|release|array_reset|array_destroy\n");
+    std::fprintf(stderr, "usage: ctx_gone reset|destroy|release|array_reset|array_destroy|array_release\n");
     return 2;
   }
   std::printf("{\"mode\":\"%s\",%s,\"ok\":%s}\n", mode.c_str(), steps.c_str(), ok ? "true" : "false");
