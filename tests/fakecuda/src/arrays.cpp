@@ -11,7 +11,9 @@
 // application maps memory into them later), as on the real driver.
 //
 // Handles are validated against a table, so a stale or foreign handle is
-// CUDA_ERROR_INVALID_HANDLE, never a crash. The level arrays of a mipmapped array belong to it:
+// CUDA_ERROR_INVALID_HANDLE, never a crash. A destroyed array's handle is handed out again by
+// a later cuArrayCreate / cuArray3DCreate, the last destroyed first (a driver recycles its
+// handles; an interposer must not take a new array for the old one). The level arrays of a mipmapped array belong to it:
 // cuArrayDestroy on one is CUDA_ERROR_INVALID_HANDLE; they die with cuMipmappedArrayDestroy.
 #include <algorithm>
 #include <cstring>
@@ -48,6 +50,27 @@ struct MipArray {
 std::mutex g_mu;
 auto& g_arrays = *new std::unordered_map<ArrayObj*, bool>;   // never destroyed
 auto& g_mipmaps = *new std::unordered_map<MipArray*, bool>;  // never destroyed
+auto& g_recycled = *new std::vector<ArrayObj*>;  // destroyed arrays' objects (g_mu); never destroyed
+
+// A fresh array object: a destroyed one's, the last destroyed first, else a new one.
+ArrayObj* fresh_array() {
+  {
+    std::lock_guard lock(g_mu);
+    if (!g_recycled.empty()) {
+      ArrayObj* a = g_recycled.back();
+      g_recycled.pop_back();
+      *a = ArrayObj{};
+      return a;
+    }
+  }
+  return new ArrayObj;
+}
+
+// Gives back a destroyed array's object (not a mipmap's level), for fresh_array().
+void recycle_array(ArrayObj* a) {
+  std::lock_guard lock(g_mu);
+  g_recycled.push_back(a);
+}
 
 constexpr size_t kAlign = Arena::kAlign;
 size_t round_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
@@ -157,7 +180,7 @@ CUresult create_array(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR& desc, bool fr
   size_t bytes = extent_bytes(desc.Width, desc.Height, desc.Depth, elem);
   if (!bytes) return CUDA_ERROR_OUT_OF_MEMORY;  // more than any address space holds
   if (CUresult rc = capture_unsafe_call_check()) return rc;
-  auto* a = new ArrayObj;
+  ArrayObj* a = fresh_array();
   a->desc = desc;
   a->from_2d_api = from_2d_api;
   a->ordinal = ctx->ordinal;
@@ -165,7 +188,7 @@ CUresult create_array(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR& desc, bool fr
   if (takes_memory(desc)) {
     size_t block = 0;
     if (CUresult rc = device_alloc(device(ctx->ordinal), bytes, &a->block, &block)) {
-      delete a;
+      recycle_array(a);
       return rc;
     }
     a->bytes = block;
@@ -205,7 +228,7 @@ void arrays_free_context(Context* ctx) {
   }
   for (ArrayObj* a : arrays) {
     if (a->block) device_free_block(device(a->ordinal), a->block);
-    delete a;
+    recycle_array(a);
   }
   for (MipArray* m : mipmaps) {
     if (m->block) device_free_block(device(m->ordinal), m->block);
@@ -349,15 +372,22 @@ FC_API CUresult cuArrayDestroy(CUarray hArray) {
   pause_point("cuArrayDestroy");
   if (CUresult rc = capture_unsafe_call_check()) return rc;
   ArrayObj* a;
+  bool known = false;
   {
     std::lock_guard lock(g_mu);
     a = reinterpret_cast<ArrayObj*>(hArray);
     auto it = g_arrays.find(a);
-    if (it == g_arrays.end() || a->owner) return CUDA_ERROR_INVALID_HANDLE;
-    g_arrays.erase(it);
+    if (it != g_arrays.end() && !a->owner) {
+      g_arrays.erase(it);
+      known = true;
+    }
+  }
+  if (!known) {
+    pause_point("cuArrayDestroy refused");
+    return CUDA_ERROR_INVALID_HANDLE;
   }
   if (a->block) device_free_block(device(a->ordinal), a->block);
-  delete a;
+  recycle_array(a);
   return CUDA_SUCCESS;
 }
 
