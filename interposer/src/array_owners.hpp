@@ -30,10 +30,12 @@ struct ArrayOwner {
 };
 
 /// Array handle -> ArrayOwner. Not thread-safe: the interposer calls it under the
-/// tracker's lock (Tracker::lock()). Allocation happens outside the lock where the callers
-/// allow it: a node is made before the lock (make_node) and a removed one is handed back to
-/// be freed after it (forget's `dead`); a destruction's sweep frees nodes under the lock
-/// (cold). Memory: one heap node (about 48 bytes) per live array.
+/// tracker's lock (Tracker::lock()). An array's create and destroy allocate and free
+/// outside the lock: a node is made before it (make_node) and a removed one is handed back
+/// to be freed after it (forget's `dead`). Under the lock, rarely: the map's bucket array
+/// grows in remember(), and forget() without `dead` frees a node (a destruction's sweep; a
+/// VMM handle handed out at an array's old value). Memory: one heap node (about 48 bytes)
+/// per live array.
 class ArrayOwners {
  public:
   using Map = std::unordered_map<uint64_t, ArrayOwner>;
@@ -54,16 +56,20 @@ class ArrayOwners {
   }
 
   /// Lock held. Remember array `key` in the context `node` holds, under a fresh serial
-  /// (returned; 0 when `node` is empty or the map could not grow). An entry already at
-  /// `key` (a handle the driver handed out again) is overwritten; `node` is then left
-  /// unused, for the caller to free after unlocking.
+  /// (returned; 0 when the array could not be remembered: `node` empty, or the map could
+  /// not grow). An entry already at `key` (a handle the driver handed out again) is
+  /// overwritten, and `node` left unused, for the caller to free after unlocking. When the
+  /// array cannot be remembered, such an entry still gets a fresh serial and no context, so
+  /// that no snapshot taken before matches it: a destruction of the old context must not
+  /// count the new array freed.
   uint64_t remember(uint64_t key, Node& node) noexcept {
-    if (node.empty()) return 0;
     const uint64_t serial = ++serial_;
-    if (auto it = map_.find(key); it != map_.end()) {
-      it->second = ArrayOwner{node.mapped().ctx, serial, false};
-      return serial;
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      it->second = ArrayOwner{node.empty() ? nullptr : node.mapped().ctx, serial, false};
+      return node.empty() ? 0 : serial;
     }
+    if (node.empty()) return 0;
     node.key() = key;
     node.mapped().serial = serial;
     try {
@@ -94,14 +100,14 @@ class ArrayOwners {
     return true;
   }
 
-  /// Lock held. Appends (key, serial) of every entry remembered in `ctx` and not marked
-  /// ctx_gone. Returns false, with nothing appended, if `out` has no room for them all (its
-  /// capacity is not grown here: call reserve_hint() and reserve without the lock, then
-  /// again).
+  /// Lock held. Appends (key, serial) of every entry remembered in `ctx` (not nullptr) and
+  /// not marked ctx_gone. Returns false, with nothing appended, if `out` has no room for
+  /// them all (its capacity is not grown here: reserve size() more without the lock, then
+  /// call again). Walks every entry.
   bool snapshot(CUcontext ctx, Snapshot& out) const noexcept {
     const size_t at = out.size();
     for (const auto& [key, owner] : map_) {
-      if (owner.ctx != ctx || owner.ctx_gone) continue;
+      if (owner.ctx != ctx || ctx == nullptr || owner.ctx_gone) continue;
       if (out.size() == out.capacity()) {
         out.resize(at);
         return false;

@@ -90,8 +90,8 @@ struct NoInsertHook {
 
 /// tracked_alloc_in's `on_insert` for a VMM handle (the tracker's lock held): an array
 /// entry left at the same value (an array freed where the hooks did not see it) is
-/// dropped, so that its context's destruction cannot sweep the handle as that array. Cold
-/// unless arrays are in use: one lookup in an empty map otherwise.
+/// dropped (its node freed under the lock: rare), so that its context's destruction cannot
+/// sweep the handle as that array. One lookup in an empty map when no arrays are in use.
 struct ForgetArray {
   Tracker* t;
   void operator()(uint64_t key) const noexcept { t->array_owners().forget(key, 0); }

@@ -84,9 +84,34 @@ TEST_CASE("array owners: a snapshot without room appends nothing and says so", "
   CHECK(s.size() == 11);
 }
 
-TEST_CASE("array owners: an empty node remembers nothing", "[array_owners]") {
+TEST_CASE("array owners: an empty node remembers nothing, and unmatches what was at its handle", "[array_owners]") {
   ArrayOwners o;
   ArrayOwners::Node none;
   CHECK(o.remember(0x100, none) == 0);
   CHECK(o.size() == 0);
+  // A destruction of context 1 has its snapshot; the driver then hands 0x100 to a new array
+  // that cannot be remembered (no memory for its node): the snapshot must not match it.
+  const uint64_t old = remember(o, 0x100, ctx(1));
+  const auto snap = snapshot(o, ctx(1));
+  REQUIRE(snap.size() == 1);
+  CHECK(o.remember(0x100, none) == 0);
+  REQUIRE(o.find(0x100) != nullptr);
+  CHECK(o.find(0x100)->serial != old);
+  CHECK(o.find(0x100)->ctx == nullptr);
+  CHECK_FALSE(o.forget(0x100, snap[0].second));
+  CHECK(snapshot(o, ctx(1)).empty());
+  CHECK(snapshot(o, nullptr).empty());  // no context: never swept
+}
+
+TEST_CASE("array owners: a handle remembered again is no longer marked ctx_gone", "[array_owners]") {
+  ArrayOwners o;
+  remember(o, 0x100, ctx(1));
+  o.find(0x100)->ctx_gone = true;
+  ArrayOwners::Node n = ArrayOwners::make_node(ctx(2));
+  REQUIRE_FALSE(n.empty());
+  REQUIRE(o.remember(0x100, n) != 0);
+  CHECK_FALSE(n.empty());  // the entry was overwritten: the node is the caller's to free
+  CHECK_FALSE(o.find(0x100)->ctx_gone);
+  CHECK(o.find(0x100)->ctx == ctx(2));
+  CHECK(snapshot(o, ctx(2)).size() == 1);
 }
