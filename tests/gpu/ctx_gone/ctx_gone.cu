@@ -9,8 +9,9 @@
 //   array_reset    cudaMallocArray (32768 x 6144 float4), cudaDeviceReset
 //   array_destroy  cuCtxCreate, cuArray3DCreate (16384 x 16384 x 3 float), cuCtxDestroy
 //   array_release  cuDevicePrimaryCtxRetain, cuArray3DCreate, the last release; then the
-//                  primary made active again (the same handle: "same_handle", recorded, not
-//                  judged) holds a new 3 GiB array that counts (2 GiB more refused)
+//                  primary made active again (the same handle and ID? "same_handle",
+//                  "same_id": recorded, not judged) holds a new 3 GiB array that counts
+//                  (2 GiB more refused)
 // Prints one JSON line; exit 0 when every step answered as expected, 1 otherwise.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -107,6 +108,8 @@ int main(int argc, char** argv) {
     more.Depth = 2;
     step("init", cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
     step("retain", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    unsigned long long id_before = 0;
+    if (cuCtxGetId(ctx, &id_before) != CUDA_SUCCESS) id_before = 0;
     step("hold_3g", cuArray3DCreate(&a, &d) == CUDA_SUCCESS);
     step("refused_2g_more", cuArray3DCreate(&b, &more) == CUDA_ERROR_OUT_OF_MEMORY);
     step("release", cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);
@@ -114,7 +117,11 @@ int main(int argc, char** argv) {
     int active = 1;
     step("inactive", cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active);
     step("retain_again", cuDevicePrimaryCtxRetain(&again, dev) == CUDA_SUCCESS && cuCtxSetCurrent(again) == CUDA_SUCCESS);
-    steps += std::string(",\"same_handle\":") + (again == ctx ? "true" : "false");  // a fact, not judged
+    // Facts, not judged: whether the primary made active again has its old handle, and its old ID.
+    steps += std::string(",\"same_handle\":") + (again == ctx ? "true" : "false");
+    unsigned long long id_again = 0;
+    if (cuCtxGetId(again, &id_again) == CUDA_SUCCESS && id_before != 0)
+      steps += std::string(",\"same_id\":") + (id_again == id_before ? "true" : "false");
     step("3g_again", cuArray3DCreate(&b, &d) == CUDA_SUCCESS);
     CUarray c = nullptr;
     step("refused_2g_more_again", cuArray3DCreate(&c, &more) == CUDA_ERROR_OUT_OF_MEMORY);
