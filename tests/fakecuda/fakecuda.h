@@ -66,9 +66,11 @@ CUresult fakecuda_free_unseen(CUdeviceptr dptr);
 /** Test hook: `fn(arg)` runs once, on the calling thread with no lock of the simulated
  *  driver held, inside the next call that reaches point `name`, then the point is disarmed:
  *  "cuArrayDestroy" (on entry, before the array is looked up), "cuArrayDestroy refused"
- *  (the handle names no array: before it returns CUDA_ERROR_INVALID_HANDLE) or
- *  "cuDevicePrimaryCtxGetState" (after it found the primary context inactive, before it
- *  returns). Lets a test run another thread's calls at an exact moment of a driver call
+ *  (the handle names no array: before it returns CUDA_ERROR_INVALID_HANDLE),
+ *  "cuDevicePrimaryCtxRelease" (after the last release destroyed the primary context,
+ *  before it returns) or "cuDevicePrimaryCtxGetState" (after it found the primary context
+ *  inactive, before it returns). A primary context made active again after its last
+ *  release keeps its handle and gets a new cuCtxGetId, as on the real driver. Lets a test run another thread's calls at an exact moment of a driver call
  *  (for races between an interposer's bookkeeping and the driver). `fn` NULL disarms.
  *  One point is armed at a time; arming another replaces it (`fn` may arm the next). */
 void fakecuda_pause_in(const char* name, void (*fn)(void*), void* arg);

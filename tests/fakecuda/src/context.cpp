@@ -122,7 +122,13 @@ CUresult primary_retain(CUcontext* pctx, CUdevice dev) {
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   Device* d = device(dev);
   std::lock_guard lock(d->primary_mu);
-  if (!d->primary) d->primary = new_context(dev, d->primary_flags, true);
+  if (!d->primary) {
+    d->primary = new_context(dev, d->primary_flags, true);
+  } else if (d->primary_refs == 0 && !d->primary->alive) {
+    // Made active again after its last release destroyed it: the same handle, a new ID
+    // (cuCtxGetId), as the driver does (measured on an H200, driver 580).
+    d->primary->id = g_next_ctx_id.fetch_add(1);
+  }
   if (d->primary_refs++ == 0) make_live(d->primary, true);
   *pctx = reinterpret_cast<CUcontext>(d->primary);
   return CUDA_SUCCESS;
@@ -358,13 +364,18 @@ namespace {
 CUresult primary_release(CUdevice dev) {
   if (CUresult rc = check_device(dev)) return rc;
   Device* d = device(dev);
-  std::lock_guard lock(d->primary_mu);
-  if (d->primary_refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-  if (--d->primary_refs == 0) {
-    context_synchronize(d->primary);
-    table_free_context(d->primary);  // the last reference destroys the context and its memory
-    make_live(d->primary, false);
+  bool destroyed = false;
+  {
+    std::lock_guard lock(d->primary_mu);
+    if (d->primary_refs <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--d->primary_refs == 0) {
+      context_synchronize(d->primary);
+      table_free_context(d->primary);  // the last reference destroys the context and its memory
+      make_live(d->primary, false);
+      destroyed = true;
+    }
   }
+  if (destroyed) pause_point("cuDevicePrimaryCtxRelease");
   return CUDA_SUCCESS;
 }
 CUresult primary_set_flags(CUdevice dev, unsigned flags) {
