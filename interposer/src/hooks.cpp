@@ -883,6 +883,16 @@ CUcontext active_primary(CUdevice dev) {
   release(dev);  // the driver's own entry point: our retain undone, nothing else
   return primary;
 }
+/// Context `ctx`'s ID (CUDA driver API: cuCtxGetId, CUDA 12.0): unique to one context for
+/// the process's life, so a primary context destroyed and made active again, which keeps its
+/// handle, has a new one (measured on an H200). 0 when not known (the call is missing or
+/// fails, e.g. for a destroyed context).
+unsigned long long context_id(CUcontext ctx) {
+  using id_fn = CUresult (*)(CUcontext, unsigned long long*);
+  static auto get_id = reinterpret_cast<id_fn>(cuw::hook::driver_symbol("cuCtxGetId"));
+  unsigned long long id = 0;
+  return get_id && ctx && get_id(ctx, &id) == CUDA_SUCCESS ? id : 0;
+}
 /// Whether device `dev`'s primary context is inactive (destroyed) now.
 bool primary_gone(CUdevice dev) {
   using state_fn = CUresult (*)(CUdevice, unsigned*, int*);
@@ -892,8 +902,9 @@ bool primary_gone(CUdevice dev) {
   return get_state && get_state(dev, &flags, &active) == CUDA_SUCCESS && !active;
 }
 /// A call that resets or releases device `dev`'s primary context: when it leaves the
-/// context destroyed (a reset; the release of its last reference), the cache forgets the
-/// memory the driver freed with it (cache_registry::context_destroy), and so do the
+/// context destroyed (a reset; the release of its last reference, even when another thread
+/// has made the primary active again since: its context ID then differs), the cache forgets
+/// the memory the driver freed with it (cache_registry::context_destroy), and so do the
 /// counters (forget_driver_freed).
 template <class Call>
 CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
@@ -903,11 +914,20 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
   CUresult r = CUDA_SUCCESS;
   CUcontext primary = nullptr;  // the context destroyed, if the call destroys it
   ArrayOwners::Snapshot arrays;  // its arrays, taken just before the call
-  auto which = [&] { return primary = active_primary(dev); };
+  unsigned long long id = 0;     // its context ID before the call (0: not known)
+  auto which = [&] {
+    primary = active_primary(dev);
+    id = context_id(primary);
+    return primary;
+  };
+  auto again = [&] {  // active now, but not the context the call released
+    const unsigned long long now_id = context_id(primary);
+    return id != 0 && now_id != 0 && now_id != id;
+  };
   auto run = [&] {
     arrays = arrays_of(*t, primary);
     r = call();
-    return r == CUDA_SUCCESS && primary != nullptr && (reset || primary_gone(dev));
+    return r == CUDA_SUCCESS && primary != nullptr && (reset || primary_gone(dev) || again());
   };
   bool gone;
   if (cache_registry* reg = t->cache()) {

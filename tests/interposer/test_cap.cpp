@@ -415,9 +415,10 @@ struct Meanwhile {
   std::function<void()> work;
   bool may_block = false;
   std::thread thread;
-  std::atomic<bool> done{false};
+  std::atomic<bool> started{false}, done{false};
   static void run(void* self) {
     auto* m = static_cast<Meanwhile*>(self);
+    m->started.store(true);
     m->thread = std::thread([m] {
       m->work();
       m->done.store(true);
@@ -429,6 +430,13 @@ struct Meanwhile {
     if (thread.joinable()) thread.join();
   }
 };
+
+/// Releases device `dev`'s primary context until a release destroys it, which the pause
+/// armed for `b` notices (earlier tests of the process may hold references of their own).
+void release_primary_until_destroyed(CUdevice dev, const Meanwhile& b) {
+  for (int i = 0; i < 256 && !b.started.load(); ++i) REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);
+  REQUIRE(b.started.load());
+}
 }  // namespace
 
 // Thread B makes the primary context active again and creates an array in it after A's
@@ -462,7 +470,7 @@ TEST_CASE("a primary context's release counts its own arrays freed, not those of
       made = cuArrayCreate(&fresh, &small);
   };
   fakecuda_pause_in("cuDevicePrimaryCtxGetState", &Meanwhile::run, &b);
-  REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // make_context's reference, the last
+  release_primary_until_destroyed(dev, b);
   b.join();
   fakecuda_pause_in(nullptr, nullptr, nullptr);
   REQUIRE(made == CUDA_SUCCESS);
@@ -470,7 +478,44 @@ TEST_CASE("a primary context's release counts its own arrays freed, not those of
   REQUIRE(cuArrayDestroy(fresh) == CUDA_SUCCESS);
   CHECK(d.live_allocations.load() == live0);
   CHECK(own() == own0);
-}  // B's retain is the primary's reference now, as make_context's was
+}  // B's retain is the primary's reference now
+
+// Thread B makes the primary context active again while A's last release, which destroyed
+// it, is still in the driver (paused there), so that A finds the primary active when it
+// checks. It is a new activation (the same handle, a new context ID, as on the real
+// driver): the memory and arrays of the old one are gone and stop counting. (With
+// CUWARDEN_POOL=cache B's retain waits for A's check: then A finds the primary inactive.)
+TEST_CASE("a primary context's last release counts its memory freed when another thread made it active again at once",
+          "[ctx_gone_race]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  auto own = [&d] { return d.used.load() - d.cached.load(); };
+  const uint64_t live0 = d.live_allocations.load(), own0 = own();
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, kMiB) == CUDA_SUCCESS);
+  const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
+  CUarray a = nullptr;
+  REQUIRE(cuArrayCreate(&a, &small) == CUDA_SUCCESS);
+  REQUIRE(d.live_allocations.load() == live0 + 2);
+  CUresult retained = CUDA_ERROR_UNKNOWN;
+  Meanwhile b;
+  b.may_block = std::getenv("CUWARDEN_POOL") != nullptr;
+  b.work = [&] {
+    CUcontext c = nullptr;
+    retained = cuDevicePrimaryCtxRetain(&c, dev);
+    if (retained == CUDA_SUCCESS) retained = cuCtxSetCurrent(c);
+  };
+  fakecuda_pause_in("cuDevicePrimaryCtxRelease", &Meanwhile::run, &b);
+  release_primary_until_destroyed(dev, b);
+  b.join();
+  fakecuda_pause_in(nullptr, nullptr, nullptr);
+  REQUIRE(retained == CUDA_SUCCESS);
+  CHECK(d.live_allocations.load() == live0);
+  CHECK(own() == own0);
+}  // B's retain is the primary's reference now
 
 // cuArrayDestroy(H) on thread A; H's context X destroyed by thread B while A's driver call
 // runs, before it finds H (the simulated driver pauses A there). The driver freed H with X
