@@ -1075,7 +1075,7 @@ void cache_registry::stream_destroying(CUstream s) {
   }
 }
 
-bool cache_registry::context_destroy(const std::function<CUcontext()>& which, const std::function<bool()>& destroy) {
+bool cache_registry::context_destroy(call_ref<CUcontext> which, call_ref<bool> destroy) {
   std::lock_guard<std::mutex> g(mu_);
   const CUcontext ctx = which();
   if (!ctx) return destroy();
@@ -1106,7 +1106,7 @@ bool cache_registry::context_destroy(const std::function<CUcontext()>& which, co
   return gone;
 }
 
-CUresult cache_registry::serialized(const std::function<CUresult()>& call) {
+CUresult cache_registry::serialized(call_ref<CUresult> call) {
   std::lock_guard<std::mutex> g(mu_);
   return call();
 }

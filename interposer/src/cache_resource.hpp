@@ -53,7 +53,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <functional>
+#include <type_traits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -238,6 +238,24 @@ class cache_resource final : public memory_resource {
   void orphan_slow(CUstream s);
 };
 
+/// A reference to a callable taking nothing and returning R, for a call that runs it before
+/// returning: nothing is copied or allocated (std::function may allocate, and a hook must not
+/// throw std::bad_alloc into its caller). The callable must outlive the reference; a
+/// temporary passed straight to a call lives until the call returns.
+template <class R>
+class call_ref {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::remove_cvref_t<F>, call_ref>>>
+  call_ref(F&& f) noexcept  // implicit, as std::function's: a parameter type
+      : obj_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* o) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(); }) {}
+  R operator()() const { return call_(obj_); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*);
+};
+
 /// Every cache of the process, one per CUDA context, and the capture count.
 class cache_registry {
  public:
@@ -273,10 +291,10 @@ class cache_registry {
   /// context is gone its cache forgets its memory (the driver freed it), otherwise it stays
   /// as it was (a refused destroy frees nothing). Serializes context destructions with each
   /// other and with serialized() calls. Returns destroy's answer.
-  bool context_destroy(const std::function<CUcontext()>& which, const std::function<bool()>& destroy);
+  bool context_destroy(call_ref<CUcontext> which, call_ref<bool> destroy);
   /// Run `call` under the registry's lock: cuDevicePrimaryCtxRetain, so that no retain
   /// falls between a release and the check of whether that release destroyed the context.
-  CUresult serialized(const std::function<CUresult()>& call);
+  CUresult serialized(call_ref<CUresult> call);
 
   /// Stream captures active in the process (cuStreamBeginCapture* .. cuStreamEndCapture*).
   static std::atomic<int> captures;
