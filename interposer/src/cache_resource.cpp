@@ -459,10 +459,10 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   s->blocks.reset(new Block[s->capacity]);
   mu_.lock();
   // An allocation the hooks still count at this address (not the cache's: freed with a
-  // context another thread destroyed a moment ago) was freed: Tracker::count_reused_locked.
+  // context another thread destroyed a moment ago) was freed: Tracker::count_freed_unseen_locked.
   ipc::LiveRecord stale;
   const bool reused = tracker_.pointers().take(base, &stale);
-  if (__builtin_expect(reused, 0)) tracker_.count_reused_locked(base, stale, ipc::now_ns());
+  if (__builtin_expect(reused, 0)) tracker_.count_freed_unseen_locked(base, stale, ring::Api::reused, ipc::now_ns());
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {

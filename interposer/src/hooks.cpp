@@ -8,7 +8,6 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 #include "cache_resource.hpp"
@@ -146,7 +145,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
-    if (__builtin_expect(stale.has_value(), 0)) t.count_reused_locked(key, *stale, now);
+    if (__builtin_expect(stale.has_value(), 0)) t.count_freed_unseen_locked(key, *stale, ring::Api::reused, now);
     on_insert(key);
     if (!charged) t.count_uncapped_locked(*d, bytes);
     t.count_alloc_locked(*d, ordinal, bytes, pooled(api));
@@ -171,7 +170,7 @@ CUW_INLINE CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, bool a
 /// counted, uncharged and its free event pushed (tracked_free's early commit); that is
 /// undone (the bytes are counted again even over a cap: the driver holds them). Unless
 /// the driver has meanwhile handed `key` out again (recorded by then): `rec`'s allocation
-/// is then gone, and is counted freed (Tracker::count_reused_locked) if not already.
+/// is then gone, and is counted freed (Tracker::count_freed_unseen_locked) if not already.
 CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
                         ring::Api api, uint64_t aux, CUresult r, uint64_t now) {
   std::optional<LiveRecord> other;
@@ -183,7 +182,7 @@ CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, co
       // with its context, say): the allocation `rec` counts is gone. The new one keeps the
       // key; ours is counted freed (api reused), unless the free was counted already.
       table.insert(key, *other);
-      if (!committed) t.count_reused_locked(key, rec, now);
+      if (!committed) t.count_freed_unseen_locked(key, rec, ring::Api::reused, now);
     } else {
       ring::DeviceSlot& d = t.header().devices[rec.device];
       if (committed) {
@@ -764,13 +763,7 @@ CUW_COLD void forget_driver_freed(Tracker& t, const ArrayOwners::Snapshot& array
     {
       std::lock_guard<cuw::spin_lock> lk(t.lock());
       took = gone(key) && t.pointers().take(key, &rec);
-      if (took && static_cast<unsigned>(rec.device) < ring::kMaxDevices) {
-        ring::DeviceSlot& d = t.header().devices[rec.device];
-        t.uncharge_locked(d, rec.bytes);
-        t.count_free_locked(d, rec.device, rec.bytes, false);
-        t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
-                      now);
-      }
+      if (took) t.count_freed_unseen_locked(key, rec, ring::Api::cuCtxDestroy, now);
     }
     if (took) t.job_uncharge(rec.device, rec.bytes);
   }
@@ -834,12 +827,8 @@ CUW_COLD void forget_arrays_of(Tracker& t, const ArrayOwners::Snapshot& arrays, 
         continue;
       }
       owners.forget(key, serial);
-      if (static_cast<unsigned>(rec.device) >= ring::kMaxDevices) continue;
-      ring::DeviceSlot& d = t.header().devices[rec.device];
-      t.uncharge_locked(d, rec.bytes);
-      t.count_free_locked(d, rec.device, rec.bytes, false);
-      t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS, now);
-      job_back[rec.device] += rec.bytes;
+      t.count_freed_unseen_locked(key, rec, ring::Api::cuCtxDestroy, now);
+      if (static_cast<unsigned>(rec.device) < ring::kMaxDevices) job_back[rec.device] += rec.bytes;
     }
   }
   for (uint32_t i = 0; i < ring::kMaxDevices; ++i)
@@ -1079,14 +1068,8 @@ CUresult tracked_array_destroy(Tracker& t, uint64_t key, ring::Api api, Call&& c
       const bool ctx_gone = r != CUDA_SUCCESS;
       owners.forget(key, serial, &dead);
       if (ctx_gone) {
-        took = t.handles().take(key, &rec) && static_cast<unsigned>(rec.device) < ring::kMaxDevices;
-        if (took) {
-          ring::DeviceSlot& d = t.header().devices[rec.device];
-          t.uncharge_locked(d, rec.bytes);
-          t.count_free_locked(d, rec.device, rec.bytes, false);
-          t.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
-                        now);
-        }
+        took = t.handles().take(key, &rec);
+        if (took) t.count_freed_unseen_locked(key, rec, ring::Api::cuCtxDestroy, now);
       }
     }
   }
@@ -1196,7 +1179,7 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
   const uint64_t key = reinterpret_cast<uint64_t>(*result);
   const uint64_t now = cuw::ipc::now_ns();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
-  std::optional<LiveRecord> stale;  // freed where we did not see it (count_reused_locked)
+  std::optional<LiveRecord> stale;  // freed where we did not see it (as count_freed_unseen_locked)
   t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
   if (stale) {
     if (static_cast<unsigned>(stale->device) < ring::kMaxDevices)

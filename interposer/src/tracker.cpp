@@ -445,12 +445,12 @@ bool Tracker::daemon_listening() const noexcept {
   return ok;
 }
 
-void Tracker::count_reused_locked(uint64_t key, const LiveRecord& stale, uint64_t now) noexcept {
-  if (static_cast<unsigned>(stale.device) >= ring::kMaxDevices) return;  // never inserted so
-  ring::DeviceSlot& d = header_->devices[stale.device];
-  uncharge_locked(d, stale.bytes);
-  count_free_locked(d, stale.device, stale.bytes, pooled(static_cast<ring::Api>(stale.api)));
-  emit_locked(ring::EventKind::free, ring::Api::reused, stale.device, key, stale.bytes, 0, CUDA_SUCCESS, now);
+void Tracker::count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t now) noexcept {
+  if (static_cast<unsigned>(rec.device) >= ring::kMaxDevices) return;  // never inserted so
+  ring::DeviceSlot& d = header_->devices[rec.device];
+  uncharge_locked(d, rec.bytes);
+  count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+  emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, 0, CUDA_SUCCESS, now);
 }
 
 }  // namespace cuw::ipc

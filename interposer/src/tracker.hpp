@@ -281,14 +281,14 @@ class Tracker {
   /// Lock-free (one load).
   mr::cache_registry* cache() noexcept { return cache_; }
 
-  /// With lock() held: the driver handed out `key` (an address, or a handle) while a live
-  /// table held `stale` for it (LiveTable::insert's `replaced`, or a take): the allocation
-  /// that record counts was freed where the hooks did not see it (with a context destroyed
-  /// on another thread before its sweep reached it, or through a path not hooked). Counted
-  /// freed now: uncharged, a free event (api ring::Api::reused) at `now`, before the new
-  /// allocation's own. The caller calls job_uncharge(stale.device, stale.bytes) after
-  /// unlocking. Cold.
-  void count_reused_locked(uint64_t key, const LiveRecord& stale, uint64_t now) noexcept;
+  /// With lock() held: the allocation `rec` (taken out of its live table, at `key`) was
+  /// freed by the driver where no free hook saw it. `api` says how it was found:
+  /// ring::Api::cuCtxDestroy (freed with its context), ring::Api::reused (the driver handed
+  /// `key` out again while the table still held `rec`: LiveTable::insert's `replaced`, or a
+  /// take; the event comes before the new allocation's own). Counted freed now: uncharged,
+  /// a free event with `api` at `now`; nothing for a record of no tracked device. The caller
+  /// calls job_uncharge(rec.device, rec.bytes) after unlocking. Cold.
+  void count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t now) noexcept;
 
   /// The live tables; lock() held to use them.
   LiveTable& pointers() noexcept { return pointers_; }
