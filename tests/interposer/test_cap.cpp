@@ -431,6 +431,29 @@ struct Meanwhile {
   }
 };
 
+/// The test's setup: device 0's primary context current (make_context), the interposer
+/// loaded; returns device 0, and the primary in `*primary` if given.
+CUdevice on_primary(CUcontext* primary = nullptr) {
+  make_context();
+  touch_interposer();
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  if (primary) REQUIRE(cuCtxGetCurrent(primary) == CUDA_SUCCESS);
+  return dev;
+}
+
+/// Releases device `dev`'s primary context until it is inactive (destroyed): earlier tests
+/// of the process may hold references of their own.
+void release_primary_fully(CUdevice dev) {
+  unsigned flags = 0;
+  int active = 1;
+  for (int i = 0; i < 256 && active; ++i) {
+    REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);
+    REQUIRE(cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS);
+  }
+  REQUIRE(active == 0);
+}
+
 /// Releases device `dev`'s primary context until a release destroys it, which the pause
 /// armed for `b` notices (earlier tests of the process may hold references of their own).
 void release_primary_until_destroyed(CUdevice dev, const Meanwhile& b) {
@@ -448,11 +471,8 @@ void release_primary_until_destroyed(CUdevice dev, const Meanwhile& b) {
 // cache; the racing case below covers the cache.
 TEST_CASE("a primary context's release counts its own arrays freed, not those of its next activation",
           "[ctx_gone_race]") {
-  make_context();
-  touch_interposer();
+  const CUdevice dev = on_primary();
   auto& d = dev_counters();
-  CUdevice dev = 0;
-  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
   // The program's bytes (used - cached): the release also frees what the cache keeps.
   auto own = [&d] { return d.used.load() - d.cached.load(); };
   const uint64_t live0 = d.live_allocations.load(), own0 = own();
@@ -487,11 +507,8 @@ TEST_CASE("a primary context's release counts its own arrays freed, not those of
 // CUWARDEN_POOL=cache B's retain waits for A's check: then A finds the primary inactive.)
 TEST_CASE("a primary context's last release counts its memory freed when another thread made it active again at once",
           "[ctx_gone_race]") {
-  make_context();
-  touch_interposer();
+  const CUdevice dev = on_primary();
   auto& d = dev_counters();
-  CUdevice dev = 0;
-  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
   auto own = [&d] { return d.used.load() - d.cached.load(); };
   const uint64_t live0 = d.live_allocations.load(), own0 = own();
   CUdeviceptr p = 0;
@@ -522,13 +539,9 @@ TEST_CASE("a primary context's last release counts its memory freed when another
 // and refuses A's destroy (CUDA_ERROR_INVALID_HANDLE): H is counted freed once, not kept
 // counted forever (the record A took out is out of the table while B counts X's arrays).
 TEST_CASE("an array destroy its context's destruction overtakes counts the array freed once", "[ctx_gone_race]") {
-  make_context();
-  touch_interposer();
-  auto& d = dev_counters();
-  CUdevice dev = 0;
-  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
   CUcontext primary = nullptr;
-  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  const CUdevice dev = on_primary(&primary);
+  auto& d = dev_counters();
   const uint64_t live0 = d.live_allocations.load(), used0 = d.used.load(), frees0 = d.free_count.load();
   const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
   CUcontext x = nullptr;
@@ -557,13 +570,9 @@ TEST_CASE("an array destroy its context's destruction overtakes counts the array
 // and stays counted until B destroys it.
 TEST_CASE("an array destroy refused after its handle went to a new array leaves the new one counted",
           "[ctx_gone_race]") {
-  make_context();
-  touch_interposer();
-  auto& d = dev_counters();
-  CUdevice dev = 0;
-  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
   CUcontext primary = nullptr;
-  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  const CUdevice dev = on_primary(&primary);
+  auto& d = dev_counters();
   const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
   drain_events();
   const uint64_t live0 = d.live_allocations.load(), frees0 = d.free_count.load();
@@ -610,14 +619,10 @@ TEST_CASE("an array destroy refused after its handle went to a new array leaves 
 // context's arrays runs. Matching arrays by context handle alone counted it freed.
 TEST_CASE("an array created in a primary context another thread made active again stays counted",
           "[ctx_gone_race]") {
-  make_context();
-  touch_interposer();
-  auto& d = dev_counters();
-  CUdevice dev = 0;
-  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
   CUcontext primary = nullptr;
-  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
-  REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // make_context's reference: refs 0
+  const CUdevice dev = on_primary(&primary);
+  auto& d = dev_counters();
+  release_primary_fully(dev);  // refs 0: each round's release below destroys it unless B retained first
   const uint64_t live0 = d.live_allocations.load();
   const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
   constexpr int kIters = 20000;
@@ -676,13 +681,9 @@ TEST_CASE("an array created in a primary context another thread made active agai
 // of the table; the record put back is then counted freed, not kept forever.
 TEST_CASE("an array destroy that loses to its context's destruction is counted freed",
           "[ctx_gone_race]") {
-  make_context();
-  touch_interposer();
-  auto& d = dev_counters();
-  CUdevice dev = 0;
-  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
   CUcontext primary = nullptr;
-  REQUIRE(cuCtxGetCurrent(&primary) == CUDA_SUCCESS);
+  const CUdevice dev = on_primary(&primary);
+  auto& d = dev_counters();
   const uint64_t live0 = d.live_allocations.load(), used0 = d.used.load(), frees0 = d.free_count.load();
   const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
   constexpr int kIters = 2000;

@@ -28,6 +28,16 @@ void step(const char* what, bool good) {
   steps += std::string(steps.empty() ? "" : ",") + "\"" + what + "\":" + (good ? "true" : "false");
   ok = ok && good;
 }
+/// A 3D array of `gib` layers of 16384 x 16384 floats: `gib` GiB.
+CUDA_ARRAY3D_DESCRIPTOR float_layers(size_t gib) {
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  d.Width = 16384;
+  d.Height = 16384;
+  d.Depth = gib;
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;
+  return d;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,14 +87,7 @@ int main(int argc, char** argv) {
     CUdevice dev = 0;
     CUcontext ctx = nullptr;
     CUarray a = nullptr, b = nullptr;
-    CUDA_ARRAY3D_DESCRIPTOR d{};
-    d.Width = 16384;
-    d.Height = 16384;
-    d.Depth = 3;  // 3 GiB of floats
-    d.Format = CU_AD_FORMAT_FLOAT;
-    d.NumChannels = 1;
-    CUDA_ARRAY3D_DESCRIPTOR more = d;
-    more.Depth = 2;
+    const CUDA_ARRAY3D_DESCRIPTOR d = float_layers(3), more = float_layers(2);
     step("init", cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
     CUctxCreateParams* params = nullptr;
     step("create", cuCtxCreate(&ctx, params, 0, dev) == CUDA_SUCCESS);
@@ -98,14 +101,7 @@ int main(int argc, char** argv) {
     CUdevice dev = 0;
     CUcontext ctx = nullptr, again = nullptr;
     CUarray a = nullptr, b = nullptr;
-    CUDA_ARRAY3D_DESCRIPTOR d{};
-    d.Width = 16384;
-    d.Height = 16384;
-    d.Depth = 3;  // 3 GiB of floats
-    d.Format = CU_AD_FORMAT_FLOAT;
-    d.NumChannels = 1;
-    CUDA_ARRAY3D_DESCRIPTOR more = d;
-    more.Depth = 2;
+    const CUDA_ARRAY3D_DESCRIPTOR d = float_layers(3), more = float_layers(2);
     step("init", cuInit(0) == CUDA_SUCCESS && cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
     step("retain", cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
     unsigned long long id_before = 0;
