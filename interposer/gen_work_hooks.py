@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate interposer/src/work_hooks.inc: a hook-table row for every libcuda entry point
+"""Generate interposer/src/base/work_hooks.inc: a hook-table row for every libcuda entry point
 that queues work on the GPU (kernel launches, copies, memsets, graph launches, stream memory
 operations, host functions and stream callbacks (which may write memory the CPU can reach),
 prefetches ...).
@@ -9,7 +9,7 @@ work was queued since its last completed event; these hooks are how it learns th
 queued. A submitting entry point missing here would let a block be reused under a running
 kernel, so the list is derived from the driver's own export list, not written by hand:
 
-  gen_work_hooks.py CUDA_INCLUDE_DIR DRIVER_EXPORTS_TXT > interposer/src/work_hooks.inc
+  gen_work_hooks.py CUDA_INCLUDE_DIR DRIVER_EXPORTS_TXT > interposer/src/base/work_hooks.inc
 
 DRIVER_EXPORTS_TXT lists libcuda.so.1's exported functions, one per line
 (tests/fakecuda/driver_exports.txt, from `nm -D` of the CUDA 13.0 driver). Every export

@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "driver_api.hpp"
-#include "libc_elf.hpp"
+#include "base/libc_elf.hpp"
 
 namespace {
 

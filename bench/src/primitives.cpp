@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "driver_api.hpp"
-#include "fast_clock.hpp"
+#include "base/fast_clock.hpp"
 
 namespace {
 

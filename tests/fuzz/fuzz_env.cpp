@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "config.hpp"
+#include "core/config.hpp"
 #include "cuw/job.hpp"
 
 namespace {

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "array_owners.hpp"
+#include "core/array_owners.hpp"
 
 using cuw::ipc::ArrayOwner;
 using cuw::ipc::ArrayOwners;

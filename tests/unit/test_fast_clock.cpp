@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "fast_clock.hpp"
+#include "base/fast_clock.hpp"
 
 namespace fc = cuw::ipc::fast_clock;
 

@@ -7,8 +7,8 @@
 
 #include <mutex>
 
-#include "live_table.hpp"
-#include "spin_lock.hpp"
+#include "core/live_table.hpp"
+#include "base/spin_lock.hpp"
 
 using cuw::ipc::LiveRecord;
 using cuw::ipc::LiveTable;

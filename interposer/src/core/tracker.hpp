@@ -12,13 +12,13 @@
 
 #include <cuda.h>
 
-#include "array_owners.hpp"
-#include "config.hpp"
+#include "core/array_owners.hpp"
+#include "core/config.hpp"
 #include "cuw/attrs.hpp"
-#include "fast_clock.hpp"
-#include "live_table.hpp"
-#include "real.hpp"
-#include "spin_lock.hpp"
+#include "base/fast_clock.hpp"
+#include "core/live_table.hpp"
+#include "base/real.hpp"
+#include "base/spin_lock.hpp"
 #include "cuw/job.hpp"
 #include "cuw/ring.hpp"
 

@@ -1,5 +1,5 @@
 // cuwarden interposer core: configuration, ring creation, caps and counters.
-#include "tracker.hpp"
+#include "core/tracker.hpp"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,12 +17,12 @@
 #include <new>
 #include <string>
 
-#include "cache_resource.hpp"
+#include "backends/cache/cache_resource.hpp"
 #include "cuw/attrs.hpp"
 #include "cuw/paths.hpp"
-#include "fast_clock.hpp"
-#include "log.hpp"
-#include "real.hpp"
+#include "base/fast_clock.hpp"
+#include "base/log.hpp"
+#include "base/real.hpp"
 
 namespace cuw::ipc {
 

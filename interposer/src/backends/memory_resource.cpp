@@ -1,7 +1,7 @@
 // cuwarden interposer: the passthrough backend (driver_resource): the real driver's calls.
-#include "memory_resource.hpp"
+#include "backends/memory_resource.hpp"
 
-#include "real.hpp"
+#include "base/real.hpp"
 
 namespace cuw::mr {
 

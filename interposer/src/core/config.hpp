@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cuw/size.hpp"
-#include "fast_clock.hpp"
+#include "base/fast_clock.hpp"
 
 namespace cuw::ipc {
 

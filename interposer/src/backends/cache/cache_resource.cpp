@@ -1,5 +1,5 @@
 // cuwarden interposer: the `cache` backend (see cache_resource.hpp for the design).
-#include "cache_resource.hpp"
+#include "backends/cache/cache_resource.hpp"
 
 #include <sched.h>
 
@@ -7,10 +7,10 @@
 #include <cstring>
 
 #include "cuw/attrs.hpp"
-#include "fast_clock.hpp"
-#include "log.hpp"
-#include "real.hpp"
-#include "tracker.hpp"
+#include "base/fast_clock.hpp"
+#include "base/log.hpp"
+#include "base/real.hpp"
+#include "core/tracker.hpp"
 
 namespace cuw::mr {
 

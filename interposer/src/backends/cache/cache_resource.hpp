@@ -59,8 +59,8 @@
 #include <mutex>
 #include <vector>
 
-#include "memory_resource.hpp"
-#include "spin_lock.hpp"
+#include "backends/memory_resource.hpp"
+#include "base/spin_lock.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::ipc {

@@ -1,5 +1,5 @@
 // cuwarden interposer: event timestamps (see fast_clock.hpp).
-#include "fast_clock.hpp"
+#include "base/fast_clock.hpp"
 
 #include "cuw/attrs.hpp"
 

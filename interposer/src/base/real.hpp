@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-#include "hook_table.hpp"
+#include "base/hook_table.hpp"
 
 // Our hooks: C++ names hook_<fn>, exported under the driver's symbol names.
 #define CUW_DECLARE_HOOK(ret, name, params, args, base, version, pts, lib) \

@@ -7,7 +7,7 @@
 // that dlsym is ours. So this file calls no libc function at all: the loaded objects come
 // from the dynamic linker's own list (_r_debug), strings are compared by hand, and it is
 // built with -fno-builtin (CMakeLists.txt) so no loop becomes a strcmp call.
-#include "libc_elf.hpp"
+#include "base/libc_elf.hpp"
 
 #include <elf.h>
 #include <link.h>

@@ -1,16 +1,16 @@
 // cuwarden interposer: resolution of real driver (and NVML) functions, and the dlsym /
 // dlvsym hooks. glibc's own dlsym and dlvsym are found in libc's symbol table (libc_elf.cpp)
 // because every symbol reference from this library would bind to our own exports.
-#include "real.hpp"
+#include "base/real.hpp"
 
 #include <dlfcn.h>
 #include <link.h>
 
 #include <cstring>
 
-#include "cache_resource.hpp"
-#include "libc_elf.hpp"
-#include "log.hpp"
+#include "backends/cache/cache_resource.hpp"
+#include "base/libc_elf.hpp"
+#include "base/log.hpp"
 
 namespace cuw::hook {
 

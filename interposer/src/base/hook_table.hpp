@@ -21,7 +21,7 @@
 #undef cuDevicePrimaryCtxReset
 
 // CUW_WORK_HOOKS: every entry point that queues GPU work (generated, see the file).
-#include "work_hooks.inc"
+#include "base/work_hooks.inc"
 
 // X(ret, name, params, args, base, version, per_thread, lib)
 //   lib: 0 = libcuda.so.1 (driver API), 1 = libnvidia-ml.so.1 (NVML; base/version unused)

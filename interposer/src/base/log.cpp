@@ -1,5 +1,5 @@
 // cuwarden interposer: minimal log (see log.hpp).
-#include "log.hpp"
+#include "base/log.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

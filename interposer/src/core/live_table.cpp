@@ -1,5 +1,5 @@
 // cuwarden interposer: the live-allocation table (see live_table.hpp).
-#include "live_table.hpp"
+#include "core/live_table.hpp"
 
 #include <cstdlib>
 

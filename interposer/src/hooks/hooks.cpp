@@ -10,11 +10,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "cache_resource.hpp"
+#include "backends/cache/cache_resource.hpp"
 #include "cuw/attrs.hpp"
-#include "fast_clock.hpp"
-#include "real.hpp"
-#include "tracker.hpp"
+#include "base/fast_clock.hpp"
+#include "base/real.hpp"
+#include "core/tracker.hpp"
 
 using cuw::ipc::ArrayOwner;
 using cuw::ipc::ArrayOwners;

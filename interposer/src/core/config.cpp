@@ -1,5 +1,5 @@
 // cuwarden interposer: parsing of CUWARDEN_* variables (see config.hpp).
-#include "config.hpp"
+#include "core/config.hpp"
 
 #include "cuw/job.hpp"
 
