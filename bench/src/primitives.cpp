@@ -78,9 +78,9 @@ int main(int argc, char** argv) {
   clock_row("clock_gettime_realtime_coarse", CLOCK_REALTIME_COARSE);
   // The interposer's event clock (interposer/src/fast_clock.hpp): coarse (the default: the
   // vDSO's own clock_gettime, called directly), and fine once calibrated.
-  const auto coarse_fn = cuw::ipc::fast_clock::detail::vdso_clock_gettime();
+  const auto coarse_fn = cuw::fast_clock::detail::vdso_clock_gettime();
   rows.push_back(row("cuwarden_event_clock_coarse", measure(iters, [&](long n) {
-    for (long k = 0; k < n; ++k) sink = sink + cuw::ipc::fast_clock::detail::coarse_ns(coarse_fn);
+    for (long k = 0; k < n; ++k) sink = sink + cuw::fast_clock::detail::coarse_ns(coarse_fn);
   })));
   // How far the coarse event clock is behind CLOCK_REALTIME: the largest gap seen over 200 ms
   // (ns; a tick or two, more while the kernel's ticks come late).
@@ -96,13 +96,13 @@ int main(int argc, char** argv) {
       worst = std::max(worst, realtime(CLOCK_REALTIME) - realtime(CLOCK_REALTIME_COARSE));
     rows.push_back(row("coarse_clock_lag_max", static_cast<double>(worst)));
   }
-  cuw::ipc::fast_clock::init(cuw::ipc::fast_clock::Mode::fine);
+  cuw::fast_clock::init(cuw::fast_clock::Mode::fine);
   {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(120);
-    while (std::chrono::steady_clock::now() < until) sink = sink + cuw::ipc::fast_clock::realtime_ns();
+    while (std::chrono::steady_clock::now() < until) sink = sink + cuw::fast_clock::realtime_ns();
   }
   rows.push_back(row("cuwarden_event_clock_fine", measure(iters, [&](long n) {
-    for (long k = 0; k < n; ++k) sink = sink + cuw::ipc::fast_clock::realtime_ns();
+    for (long k = 0; k < n; ++k) sink = sink + cuw::fast_clock::realtime_ns();
   })));
 #if defined(__x86_64__)
   rows.push_back(row("rdtsc", measure(iters, [&](long n) {

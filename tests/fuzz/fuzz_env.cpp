@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     else setenv(var, value.c_str(), 1);
     pos = end + 1;
   }
-  const cuw::ipc::Config c = cuw::ipc::load_config();
+  const cuw::core::Config c = cuw::core::load_config();
   if (c.callsites < 0 || c.callsites > 64) std::abort();
   if (c.log_level < 0 || c.log_level > 6) std::abort();
   if (c.job.size() > 63 && c.errors.empty()) std::abort();

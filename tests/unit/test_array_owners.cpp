@@ -5,8 +5,8 @@
 
 #include "core/array_owners.hpp"
 
-using cuw::ipc::ArrayOwner;
-using cuw::ipc::ArrayOwners;
+using cuw::core::ArrayOwner;
+using cuw::core::ArrayOwners;
 
 namespace {
 CUcontext ctx(uintptr_t v) { return reinterpret_cast<CUcontext>(v); }

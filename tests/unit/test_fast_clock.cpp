@@ -11,7 +11,7 @@
 
 #include "base/fast_clock.hpp"
 
-namespace fc = cuw::ipc::fast_clock;
+namespace fc = cuw::fast_clock;
 
 TEST_CASE("fast clock: within microseconds of CLOCK_REALTIME over half a second, in several threads",
           "[fast_clock]") {

@@ -10,8 +10,8 @@
 #include "core/live_table.hpp"
 #include "base/spin_lock.hpp"
 
-using cuw::ipc::LiveRecord;
-using cuw::ipc::LiveTable;
+using cuw::core::LiveRecord;
+using cuw::core::LiveTable;
 
 TEST_CASE("live table: insert, take, overwrite, reserved keys", "[live_table]") {
   LiveTable t;

@@ -3,7 +3,7 @@
 
 #include "base/real.hpp"
 
-namespace cuw::mr {
+namespace cuw::backends {
 
 CUresult driver_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
   auto real = REAL(cuMemAlloc_v2);
@@ -20,4 +20,4 @@ CUresult driver_resource::do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   return real ? real(handle, p) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-}  // namespace cuw::mr
+}  // namespace cuw::backends

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace cuw::mr {
+namespace cuw::backends {
 
 /// One allocation of the program as the driver would describe it.
 struct range {
@@ -81,4 +81,4 @@ class driver_resource final : public memory_resource {
   std::size_t do_release() override { return 0; }
 };
 
-}  // namespace cuw::mr
+}  // namespace cuw::backends

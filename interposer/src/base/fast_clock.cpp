@@ -13,7 +13,7 @@
 #include <atomic>
 #include <cstring>
 
-namespace cuw::ipc::fast_clock {
+namespace cuw::fast_clock {
 
 namespace detail {
 State g_state;
@@ -237,4 +237,4 @@ uint64_t realtime_ns_slow() noexcept {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-}  // namespace cuw::ipc::fast_clock
+}  // namespace cuw::fast_clock

@@ -37,7 +37,7 @@
 #include <x86intrin.h>
 #endif
 
-namespace cuw::ipc::fast_clock {
+namespace cuw::fast_clock {
 
 /// CUWARDEN_CLOCK: see the top of this file.
 enum class Mode : uint8_t { coarse, fine, syscall };
@@ -148,4 +148,4 @@ CUW_INLINE uint64_t realtime_ns(detail::ThreadState& ts) noexcept {
   return ts.anchor.ns + ((d * mult) >> 32);
 }
 
-}  // namespace cuw::ipc::fast_clock
+}  // namespace cuw::fast_clock

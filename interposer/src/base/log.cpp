@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace cuw::ipc::log {
+namespace cuw::log {
 
 namespace {
 int g_level = -1;  // -1: not set yet; read CUWARDEN_LOG on first use (no file is opened)
@@ -66,4 +66,4 @@ void always(const char* fmt, ...) {
   va_end(ap);
 }
 
-}  // namespace cuw::ipc::log
+}  // namespace cuw::log

@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace cuw::ipc::log {
+namespace cuw::log {
 
 /// Set the level (0 trace .. 5 critical, 6 off) and destination (empty = stderr).
 /// Opens the file, so call only from the first CUDA call onwards.
@@ -17,4 +17,4 @@ void warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 /// Written whatever the level: configuration errors the user must see.
 void always(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-}  // namespace cuw::ipc::log
+}  // namespace cuw::log

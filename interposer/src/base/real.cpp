@@ -121,14 +121,14 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
   resolve_lib(0, false);
   void* w = redirect_by_pointer(real);
   if (w != real) {
-    ipc::log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): hooked by address", symbol, cuda_version,
+    log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): hooked by address", symbol, cuda_version,
                     static_cast<unsigned long long>(flags));
     return w;
   }
   // The driver handed back a pointer we do not know by address. Fall back to the variant
   // rules, but only for CUDA versions whose variants this build knows.
   if (cuda_version > CUDA_VERSION) {
-    if (mr::queues_work(symbol)) mr::work_untracked(symbol, cuda_version);
+    if (backends::queues_work(symbol)) backends::work_untracked(symbol, cuda_version);
     return real;
   }
   const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
@@ -142,9 +142,9 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
     if (!best || e.version > best->version) best = &e;
   }
   if (best)
-    ipc::log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): unknown address, hooked by name as %s", symbol,
+    log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): unknown address, hooked by name as %s", symbol,
                     cuda_version, static_cast<unsigned long long>(flags), best->name);
-  if (!best && mr::queues_work(symbol)) mr::work_untracked(symbol, cuda_version);
+  if (!best && backends::queues_work(symbol)) backends::work_untracked(symbol, cuda_version);
   return best ? best->wrapper : real;
 }
 
@@ -169,7 +169,7 @@ __attribute__((noinline)) void* redirect_found(void* r, const char* name) {
   if (!r) return r;
   cuw::hook::resolve_lib(name[0] == 'n' ? 1 : 0, false);  // loaded? then know its real pointers
   void* w = cuw::hook::redirect_by_pointer(r);
-  if (w == r && cuw::mr::queues_work(name)) cuw::mr::work_untracked(name, 0);
+  if (w == r && cuw::backends::queues_work(name)) cuw::backends::work_untracked(name, 0);
   return w;
 }
 

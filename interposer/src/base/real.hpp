@@ -20,14 +20,14 @@ namespace cuw::hook {
 /// the same cache line as the instance (a hooked call runs with the caches cold, so each
 /// line is a miss).
 struct alignas(64) HotGlobals {
-  /// The ipc::Tracker (tracker.hpp owns it; nullptr until the first CUDA call, and in a
+  /// The core::Tracker (tracker.hpp owns it; nullptr until the first CUDA call, and in a
   /// forked child until its own).
   std::atomic<void*> instance{nullptr};
   /// Where the interposer's thread-local state (fast_clock::detail::ThreadState) is, in
   /// bytes from the thread pointer: the same in every thread (initial-exec TLS). Written
   /// once, by the library's constructor (tracker.cpp); a hook can run before it (another
   /// library's constructor, or a thread it started, calling CUDA first), and then reads 0
-  /// and takes the GOT's way (ipc::thread_state()). Kept here so that a hooked call finds
+  /// and takes the GOT's way (core::thread_state()). Kept here so that a hooked call finds
   /// its thread's state without reading the GOT (a line and a page of its own). Relaxed
   /// loads and the one store: every value either reads is right.
   std::atomic<intptr_t> tls_offset{0};
@@ -35,11 +35,11 @@ struct alignas(64) HotGlobals {
   std::atomic<void*> real[static_cast<int>(Id::count_)];
 };
 
-/// Bytes kept for the ipc::Tracker in HotPage: what g_hot leaves of a page (tracker.cpp
+/// Bytes kept for the core::Tracker in HotPage: what g_hot leaves of a page (tracker.cpp
 /// checks that the tracker fits).
 inline constexpr size_t kTrackerBytes = (4096 - sizeof(HotGlobals)) & ~size_t{63};
 
-/// g_hot and the ipc::Tracker's storage, in one 4 KiB page from its start: a hooked call
+/// g_hot and the core::Tracker's storage, in one 4 KiB page from its start: a hooked call
 /// reads both (the tracker's first cache line holds what the hot path reads), and after a
 /// synchronous driver call, which can leave the TLB cold, each page is one more walk.
 /// Constant-initialized (constinit, real.cpp): hooks can run before this library's own

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-namespace cuw::ipc {
+namespace cuw::core {
 
 /// One remembered array: its context, when it was remembered (a serial, never 0), and
 /// whether a destruction of that context found its record taken by a destroy in flight
@@ -126,4 +126,4 @@ class ArrayOwners {
   uint64_t serial_ = 0;
 };
 
-}  // namespace cuw::ipc
+}  // namespace cuw::core

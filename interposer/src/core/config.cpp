@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace cuw::ipc {
+namespace cuw::core {
 
 namespace {
 const char* env(const char* name) {
@@ -83,4 +83,4 @@ Config load_config() {
   return c;
 }
 
-}  // namespace cuw::ipc
+}  // namespace cuw::core

@@ -9,7 +9,7 @@
 #include "cuw/size.hpp"
 #include "base/fast_clock.hpp"
 
-namespace cuw::ipc {
+namespace cuw::core {
 
 // X(variable, default, doc)
 #define CUW_OPTIONS(X)                                                                                  \
@@ -46,4 +46,4 @@ struct Config {
 /// Read every CUWARDEN_* variable (secure_getenv). Never exits; errors are collected.
 Config load_config();
 
-}  // namespace cuw::ipc
+}  // namespace cuw::core

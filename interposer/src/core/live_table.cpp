@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-namespace cuw::ipc {
+namespace cuw::core {
 
 CUW_COLD bool LiveTable::grow() noexcept {
   // Double when live entries fill half; otherwise rebuild at the same size to drop tombstones.
@@ -34,4 +34,4 @@ uint64_t LiveTable::footprint() const noexcept {
   return uint64_t{__atomic_load_n(&capacity_, __ATOMIC_RELAXED)} * sizeof(Slot);
 }
 
-}  // namespace cuw::ipc
+}  // namespace cuw::core

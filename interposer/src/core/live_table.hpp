@@ -18,7 +18,7 @@
 
 #include "cuw/attrs.hpp"
 
-namespace cuw::ipc {
+namespace cuw::core {
 
 /// What the live table remembers about one allocation.
 struct LiveRecord {
@@ -150,4 +150,4 @@ CUW_INLINE bool LiveTable::take(uint64_t key, LiveRecord* out) noexcept {
   }
 }
 
-}  // namespace cuw::ipc
+}  // namespace cuw::core

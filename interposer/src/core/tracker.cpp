@@ -24,7 +24,7 @@
 #include "base/log.hpp"
 #include "base/real.hpp"
 
-namespace cuw::ipc {
+namespace cuw::core {
 
 // ---- instance and fork -----------------------------------------------------------------
 
@@ -137,7 +137,7 @@ Tracker::Tracker() : config_(load_config()) {
   fast_clock::init(config_.clock);
   create_ring();
   if (config_.pool == "cache") {
-    cache_owner_ = std::make_unique<mr::cache_registry>(*this);
+    cache_owner_ = std::make_unique<backends::cache_registry>(*this);
     cache_ = cache_owner_.get();
   }
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
@@ -453,4 +453,4 @@ void Tracker::count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, rin
   emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, 0, CUDA_SUCCESS, now);
 }
 
-}  // namespace cuw::ipc
+}  // namespace cuw::core

@@ -22,11 +22,11 @@
 #include "cuw/job.hpp"
 #include "cuw/ring.hpp"
 
-namespace cuw::mr {
+namespace cuw::backends {
 class cache_registry;
 }
 
-namespace cuw::ipc {
+namespace cuw::core {
 
 /// Add to / take from a counter with a plain relaxed load and store (no locked
 /// instruction). Only under Tracker::lock().
@@ -279,7 +279,7 @@ class Tracker {
 
   /// CUWARDEN_POOL=cache: the caches (one per CUDA context); nullptr with the pool off.
   /// Lock-free (one load).
-  mr::cache_registry* cache() noexcept { return cache_; }
+  backends::cache_registry* cache() noexcept { return cache_; }
 
   /// With lock() held: the allocation `rec` (taken out of its live table, at `key`) was
   /// freed by the driver where no free hook saw it. `api` says how it was found:
@@ -352,7 +352,7 @@ class Tracker {
   /// The ring's write position: only this process writes it, under lock(), so the producer
   /// keeps its own copy and never reads the shared header's (a line the daemon reads).
   uint64_t write_pos_ = 0;
-  mr::cache_registry* cache_ = nullptr;  ///< owned (cache_owner_)
+  backends::cache_registry* cache_ = nullptr;  ///< owned (cache_owner_)
   LiveTable pointers_;
   // (end of the first line)
   std::atomic<ctx_get_device_fn> ctx_get_device_{nullptr};
@@ -377,7 +377,7 @@ class Tracker {
   // The job (CUWARDEN_JOB): segment (job_, above), our slot (job_slot_, above; -1: no
   // job), the job's GPU index of each ordinal (job_gpu_, above; -1: not counted, e.g. the
   // job's GPU table is full). Set before the device is marked filled, read after it.
-  std::unique_ptr<mr::cache_registry> cache_owner_;
+  std::unique_ptr<backends::cache_registry> cache_owner_;
   LiveTable handles_;
   LiveTable host_;
   std::unique_ptr<ArrayOwners> array_owners_ = std::make_unique<ArrayOwners>();  ///< never null
@@ -398,4 +398,4 @@ class Reentry {
   bool nested_;
 };
 
-}  // namespace cuw::ipc
+}  // namespace cuw::core

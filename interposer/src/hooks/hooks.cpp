@@ -16,12 +16,12 @@
 #include "base/real.hpp"
 #include "core/tracker.hpp"
 
-using cuw::ipc::ArrayOwner;
-using cuw::ipc::ArrayOwners;
-using cuw::ipc::LiveRecord;
-using cuw::ipc::Reentry;
-using cuw::ipc::Tracker;
-using cuw::ipc::pooled;
+using cuw::core::ArrayOwner;
+using cuw::core::ArrayOwners;
+using cuw::core::LiveRecord;
+using cuw::core::Reentry;
+using cuw::core::Tracker;
+using cuw::core::pooled;
 namespace ring = cuw::ring;
 
 #define CUW_EXPORT extern "C" __attribute__((visibility("default")))
@@ -76,7 +76,7 @@ CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, r
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     if (charged) t.uncharge_locked(d, bytes);
-    cuw::ipc::locked_add(d.driver_errors, 1);
+    cuw::core::locked_add(d.driver_errors, 1);
     t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
   }
   if (charged) t.job_uncharge(ordinal, bytes);
@@ -103,7 +103,7 @@ struct ForgetArray {
 /// lock) before the call; the driver call; then one lock for the table insert, the
 /// counters (and, uncapped, the charge) and the event.
 template <class Call, class Key, class OnInsert = NoInsertHook>
-CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, ring::Api api, int ordinal, bool assumed,
+CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ring::Api api, int ordinal, bool assumed,
                                      uint64_t bytes, uint64_t aux, Call&& call, Key&& key_of_result,
                                      uint64_t* when = nullptr, OnInsert on_insert = {}) {
   ring::DeviceSlot* d = t.device(ordinal);
@@ -113,7 +113,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
     // With the cache on, a refusal waits until the cache gave back what it keeps free
     // (every context's: the cap is the device's), then charges again: a refusal is for
     // real need only.
-    cuw::mr::cache_registry* reg = t.cache();
+    cuw::backends::cache_registry* reg = t.cache();
     Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed, reg != nullptr);
     if (__builtin_expect(c == Tracker::Charge::refused && reg != nullptr, 0)) {
       reg->release_all();
@@ -126,7 +126,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::ipc::LiveTable& table, rin
   // The event's time: when the call returned. Read after the driver call, so that a free
   // right after it (the common alloc, use, free pattern; a free reads its time before its
   // driver call) finds the clock's code and data in the cache.
-  const uint64_t now = cuw::ipc::now_ns();
+  const uint64_t now = cuw::core::now_ns();
   if (when) *when = now;
   if (__builtin_expect(r == CUDA_SUCCESS, 1)) table.prefetch(key_of_result());
   // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
@@ -171,7 +171,7 @@ CUW_INLINE CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, bool a
 /// undone (the bytes are counted again even over a cap: the driver holds them). Unless
 /// the driver has meanwhile handed `key` out again (recorded by then): `rec`'s allocation
 /// is then gone, and is counted freed (Tracker::count_freed_unseen_locked) if not already.
-CUW_COLD void keep_live(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
+CUW_COLD void keep_live(Tracker& t, cuw::core::LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
                         ring::Api api, uint64_t aux, CUresult r, uint64_t now) {
   std::optional<LiveRecord> other;
   {
@@ -221,13 +221,13 @@ CUW_INLINE bool commit_before_free(Tracker& t, ring::Api api, const LiveRecord& 
 /// the event wait for the driver (a second lock after the call): the cap counts the bytes
 /// until the driver has them back.
 template <class Call>
-CUW_INLINE CUresult tracked_free(Tracker& t, cuw::ipc::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
+CUW_INLINE CUresult tracked_free(Tracker& t, cuw::core::LiveTable& table, uint64_t key, ring::Api api, uint64_t aux,
                                  Call&& call) {
   LiveRecord rec;
   bool live = false, committed = false;
   // The event's time: when the call was made (read before the driver call: the free is
   // usually committed before it).
-  const uint64_t now = cuw::ipc::now_ns();
+  const uint64_t now = cuw::core::now_ns();
   if (__builtin_expect(key != 0, 1)) {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     live = table.take(key, &rec);
@@ -272,8 +272,8 @@ CUW_INLINE int stream_device(Tracker& t, CUstream, bool* assumed) { return t.all
 // The counters and events are the passthrough path's (alloc, free, live allocations);
 // used / reserved / cached follow the driver allocations the cache makes and gives back.
 
-using cuw::mr::cache_registry;
-using cuw::mr::cache_resource;
+using cuw::backends::cache_registry;
+using cuw::backends::cache_resource;
 
 /// The caches, if the tracker exists and the pool is on (never creates the tracker).
 cache_registry* caches_if_any() noexcept {
@@ -284,7 +284,7 @@ cache_registry* caches_if_any() noexcept {
 /// Hot path: the cache's allocate (a hit: one lock for the free list, the counters and the
 /// event; no driver call).
 CUresult cache_alloc(cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
-  return c.allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, cuw::ipc::now_ns());
+  return c.allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, cuw::core::now_ns());
 }
 
 /// A free of a pooled block: CUDA_SUCCESS when `dptr` was one (freed, counted, event
@@ -292,7 +292,7 @@ CUresult cache_alloc(cache_resource& c, CUdeviceptr* dptr, size_t bytes) {
 /// block's start (a second free: never passed to the driver, which would free the slab or
 /// block under the cache), CUDA_ERROR_NOT_FOUND when it is not the cache's memory.
 CUresult cache_free(cache_registry& reg, CUdeviceptr dptr, ring::Api api, uint64_t aux) {
-  return reg.free_traced(dptr, api, aux, cuw::ipc::now_ns());
+  return reg.free_traced(dptr, api, aux, cuw::core::now_ns());
 }
 
 /// Bytes cuPointerGetAttributes writes for an attribute (CUDA driver API: cuPointerGetAttribute).
@@ -389,7 +389,7 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
         if (t.pointers().take(*dptr, &rec)) {
           if (actual > est) t.force_charge_locked(*d, actual - est);
           else t.uncharge_locked(*d, est - actual);
-          cuw::ipc::locked_add(d->reserved, actual - est);  // wraps for a decrease
+          cuw::core::locked_add(d->reserved, actual - est);  // wraps for a decrease
           rec.bytes = actual;
           t.pointers().insert(*dptr, rec);
           adjusted = true;
@@ -554,7 +554,7 @@ CUW_EXPORT CUresult hook_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psi
   if (!real) return kNoDriver;
   Reentry g;
   if (cache_registry* reg = g.nested() ? nullptr : caches_if_any()) {
-    cuw::mr::range rg;
+    cuw::backends::range rg;
     bool live = false;
     if (reg->owner_of(dptr, &rg, &live)) {
       if (!live) return CUDA_ERROR_NOT_FOUND;
@@ -573,7 +573,7 @@ CUW_EXPORT CUresult hook_cuPointerGetAttribute(void* data, CUpointer_attribute a
   const CUresult r = real(data, attribute, ptr);
   if (g.nested() || r != CUDA_SUCCESS || !data) return r;
   if (cache_registry* reg = caches_if_any()) {
-    cuw::mr::range rg;
+    cuw::backends::range rg;
     bool live = false;
     if (reg->owner_of(ptr, &rg, &live)) {
       if (!live) return CUDA_ERROR_INVALID_VALUE;
@@ -595,7 +595,7 @@ CUW_EXPORT CUresult hook_cuPointerGetAttributes(unsigned int count, CUpointer_at
   const CUresult r = real(count, attributes, data, ptr);
   if (g.nested() || r != CUDA_SUCCESS || !attributes || !data) return r;
   if (cache_registry* reg = caches_if_any()) {
-    cuw::mr::range rg;
+    cuw::backends::range rg;
     bool live = false;
     if (reg->owner_of(ptr, &rg, &live)) {
       for (unsigned i = 0; i < count; ++i) {
@@ -740,7 +740,7 @@ CUW_COLD void forget_arrays_of(Tracker& t, const ArrayOwners::Snapshot& arrays, 
 CUW_COLD void forget_driver_freed(Tracker& t, const ArrayOwners::Snapshot& arrays) {
   auto query = REAL(cuPointerGetAttribute);
   if (t.exiting()) return;
-  const uint64_t now = cuw::ipc::now_ns();
+  const uint64_t now = cuw::core::now_ns();
   forget_arrays_of(t, arrays, now);
   if (!query) return;
   std::vector<uint64_t> dev_keys, host_keys;
@@ -773,7 +773,7 @@ CUW_COLD void forget_driver_freed(Tracker& t, const ArrayOwners::Snapshot& array
     LiveRecord rec;
     if (!gone(key) || !t.host().take(key, &rec)) continue;
     if (static_cast<unsigned>(rec.device) < ring::kMaxDevices)
-      cuw::ipc::locked_sub(t.header().devices[rec.device].host_bytes, rec.bytes);
+      cuw::core::locked_sub(t.header().devices[rec.device].host_bytes, rec.bytes);
     t.emit_locked(ring::EventKind::host_free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
                   now);
   }
@@ -1059,7 +1059,7 @@ CUresult tracked_array_destroy(Tracker& t, uint64_t key, ring::Api api, Call&& c
   ArrayOwners::Node dead;  // a removed entry, freed after unlocking
   LiveRecord rec;
   bool took = false;
-  const uint64_t now = r == CUDA_SUCCESS ? 0 : cuw::ipc::now_ns();
+  const uint64_t now = r == CUDA_SUCCESS ? 0 : cuw::core::now_ns();
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     ArrayOwners& owners = t.array_owners();
@@ -1177,17 +1177,17 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
   const int ordinal = t.current_device();
   ring::DeviceSlot* d = t.device(ordinal);
   const uint64_t key = reinterpret_cast<uint64_t>(*result);
-  const uint64_t now = cuw::ipc::now_ns();
+  const uint64_t now = cuw::core::now_ns();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   std::optional<LiveRecord> stale;  // freed where we did not see it (as count_freed_unseen_locked)
   t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
   if (stale) {
     if (static_cast<unsigned>(stale->device) < ring::kMaxDevices)
-      cuw::ipc::locked_sub(t.header().devices[stale->device].host_bytes, stale->bytes);
+      cuw::core::locked_sub(t.header().devices[stale->device].host_bytes, stale->bytes);
     t.emit_locked(ring::EventKind::host_free, ring::Api::reused, stale->device, key, stale->bytes, 0, CUDA_SUCCESS,
                   now);
   }
-  if (d) cuw::ipc::locked_add(d->host_bytes, bytes);
+  if (d) cuw::core::locked_add(d->host_bytes, bytes);
   t.emit_locked(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS, now);
   return r;
 }
@@ -1204,13 +1204,13 @@ CUresult tracked_host_free(ring::Api api, void* p, Call&& call) {
   const CUresult r = call();
   if (!live) return r;
   ring::DeviceSlot* d = t.device(rec.device);
-  const uint64_t now = cuw::ipc::now_ns();
+  const uint64_t now = cuw::core::now_ns();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   if (r != CUDA_SUCCESS) {
     t.host().insert(reinterpret_cast<uint64_t>(p), rec);
     return r;
   }
-  if (d) cuw::ipc::locked_sub(d->host_bytes, rec.bytes);
+  if (d) cuw::core::locked_sub(d->host_bytes, rec.bytes);
   t.emit_locked(ring::EventKind::host_free, api, rec.device, reinterpret_cast<uint64_t>(p), rec.bytes, 0, CUDA_SUCCESS,
                 now);
   return r;
@@ -1311,7 +1311,7 @@ CUW_EXPORT CUresult hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
     auto real = REAL(name);                                             \
     if (!real) return kNoDriver;                                        \
     const ret r = real args;                                            \
-    cuw::mr::work_queued();                                             \
+    cuw::backends::work_queued();                                             \
     return r;                                                           \
   }
 CUW_WORK_HOOKS(CUW_WORK_HOOK)

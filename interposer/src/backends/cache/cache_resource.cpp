@@ -12,7 +12,7 @@
 #include "base/real.hpp"
 #include "core/tracker.hpp"
 
-namespace cuw::mr {
+namespace cuw::backends {
 
 namespace {
 
@@ -124,7 +124,7 @@ bool queues_work(const char* n) noexcept {
 
 void work_untracked(const char* name, int cuda_version) noexcept {
   if (!cache_registry::untracked_work.exchange(true, std::memory_order_acq_rel))
-    ipc::log::info(
+    log::info(
         "cuwarden: cache: %s (CUDA %d) queues GPU work through an entry point cuwarden does not hook; freed "
         "blocks now always wait for an event before reuse (slower, still safe)",
         name, cuda_version);
@@ -154,7 +154,7 @@ CUW_HOT int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept 
 // ---- construction ------------------------------------------------------------------------
 
 cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
-                               ring::DeviceSlot& slot, ipc::Tracker& tracker)
+                               ring::DeviceSlot& slot, core::Tracker& tracker)
     : upstream_(std::move(upstream)),
       ctx_(ctx),
       ordinal_(ordinal),
@@ -280,14 +280,14 @@ CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexc
   b->state = kLive;
   b->requested = requested;
   ++b->seg->busy;
-  ipc::locked_add(slot_.live_allocations, 1);
-  ipc::locked_add(slot_.alloc_count, 1);
+  core::locked_add(slot_.live_allocations, 1);
+  core::locked_add(slot_.alloc_count, 1);
 }
 
 // ---- allocate ----------------------------------------------------------------------------
 
 CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
-  return allocate_traced(out, bytes, ring::Api::cuMemAlloc, ipc::now_ns());
+  return allocate_traced(out, bytes, ring::Api::cuMemAlloc, core::now_ns());
 }
 
 // Fast path, a hit: class computation, the lock, pop of a free list, four counters, the
@@ -305,8 +305,8 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
   mu_.lock();
   if (Block* b = take_locked(cls, rounded)) {
     hand_out_locked(b, bytes);
-    ipc::locked_sub(slot_.cached, b->size);
-    ipc::locked_add(slot_.pool_hits, 1);
+    core::locked_sub(slot_.cached, b->size);
+    core::locked_add(slot_.pool_hits, 1);
     *out = b->ptr;
     tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, b->ptr, bytes, 0, CUDA_SUCCESS, now);
     mu_.unlock();
@@ -339,8 +339,8 @@ bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_
     return false;
   }
   hand_out_locked(b, bytes);
-  ipc::locked_sub(slot_.cached, b->size);
-  ipc::locked_add(slot_.pool_hits, 1);
+  core::locked_sub(slot_.cached, b->size);
+  core::locked_add(slot_.pool_hits, 1);
   *out = b->ptr;
   mu_.unlock();
   return true;
@@ -388,7 +388,7 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
 }
 
 bool cache_resource::charge_segment(uint64_t bytes, bool quiet) {
-  return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc, false, quiet) == ipc::Tracker::Charge::ok;
+  return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc, false, quiet) == core::Tracker::Charge::ok;
 }
 
 CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
@@ -445,9 +445,9 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
       *cap_refused = true;
       return r;
     }
-    const uint64_t now = ipc::now_ns();
+    const uint64_t now = core::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
-    ipc::locked_add(slot_.driver_errors, 1);
+    core::locked_add(slot_.driver_errors, 1);
     tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
     return r;
   }
@@ -460,9 +460,9 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   mu_.lock();
   // An allocation the hooks still count at this address (not the cache's: freed with a
   // context another thread destroyed a moment ago) was freed: Tracker::count_freed_unseen_locked.
-  ipc::LiveRecord stale;
+  core::LiveRecord stale;
   const bool reused = tracker_.pointers().take(base, &stale);
-  if (__builtin_expect(reused, 0)) tracker_.count_freed_unseen_locked(base, stale, ring::Api::reused, ipc::now_ns());
+  if (__builtin_expect(reused, 0)) tracker_.count_freed_unseen_locked(base, stale, ring::Api::reused, core::now_ns());
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
@@ -478,8 +478,8 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   }
   hand_out_locked(b, bytes);
   *out = b->ptr;
-  ipc::locked_add(slot_.reserved, seg_bytes);
-  ipc::locked_add(slot_.cached, seg_bytes - b->size);
+  core::locked_add(slot_.reserved, seg_bytes);
+  core::locked_add(slot_.cached, seg_bytes - b->size);
   mu_.unlock();
   if (__builtin_expect(reused, 0)) tracker_.job_uncharge(stale.device, stale.bytes);
   return CUDA_SUCCESS;
@@ -507,10 +507,10 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
     mu_.unlock();
     return free_exported(b, api, aux, now);
   }
-  ipc::locked_sub(slot_.live_allocations, 1);
-  ipc::locked_add(slot_.free_count, 1);
+  core::locked_sub(slot_.live_allocations, 1);
+  core::locked_add(slot_.free_count, 1);
   tracker_.emit_locked(ring::EventKind::free, api, ordinal_, p, b->requested, aux, CUDA_SUCCESS, now);
-  ipc::locked_add(slot_.cached, size);
+  core::locked_add(slot_.cached, size);
   if (idle()) {
     // Nothing queued since a completed event: whatever used the block has finished.
     --b->seg->busy;
@@ -522,7 +522,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
   b->next = open_head_;
   open_head_ = b;
   open_bytes_ += size;
-  ipc::locked_add(pending_bytes_, size);
+  core::locked_add(pending_bytes_, size);
   const uint32_t n = ++open_count_;
   mu_.unlock();
   // Seal a full batch, or the first free when nothing is sealed (its events may prove the
@@ -566,9 +566,9 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   }
   segments_.erase(s->base);
   map_rebuild_locked();
-  ipc::locked_sub(slot_.live_allocations, 1);
-  ipc::locked_add(slot_.free_count, 1);
-  ipc::locked_sub(slot_.reserved, s->bytes);
+  core::locked_sub(slot_.live_allocations, 1);
+  core::locked_add(slot_.free_count, 1);
+  core::locked_sub(slot_.reserved, s->bytes);
   tracker_.emit_locked(ring::EventKind::free, api, ordinal_, b->ptr, b->requested, aux, CUDA_SUCCESS, now);
   mu_.unlock();
   tracker_.uncharge(slot_, s->bytes);
@@ -577,7 +577,7 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
 }
 
 CUresult cache_resource::do_deallocate(CUdeviceptr p, std::size_t) {
-  return free_traced(p, ring::Api::cuMemFree, 0, ipc::now_ns());
+  return free_traced(p, ring::Api::cuMemFree, 0, core::now_ns());
 }
 
 // ---- batches (under slow_) -----------------------------------------------------------------
@@ -680,7 +680,7 @@ void cache_resource::retire_front() {
     push_free_locked(b);
     b = next;
   }
-  ipc::locked_sub(pending_bytes_, bt.bytes);
+  core::locked_sub(pending_bytes_, bt.bytes);
   mu_.unlock();
   const uint64_t epoch = bt.epoch;
   batches_.pop_front();
@@ -705,7 +705,7 @@ void cache_resource::retire_open_if_idle() {
     push_free_locked(b);
     b = next;
   }
-  ipc::locked_sub(pending_bytes_, open_bytes_);
+  core::locked_sub(pending_bytes_, open_bytes_);
   open_head_ = nullptr;
   open_count_ = 0;
   open_bytes_ = 0;
@@ -734,7 +734,7 @@ bool cache_resource::wait_oldest_slow() {
   if (!done) return false;  // a capture began: nothing may be waited for now
   retire_front();
   mu_.lock();
-  ipc::locked_add(slot_.pool_waits, 1);
+  core::locked_add(slot_.pool_waits, 1);
   mu_.unlock();
   return true;
 }
@@ -783,8 +783,8 @@ uint64_t cache_resource::release_slow() {
     if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
   }
   if (total) map_rebuild_locked();
-  ipc::locked_sub(slot_.reserved, total);
-  ipc::locked_sub(slot_.cached, total);
+  core::locked_sub(slot_.reserved, total);
+  core::locked_sub(slot_.cached, total);
   mu_.unlock();
   for (size_t i = 0; i < gone.size(); ++i) {
     if (!freed[i]) continue;
@@ -811,7 +811,7 @@ void cache_resource::forget_all() noexcept {
   mu_.lock();
   dead_ = true;
   uint64_t total = 0, live_bytes = 0, live = 0;
-  const uint64_t now = ipc::now_ns();
+  const uint64_t now = core::now_ns();
   for (auto& [base, s] : segments_) {
     total += s->bytes;
     for (uint32_t k = 0; k < s->carved; ++k) {
@@ -836,10 +836,10 @@ void cache_resource::forget_all() noexcept {
   open_bytes_ = 0;
   map_rebuild_locked();
   pending_bytes_.store(0, std::memory_order_relaxed);
-  ipc::locked_sub(slot_.reserved, total);
-  ipc::locked_sub(slot_.cached, total - live_bytes);
-  ipc::locked_sub(slot_.live_allocations, live);
-  ipc::locked_add(slot_.free_count, live);
+  core::locked_sub(slot_.reserved, total);
+  core::locked_sub(slot_.cached, total - live_bytes);
+  core::locked_sub(slot_.live_allocations, live);
+  core::locked_add(slot_.free_count, live);
   // Keep what a dropped cache holds small (it stays allocated for racing readers).
   map_.assign(2, nullptr);
   map_used_ = 0;
@@ -906,7 +906,7 @@ CUresult cache_resource::do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
     mu_.unlock();
     static std::atomic<bool> said{false};
     if (!said.exchange(true))
-      ipc::log::always(
+      log::always(
           "cuwarden: cuIpcGetMemHandle(%#llx): this %llu-byte allocation shares a driver allocation with others "
           "(CUWARDEN_POOL=cache packs requests up to 1 MiB), so no IPC handle can describe exactly its bytes; "
           "returning CUDA_ERROR_NOT_SUPPORTED. Run with CUWARDEN_POOL=off to export small allocations.",
@@ -1111,4 +1111,4 @@ CUresult cache_registry::serialized(call_ref<CUresult> call) {
   return call();
 }
 
-}  // namespace cuw::mr
+}  // namespace cuw::backends

@@ -63,11 +63,11 @@
 #include "base/spin_lock.hpp"
 #include "cuw/ring.hpp"
 
-namespace cuw::ipc {
+namespace cuw::core {
 class Tracker;
 }
 
-namespace cuw::mr {
+namespace cuw::backends {
 
 /// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
 /// tracker's lock guards the free lists (held for a few dozen instructions, never
@@ -80,7 +80,7 @@ class cache_resource final : public memory_resource {
   /// `upstream` provides driver allocations (driver_resource; owned). `slot` holds the
   /// device's counters (cap, used, reserved, cached), `ordinal` its CUDA ordinal.
   cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
-                 ipc::Tracker& tracker);
+                 core::Tracker& tracker);
   ~cache_resource() override;
 
   CUcontext context() const noexcept { return ctx_; }
@@ -201,7 +201,7 @@ class cache_resource final : public memory_resource {
   CUcontext ctx_;
   int ordinal_;
   ring::DeviceSlot& slot_;
-  ipc::Tracker& tracker_;
+  core::Tracker& tracker_;
 
   /// The tracker's lock (Tracker::lock()): guards the free lists, the open batch and the
   /// block map, and the device counters the cache writes (cached, pool_hits, pool_waits,
@@ -259,7 +259,7 @@ class call_ref {
 /// Every cache of the process, one per CUDA context, and the capture count.
 class cache_registry {
  public:
-  explicit cache_registry(ipc::Tracker& t) : tracker_(t) {}
+  explicit cache_registry(core::Tracker& t) : tracker_(t) {}
 
   /// The cache of the calling thread's current context, created on first use; nullptr
   /// without a current context or for a device past what the ring tracks. Cost when the
@@ -305,7 +305,7 @@ class cache_registry {
  private:
   cache_resource* create(CUcontext ctx) noexcept;
 
-  ipc::Tracker& tracker_;
+  core::Tracker& tracker_;
   static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
   std::mutex mu_;
   std::atomic<cache_resource*> caches_[kMax] = {};
@@ -329,4 +329,4 @@ bool queues_work(const char* name) noexcept;
 /// or dlsym): the caches' fast reuse is turned off for the process (logged once).
 void work_untracked(const char* name, int cuda_version) noexcept;
 
-}  // namespace cuw::mr
+}  // namespace cuw::backends
