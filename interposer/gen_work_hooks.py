@@ -22,10 +22,15 @@ fast reuse off for the process (see cache_resource.hpp).
 import re
 import sys
 
-SUBMITS = re.compile(
-    r"^cu(Launch|Memcpy|Memset|GraphLaunch|StreamWaitValue|StreamWriteValue|StreamBatchMemOp|"
-    r"MemPrefetch|MemDiscard|MemBatchDecompress|SignalExternalSemaphores|WaitExternalSemaphores|"
-    r"MemMapArrayAsync|StreamAddCallback)")
+# Name prefixes of the entry points that queue GPU work. The table below gets a row for each
+# export that starts with one; the library also gets the list itself (CUW_WORK_PREFIXES), to
+# recognize such a name the driver hands out that has no row (base/work_epoch.cpp).
+SUBMIT_PREFIXES = [
+    "cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch", "cuStreamWaitValue", "cuStreamWriteValue",
+    "cuStreamBatchMemOp", "cuMemPrefetch", "cuMemDiscard", "cuMemBatchDecompress", "cuSignalExternalSemaphores",
+    "cuWaitExternalSemaphores", "cuMemMapArrayAsync", "cuStreamAddCallback",
+]
+SUBMITS = re.compile("^(" + "|".join(re.escape(p) for p in SUBMIT_PREFIXES) + ")")
 
 # Exports that match SUBMITS but get no row, and why.
 SKIPPED_REASONS = {
@@ -132,6 +137,10 @@ def main():
         out.append(f"#undef {n}")
     out.append("#define CUW_WORK_HOOKS(X) \\")
     out.append(" \\\n".join(rows))
+    out.append("")
+    out.append("// The prefixes those names were matched by (X(\"cuLaunch\") ...).")
+    out.append("#define CUW_WORK_PREFIXES(X) \\")
+    out.append(" \\\n".join(f'  X("{p}")' for p in SUBMIT_PREFIXES))
     out.append("")
     sys.stdout.write("\n".join(out) + "\n")
 

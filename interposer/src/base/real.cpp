@@ -8,9 +8,9 @@
 
 #include <cstring>
 
-#include "backends/cache/cache_resource.hpp"
 #include "base/libc_elf.hpp"
 #include "base/log.hpp"
+#include "base/work_epoch.hpp"
 
 namespace cuw::hook {
 
@@ -128,7 +128,7 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
   // The driver handed back a pointer we do not know by address. Fall back to the variant
   // rules, but only for CUDA versions whose variants this build knows.
   if (cuda_version > CUDA_VERSION) {
-    if (backends::queues_work(symbol)) backends::work_untracked(symbol, cuda_version);
+    if (work::queues_work(symbol)) work::untracked_entry_point(symbol, cuda_version);
     return real;
   }
   const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
@@ -144,7 +144,7 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
   if (best)
     log::debug("cuwarden: cuGetProcAddress(%s, %d, %#llx): unknown address, hooked by name as %s", symbol,
                     cuda_version, static_cast<unsigned long long>(flags), best->name);
-  if (!best && backends::queues_work(symbol)) backends::work_untracked(symbol, cuda_version);
+  if (!best && work::queues_work(symbol)) work::untracked_entry_point(symbol, cuda_version);
   return best ? best->wrapper : real;
 }
 
@@ -169,7 +169,7 @@ __attribute__((noinline)) void* redirect_found(void* r, const char* name) {
   if (!r) return r;
   cuw::hook::resolve_lib(name[0] == 'n' ? 1 : 0, false);  // loaded? then know its real pointers
   void* w = cuw::hook::redirect_by_pointer(r);
-  if (w == r && cuw::backends::queues_work(name)) cuw::backends::work_untracked(name, 0);
+  if (w == r && cuw::work::queues_work(name)) cuw::work::untracked_entry_point(name, 0);
   return w;
 }
 

@@ -13,6 +13,7 @@
 #include "backends/cache/cache_resource.hpp"
 #include "base/fast_clock.hpp"
 #include "base/real.hpp"
+#include "base/work_epoch.hpp"
 #include "core/arrays.hpp"
 #include "core/context_sweep.hpp"
 #include "core/host.hpp"
@@ -223,15 +224,9 @@ CUW_INLINE bool cache_free_async(Tracker& t, CUdeviceptr dptr, CUstream stream, 
 }
 __attribute__((noinline)) bool cache_free_async_slow(cache_registry* reg, CUdeviceptr dptr, CUstream stream,
                                                     bool per_thread, CUresult* r) {
-  if (cache_registry::captures.load(std::memory_order_acquire) > 0) {
-    using fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
-    static auto is_cap = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing"));
-    static auto is_cap_pt = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing_ptsz"));
-    auto q = per_thread && is_cap_pt ? is_cap_pt : is_cap;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (cuw::work::capturing()) {
     bool live = false;
-    if (q && q(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE &&
-        reg->owner_of(dptr, nullptr, &live) && live) {
+    if (cuw::work::stream_capturing(stream, per_thread) && reg->owner_of(dptr, nullptr, &live) && live) {
       *r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
       return true;
     }
@@ -431,24 +426,15 @@ CUW_EXPORT CUresult hook_cuStreamDestroy_v2(CUstream stream) {
 
 namespace {
 void capture_begun(CUresult r) {
-  if (r == CUDA_SUCCESS) cache_registry::captures.fetch_add(1, std::memory_order_acq_rel);
+  if (r == CUDA_SUCCESS) cuw::work::capture_begun();
 }
 /// Ends one capture in the count if `stream` was capturing (a capture begun through an
 /// entry point we do not hook never makes the count negative).
 template <class End>
 CUresult capture_end(CUstream stream, bool per_thread, End&& end) {
-  using fn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
-  static auto is_cap = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing"));
-  static auto is_cap_pt = reinterpret_cast<fn>(cuw::hook::driver_symbol("cuStreamIsCapturing_ptsz"));
-  auto q = per_thread && is_cap_pt ? is_cap_pt : is_cap;
-  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  const bool was = q && q(stream, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+  const bool was = cuw::work::stream_capturing(stream, per_thread);
   const CUresult r = end();
-  if (was) {
-    int n = cache_registry::captures.load(std::memory_order_relaxed);
-    while (n > 0 && !cache_registry::captures.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
-    }
-  }
+  if (was) cuw::work::capture_ended();
   return r;
 }
 }  // namespace
@@ -761,7 +747,7 @@ CUW_EXPORT CUresult hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
     auto real = REAL(name);                                             \
     if (!real) return kNoDriver;                                        \
     const ret r = real args;                                            \
-    cuw::backends::work_queued();                                             \
+    cuw::work::queued();                                                   \
     return r;                                                           \
   }
 CUW_WORK_HOOKS(CUW_WORK_HOOK)

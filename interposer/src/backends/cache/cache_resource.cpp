@@ -10,6 +10,7 @@
 #include "base/fast_clock.hpp"
 #include "base/log.hpp"
 #include "base/real.hpp"
+#include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 
 namespace cuw::backends {
@@ -93,46 +94,11 @@ uint64_t large_slack(uint64_t rounded) noexcept {
   return std::max<uint64_t>(cache_resource::kLargeRound, rounded / 8);
 }
 
-bool capturing() noexcept { return cache_registry::captures.load(std::memory_order_acquire) > 0; }
-
-// The work counter (see cache_resource.hpp, "the fast case"). Starts at 1 so that a cache
-// that has seen no completed seal (idle_epoch_ 0) is never idle. g_counting is set when the
-// caches exist (pool on): before that no cache block exists for work to use.
-std::atomic<uint64_t> g_work_epoch{1};
-std::atomic<bool> g_counting{false};
-
 }  // namespace
 
-std::atomic<int> cache_registry::captures{0};
-std::atomic<bool> cache_registry::untracked_work{false};
-
-void work_queued() noexcept {
-  if (g_counting.load(std::memory_order_relaxed)) g_work_epoch.fetch_add(1, std::memory_order_release);
-}
-
-bool queues_work(const char* n) noexcept {
-  static constexpr const char* kPrefixes[] = {
-      "cuLaunch",          "cuMemcpy",           "cuMemset",        "cuGraphLaunch",
-      "cuStreamWaitValue", "cuStreamWriteValue", "cuStreamBatchMemOp", "cuMemPrefetch",
-      "cuMemDiscard",      "cuMemBatchDecompress", "cuSignalExternalSemaphores", "cuWaitExternalSemaphores",
-      "cuMemMapArrayAsync", "cuStreamAddCallback"};
-  if (!n) return false;
-  for (const char* p : kPrefixes)
-    if (std::strncmp(n, p, std::strlen(p)) == 0) return true;
-  return false;
-}
-
-void work_untracked(const char* name, int cuda_version) noexcept {
-  if (!cache_registry::untracked_work.exchange(true, std::memory_order_acq_rel))
-    log::info(
-        "cuwarden: cache: %s (CUDA %d) queues GPU work through an entry point cuwarden does not hook; freed "
-        "blocks now always wait for an event before reuse (slower, still safe)",
-        name, cuda_version);
-}
-
 CUW_HOT bool cache_resource::idle() const noexcept {
-  if (cache_registry::untracked_work.load(std::memory_order_relaxed)) return false;
-  const uint64_t now = g_work_epoch.load(std::memory_order_acquire);
+  if (work::untracked()) return false;
+  const uint64_t now = work::epoch();
   return idle_epoch_.load(std::memory_order_acquire) == now;
 }
 
@@ -162,7 +128,7 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
       tracker_(tracker),
       mu_(tracker.lock()) {
   map_.assign(1024, nullptr);
-  g_counting.store(true, std::memory_order_relaxed);
+  work::start_counting();
 }
 
 cache_resource::~cache_resource() {
@@ -349,7 +315,7 @@ bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_
 CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                        bool* cap_refused) {
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-  const bool cap_active = capturing();
+  const bool cap_active = work::capturing();
   if (!cap_active) poll_slow();
   if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
   if (!cap_active) {
@@ -403,7 +369,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   // pending frees free, before charging.
   if (!fits(seg_bytes)) {
     release_slow();
-    if (!fits(seg_bytes) && !capturing()) {
+    if (!fits(seg_bytes) && !work::capturing()) {
       wait_all_slow();
       release_slow();
     }
@@ -421,7 +387,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
     // Refused (a job's cap, which fits() does not see, or another thread's charge in
     // between): give back what this cache keeps, then charge again.
     release_slow();
-    if (!capturing()) {
+    if (!work::capturing()) {
       wait_all_slow();
       release_slow();
     }
@@ -434,7 +400,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   CUresult r = upstream_->allocate(&base, seg_bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     // The driver itself is out of memory: what the cache keeps may be the reason.
-    if (!capturing()) wait_all_slow();
+    if (!work::capturing()) wait_all_slow();
     if (release_slow() > 0) r = upstream_->allocate(&base, seg_bytes);
   }
   if (r != CUDA_SUCCESS) {
@@ -532,7 +498,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
   // fast (on the H200, leaving it out took a per-step loop from 2.6 to 4.1 us in the
   // allocator, bench/results/2026-11-30-h200-cache-fastreuse-runs.md, run E).
   const bool seal = n >= kSealBlocks || sealed_.load(std::memory_order_relaxed) == 0;
-  if ((seal || n % kPollEvery == 0) && !capturing() && slow_.try_lock()) {
+  if ((seal || n % kPollEvery == 0) && !work::capturing() && slow_.try_lock()) {
     if (seal) seal_locked_slow();
     poll_slow();
     slow_.unlock();
@@ -605,7 +571,7 @@ void cache_resource::seal_locked_slow() {
   if (!bt.head) return;
   // Read the work counter (a read-modify-write: it synchronizes with every count before it)
   // before recording: all work counted so far precedes the events.
-  bt.epoch = g_work_epoch.fetch_add(0, std::memory_order_acq_rel);
+  bt.epoch = work::epoch_for_seal();
   bool ok = drv().event_record != nullptr;
   {
     CtxScope scope(ctx_);
@@ -647,7 +613,7 @@ bool cache_resource::batch_done(Batch& bt, bool wait) {
   // Only a wait does that (a poll must not block), and never during a capture; a failed
   // synchronization means a broken context, where, as for events, only a wait decides.
   if (__builtin_expect(unsure_, 0)) {
-    if (!wait || capturing()) return false;
+    if (!wait || work::capturing()) return false;
     if (drv().ctx_sync) drv().ctx_sync();
     unsure_ = false;
   }
@@ -740,7 +706,7 @@ bool cache_resource::wait_oldest_slow() {
 }
 
 void cache_resource::wait_all_slow() {
-  if (capturing()) return;
+  if (work::capturing()) return;
   seal_locked_slow();
   while (wait_oldest_slow()) {
   }
@@ -752,7 +718,7 @@ uint64_t cache_resource::release_slow() {
   // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
   // would invalidate the program's graph) and it synchronizes the device in any other. None
   // either while the context is being destroyed: its addresses may be someone else's.
-  if (capturing() || dying_ || dead_) return 0;
+  if (work::capturing() || dying_ || dead_) return 0;
   std::vector<Segment*> gone;
   mu_.lock();
   for (auto& [base, s] : segments_) {
@@ -947,7 +913,7 @@ void cache_resource::orphan_slow(CUstream s) {
   // While a capture is active nothing may be recorded (nor the stream synchronized): the
   // next batch to complete synchronizes the context first instead (batch_done).
   if (dead_ || dying_) return;
-  if (capturing()) {
+  if (work::capturing()) {
     unsure_ = true;
     return;
   }

@@ -296,12 +296,6 @@ class cache_registry {
   /// falls between a release and the check of whether that release destroyed the context.
   CUresult serialized(call_ref<CUresult> call);
 
-  /// Stream captures active in the process (cuStreamBeginCapture* .. cuStreamEndCapture*).
-  static std::atomic<int> captures;
-  /// Set for good when the driver handed the program a work-queuing entry point that is not
-  /// hooked: the caches can then no longer tell that no work was queued (no fast reuse).
-  static std::atomic<bool> untracked_work;
-
  private:
   cache_resource* create(CUcontext ctx) noexcept;
 
@@ -314,19 +308,5 @@ class cache_registry {
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
   std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
 };
-
-/// Called by every hooked entry point that queues GPU work, after the driver accepted it:
-/// counts the work for the caches' fast case. One locked add; with the pool off one load
-/// and nothing else. Lock-free, thread-safe, never calls the driver.
-void work_queued() noexcept;
-
-/// True for the name of a driver entry point that queues GPU work (the pattern
-/// gen_work_hooks.py uses: cuLaunch*, cuMemcpy*, cuMemset*, cuGraphLaunch*, stream memory
-/// operations, prefetches, semaphores, ...).
-bool queues_work(const char* name) noexcept;
-
-/// The driver handed out `name`, a work-queuing entry point that is not hooked (cuGetProcAddress
-/// or dlsym): the caches' fast reuse is turned off for the process (logged once).
-void work_untracked(const char* name, int cuda_version) noexcept;
 
 }  // namespace cuw::backends
