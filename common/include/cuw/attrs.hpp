@@ -11,3 +11,5 @@
 // A piece of the hot path that must be inlined into each hook that uses it, so that the
 // hook's path is one stretch of code instead of calls into lines spread over the library.
 #define CUW_INLINE inline __attribute__((always_inline))
+// The same for a lambda: [&](auto& b) CUW_LAMBDA_INLINE { ... } (after the parameters).
+#define CUW_LAMBDA_INLINE __attribute__((always_inline))

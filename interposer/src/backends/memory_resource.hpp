@@ -22,13 +22,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace cuw::backends {
+#include "backends/backend.hpp"
 
-/// One allocation of the program as the driver would describe it.
-struct range {
-  CUdeviceptr base = 0;  ///< first byte of the allocation
-  std::size_t size = 0;  ///< bytes the program asked for
-};
+namespace cuw::backends {
 
 /// A source of device memory for one CUDA context. Thread safety is each backend's to
 /// state; the ones here are safe for any number of threads.

@@ -4,7 +4,8 @@
 //   1. Add one X(...) line below: return type, exported name, parameter list, argument list,
 //      the base name cuGetProcAddress is asked for, and the CUDA version that introduced
 //      this ABI variant, and whether it is the per-thread-stream variant (_ptsz/_ptds).
-//   2. Write `hook_<name>` in hooks.cpp; call the driver through REAL(name)(args...).
+//   2. Write `hook_<name>` in the hooks/ file of its family (hooks/prologue.hpp: CUW_PROLOGUE
+//      gives `real`, the driver's function).
 //   3. Add the exported name to interposer/exports.map.in (a test checks the two agree).
 // Entry points that queue GPU work are not written here: work_hooks.inc is generated from
 // the driver's export list (interposer/gen_work_hooks.py) and its names are exported by
@@ -19,6 +20,7 @@
 #undef cuGetProcAddress
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuIpcOpenMemHandle
 
 // CUW_WORK_HOOKS: every entry point that queues GPU work (generated, see the file).
 #include "base/work_hooks.inc"
@@ -127,6 +129,14 @@
   X(CUresult, cuDevicePrimaryCtxRelease, (CUdevice dev), (dev), "cuDevicePrimaryCtxRelease", 7000, 0, 0)        \
   X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), (pctx, dev), "cuDevicePrimaryCtxRetain", \
     7000, 0, 0)                                                                                                  \
+  X(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int flags),       \
+    (pdptr, handle, flags), "cuIpcOpenMemHandle", 11000, 0, 0)                                                   \
+  X(CUresult, cuIpcOpenMemHandle, (CUdeviceptr * pdptr, CUipcMemHandle handle, unsigned int flags),          \
+    (pdptr, handle, flags), "cuIpcOpenMemHandle", 4010, 0, 0)                                                    \
+  X(CUresult, cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr), "cuIpcCloseMemHandle", 4010, 0, 0)              \
+  X(CUresult, cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags), (peer, flags),                      \
+    "cuCtxEnablePeerAccess", 4000, 0, 0)                                                                         \
+  X(CUresult, cuCtxDisablePeerAccess, (CUcontext peer), (peer), "cuCtxDisablePeerAccess", 4000, 0, 0)          \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo, (cuw_nvmlDevice_t device, cuw_nvmlMemory_t * memory),           \
     (device, memory), "", 0, 0, 1)                                                                               \
   X(cuw_nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (cuw_nvmlDevice_t device, cuw_nvmlMemory_v2_t * memory),     \

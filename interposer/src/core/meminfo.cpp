@@ -1,6 +1,9 @@
 // cuwarden interposer core: the cap-adjusted view of a device's memory (see meminfo.hpp).
 #include "core/meminfo.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 namespace cuw::core {
 
 bool capped_view(const Tracker& t, ring::DeviceSlot& d, uint64_t real_total, uint64_t real_free, uint64_t* total,
@@ -25,6 +28,69 @@ bool capped_view(const Tracker& t, ring::DeviceSlot& d, uint64_t real_total, uin
   }
   *total = cap_total;
   *free_b = real_free < cap_free ? real_free : cap_free;
+  return true;
+}
+
+void report_meminfo(Tracker& t, size_t* free_bytes, size_t* total_bytes) {
+  if (t.config().meminfo_physical) return;
+  const int ordinal = t.current_device();
+  ring::DeviceSlot* d = t.device(ordinal);
+  if (!d) return;
+  t.refresh_pools(ordinal, nullptr, true, false);  // keep `reserved` current for whoever watches
+  const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : ~0ULL);
+  uint64_t total, free_b;
+  if (!capped_view(t, *d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) {
+    // Uncapped: the driver's figures, plus what the cache keeps for reuse (free for the program).
+    const uint64_t cached = d->cached.load(std::memory_order_relaxed);
+    if (free_bytes && cached) *free_bytes += std::min<uint64_t>(cached, physical - std::min<uint64_t>(*free_bytes, physical));
+    return;
+  }
+  if (total_bytes) *total_bytes = total;
+  if (free_bytes) *free_bytes = free_b;
+}
+
+void report_total_mem(Tracker& t, int dev, size_t* bytes) {
+  if (t.config().meminfo_physical) return;
+  ring::DeviceSlot* d = t.device(dev);
+  if (!d) return;
+  const uint64_t limit = d->limit.load(std::memory_order_relaxed);
+  if (limit != ring::kNoLimit && limit < *bytes) *bytes = limit;
+  uint64_t job_cap = 0, job_used = 0;
+  if (t.job_view(dev, &job_cap, &job_used) && job_cap < *bytes) *bytes = job_cap;
+}
+
+namespace {
+/// The slot of the process's device whose UUID NVML writes as `uuid`, or nullptr.
+ring::DeviceSlot* slot_for_uuid(Tracker& t, const char* uuid) {
+  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -> 16 bytes
+  uint8_t bytes[16];
+  int n = 0;
+  for (const char* c = std::strncmp(uuid, "GPU-", 4) == 0 ? uuid + 4 : uuid; *c && n < 32; ++c) {
+    int v = (*c >= '0' && *c <= '9') ? *c - '0' : (*c >= 'a' && *c <= 'f') ? *c - 'a' + 10
+            : (*c >= 'A' && *c <= 'F') ? *c - 'A' + 10 : -1;
+    if (v < 0) continue;
+    if (n % 2 == 0) bytes[n / 2] = static_cast<uint8_t>(v << 4);
+    else bytes[n / 2] = static_cast<uint8_t>(bytes[n / 2] | v);
+    ++n;
+  }
+  if (n != 32) return nullptr;
+  for (uint32_t o = 0; o < ring::kMaxDevices; ++o) {
+    ring::DeviceSlot& d = t.header().devices[o];
+    if (d.present.load(std::memory_order_acquire) && std::memcmp(d.uuid, bytes, 16) == 0) return &d;
+  }
+  return nullptr;
+}
+}  // namespace
+
+bool report_nvml(Tracker& t, const char* uuid, unsigned long long* total, unsigned long long* free_b,
+                 unsigned long long* used) {
+  if (t.config().meminfo_physical) return false;
+  ring::DeviceSlot* d = slot_for_uuid(t, uuid);
+  uint64_t capped_total, capped_free;
+  if (!d || !capped_view(t, *d, *total, *free_b, &capped_total, &capped_free)) return false;
+  *total = capped_total;
+  *free_b = capped_free;
+  *used = capped_total - capped_free;
   return true;
 }
 

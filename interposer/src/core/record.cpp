@@ -44,4 +44,24 @@ CUW_COLD void keep_live(Tracker& t, cuw::core::LiveTable& table, uint64_t key, c
   }
 }
 
+CUW_COLD void settle_pitch(Tracker& t, int ordinal, CUdeviceptr dptr, uint64_t est, uint64_t actual) {
+  ring::DeviceSlot* d = t.device(ordinal);
+  if (!d || actual == est) return;
+  bool adjusted = false;
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    LiveRecord rec;
+    if (t.pointers().take(dptr, &rec)) {
+      if (actual > est) t.force_charge_locked(*d, actual - est);
+      else t.uncharge_locked(*d, est - actual);
+      cuw::core::locked_add(d->reserved, actual - est);  // wraps for a decrease
+      rec.bytes = actual;
+      t.pointers().insert(dptr, rec);
+      adjusted = true;
+    }
+  }
+  if (adjusted && actual > est) t.job_force_charge(ordinal, actual - est);
+  else if (adjusted) t.job_uncharge(ordinal, est - actual);
+}
+
 }  // namespace cuw::core

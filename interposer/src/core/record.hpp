@@ -9,7 +9,6 @@
 
 #include <optional>
 
-#include "backends/cache/cache_resource.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
 #include "cuw/ring.hpp"
@@ -54,13 +53,13 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ri
   if (!d) return call();  // no context, or an ordinal past what we track
   const bool charged = !t.uncapped(*d, ordinal);
   if (__builtin_expect(charged, 0)) {  // no cap (monitoring only): the straight line
-    // With the cache on, a refusal waits until the cache gave back what it keeps free
-    // (every context's: the cap is the device's), then charges again: a refusal is for
-    // real need only.
-    cuw::backends::cache_registry* reg = t.cache();
-    Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed, reg != nullptr);
-    if (__builtin_expect(c == Tracker::Charge::refused && reg != nullptr, 0)) {
-      reg->release_all();
+    // With a pooling backend, a refusal waits until it gave back what it keeps free (every
+    // context's: the cap is the device's), then charges again: a refusal is for real need
+    // only.
+    const bool pooling = t.pooling();
+    Tracker::Charge c = t.charge(*d, ordinal, bytes, api, assumed, pooling);
+    if (__builtin_expect(c == Tracker::Charge::refused && pooling, 0)) {
+      t.reclaim();
       c = t.charge(*d, ordinal, bytes, api, assumed);  // a refusal now is counted and recorded
     }
     if (__builtin_expect(c != Tracker::Charge::ok, 0)) return c == Tracker::Charge::refused ? CUDA_ERROR_OUT_OF_MEMORY : call();
@@ -73,9 +72,9 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ri
   const uint64_t now = cuw::core::now_ns();
   if (when) *when = now;
   if (__builtin_expect(r == CUDA_SUCCESS, 1)) table.prefetch(key_of_result());
-  // The driver is out of memory and the cache keeps some (CUWARDEN_POOL=cache): give it
-  // back and try once more (an allocation the cache does not serve, e.g. cudaMallocAsync).
-  if (__builtin_expect(r == CUDA_ERROR_OUT_OF_MEMORY, 0) && t.cache() && t.cache()->release_all() > 0) r = call();
+  // The driver is out of memory and a pooling backend keeps some: give it back and try once
+  // more (an allocation the backend does not serve, e.g. cudaMallocAsync).
+  if (__builtin_expect(r == CUDA_ERROR_OUT_OF_MEMORY, 0) && t.reclaim() > 0) r = call();
   if (__builtin_expect(r != CUDA_SUCCESS, 0)) {
     if (assumed && !has_context(t)) {  // no context: the driver's answer, nothing counted
       if (charged) t.uncharge(*d, bytes);
@@ -185,5 +184,26 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::core::LiveTable& table, uint64
 /// The ordinal a stream-ordered allocation on `stream` is counted on: the current
 /// context's (Tracker::allocation_device).
 CUW_INLINE int stream_device(Tracker& t, CUstream, bool* assumed) { return t.allocation_device(assumed); }
+
+/// A stream-ordered allocation of `bytes` on `stream` through `call` (cuMemAllocAsync: `pool`
+/// nullptr, the device's default pool; cuMemAllocFromPoolAsync: the program's `pool`),
+/// recorded as tracked_alloc does (aux: the stream); then the device's `reserved` follows the
+/// pool (Tracker::pooled_alloc).
+template <class Call>
+CUW_INLINE CUresult tracked_alloc_async(Tracker& t, ring::Api api, CUmemoryPool pool, CUstream stream, uint64_t bytes,
+                                        CUdeviceptr* dptr, Call&& call) {
+  bool assumed = false;
+  const int ordinal = stream_device(t, stream, &assumed);
+  uint64_t now = 0;
+  const CUresult r =
+      tracked_alloc(t, api, ordinal, assumed, bytes, reinterpret_cast<uint64_t>(stream), dptr, call, &now);
+  if (r == CUDA_SUCCESS) t.pooled_alloc(ordinal, pool, stream, now);
+  return r;
+}
+
+/// cuMemAllocPitch: the allocation was charged `estimate` bytes before the driver chose its
+/// pitch; the record at `dptr`, if still live, now counts `actual` (pitch x height), charged
+/// even over a cap (the driver holds it). Cold.
+void settle_pitch(Tracker& t, int ordinal, CUdeviceptr dptr, uint64_t estimate, uint64_t actual);
 
 }  // namespace cuw::core

@@ -17,7 +17,6 @@
 #include <new>
 #include <string>
 
-#include "backends/cache/cache_resource.hpp"
 #include "cuw/attrs.hpp"
 #include "cuw/paths.hpp"
 #include "base/fast_clock.hpp"
@@ -115,7 +114,7 @@ CUW_COLD Tracker& Tracker::create() {
 }
 
 Tracker::Tracker() : config_(load_config()) {
-  for (int& g : job_gpu_) g = -1;
+  for (int8_t& g : job_gpu_) g = -1;
   log::init(config_.log_level, config_.log_file);
   if (!config_.job.empty() && config_.errors.empty()) join_job();
   if (!config_.errors.empty()) {
@@ -136,10 +135,6 @@ Tracker::Tracker() : config_(load_config()) {
   }
   fast_clock::init(config_.clock);
   create_ring();
-  if (config_.pool == "cache") {
-    cache_owner_ = std::make_unique<backends::cache_registry>(*this);
-    cache_ = cache_owner_.get();
-  }
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
             ring_is_file_ ? ring_path_.c_str() : "(private)",
             config_.limit.empty() ? "none" : secure_getenv("CUWARDEN_LIMIT"));
@@ -249,7 +244,7 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
   }
   d.limit.store(limit, std::memory_order_relaxed);
   if (job_slot_ >= 0) {
-    job_gpu_[ordinal] = job_->gpu_index(d.uuid, d.physical_total);
+    job_gpu_[ordinal] = static_cast<int8_t>(job_->gpu_index(d.uuid, d.physical_total));
     if (job_gpu_[ordinal] < 0)
       log::warn("cuwarden: job %s uses more than %u GPUs; device %d is not counted in the job", config_.job.c_str(),
                 job::kMaxGpus, ordinal);
@@ -418,6 +413,11 @@ void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t ad
   emit_locked(kind, api, ordinal, address, bytes, aux, result, now);
 }
 
+// The process exits (or the library is unloaded): mark it in the ring.
+__attribute__((destructor)) static void cuw_on_unload() {
+  if (Tracker* t = Tracker::instance_if_created()) t->on_exit();
+}
+
 void Tracker::on_exit() noexcept {
   header_->exited_ns.store(fast_clock::realtime_ns_slow(), std::memory_order_relaxed);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::exited), std::memory_order_release);
@@ -443,6 +443,21 @@ bool Tracker::daemon_listening() const noexcept {
   const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno == EAGAIN;
   ::close(fd);
   return ok;
+}
+
+CUW_COLD backend_base* Tracker::start_backend(call_ref<backend_base*()> make) {
+  std::lock_guard<std::mutex> lk(device_mu_);
+  if (backend_base* b = backend_.load(std::memory_order_acquire)) return b;
+  backend_base* b = make();
+  backend_.store(b, std::memory_order_release);
+  if (b->pools()) pooling_.store(true, std::memory_order_release);
+  return b;
+}
+
+CUW_COLD uint64_t Tracker::reclaim() {
+  if (!pooling()) return 0;
+  backend_base* b = backend();
+  return b ? b->release() : 0;
 }
 
 void Tracker::count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t now) noexcept {

@@ -12,7 +12,9 @@
 
 #include <cuda.h>
 
+#include "base/call_ref.hpp"
 #include "core/array_owners.hpp"
+#include "core/backend_base.hpp"
 #include "core/config.hpp"
 #include "cuw/attrs.hpp"
 #include "base/fast_clock.hpp"
@@ -21,10 +23,6 @@
 #include "base/spin_lock.hpp"
 #include "cuw/job.hpp"
 #include "cuw/ring.hpp"
-
-namespace cuw::backends {
-class cache_registry;
-}
 
 namespace cuw::core {
 
@@ -277,9 +275,20 @@ class Tracker {
     __builtin_prefetch(&header_->write_pos, 1, 3);
   }
 
-  /// CUWARDEN_POOL=cache: the caches (one per CUDA context); nullptr with the pool off.
-  /// Lock-free (one load).
-  backends::cache_registry* cache() noexcept { return cache_; }
+  /// The allocation backend chosen at start (backends/backend.hpp), in the hot line: the
+  /// hooks dispatch on it. nullptr until the first hook that needs it started it
+  /// (backends::start). Lock-free (one load).
+  CUW_INLINE backend_base* backend() const noexcept { return backend_.load(std::memory_order_acquire); }
+  /// True once a pooling backend is in place (backend()->pools()), read without touching the
+  /// backend's own lines. Lock-free.
+  CUW_INLINE bool pooling() const noexcept { return pooling_.load(std::memory_order_acquire); }
+  /// Install the backend `make()` returns (backends::start), once: the first caller makes
+  /// it, callers racing it wait and get the same one. Returns the backend in place; `make`
+  /// must not return nullptr. Thread-safe; cold.
+  backend_base* start_backend(call_ref<backend_base*()> make);
+  /// Ask the backend for the memory it keeps (backend_base::release), if it pools; the bytes
+  /// given back. Without the lock held. Cold.
+  uint64_t reclaim();
 
   /// With lock() held: the allocation `rec` (taken out of its live table, at `key`) was
   /// freed by the driver where no free hook saw it. `api` says how it was found:
@@ -344,6 +353,7 @@ class Tracker {
   // at a fixed offset (slots()).
   alignas(64) spin_lock mu_;
   std::atomic<bool> single_device_{false};  ///< the process sees one device (allocation_device)
+  std::atomic<bool> pooling_{false};        ///< backend_ pools (set after it, with release)
   std::atomic<uint32_t> filled_{0};         ///< bit i: devices[i] is filled (device())
   static_assert(ring::kMaxDevices <= 32, "filled_ holds one bit per device");
   uint32_t slot_count_ = 0;
@@ -352,17 +362,18 @@ class Tracker {
   /// The ring's write position: only this process writes it, under lock(), so the producer
   /// keeps its own copy and never reads the shared header's (a line the daemon reads).
   uint64_t write_pos_ = 0;
-  backends::cache_registry* cache_ = nullptr;  ///< owned (cache_owner_)
+  std::atomic<backend_base*> backend_{nullptr};  ///< never destroyed (see start_backend)
   LiveTable pointers_;
   // (end of the first line)
   std::atomic<ctx_get_device_fn> ctx_get_device_{nullptr};
   job::Segment* job_ = nullptr;
-  int job_gpu_[ring::kMaxDevices];  ///< see below
+  int8_t job_gpu_[ring::kMaxDevices];  ///< see below
+  static_assert(job::kMaxGpus <= 127, "job_gpu_ holds a job's GPU index in a byte");
 
   Config config_;
   bool ring_is_file_ = false;
   std::string ring_path_;
-  std::mutex device_mu_;
+  std::mutex device_mu_;  ///< serializes fill_device_once and start_backend (both cold)
   /// Per device: the stream-ordered pools seen and what they reserved at the last refresh.
   struct PoolSet {
     static constexpr int kMax = 8;
@@ -377,7 +388,6 @@ class Tracker {
   // The job (CUWARDEN_JOB): segment (job_, above), our slot (job_slot_, above; -1: no
   // job), the job's GPU index of each ordinal (job_gpu_, above; -1: not counted, e.g. the
   // job's GPU table is full). Set before the device is marked filled, read after it.
-  std::unique_ptr<backends::cache_registry> cache_owner_;
   LiveTable handles_;
   LiveTable host_;
   std::unique_ptr<ArrayOwners> array_owners_ = std::make_unique<ArrayOwners>();  ///< never null

@@ -6,95 +6,18 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cuw/attrs.hpp"
+#include "backends/cache/cache_backend.hpp"
+#include "backends/cache/detail/internal.hpp"
 #include "base/fast_clock.hpp"
 #include "base/log.hpp"
 #include "base/real.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
+#include "cuw/attrs.hpp"
 
 namespace cuw::backends {
 
-namespace {
-
-constexpr uint32_t kSealBlocks = 64;             ///< an open batch this large is sealed by the free
-constexpr uint32_t kPollEvery = 16;              ///< a free polls sealed batches this often
-constexpr uint64_t kGrowPending = 64ULL << 20;   ///< past this many pending bytes, wait rather than grow
-constexpr uint32_t kSealMinBlocks = 16;          ///< a missing small request seals a batch this large
-constexpr uint64_t kSealMinBytes = 8ULL << 20;   ///< ... or holding this many bytes
-
-/// Driver entry points the cache calls and does not hook, resolved once.
-struct Drv {
-  CUresult (*event_create)(CUevent*, unsigned) = nullptr;
-  CUresult (*event_record)(CUevent, CUstream) = nullptr;
-  CUresult (*event_query)(CUevent) = nullptr;
-  CUresult (*event_sync)(CUevent) = nullptr;
-  CUresult (*event_destroy)(CUevent) = nullptr;
-  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
-  CUresult (*ctx_push)(CUcontext) = nullptr;
-  CUresult (*ctx_pop)(CUcontext*) = nullptr;
-  CUresult (*ctx_get_device)(CUdevice*) = nullptr;
-  CUresult (*stream_sync)(CUstream) = nullptr;
-  CUresult (*stream_get_ctx)(CUstream, CUcontext*) = nullptr;
-  CUresult (*ctx_sync)() = nullptr;
-};
-
-template <class F>
-void resolve(F& f, const char* name) {
-  f = reinterpret_cast<F>(hook::driver_symbol(name));
-}
-
-const Drv& drv() {
-  static const Drv d = [] {
-    Drv x;
-    resolve(x.event_create, "cuEventCreate");
-    resolve(x.event_record, "cuEventRecord");
-    resolve(x.event_query, "cuEventQuery");
-    resolve(x.event_sync, "cuEventSynchronize");
-    resolve(x.event_destroy, "cuEventDestroy_v2");
-    resolve(x.ctx_get_current, "cuCtxGetCurrent");
-    resolve(x.ctx_push, "cuCtxPushCurrent_v2");
-    resolve(x.ctx_pop, "cuCtxPopCurrent_v2");
-    resolve(x.ctx_get_device, "cuCtxGetDevice");
-    resolve(x.stream_sync, "cuStreamSynchronize");
-    resolve(x.stream_get_ctx, "cuStreamGetCtx");
-    resolve(x.ctx_sync, "cuCtxSynchronize");
-    return x;
-  }();
-  return d;
-}
-
-/// Makes `ctx` current for the scope when it is not already (a free made from a thread
-/// whose current context is another one).
-class CtxScope {
- public:
-  explicit CtxScope(CUcontext ctx) noexcept {
-    CUcontext cur = nullptr;
-    if (drv().ctx_get_current && drv().ctx_get_current(&cur) == CUDA_SUCCESS && cur == ctx) return;
-    pushed_ = drv().ctx_push && drv().ctx_push(ctx) == CUDA_SUCCESS;
-  }
-  ~CtxScope() {
-    CUcontext out = nullptr;
-    if (pushed_ && drv().ctx_pop) drv().ctx_pop(&out);
-  }
-  CtxScope(const CtxScope&) = delete;
-  CtxScope& operator=(const CtxScope&) = delete;
-
- private:
-  bool pushed_ = false;
-};
-
-uint64_t class_size(int cls) noexcept {
-  if (cls < 4) return static_cast<uint64_t>(cls + 1) * 512;
-  const int k = 11 + (cls - 4) / 4, j = (cls - 4) % 4;
-  return (1ULL << k) + static_cast<uint64_t>(j + 1) * (1ULL << (k - 2));
-}
-
-uint64_t large_slack(uint64_t rounded) noexcept {
-  return std::max<uint64_t>(cache_resource::kLargeRound, rounded / 8);
-}
-
-}  // namespace
+using namespace cache_detail;  // this folder's own helpers
 
 CUW_HOT bool cache_resource::idle() const noexcept {
   if (work::untracked()) return false;
@@ -120,12 +43,13 @@ CUW_HOT int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept 
 // ---- construction ------------------------------------------------------------------------
 
 cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
-                               ring::DeviceSlot& slot, core::Tracker& tracker)
+                               ring::DeviceSlot& slot, core::Tracker& tracker, cache_backend& owner)
     : upstream_(std::move(upstream)),
       ctx_(ctx),
       ordinal_(ordinal),
       slot_(slot),
       tracker_(tracker),
+      owner_(owner),
       mu_(tracker.lock()) {
   map_.assign(1024, nullptr);
   work::start_counting();
@@ -289,7 +213,7 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
     // The cap (or the driver, out of memory) refused even after this cache gave back what
     // it keeps: the other contexts' caches give back theirs (outside this one's slow_: each
     // takes its own), and the last try's refusal is the one counted.
-    if (cache_registry* reg = tracker_.cache()) reg->release_all_except(this);
+    owner_.release_all_except(this);
     std::lock_guard<std::mutex> g(slow_);
     r = slow_allocate(out, bytes, cls, rounded, true, nullptr);
   }
@@ -853,6 +777,62 @@ bool cache_resource::do_find(CUdeviceptr p, range* out) {
   return locate(p, out, &live) && live;
 }
 
+block_info cache_resource::describe_locked(const Block& b) const noexcept {
+  const bool in_use = b.state == kLive || (b.state == kPending && b.exported);
+  return block_info{b.ptr, b.size, in_use ? b.requested : 0, ordinal_,
+                    in_use ? block_info::state::live
+                           : b.state == kPending ? block_info::state::pending : block_info::state::free};
+}
+
+bool cache_resource::blocks(std::vector<block_info>& out) {
+  // Room first, outside the lock (the hot path's: no allocation while it is held); again
+  // should the cache have carved more meanwhile.
+  auto carved = [this] {
+    size_t n = 0;
+    for (const auto& [base, s] : segments_) n += s->carved;
+    return n;
+  };
+  try {
+    for (;;) {
+      mu_.lock();
+      const size_t n = carved();
+      mu_.unlock();
+      out.reserve(out.size() + n + 64);
+      mu_.lock();
+      if (carved() > out.capacity() - out.size()) {
+        mu_.unlock();
+        continue;
+      }
+      for (const auto& [base, s] : segments_)
+        for (uint32_t k = 0; k < s->carved; ++k) out.push_back(describe_locked(s->blocks[k]));
+      mu_.unlock();
+      return true;
+    }
+  } catch (...) {
+    return false;
+  }
+}
+
+pool_stats cache_resource::stats() {
+  pool_stats st;
+  uint64_t in_use = 0;
+  mu_.lock();
+  for (const auto& [base, s] : segments_) {
+    st.reserved += s->bytes;
+    for (uint32_t k = 0; k < s->carved; ++k)
+      if (describe_locked(s->blocks[k]).status == block_info::state::live) in_use += s->blocks[k].size;
+  }
+  // What a request is served from without the driver: the largest free whole block, or the
+  // largest class with a free block or uncarved room in a slab.
+  for (auto it = free_large_.rbegin(); it != free_large_.rend() && st.largest_free == 0; ++it)
+    if (it->second) st.largest_free = it->first;
+  for (int cls = kClasses - 1; cls >= 0 && st.largest_free == 0; --cls)
+    if (free_small_[cls] || carving_[cls]) st.largest_free = class_size(cls);
+  mu_.unlock();
+  st.cached = st.reserved - in_use;
+  return st;
+}
+
 CUresult cache_resource::do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   mu_.lock();
   auto it = segments_.upper_bound(p);
@@ -925,156 +905,6 @@ void cache_resource::orphan_slow(CUstream s) {
   }
   if (e) spare_events_.push_back(e);
   if (!drv().stream_sync || drv().stream_sync(s) != CUDA_SUCCESS) unsure_ = true;
-}
-
-// ---- the registry ----------------------------------------------------------------------------
-
-namespace {
-// The calling thread's last context and its cache (initial-exec: the library is preloaded,
-// its TLS is static; no __tls_get_addr call).
-thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
-thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
-}  // namespace
-
-CUW_HOT cache_resource* cache_registry::for_current() noexcept {
-  static auto get_current = drv().ctx_get_current;
-  CUcontext ctx = nullptr;
-  if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
-  const uint64_t gen = generation_.load(std::memory_order_acquire);
-  if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache;
-  cache_resource* found = nullptr;
-  const int n = count_.load(std::memory_order_acquire);
-  if (ctx != dying_.load(std::memory_order_acquire)) {
-    for (int i = 0; i < n && !found; ++i) {
-      cache_resource* c = caches_[i].load(std::memory_order_acquire);
-      if (c && c->context() == ctx) found = c;
-    }
-  }
-  if (!found) found = create(ctx);  // waits for a destruction of ctx in progress (mu_)
-  t_ctx = ctx;
-  t_cache = found;
-  t_gen = gen;
-  return found;
-}
-
-cache_resource* cache_registry::create(CUcontext ctx) noexcept {
-  std::lock_guard<std::mutex> g(mu_);
-  const int n = count_.load(std::memory_order_relaxed);
-  int slot_index = n;  // the first free slot (a destroyed context's), else a new one
-  for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_relaxed);
-    if (c && c->context() == ctx) return c;
-    if (!c && slot_index == n) slot_index = i;
-  }
-  if (slot_index >= kMax || !drv().ctx_get_device) return nullptr;
-  CUdevice dev = -1;
-  if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
-  ring::DeviceSlot* slot = tracker_.device(dev);
-  if (!slot) return nullptr;
-  auto* c = new (std::nothrow) cache_resource(std::make_unique<driver_resource>(), ctx, dev, *slot, tracker_);
-  if (!c) return nullptr;
-  caches_[slot_index].store(c, std::memory_order_release);
-  if (slot_index == n) count_.store(n + 1, std::memory_order_release);
-  return c;
-}
-
-CUW_HOT CUresult cache_registry::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
-  // The block map answers whatever the current context is: try the thread's last cache
-  // first without asking the driver (a dropped cache finds nothing and is skipped).
-  cache_resource* first = t_cache;
-  if (!first) first = for_current();
-  if (first)
-    if (const CUresult r = first->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
-  const int n = count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c != first)
-      if (const CUresult r = c->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
-  }
-  return CUDA_ERROR_NOT_FOUND;
-}
-
-cache_resource* cache_registry::owner_of(CUdeviceptr p, range* out, bool* live) {
-  const int n = count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c->locate(p, out, live)) return c;
-  }
-  return nullptr;
-}
-
-uint64_t cache_registry::release_all() { return release_all_except(nullptr); }
-
-uint64_t cache_registry::release_all_except(const cache_resource* skip) {
-  uint64_t total = 0;
-  const int n = count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
-  return total;
-}
-
-void cache_registry::stream_created(CUstream s, unsigned flags) {
-  if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // covered by the legacy stream's event
-  if (cache_resource* c = for_current()) c->add_stream(s);
-}
-
-void cache_registry::stream_destroying(CUstream s) {
-  const int n = count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c->remove_stream(s)) return;
-  }
-  // A blocking stream (not tracked: the legacy stream's event follows its work while it
-  // exists): its work queued before the destroy is marked with an event of its own, not
-  // left to the legacy stream's ordering with a stream that no longer exists.
-  CUcontext ctx = nullptr;
-  if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || !drv().stream_get_ctx ||
-      drv().stream_get_ctx(s, &ctx) != CUDA_SUCCESS || !ctx)
-    return;
-  for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c->context() == ctx) {
-      c->orphan_stream(s);
-      return;
-    }
-  }
-}
-
-bool cache_registry::context_destroy(call_ref<CUcontext> which, call_ref<bool> destroy) {
-  std::lock_guard<std::mutex> g(mu_);
-  const CUcontext ctx = which();
-  if (!ctx) return destroy();
-  // Hide ctx's cache from for_current (its per-thread shortcut too) until the outcome, and
-  // stop its driver calls on its memory (release, frees of exported blocks, stream events).
-  dying_.store(ctx, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  const int n0 = count_.load(std::memory_order_relaxed);
-  for (int i = 0; i < n0; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
-  const bool gone = destroy();
-  if (gone) {
-    const int n = count_.load(std::memory_order_relaxed);
-    for (int i = 0; i < n; ++i) {
-      cache_resource* c = caches_[i].load(std::memory_order_relaxed);
-      if (c && c->context() == ctx) {
-        c->forget_all();
-        caches_[i].store(nullptr, std::memory_order_release);
-        dropped_.push_back(c);  // kept allocated (and reachable): a racing thread may hold it
-      }
-    }
-    generation_.fetch_add(1, std::memory_order_acq_rel);
-  } else {
-    for (int i = 0; i < n0; ++i)
-      if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
-  }
-  dying_.store(nullptr, std::memory_order_release);
-  return gone;
-}
-
-CUresult cache_registry::serialized(call_ref<CUresult> call) {
-  std::lock_guard<std::mutex> g(mu_);
-  return call();
 }
 
 }  // namespace cuw::backends

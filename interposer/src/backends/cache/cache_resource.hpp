@@ -69,6 +69,8 @@ class Tracker;
 
 namespace cuw::backends {
 
+class cache_backend;
+
 /// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
 /// tracker's lock guards the free lists (held for a few dozen instructions, never
 /// across a driver call); a mutex serializes the slow path (driver allocation, event
@@ -80,10 +82,11 @@ class cache_resource final : public memory_resource {
   /// `upstream` provides driver allocations (driver_resource; owned). `slot` holds the
   /// device's counters (cap, used, reserved, cached), `ordinal` its CUDA ordinal.
   cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
-                 core::Tracker& tracker);
+                 core::Tracker& tracker, cache_backend& owner);
   ~cache_resource() override;
 
   CUcontext context() const noexcept { return ctx_; }
+  int ordinal() const noexcept { return ordinal_; }
 
   /// allocate() as the hooks call it: the program's allocation through `api`, whose event
   /// (stamped `now_ns`, CLOCK_REALTIME read before) goes into the ring under the same lock
@@ -99,6 +102,11 @@ class cache_resource final : public memory_resource {
   /// Whether `p` lies in memory this cache took from the driver; if in a live block, *out
   /// describes that block as the program's allocation and `live` is set.
   bool locate(CUdeviceptr p, range* out, bool* live);
+  /// Appends every block this cache has carved to `out` (live, free or pending), in one
+  /// critical section (allocates outside it). Returns false if memory ran out.
+  bool blocks(std::vector<block_info>& out);
+  /// Reserved and cached bytes, and the largest request served without the driver now.
+  pool_stats stats();
 
   /// A non-blocking stream of this context was created: later batches record on it too.
   void add_stream(CUstream s);
@@ -165,6 +173,9 @@ class cache_resource final : public memory_resource {
   std::size_t do_release() override;
 
   // Under mu_.
+  /// The block as the seam describes it (an exported block whose free waits for the driver
+  /// is still live).
+  block_info describe_locked(const Block& b) const noexcept;
   Block* take_locked(int cls, uint64_t rounded) noexcept;
   void push_free_locked(Block* b) noexcept;
   void unlink_free_locked(Block* b) noexcept;
@@ -202,6 +213,7 @@ class cache_resource final : public memory_resource {
   int ordinal_;
   ring::DeviceSlot& slot_;
   core::Tracker& tracker_;
+  cache_backend& owner_;  ///< the backend this cache is one of
 
   /// The tracker's lock (Tracker::lock()): guards the free lists, the open batch and the
   /// block map, and the device counters the cache writes (cached, pool_hits, pool_waits,
@@ -236,77 +248,6 @@ class cache_resource final : public memory_resource {
   std::vector<CUevent> orphans_;        ///< last events of destroyed streams
   bool unsure_ = false;                 ///< a destroyed stream left no event: synchronize first
   void orphan_slow(CUstream s);
-};
-
-/// A reference to a callable taking nothing and returning R, for a call that runs it before
-/// returning: nothing is copied or allocated (std::function may allocate, and a hook must not
-/// throw std::bad_alloc into its caller). The callable must outlive the reference; a
-/// temporary passed straight to a call lives until the call returns.
-template <class R>
-class call_ref {
- public:
-  template <class F, class = std::enable_if_t<!std::is_same_v<std::remove_cvref_t<F>, call_ref>>>
-  call_ref(F&& f) noexcept  // implicit, as std::function's: a parameter type
-      : obj_(const_cast<void*>(static_cast<const void*>(&f))),
-        call_([](void* o) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(); }) {}
-  R operator()() const { return call_(obj_); }
-
- private:
-  void* obj_;
-  R (*call_)(void*);
-};
-
-/// Every cache of the process, one per CUDA context, and the capture count.
-class cache_registry {
- public:
-  explicit cache_registry(core::Tracker& t) : tracker_(t) {}
-
-  /// The cache of the calling thread's current context, created on first use; nullptr
-  /// without a current context or for a device past what the ring tracks. Cost when the
-  /// context is the thread's last one: one cuCtxGetCurrent and two compares.
-  cache_resource* for_current() noexcept;
-  /// Free live block `p` in whichever cache owns it (free_traced; the thread's last cache
-  /// first). CUDA_ERROR_INVALID_VALUE when `p` is inside a cache's memory but not a live
-  /// block's start; CUDA_ERROR_NOT_FOUND when no cache holds it.
-  CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
-  /// The cache whose memory contains `p` (live or not), or nullptr.
-  cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
-
-  /// Give back to the driver everything every cache keeps (waiting for pending frees,
-  /// except during a capture); returns the bytes. For a driver allocation that failed with
-  /// CUDA_ERROR_OUT_OF_MEMORY outside the caches (cudaMallocAsync, cuMemCreate, ...).
-  uint64_t release_all();
-  /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
-  /// has just released itself).
-  uint64_t release_all_except(const cache_resource* skip);
-
-  void stream_created(CUstream s, unsigned flags);
-  void stream_destroying(CUstream s);
-  /// Under the registry's lock: `which()` names the context a driver call may destroy
-  /// (nullptr: none of ours), then `destroy` runs that call (cuCtxDestroy, a primary
-  /// context's reset or last release) and returns whether the context is gone. While it
-  /// runs, for_current finds no cache for the context (a thread asking waits for the
-  /// outcome: a context created meanwhile under the same handle gets a cache of its own),
-  /// and the context's cache makes no driver call on its memory (set_dying). When the
-  /// context is gone its cache forgets its memory (the driver freed it), otherwise it stays
-  /// as it was (a refused destroy frees nothing). Serializes context destructions with each
-  /// other and with serialized() calls. Returns destroy's answer.
-  bool context_destroy(call_ref<CUcontext> which, call_ref<bool> destroy);
-  /// Run `call` under the registry's lock: cuDevicePrimaryCtxRetain, so that no retain
-  /// falls between a release and the check of whether that release destroyed the context.
-  CUresult serialized(call_ref<CUresult> call);
-
- private:
-  cache_resource* create(CUcontext ctx) noexcept;
-
-  core::Tracker& tracker_;
-  static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
-  std::mutex mu_;
-  std::atomic<cache_resource*> caches_[kMax] = {};
-  std::atomic<int> count_{0};  ///< slots in use or freed, [0, count_)
-  std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (context_destroy; under mu_)
-  std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
-  std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
 };
 
 }  // namespace cuw::backends

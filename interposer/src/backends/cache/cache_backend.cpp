@@ -1,0 +1,253 @@
+// cuwarden interposer: the `cache` backend (see cache_backend.hpp): the caches of the process's
+// contexts, and what the hooks ask of them.
+#include "backends/cache/cache_backend.hpp"
+
+#include <algorithm>
+#include <new>
+
+#include "backends/cache/detail/internal.hpp"
+#include "base/work_epoch.hpp"
+#include "cuw/attrs.hpp"
+
+namespace cuw::backends {
+
+using namespace cache_detail;  // this folder's own helpers
+
+// ---- the program's allocations ---------------------------------------------------------------
+// Pooled blocks are not in the core's live table: a cache's own block map is authoritative.
+// The counters and events are passthrough's (alloc, free, live allocations); used, reserved
+// and cached follow the driver allocations the caches make and give back.
+
+// Hot path: the cache's allocate (a hit: one lock for the free list, the counters and the
+// event; no driver call).
+CUresult cache_backend::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
+  if (dptr && bytes != 0)
+    if (cache_resource* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
+  return passthrough_.allocate(t, dptr, bytes, real);
+}
+
+// A free of a pooled block: CUDA_SUCCESS when `dptr` was one (freed, counted, event pushed),
+// CUDA_ERROR_INVALID_VALUE when it lies in a cache's memory but is no live block's start (a
+// second free: never passed to the driver, which would free the slab or block under the
+// cache); otherwise the driver's (not the caches' memory).
+CUresult cache_backend::do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) {
+  if (dptr)
+    if (const CUresult r = free_traced(dptr, ring::Api::cuMemFree, 0, core::now_ns()); r != CUDA_ERROR_NOT_FOUND)
+      return r;
+  return passthrough_.deallocate(t, dptr, real);
+}
+
+// Stream-ordered allocations stay in the driver's pools.
+CUresult cache_backend::do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                                          alloc_async_fn real) {
+  return passthrough_.allocate_async(t, dptr, bytes, stream, real);
+}
+
+// cuMemFreeAsync of a pooled block (a cudaMalloc pointer freed stream-ordered): retired like a
+// cuMemFree (behind events on every stream, which covers `stream`). Not while `stream` is
+// being captured: the free would belong to a graph that runs later, and the block could be
+// reused before it runs; the driver's own answer for memory a graph did not allocate is an
+// error too.
+CUresult cache_backend::do_deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
+                                            free_async_fn real) {
+  if (dptr) {
+    if (work::capturing()) {
+      bool live = false;
+      if (work::stream_capturing(stream, per_thread) && owner_of(dptr, nullptr, &live) && live)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    const CUresult r = free_traced(dptr, ring::Api::cuMemFreeAsync, reinterpret_cast<uint64_t>(stream), core::now_ns());
+    if (r != CUDA_ERROR_NOT_FOUND) return r;
+  }
+  return passthrough_.deallocate_async(t, dptr, stream, per_thread, real);
+}
+
+// ---- the caches ---------------------------------------------------------------------------------
+
+namespace {
+// The calling thread's last context and its cache (initial-exec: the library is preloaded,
+// its TLS is static; no __tls_get_addr call).
+thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
+}  // namespace
+
+CUW_HOT cache_resource* cache_backend::for_current() noexcept {
+  static auto get_current = drv().ctx_get_current;
+  CUcontext ctx = nullptr;
+  if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
+  const uint64_t gen = generation_.load(std::memory_order_acquire);
+  if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache;
+  cache_resource* found = nullptr;
+  const int n = count_.load(std::memory_order_acquire);
+  if (ctx != dying_.load(std::memory_order_acquire)) {
+    for (int i = 0; i < n && !found; ++i) {
+      cache_resource* c = caches_[i].load(std::memory_order_acquire);
+      if (c && c->context() == ctx) found = c;
+    }
+  }
+  if (!found) found = create(ctx);  // waits for a destruction of ctx in progress (mu_)
+  t_ctx = ctx;
+  t_cache = found;
+  t_gen = gen;
+  return found;
+}
+
+cache_resource* cache_backend::create(CUcontext ctx) noexcept {
+  std::lock_guard<std::mutex> g(mu_);
+  const int n = count_.load(std::memory_order_relaxed);
+  int slot_index = n;  // the first free slot (a destroyed context's), else a new one
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+    if (c && c->context() == ctx) return c;
+    if (!c && slot_index == n) slot_index = i;
+  }
+  if (slot_index >= kMax || !drv().ctx_get_device) return nullptr;
+  CUdevice dev = -1;
+  if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
+  ring::DeviceSlot* slot = tracker_.device(dev);
+  if (!slot) return nullptr;
+  auto* c = new (std::nothrow) cache_resource(std::make_unique<driver_resource>(), ctx, dev, *slot, tracker_, *this);
+  if (!c) return nullptr;
+  caches_[slot_index].store(c, std::memory_order_release);
+  if (slot_index == n) count_.store(n + 1, std::memory_order_release);
+  return c;
+}
+
+CUW_HOT CUresult cache_backend::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
+  // The block map answers whatever the current context is: try the thread's last cache
+  // first without asking the driver (a dropped cache finds nothing and is skipped).
+  cache_resource* first = t_cache;
+  if (!first) first = for_current();
+  if (first)
+    if (const CUresult r = first->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c != first)
+      if (const CUresult r = c->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+cache_resource* cache_backend::owner_of(CUdeviceptr p, range* out, bool* live) {
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c->locate(p, out, live)) return c;
+  }
+  return nullptr;
+}
+
+uint64_t cache_backend::release_all_except(const cache_resource* skip) {
+  uint64_t total = 0;
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (cache_resource* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
+  return total;
+}
+
+void cache_backend::do_stream_created(core::Tracker&, CUstream s, unsigned flags) {
+  if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // covered by the legacy stream's event
+  if (cache_resource* c = for_current()) c->add_stream(s);
+}
+
+void cache_backend::do_stream_destroying(core::Tracker&, CUstream s) {
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c->remove_stream(s)) return;
+  }
+  // A blocking stream (not tracked: the legacy stream's event follows its work while it
+  // exists): its work queued before the destroy is marked with an event of its own, not
+  // left to the legacy stream's ordering with a stream that no longer exists.
+  CUcontext ctx = nullptr;
+  if (s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || !drv().stream_get_ctx ||
+      drv().stream_get_ctx(s, &ctx) != CUDA_SUCCESS || !ctx)
+    return;
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (c && c->context() == ctx) {
+      c->orphan_stream(s);
+      return;
+    }
+  }
+}
+
+bool cache_backend::do_context_destroy(core::Tracker&, call_ref<CUcontext()> which, call_ref<bool()> destroy) {
+  std::lock_guard<std::mutex> g(mu_);
+  const CUcontext ctx = which();
+  if (!ctx) return destroy();
+  // Hide ctx's cache from for_current (its per-thread shortcut too) until the outcome, and
+  // stop its driver calls on its memory (release, frees of exported blocks, stream events).
+  dying_.store(ctx, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  const int n0 = count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n0; ++i)
+    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
+  const bool gone = destroy();
+  if (gone) {
+    const int n = count_.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i) {
+      cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+      if (c && c->context() == ctx) {
+        c->forget_all();
+        caches_[i].store(nullptr, std::memory_order_release);
+        dropped_.push_back(c);  // kept allocated (and reachable): a racing thread may hold it
+      }
+    }
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  } else {
+    for (int i = 0; i < n0; ++i)
+      if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
+  }
+  dying_.store(nullptr, std::memory_order_release);
+  return gone;
+}
+
+CUresult cache_backend::do_context_retain(core::Tracker&, call_ref<CUresult()> call) {
+  std::lock_guard<std::mutex> g(mu_);
+  return call();
+}
+
+// ---- queries and IPC ------------------------------------------------------------------------------
+// The driver knows the caches' driver allocations, not the blocks in them: for a pooled
+// address these answer with the program's allocation (the block).
+
+bool cache_backend::do_locate(core::Tracker&, CUdeviceptr p, range* out, bool* live) {
+  return owner_of(p, out, live) != nullptr;
+}
+
+CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) {
+  bool live = false;
+  if (cache_resource* c = owner_of(p, nullptr, &live)) {
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    const CUresult r = c->ipc_handle(handle, p);
+    if (r != CUDA_ERROR_NOT_FOUND) return r;
+  }
+  return passthrough_.ipc_export(t, handle, p, real);
+}
+
+void cache_backend::do_for_each_block(core::Tracker&, call_ref<void(const block_info&)> visit) {
+  std::vector<block_info> all;
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) c->blocks(all);
+  for (const block_info& b : all) visit(b);
+}
+
+pool_stats cache_backend::do_stats(core::Tracker&, int ordinal) {
+  pool_stats total;
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    if (!c || c->ordinal() != ordinal) continue;
+    const pool_stats s = c->stats();
+    total.reserved += s.reserved;
+    total.cached += s.cached;
+    total.largest_free = std::max(total.largest_free, s.largest_free);
+  }
+  return total;
+}
+
+}  // namespace cuw::backends

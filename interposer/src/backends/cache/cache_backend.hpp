@@ -1,0 +1,100 @@
+// cuwarden interposer: the `cache` backend (CUWARDEN_POOL=cache): one cache_resource per CUDA
+// context (cache_resource.hpp has the design), found from the calling thread's current context.
+// What the caches do not serve (stream-ordered allocations, calls without a context, IPC
+// imports) goes to passthrough.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "backends/backend.hpp"
+#include "backends/cache/cache_resource.hpp"
+#include "backends/passthrough.hpp"
+#include "base/call_ref.hpp"
+#include "core/tracker.hpp"
+#include "cuw/ring.hpp"
+
+namespace cuw::backends {
+
+/// Every cache of the process, one per CUDA context. Thread-safe.
+class cache_backend final : public backend {
+ public:
+  explicit cache_backend(core::Tracker& t) : backend(true), tracker_(t) {}
+
+  /// The cache of the calling thread's current context, created on first use; nullptr
+  /// without a current context or for a device past what the ring tracks. Cost when the
+  /// context is the thread's last one: one cuCtxGetCurrent and two compares.
+  cache_resource* for_current() noexcept;
+  /// Free live block `p` in whichever cache owns it (free_traced; the thread's last cache
+  /// first). CUDA_ERROR_INVALID_VALUE when `p` is inside a cache's memory but not a live
+  /// block's start; CUDA_ERROR_NOT_FOUND when no cache holds it.
+  CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
+  /// The cache whose memory contains `p` (live or not), or nullptr.
+  cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
+
+  /// Give back to the driver everything every cache keeps (waiting for pending frees,
+  /// except during a capture); returns the bytes. For a driver allocation that failed with
+  /// CUDA_ERROR_OUT_OF_MEMORY outside the caches (cudaMallocAsync, cuMemCreate, ...), or
+  /// refused by a cap.
+  uint64_t release() override { return release_all_except(nullptr); }
+  /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
+  /// has just released itself).
+  uint64_t release_all_except(const cache_resource* skip);
+
+ private:
+  CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override;
+  CUresult do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) override;
+  CUresult do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                             alloc_async_fn real) override;
+  CUresult do_deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
+                               free_async_fn real) override;
+  /// A non-blocking stream gets its own event when a batch of frees is sealed.
+  void do_stream_created(core::Tracker& t, CUstream s, unsigned flags) override;
+  void do_stream_destroying(core::Tracker& t, CUstream s) override;
+  /// Under the backend's lock: `which()` names the context a driver call may destroy
+  /// (nullptr: none of ours), then `destroy` runs that call (cuCtxDestroy, a primary
+  /// context's reset or last release) and returns whether the context is gone. While it
+  /// runs, for_current finds no cache for the context (a thread asking waits for the
+  /// outcome: a context created meanwhile under the same handle gets a cache of its own),
+  /// and the context's cache makes no driver call on its memory (set_dying). When the
+  /// context is gone its cache forgets its memory (the driver freed it), otherwise it stays
+  /// as it was (a refused destroy frees nothing). Serializes context destructions with each
+  /// other and with retains. Returns destroy's answer.
+  bool do_context_destroy(core::Tracker& t, call_ref<CUcontext()> which, call_ref<bool()> destroy) override;
+  /// Runs `call` (cuDevicePrimaryCtxRetain) under the backend's lock, so that no retain falls
+  /// between a release and the check of whether that release destroyed the context.
+  CUresult do_context_retain(core::Tracker& t, call_ref<CUresult()> call) override;
+  /// Nothing to do: the caches' memory is the driver's cuMemAlloc memory, which the driver
+  /// maps for a peer itself.
+  void do_peer_access_changed(core::Tracker&, CUcontext, bool) override {}
+  bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) override;
+  CUresult do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) override;
+  /// A handle of a pooled block maps a whole driver allocation: the driver opens it.
+  CUresult do_ipc_import(core::Tracker& t, CUdeviceptr* p, CUipcMemHandle handle, unsigned flags,
+                         ipc_import_fn real) override {
+    return passthrough_.ipc_import(t, p, handle, flags, real);
+  }
+  CUresult do_ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) override {
+    return passthrough_.ipc_close(t, p, real);
+  }
+  void do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override;
+  pool_stats do_stats(core::Tracker& t, int ordinal) override;
+
+  cache_resource* create(CUcontext ctx) noexcept;
+
+  core::Tracker& tracker_;
+  passthrough passthrough_;
+  static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
+  std::mutex mu_;
+  std::atomic<cache_resource*> caches_[kMax] = {};
+  std::atomic<int> count_{0};  ///< slots in use or freed, [0, count_)
+  std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (do_context_destroy; under mu_)
+  std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
+  std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
+};
+
+}  // namespace cuw::backends

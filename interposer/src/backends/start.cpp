@@ -1,0 +1,24 @@
+// cuwarden interposer: choosing the backend (see start.hpp).
+#include "backends/start.hpp"
+
+#include <new>
+#include <string>
+
+#include "backends/cache/cache_backend.hpp"
+#include "core/config.hpp"
+
+namespace cuw::backends {
+
+constinit passthrough g_passthrough;
+
+CUW_COLD backend& start(core::Tracker& t) {
+  core::backend_base* b = t.start_backend([&t]() -> core::backend_base* {
+    const std::string& pool = t.config().pool;  // validated by core/config.cpp
+    // One line per backend; a pool that cannot be had (no memory) runs as `off`.
+    if (pool == "cache") if (auto* c = new (std::nothrow) cache_backend(t)) return c;
+    return &g_passthrough;
+  });
+  return static_cast<backend&>(*b);
+}
+
+}  // namespace cuw::backends

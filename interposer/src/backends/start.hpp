@@ -1,0 +1,44 @@
+// cuwarden interposer: the backend chosen at start, and the hooks' way of calling it.
+#pragma once
+
+#include "backends/backend.hpp"
+#include "backends/passthrough.hpp"
+#include "core/tracker.hpp"
+#include "cuw/attrs.hpp"
+
+namespace cuw::backends {
+
+/// The passthrough backend: one for the process, constant-initialized (it exists before any
+/// constructor of this library runs, as hooks may). Hidden in the declaration too, so that the
+/// hooks compare against its address directly rather than load it from the GOT (a data line).
+extern passthrough g_passthrough __attribute__((visibility("hidden")));
+
+/// Chooses the backend CUWARDEN_POOL names (backends/start.cpp: one line per backend) and
+/// installs it in `t`, unless another thread did first; returns the one installed. Cold: once
+/// per process (and per forked child). Thread-safe.
+backend& start(core::Tracker& t);
+
+/// `t`'s backend, started if none is yet. Thread-safe.
+inline backend& chosen(core::Tracker& t) {
+  core::backend_base* b = t.backend();
+  return __builtin_expect(b != nullptr, 1) ? static_cast<backend&>(*b) : start(t);
+}
+
+/// op(backend) for `t`'s backend: op(g_passthrough) when passthrough is chosen, so that its
+/// inline methods are what runs (the off path costs one load and one compare over calling
+/// the core directly), else op(backend&): a virtual call. `op` is generic: [&](auto& b) {...}.
+template <class Op>
+CUW_INLINE decltype(auto) with_backend(core::Tracker& t, Op&& op) {
+  core::backend_base* b = t.backend();
+  if (__builtin_expect(b == &g_passthrough, 1)) return op(g_passthrough);
+  return op(__builtin_expect(b != nullptr, 1) ? static_cast<backend&>(*b) : start(t));
+}
+
+/// `t`'s backend if `t` exists and started one, else nullptr (never creates either): for hooks
+/// that only ask or notify (pointer queries, a stream's destruction): before a backend
+/// starts, nothing is pooled.
+inline backend* started(core::Tracker* t) noexcept {
+  return t ? static_cast<backend*>(t->backend()) : nullptr;
+}
+
+}  // namespace cuw::backends

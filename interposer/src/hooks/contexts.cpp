@@ -1,0 +1,172 @@
+// cuwarden interposer hooks: streams, captures, contexts and peer access: what a pool must
+// know (a non-blocking stream gets its own event when a batch of frees is sealed; while any
+// capture is active nothing is recorded, queried or waited for; a context that goes away takes
+// its memory with it, which the counters and the pool both let go of).
+#include <cuda.h>
+
+#include "backends/start.hpp"
+#include "base/real.hpp"
+#include "base/work_epoch.hpp"
+#include "core/array_owners.hpp"
+#include "core/context_sweep.hpp"
+#include "core/tracker.hpp"
+#include "hooks/prologue.hpp"
+
+using cuw::core::ArrayOwners;
+using cuw::core::Tracker;
+namespace backends = cuw::backends;
+namespace core = cuw::core;
+
+// ---- streams (CUDA driver API: Stream Management) ---------------------------------------------
+
+#define CUW_STREAM_CREATE(name, params, args)                                                     \
+  CUW_EXPORT CUresult hook_##name params {                                                        \
+    CUW_PROLOGUE(name, CUW_UNPAREN args);                                                         \
+    const CUresult r = real args;                                                                 \
+    if (r == CUDA_SUCCESS && stream) {                                                            \
+      Tracker& t = Tracker::get();                                                                \
+      backends::with_backend(t, [&](auto& b) { b.stream_created(t, *stream, flags); });          \
+    }                                                                                             \
+    return r;                                                                                     \
+  }
+#define CUW_UNPAREN(...) __VA_ARGS__
+CUW_STREAM_CREATE(cuStreamCreate, (CUstream * stream, unsigned int flags), (stream, flags))
+CUW_STREAM_CREATE(cuStreamCreateWithPriority, (CUstream * stream, unsigned int flags, int priority),
+                  (stream, flags, priority))
+#undef CUW_STREAM_CREATE
+
+CUW_EXPORT CUresult hook_cuStreamDestroy_v2(CUstream stream) {
+  CUW_PROLOGUE(cuStreamDestroy_v2, stream);
+  Tracker* t = Tracker::instance_if_created();
+  if (backends::backend* b = backends::started(t); b && stream) b->stream_destroying(*t, stream);
+  return real(stream);
+}
+
+// ---- captures (CUDA driver API: Stream Management, stream capture) ----------------------------
+// Counted in base/work_epoch.hpp from the library's load: every way to begin a capture, the
+// driver call, then the count; every way to end one, the count after the driver call if the
+// stream was capturing (a capture begun through an entry point we do not hook never makes
+// the count negative).
+
+#define CUW_BEGIN_CAPTURE(name, params, args)                      \
+  CUW_EXPORT CUresult hook_##name params {                         \
+    CUW_REAL(name);                                                \
+    const CUresult r = real args;                                  \
+    if (r == CUDA_SUCCESS) cuw::work::capture_begun();             \
+    return r;                                                      \
+  }
+CUW_BEGIN_CAPTURE(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode), (stream, mode))
+CUW_BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, (CUstream stream, CUstreamCaptureMode mode), (stream, mode))
+CUW_BEGIN_CAPTURE(cuStreamBeginCaptureToGraph,
+                  (CUstream stream, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                   size_t ndeps, CUstreamCaptureMode mode),
+                  (stream, graph, deps, edges, ndeps, mode))
+CUW_BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz,
+                  (CUstream stream, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                   size_t ndeps, CUstreamCaptureMode mode),
+                  (stream, graph, deps, edges, ndeps, mode))
+#undef CUW_BEGIN_CAPTURE
+
+#define CUW_END_CAPTURE(name, per_thread)                                  \
+  CUW_EXPORT CUresult hook_##name(CUstream stream, CUgraph* graph) {       \
+    CUW_REAL(name);                                                        \
+    const bool was = cuw::work::stream_capturing(stream, per_thread);     \
+    const CUresult r = real(stream, graph);                                \
+    if (was) cuw::work::capture_ended();                                   \
+    return r;                                                              \
+  }
+CUW_END_CAPTURE(cuStreamEndCapture, false)
+CUW_END_CAPTURE(cuStreamEndCapture_ptsz, true)
+#undef CUW_END_CAPTURE
+
+// ---- contexts (CUDA driver API: Context Management, Primary Context Management) --------------
+// A call that may destroy a context goes through the backend (context_destroy: it forgets the
+// context's pool), around the core's sweep: the context's arrays are taken just before the
+// driver call, and what the driver freed with the context is counted freed after it
+// (core/context_sweep.hpp).
+
+CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
+  CUW_PROLOGUE(cuCtxDestroy_v2, ctx);
+  Tracker* t = ctx ? Tracker::instance_if_created() : nullptr;
+  if (!t) return real(ctx);  // nothing counted yet
+  CUresult r = CUDA_SUCCESS;
+  ArrayOwners::Snapshot arrays;  // ctx's arrays, taken just before the driver call
+  auto destroy = [&] {
+    arrays = core::arrays_of(*t, ctx);
+    return (r = real(ctx)) == CUDA_SUCCESS;
+  };
+  if (backends::chosen(*t).context_destroy(*t, [ctx] { return ctx; }, destroy)) core::forget_driver_freed(*t, arrays);
+  return r;
+}
+
+namespace {
+/// A call that resets or releases device `dev`'s primary context: when it leaves the
+/// context destroyed (a reset; the release of its last reference, even when another thread
+/// has made the primary active again since: its context ID then differs), the backend
+/// forgets the memory the driver freed with it (backend::context_destroy, which for the cache
+/// makes the check and the call under its lock: retains wait), and so do the counters
+/// (forget_driver_freed).
+template <class Call>
+CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
+  Tracker* t = Tracker::instance_if_created();
+  if (!t) return call();
+  CUresult r = CUDA_SUCCESS;
+  CUcontext primary = nullptr;   // the context destroyed, if the call destroys it
+  ArrayOwners::Snapshot arrays;  // its arrays, taken just before the call
+  unsigned long long id = 0;     // its context ID before the call (0: not known)
+  auto which = [&] {
+    primary = core::active_primary(dev);
+    id = core::context_id(primary);
+    return primary;
+  };
+  auto again = [&] {  // active now, but not the context the call released
+    const unsigned long long now_id = core::context_id(primary);
+    return id != 0 && now_id != 0 && now_id != id;
+  };
+  auto run = [&] {
+    arrays = core::arrays_of(*t, primary);
+    r = call();
+    return r == CUDA_SUCCESS && primary != nullptr && (reset || core::primary_gone(dev) || again());
+  };
+  if (backends::chosen(*t).context_destroy(*t, which, run)) core::forget_driver_freed(*t, arrays);
+  return r;
+}
+}  // namespace
+
+CUW_EXPORT CUresult hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  CUW_PROLOGUE(cuDevicePrimaryCtxRetain, pctx, dev);
+  Tracker* t = Tracker::instance_if_created();
+  backends::backend* b = backends::started(t);
+  if (!b) return real(pctx, dev);
+  return b->context_retain(*t, [&] { return real(pctx, dev); });  // not between a release and its check
+}
+
+#define CUW_PRIMARY(name, reset)                                      \
+  CUW_EXPORT CUresult hook_##name(CUdevice dev) {                     \
+    CUW_PROLOGUE(name, dev);                                          \
+    return primary_call(dev, reset, [&] { return real(dev); });       \
+  }
+CUW_PRIMARY(cuDevicePrimaryCtxReset_v2, true)
+CUW_PRIMARY(cuDevicePrimaryCtxReset, true)
+CUW_PRIMARY(cuDevicePrimaryCtxRelease_v2, false)
+CUW_PRIMARY(cuDevicePrimaryCtxRelease, false)
+#undef CUW_PRIMARY
+
+// ---- peer access (CUDA driver API: Peer Context Memory Access) --------------------------------
+// A pool that maps its own memory must map it for the peer as well.
+
+CUW_EXPORT CUresult hook_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+  CUW_PROLOGUE(cuCtxEnablePeerAccess, peer, flags);
+  const CUresult r = real(peer, flags);
+  Tracker* t = Tracker::instance_if_created();
+  if (backends::backend* b = backends::started(t); b && r == CUDA_SUCCESS) b->peer_access_changed(*t, peer, true);
+  return r;
+}
+
+CUW_EXPORT CUresult hook_cuCtxDisablePeerAccess(CUcontext peer) {
+  CUW_PROLOGUE(cuCtxDisablePeerAccess, peer);
+  const CUresult r = real(peer);
+  Tracker* t = Tracker::instance_if_created();
+  if (backends::backend* b = backends::started(t); b && r == CUDA_SUCCESS) b->peer_access_changed(*t, peer, false);
+  return r;
+}
