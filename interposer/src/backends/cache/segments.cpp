@@ -1,0 +1,251 @@
+// cuwarden interposer: the `cache` backend's driver allocations (segments) once made: giving
+// them back (release; a destroyed context's forget_all), and what they answer for (pointer
+// queries, IPC export, the blocks and statistics the seam reports).
+#include "backends/cache/cache_resource.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "backends/cache/cache_backend.hpp"
+#include "backends/cache/detail/internal.hpp"
+#include "base/log.hpp"
+#include "base/work_epoch.hpp"
+#include "core/tracker.hpp"
+#include "cuw/attrs.hpp"
+
+namespace cuw::backends {
+
+using namespace cache_detail;  // this folder's own helpers
+
+// ---- release -------------------------------------------------------------------------------
+
+uint64_t cache_resource::release_slow() {
+  // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
+  // would invalidate the program's graph) and it synchronizes the device in any other. None
+  // either while the context is being destroyed: its addresses may be someone else's.
+  if (work::capturing() || dying_ || dead_) return 0;
+  std::vector<Segment*> gone;
+  mu_.lock();
+  for (auto& [base, s] : segments_) {
+    if (s->busy != 0) continue;
+    // Out of reach while the driver frees it: no block free or carvable; it stays in
+    // segments_ and the block map, so a free of one of its addresses is still refused.
+    for (uint32_t k = 0; k < s->carved; ++k) unlink_free_locked(&s->blocks[k]);
+    if (s->cls >= 0 && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+    ++s->busy;
+    gone.push_back(s);
+  }
+  mu_.unlock();
+  if (gone.empty()) return 0;
+  std::vector<bool> freed(gone.size());
+  for (size_t i = 0; i < gone.size(); ++i) freed[i] = upstream_->deallocate(gone[i]->base, gone[i]->bytes) == CUDA_SUCCESS;
+  uint64_t total = 0;
+  mu_.lock();
+  for (size_t i = 0; i < gone.size(); ++i) {
+    Segment* s = gone[i];
+    --s->busy;
+    if (freed[i]) {
+      segments_.erase(s->base);
+      total += s->bytes;
+      continue;
+    }
+    // The driver refused to free it: still ours, still counted, usable again.
+    for (uint32_t k = 0; k < s->carved; ++k) push_free_locked(&s->blocks[k]);
+    if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
+  }
+  if (total) map_rebuild_locked();
+  core::locked_sub(slot_.reserved, total);
+  core::locked_sub(slot_.cached, total);
+  mu_.unlock();
+  for (size_t i = 0; i < gone.size(); ++i) {
+    if (!freed[i]) continue;
+    tracker_.uncharge(slot_, gone[i]->bytes);
+    delete gone[i];
+  }
+  return total;
+}
+
+std::size_t cache_resource::do_release() {
+  std::lock_guard<std::mutex> g(slow_);
+  if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
+  wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
+  return release_slow();
+}
+
+void cache_resource::set_dying(bool dying) {
+  std::lock_guard<std::mutex> g(slow_);  // after any driver call of the slow path in flight
+  dying_ = dying;
+}
+
+void cache_resource::forget_all() noexcept {
+  std::lock_guard<std::mutex> g(slow_);
+  mu_.lock();
+  dead_ = true;
+  uint64_t total = 0, live_bytes = 0, live = 0;
+  const uint64_t now = core::now_ns();
+  for (auto& [base, s] : segments_) {
+    total += s->bytes;
+    for (uint32_t k = 0; k < s->carved; ++k) {
+      const Block& b = s->blocks[k];
+      // Live, or an exported block whose free is waiting for slow_ (still counted live).
+      if (b.state == kLive || (b.state == kPending && b.exported)) {
+        live_bytes += b.size;
+        ++live;
+        // Freed by the driver with the context: a free, as forget_driver_freed counts one.
+        tracker_.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, b.ptr, b.requested, 0,
+                             CUDA_SUCCESS, now);
+      }
+    }
+    delete s;
+  }
+  segments_.clear();
+  std::fill(std::begin(free_small_), std::end(free_small_), nullptr);
+  std::fill(std::begin(carving_), std::end(carving_), nullptr);
+  free_large_.clear();
+  open_head_ = nullptr;
+  open_count_ = 0;
+  open_bytes_ = 0;
+  map_rebuild_locked();
+  pending_bytes_.store(0, std::memory_order_relaxed);
+  core::locked_sub(slot_.reserved, total);
+  core::locked_sub(slot_.cached, total - live_bytes);
+  core::locked_sub(slot_.live_allocations, live);
+  core::locked_add(slot_.free_count, live);
+  // Keep what a dropped cache holds small (it stays allocated for racing readers).
+  map_.assign(2, nullptr);
+  map_used_ = 0;
+  mu_.unlock();
+  batches_.clear();  // the context's events went with it
+  batches_.shrink_to_fit();
+  sealed_.store(0, std::memory_order_relaxed);
+  spare_events_.clear();
+  orphans_.clear();
+  unsure_ = false;
+  streams_.clear();
+  tracker_.uncharge(slot_, total);
+}
+
+// ---- queries -------------------------------------------------------------------------------
+
+bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
+  mu_.lock();
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin()) {
+    mu_.unlock();
+    return false;
+  }
+  --it;
+  Segment* s = it->second;
+  if (p >= s->base + s->bytes) {
+    mu_.unlock();
+    return false;
+  }
+  const uint64_t idx = s->cls >= 0 ? (p - s->base) / class_size(s->cls) : 0;
+  *live = false;
+  if (idx < s->carved) {
+    const Block& b = s->blocks[idx];
+    if (b.state == kLive && p - b.ptr < std::max<uint64_t>(b.requested, 1)) {
+      *live = true;
+      if (out) *out = range{b.ptr, b.requested};
+    }
+  }
+  mu_.unlock();
+  return true;
+}
+
+bool cache_resource::do_find(CUdeviceptr p, range* out) {
+  bool live = false;
+  return locate(p, out, &live) && live;
+}
+
+block_info cache_resource::describe_locked(const Block& b) const noexcept {
+  const bool in_use = b.state == kLive || (b.state == kPending && b.exported);
+  return block_info{b.ptr, b.size, in_use ? b.requested : 0, ordinal_,
+                    in_use ? block_info::state::live
+                           : b.state == kPending ? block_info::state::pending : block_info::state::free};
+}
+
+bool cache_resource::blocks(std::vector<block_info>& out) {
+  // Room first, outside the lock (the hot path's: no allocation while it is held); again
+  // should the cache have carved more meanwhile.
+  auto carved = [this] {
+    size_t n = 0;
+    for (const auto& [base, s] : segments_) n += s->carved;
+    return n;
+  };
+  try {
+    for (;;) {
+      mu_.lock();
+      const size_t n = carved();
+      mu_.unlock();
+      out.reserve(out.size() + n + 64);
+      mu_.lock();
+      if (carved() > out.capacity() - out.size()) {
+        mu_.unlock();
+        continue;
+      }
+      for (const auto& [base, s] : segments_)
+        for (uint32_t k = 0; k < s->carved; ++k) out.push_back(describe_locked(s->blocks[k]));
+      mu_.unlock();
+      return true;
+    }
+  } catch (...) {
+    return false;
+  }
+}
+
+pool_stats cache_resource::stats() {
+  pool_stats st;
+  uint64_t in_use = 0;
+  mu_.lock();
+  for (const auto& [base, s] : segments_) {
+    st.reserved += s->bytes;
+    for (uint32_t k = 0; k < s->carved; ++k)
+      if (describe_locked(s->blocks[k]).status == block_info::state::live) in_use += s->blocks[k].size;
+  }
+  // What a request is served from without the driver: the largest free whole block, or the
+  // largest class with a free block or uncarved room in a slab.
+  for (auto it = free_large_.rbegin(); it != free_large_.rend() && st.largest_free == 0; ++it)
+    if (it->second) st.largest_free = it->first;
+  for (int cls = kClasses - 1; cls >= 0 && st.largest_free == 0; --cls)
+    if (free_small_[cls] || carving_[cls]) st.largest_free = class_size(cls);
+  mu_.unlock();
+  st.cached = st.reserved - in_use;
+  return st;
+}
+
+CUresult cache_resource::do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+  mu_.lock();
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin() || p >= std::prev(it)->second->base + std::prev(it)->second->bytes) {
+    mu_.unlock();
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  Segment* s = std::prev(it)->second;
+  const uint64_t idx = s->cls >= 0 ? (p - s->base) / class_size(s->cls) : 0;
+  Block* b = idx < s->carved ? &s->blocks[idx] : nullptr;
+  if (!b || b->state != kLive) {
+    mu_.unlock();
+    return CUDA_ERROR_INVALID_VALUE;  // freed memory, as the driver answers
+  }
+  if (s->cls >= 0) {
+    const uint64_t req = b->requested;
+    mu_.unlock();
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      log::always(
+          "cuwarden: cuIpcGetMemHandle(%#llx): this %llu-byte allocation shares a driver allocation with others "
+          "(CUWARDEN_POOL=cache packs requests up to 1 MiB), so no IPC handle can describe exactly its bytes; "
+          "returning CUDA_ERROR_NOT_SUPPORTED. Run with CUWARDEN_POOL=off to export small allocations.",
+          static_cast<unsigned long long>(p), static_cast<unsigned long long>(req));
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // A whole driver allocation: the handle maps exactly this block. It will not be reused
+  // by the cache once freed (see free_block).
+  b->exported = true;
+  const CUdeviceptr base = s->base;
+  mu_.unlock();
+  return upstream_->ipc_handle(handle, base);
+}
+
+}  // namespace cuw::backends
