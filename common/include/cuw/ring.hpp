@@ -2,7 +2,7 @@
 // and the daemon (consumer). One file per interposed process, under the run directory.
 //
 // File layout (all little-endian, fixed-width):
-//   [0, kHeaderBytes)                         RingHeader (padded to 4 KiB)
+//   [0, kHeaderBytes)                         RingHeader (padded to 16 KiB)
 //   [kHeaderBytes, + slot_count * 64)         EventSlot[slot_count]
 //
 // The header holds the authoritative counters; events are a best-effort stream on top.
@@ -121,8 +121,9 @@ static_assert(offsetof(EventSlot, tid) == 48);
 static_assert(offsetof(EventSlot, result) == 56);
 
 /// Per-device counters, indexed by the CUDA ordinal the process sees. All sizes in bytes.
-/// Written by the interposer with atomic RMW; `limit` may also be written by the daemon
-/// (live cap changes). Readers take each field with one atomic load.
+/// Written by the interposer under its own lock, one writer at a time, each with a relaxed
+/// load and store (no locked instruction); `limit` may also be written by the daemon (live
+/// cap changes), with one atomic store. Readers take each field with one atomic load.
 struct alignas(64) DeviceSlot {
   std::atomic<uint32_t> present;      ///< 1 once the interposer filled uuid/name/total
   int32_t ordinal;                    ///< CUDA ordinal in the process (== index of the slot)

@@ -293,7 +293,7 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
     std::lock_guard<spin_lock> lk(mu_);
     const uint64_t limit = d.limit.load(std::memory_order_relaxed);
     const uint64_t used = d.used.load(std::memory_order_relaxed);
-    over = limit != ring::kNoLimit && (bytes > limit || used > limit - bytes);
+    over = !within(limit, used, bytes);
     if (!over) {
       d.used.store(used + bytes, std::memory_order_relaxed);
       // In a job the peak waits for the job's answer: a refused request never was held.

@@ -146,6 +146,17 @@ class Tracker {
   /// refusal is neither counted nor emitted (the caller can make room, the cache's memory,
   /// and charge again; its last try is not quiet).
   enum class Charge { ok, refused, no_context };
+
+  /// The cap test, the one place it is written: whether `used` + `bytes` stays within
+  /// `limit` (kNoLimit: always), without overflow.
+  static constexpr bool within(uint64_t limit, uint64_t used, uint64_t bytes) noexcept {
+    return limit == ring::kNoLimit || (bytes <= limit && used <= limit - bytes);
+  }
+  /// Whether `bytes` more would fit under `dev`'s cap now (within(), on relaxed loads; no
+  /// charge, so only a hint under concurrency: charge() decides). Lock-free.
+  static bool fits(const ring::DeviceSlot& dev, uint64_t bytes) noexcept {
+    return within(dev.limit.load(std::memory_order_relaxed), dev.used.load(std::memory_order_relaxed), bytes);
+  }
   Charge charge(ring::DeviceSlot& dev, int ordinal, uint64_t bytes, ring::Api api, bool assumed = false,
                 bool quiet = false);
 

@@ -280,11 +280,7 @@ bool cache_resource::charge_segment(uint64_t bytes, bool quiet) {
 CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                    bool* cap_refused) {
   uint64_t seg_bytes = cls >= 0 ? kSlabBytes : rounded;
-  auto fits = [this](uint64_t n) {
-    const uint64_t limit = slot_.limit.load(std::memory_order_relaxed);
-    const uint64_t used = slot_.used.load(std::memory_order_relaxed);
-    return limit == ring::kNoLimit || (n <= limit && used <= limit - n);
-  };
+  auto fits = [this](uint64_t n) { return core::Tracker::fits(slot_, n); };
   // The cap first: cached bytes count against it, so give back what is free, then what
   // pending frees free, before charging.
   if (!fits(seg_bytes)) {
