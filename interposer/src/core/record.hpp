@@ -1,12 +1,17 @@
 // cuwarden interposer core: the recording API. What a hook or a backend calls to count,
 // cap and record an allocation or free that reaches the driver: the cap check before the
 // call, the live table, the counters and one event after it. The hot path (tracked_alloc_in,
-// tracked_free) is inline here, so that each hook's path is one stretch of code; rare paths
-// (a driver error, a free the driver refused) are out of line in record.cpp.
+// tracked_free) is inline here, so that each hook's path is one stretch of code. Its rare
+// paths (a driver error, a free the driver refused) are out of line (CUW_COLD) but defined
+// here as well: a call to a function the compiler sees lets it keep values in the registers
+// the callee leaves alone (-fipa-ra); with the callee in another file, the hot path spilled
+// more and kept a frame pointer (measured with bench/cold_lines.sh). Other rare entry
+// points are in record.cpp.
 #pragma once
 
 #include <cuda.h>
 
+#include <mutex>
 #include <optional>
 
 #include "core/tracker.hpp"
@@ -22,8 +27,16 @@ namespace cuw::core {
 inline CUW_COLD bool has_context(Tracker& t) { return t.current_device() >= 0; }
 
 /// A failed driver allocation: give back what was charged, count, record; cold.
-void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, ring::Api api, uint64_t bytes,
-                                 uint64_t aux, CUresult r, bool charged, uint64_t now);
+inline CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, ring::Api api,
+                                        uint64_t bytes, uint64_t aux, CUresult r, bool charged, uint64_t now) {
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    if (charged) t.uncharge_locked(d, bytes);
+    cuw::core::locked_add(d.driver_errors, 1);
+    t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
+  }
+  if (charged) t.job_uncharge(ordinal, bytes);
+}
 
 /// No-op for tracked_alloc_in's `on_insert`.
 struct NoInsertHook {
@@ -114,8 +127,33 @@ CUW_INLINE CUresult tracked_alloc(Tracker& t, ring::Api api, int ordinal, bool a
 /// undone (the bytes are counted again even over a cap: the driver holds them). Unless
 /// the driver has meanwhile handed `key` out again (recorded by then): `rec`'s allocation
 /// is then gone, and is counted freed (Tracker::count_freed_unseen_locked) if not already.
-void keep_live(Tracker& t, cuw::core::LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
-                        ring::Api api, uint64_t aux, CUresult r, uint64_t now);
+inline CUW_COLD void keep_live(Tracker& t, LiveTable& table, uint64_t key, const LiveRecord& rec, bool committed,
+                               ring::Api api, uint64_t aux, CUresult r, uint64_t now) {
+  std::optional<LiveRecord> other;
+  {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    table.insert(key, rec, &other);
+    if (__builtin_expect(other.has_value(), 0)) {
+      // The driver handed `key` out again while this free was in flight (an array freed
+      // with its context, say): the allocation `rec` counts is gone. The new one keeps the
+      // key; ours is counted freed (api reused), unless the free was counted already.
+      table.insert(key, *other);
+      if (!committed) t.count_freed_unseen_locked(key, rec, ring::Api::reused, now);
+    } else {
+      ring::DeviceSlot& d = t.header().devices[rec.device];
+      if (committed) {
+        t.count_uncapped_locked(d, rec.bytes);
+        t.uncount_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
+      }
+      t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
+    }
+  }
+  if (other.has_value()) {
+    if (!committed) t.job_uncharge(rec.device, rec.bytes);
+  } else if (committed) {
+    t.job_force_charge(rec.device, rec.bytes);
+  }
+}
 
 /// Whether a free through `api` of a record `rec` may be counted before its driver call (one
 /// lock per free): a stream-ordered free (cuMemFreeAsync) of a stream-ordered allocation

@@ -30,8 +30,8 @@ CUW_EXPORT_HOT __attribute__((aligned(4096))) CUresult hook_cuMemAlloc_v2(CUdevi
   return with_backend(t, [&](auto& b) CUW_LAMBDA_INLINE { return b.allocate(t, dptr, bytesize, real); });
 }
 
-// (Right after cuMemAlloc_v2: see there.)
-CUW_EXPORT_HOT CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
+// (Right after cuMemAlloc_v2: see there. At a line's start, so that its first line is all its own.)
+CUW_EXPORT_HOT __attribute__((aligned(64))) CUresult hook_cuMemFree_v2(CUdeviceptr dptr) {
   CUW_PROLOGUE(cuMemFree_v2, dptr);
   Tracker& t = Tracker::get();
   return with_backend(t, [&](auto& b) CUW_LAMBDA_INLINE { return b.deallocate(t, dptr, real); });
@@ -58,8 +58,10 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
   return r;
 }
 
+// The stream-ordered pair: each at a line's start, as cuMemFree_v2.
 #define CUW_ASYNC_ALLOC(name)                                                                               \
-  CUW_EXPORT_HOT CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {               \
+  CUW_EXPORT_HOT __attribute__((aligned(64))) CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize,    \
+                                                                    CUstream stream) {                    \
     CUW_PROLOGUE(name, dptr, bytesize, stream);                                                             \
     Tracker& t = Tracker::get();                                                                            \
     return with_backend(                                                                                    \
@@ -81,7 +83,7 @@ CUW_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)
 #undef CUW_POOL_ALLOC
 
 #define CUW_ASYNC_FREE(name, per_thread)                                                                          \
-  CUW_EXPORT_HOT CUresult hook_##name(CUdeviceptr dptr, CUstream stream) {                                        \
+  CUW_EXPORT_HOT __attribute__((aligned(64))) CUresult hook_##name(CUdeviceptr dptr, CUstream stream) {         \
     CUW_PROLOGUE(name, dptr, stream);                                                                             \
     Tracker& t = Tracker::get();                                                                                  \
     return with_backend(                                                                                          \
