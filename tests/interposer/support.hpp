@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuw/paths.hpp"
+#include "fakecuda.h"
 #include "cuw/ring.hpp"
 
 namespace cuwtest {
@@ -95,6 +96,23 @@ inline bool all_bytes(CUdeviceptr p, size_t n, unsigned char v) {
   for (unsigned char c : h)
     if (c != v) return false;
   return true;
+}
+
+/// Alloc+free pairs of `bytes` until 64 pairs in a row need no event work (the cache proved
+/// the device idle; a cache that has not polls and seals within 16 frees), at most `tries`
+/// rounds; true when it got there.
+inline bool reach_idle(size_t bytes, int tries = 50) {
+  for (int i = 0; i < tries; ++i) {
+    fakecuda_reset_counters();
+    for (int k = 0; k < 64; ++k) {
+      CUdeviceptr p = 0;
+      if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) return false;
+    }
+    if (fakecuda_call_count("cuEventRecord") == 0 && fakecuda_call_count("cuEventQuery") == 0 &&
+        fakecuda_call_count("cuEventSynchronize") == 0)
+      return true;
+  }
+  return false;
 }
 
 }  // namespace cuwtest

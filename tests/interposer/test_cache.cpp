@@ -115,25 +115,6 @@ TEST_CASE("cache: a large block freed while queued work uses it is waited for, n
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
-namespace {
-/// Alloc+free pairs of `bytes` until 64 pairs in a row need no event work (the cache proved
-/// the device idle; a cache that has not polls and seals within 16 frees), at most `tries`
-/// rounds; true when it got there.
-bool reach_idle(size_t bytes, int tries = 50) {
-  for (int i = 0; i < tries; ++i) {
-    fakecuda_reset_counters();
-    for (int k = 0; k < 64; ++k) {
-      CUdeviceptr p = 0;
-      if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) return false;
-    }
-    if (fakecuda_call_count("cuEventRecord") == 0 && fakecuda_call_count("cuEventQuery") == 0 &&
-        fakecuda_call_count("cuEventSynchronize") == 0)
-      return true;
-  }
-  return false;
-}
-}  // namespace
-
 TEST_CASE("cache: with no work queued since a completed event, a freed block is reused at once, with no event",
           "[cache]") {
   make_context();

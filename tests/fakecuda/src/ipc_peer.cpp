@@ -64,6 +64,11 @@ FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+// CUDA 4.1's ABI of the same call (cuda.h maps the name to _v2; the driver exports both).
+FC_API CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags) {
+  return cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
+}
+
 FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   FC_ENTER();
   (void)dptr;

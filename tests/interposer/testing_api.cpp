@@ -1,0 +1,48 @@
+// Interposer tests: the queries testing_api.h declares, linked into libcuwarden_testing.so
+// with the product's objects (never into libcuwarden.so).
+#include "testing_api.h"
+
+#include "backends/cache/cache_backend.hpp"
+#include "backends/start.hpp"
+#include "core/tracker.hpp"
+
+namespace backends = cuw::backends;
+namespace core = cuw::core;
+
+namespace {
+backends::backend* started(core::Tracker** t) {
+  *t = core::Tracker::instance_if_created();
+  return backends::started(*t);
+}
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int cuwarden_testing_pool_stats(int ordinal, cuwt_pool_stats* out) {
+  core::Tracker* t = nullptr;
+  backends::backend* b = started(&t);
+  if (!b || !out) return -1;
+  const backends::pool_stats s = b->stats(*t, ordinal);
+  *out = cuwt_pool_stats{s.reserved, s.cached, s.largest_free};
+  return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) size_t cuwarden_testing_blocks(cuwt_block* out, size_t cap) {
+  core::Tracker* t = nullptr;
+  backends::backend* b = started(&t);
+  if (!b) return 0;
+  size_t n = 0;
+  b->for_each_block(*t, [&](const backends::block_info& bi) {
+    if (n < cap)
+      out[n] = cuwt_block{bi.address, bi.bytes, bi.requested, bi.ordinal, static_cast<int32_t>(bi.status)};
+    ++n;
+  });
+  return n;
+}
+
+extern "C" __attribute__((visibility("default"))) const char* cuwarden_testing_backend_name() {
+  core::Tracker* t = nullptr;
+  backends::backend* b = started(&t);
+  if (!b) return nullptr;
+  if (b == &backends::g_passthrough) return "off";
+  if (dynamic_cast<backends::cache_backend*>(b)) return "cache";
+  return "?";
+}
