@@ -121,7 +121,7 @@ void read_self(const char* what, char* out, size_t cap, bool cmdline) {
       if (out[i] == '\0') out[i] = ' ';
 }
 
-// The ring file, as the interposer creates it (tracker.cpp: create_ring); `ring::init`
+// The ring file, as the interposer creates it (interposer/src/core/tracker.cpp: create_ring); `ring::init`
 // (which publishes the magic) is left to the caller, after it filled the header.
 bool create_ring(const std::string& run_dir, Ring& r) {
   r.slot_count = ring::kDefaultSlotCount;

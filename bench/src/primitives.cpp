@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   clock_row("clock_gettime_realtime", CLOCK_REALTIME);
   clock_row("clock_gettime_monotonic", CLOCK_MONOTONIC);
   clock_row("clock_gettime_realtime_coarse", CLOCK_REALTIME_COARSE);
-  // The interposer's event clock (interposer/src/fast_clock.hpp): coarse (the default: the
+  // The interposer's event clock (interposer/src/base/fast_clock.hpp): coarse (the default: the
   // vDSO's own clock_gettime, called directly), and fine once calibrated.
   const auto coarse_fn = cuw::fast_clock::detail::vdso_clock_gettime();
   rows.push_back(row("cuwarden_event_clock_coarse", measure(iters, [&](long n) {

@@ -1,4 +1,4 @@
-// cuwarden fuzz target: the interposer's environment parsing (interposer/src/config.cpp,
+// cuwarden fuzz target: the interposer's environment parsing (interposer/src/core/config.cpp,
 // compiled in). The input is split at NUL bytes into the values of the CUWARDEN_*
 // variables, in the order of CUW_OPTIONS; an empty piece unsets the variable.
 // Invariants: load_config() never crashes or throws; every accepted value is in range.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Interposer test: the synchronous pair's hooks start in one 4 KiB page of code, as
-# hooks.cpp lays them out (cuMemAlloc_v2 aligned to a page, cuMemFree_v2 emitted right after
+# hooks/alloc.cpp lays them out (cuMemAlloc_v2 aligned to a page, cuMemFree_v2 emitted right after
 # it): a hooked call runs with the caches and, after an unmapping, the TLB cold, and each
 # page of code is one more translation to walk (bench/results/2026-11-30-h200-sync-pair.md).
-# A reordering of hooks.cpp, or a compiler that emits functions in another order, fails here.
+# A reordering of hooks/alloc.cpp, or a compiler that emits functions in another order, fails here.
 #   check_hot_page.sh LIBCUWARDEN
 set -euo pipefail
 lib=$1
