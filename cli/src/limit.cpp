@@ -80,10 +80,12 @@ int cmd_limit(const LimitOptions& o) {
     std::printf("job %s (user %s, %zu member%s): cap %s -> %s\n", r.value("job", "").c_str(), r.value("user", "").c_str(),
                 r.value("members", json::array()).size(), r.value("members", json::array()).size() == 1 ? "" : "s",
                 cap_text(r.value("old_limit", json())).c_str(), cap_text(r.value("new_limit", json())).c_str());
-    for (const auto& g : r.value("gpus", json::array()))
-      if (g.value("used_bytes", uint64_t{0}) > g.value("new_limit_bytes", ~uint64_t{0}))
+    for (const auto& g : r.value("gpus", json::array())) {
+      const json cap = g.value("new_limit_bytes", json());  // null: the cap was removed
+      if (cap.is_number_unsigned() && g.value("used_bytes", uint64_t{0}) > cap.get<uint64_t>())
         std::printf("  %s: %s in use, above the new cap: new allocations are refused until use drops\n",
                     g.value("uuid", "").c_str(), format_bytes(g.value("used_bytes", uint64_t{0})).c_str());
+    }
     return kExitOk;
   }
   const json& r = *reply;
