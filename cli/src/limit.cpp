@@ -60,7 +60,7 @@ int cmd_limit(const LimitOptions& o) {
     req["bytes"] = nullptr;
   } else {
     std::string err;
-    auto spec = parse_size(o.size, !job, &err);
+    auto spec = parse_cap(o.size, !job, &err);
     if (!spec) return usage("bad size '" + o.size + "': " + err + (job && o.size.find('%') != std::string::npos
                                                                          ? " (a job's cap is one size for all its GPUs)"
                                                                          : ""));

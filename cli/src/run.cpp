@@ -66,7 +66,7 @@ int cmd_run(const RunOptions& o) {
   if (!o.limit.empty() && !parse_limit(o.limit, &err)) return usage_error("bad --limit '" + o.limit + "': " + err);
   if (!o.job_limit.empty()) {
     if (o.job.empty()) return usage_error("--job-limit needs --job NAME");
-    if (!parse_size(o.job_limit, false, &err))
+    if (!parse_cap(o.job_limit, false, &err))
       return usage_error("bad --job-limit '" + o.job_limit + "': " +
                          (o.job_limit.find('%') != std::string::npos ? "job caps take a size, not a share of a device"
                                                                      : err));

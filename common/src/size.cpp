@@ -23,16 +23,13 @@ struct Unit {
   uint64_t factor;
 };
 
-// Exact spellings accepted. Binary: K M G T, KiB..TiB (also lower-case single letters and
-// "KB"-less forms users type, like "k"). Decimal: kB MB GB TB (and "KB").
+// Units, matched without regard to case (8g, 8G, 8GiB, 8gib): binary K M G T and KiB MiB GiB
+// TiB; decimal kB MB GB TB (the SI prefixes: "8KB" is 8000 bytes, as "8MB" is 8,000,000).
 constexpr Unit kUnits[] = {
-    {"", 1},          {"B", 1},          {"b", 1},
-    {"K", 1ULL << 10}, {"k", 1ULL << 10}, {"KiB", 1ULL << 10}, {"kiB", 1ULL << 10},
-    {"M", 1ULL << 20}, {"m", 1ULL << 20}, {"MiB", 1ULL << 20},
-    {"G", 1ULL << 30}, {"g", 1ULL << 30}, {"GiB", 1ULL << 30},
-    {"T", 1ULL << 40}, {"t", 1ULL << 40}, {"TiB", 1ULL << 40},
-    {"kB", 1000ULL},  {"KB", 1000ULL},
-    {"MB", 1000ULL * 1000}, {"GB", 1000ULL * 1000 * 1000}, {"TB", 1000ULL * 1000 * 1000 * 1000},
+    {"", 1},           {"b", 1},
+    {"k", 1ULL << 10}, {"kib", 1ULL << 10}, {"m", 1ULL << 20}, {"mib", 1ULL << 20},
+    {"g", 1ULL << 30}, {"gib", 1ULL << 30}, {"t", 1ULL << 40}, {"tib", 1ULL << 40},
+    {"kb", 1000ULL},   {"mb", 1000ULL * 1000}, {"gb", 1000ULL * 1000 * 1000}, {"tb", 1000ULL * 1000 * 1000 * 1000},
 };
 
 }  // namespace
@@ -102,8 +99,13 @@ std::optional<SizeSpec> parse_size(std::string_view text, bool allow_percent, st
     out.share = static_cast<double>(pct / 100.0L);
     return out;
   }
+  std::string lower(unit);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if ((lower.empty() || lower == "b") && frac_num != 0)
+    return fail("'" + original + "' is not a whole number of bytes (give a unit: " + original + "G, " + original +
+                "MiB)");
   for (const Unit& u : kUnits) {
-    if (unit == u.name) {
+    if (lower == u.name) {
       u128 v = whole * u.factor + (frac_num * u.factor) / frac_den;
       if (v > std::numeric_limits<uint64_t>::max()) return fail("size '" + original + "' is too large");
       SizeSpec out;
@@ -113,6 +115,17 @@ std::optional<SizeSpec> parse_size(std::string_view text, bool allow_percent, st
   }
   return fail("unknown unit '" + std::string(unit) + "' in size '" + original +
               "' (use bytes, K M G T, KiB MiB GiB TiB, kB MB GB TB" + (allow_percent ? ", or N%)" : ")"));
+}
+
+std::optional<SizeSpec> parse_cap(std::string_view text, bool allow_percent, std::string* error) {
+  auto spec = parse_size(text, allow_percent, error);
+  if (!spec || spec->percent || spec->bytes >= kMinCap) return spec;
+  if (error) {
+    const std::string t(trim(text));
+    *error = "a cap of " + format_bytes(spec->bytes) + " ('" + t + "') is smaller than any real allocation: give a unit (" +
+             t + "G, " + t + "MiB)" + (allow_percent ? " or a share (" + t + "%)" : "") + "; the smallest cap is 1 MiB";
+  }
+  return std::nullopt;
 }
 
 std::optional<SizeSpec> LimitSpec::for_device(int ordinal) const {
@@ -142,7 +155,7 @@ std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error) 
         if (error) *error = "more than one cap for all devices in '" + std::string(text) + "'";
         return std::nullopt;
       }
-      auto sz = parse_size(item, true, &why);
+      auto sz = parse_cap(item, true, &why);
       if (!sz) {
         if (error) *error = why;
         return std::nullopt;
@@ -166,7 +179,7 @@ std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error) 
         if (error) *error = "device " + std::to_string(o) + " given twice in '" + std::string(text) + "'";
         return std::nullopt;
       }
-      auto sz = parse_size(item.substr(eq + 1), true, &why);
+      auto sz = parse_cap(item.substr(eq + 1), true, &why);
       if (!sz) {
         if (error) *error = why;
         return std::nullopt;

@@ -168,7 +168,7 @@ struct Parser {
       return pv;
     }
     std::string why;
-    auto spec = parse_size(text, percent_ok, &why);
+    auto spec = parse_cap(text, percent_ok, &why);
     if (!spec) {
       error(v.source(), fmt::format("{} = \"{}\": {}{}", key, text, why,
                                     !percent_ok && text.find('%') != std::string::npos

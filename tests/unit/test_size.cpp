@@ -40,6 +40,39 @@ TEST_CASE("sizes: bare numbers are bytes, binary and decimal units", "[size]") {
   CHECK(bytes_of("0.5KiB") == 512);
 }
 
+TEST_CASE("sizes: units in any case; decimal ones are SI; bytes are whole", "[size]") {
+  CHECK(bytes_of("8g") == 8ULL << 30);
+  CHECK(bytes_of("8gib") == 8ULL << 30);
+  CHECK(bytes_of("512mib") == 512ULL << 20);
+  CHECK(bytes_of("512MIB") == 512ULL << 20);
+  CHECK(bytes_of("8gb") == 8'000'000'000ULL);
+  CHECK(bytes_of("8KB") == 8000);
+  CHECK(bytes_of("2tb") == 2'000'000'000'000ULL);
+  CHECK(bytes_of("64b") == 64);
+  CHECK_THAT(error_of("0.5"), Catch::Contains("not a whole number of bytes"));
+  CHECK_THAT(error_of("1.5B"), Catch::Contains("not a whole number of bytes"));
+}
+
+TEST_CASE("caps: under 1 MiB is a mistyped unit, refused with what was probably meant", "[size]") {
+  std::string err;
+  for (const char* tiny : {"75", "0", "1023K", "512kB"}) {
+    INFO(tiny);
+    CHECK_FALSE(cuw::parse_cap(tiny, true, &err));
+    CHECK_THAT(err, Catch::Contains("smaller than any real allocation"));
+  }
+  CHECK_FALSE(cuw::parse_cap("75", true, &err));
+  CHECK_THAT(err, Catch::Contains("75G") && Catch::Contains("75%"));
+  CHECK_FALSE(cuw::parse_cap("75", false, &err));
+  CHECK_THAT(err, !Catch::Contains("75%"));
+  auto ok = cuw::parse_cap("1M", true, &err);
+  REQUIRE(ok);
+  CHECK(ok->bytes == cuw::kMinCap);
+  CHECK(cuw::parse_cap("0.5%", true, &err));  // a share is checked by parse_size alone
+  CHECK_FALSE(parse_limit("75", &err));
+  CHECK_FALSE(parse_limit("0=8G,1=100", &err));
+  CHECK_THAT(err, Catch::Contains("'100'"));
+}
+
 TEST_CASE("sizes: bad input gets a clear error", "[size]") {
   CHECK_THAT(error_of("8X"), Catch::Contains("unknown unit 'X'"));
   CHECK_THAT(error_of(""), Catch::Contains("empty"));

@@ -1,8 +1,9 @@
 // cuwarden: parsing and printing sizes ("8G", "512MiB", "1.5GB", "75%") and cap specs
 // ("8G", "0=8G,1=4G"), as users type them in CUWARDEN_LIMIT and on the command line.
 //
-// Units: a bare number is bytes; K M G T and KiB MiB GiB TiB are powers of 1024;
-// kB MB GB TB are powers of 1000; N% is a share of the device's physical memory.
+// Units, in any case: a bare (whole) number is bytes; K M G T and KiB MiB GiB TiB are powers
+// of 1024; kB MB GB TB are powers of 1000; N% is a share of the device's physical memory. A
+// cap is at least 1 MiB (parse_cap): "--limit 75" is a mistake, not a 75-byte cap.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,14 @@ struct SizeSpec {
 /// beyond the optional's.
 std::optional<SizeSpec> parse_size(std::string_view text, bool allow_percent, std::string* error);
 
+/// The smallest cap accepted, in bytes: below it no real allocation fits (the driver's
+/// granularity is 2 MiB), so a smaller one is a mistyped unit.
+inline constexpr uint64_t kMinCap = 1ULL << 20;
+
+/// parse_size() for a cap: also refuses an absolute size under kMinCap, saying which units
+/// were probably meant. Percentages are checked by parse_size alone.
+std::optional<SizeSpec> parse_cap(std::string_view text, bool allow_percent, std::string* error);
+
 /// A per-device cap specification: a default for every device and per-ordinal overrides.
 struct LimitSpec {
   std::optional<SizeSpec> all;                ///< applies to devices without an override
@@ -37,7 +46,8 @@ struct LimitSpec {
   std::optional<SizeSpec> for_device(int ordinal) const;
 };
 
-/// Parse "8G", "75%", "0=8G,1=4G", or "8G,1=4G" (plain entry = default). Ordinals 0..63.
+/// Parse "8G", "75%", "0=8G,1=4G", or "8G,1=4G" (plain entry = default), each a cap
+/// (parse_cap). Ordinals 0..63.
 std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error);
 
 /// Human-readable bytes with binary units: "0 B", "512 B", "1.50 KiB", "8.00 GiB".

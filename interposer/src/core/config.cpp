@@ -37,7 +37,7 @@ Config load_config() {
   }
   if (const char* v = env("CUWARDEN_JOB_LIMIT")) {
     std::string why;
-    if (auto spec = parse_size(v, false, &why)) {
+    if (auto spec = parse_cap(v, false, &why)) {
       c.job_limit = spec->bytes;
       if (!env("CUWARDEN_JOB"))
         c.errors.push_back(quoted("CUWARDEN_JOB_LIMIT", v) + ": needs CUWARDEN_JOB (the job it caps)");
