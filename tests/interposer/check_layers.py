@@ -16,6 +16,9 @@ import sys
 import tempfile
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+# An angle include reaches the layers too (src/ is on the include path): checked when it
+# names a layer folder.
+ANGLE = re.compile(r'^\s*#\s*include\s+<([^>]+)>', re.M)
 
 
 def layers(src):
@@ -47,7 +50,9 @@ def check(src):
             if layer not in allowed:
                 problems.append(f"{rel}: outside every layer folder ({', '.join(sorted(allowed))})")
                 continue
-            for inc in INCLUDE.findall(open(path, errors="replace").read()):
+            text = open(path, errors="replace").read()
+            includes = INCLUDE.findall(text) + [i for i in ANGLE.findall(text) if i.split("/")[0] in allowed]
+            for inc in includes:
                 top = inc.split("/")[0]
                 if top == "cuw":
                     continue
@@ -80,12 +85,17 @@ def self_test():
         if len(found) != 1 or "base/up.hpp" not in found[0]:
             print("self-test: an include pointing up was not the one problem found:", *found, sep="\n  ")
             return 1
+        write("base/up.hpp", '#include <core/c.hpp>\n#include <vector>\n')
+        found = check(d)
+        if len(found) != 1 or "base/up.hpp" not in found[0]:
+            print("self-test: an angle include pointing up was not the one problem found:", *found, sep="\n  ")
+            return 1
         write("base/up.hpp", '#include "c.hpp"\n')
         found = check(d)
         if len(found) != 1 or "name the layer folder" not in found[0]:
             print("self-test: a bare include was not refused:", *found, sep="\n  ")
             return 1
-    print("self-test: an include pointing up, and a bare one, are refused; a clean tree passes")
+    print("self-test: an include pointing up (quoted or angle), and a bare one, are refused; a clean tree passes")
     return 0
 
 

@@ -104,6 +104,32 @@ TEST_CASE("backend: the cache's blocks and pool statistics agree with the ring's
   REQUIRE(cuMemFree(small) == CUDA_SUCCESS);
 }
 
+TEST_CASE("backend: the largest free request counts only blocks that can serve one", "[seam_cache_cap]") {
+  // Under a 5 MiB cap a 3000-byte request finds no room for a 2 MiB slab: the cache makes a
+  // block of exactly its bytes, which no later request is served from (small requests come
+  // from slabs, large ones round up to 2 MiB).
+  make_context();
+  touch_interposer();
+  CUdeviceptr mid = 0, whole = 0, exact = 0;
+  REQUIRE(cuMemAlloc(&mid, 600 * 1024) == CUDA_SUCCESS);  // a 640 KiB block of a 2 MiB slab
+  REQUIRE(cuMemAlloc(&whole, 2 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&exact, 3000) == CUDA_SUCCESS);
+  std::vector<cuwt_block> all = blocks();
+  const cuwt_block* be = block_at(all, exact);
+  REQUIRE(be);
+  CHECK(be->bytes == 3072);
+  REQUIRE(cuMemFree(exact) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(mid) == CUDA_SUCCESS);
+  all = blocks();
+  REQUIRE(block_at(all, exact));
+  REQUIRE(block_at(all, mid));
+  REQUIRE(block_at(all, exact)->state == kFree);  // the device was idle: free at once
+  REQUIRE(block_at(all, mid)->state == kFree);
+  CHECK(stats().largest_free == 640 * 1024);  // the slab's class, not the 3 KiB whole block
+  REQUIRE(cuMemFree(whole) == CUDA_SUCCESS);
+  CHECK(stats().largest_free == 2 * kMiB);
+}
+
 TEST_CASE("backend: passthrough keeps nothing: no blocks, an empty pool", "[seam_off]") {
   make_context();
   touch_interposer();

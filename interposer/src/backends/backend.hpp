@@ -123,17 +123,22 @@ class backend : public core::backend_base {
   CUresult ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) {
     return do_ipc_export(t, handle, p, real);
   }
-  /// cuIpcOpenMemHandle through `real`.
+  /// cuIpcOpenMemHandle through `real`. Called once the backend has started: an import before
+  /// a process's first allocation reaches the driver directly (an import creates no tracker).
   CUresult ipc_import(core::Tracker& t, CUdeviceptr* p, CUipcMemHandle handle, unsigned flags, ipc_import_fn real) {
     return do_ipc_import(t, p, handle, flags, real);
   }
   /// cuIpcCloseMemHandle through `real`.
   CUresult ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) { return do_ipc_close(t, p, real); }
   /// Calls `visit` for every block the backend holds (not for passthrough's allocations:
-  /// those are the core's live records). Allocates; never on a hot path. The blocks may
-  /// change while it runs: each is as it was when visited.
-  void for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) { do_for_each_block(t, visit); }
-  /// The pool on device `ordinal` (zeros when the backend keeps nothing there).
+  /// those are the core's live records); false when memory ran out and some were left out.
+  /// Allocates, and holds the tracker's lock while it copies a pool's blocks: for snapshots
+  /// and reports, never on a hot path. Each block is as it was when copied.
+  bool for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) {
+    return do_for_each_block(t, visit);
+  }
+  /// The pool on device `ordinal` (zeros when the backend keeps nothing there). Holds the
+  /// tracker's lock while it walks the pool's blocks: not on a hot path.
   pool_stats stats(core::Tracker& t, int ordinal) { return do_stats(t, ordinal); }
 
  protected:
@@ -157,7 +162,7 @@ class backend : public core::backend_base {
   virtual CUresult do_ipc_import(core::Tracker& t, CUdeviceptr* p, CUipcMemHandle handle, unsigned flags,
                                  ipc_import_fn real) = 0;
   virtual CUresult do_ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) = 0;
-  virtual void do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) = 0;
+  virtual bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) = 0;
   virtual pool_stats do_stats(core::Tracker& t, int ordinal) = 0;
 };
 

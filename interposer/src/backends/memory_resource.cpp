@@ -1,4 +1,4 @@
-// cuwarden interposer: the passthrough backend (driver_resource): the real driver's calls.
+// cuwarden interposer: driver_resource, a pool's upstream: the real driver's calls.
 #include "backends/memory_resource.hpp"
 
 #include "base/real.hpp"

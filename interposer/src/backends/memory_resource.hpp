@@ -1,20 +1,12 @@
-// cuwarden interposer: the memory-resource interface the allocation backends implement
-// (after RMM's device_memory_resource), and the passthrough backend.
-//
-// Shape: a public non-virtual allocate/deallocate calling private virtual do_allocate /
-// do_deallocate; deallocate receives the size when the caller knows it. A resource that
-// wraps another owns it (std::unique_ptr upstream), so a stack is one object:
-//   cache_resource(driver_resource)            CUWARDEN_POOL=cache
-//   vmm_resource(granule_resource)             CUWARDEN_POOL=vmm (next): physical granules
-//                                              (cuMemCreate) stitched into reserved VA
-// Besides allocate/deallocate a backend answers the questions the driver would otherwise
-// answer wrongly for memory it carves (find: the user's allocation that contains an
-// address, for cuMemGetAddressRange / cuPointerGetAttribute range attributes; ipc_handle:
-// cuIpcGetMemHandle), and gives back memory it keeps (release).
-//
-// Caps are not here: a backend charges what it takes from the driver (Tracker::charge) and
-// uncharges what it gives back. A pooling backend counts and records the program's own
-// allocations (events) itself, under the tracker's lock with its free lists.
+// cuwarden interposer: where a pool gets its memory (its upstream), after RMM's
+// device_memory_resource: a public non-virtual allocate/deallocate calling private virtual
+// do_allocate / do_deallocate; deallocate receives the size when the caller knows it. A pool
+// owns its upstream (std::unique_ptr):
+//   cache_resource over driver_resource        CUWARDEN_POOL=cache: whole driver allocations
+//   (vmm, next) over physical granules          cuMemCreate granules stitched into reserved VA
+// An upstream exports what it allocated (ipc_handle) where the driver can describe exactly
+// that. Caps are not here: the pool charges what it takes from its upstream (Tracker::charge)
+// and uncharges what it gives back.
 #pragma once
 
 #include <cuda.h>
@@ -26,7 +18,7 @@
 
 namespace cuw::backends {
 
-/// A source of device memory for one CUDA context. Thread safety is each backend's to
+/// A source of device memory for one CUDA context. Thread safety is each resource's to
 /// state; the ones here are safe for any number of threads.
 class memory_resource {
  public:
@@ -45,36 +37,25 @@ class memory_resource {
   /// when `p` is not the start of a live allocation of this resource.
   CUresult deallocate(CUdeviceptr p, std::size_t bytes = 0) { return do_deallocate(p, bytes); }
 
-  /// The live allocation of this resource that contains address `p` (any byte inside it).
-  bool find(CUdeviceptr p, range* out) { return do_find(p, out); }
-
   /// cuIpcGetMemHandle for an allocation of this resource that starts at `p`: CUDA_SUCCESS
   /// with a handle that maps exactly the allocation's bytes, or an error (never a handle
   /// to other bytes); CUDA_ERROR_NOT_FOUND when `p` is not this resource's.
   CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) { return do_ipc_handle(handle, p); }
 
-  /// Give memory kept for reuse back to the driver; returns the bytes given back.
-  std::size_t release() { return do_release(); }
-
  private:
   virtual CUresult do_allocate(CUdeviceptr* out, std::size_t bytes) = 0;
   virtual CUresult do_deallocate(CUdeviceptr p, std::size_t bytes) = 0;
-  virtual bool do_find(CUdeviceptr p, range* out) = 0;
   virtual CUresult do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) = 0;
-  virtual std::size_t do_release() = 0;
 };
 
-/// The passthrough backend: cuMemAlloc_v2 / cuMemFree_v2 of the real driver, nothing kept.
-/// It does not know which pointers are its own: deallocate and find trust the caller, and
-/// find answers false (the driver answers for its own allocations). Thread-safe (the
-/// driver is). The calling thread's current context must be the resource's context.
+/// The driver itself: cuMemAlloc_v2 / cuMemFree_v2 / cuIpcGetMemHandle of the calling thread's
+/// current context, which must be the pool's. It does not know which pointers are its own:
+/// deallocate trusts the caller. Thread-safe (the driver is).
 class driver_resource final : public memory_resource {
  private:
   CUresult do_allocate(CUdeviceptr* out, std::size_t bytes) override;
   CUresult do_deallocate(CUdeviceptr p, std::size_t bytes) override;
-  bool do_find(CUdeviceptr, range*) override { return false; }
   CUresult do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) override;
-  std::size_t do_release() override { return 0; }
 };
 
 }  // namespace cuw::backends

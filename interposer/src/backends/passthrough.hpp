@@ -60,7 +60,7 @@ class passthrough final : public backend {
     return real(p, handle, flags);
   }
   CUresult ipc_close(core::Tracker&, CUdeviceptr p, ipc_close_fn real) { return real(p); }
-  void for_each_block(core::Tracker&, call_ref<void(const block_info&)>) {}
+  bool for_each_block(core::Tracker&, call_ref<void(const block_info&)>) { return true; }
   pool_stats stats(core::Tracker&, int) { return {}; }
   uint64_t release() override { return 0; }
 
@@ -97,8 +97,8 @@ class passthrough final : public backend {
     return ipc_import(t, p, handle, flags, real);
   }
   CUresult do_ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) override { return ipc_close(t, p, real); }
-  void do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override {
-    for_each_block(t, visit);
+  bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override {
+    return for_each_block(t, visit);
   }
   pool_stats do_stats(core::Tracker& t, int ordinal) override { return stats(t, ordinal); }
 };

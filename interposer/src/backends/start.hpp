@@ -35,8 +35,9 @@ CUW_INLINE decltype(auto) with_backend(core::Tracker& t, Op&& op) {
 }
 
 /// `t`'s backend if `t` exists and started one, else nullptr (never creates either): for hooks
-/// that only ask or notify (pointer queries, a stream's destruction): before a backend
-/// starts, nothing is pooled.
+/// about memory a pool may hold (pointer queries, IPC, a stream's destruction, retains):
+/// before a backend starts, nothing is pooled. A notice whose state cannot be asked later
+/// (peer access, a stream's creation) starts the backend instead (with_backend).
 inline backend* started(core::Tracker* t) noexcept {
   return t ? static_cast<backend*>(t->backend()) : nullptr;
 }

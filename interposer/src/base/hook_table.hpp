@@ -16,7 +16,9 @@
 
 #include <cuda.h>
 
-// cuda.h renames these to their _v2 variants; the table names both variants itself.
+// cuda.h renames these to their _v2 variants; the table names both variants itself. In every
+// file that includes this one, these names then mean the oldest ABI: call the driver through
+// REAL(name) (base/real.hpp), never by these names.
 #undef cuGetProcAddress
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset

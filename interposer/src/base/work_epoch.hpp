@@ -9,8 +9,9 @@
 //     a newer driver's new entry point) turns the proof off for the process, for good;
 //   - the stream captures active: while one is, nothing may be recorded, queried, waited
 //     for or freed (it would fail, or become part of the program's graph).
-// Both are counted from the library's load, before any backend exists (a capture begun
-// before the first allocation still counts).
+// Captures are counted from the library's load, before any backend exists (a capture begun
+// before the first allocation still counts); work from when a pool first needs it
+// (start_counting: before, no pooled block exists for work to use).
 #pragma once
 
 #include <cuda.h>

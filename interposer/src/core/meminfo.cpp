@@ -13,14 +13,14 @@ bool capped_view(const Tracker& t, ring::DeviceSlot& d, uint64_t real_total, uin
   const bool in_job = t.job_view(d.ordinal, &job_cap, &job_used);
   if (limit == ring::kNoLimit && !in_job) return false;
   uint64_t cap_total = limit < real_total ? limit : real_total;
-  // Bytes the cache keeps for reuse are free for the program: it gives them back (or
-  // reuses them) before refusing anything.
+  // Bytes a pooling backend keeps for reuse are free for the program: it gives them back
+  // (or reuses them) before anything is refused.
   const uint64_t counted = d.used.load(std::memory_order_relaxed);
   const uint64_t cached = d.cached.load(std::memory_order_relaxed);
   const uint64_t used = cached < counted ? counted - cached : 0;
   uint64_t cap_free = used >= cap_total ? 0 : cap_total - used;
   if (in_job) {
-    // The job counts what each member holds from the driver, our cache included.
+    // The job counts what each member holds from the driver, a pool's cache included.
     if (job_cap < cap_total) cap_total = job_cap;
     const uint64_t job_in_use = cached < job_used ? job_used - cached : 0;
     const uint64_t job_free = job_in_use >= job_cap ? 0 : job_cap - job_in_use;
@@ -40,7 +40,7 @@ void report_meminfo(Tracker& t, size_t* free_bytes, size_t* total_bytes) {
   const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : ~0ULL);
   uint64_t total, free_b;
   if (!capped_view(t, *d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) {
-    // Uncapped: the driver's figures, plus what the cache keeps for reuse (free for the program).
+    // Uncapped: the driver's figures, plus what a pool keeps for reuse (free for the program).
     const uint64_t cached = d->cached.load(std::memory_order_relaxed);
     if (free_bytes && cached) *free_bytes += std::min<uint64_t>(cached, physical - std::min<uint64_t>(*free_bytes, physical));
     return;

@@ -126,7 +126,7 @@ class Tracker {
   /// counters (live_allocations, alloc_count, free_count, reserved, cached, pool_hits,
   /// pool_waits, driver_errors, host_bytes, refusals), the stream-ordered pools' live
   /// bytes; the live tables (pointers, handles, host); the ring's write position (events are
-  /// pushed with ring::push_exclusive); the caches' free lists. So one locked instruction
+  /// pushed with ring::push_exclusive); a pooling backend's free lists. So one locked instruction
   /// covers what took a CAS or locked add each. Counters are written with locked_add /
   /// locked_sub (plain relaxed load and store); readers outside the process (the daemon) and
   /// inside it (cuMemGetInfo) load each counter atomically, without the lock. The daemon
@@ -143,8 +143,8 @@ class Tracker {
   /// thread has a context at all, and returns no_context (nothing charged, counted or
   /// emitted: the caller passes the call to the driver, which answers for itself). Cost:
   /// one lock; in a job also one locked add and a read of each member's slot. `quiet`: a
-  /// refusal is neither counted nor emitted (the caller can make room, the cache's memory,
-  /// and charge again; its last try is not quiet).
+  /// refusal is neither counted nor emitted (the caller can make room, a pool's memory, and
+  /// charge again; its last try is not quiet).
   enum class Charge { ok, refused, no_context };
 
   /// The cap test, the one place it is written: whether `used` + `bytes` stays within

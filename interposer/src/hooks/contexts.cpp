@@ -34,6 +34,7 @@ CUW_STREAM_CREATE(cuStreamCreate, (CUstream * stream, unsigned int flags), (stre
 CUW_STREAM_CREATE(cuStreamCreateWithPriority, (CUstream * stream, unsigned int flags, int priority),
                   (stream, flags, priority))
 #undef CUW_STREAM_CREATE
+#undef CUW_UNPAREN
 
 CUW_EXPORT CUresult hook_cuStreamDestroy_v2(CUstream stream) {
   CUW_PROLOGUE(cuStreamDestroy_v2, stream);
@@ -153,20 +154,27 @@ CUW_PRIMARY(cuDevicePrimaryCtxRelease, false)
 #undef CUW_PRIMARY
 
 // ---- peer access (CUDA driver API: Peer Context Memory Access) --------------------------------
-// A pool that maps its own memory must map it for the peer as well.
+// A pool that maps its own memory must map it for the peer as well. Programs enable peers at
+// start-up, often before their first allocation, and the driver has no query for it later: so
+// the notice starts the backend, as a stream's creation does.
+
+namespace {
+void peer_notice(CUcontext peer, bool enabled) {
+  Tracker& t = Tracker::get();
+  backends::with_backend(t, [&](auto& b) { b.peer_access_changed(t, peer, enabled); });
+}
+}  // namespace
 
 CUW_EXPORT CUresult hook_cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
   CUW_PROLOGUE(cuCtxEnablePeerAccess, peer, flags);
   const CUresult r = real(peer, flags);
-  Tracker* t = Tracker::instance_if_created();
-  if (backends::backend* b = backends::started(t); b && r == CUDA_SUCCESS) b->peer_access_changed(*t, peer, true);
+  if (r == CUDA_SUCCESS) peer_notice(peer, true);
   return r;
 }
 
 CUW_EXPORT CUresult hook_cuCtxDisablePeerAccess(CUcontext peer) {
   CUW_PROLOGUE(cuCtxDisablePeerAccess, peer);
   const CUresult r = real(peer);
-  Tracker* t = Tracker::instance_if_created();
-  if (backends::backend* b = backends::started(t); b && r == CUDA_SUCCESS) b->peer_access_changed(*t, peer, false);
+  if (r == CUDA_SUCCESS) peer_notice(peer, false);
   return r;
 }

@@ -119,11 +119,14 @@ CUW_EXPORT CUresult hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d
 }
 
 // cuda.h maps cuIpcOpenMemHandle to its _v2; both ABI variants are hooked (hook_table.hpp).
+// An import creates no tracker: a process whose first CUDA call is an import (a worker that
+// receives tensors) is left as it was before the call was hooked.
 #define CUW_IPC_OPEN(name)                                                                      \
   CUW_EXPORT CUresult hook_##name(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) { \
     CUW_PROLOGUE(name, pdptr, handle, flags);                                                   \
-    Tracker& t = Tracker::get();                                                                \
-    return backends::chosen(t).ipc_import(t, pdptr, handle, flags, real);                       \
+    Tracker* t = Tracker::instance_if_created();                                                \
+    if (backends::backend* b = backends::started(t)) return b->ipc_import(*t, pdptr, handle, flags, real); \
+    return real(pdptr, handle, flags);                                                          \
   }
 CUW_IPC_OPEN(cuIpcOpenMemHandle_v2)
 CUW_IPC_OPEN(cuIpcOpenMemHandle)
@@ -171,7 +174,7 @@ cuw_nvmlReturn_t nvml_memory(cuw_nvmlReturn_t (*real)(cuw_nvmlDevice_t, Memory*)
   const cuw_nvmlReturn_t r = real(device, memory);
   if (r != kNvmlSuccess || !memory) return r;
   Tracker* t = Tracker::instance_if_created();
-  if (!t) return r;
+  if (!t || t->config().meminfo_physical) return r;  // no NVML call for what is reported as is
   using uuid_fn = cuw_nvmlReturn_t (*)(cuw_nvmlDevice_t, char*, unsigned int);
   static auto get_uuid = reinterpret_cast<uuid_fn>(cuw::hook::nvml_symbol("nvmlDeviceGetUUID"));
   char uuid[96] = {};

@@ -228,12 +228,14 @@ CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, 
   return passthrough_.ipc_export(t, handle, p, real);
 }
 
-void cache_backend::do_for_each_block(core::Tracker&, call_ref<void(const block_info&)> visit) {
+bool cache_backend::do_for_each_block(core::Tracker&, call_ref<void(const block_info&)> visit) {
   std::vector<block_info> all;
+  bool complete = true;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) c->blocks(all);
+    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) complete = c->blocks(all) && complete;
   for (const block_info& b : all) visit(b);
+  return complete;
 }
 
 pool_stats cache_backend::do_stats(core::Tracker&, int ordinal) {

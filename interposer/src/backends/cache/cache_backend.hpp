@@ -81,7 +81,7 @@ class cache_backend final : public backend {
   CUresult do_ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) override {
     return passthrough_.ipc_close(t, p, real);
   }
-  void do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override;
+  bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override;
   pool_stats do_stats(core::Tracker& t, int ordinal) override;
 
   cache_resource* create(CUcontext ctx) noexcept;

@@ -172,10 +172,6 @@ CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexc
 
 // ---- allocate ----------------------------------------------------------------------------
 
-CUresult cache_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
-  return allocate_traced(out, bytes, ring::Api::cuMemAlloc, core::now_ns());
-}
-
 // Fast path, a hit: class computation, the lock, pop of a free list, four counters, the
 // event. No driver call, no clock read (the caller read the time before).
 CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
@@ -456,10 +452,6 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   tracker_.uncharge(slot_, s->bytes);
   delete s;
   return CUDA_SUCCESS;
-}
-
-CUresult cache_resource::do_deallocate(CUdeviceptr p, std::size_t) {
-  return free_traced(p, ring::Api::cuMemFree, 0, core::now_ns());
 }
 
 }  // namespace cuw::backends

@@ -1,5 +1,5 @@
-// cuwarden interposer: the `cache` backend (CUWARDEN_POOL=cache), a caching memory resource
-// for one CUDA context, and the registry that finds the one of the calling thread.
+// cuwarden interposer: the `cache` backend's pool for one CUDA context (CUWARDEN_POOL=cache;
+// cache_backend.hpp finds the one of the calling thread). The design:
 //
 // Layout of what it keeps:
 //   small requests (<= 1 MiB) are rounded to one of 40 size classes (512 B steps up to
@@ -53,7 +53,6 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <type_traits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,23 +76,27 @@ class cache_backend;
 /// record, query and wait, release). Allocations and frees it serves are counted and
 /// recorded (events) here, not by the hooks. Memory is given back to the driver only by release(), by
 /// the cap, or by the driver's own out-of-memory answer; the destructor gives back nothing.
-class cache_resource final : public memory_resource {
+class cache_resource final {
  public:
   /// `upstream` provides driver allocations (driver_resource; owned). `slot` holds the
   /// device's counters (cap, used, reserved, cached), `ordinal` its CUDA ordinal.
   cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
                  core::Tracker& tracker, cache_backend& owner);
-  ~cache_resource() override;
+  ~cache_resource();
+  cache_resource(const cache_resource&) = delete;
+  cache_resource& operator=(const cache_resource&) = delete;
 
   CUcontext context() const noexcept { return ctx_; }
   int ordinal() const noexcept { return ordinal_; }
 
-  /// allocate() as the hooks call it: the program's allocation through `api`, whose event
-  /// (stamped `now_ns`, CLOCK_REALTIME read before) goes into the ring under the same lock
-  /// as the free list and the counters on a hit. Errors as allocate().
+  /// The program's allocation of `bytes` (> 0) through `api`, aligned to at least 256 bytes
+  /// (cudaMalloc's promise): *out and CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY when neither
+  /// the cap nor the driver allows it (or the driver's error). Its event (stamped `now_ns`,
+  /// CLOCK_REALTIME read before) goes into the ring under the same lock as the free list and
+  /// the counters on a hit.
   CUresult allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now_ns);
-  /// deallocate(p) as the hooks call it: the free event (`api`, `aux` = stream or 0,
-  /// stamped `now_ns`) under the same lock. Having done nothing: CUDA_ERROR_INVALID_VALUE
+  /// The program's free of `p`: its event (`api`, `aux` = stream or 0, stamped `now_ns`)
+  /// under the same lock. Having done nothing: CUDA_ERROR_INVALID_VALUE
   /// when `p` lies in memory this cache holds but is not the start of a live block (freed
   /// twice, or an interior pointer: the driver's answer), CUDA_ERROR_NOT_FOUND when it is
   /// not this cache's memory at all (the caller passes it to the driver).
@@ -107,6 +110,14 @@ class cache_resource final : public memory_resource {
   bool blocks(std::vector<block_info>& out);
   /// Reserved and cached bytes, and the largest request served without the driver now.
   pool_stats stats();
+  /// cuIpcGetMemHandle for the live block at `p`: a handle of its whole driver allocation (a
+  /// large block is one), which the cache then never hands out again; CUDA_ERROR_NOT_SUPPORTED
+  /// for a block packed into a slab with others (logged once); CUDA_ERROR_INVALID_VALUE for a
+  /// freed block; CUDA_ERROR_NOT_FOUND when `p` is not this cache's memory.
+  CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p);
+  /// Give back to the driver every segment no block of which is in use, after waiting for
+  /// pending frees (not during a capture, nor while the context is being destroyed); the bytes.
+  std::size_t release();
 
   /// A non-blocking stream of this context was created: later batches record on it too.
   void add_stream(CUstream s);
@@ -165,12 +176,6 @@ class cache_resource final : public memory_resource {
     std::vector<CUevent> events;
   };
   static constexpr uint8_t kFree = 0, kLive = 1, kPending = 2;
-
-  CUresult do_allocate(CUdeviceptr* out, std::size_t bytes) override;
-  CUresult do_deallocate(CUdeviceptr p, std::size_t bytes) override;
-  bool do_find(CUdeviceptr p, range* out) override;
-  CUresult do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) override;
-  std::size_t do_release() override;
 
   // Under mu_.
   /// The block as the seam describes it (an exported block whose free waits for the driver

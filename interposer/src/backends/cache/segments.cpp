@@ -65,7 +65,7 @@ uint64_t cache_resource::release_slow() {
   return total;
 }
 
-std::size_t cache_resource::do_release() {
+std::size_t cache_resource::release() {
   std::lock_guard<std::mutex> g(slow_);
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
@@ -153,11 +153,6 @@ bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
   return true;
 }
 
-bool cache_resource::do_find(CUdeviceptr p, range* out) {
-  bool live = false;
-  return locate(p, out, &live) && live;
-}
-
 block_info cache_resource::describe_locked(const Block& b) const noexcept {
   const bool in_use = b.state == kLive || (b.state == kPending && b.exported);
   return block_info{b.ptr, b.size, in_use ? b.requested : 0, ordinal_,
@@ -203,18 +198,26 @@ pool_stats cache_resource::stats() {
     for (uint32_t k = 0; k < s->carved; ++k)
       if (describe_locked(s->blocks[k]).status == block_info::state::live) in_use += s->blocks[k].size;
   }
-  // What a request is served from without the driver: the largest free whole block, or the
-  // largest class with a free block or uncarved room in a slab.
-  for (auto it = free_large_.rbegin(); it != free_large_.rend() && st.largest_free == 0; ++it)
-    if (it->second) st.largest_free = it->first;
-  for (int cls = kClasses - 1; cls >= 0 && st.largest_free == 0; --cls)
-    if (free_small_[cls] || carving_[cls]) st.largest_free = class_size(cls);
+  // The largest request served without the driver (take_locked): a large one (rounded to
+  // kLargeRound) from a free whole block at least that size, or a small one from its class's
+  // free list or a slab with room. A whole block made of exactly a request's bytes under a cap
+  // may be smaller than kLargeRound, and then serves neither (nothing rounds down to it).
+  for (auto it = free_large_.rbegin(); it != free_large_.rend(); ++it) {
+    if (!it->second) continue;
+    st.largest_free = it->first / kLargeRound * kLargeRound;  // sizes are sorted: the first is the largest
+    break;
+  }
+  for (int cls = kClasses - 1; cls >= 0; --cls) {
+    if (!free_small_[cls] && !carving_[cls]) continue;
+    st.largest_free = std::max(st.largest_free, class_size(cls));
+    break;
+  }
   mu_.unlock();
   st.cached = st.reserved - in_use;
   return st;
 }
 
-CUresult cache_resource::do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   mu_.lock();
   auto it = segments_.upper_bound(p);
   if (it == segments_.begin() || p >= std::prev(it)->second->base + std::prev(it)->second->bytes) {
