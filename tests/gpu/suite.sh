@@ -8,7 +8,8 @@
 #   BUILD_DIR=<dir> OUT=<dir> bash tests/gpu/suite.sh
 #
 # Environment: COMPAT_TIME_BUDGET_S (150: each matrix's budget, so that the whole suite fits
-# in about 8 minutes on one GPU), ROWS (compat.sh's, default every row the GPUs allow).
+# in about 8 minutes on one GPU), ROWS (compat.sh's, default every row the GPUs allow),
+# SUITE_COMMIT (the commit to name in suite.md where the copy has no .git).
 # Writes into $OUT: suite.md (one line per part, with its summary) and suite.tar.gz (every
 # part's own files: compat-off/, compat-cache/, cache-reuse/, ctx-gone/). Exit status: 0 when
 # every part passed, 1 otherwise.
@@ -55,7 +56,7 @@ part ctx-gone bash "$REPO/tests/gpu/ctx_gone.sh"
 {
   echo "# cuwarden GPU suite"
   echo
-  echo "Commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%Y-%m-%d %H:%M UTC')," \
+  echo "Commit ${SUITE_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}, $(date -u '+%Y-%m-%d %H:%M UTC')," \
        "$(nvidia-smi --query-gpu=count,name,driver_version --format=csv,noheader 2>/dev/null | head -1)."
   echo
   echo "| part | result | summary | time |"
