@@ -10,8 +10,10 @@ std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Comm
   std::string why;
   auto reply = proto::request(socket, cmd, body.dump(), 10000, &why);
   if (!reply) {
-    std::fprintf(stderr, "cuwarden: no daemon is running (no answer at %s: %s). Start it with: cuwardend &\n",
-                 socket.c_str(), why.c_str());
+    if (error) error->no_daemon = true;
+    if (!error || !error->quiet_no_daemon)
+      std::fprintf(stderr, "cuwarden: no daemon is running (no answer at %s: %s). Start it with: cuwardend &\n",
+                   socket.c_str(), why.c_str());
     return std::nullopt;
   }
   auto j = nlohmann::ordered_json::parse(reply->body, nullptr, false);

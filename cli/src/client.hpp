@@ -17,7 +17,9 @@ inline constexpr int kExitRefused = 3;   ///< the daemon refused a control reque
 
 /// Why ask() failed, for commands whose exit status depends on it.
 struct AskError {
-  bool refused = false;  ///< the daemon's authorization rules said no
+  bool refused = false;     ///< the daemon's authorization rules said no
+  bool no_daemon = false;   ///< nothing answered at the socket
+  bool quiet_no_daemon = false;  ///< in: print nothing when nothing answers (the caller waits)
 };
 
 /// Send one request. On success returns the reply body; otherwise prints the reason to

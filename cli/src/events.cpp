@@ -49,11 +49,34 @@ std::string event_line(const json& e) {
          by;
 }
 
+/// Whether the daemon knows process `pid` (running, or exited and still shown).
+bool known_process(const std::string& socket, long long pid, bool* asked) {
+  auto st = ask(socket, proto::Command::get_state, json::object());
+  *asked = st.has_value();
+  if (!st) return false;
+  auto it = st->find("processes");
+  if (it != st->end() && it->is_array())
+    for (const auto& p : *it)
+      if (num(p, "pid") == static_cast<uint64_t>(pid)) return true;
+  return false;
+}
+
 }  // namespace
 
 int cmd_events(const EventsOptions& o) {
   json req = {{"max", o.max}};
-  if (o.pid >= 0) req["pid"] = o.pid;
+  if (o.pid >= 0) {
+    bool asked = false;
+    if (!known_process(o.socket, o.pid, &asked)) {
+      if (asked)
+        std::fprintf(stderr,
+                     "cuwarden events: no process %lld is known to the daemon (running or recently exited; "
+                     "`cuwarden` lists them)\n",
+                     o.pid);
+      return kExitFailure;
+    }
+    req["pid"] = o.pid;
+  }
   if (o.follow) {
     std::signal(SIGINT, [](int) { g_stop = 1; });
     std::signal(SIGTERM, [](int) { g_stop = 1; });
@@ -61,9 +84,22 @@ int cmd_events(const EventsOptions& o) {
   if (!o.json)
     std::printf("%-12s %8s %-24s %-12s %3s %12s %18s %12s\n", "TIME", "PID", "API", "KIND", "GPU", "BYTES", "ADDRESS",
                 "USED AFTER");
+  bool waiting = false;  // following, and the daemon went away: wait for the next one
   for (;;) {
-    auto reply = ask(o.socket, proto::Command::get_events, req);
+    AskError why;
+    why.quiet_no_daemon = o.follow;
+    auto reply = ask(o.socket, proto::Command::get_events, req, &why);
+    if (!reply && o.follow && why.no_daemon) {
+      if (!waiting) std::fprintf(stderr, "cuwarden events: the daemon is gone; waiting for it to come back\n");
+      waiting = true;
+      req.erase("after");  // a new daemon numbers its events afresh: all it has is new
+      for (int i = 0; i < 10 && !g_stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (g_stop) return kExitOk;
+      continue;
+    }
     if (!reply) return kExitFailure;
+    if (waiting) std::fprintf(stderr, "cuwarden events: the daemon is back\n");
+    waiting = false;
     auto it = reply->find("events");
     if (it != reply->end() && it->is_array())
       for (const auto& e : *it) {

@@ -25,14 +25,17 @@ int main(int argc, char** argv) {
   app.add_option("--format", st.format, "csv[,noheader][,nounits]");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));
+  double loop_ms = 0;
+  app.add_option("--loop-ms", loop_ms, "repeat every MS milliseconds (also -lms MS, as nvidia-smi)")
+      ->check(CLI::Range(1.0, 86400000.0));
 
   auto* run = app.add_subcommand("run", "run a command under cuwarden: cuwarden run [options] -- CMD ...");
   RunOptions ro;
   run->add_option("--limit", ro.limit, "per-process cap per device: 8G, 512MiB, 75%, 0=8G,1=4G");
   run->add_option("--job", ro.job, "job name: processes of one user with one job share --job-limit");
   run->add_option("--job-limit", ro.job_limit, "cap for the whole job per physical GPU");
-  run->add_option("--pool", ro.pool, "allocation backend: off, cache, vmm");
-  run->add_option("--callsites", ro.callsites, "frames captured per allocation (0..64)");
+  run->add_option("--pool", ro.pool, "allocation backend: off (default) or cache (vmm: not in this build yet)");
+  run->add_option("--callsites", ro.callsites, "frames captured per allocation (not in this build yet: 0 only)");
   run->add_option("--lib", ro.lib, "path of libcuwarden.so (default: $CUWARDEN_LIB, then ../lib beside cuwarden)");
   // Everything from the command on is the command's, with or without "--".
   run->prefix_command();
@@ -61,6 +64,17 @@ int main(int argc, char** argv) {
 
   // `run [options] -- CMD ...`: CLI11 sees only what precedes "--"; the rest is the command
   // verbatim. Without "--", prefix_command() stops at the first non-option (the command).
+  // nvidia-smi spells the millisecond loop "-lms" (one dash, three letters): CLI11 would read
+  // it as -l -m -s. Everything after `run` is the command's, left alone.
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::size_t i = 1; i < args.size() && args[i] != "run"; ++i)
+    if (args[i] == "-lms") args[i] = "--loop-ms";
+    else if (args[i].rfind("-lms=", 0) == 0) args[i] = "--loop-ms=" + args[i].substr(5);
+  std::vector<char*> argv_fixed;
+  for (auto& a : args) argv_fixed.push_back(a.data());
+  argv_fixed.push_back(nullptr);
+  argv = argv_fixed.data();
+
   std::vector<std::string> after_dashes;
   int parse_argc = argc;
   for (int i = 1; i < argc; ++i) {
@@ -100,5 +114,12 @@ int main(int argc, char** argv) {
     return cmd_events(eo);
   }
   st.socket = socket;
+  if (loop_ms > 0) {
+    if (st.loop_seconds > 0) {
+      std::fprintf(stderr, "cuwarden: give -l SEC or -lms MS, not both\n");
+      return kExitUsage;
+    }
+    st.loop_seconds = loop_ms / 1000.0;
+  }
   return cmd_status(st);
 }

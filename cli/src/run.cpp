@@ -72,10 +72,15 @@ int cmd_run(const RunOptions& o) {
                                                                      : err));
   }
   if (!o.job.empty() && !cuw::job::valid_job_name(o.job, &err)) return usage_error("bad --job '" + o.job + "': " + err);
-  if (!o.pool.empty() && o.pool != "off" && o.pool != "cache" && o.pool != "vmm")
-    return usage_error("bad --pool '" + o.pool + "': use off, cache or vmm");
+  if (o.pool == "vmm")
+    return usage_error("--pool vmm: the vmm backend is not in this build yet (use off or cache)");
+  if (!o.pool.empty() && o.pool != "off" && o.pool != "cache")
+    return usage_error("bad --pool '" + o.pool + "': use off or cache");
   if (o.callsites != -1 && (o.callsites < 0 || o.callsites > 64))
     return usage_error("bad --callsites " + std::to_string(o.callsites) + ": use 0..64");
+  if (o.callsites > 0)
+    return usage_error("--callsites " + std::to_string(o.callsites) +
+                       ": call sites are not recorded in this build yet (only 0 is accepted)");
   if (o.command.empty()) return usage_error("no command given (cuwarden run [options] -- CMD ...)");
 
   std::string tried;

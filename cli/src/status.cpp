@@ -288,6 +288,58 @@ Cell query_cell(const std::string& field, const json& st, const json& p, const j
   return Cell::none();  // fragmentation: not measured yet
 }
 
+/// Whether every entry of `filter` (-i: indexes or UUID prefixes) names a GPU the daemon
+/// knows; else *why says which does not. With no GPU known yet, any filter is accepted (the
+/// table says so itself).
+bool known_gpus(const json& st, const std::string& filter, std::string* why) {
+  const auto& gpus = jarr(st, "gpus");
+  if (gpus.empty()) return true;
+  std::stringstream ss(filter);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    bool found = false;
+    for (const auto& g : gpus) found = found || gpu_matches(item, g, "index");
+    if (!found) {
+      std::string have;
+      for (const auto& g : gpus) have += (have.empty() ? "" : ", ") + std::to_string(jnum(g, "index"));
+      *why = "no GPU '" + item + "' (GPUs: " + have + ")";
+      return false;
+    }
+  }
+  return true;
+}
+
+/// --json -i: only the GPUs the filter names, and each process's and job's rows on them.
+void filter_state(json& st, const std::string& filter) {
+  auto keep = [&](json& arr, const char* index_key) {
+    if (!arr.is_array()) return;
+    json out = json::array();
+    for (auto& x : arr)
+      if (gpu_matches(filter, x, index_key)) out.push_back(std::move(x));
+    arr = std::move(out);
+  };
+  if (st.contains("gpus")) keep(st["gpus"], "index");
+  if (st.contains("processes") && st["processes"].is_array()) {
+    json out = json::array();
+    for (auto& p : st["processes"]) {
+      if (!p.contains("devices")) continue;
+      keep(p["devices"], "gpu_index");
+      if (!p["devices"].empty()) out.push_back(std::move(p));
+    }
+    st["processes"] = std::move(out);
+  }
+  if (st.contains("jobs") && st["jobs"].is_array()) {
+    json out = json::array();
+    for (auto& j : st["jobs"]) {
+      if (!j.contains("gpus")) continue;
+      keep(j["gpus"], "gpu_index");
+      if (!j["gpus"].empty()) out.push_back(std::move(j));
+    }
+    st["jobs"] = std::move(out);
+  }
+}
+
 volatile std::sig_atomic_t g_stop = 0;
 
 }  // namespace
@@ -348,11 +400,21 @@ int cmd_status(const StatusOptions& o) {
     std::signal(SIGINT, [](int) { g_stop = 1; });
     std::signal(SIGTERM, [](int) { g_stop = 1; });
   }
-  for (;;) {
+  for (bool first = true;; first = false) {
     auto st = ask(o.socket, proto::Command::get_state, json::object());
     if (!st) return kExitFailure;
+    if (!o.gpu_filter.empty()) {
+      std::string why;
+      if (!known_gpus(*st, o.gpu_filter, &why)) {
+        std::fprintf(stderr, "cuwarden: %s\n", why.c_str());
+        return kExitFailure;
+      }
+      if (o.json) filter_state(*st, o.gpu_filter);
+    }
     if (o.json) {
-      std::fputs((st->dump(2, ' ', false, json::error_handler_t::replace) + "\n").c_str(), stdout);
+      // Looping: one document per line, which a reader parses line by line.
+      std::fputs((st->dump(o.loop_seconds > 0 ? -1 : 2, ' ', false, json::error_handler_t::replace) + "\n").c_str(),
+                 stdout);
     } else if (query) {
       Table t;
       for (const auto& f : fields)
@@ -369,7 +431,7 @@ int cmd_status(const StatusOptions& o) {
           t.rows.push_back(std::move(row));
         }
       }
-      std::fputs(render_csv(t, csv_header, csv_units).c_str(), stdout);
+      std::fputs(render_csv(t, csv_header && first, csv_units).c_str(), stdout);  // the header once, as nvidia-smi
     } else {
       std::fputs(render_table(*st, o.gpu_filter).c_str(), stdout);
     }

@@ -102,7 +102,8 @@ std::string render_csv(const Table& t, bool header, bool units) {
   };
   if (header) {
     std::vector<std::string> h;
-    for (const auto& c : t.columns) h.push_back(c.name + (c.bytes_unit && units ? " [MiB]" : ""));
+    // nvidia-smi keeps the unit in the header with nounits: only the values lose it.
+    for (const auto& c : t.columns) h.push_back(c.name + (c.bytes_unit ? " [MiB]" : ""));
     join(h);
   }
   for (const auto& row : t.rows) {

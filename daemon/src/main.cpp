@@ -247,7 +247,12 @@ int main(int argc, char** argv) {
   app.add_option("--exited-linger", o.exited_linger_s, "seconds an exited process stays visible")
       ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--history", o.history, "events kept per process")->check(CLI::Range(1, 10000000));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a bad flag 2, as `cuwarden` (CLI11's own codes are 100+).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   auto logger = spdlog::stderr_color_mt("cuwardend");
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");

@@ -2,6 +2,8 @@
 // events, `run`, and the plain message when no daemon answers.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "daemon_test_support.hpp"
 
 using namespace cuwt;
@@ -167,13 +169,13 @@ TEST_CASE("cli.events_prints_what_the_daemon_collected") {
 TEST_CASE("cli.run_sets_the_environment_and_preloads_the_interposer") {
   const std::string lib = CUWT_PRELOAD;
   CmdResult r = cli({"run", "--lib", lib, "--limit", "0=8G,1=4G", "--job", "etl", "--job-limit", "20G", "--pool",
-                     "vmm", "--callsites", "8", "--", "/bin/sh", "-c",
+                     "cache", "--callsites", "0", "--", "/bin/sh", "-c",
                      "echo L=$CUWARDEN_LIMIT J=$CUWARDEN_JOB JL=$CUWARDEN_JOB_LIMIT P=$CUWARDEN_POOL "
                      "C=$CUWARDEN_CALLSITES; echo PRE=$LD_PRELOAD; exit 7"},
                     {"LD_PRELOAD=" + lib + ":/lib/x86_64-linux-gnu/libm.so.6"});
   INFO(r.err);
   CHECK(r.status == 7);  // the command's own exit code: exec, no wrapper process
-  CHECK(contains(r.out, "L=0=8G,1=4G J=etl JL=20G P=vmm C=8\n"));
+  CHECK(contains(r.out, "L=0=8G,1=4G J=etl JL=20G P=cache C=0\n"));
   // Ours first, the existing entry kept, no duplicate of ours.
   CHECK(contains(r.out, "PRE=" + lib + ":/lib/x86_64-linux-gnu/libm.so.6\n"));
 
@@ -200,16 +202,147 @@ TEST_CASE("cli.run_rejects_bad_input_before_exec") {
            {"--pool", "magic", "--", "true"},
            {"--callsites", "65", "--", "true"},
            {"--limit", "8G"},
+           {"--limit", "75", "--", "true"},  // 75 bytes: a mistyped unit
+           {"--limit", "0", "--", "true"},
+           {"--job", "etl", "--job-limit", "100", "--", "true"},
        }) {
     CmdResult r = run(args);
     INFO(args[0] << " " << args[1] << ": " << r.err);
     CHECK(r.status == 2);
     CHECK(contains(r.err, "cuwarden run: "));
   }
+  // What is not in this build is refused up front, saying so.
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--pool", "vmm", "--", "true"},
+                                                                 {"--callsites", "8", "--", "true"}}) {
+    CmdResult r = run(args);
+    INFO(args[0] << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, "not "));
+    CHECK(contains(r.err, " in this build yet"));
+  }
+  CmdResult tiny = run({"--limit", "75", "--", "true"});
+  CHECK(contains(tiny.err, "smaller than any real allocation: give a unit (75G, 75MiB) or a share (75%)"));
   CmdResult nf = run({"--", "/no/such/program"});
   CHECK(nf.status == 127);
   CHECK(contains(nf.err, "/no/such/program: command not found"));
   CmdResult nolib = cli({"run", "--lib", "/no/such/lib.so", "--", "true"});
   CHECK(nolib.status == 1);
   CHECK(contains(nolib.err, "cannot find libcuwarden.so"));
+}
+
+TEST_CASE("cli.loop_prints_the_csv_header_once_and_json_one_document_per_line") {
+  Scene s;
+  // -lms as nvidia-smi spells it; killed after about five rounds.
+  CmdResult r = run_cmd({CUWT_CLI, "--socket", s.d->socket, "--query-compute-apps=pid,used_memory", "--format=csv", "-lms", "200"},
+              {}, 1100);
+  INFO(r.out << r.err);
+  CHECK(r.status == -1);  // still looping when killed
+  std::size_t headers = 0, rows = 0;
+  for (std::size_t pos = 0; pos < r.out.size();) {
+    const std::size_t nl = r.out.find('\n', pos);
+    const std::string line = r.out.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line == "pid, used_gpu_memory [MiB]") ++headers;
+    else if (!line.empty()) ++rows;
+  }
+  CHECK(headers == 1);
+  CHECK(rows >= 2 * 3);  // three rows a round (a on GPU 0, b on GPUs 0 and 1), two rounds at least
+
+  CmdResult j = run_cmd({CUWT_CLI, "--socket", s.d->socket, "--json", "--loop-ms", "200"}, {}, 1100);
+  std::size_t docs = 0;
+  for (std::size_t pos = 0; pos < j.out.size();) {
+    const std::size_t nl = j.out.find('\n', pos);
+    const std::string line = j.out.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.empty()) continue;
+    INFO(line.substr(0, 200));
+    json doc = json::parse(line, nullptr, false);
+    CHECK(doc.is_object());
+    CHECK(doc["processes"].size() == 2);
+    ++docs;
+  }
+  CHECK(docs >= 2);
+  CmdResult both = cli({"--socket", s.d->socket, "-l", "1", "-lms", "200"});
+  CHECK(both.status == 2);
+  // nounits drops the unit from the values, not from the header (as nvidia-smi).
+  CmdResult n = cli({"--socket", s.d->socket, "--query-compute-apps=pid,used_memory", "--format=csv,nounits"});
+  CHECK(n.out.rfind("pid, used_gpu_memory [MiB]\n", 0) == 0);
+  CHECK(contains(n.out, std::to_string(s.a.pid) + ", 4096\n"));
+}
+
+TEST_CASE("cli.gpu_filter_names_a_known_gpu_and_filters_json_too") {
+  Scene s;
+  CmdResult r = cli({"--socket", s.d->socket, "-i", "7"});
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "no GPU '7' (GPUs: 0, 1)"));
+  CmdResult q = cli({"--socket", s.d->socket, "--query-compute-apps=pid", "--format=csv", "-i", "0,7"});
+  CHECK(q.status == 1);
+  CmdResult j = cli({"--socket", s.d->socket, "--json", "-i", "1"});
+  REQUIRE(j.status == 0);
+  json st = json::parse(j.out);
+  REQUIRE(st["gpus"].size() == 1);
+  CHECK(st["gpus"][0]["index"] == 1);
+  REQUIRE(st["processes"].size() == 1);  // a has nothing on GPU 1
+  CHECK(st["processes"][0]["pid"] == s.b.pid);
+  REQUIRE(st["processes"][0]["devices"].size() == 1);
+  CHECK(st["processes"][0]["devices"][0]["gpu_index"] == 1);
+  CmdResult u = cli({"--socket", s.d->socket, "--json", "-i", uuid_for(0xa0).substr(0, 12)});
+  REQUIRE(u.status == 0);
+  CHECK(json::parse(u.out)["gpus"][0]["index"] == 0);
+}
+
+TEST_CASE("cli.events_of_an_unknown_process_say_so") {
+  Scene s;
+  CmdResult r = cli({"events", "--socket", s.d->socket, "--pid", "99999"});
+  CHECK(r.status == 1);
+  CHECK(r.out.empty());
+  CHECK(contains(r.err, "no process 99999 is known to the daemon"));
+}
+
+TEST_CASE("cli.events_follow_waits_for_a_restarted_daemon") {
+  Scene s;
+  TempDir io;
+  const std::string out = io / "out", err = io / "err";
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> argv = {CUWT_CLI, "events", "--follow", "--json", "--socket", s.d->socket};
+  std::vector<char*> a;
+  for (auto& x : argv) a.push_back(x.data());
+  a.push_back(nullptr);
+  pid_t pid = -1;
+  REQUIRE(posix_spawn(&pid, a[0], &fa, nullptr, a.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  auto lines = [&] {
+    const std::string o = slurp(out);
+    return static_cast<std::size_t>(std::count(o.begin(), o.end(), '\n'));
+  };
+  CHECK(wait_until([&] { return lines() == 1; }));  // the alloc the scene pushed
+  s.d.reset();                                      // the daemon stops
+  CHECK(wait_until([&] { return contains(slurp(err), "the daemon is gone; waiting for it to come back"); }));
+  CHECK(::kill(pid, 0) == 0);  // still following
+  s.d = std::make_unique<Daemon>(s.dir);
+  REQUIRE(s.ra->push(cuw::ring::EventKind::free, cuw::ring::Api::cuMemFree, 0, 4096 * kMiB, 0x7f0000000000, 0));
+  CHECK(wait_until([&] { return lines() == 2; }));
+  CHECK(contains(slurp(err), "the daemon is back"));
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st));
+  const std::string o = slurp(out);
+  CHECK(json::parse(o.substr(o.rfind('\n', o.size() - 2) + 1))["kind"] == "free");
+}
+
+TEST_CASE("cli.daemon_bad_flags_exit_2_like_the_cli") {
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--bogus"}, {"--drain-interval-ms", "0"},
+                                                                 {"--log-level", "loud"}}) {
+    std::vector<std::string> argv = {CUWT_DAEMON};
+    argv.insert(argv.end(), args.begin(), args.end());
+    CmdResult r = run_cmd(argv, {}, 5000);
+    INFO(args[0] << ": " << r.err);
+    CHECK(r.status == 2);
+  }
+  CHECK(run_cmd({CUWT_DAEMON, "--help"}, {}, 5000).status == 0);
+  CHECK(run_cmd({CUWT_CLI, "--bogus"}, {}, 5000).status == 2);
 }
