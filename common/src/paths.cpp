@@ -1,7 +1,9 @@
 // cuwarden: run-directory and ring-file naming.
 #include "cuw/paths.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -82,6 +84,35 @@ bool process_stat(uint32_t pid, char* state, uint64_t* start_time) {
 uint64_t process_start_time(uint32_t pid) {
   uint64_t start = 0;
   return process_stat(pid, nullptr, &start) ? start : 0;
+}
+
+bool process_gone(uint32_t pid, uint64_t start_time) {
+  char state = 0;
+  uint64_t start = 0;
+  if (!process_stat(pid, &state, &start) || start != start_time) return true;
+  return state == 'Z' || state == 'X';
+}
+
+int remove_dead_rings(const std::string& dir, uint32_t uid) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return 0;
+  DIR* d = ::fdopendir(dfd);
+  if (!d) {
+    ::close(dfd);
+    return 0;
+  }
+  int removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    uint32_t pid = 0;
+    uint64_t start = 0;
+    if (!parse_ring_file_name(e->d_name, &pid, &start)) continue;
+    struct stat st {};
+    if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (uid != 0 && st.st_uid != uid) continue;
+    if (process_gone(pid, start) && ::unlinkat(dfd, e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 }  // namespace cuw::paths

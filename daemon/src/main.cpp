@@ -5,6 +5,7 @@
 // server, and two timers — drain every few ms, rescan every second.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -48,6 +49,34 @@ struct Options {
   double exited_linger_s = 60;
   std::size_t history = 10000;
 };
+
+/// The run directory's lock (cuwardend.lock, beside the rings), held for the daemon's life:
+/// the kernel drops it when the daemon dies, however it dies. Returns the lock's fd, or -1
+/// when another process holds it (*holder: its pid as it wrote it, if readable) or it cannot
+/// be had (logged).
+int lock_run_dir(int dirfd, std::string* holder) {
+  int fd = openat(dirfd, "cuwardend.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) fd = openat(dirfd, "cuwardend.lock", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);  // another user's file
+  if (fd < 0) {
+    spdlog::error("cannot open the run directory's lock: {}", std::strerror(errno));
+    return -1;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[16] = {};
+    if (pread(fd, buf, sizeof buf - 1, 0) > 0) {
+      const std::string text(buf);
+      *holder = text.substr(0, text.find_first_not_of("0123456789"));
+    }
+    close(fd);
+    return -1;
+  }
+  // The holder's pid, for the next one's message; a lock file of another user's is not ours
+  // to write, and the lock itself is what counts.
+  const std::string pid = std::to_string(getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    spdlog::debug("cannot write the pid into the run directory's lock: {}", std::strerror(errno));
+  return fd;  // kept open for the daemon's life
+}
 
 /// Create the run directory if missing, sticky and world-writable like /tmp: every user's
 /// interposed processes create their rings there. An existing one must be a real directory
@@ -121,6 +150,15 @@ int run(const Options& o) {
   const int dirfd = open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dirfd < 0) {
     spdlog::error("cannot open run directory {}: {}", run_dir, std::strerror(errno));
+    return 1;
+  }
+  // One daemon per run directory, whatever socket it serves: two would drain the same rings,
+  // and each event would reach one of them only.
+  std::string holder;
+  if (lock_run_dir(dirfd, &holder) < 0) {
+    spdlog::error("another cuwardend{} serves the run directory {}: not starting a second one (it would take "
+                  "events from the first)",
+                  holder.empty() ? "" : " (pid " + holder + ")", run_dir);
     return 1;
   }
 

@@ -27,24 +27,6 @@ constexpr std::size_t kDrainBatch = 1024;
 constexpr std::size_t kDrainRoundsPerTick = 64;  // at most 64 Ki events per ring per tick
 constexpr std::size_t kMaxProblems = 1024;
 
-/// True when /proc says `pid` is gone, reused, or a zombie (exited, not yet reaped).
-bool process_gone(uint32_t pid, uint64_t start_time) {
-  const uint64_t st = paths::process_start_time(pid);
-  if (st == 0 || st != start_time) return true;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;
-  char buf[1024];
-  const ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return true;
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  if (!p || p[1] != ' ') return false;
-  return p[2] == 'Z' || p[2] == 'X';
-}
-
 json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
 
 }  // namespace
@@ -188,7 +170,7 @@ void Registry::check_exit(Process& p, uint64_t mono) {
   if (snap.state == static_cast<uint32_t>(ring::ProcessState::exited)) {
     p.exited = true;
     p.exited_ns = snap.exited_ns ? snap.exited_ns : now_ns();
-  } else if (process_gone(p.pid, p.start_time)) {
+  } else if (paths::process_gone(p.pid, p.start_time)) {
     p.exited = true;
     p.exited_ns = now_ns();
   }

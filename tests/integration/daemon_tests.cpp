@@ -422,3 +422,22 @@ TEST_CASE("daemon.socket_lifecycle") {
     CHECK(::access(d.socket.c_str(), F_OK) != 0);
   }
 }
+
+TEST_CASE("daemon.a_second_daemon_on_the_same_run_directory_is_refused") {
+  TempDir dir;
+  Daemon first(dir);
+  // Another socket, the same rings: it would take events from the first one.
+  CmdResult second = run_cmd({CUWT_DAEMON, "--run-dir", first.run_dir, "--socket", dir / "other.sock", "--no-nvml"}, {},
+                             5000);
+  INFO(second.err);
+  CHECK(second.status == 1);
+  CHECK(second.err.find("another cuwardend (pid " + std::to_string(first.pid) + ") serves the run directory " +
+                        first.run_dir) != std::string::npos);
+  CHECK(first.alive());
+  CHECK(::access((dir / "other.sock").c_str(), F_OK) != 0);  // it never served
+  // Once the first is gone, however it went, the run directory is free again.
+  ::kill(first.pid, SIGKILL);
+  first.stop();
+  Daemon third(dir);
+  CHECK(third.alive());
+}

@@ -232,6 +232,25 @@ TEST_CASE("with no daemon the ring is removed at exit; while running it is there
   CHECK(ring_files(dir).empty());
 }
 
+TEST_CASE("a ring left by a killed process, with no daemon, is removed by the next process", "[process]") {
+  const std::string dir = make_run_dir();
+  const std::vector<std::string> env = {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1G"};
+  Child killed = spawn({kProbe, "hold", "8"}, env);
+  REQUIRE(read_line(killed.out) == "ready");
+  Child alive = spawn({kProbe, "hold", "8"}, env);
+  REQUIRE(read_line(alive.out) == "ready");
+  ::kill(killed.pid, SIGKILL);
+  CHECK(finish(killed, nullptr) == 128 + SIGKILL);
+  REQUIRE(ring_files(dir).size() == 2);  // nothing removes the killed one's ring by itself
+  std::string out;
+  REQUIRE(run({kProbe, "alloc", "8"}, env, &out) == 0);
+  const auto left = ring_files(dir);
+  REQUIRE(left.size() == 1);  // the killed process's ring is gone, the live one's is there
+  CHECK_THAT(left[0], Catch::StartsWith("ring-" + std::to_string(alive.pid) + "-"));
+  REQUIRE(finish(alive, nullptr) == 0);
+  CHECK(ring_files(dir).empty());
+}
+
 TEST_CASE("a forked child gets its own ring; an exec'd child is interposed too", "[process][fork]") {
   const std::string dir = make_run_dir();
   Child c = spawn({kProbe, "fork", "8"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=1G"});

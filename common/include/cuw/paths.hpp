@@ -35,4 +35,17 @@ uint64_t process_start_time(uint32_t pid);
 /// process_start_time().
 bool process_stat(uint32_t pid, char* state, uint64_t* start_time);
 
+/// True when /proc says the process that wrote a ring as (`pid`, `start_time`) is gone: no
+/// such process, a new one under the same pid, or a zombie (exited, not yet reaped). Opens
+/// a file, like process_start_time(). Assumes the writer's pid namespace is ours, as the
+/// daemon does for every ring.
+bool process_gone(uint32_t pid, uint64_t start_time);
+
+/// Removes from run directory `dir` the rings of processes that are gone (process_gone) and
+/// whose files belong to user `uid` (any user's when `uid` is 0): a process killed while
+/// no daemon ran leaves its ring behind. Regular files with a ring's name only; never
+/// follows a link. Returns how many were removed. Opens the directory and /proc files:
+/// not for a hook before the first CUDA call.
+int remove_dead_rings(const std::string& dir, uint32_t uid);
+
 }  // namespace cuw::paths

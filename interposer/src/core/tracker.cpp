@@ -151,6 +151,11 @@ void Tracker::create_ring() {
   make_run_dir(dir);
   struct stat st {};
   if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    // A process of ours killed while no daemon ran left its ring behind, which nothing else
+    // would remove (a daemon removes what it saw exit).
+    if (!daemon_listening())
+      if (const int n = paths::remove_dead_rings(dir, static_cast<uint32_t>(getuid())))
+        log::debug("cuwarden: removed %d ring(s) of processes gone from %s", n, dir.c_str());
     ring_path_ = dir + "/" + paths::ring_file_name(pid, start);
     int fd = ::open(ring_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno == EEXIST) {
