@@ -18,6 +18,7 @@
 #include <cstring>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sstream>
 #include <string>
 
 #include "cuw/paths.hpp"
@@ -50,32 +51,29 @@ struct Options {
   std::size_t history = 10000;
 };
 
-/// The run directory's lock (cuwardend.lock, beside the rings), held for the daemon's life:
-/// the kernel drops it when the daemon dies, however it dies. Returns the lock's fd, or -1
-/// when another process holds it (*holder: its pid as it wrote it, if readable) or it cannot
-/// be had (logged).
-int lock_run_dir(int dirfd, std::string* holder) {
-  int fd = openat(dirfd, "cuwardend.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) fd = openat(dirfd, "cuwardend.lock", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);  // another user's file
-  if (fd < 0) {
-    spdlog::error("cannot open the run directory's lock: {}", std::strerror(errno));
-    return -1;
+/// Takes the run directory's lock (flock on the directory itself: no file is left behind),
+/// held for the daemon's life; the kernel drops it when the daemon dies, however it dies.
+/// False when another process holds it; *holder is then its pid, found in /proc/locks by the
+/// directory's inode (empty if not found).
+bool lock_run_dir(int dirfd, std::string* holder) {
+  if (flock(dirfd, LOCK_EX | LOCK_NB) == 0) return true;
+  struct stat st {};
+  if (fstat(dirfd, &st) != 0) return false;
+  // "1: FLOCK  ADVISORY  WRITE 12345 00:1f:4242 0 EOF": pid, then major:minor:inode.
+  const std::string inode = ":" + std::to_string(st.st_ino) + " ";
+  std::FILE* f = std::fopen("/proc/locks", "re");
+  if (!f) return false;
+  char line[256];
+  while (std::fgets(line, sizeof line, f)) {
+    const std::string l(line);
+    if (l.find("FLOCK") == std::string::npos || l.find(inode) == std::string::npos) continue;
+    std::istringstream words(l);
+    std::string w, pid;
+    for (int i = 0; i < 5 && words >> w; ++i) pid = w;  // the fifth word
+    if (!pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos) *holder = pid;
   }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[16] = {};
-    if (pread(fd, buf, sizeof buf - 1, 0) > 0) {
-      const std::string text(buf);
-      *holder = text.substr(0, text.find_first_not_of("0123456789"));
-    }
-    close(fd);
-    return -1;
-  }
-  // The holder's pid, for the next one's message; a lock file of another user's is not ours
-  // to write, and the lock itself is what counts.
-  const std::string pid = std::to_string(getpid());
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
-    spdlog::debug("cannot write the pid into the run directory's lock: {}", std::strerror(errno));
-  return fd;  // kept open for the daemon's life
+  std::fclose(f);
+  return false;
 }
 
 /// Create the run directory if missing, sticky and world-writable like /tmp: every user's
@@ -155,9 +153,9 @@ int run(const Options& o) {
   // One daemon per run directory, whatever socket it serves: two would drain the same rings,
   // and each event would reach one of them only.
   std::string holder;
-  if (lock_run_dir(dirfd, &holder) < 0) {
-    spdlog::error("another cuwardend{} serves the run directory {}: not starting a second one (it would take "
-                  "events from the first)",
+  if (!lock_run_dir(dirfd, &holder)) {
+    spdlog::error("another cuwardend{} is already running on the run directory {}: not starting a second one (it "
+                  "would take events from the first)",
                   holder.empty() ? "" : " (pid " + holder + ")", run_dir);
     return 1;
   }

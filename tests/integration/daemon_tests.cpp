@@ -431,8 +431,9 @@ TEST_CASE("daemon.a_second_daemon_on_the_same_run_directory_is_refused") {
                              5000);
   INFO(second.err);
   CHECK(second.status == 1);
-  CHECK(second.err.find("another cuwardend (pid " + std::to_string(first.pid) + ") serves the run directory " +
-                        first.run_dir) != std::string::npos);
+  CHECK(second.err.find("another cuwardend (pid " + std::to_string(first.pid) +
+                        ") is already running on the run directory " + first.run_dir) != std::string::npos);
+  CHECK(::access((first.run_dir + "/cuwardend.lock").c_str(), F_OK) != 0);  // the directory's own lock: no file
   CHECK(first.alive());
   CHECK(::access((dir / "other.sock").c_str(), F_OK) != 0);  // it never served
   // Once the first is gone, however it went, the run directory is free again.
