@@ -106,6 +106,33 @@ TEST_CASE("cuMemGetInfo and cuDeviceTotalMem report the cap, under and over it",
   CHECK(cuDeviceTotalMem(nullptr, 0) == CUDA_ERROR_INVALID_VALUE);
 }
 
+TEST_CASE("a device the process only asks about has no row; a context or an allocation gives it one", "[rows]") {
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  // The CUDA runtime asks every device's total memory when it starts: the answer is the cap...
+  for (int dev : {0, 1}) {
+    size_t tm = 0;
+    REQUIRE(cuDeviceTotalMem(&tm, dev) == CUDA_SUCCESS);
+    CHECK(tm == kCap);
+  }
+  // ...but asking is no use: after allocating on GPU 0 only, GPU 1 has no row (nvidia-smi
+  // lists a process only where it has a context).
+  make_context(0);
+  touch_interposer();
+  CHECK(dev_counters(0).present.load() == 1);
+  CHECK(dev_counters(1).present.load() == 0);
+  CHECK(own_ring().device_count.load() == 1);
+  // A context on GPU 1 (cudaSetDevice(1), then the runtime's first call) gives it one, with
+  // its cap, before any allocation there.
+  CUdevice d1 = 0;
+  REQUIRE(cuDeviceGet(&d1, 1) == CUDA_SUCCESS);
+  CUcontext c1 = nullptr;
+  REQUIRE(cuDevicePrimaryCtxRetain(&c1, d1) == CUDA_SUCCESS);
+  CHECK(dev_counters(1).present.load() == 1);
+  CHECK(dev_counters(1).limit.load() == kCap);
+  CHECK(dev_counters(1).used.load() == 0);
+  REQUIRE(cuDevicePrimaryCtxRelease(d1) == CUDA_SUCCESS);
+}
+
 // Also run without a cap (interposer.concurrency_nocap): then frees are counted before their
 // driver call (one lock per free), and no allocation is refused (16 threads hold at most
 // 8 x 6 MiB each, on a simulated 4 GiB device there).

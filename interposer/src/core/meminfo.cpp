@@ -50,13 +50,16 @@ void report_meminfo(Tracker& t, size_t* free_bytes, size_t* total_bytes) {
 }
 
 void report_total_mem(Tracker& t, int dev, size_t* bytes) {
-  if (t.config().meminfo_physical) return;
-  ring::DeviceSlot* d = t.device(dev);
-  if (!d) return;
-  const uint64_t limit = d->limit.load(std::memory_order_relaxed);
-  if (limit != ring::kNoLimit && limit < *bytes) *bytes = limit;
-  uint64_t job_cap = 0, job_used = 0;
-  if (t.job_view(dev, &job_cap, &job_used) && job_cap < *bytes) *bytes = job_cap;
+  if (t.config().meminfo_physical || dev < 0 || dev >= static_cast<int>(ring::kMaxDevices)) return;
+  // The runtime asks this of every device at its start; asking is no use of the device, so
+  // an unused one's slot stays unfilled (no row in the daemon's table): its cap comes from
+  // the configuration, as the slot would hold it.
+  const ring::DeviceSlot* d = t.device_if_filled(dev);
+  const uint64_t limit = d ? d->limit.load(std::memory_order_relaxed) : t.configured_limit(dev, *bytes);
+  if (limit < *bytes) *bytes = limit;
+  uint64_t job = t.job_cap(), job_used = 0;
+  if (d && !t.job_view(dev, &job, &job_used)) job = ring::kNoLimit;  // a GPU the job does not count
+  if (job < *bytes) *bytes = job;
 }
 
 namespace {

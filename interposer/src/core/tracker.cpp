@@ -218,6 +218,18 @@ void Tracker::join_job() {
                              std::to_string(job::kMaxMembers) + " live members");
 }
 
+uint64_t Tracker::configured_limit(int ordinal, uint64_t physical) const noexcept {
+  const auto spec = config_.limit.for_device(ordinal);
+  if (!spec || (spec->percent && physical == 0)) return ring::kNoLimit;
+  return spec->resolve(physical);
+}
+
+uint64_t Tracker::job_cap() const noexcept {
+  if (job_slot_ < 0) return ring::kNoLimit;
+  const uint64_t cap = job_->cap();
+  return cap == job::kNoLimit ? ring::kNoLimit : cap;
+}
+
 bool Tracker::job_view(int ordinal, uint64_t* cap, uint64_t* used) const noexcept {
   const int g = job_gpu(ordinal);
   if (g < 0) return false;
@@ -240,14 +252,10 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
   size_t total = 0;
   if (auto f = REAL(cuDeviceTotalMem_v2); f && f(&total, ordinal) == CUDA_SUCCESS) d.physical_total = total;
   d.ordinal = ordinal;
-  uint64_t limit = ring::kNoLimit;
-  if (auto spec = config_.limit.for_device(ordinal)) {
-    if (spec->percent && d.physical_total == 0)
-      log::warn("cuwarden: device %d: physical memory unknown, cannot apply %s", ordinal, spec->str().c_str());
-    else
-      limit = spec->resolve(d.physical_total);
-  }
-  d.limit.store(limit, std::memory_order_relaxed);
+  const auto spec = config_.limit.for_device(ordinal);
+  if (spec && spec->percent && d.physical_total == 0)
+    log::warn("cuwarden: device %d: physical memory unknown, cannot apply %s", ordinal, spec->str().c_str());
+  d.limit.store(configured_limit(ordinal, d.physical_total), std::memory_order_relaxed);
   if (job_slot_ >= 0) {
     job_gpu_[ordinal] = static_cast<int8_t>(job_->gpu_index(d.uuid, d.physical_total));
     if (job_gpu_[ordinal] < 0)

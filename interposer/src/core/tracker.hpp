@@ -94,6 +94,20 @@ class Tracker {
     return fill_device_once(ordinal);
   }
 
+  /// The slot of `ordinal` if it was filled (the process has a context or an allocation
+  /// there: it has a row), else nullptr; never fills it. Lock-free.
+  ring::DeviceSlot* device_if_filled(int ordinal) noexcept {
+    if (static_cast<unsigned>(ordinal) >= ring::kMaxDevices) return nullptr;
+    return filled_.load(std::memory_order_acquire) >> ordinal & 1 ? &header_->devices[ordinal] : nullptr;
+  }
+
+  /// The cap CUWARDEN_LIMIT gives device `ordinal` whose physical memory is `physical`
+  /// bytes (kNoLimit: none), as its slot will hold once filled. Lock-free.
+  uint64_t configured_limit(int ordinal, uint64_t physical) const noexcept;
+
+  /// The job's cap per GPU (kNoLimit: no job, or a job without a cap). Lock-free.
+  uint64_t job_cap() const noexcept;
+
   /// Ordinal of the calling thread's current context, or -1 (no context / driver error).
   /// One driver call (cuCtxGetDevice).
   CUW_INLINE int current_device() {

@@ -138,8 +138,12 @@ CUW_EXPORT CUresult hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
   CUW_PROLOGUE(cuDevicePrimaryCtxRetain, pctx, dev);
   Tracker* t = Tracker::instance_if_created();
   backends::backend* b = backends::started(t);
-  if (!b) return real(pctx, dev);
-  return b->context_retain(*t, [&] { return real(pctx, dev); });  // not between a release and its check
+  const CUresult r = b ? b->context_retain(*t, [&] { return real(pctx, dev); })  // not between a release and its check
+                       : real(pctx, dev);
+  // A context on `dev` (what cudaSetDevice and the runtime's first call make): the process uses
+  // that GPU, and has a row there, as nvidia-smi lists it, allocation or not.
+  if (r == CUDA_SUCCESS) Tracker::get().device(dev);
+  return r;
 }
 
 #define CUW_PRIMARY(name, reset)                                      \
