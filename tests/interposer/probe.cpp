@@ -6,6 +6,8 @@
 //   cuw_itest_probe nocuda      touch no CUDA; print the process's thread count
 //   cuw_itest_probe fork MIB    allocate MIB, fork; the child allocates MIB/2 with its own
 //                               context, both print "ready <pid>", wait for stdin EOF, exit 0
+//   cuw_itest_probe lookup MIB  look up entry points first (as the CUDA runtime does when it
+//                               starts), then as alloc
 #include <cuda.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +45,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   const size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
+  if (mode == "lookup") {
+    for (const char* name : {"cuMemAlloc", "cuMemFree", "cuDeviceTotalMem", "cuCtxGetDevice"}) {
+      void* fn = nullptr;
+      CUdriverProcAddressQueryResult st{};
+      if (cuGetProcAddress_v2(name, &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || !fn) return 1;
+    }
+  }
   if (context()) return 1;
   CUdeviceptr p = 0;
   const CUresult r = cuMemAlloc(&p, mib << 20);

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cuw/ring.hpp"
@@ -249,6 +250,34 @@ TEST_CASE("a ring left by a killed process, with no daemon, is removed by the ne
   CHECK_THAT(left[0], Catch::StartsWith("ring-" + std::to_string(alive.pid) + "-"));
   REQUIRE(finish(alive, nullptr) == 0);
   CHECK(ring_files(dir).empty());
+}
+
+TEST_CASE("CUWARDEN_LOG_FILE gets every line, each with its time and process", "[process][log]") {
+  const std::string dir = make_run_dir();
+  const std::string file = dir + "/interposer.log";
+  std::string out;
+  // Lookups before the first allocation log before the configuration is read: they too
+  // belong in the file.
+  REQUIRE(run({kProbe, "lookup", "8"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LOG=debug", "CUWARDEN_LOG_FILE=" + file},
+              &out) == 0);
+  CHECK(out == "ok\n");  // nothing of cuwarden's on stdout or stderr
+  std::ifstream f(file);
+  std::string line;
+  int lines = 0, lookups = 0;
+  while (std::getline(f, line)) {
+    ++lines;
+    INFO(line);
+    // 2026-12-01T15:36:38.512Z [3729] cuwarden: ...
+    CHECK(line.size() > 32);
+    CHECK(line[4] == '-');
+    CHECK(line[10] == 'T');
+    CHECK(line[23] == 'Z');
+    CHECK(line.find("] cuwarden: ") != std::string::npos);
+    CHECK(line.find(" [") == 24);
+    if (line.find("cuGetProcAddress(") != std::string::npos) ++lookups;
+  }
+  CHECK(lookups == 3);  // the three hooked ones (cuCtxGetDevice passes through unlogged)
+  CHECK(lines > lookups);  // and what came after the configuration was read
 }
 
 TEST_CASE("a forked child gets its own ring; an exec'd child is interposed too", "[process][fork]") {

@@ -2,8 +2,10 @@
 #include "base/log.hpp"
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -12,38 +14,74 @@
 namespace cuw::log {
 
 namespace {
-int g_level = -1;  // -1: not set yet; read CUWARDEN_LOG on first use (no file is opened)
-int g_fd = 2;
+// Both are settled at the first line written, from CUWARDEN_LOG and CUWARDEN_LOG_FILE (or
+// by init()): lines come from hooks, so no file is opened before the first CUDA call, and
+// lines written before the tracker reads its configuration (the entry-point lookups of the
+// runtime's start) reach the same destination as the rest.
+std::atomic<int> g_level{-1};  // -1: not read yet
+std::atomic<int> g_fd{-1};     // -1: not settled yet
+std::atomic<bool> g_to_file{false};
 
 int level() {
-  if (__builtin_expect(g_level < 0, 0)) {
+  int lvl = g_level.load(std::memory_order_relaxed);
+  if (__builtin_expect(lvl < 0, 0)) {
     static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
     const char* v = secure_getenv("CUWARDEN_LOG");
-    int lvl = 3;
+    lvl = 3;
     for (int i = 0; v && i < 7; ++i)
       if (!std::strcmp(v, kLevels[i])) lvl = i;
-    g_level = lvl;
+    g_level.store(lvl, std::memory_order_relaxed);
   }
-  return g_level;
+  return lvl;
+}
+
+/// Opens `file` as the destination unless one was settled; the first to settle wins.
+void settle(const char* file) {
+  if (g_fd.load(std::memory_order_acquire) >= 0) return;
+  int fd = -1;
+  if (file && *file) fd = ::open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+  const bool to_file = fd >= 0;
+  if (!to_file) fd = 2;
+  int expected = -1;
+  if (g_fd.compare_exchange_strong(expected, fd, std::memory_order_acq_rel)) {
+    g_to_file.store(to_file, std::memory_order_release);
+  } else if (to_file) {
+    ::close(fd);
+  }
+}
+
+int destination() {
+  if (__builtin_expect(g_fd.load(std::memory_order_acquire) < 0, 0)) settle(secure_getenv("CUWARDEN_LOG_FILE"));
+  return g_fd.load(std::memory_order_acquire);
 }
 
 void vwrite(const char* fmt, va_list ap) {
+  const int fd = destination();
   char buf[1024];
-  int n = std::vsnprintf(buf, sizeof buf - 1, fmt, ap);
-  if (n < 0) return;
+  int n = 0;
+  if (g_to_file.load(std::memory_order_acquire)) {
+    // A file holds lines of many processes: each says when (UTC) and which process.
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    tm t{};
+    gmtime_r(&ts.tv_sec, &t);
+    n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ [%d] ", t.tm_year + 1900, t.tm_mon + 1,
+                      t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, ts.tv_nsec / 1000000, static_cast<int>(getpid()));
+    if (n < 0) n = 0;
+  }
+  const int m = std::vsnprintf(buf + n, sizeof buf - 1 - static_cast<size_t>(n), fmt, ap);
+  if (m < 0) return;
+  n += m;
   if (n > static_cast<int>(sizeof buf) - 2) n = static_cast<int>(sizeof buf) - 2;
   buf[n++] = '\n';
-  ssize_t w = ::write(g_fd, buf, static_cast<size_t>(n));
+  ssize_t w = ::write(fd, buf, static_cast<size_t>(n));
   (void)w;
 }
 }  // namespace
 
-void init(int level, const std::string& file) {
-  g_level = level;
-  if (!file.empty()) {
-    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd >= 0) g_fd = fd;
-  }
+void init(int lvl, const std::string& file) {
+  g_level.store(lvl, std::memory_order_relaxed);
+  settle(file.c_str());
 }
 
 #define CUW_LOG_FN(name, lvl)        \

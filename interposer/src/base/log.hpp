@@ -7,8 +7,10 @@
 
 namespace cuw::log {
 
-/// Set the level (0 trace .. 5 critical, 6 off) and destination (empty = stderr).
-/// Opens the file, so call only from the first CUDA call onwards.
+/// Set the level (0 trace .. 5 critical, 6 off) and, unless a line was already written (which
+/// settles it from CUWARDEN_LOG_FILE), the destination (empty = stderr). Opens the file, so
+/// call only from the first CUDA call onwards. Lines to a file begin with the time (UTC) and
+/// the process id; lines to stderr are the message alone.
 void init(int level, const std::string& file);
 
 void debug(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
