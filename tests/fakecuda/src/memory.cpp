@@ -155,6 +155,9 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   thrash_caches();
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (CUresult rc = capture_unsafe_call_check()) return rc;
+  // Freeing address 0 does nothing and succeeds, as on the real driver (measured on an H200,
+  // driver 580): the runtime's cudaFree(0), the usual way to create the context, ends here.
+  if (dptr == 0) return CUDA_SUCCESS;
   Allocation a;
   if (!table_find(dptr, &a) || a.base != dptr) return CUDA_ERROR_INVALID_VALUE;
   if (a.kind != AllocKind::device && a.kind != AllocKind::managed && a.kind != AllocKind::pool)

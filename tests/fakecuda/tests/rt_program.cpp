@@ -31,6 +31,7 @@ int g_failures = 0;
 
 void check_device(int dev, size_t expected_total) {
   CHECK_RT(cudaSetDevice(dev));
+  CHECK_RT(cudaFree(nullptr));  // the usual way to create the context: succeeds, as on a GPU
   cudaDeviceProp prop;
   CHECK_RT(cudaGetDeviceProperties(&prop, dev));
   EXPECT(prop.major == 9 && prop.minor == 0);
