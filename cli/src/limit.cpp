@@ -3,6 +3,7 @@
 // credentials: root anything; others only lower their own) and applies it; this prints the
 // outcome, or the refusal with exit status 3.
 #include <cstdio>
+#include <map>
 #include <fmt/format.h>
 
 #include "client.hpp"
@@ -22,6 +23,20 @@ int usage(const std::string& msg) {
 
 std::string cap_text(const json& j) {
   return j.is_number_unsigned() ? format_bytes(j.get<uint64_t>()) : std::string("none");
+}
+
+/// The GPU number `cuwarden` shows for each of process `pid`'s CUDA ordinals (empty if the
+/// daemon does not answer: the caller then names the ordinal).
+std::map<int, int> gpu_numbers(const std::string& socket, uint64_t pid) {
+  std::map<int, int> out;
+  AskError quiet;
+  quiet.quiet_no_daemon = true;
+  auto st = ask(socket, proto::Command::get_state, json::object(), &quiet);
+  if (!st) return out;
+  for (const auto& p : st->value("processes", json::array()))
+    if (p.value("pid", uint64_t{0}) == pid)
+      for (const auto& d : p.value("devices", json::array())) out[d.value("ordinal", -1)] = d.value("gpu_index", -1);
+  return out;
 }
 
 }  // namespace
@@ -54,7 +69,27 @@ int cmd_limit(const LimitOptions& o) {
     if (pid == 0 || pid > 0x7fffffff) return usage("'" + o.target + "' is not a process id");
     req["pid"] = pid;
     if (!o.user.empty()) return usage("--user goes with job:NAME");
-    if (o.device >= 0) req["device"] = o.device;
+    if (o.device >= 0) {
+      // --device is the GPU number `cuwarden` shows; the daemon takes the process's own
+      // CUDA ordinal of that GPU (they differ under CUDA_VISIBLE_DEVICES).
+      auto st = ask(o.socket, proto::Command::get_state, json::object());
+      if (!st) return kExitFailure;
+      std::string used;
+      int ordinal = -1;
+      for (const auto& p : st->value("processes", json::array())) {
+        if (p.value("pid", uint64_t{0}) != pid) continue;
+        for (const auto& d : p.value("devices", json::array())) {
+          used += (used.empty() ? "" : ", ") + std::to_string(d.value("gpu_index", -1));
+          if (d.value("gpu_index", -1) == o.device) ordinal = d.value("ordinal", -1);
+        }
+      }
+      if (ordinal < 0) {
+        std::fprintf(stderr, "cuwarden limit: pid %llu does not use GPU %d%s\n", pid, o.device,
+                     used.empty() ? " (no GPU in use, or no such process)" : (" (it uses GPU " + used + ")").c_str());
+        return kExitFailure;
+      }
+      req["device"] = ordinal;
+    }
   }
   if (o.size == "none" || o.size == "unlimited") {
     req["bytes"] = nullptr;
@@ -89,10 +124,14 @@ int cmd_limit(const LimitOptions& o) {
     return kExitOk;
   }
   const json& r = *reply;
+  const auto gpu_of = gpu_numbers(o.socket, r.value("pid", uint64_t{0}));
   for (const auto& c : r.value("changes", json::array())) {
-    std::printf("pid %llu (%s) device %d: cap %s -> %s\n", static_cast<unsigned long long>(r.value("pid", uint64_t{0})),
-                r.value("process_name", "").c_str(), c.value("device", -1), cap_text(c.value("old_limit", json())).c_str(),
-                cap_text(c.value("new_limit", json())).c_str());
+    const int ordinal = c.value("device", -1);
+    const auto g = gpu_of.find(ordinal);
+    std::printf("pid %llu (%s) GPU %s: cap %s -> %s\n", static_cast<unsigned long long>(r.value("pid", uint64_t{0})),
+                r.value("process_name", "").c_str(),
+                g != gpu_of.end() ? std::to_string(g->second).c_str() : ("ordinal " + std::to_string(ordinal)).c_str(),
+                cap_text(c.value("old_limit", json())).c_str(), cap_text(c.value("new_limit", json())).c_str());
     const json nl = c.value("new_limit", json());
     const uint64_t used = c.value("used_bytes", uint64_t{0});
     if (nl.is_number_unsigned() && used > nl.get<uint64_t>())

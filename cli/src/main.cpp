@@ -53,8 +53,8 @@ int main(int argc, char** argv) {
   LimitOptions lo;
   limit->add_option("target", lo.target, "PID, job:NAME (your job) or job:USER/NAME (root: another user's)")->required();
   limit->add_option("size", lo.size, "new cap: 8G, 512MiB, 75% (PID only), none|unlimited (root only)")->required();
-  limit->add_option("--device", lo.device, "only this device (CUDA ordinal as the process sees it; PID only)")
-      ->check(CLI::Range(0, 15));
+  limit->add_option("--device", lo.device, "only this GPU, by the number `cuwarden` shows for it (PID only)")
+      ->check(CLI::Range(0, 1023));
   limit->add_option("--user", lo.user, "the job's user (name or uid), for root changing another user's job");
   limit->add_flag("--json", lo.json, "print the daemon's reply as JSON");
   limit->add_option("--socket", socket, "daemon socket");

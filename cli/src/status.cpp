@@ -162,27 +162,25 @@ std::string render_table(const json& st, const std::string& filter) {
     gpus.rows.push_back(std::move(row));
   }
 
+  // Allocations, reserved bytes and the rest are in --json and --query-compute-apps: the
+  // table keeps to what fits beside nvidia-smi's.
   Table procs;
   procs.columns = {{"GPU", false, true},      {"PID", false, true},   {"User", false, false, 12},
                    {"Process name", false, false, 24}, {"Used", false, true}, {"Peak", false, true},
-                   {"Cap", false, true},      {"Allocs", false, true}, {"OOMs", false, true},
-                   {"State", false, false}};
+                   {"Cap", false, true},      {"OOMs", false, true},  {"State", false, false}};
   bool proc_driver = false;
   for (const auto& p : jarr(st, "processes"))
     for (const auto& d : jarr(p, "devices"))
       if (d.contains("driver_used_bytes")) proc_driver = true;
   if (proc_driver) procs.columns.insert(procs.columns.begin() + 5, Column{"Driver", false, true});
-  // A pooling backend holds more than the program uses: show both (Used stays what counts
-  // against the cap, which is what the pool reserved).
+  // A pooling backend holds more than the program uses: show what it uses too (Used stays
+  // what counts against the cap, which is what the pool holds).
   bool pooled = false;
   for (const auto& p : jarr(st, "processes")) {
     const std::string pool = jstr(p, "pool", "off");
     if (!pool.empty() && pool != "off") pooled = true;
   }
-  if (pooled) {
-    const auto at = procs.columns.begin() + 5 + (proc_driver ? 1 : 0);
-    procs.columns.insert(at, {Column{"In use", false, true}, Column{"Reserved", false, true}});
-  }
+  if (pooled) procs.columns.insert(procs.columns.begin() + 5 + (proc_driver ? 1 : 0), Column{"In use", false, true});
   for (const auto& p : jarr(st, "processes")) {
     const auto& devs = jarr(p, "devices");
     auto row_for = [&](const json* d) {
@@ -193,14 +191,11 @@ std::string render_table(const json& st, const std::string& filter) {
       row.push_back(Cell::str(jstr(p, "process_name")));
       row.push_back(d ? jcell(*d, "used_bytes", CellKind::bytes) : Cell::none());
       if (proc_driver) row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
-      if (pooled) {
+      if (pooled)
         row.push_back(d ? jcell(*d, d->contains("in_use_bytes") ? "in_use_bytes" : "used_bytes", CellKind::bytes)
                         : Cell::none());
-        row.push_back(d ? jcell(*d, "reserved_bytes", CellKind::bytes) : Cell::none());
-      }
       row.push_back(d ? jcell(*d, "peak_bytes", CellKind::bytes) : Cell::none());
       row.push_back(d ? jcell(*d, "limit_bytes", CellKind::bytes) : Cell::none());
-      row.push_back(d ? jcell(*d, "allocations", CellKind::integer) : Cell::none());
       row.push_back(d ? jcell(*d, "ooms", CellKind::integer) : Cell::none());
       row.push_back(Cell::str(jstr(p, "state")));
       procs.rows.push_back(std::move(row));

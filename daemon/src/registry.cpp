@@ -29,6 +29,15 @@ constexpr std::size_t kMaxProblems = 1024;
 
 json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
 
+/// The name people know a process by: argv[0]'s base name when the kernel's 15-character
+/// comm is a cut of it ("train_resnet50_" of train_resnet50_with_attention), else the comm (a
+/// program that renamed itself, as a data-loader worker does, says more that way).
+std::string process_name(const std::string& comm, const std::string& cmdline) {
+  std::string argv0 = cmdline.substr(0, cmdline.find(' '));
+  argv0 = argv0.substr(argv0.rfind('/') == std::string::npos ? 0 : argv0.rfind('/') + 1);
+  return comm.size() >= 15 && argv0.size() > comm.size() && argv0.compare(0, comm.size(), comm) == 0 ? argv0 : comm;
+}
+
 }  // namespace
 
 Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)
@@ -306,7 +315,9 @@ json Registry::state_json() {
           {"uuid", uuid},
           {"name", field_text(ds.name, sizeof ds.name)},
           {"memory_total_bytes", ds.physical_total},
-          {"used_bytes", ds.used},
+          // An exited process holds nothing: the driver freed its memory at its exit, whatever
+          // the counters said last (a program that leaves its frees to the driver's teardown).
+          {"used_bytes", p->exited ? 0 : ds.used},
           {"peak_bytes", ds.peak},
           {"limit_bytes", null_if_nolimit(ds.limit)},
           {"reserved_bytes", ds.reserved},
@@ -319,10 +330,11 @@ json Registry::state_json() {
           // CUWARDEN_POOL=cache: of used_bytes (= reserved_bytes), what the pool keeps for
           // reuse and what the program's allocations hold. Hostile input: never underflow.
           {"cached_bytes", ds.cached},
-          {"in_use_bytes", ds.cached < ds.used ? ds.used - ds.cached : 0},
+          {"in_use_bytes", p->exited || ds.cached >= ds.used ? 0 : ds.used - ds.cached},
           {"pool_hits", ds.pool_hits},
           {"pool_waits", ds.pool_waits},
       };
+      if (p->exited) dev["used_at_exit_bytes"] = ds.used;
       if (auto it = nvml_by_uuid.find(uuid); it != nvml_by_uuid.end()) {
         auto pu = it->second->process_used.find(p->pid);
         dev["driver_used_bytes"] = (pu != it->second->process_used.end() && !p->exited) ? json(pu->second) : json(nullptr);
@@ -334,7 +346,7 @@ json Registry::state_json() {
         {"pid", p->pid},
         {"user", p->user},
         {"uid", p->uid},
-        {"process_name", field_text(s.comm, sizeof s.comm)},
+        {"process_name", process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline))},
         {"cmdline", field_text(s.cmdline, sizeof s.cmdline)},
         {"job", field_text(s.job, sizeof s.job)},
         {"pool", field_text(s.pool, sizeof s.pool)},

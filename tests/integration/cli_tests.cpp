@@ -112,12 +112,18 @@ TEST_CASE("cli.table_shows_gpus_and_processes") {
     CHECK(line.size() == width);
   }
 
-  // Exited processes are marked.
+  // Exited processes are marked, and hold nothing: the driver freed their memory at exit,
+  // whatever their counters said last (kept as used_at_exit_bytes).
   s.a.kill_and_reap();
   REQUIRE(wait_until([&] { return s.d->process(s.ra->h->pid)["state"] == "exited"; }));
   CmdResult r2 = cli({"--socket", s.d->socket});
   CHECK(contains(r2.out, "exited"));
   CHECK(contains(r2.out, "1024MiB / 143771MiB"));  // the exited process no longer counts
+  const json gone = s.d->process(s.ra->h->pid);
+  CHECK(gone["devices"][0]["used_bytes"] == 0);
+  CHECK(gone["devices"][0]["used_at_exit_bytes"] == 4096 * kMiB);
+  CHECK(gone["devices"][0]["peak_bytes"] == 5000 * kMiB);
+  CHECK_FALSE(contains(r2.out, "4096MiB"));
 }
 
 TEST_CASE("cli.query_compute_apps_speaks_nvidia_smi_csv") {
@@ -345,4 +351,24 @@ TEST_CASE("cli.daemon_bad_flags_exit_2_like_the_cli") {
   }
   CHECK(run_cmd({CUWT_DAEMON, "--help"}, {}, 5000).status == 0);
   CHECK(run_cmd({CUWT_CLI, "--bogus"}, {}, 5000).status == 2);
+}
+
+TEST_CASE("cli.process_names_are_whole_where_the_kernel_cut_them") {
+  TempDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child a, b;
+  // The kernel keeps 15 characters of a name (comm); the command line has all of it.
+  FakeRing ra(dir / "run", a.pid, a.start_time(), 1024, "train_resnet50_");
+  std::snprintf(ra.h->cmdline, sizeof ra.h->cmdline, "/opt/models/train_resnet50_with_attention --epochs 3");
+  ra.device(0, 0xa0).used.store(64 * kMiB);
+  // A process that named itself (a data-loader worker) keeps its own name.
+  FakeRing rb(dir / "run", b.pid, b.start_time(), 1024, "pt_data_worker");
+  std::snprintf(rb.h->cmdline, sizeof rb.h->cmdline, "/usr/bin/python3 train.py");
+  rb.device(0, 0xa0).used.store(64 * kMiB);
+  Daemon d(dir);
+  REQUIRE(wait_until([&] { return d.state()["processes"].size() == 2; }));
+  CHECK(d.process(a.pid)["process_name"] == "train_resnet50_with_attention");
+  CHECK(d.process(b.pid)["process_name"] == "pt_data_worker");
+  CmdResult r = cli({"--socket", d.socket});
+  CHECK(contains(r.out, "train_resnet50_with_a..."));  // the column's 24, not the kernel's 15
 }

@@ -155,7 +155,7 @@ TEST_CASE("control.owner_lowers_and_only_root_raises_or_removes") {
   CmdResult r = cli({"limit", pid, "6G", "--device", "0", "--socket", d.socket});
   INFO(r.out << r.err);
   REQUIRE(r.status == 0);
-  CHECK(contains(r.out, "pid " + pid + " (fakeproc) device 0: cap 8.00 GiB -> 6.00 GiB"));
+  CHECK(contains(r.out, "pid " + pid + " (fakeproc) GPU 0: cap 8.00 GiB -> 6.00 GiB"));
   CHECK(limit_of(ra, 0) == 6 * kGiB);
   CHECK(limit_of(ra, 1) == 8 * kGiB);
   CHECK(log_has(d, "limit: uid " + std::to_string(geteuid()) + " (" + who_am_i() + ")"));
@@ -188,7 +188,7 @@ TEST_CASE("control.owner_lowers_and_only_root_raises_or_removes") {
     CHECK(limit_of(ra, 0) == 16 * kGiB);
     r = cli({"limit", pid, "none", "--device", "1", "--socket", d.socket});
     REQUIRE(r.status == 0);
-    CHECK(contains(r.out, "device 1: cap 16.00 GiB -> none"));
+    CHECK(contains(r.out, "GPU 1: cap 16.00 GiB -> none"));
     CHECK(limit_of(ra, 1) == cuw::ring::kNoLimit);
     CHECK(d.process(a.pid)["devices"][1]["limit_bytes"].is_null());
     // A percentage resolves against each device's memory.
@@ -206,6 +206,29 @@ TEST_CASE("control.owner_lowers_and_only_root_raises_or_removes") {
     CHECK(limit_of(ra, 0) == 512ULL << 20);
     CHECK(limit_of(ra, 1) == 512ULL << 20);
   }
+}
+
+TEST_CASE("control.limit_device_is_the_gpu_number_the_table_shows") {
+  SharedDir dir;
+  Child a, b;
+  FakeRing ra(dir / "run", a.pid, a.start_time());
+  ra.device(0, 0xa0).limit.store(8 * kGiB);  // GPU 0
+  ra.device(1, 0xb0).limit.store(8 * kGiB);  // GPU 1
+  // b runs with CUDA_VISIBLE_DEVICES=1: its ordinal 0 is GPU 1.
+  FakeRing rb(dir / "run", b.pid, b.start_time());
+  rb.device(0, 0xb0).limit.store(8 * kGiB);
+  Daemon d(dir);
+  REQUIRE(wait_until([&] { return !d.process(a.pid).is_null() && !d.process(b.pid).is_null(); }));
+  const std::string pid = std::to_string(b.pid);
+  CmdResult r = cli({"limit", pid, "4G", "--device", "1", "--socket", d.socket});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "pid " + pid + " (fakeproc) GPU 1: cap 8.00 GiB -> 4.00 GiB"));
+  CHECK(limit_of(rb, 0) == 4 * kGiB);
+  r = cli({"limit", pid, "4G", "--device", "0", "--socket", d.socket});
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "pid " + pid + " does not use GPU 0 (it uses GPU 1)"));
+  CHECK(limit_of(ra, 0) == 8 * kGiB);
 }
 
 TEST_CASE("control.unprivileged_user_may_not_touch_others_or_raise") {
