@@ -11,6 +11,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libtomlplusplus-dev
   libunwind-dev libbenchmark-dev valgrind python3
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
+  help2man lintian bash-completion   # man pages; scripts/package.sh and its test
 )
 
 SUDO=()

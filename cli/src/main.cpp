@@ -20,8 +20,9 @@ int main(int argc, char** argv) {
   StatusOptions st;
   app.add_flag("--json", st.json, "print the daemon's state as JSON");
   app.add_option("--query-compute-apps", st.query_compute_apps,
-                 "nvidia-smi style: pid,process_name,used_memory,gpu_uuid,gpu_name,gpu_bus_id,timestamp,"
-                 "limit,peak_memory,reserved_memory,in_use_memory,cached_memory,allocations,job,user,ooms");
+                 "comma-separated fields, as nvidia-smi: pid, process_name, used_memory, gpu_uuid, gpu_name, "
+                 "gpu_bus_id, timestamp; cuwarden's own: limit, peak_memory, reserved_memory, in_use_memory, "
+                 "cached_memory, allocations, job, user, ooms");
   app.add_option("--format", st.format, "csv[,noheader][,nounits]");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
   run->add_option("--job-limit", ro.job_limit, "cap for the whole job per physical GPU");
   run->add_option("--pool", ro.pool, "allocation backend: off (default) or cache (vmm: not in this build yet)");
   run->add_option("--callsites", ro.callsites, "frames captured per allocation (not in this build yet: 0 only)");
-  run->add_option("--lib", ro.lib, "path of libcuwarden.so (default: $CUWARDEN_LIB, then ../lib beside cuwarden)");
+  run->add_option("--lib", ro.lib, "path of libcuwarden.so (default: $CUWARDEN_LIB, then the one installed beside this cuwarden)");
   // Everything from the command on is the command's, with or without "--".
   run->prefix_command();
   run->fallthrough(false);

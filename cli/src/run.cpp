@@ -28,8 +28,9 @@ std::string absolute(const std::string& p) {
   return realpath(p.c_str(), buf) ? std::string(buf) : p;
 }
 
-/// --lib, else $CUWARDEN_LIB, else ../lib/libcuwarden.so next to this executable
-/// (build/bin + build/lib, and installed bin/ + lib/). Empty + *tried on failure.
+/// --lib, else $CUWARDEN_LIB, else beside this executable: installed (bin/ and
+/// lib/<triplet>/cuwarden/, whatever the prefix), or a build tree (build/bin and build/lib).
+/// Empty + *tried on failure.
 std::string find_library(const std::string& flag, std::string* tried) {
   if (!flag.empty()) {
     *tried = flag + " (--lib)";
@@ -45,7 +46,7 @@ std::string find_library(const std::string& flag, std::string* tried) {
     exe[n] = '\0';
     std::string dir(exe);
     dir = dir.substr(0, dir.rfind('/'));
-    for (const char* rel : {"/../lib/libcuwarden.so", "/../lib64/libcuwarden.so", "/libcuwarden.so"}) {
+    for (const char* rel : {"/../" CUW_INSTALL_LIBDIR "/libcuwarden.so", "/../lib/libcuwarden.so", "/libcuwarden.so"}) {
       const std::string cand = dir + rel;
       *tried += (tried->empty() ? "" : ", ") + cand;
       if (readable_file(cand)) return absolute(cand);

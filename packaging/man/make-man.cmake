@@ -1,0 +1,43 @@
+# Writes cuwarden.1 and cuwardend.1 with help2man. cuwarden's page carries each subcommand's
+# --help as a section. Called from packaging/CMakeLists.txt with HELP2MAN, CLI, DAEMON,
+# OUT_DIR, SEE_ALSO.
+file(MAKE_DIRECTORY "${OUT_DIR}")
+set(_include "${OUT_DIR}/cuwarden-subcommands.h2m")
+file(READ "${SEE_ALSO}" _common)
+set(_text "[SUBCOMMANDS]\n")
+foreach(sub run events limit)
+  execute_process(COMMAND "${CLI}" ${sub} --help OUTPUT_VARIABLE _help RESULT_VARIABLE _rc)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "${CLI} ${sub} --help exited ${_rc}")
+  endif()
+  # roff: a leading dot or quote would be a request; backslashes are escapes.
+  string(REPLACE "\\" "\\e" _help "${_help}")
+  string(REGEX REPLACE "(^|\n)([.'])" "\\1\\\\&\\2" _help "${_help}")
+  string(APPEND _text ".SS \"cuwarden ${sub}\"\n.nf\n${_help}.fi\n")
+endforeach()
+file(WRITE "${_include}" "${_text}\n${_common}")
+
+foreach(page cuwarden cuwardend)
+  if(page STREQUAL "cuwarden")
+    set(_exe "${CLI}")
+    set(_name "GPU memory caps and accounting for processes you did not build")
+    set(_extra --include "${_include}")
+  else()
+    set(_exe "${DAEMON}")
+    set(_name "the cuwarden daemon: collects what interposed processes do")
+    set(_extra --include "${SEE_ALSO}")
+  endif()
+  execute_process(
+    COMMAND "${HELP2MAN}" --no-info --no-discard-stderr --section=1 "--name=${_name}"
+            ${_extra} "--output=${OUT_DIR}/${page}.1.tmp" "${_exe}"
+    RESULT_VARIABLE _rc)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "help2man ${page} exited ${_rc}")
+  endif()
+  # help2man writes the path it ran (build/bin/...) into the usage lines: the page names the command.
+  file(READ "${OUT_DIR}/${page}.1.tmp" _man)
+  string(REPLACE "${_exe}" "${page}" _man "${_man}")
+  string(REPLACE "\\fI\\,${_exe}\\/\\fR" "\\fB${page}\\fR" _man "${_man}")
+  file(WRITE "${OUT_DIR}/${page}.1" "${_man}")
+  file(REMOVE "${OUT_DIR}/${page}.1.tmp")
+endforeach()
