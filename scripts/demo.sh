@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cuwarden demo: build, start the daemon, run a training-like workload under a 2 GiB cap,
 # watch it with `cuwarden`, and see the cap refuse the allocation that would exceed it.
-# Uses the real GPU when nvidia-smi shows one, else cuwarden's simulated driver.
+# Uses the real GPU when nvidia-smi shows one (CUWARDEN_DEMO_SIMULATE=1: the simulated driver
+# anyway), else cuwarden's simulated driver.
 #
 #   scripts/demo.sh
 #   SKIP_BUILD=1 BUILD_DIR=some/build scripts/demo.sh    (use an existing build as it is)
@@ -21,7 +22,8 @@ if [[ ${SKIP_BUILD:-0} == 1 ]]; then
   say "SKIP_BUILD=1: using ${BUILD_DIR:-build} as it is"
 else
   scripts/setup.sh
-  scripts/build.sh
+  # Only what the demo runs (the tests and benchmarks come with scripts/test.sh).
+  scripts/build.sh --target cuwarden cuwardend cuwarden_cli cuw_demo_workload fakecuda
 fi
 
 BUILD=${BUILD_DIR:-$REPO/build}
@@ -55,7 +57,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 section "2. GPU"
-if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if [[ ${CUWARDEN_DEMO_SIMULATE:-0} != 1 ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   say "Using the real GPU driver:"
   nvidia-smi -L
 else
@@ -134,15 +136,35 @@ say "\$ cuwarden      # the job row: what both hold together, against the job's 
 "$CLI" --socket "$SOCK" || say "(cuwarden exited with status $?)"
 for pid in $JOB_PIDS; do wait "$pid" || true; done
 JOB_PIDS=""
+refused=0
 for i in 1 2; do
-  if REFUSAL=$(grep -m1 '^refused:' "$RUN_DIR/job$i.log"); then
-    say "process $i: $REFUSAL"
+  if REFUSAL=$(grep -m1 -A1 '^refused:' "$RUN_DIR/job$i.log"); then
+    refused=$((refused + 1))
+    say "process $i:"
+    printf '%s\n' "$REFUSAL" | sed 's/^/    /'
   else
-    say "process $i: ran to the end ($(grep -c '^step' "$RUN_DIR/job$i.log") steps)"
+    say "process $i: ran to the end ($(grep -c '^step' "$RUN_DIR/job$i.log") steps, peak $(grep -o 'peak [0-9.]* [KMG]iB' "$RUN_DIR/job$i.log" | tail -1 | cut -d' ' -f2-))"
   fi
 done
 say ""
-say "Each fits a 2 GiB cap alone; together they do not, and the one that would pass the job's"
-say "cap is refused, as if the GPU were full. Change a running job's cap: cuwarden limit job:demo 3G"
+case $refused in
+  0) say "Neither was refused this time: their peaks did not meet. The job's cap still held both.";;
+  1) say "Each fits a 2 GiB cap alone; together they do not: the one whose allocation would take the"
+     say "job past 2 GiB was refused, as if the GPU were full (free memory counts the other's use).";;
+  *) say "Each fits a 2 GiB cap alone; together they do not: each allocation that would take the job"
+     say "past 2 GiB was refused, in both processes, as if the GPU were full (free memory counts the"
+     say "other's use).";;
+esac
+say "Change a running job's cap with: cuwarden limit job:demo 3G"
+
+section "Keep exploring"
+say "The demo's daemon stops with the demo. To try things yourself, from this checkout:"
 say ""
-say "Exited processes stay in the table for about a minute. Try also: cuwarden --json"
+say "    source scripts/env.sh          # build/bin on PATH; without a GPU, the simulated driver"
+say "    cuwardend &                    # the daemon (or run it in a second shell)"
+say "    cuwarden run --limit 2G -- cuw_demo_workload --sleep-ms 500 &"
+say "    cuwarden -l 1                  # the table every second (Ctrl-C stops it)"
+say "    cuwarden limit PID 1G          # lower a running process's cap"
+say "    cuwarden events --follow       # allocations as they happen"
+say ""
+say "Your own program: cuwarden run --limit 8G -- python train.py (README.md: install, limits, jobs)."

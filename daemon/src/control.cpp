@@ -310,7 +310,7 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
   }
   return {{"target", "pid"},
           {"pid", pid},
-          {"process_name", field_text(s.comm, sizeof s.comm)},
+          {"process_name", process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline))},
           {"uid", p->uid},
           {"user", p->user},
           {"changes", std::move(changes)}};
@@ -352,7 +352,7 @@ json Registry::jobs_json(const std::map<std::string, int>& gpu_index_of) {
       for (auto& [rn, p] : procs_)
         if (p->pid == m.pid && (p->start_time & 0x7fffffffULL) == job::owner_start_low(m.owner)) {
           Snapshot s;
-          if (p->ring->snapshot(s)) pname = field_text(s.comm, sizeof s.comm);
+          if (p->ring->snapshot(s)) pname = process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline));
         }
       json charged = json::array();
       uint64_t total = 0;

@@ -29,15 +29,6 @@ constexpr std::size_t kMaxProblems = 1024;
 
 json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
 
-/// The name people know a process by: argv[0]'s base name when the kernel's 15-character
-/// comm is a cut of it ("train_resnet50_" of train_resnet50_with_attention), else the comm (a
-/// program that renamed itself, as a data-loader worker does, says more that way).
-std::string process_name(const std::string& comm, const std::string& cmdline) {
-  std::string argv0 = cmdline.substr(0, cmdline.find(' '));
-  argv0 = argv0.substr(argv0.rfind('/') == std::string::npos ? 0 : argv0.rfind('/') + 1);
-  return comm.size() >= 15 && argv0.size() > comm.size() && argv0.compare(0, comm.size(), comm) == 0 ? argv0 : comm;
-}
-
 }  // namespace
 
 Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)

@@ -42,6 +42,15 @@ std::string field_text(const char* data, std::size_t cap) {
   return s;
 }
 
+/// The name people know a process by: argv[0]'s base name when the kernel's 15-character
+/// comm is a cut of it ("train_resnet50_" of train_resnet50_with_attention), else the comm (a
+/// program that renamed itself, as a data-loader worker does, says more that way).
+std::string process_name(const std::string& comm, const std::string& cmdline) {
+  std::string argv0 = cmdline.substr(0, cmdline.find(' '));
+  argv0 = argv0.substr(argv0.rfind('/') == std::string::npos ? 0 : argv0.rfind('/') + 1);
+  return comm.size() >= 15 && argv0.size() > comm.size() && argv0.compare(0, comm.size(), comm) == 0 ? argv0 : comm;
+}
+
 std::string user_name(uint32_t uid) {
   // The daemon is single-threaded where this is called; the cache keeps NSS off the loop.
   static std::map<uint32_t, std::string> cache;

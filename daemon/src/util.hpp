@@ -22,6 +22,11 @@ std::string format_uuid(const uint8_t (&uuid)[16]);
 /// writer (dumped with replacement characters).
 std::string field_text(const char* data, std::size_t cap);
 
+/// The name people know a process by: argv[0]'s base name when the kernel's 15-character
+/// comm is a cut of it ("train_resnet50_" of train_resnet50_with_attention), else the comm.
+/// `cmdline`: the command line, arguments separated by spaces.
+std::string process_name(const std::string& comm, const std::string& cmdline);
+
 /// Login name of `uid`, or the number as text when it has none.
 std::string user_name(uint32_t uid);
 

@@ -538,7 +538,9 @@ TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
   SharedDir dir;
   const std::string run = dir / "run";
   Child a, b, c, e;
-  FakeRing ra(run, a.pid, a.start_time());
+  // A member's name is whole where the kernel cut it to 15 characters, as in the process box.
+  FakeRing ra(run, a.pid, a.start_time(), 1024, "train_resnet50_");
+  std::snprintf(ra.h->cmdline, sizeof ra.h->cmdline, "/opt/train_resnet50_ddp --epochs 3");
   ra.device(0, 0xa0);
   auto seg = make_job(run, geteuid(), "train");
   const int sa = join(*seg, a.pid, a.start_time(), 16 * kGiB);
@@ -572,7 +574,7 @@ TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
   for (const auto& m : job["members"])
     if (m["pid"] == a.pid) {
       saw_a = true;
-      CHECK(m["process_name"] == "fakeproc");  // from its ring
+      CHECK(m["process_name"] == "train_resnet50_ddp");  // from its ring
       CHECK(m["used_bytes"] == 4 * kGiB);
       CHECK(m["requested_bytes"] == 16 * kGiB);
     }
@@ -586,7 +588,7 @@ TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
   CHECK(contains(r.out, "train (4 members)"));
   CHECK(contains(r.out, "16 GiB ×3, 8 GiB ×1 → 8 GiB"));
   CHECK(contains(r.out, "6144MiB"));
-  CHECK(contains(r.out, "  pid " + std::to_string(a.pid) + " fakeproc"));
+  CHECK(contains(r.out, "  pid " + std::to_string(a.pid) + " train_resnet50_ddp"));
   CHECK(contains(r.out, "  pid " + std::to_string(e.pid)));
   std::size_t width = 0;
   for (std::size_t pos = 0; pos < r.out.size();) {

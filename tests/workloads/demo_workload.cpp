@@ -75,7 +75,6 @@ class Workload {
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess)
       return unexpected("cudaMemGetInfo", e);
-    total_ = total_bytes;
     std::printf("cuw_demo_workload: device %d \"%s\", CUDA runtime %d, driver %d\n", opt_.device, prop.name,
                 runtime_version, driver_version);
     std::printf("cudaMemGetInfo: total %s, free %s%s\n", human(total_bytes).c_str(), human(free_bytes).c_str(),
@@ -151,8 +150,15 @@ class Workload {
     // Under cuwarden the refusal comes from the cap; without it, from the device itself.
     std::printf("refused: cudaMalloc(%s) -> %s (%s) — %s\n", human(bytes).c_str(), cudaGetErrorName(e),
                 cudaGetErrorString(e), cuwarden_ ? "cap reached" : "device out of memory");
-    std::printf("         (%s: %s in use + %s requested > %s total reported by cudaMemGetInfo)\n", what,
-                human(in_use_).c_str(), human(bytes).c_str(), human(total_).c_str());
+    // What is free is what the cap leaves: under a job cap, the other members' use is
+    // already taken out of it, so it is named (total - free - this process's use).
+    size_t free_now = 0, total_now = 0;
+    cudaMemGetInfo(&free_now, &total_now);
+    const uint64_t others = total_now > free_now + in_use_ ? total_now - free_now - in_use_ : 0;
+    std::printf("         (%s: %s requested > %s free of %s by cudaMemGetInfo; this process holds %s", what,
+                human(bytes).c_str(), human(free_now).c_str(), human(total_now).c_str(), human(in_use_).c_str());
+    if (others >= (1u << 20)) std::printf(", others sharing it %s", human(others).c_str());
+    std::printf(")\n");
     return false;
   }
 
@@ -193,7 +199,6 @@ class Workload {
 
   const Options opt_;
   const bool cuwarden_ = cuw::workload::cuwarden_loaded();
-  uint64_t total_ = 0;
   uint64_t in_use_ = 0;
   uint64_t peak_ = 0;
   bool refused_ = false;
