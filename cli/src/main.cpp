@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   app.add_option("--query-compute-apps", st.query_compute_apps,
                  "comma-separated fields, as nvidia-smi: pid, process_name, used_memory, gpu_uuid, gpu_name, "
                  "gpu_bus_id, timestamp; cuwarden's own: limit, peak_memory, reserved_memory, in_use_memory, "
-                 "cached_memory, allocations, job, user, ooms");
+                 "cached_memory, allocations, job, user, ooms, driver_used_memory, outside_cap_memory, context_memory, "
+                 "cap_scope");
   app.add_option("--format", st.format, "csv[,noheader][,nounits]");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));

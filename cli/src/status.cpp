@@ -172,7 +172,12 @@ std::string render_table(const json& st, const std::string& filter) {
   for (const auto& p : jarr(st, "processes"))
     for (const auto& d : jarr(p, "devices"))
       if (d.contains("driver_used_bytes")) proc_driver = true;
-  if (proc_driver) procs.columns.insert(procs.columns.begin() + 5, Column{"Driver", false, true});
+  // Beside the driver's figure, how much of it no cap counts (the context and modules, under
+  // the default CUWARDEN_CAP_SCOPE=allocations).
+  if (proc_driver) {
+    procs.columns.insert(procs.columns.begin() + 5, Column{"Driver", false, true});
+    procs.columns.insert(procs.columns.begin() + 6, Column{"Outside", false, true});
+  }
   // A pooling backend holds more than the program uses: show what it uses too (Used stays
   // what counts against the cap, which is what the pool holds).
   bool pooled = false;
@@ -180,7 +185,7 @@ std::string render_table(const json& st, const std::string& filter) {
     const std::string pool = jstr(p, "pool", "off");
     if (!pool.empty() && pool != "off") pooled = true;
   }
-  if (pooled) procs.columns.insert(procs.columns.begin() + 5 + (proc_driver ? 1 : 0), Column{"In use", false, true});
+  if (pooled) procs.columns.insert(procs.columns.begin() + 5 + (proc_driver ? 2 : 0), Column{"In use", false, true});
   for (const auto& p : jarr(st, "processes")) {
     const auto& devs = jarr(p, "devices");
     auto row_for = [&](const json* d) {
@@ -190,7 +195,10 @@ std::string render_table(const json& st, const std::string& filter) {
       row.push_back(Cell::str(jstr(p, "user")));
       row.push_back(Cell::str(jstr(p, "process_name")));
       row.push_back(d ? jcell(*d, "used_bytes", CellKind::bytes) : Cell::none());
-      if (proc_driver) row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
+      if (proc_driver) {
+        row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
+        row.push_back(d ? jcell(*d, "outside_cap_bytes", CellKind::bytes) : Cell::none());
+      }
       if (pooled)
         row.push_back(d ? jcell(*d, d->contains("in_use_bytes") ? "in_use_bytes" : "used_bytes", CellKind::bytes)
                         : Cell::none());
@@ -255,6 +263,9 @@ constexpr QueryField kFields[] = {
     {"ooms", "ooms", CellKind::integer},
     {"fragmentation", "fragmentation", CellKind::text},
     {"driver_used_memory", "driver_used_memory", CellKind::bytes},
+    {"outside_cap_memory", "outside_cap_memory", CellKind::bytes},
+    {"context_memory", "context_memory", CellKind::bytes},
+    {"cap_scope", "cap_scope", CellKind::text},
 };
 
 Cell query_cell(const std::string& field, const json& st, const json& p, const json& d,
@@ -280,6 +291,9 @@ Cell query_cell(const std::string& field, const json& st, const json& p, const j
   if (field == "user") return Cell::str(jstr(p, "user"));
   if (field == "ooms") return jcell(d, "ooms", CellKind::integer);
   if (field == "driver_used_memory") return jcell(d, "driver_used_bytes", CellKind::bytes);
+  if (field == "outside_cap_memory") return jcell(d, "outside_cap_bytes", CellKind::bytes);
+  if (field == "context_memory") return jcell(d, "context_bytes", CellKind::bytes);
+  if (field == "cap_scope") return Cell::str(jstr(p, "cap_scope", "allocations"));
   return Cell::none();  // fragmentation: not measured yet
 }
 

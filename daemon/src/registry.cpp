@@ -324,11 +324,20 @@ json Registry::state_json() {
           {"in_use_bytes", p->exited || ds.cached >= ds.used ? 0 : ds.used - ds.cached},
           {"pool_hits", ds.pool_hits},
           {"pool_waits", ds.pool_waits},
+          // CUWARDEN_CAP_SCOPE=process: the driver's own memory for the process (context,
+          // modules) as the interposer last measured it, inside used_bytes; 0 otherwise.
+          {"context_bytes", ds.context_bytes},
       };
       if (p->exited) dev["used_at_exit_bytes"] = ds.used;
       if (auto it = nvml_by_uuid.find(uuid); it != nvml_by_uuid.end()) {
         auto pu = it->second->process_used.find(p->pid);
-        dev["driver_used_bytes"] = (pu != it->second->process_used.end() && !p->exited) ? json(pu->second) : json(nullptr);
+        const bool known = pu != it->second->process_used.end() && !p->exited;
+        dev["driver_used_bytes"] = known ? json(pu->second) : json(nullptr);
+        // What the driver holds for the process that no cap counts: with the default scope
+        // its context and modules; with CUWARDEN_CAP_SCOPE=process, what grew since the
+        // interposer last measured.
+        const uint64_t counted = p->exited ? 0 : ds.used;
+        dev["outside_cap_bytes"] = known ? json(pu->second > counted ? pu->second - counted : 0) : json(nullptr);
       }
       devices.push_back(std::move(dev));
     }
@@ -341,6 +350,7 @@ json Registry::state_json() {
         {"cmdline", field_text(s.cmdline, sizeof s.cmdline)},
         {"job", field_text(s.job, sizeof s.job)},
         {"pool", field_text(s.pool, sizeof s.pool)},
+        {"cap_scope", s.cap_scope == static_cast<uint32_t>(ring::CapScope::process) ? "process" : "allocations"},
         {"state", state},
         {"start_time", p->start_time},
         {"created_ns", s.created_ns},

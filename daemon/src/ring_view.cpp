@@ -43,6 +43,7 @@ bool RingView::snapshot(Snapshot& out) const noexcept {
     std::memcpy(out.cmdline, h->cmdline, sizeof out.cmdline);
     std::memcpy(out.job, h->job, sizeof out.job);
     std::memcpy(out.pool, h->pool, sizeof out.pool);
+    std::memcpy(&out.cap_scope, &h->cap_scope, sizeof out.cap_scope);
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const ring::DeviceSlot& s = h->devices[d];
       DeviceSnapshot& o = out.devices[d];
@@ -64,6 +65,7 @@ bool RingView::snapshot(Snapshot& out) const noexcept {
       o.cached = s.cached.load(std::memory_order_relaxed);
       o.pool_hits = s.pool_hits.load(std::memory_order_relaxed);
       o.pool_waits = s.pool_waits.load(std::memory_order_relaxed);
+      o.context_bytes = s.context_bytes.load(std::memory_order_relaxed);
     }
   };
   return guarded_call(copy);

@@ -27,11 +27,13 @@ struct DeviceSnapshot {
   uint64_t live_allocations = 0, alloc_count = 0, free_count = 0;
   uint64_t refusals = 0, driver_errors = 0, host_bytes = 0;
   uint64_t cached = 0, pool_hits = 0, pool_waits = 0;  ///< CUWARDEN_POOL=cache
+  uint64_t context_bytes = 0;                          ///< CUWARDEN_CAP_SCOPE=process
 };
 
 /// A copy of the header's fields; char fields are raw (use field_text()).
 struct Snapshot {
   uint32_t pid = 0, uid = 0, state = 0, device_count = 0;
+  uint32_t cap_scope = 0;  ///< ring::CapScope, unchecked (hostile input)
   uint64_t start_time = 0, created_ns = 0, exited_ns = 0, heartbeat_ns = 0;
   uint64_t events_written = 0, events_dropped = 0, write_pos = 0, read_pos = 0;
   char comm[sizeof(ring::RingHeader::comm)] = {};

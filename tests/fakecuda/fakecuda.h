@@ -17,6 +17,9 @@
  *                          index; an empty entry keeps that device's default
  *                          (GPU-c0dafa7e-5a1e-4000-8000-0000000000NN, NN = physical index)
  *   CUWARDEN_FAKE_NAME     device name (default "cuwarden simulated GPU")
+ *   CUWARDEN_FAKE_CONTEXT_MEMORY  bytes the driver takes from the device for each live
+ *                          context (default 0), counted as the context's own: in cuMemGetInfo
+ *                          and NVML's per-process figure, never in an allocation
  *   CUDA_VISIBLE_DEVICES   as the real driver: indices or (prefixes of) UUIDs, reordering,
  *                          stops at the first invalid entry; "" hides every device
  *   FAKECUDA_TRACE         1: log unimplemented entry points, export tables, lookup misses;
@@ -106,6 +109,11 @@ typedef struct fakecuda_physical_device {
   int pci_domain, pci_bus, pci_device;
   int ordinal;                 /**< CUDA ordinal in this process, -1 if hidden by CUDA_VISIBLE_DEVICES */
 } fakecuda_physical_device;
+
+/** The driver's own memory of the calling thread's current context grows by `bytes`, as when
+ *  the real driver loads a module lazily at a kernel's first launch. CUDA_SUCCESS, or
+ *  CUDA_ERROR_INVALID_CONTEXT without a current context. */
+CUresult fakecuda_context_grow(size_t bytes);
 
 /** Number of simulated physical devices (CUWARDEN_FAKE_DEVICES), visible or not. */
 int fakecuda_physical_count(void);

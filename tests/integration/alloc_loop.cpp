@@ -3,6 +3,8 @@
 // driver). Reads lines from stdin, answers one line each:
 //   alloc MIB [DEV]  -> "ok" | "refused" | "error N"   (allocations are kept)
 //   free             -> "freed N"                       (frees everything it holds)
+//   grow MIB         -> "grown" | "error N"             (the driver's own memory for the
+//                                                        context grows: fakecuda_context_grow)
 // Prints "ready PID" once a context exists; exits 0 at EOF.
 #include <cuda.h>
 #include <unistd.h>
@@ -13,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "fakecuda.h"
 
 int main() {
   CUdevice dev;
@@ -52,6 +56,10 @@ int main() {
         std::printf("error %d\n", static_cast<int>(r));
       }
       cuCtxSetCurrent(ctx);
+    } else if (n >= 2 && std::strcmp(cmd, "grow") == 0) {
+      const CUresult r = fakecuda_context_grow(static_cast<size_t>(mib) << 20);
+      if (r == CUDA_SUCCESS) std::printf("grown\n");
+      else std::printf("error %d\n", static_cast<int>(r));
     } else if (n >= 1 && std::strcmp(cmd, "free") == 0) {
       for (auto& [dd, p] : held) cuMemFree(p);
       std::printf("freed %zu\n", held.size());

@@ -348,47 +348,81 @@ TEST_CASE("control.bad_requests_and_targets") {
   CHECK(r.status == 2);
 }
 
+namespace {
+
+/// cuwt_alloc_loop (alloc_loop.cpp) under the interposer on the simulated driver, driven
+/// line by line: `extra` is added to this process's environment (it wins).
+class AllocLoop {
+ public:
+  explicit AllocLoop(const std::vector<std::string>& extra) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    for (const std::string& x : {std::string("LD_PRELOAD=") + CUWT_LIB, std::string("LD_LIBRARY_PATH=") + CUWT_FAKECUDA_DIR,
+                                 std::string("CUWARDEN_FAKE_MEMORY=1G")})
+      env.push_back(x);
+    for (const std::string& x : extra) {  // replaces a variable set above (getenv takes the first)
+      const std::string name = x.substr(0, x.find('=') + 1);
+      std::erase_if(env, [&](const std::string& e) { return e.compare(0, name.size(), name) == 0; });
+      env.push_back(x);
+    }
+    std::vector<char*> envp;
+    for (auto& v : env) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    int in[2], out[2];
+    REQUIRE(pipe2(in, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(out, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    std::string prog = CUWT_ALLOC_LOOP;
+    char* argv[] = {prog.data(), nullptr};
+    REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv, envp.data()) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+    char first[256] = {};
+    REQUIRE(std::fgets(first, sizeof first, from_));
+    REQUIRE(std::string(first) == "ready " + std::to_string(pid) + "\n");
+  }
+  /// Sends one command, returns its one-line answer ("(eof)" when the program ended).
+  std::string say(const std::string& cmd) {
+    std::fprintf(to_, "%s\n", cmd.c_str());
+    std::fflush(to_);
+    char line[256] = {};
+    if (!std::fgets(line, sizeof line, from_)) return "(eof)";
+    std::string s = line;
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  /// Ends its input and waits: its exit status (-1 when it did not exit normally).
+  int finish() {
+    if (to_) std::fclose(to_), to_ = nullptr;
+    if (from_) std::fclose(from_), from_ = nullptr;
+    int st = 0;
+    if (pid > 0) waitpid(pid, &st, 0);
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  ~AllocLoop() { finish(); }
+  pid_t pid = -1;
+
+ private:
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+}  // namespace
+
 TEST_CASE("control.live_limit_refuses_then_allows_the_next_allocation") {
   SharedDir dir;
   Daemon d(dir);
   // The simulated driver's process under the interposer, capped at 64 MiB by itself.
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  for (std::string x : {std::string("LD_PRELOAD=") + CUWT_LIB, std::string("LD_LIBRARY_PATH=") + CUWT_FAKECUDA_DIR,
-                        std::string("CUWARDEN_FAKE_MEMORY=1G"), "CUWARDEN_RUN_DIR=" + d.run_dir,
-                        std::string("CUWARDEN_LIMIT=64M")})
-    env.push_back(x);
-  std::vector<char*> envp;
-  for (auto& s : env) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  int in[2], out[2];
-  REQUIRE(pipe2(in, O_CLOEXEC) == 0);
-  REQUIRE(pipe2(out, O_CLOEXEC) == 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  std::string prog = CUWT_ALLOC_LOOP;
-  char* argv[] = {prog.data(), nullptr};
-  pid_t pid = -1;
-  REQUIRE(posix_spawn(&pid, argv[0], &fa, nullptr, argv, envp.data()) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(in[0]);
-  ::close(out[1]);
-  FILE* to = fdopen(in[1], "w");
-  FILE* from = fdopen(out[0], "r");
-  auto say = [&](const std::string& cmd) {
-    std::fprintf(to, "%s\n", cmd.c_str());
-    std::fflush(to);
-    char line[256] = {};
-    if (!std::fgets(line, sizeof line, from)) return std::string("(eof)");
-    std::string s = line;
-    if (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
-  };
-  char first[256] = {};
-  REQUIRE(std::fgets(first, sizeof first, from));
-  REQUIRE(std::string(first) == "ready " + std::to_string(pid) + "\n");
+  AllocLoop loop({"CUWARDEN_RUN_DIR=" + d.run_dir, "CUWARDEN_LIMIT=64M"});
+  const pid_t pid = loop.pid;
+  auto say = [&](const std::string& cmd) { return loop.say(cmd); };
   REQUIRE(say("alloc 16") == "ok");
   REQUIRE(wait_until([&] {
     json p = d.process(static_cast<uint32_t>(pid));
@@ -422,12 +456,7 @@ TEST_CASE("control.live_limit_refuses_then_allows_the_next_allocation") {
   }
   CHECK(say("free") == "freed " + std::string(is_root() ? "3" : "2"));
   CHECK(say("alloc 4") == "ok");  // use dropped below the 8 MiB (or raised) cap
-  std::fclose(to);
-  std::fclose(from);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  CHECK(WIFEXITED(st));
-  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(loop.finish() == 0);
 }
 
 TEST_CASE("control.policy_applies_defaults_and_maxima_to_discovered_processes") {
@@ -727,4 +756,114 @@ TEST_CASE("control.policy_applies_to_job_members") {
     return l == std::vector<uint64_t>{6 * kGiB, 10 * kGiB, 10 * kGiB};
   }, 3000));
   CHECK(log_has(d, "policy: job " + who_am_i() + "/train member pid " + std::to_string(a.pid) + ": cap 16.00 GiB -> 10.00 GiB"));
+}
+
+TEST_CASE("control.cap_scope_process_counts_the_context_and_modules") {
+  SharedDir dir;
+  Daemon d(dir);
+  const std::vector<std::string> base = {"CUWARDEN_RUN_DIR=" + d.run_dir, "CUWARDEN_LIMIT=1G",
+                                         "CUWARDEN_FAKE_MEMORY=4G", "CUWARDEN_FAKE_CONTEXT_MEMORY=300M"};
+  auto device_of = [&](pid_t pid) {
+    json p = d.process(static_cast<uint32_t>(pid));
+    return p.is_null() || p["devices"].empty() ? json() : p["devices"][0];
+  };
+
+  // The default scope: the cap counts allocations; the driver's 300 MiB for the context lie
+  // outside it.
+  {
+    AllocLoop a(base);
+    CHECK(a.say("alloc 600") == "ok");
+    CHECK(a.say("alloc 400") == "ok");  // 1000 MiB of allocations, 1300 MiB held
+    REQUIRE(wait_until([&] { return device_of(a.pid).value("used_bytes", uint64_t{0}) == 1000 * kMiB; }));
+    CHECK(d.process(static_cast<uint32_t>(a.pid))["cap_scope"] == "allocations");
+    CHECK(device_of(a.pid)["context_bytes"] == 0);
+    CHECK(a.finish() == 0);
+  }
+
+  // CUWARDEN_CAP_SCOPE=process: the context is counted from the start (NVML's figure for
+  // the process minus its allocations).
+  std::vector<std::string> env = base;
+  env.push_back("CUWARDEN_CAP_SCOPE=process");
+  AllocLoop b(env);
+  CHECK(b.say("alloc 600") == "ok");
+  CHECK(b.say("alloc 400") == "refused");  // 300 + 600 + 400 > 1024
+  CHECK(b.say("alloc 124") == "ok");       // 300 + 724 = 1024: the cap exactly
+  REQUIRE(wait_until([&] { return device_of(b.pid).value("used_bytes", uint64_t{0}) == 1024 * kMiB; }));
+  CHECK(d.process(static_cast<uint32_t>(b.pid))["cap_scope"] == "process");
+  CHECK(device_of(b.pid)["context_bytes"] == 300 * kMiB);
+
+  // The driver's memory grows (a module loaded at a kernel's first launch): measured again
+  // before an allocation is refused, and counted from then on.
+  CHECK(b.say("free") == "freed 2");
+  CHECK(b.say("grow 100") == "grown");
+  CHECK(b.say("alloc 700") == "ok");   // 300 (stale) + 700 = 1000: allowed, 1100 held
+  CHECK(b.say("alloc 30") == "refused");  // measured: 400 + 700 + 30 > 1024
+  REQUIRE(wait_until([&] { return device_of(b.pid).value("context_bytes", uint64_t{0}) == 400 * kMiB; }));
+  CHECK(device_of(b.pid)["used_bytes"] == 1100 * kMiB);
+  CHECK(b.say("free") == "freed 1");
+  CHECK(b.say("alloc 624") == "ok");  // 400 + 624 = 1024
+  CHECK(b.say("alloc 1") == "refused");
+  CHECK(b.finish() == 0);
+
+  // A bad value is a configuration error (exit 78), as for every variable.
+  CmdResult r = run_cmd({CUWT_ALLOC_LOOP},
+                        {"LD_PRELOAD=" + std::string(CUWT_LIB), "LD_LIBRARY_PATH=" + std::string(CUWT_FAKECUDA_DIR),
+                         "CUWARDEN_RUN_DIR=" + d.run_dir, "CUWARDEN_CAP_SCOPE=context"},
+                        5000);
+  CHECK(r.status == 78);
+  CHECK(contains(r.err, "CUWARDEN_CAP_SCOPE='context': expected 'allocations' or 'process'"));
+}
+
+TEST_CASE("control.table_shows_what_of_the_drivers_figure_lies_outside_the_cap") {
+  SharedDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child a, b;
+  FakeRing ra(dir / "run", a.pid, a.start_time());
+  ring::DeviceSlot& da = ra.device(0, 0xa0);
+  da.used.store(4096 * kMiB);
+  da.limit.store(6144 * kMiB);
+  // b counts its context (CUWARDEN_CAP_SCOPE=process): little of the driver's figure is left.
+  FakeRing rb(dir / "run", b.pid, b.start_time());
+  rb.h->cap_scope = static_cast<uint32_t>(ring::CapScope::process);
+  ring::DeviceSlot& db = rb.device(0, 0xa0);
+  db.used.store(4608 * kMiB);
+  db.context_bytes.store(512 * kMiB);
+  db.limit.store(6144 * kMiB);
+  // The simulated NVML lists both as the driver would: allocations plus 512 MiB of context.
+  const std::string nvml_env = std::to_string(a.pid) + "=" + std::to_string(4608 * kMiB) + "," +
+                               std::to_string(b.pid) + "=" + std::to_string(4616 * kMiB);
+  setenv("CUWARDEN_FAKE_NVML_PROCESSES", nvml_env.c_str(), 1);
+  setenv("CUWARDEN_FAKE_UUIDS", uuid_for(0xa0).c_str(), 1);
+  const std::string ld = std::string(CUWT_FAKECUDA_DIR) + (getenv("LD_LIBRARY_PATH") ? std::string(":") + getenv("LD_LIBRARY_PATH") : "");
+  const std::string saved_ld = getenv("LD_LIBRARY_PATH") ? getenv("LD_LIBRARY_PATH") : "";
+  setenv("LD_LIBRARY_PATH", ld.c_str(), 1);
+  Daemon d(dir, {}, true, /*nvml=*/true);
+  unsetenv("CUWARDEN_FAKE_NVML_PROCESSES");
+  unsetenv("CUWARDEN_FAKE_UUIDS");
+  if (saved_ld.empty()) unsetenv("LD_LIBRARY_PATH");
+  else setenv("LD_LIBRARY_PATH", saved_ld.c_str(), 1);
+
+  REQUIRE(wait_until([&] {
+    json p = d.process(a.pid);
+    return !p.is_null() && p["devices"][0].value("driver_used_bytes", json()).is_number();
+  }));
+  json pa = d.process(a.pid), pb = d.process(b.pid);
+  CHECK(pa["cap_scope"] == "allocations");
+  CHECK(pa["devices"][0]["outside_cap_bytes"] == 512 * kMiB);
+  CHECK(pb["cap_scope"] == "process");
+  CHECK(pb["devices"][0]["context_bytes"] == 512 * kMiB);
+  CHECK(pb["devices"][0]["outside_cap_bytes"] == 8 * kMiB);
+
+  CmdResult r = cli({"--socket", d.socket});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "Driver  Outside"));
+  CHECK(contains(r.out, "4096MiB  4608MiB   512MiB"));
+  CHECK(contains(r.out, "4608MiB  4616MiB     8MiB"));
+  for (std::size_t pos = 0, nl; (nl = r.out.find('\n', pos)) != std::string::npos; pos = nl + 1)
+    CHECK(nl - pos <= 100);  // still beside nvidia-smi's width
+  r = cli({"--query-compute-apps=pid,used_memory,driver_used_memory,outside_cap_memory,context_memory,cap_scope",
+           "--format=csv,noheader", "--socket", d.socket});
+  CHECK(contains(r.out, std::to_string(a.pid) + ", 4096 MiB, 4608 MiB, 512 MiB, 0 MiB, allocations"));
+  CHECK(contains(r.out, std::to_string(b.pid) + ", 4608 MiB, 4616 MiB, 8 MiB, 512 MiB, process"));
 }

@@ -238,10 +238,12 @@ struct Daemon {
   std::string run_dir, socket, log;
   pid_t pid = -1;
 
-  explicit Daemon(const TempDir& dir, std::vector<std::string> extra = {}, bool wait = true)
+  /// `nvml`: the daemon loads NVML (the simulated one, when this process's LD_LIBRARY_PATH
+  /// points at it) instead of running with --no-nvml.
+  explicit Daemon(const TempDir& dir, std::vector<std::string> extra = {}, bool wait = true, bool nvml = false)
       : run_dir(dir / "run"), socket(dir / "d.sock"), log(dir / "daemon.log") {
-    std::vector<std::string> argv = {CUWT_DAEMON, "--run-dir", run_dir, "--socket", socket,
-                                     "--no-nvml", "--log-level", "debug"};
+    std::vector<std::string> argv = {CUWT_DAEMON, "--run-dir", run_dir, "--socket", socket, "--log-level", "debug"};
+    if (!nvml) argv.push_back("--no-nvml");
     for (auto& x : extra) argv.push_back(x);
     start(argv);
     if (wait && !wait_ready()) throw std::runtime_error("cuwardend did not start: " + slurp(log));

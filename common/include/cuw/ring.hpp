@@ -147,10 +147,19 @@ struct alignas(64) DeviceSlot {
   std::atomic<uint64_t> cached;
   std::atomic<uint64_t> pool_hits;    ///< allocations the pool served without calling the driver
   std::atomic<uint64_t> pool_waits;   ///< times the pool waited for earlier GPU work (event sync)
-  uint64_t reserved_words[5];
+  /// CUWARDEN_CAP_SCOPE=process: what the driver holds for the process on this device beyond
+  /// its allocations (the context, its modules), as last measured; part of `used`. 0 otherwise.
+  std::atomic<uint64_t> context_bytes;
+  uint64_t reserved_words[4];
 };
 static_assert(sizeof(DeviceSlot) % 64 == 0);
 static_assert(sizeof(DeviceSlot) == 320, "DeviceSlot is shared memory: its size is part of the ABI");
+
+/// What a process's caps count, stored in RingHeader::cap_scope (CUWARDEN_CAP_SCOPE).
+enum class CapScope : uint32_t {
+  allocations = 0,  ///< the program's allocations (the driver's own memory for it is not counted)
+  process = 1,      ///< also the context and modules: DeviceSlot::context_bytes
+};
 
 /// Process state values stored in RingHeader::state.
 enum class ProcessState : uint32_t { starting = 0, running = 1, exited = 2 };
@@ -178,7 +187,9 @@ struct RingHeader {
   char cmdline[256];              ///< command line, arguments separated by spaces, truncated
   char job[64];                   ///< CUWARDEN_JOB or empty
   char pool[16];                  ///< backend: "off", "cache", "vmm"
-  uint64_t reserved_words[32];
+  uint32_t cap_scope;             ///< CapScope: what `used` (and so a cap) counts
+  uint32_t reserved_word;
+  uint64_t reserved_words[31];
   alignas(64) std::atomic<uint64_t> write_pos;  ///< next position producers claim
   alignas(64) std::atomic<uint64_t> read_pos;   ///< next position the consumer reads
   alignas(64) DeviceSlot devices[kMaxDevices];

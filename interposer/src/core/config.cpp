@@ -59,6 +59,11 @@ Config load_config() {
     if (!end || *end || n < 0 || n > 64) c.errors.push_back(quoted("CUWARDEN_CALLSITES", v) + ": expected 0..64");
     else c.callsites = static_cast<int>(n);
   }
+  if (const char* v = env("CUWARDEN_CAP_SCOPE")) {
+    if (!std::strcmp(v, "process")) c.cap_scope_process = true;
+    else if (std::strcmp(v, "allocations") != 0)
+      c.errors.push_back(quoted("CUWARDEN_CAP_SCOPE", v) + ": expected 'allocations' or 'process'");
+  }
   if (const char* v = env("CUWARDEN_MEMINFO")) {
     if (!std::strcmp(v, "physical")) c.meminfo_physical = true;
     else if (std::strcmp(v, "limit") != 0)

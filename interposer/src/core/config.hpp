@@ -18,6 +18,7 @@ namespace cuw::core {
   X(CUWARDEN_JOB_LIMIT, "", "the job's cap per GPU")                                                    \
   X(CUWARDEN_POOL, "off", "allocation backend: off, cache, vmm")                                        \
   X(CUWARDEN_CALLSITES, "0", "frames captured per allocation, 0..64")                                   \
+  X(CUWARDEN_CAP_SCOPE, "allocations", "what a cap counts: allocations, or process (also the context and modules)") \
   X(CUWARDEN_MEMINFO, "limit", "what cuMemGetInfo / cuDeviceTotalMem report: limit or physical")        \
   X(CUWARDEN_ON_ERROR, "fail", "bad configuration: fail (message, exit 78) or open (warn, run uncapped)") \
   X(CUWARDEN_CLOCK, "coarse", "event timestamps: coarse (kernel tick), fine (CPU counter) or syscall") \
@@ -34,6 +35,7 @@ struct Config {
   std::string job;               ///< CUWARDEN_JOB, validated (empty = no job)
   uint64_t job_limit = ~0ULL;    ///< CUWARDEN_JOB_LIMIT in bytes per GPU; ~0 = none asked
   bool meminfo_physical = false; ///< CUWARDEN_MEMINFO=physical
+  bool cap_scope_process = false;///< CUWARDEN_CAP_SCOPE=process
   bool fail_open = false;        ///< CUWARDEN_ON_ERROR=open
   int log_level = 3;             ///< 0 trace .. 5 error, 6 off
   std::string log_file;

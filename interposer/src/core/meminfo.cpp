@@ -37,6 +37,7 @@ void report_meminfo(Tracker& t, size_t* free_bytes, size_t* total_bytes) {
   ring::DeviceSlot* d = t.device(ordinal);
   if (!d) return;
   t.refresh_pools(ordinal, nullptr, true, false);  // keep `reserved` current for whoever watches
+  t.measure_context(ordinal, false);                // CUWARDEN_CAP_SCOPE=process: free counts it
   const uint64_t physical = d->physical_total ? d->physical_total : (total_bytes ? *total_bytes : ~0ULL);
   uint64_t total, free_b;
   if (!capped_view(t, *d, physical, free_bytes ? *free_bytes : ~0ULL, &total, &free_b)) {

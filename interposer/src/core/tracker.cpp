@@ -193,6 +193,8 @@ void Tracker::create_ring() {
   read_small_file("/proc/self/cmdline", header_->cmdline, sizeof header_->cmdline, true);
   copy_str(header_->job, sizeof header_->job, config_.job);
   copy_str(header_->pool, sizeof header_->pool, config_.pool);
+  header_->cap_scope = static_cast<uint32_t>(config_.cap_scope_process ? ring::CapScope::process
+                                                                       : ring::CapScope::allocations);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::running), std::memory_order_relaxed);
   ring::init(*header_, slots(), slot_count_);  // publishes the magic last
 }
@@ -277,8 +279,17 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
 
 CUW_COLD ring::DeviceSlot* Tracker::fill_device_once(int ordinal) {
   ring::DeviceSlot& d = header_->devices[ordinal];
-  std::lock_guard<std::mutex> lk(device_mu_);
-  if (!d.present.load(std::memory_order_acquire)) fill_device(ordinal, d);
+  bool filled = false;
+  {
+    std::lock_guard<std::mutex> lk(device_mu_);
+    if (!d.present.load(std::memory_order_acquire)) {
+      fill_device(ordinal, d);
+      filled = true;
+    }
+  }
+  // Measured later, by charge() or a context's retain: here an allocation that has reached
+  // the driver may not be counted yet, and NVML's figure would count it twice.
+  if (filled && config_.cap_scope_process) unmeasured_.fetch_or(1u << ordinal, std::memory_order_relaxed);
   return &d;
 }
 
@@ -300,6 +311,7 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
 
 CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
                                         bool assumed, bool quiet) {
+  if (__builtin_expect(unmeasured_.load(std::memory_order_relaxed) >> ordinal & 1, 0)) measure_context(ordinal, true);
   const int g = job_gpu(ordinal);
   bool over = false;
   {
@@ -315,6 +327,10 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
     }
   }
   if (__builtin_expect(over, 0)) {
+    // Counting the context: its figure may be stale (a context destroyed, memory the driver
+    // gave back), so it is measured before the answer, and the test made again if it fell.
+    if (config_.cap_scope_process && measure_context(ordinal, false))
+      return charge(d, ordinal, bytes, api, assumed, quiet);
     if (quiet) return assumed && current_device() < 0 ? Charge::no_context : Charge::refused;
     return refuse(d, ordinal, bytes, api, assumed);
   }

@@ -300,6 +300,17 @@ class Tracker {
     __builtin_prefetch(&header_->write_pos, 1, 3);
   }
 
+  /// CUWARDEN_CAP_SCOPE=process: bring device `ordinal`'s context_bytes, and with them its
+  /// `used` (and the job's share), to what the driver holds for this process there beyond
+  /// its allocations (the context, its modules, the driver's rounding): NVML's per-process
+  /// figure minus the bytes the process's allocations reserve. `force` = false: not again
+  /// within 10 ms on a device where nothing was allocated or freed since (a retry loop). Returns true when the figure went down (room was made). Nothing
+  /// (false) under CUWARDEN_CAP_SCOPE=allocations, for a device without a row, or when NVML
+  /// cannot tell (logged once: no NVML, or a PID namespace hides the process from it). Called
+  /// after a context is made or destroyed, before an allocation is refused, and by
+  /// cuMemGetInfo. Thread-safe; without lock() held; cold (one NVML query, about 0.1-1 ms).
+  bool measure_context(int ordinal, bool force) noexcept;
+
   /// The allocation backend chosen at start (backends/backend.hpp), in the hot line: the
   /// hooks dispatch on it. nullptr until the first hook that needs it started it
   /// (backends::start). Lock-free (one load).
@@ -383,6 +394,9 @@ class Tracker {
   static_assert(ring::kMaxDevices <= 32, "filled_ holds one bit per device");
   uint32_t slot_count_ = 0;
   int job_slot_ = -1;
+  /// CUWARDEN_CAP_SCOPE=process: bit i, device i has a row but its context was not measured
+  /// yet (charge() measures it first). Always 0 otherwise.
+  std::atomic<uint32_t> unmeasured_{0};
   ring::RingHeader* header_ = nullptr;
   /// The ring's write position: only this process writes it, under lock(), so the producer
   /// keeps its own copy and never reads the shared header's (a line the daemon reads).
@@ -399,6 +413,14 @@ class Tracker {
   bool ring_is_file_ = false;
   std::string ring_path_;
   std::mutex device_mu_;  ///< serializes fill_device_once and start_backend (both cold)
+  /// measure_context's state (cap_scope.cpp), off the tracker's page.
+  struct ContextMeasures {
+    std::mutex mu;                                  ///< serializes measure_context
+    uint64_t measured_ns[ring::kMaxDevices] = {};   ///< CLOCK_MONOTONIC of the last measurement
+    uint64_t measured_ops[ring::kMaxDevices] = {};  ///< alloc_count + free_count then
+    bool unmeasurable_logged = false;
+  };
+  std::unique_ptr<ContextMeasures> context_measures_ = std::make_unique<ContextMeasures>();  ///< never null
   /// Per device: the stream-ordered pools seen and what they reserved at the last refresh.
   struct PoolSet {
     static constexpr int kMax = 8;

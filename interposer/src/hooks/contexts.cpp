@@ -96,7 +96,11 @@ CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
     arrays = core::arrays_of(*t, ctx);
     return (r = real(ctx)) == CUDA_SUCCESS;
   };
-  if (backends::chosen(*t).context_destroy(*t, [ctx] { return ctx; }, destroy)) core::forget_driver_freed(*t, arrays);
+  if (backends::chosen(*t).context_destroy(*t, [ctx] { return ctx; }, destroy)) {
+    core::forget_driver_freed(*t, arrays);
+    // CUWARDEN_CAP_SCOPE=process: its memory went with it (on whichever device it was).
+    for (int d = 0; d < static_cast<int>(cuw::ring::kMaxDevices); ++d) t->measure_context(d, true);
+  }
   return r;
 }
 
@@ -129,7 +133,10 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
     r = call();
     return r == CUDA_SUCCESS && primary != nullptr && (reset || core::primary_gone(dev) || again());
   };
-  if (backends::chosen(*t).context_destroy(*t, which, run)) core::forget_driver_freed(*t, arrays);
+  if (backends::chosen(*t).context_destroy(*t, which, run)) {
+    core::forget_driver_freed(*t, arrays);
+    t->measure_context(dev, true);  // CUWARDEN_CAP_SCOPE=process: its memory went with it
+  }
   return r;
 }
 }  // namespace
@@ -142,7 +149,11 @@ CUW_EXPORT CUresult hook_cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev)
                        : real(pctx, dev);
   // A context on `dev` (what cudaSetDevice and the runtime's first call make): the process uses
   // that GPU, and has a row there, as nvidia-smi lists it, allocation or not.
-  if (r == CUDA_SUCCESS) Tracker::get().device(dev);
+  if (r == CUDA_SUCCESS) {
+    Tracker& tr = Tracker::get();
+    tr.device(dev);
+    tr.measure_context(dev, false);  // CUWARDEN_CAP_SCOPE=process: the context now exists
+  }
   return r;
 }
 

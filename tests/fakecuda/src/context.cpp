@@ -19,6 +19,8 @@ std::vector<Context*>& stack() {
   return *t_stack_ptr;
 }
 
+void make_live(Context* c, bool live);
+
 Context* new_context(int ordinal, unsigned flags, bool primary) {
   auto* c = new Context;
   c->ordinal = ordinal;
@@ -26,16 +28,44 @@ Context* new_context(int ordinal, unsigned flags, bool primary) {
   c->is_primary = primary;
   c->id = g_next_ctx_id.fetch_add(1);
   c->legacy = stream_create(c, 0, 0, /*legacy=*/true, /*per_thread=*/false);
-  std::lock_guard lock(g_ctx_mu);
-  g_live.insert(c);
+  c->alive = false;
+  make_live(c, true);
   return c;
+}
+
+// CUWARDEN_FAKE_CONTEXT_MEMORY: what the driver takes from the device for each context
+// (about 0.5 GiB on an H200: the context, its heaps, the modules it loads). Counted in the
+// device's used bytes, so cuMemGetInfo and NVML's per-process figure include it, as on a GPU.
+size_t context_bytes() {
+  static const size_t bytes = [] {
+    const char* v = std::getenv("CUWARDEN_FAKE_CONTEXT_MEMORY");
+    bool ok = false;
+    const size_t b = v && *v ? parse_size(v, &ok) : 0;
+    if (v && *v && !ok) {
+      std::fprintf(stderr, "[fakecuda] bad CUWARDEN_FAKE_CONTEXT_MEMORY '%s'\n", v);
+      std::abort();
+    }
+    return b;
+  }();
+  return bytes;
 }
 
 void make_live(Context* c, bool live) {
   std::lock_guard lock(g_ctx_mu);
+  if (live == c->alive.load() && live == (g_live.count(c) != 0)) return;
   if (live) g_live.insert(c);
   else g_live.erase(c);
   c->alive = live;
+  // The driver's own memory for the context: taken while it lives (capacity permitting, as
+  // the driver's reserve is not refused here), given back with it.
+  Device* d = device(c->ordinal);
+  if (live) {
+    c->driver_bytes = context_bytes();
+    d->used.fetch_add(c->driver_bytes);
+  } else {
+    d->unreserve(c->driver_bytes);
+    c->driver_bytes = 0;
+  }
 }
 
 CUresult create_context(CUcontext* pctx, unsigned flags, CUdevice dev) {
@@ -137,6 +167,15 @@ CUresult primary_retain(CUcontext* pctx, CUdevice dev) {
 }  // namespace fc
 
 using namespace fc;
+
+FC_API CUresult fakecuda_context_grow(size_t bytes) {
+  Context* c = current_context();
+  if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard lock(g_ctx_mu);
+  c->driver_bytes += bytes;
+  device(c->ordinal)->used.fetch_add(bytes);
+  return CUDA_SUCCESS;
+}
 
 FC_API CUresult cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
   FC_ENTER();

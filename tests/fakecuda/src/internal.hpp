@@ -121,6 +121,7 @@ struct Context {
   unsigned flags = 0;
   bool is_primary = false;
   std::atomic<bool> alive{true};
+  size_t driver_bytes = 0;  // the driver's own memory for it (CUWARDEN_FAKE_CONTEXT_MEMORY, modules)
   Stream* legacy = nullptr;
   std::mutex streams_mu;
   std::vector<Stream*> streams;  // every live stream of this context, incl. legacy and per-thread

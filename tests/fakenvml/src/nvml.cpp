@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "../../fakecuda/fakecuda.h"
 #include "../fakenvml.h"
@@ -84,6 +85,31 @@ nvmlReturn_t lookup(nvmlDevice_t device, fakecuda_physical_device* out, int* ind
   return NVML_SUCCESS;
 }
 
+// CUWARDEN_FAKE_NVML_PROCESSES="PID=BYTES[@PHYSICAL],...": other processes NVML lists as
+// using compute on a device (default device 0), as a daemon sees the programs it watches.
+struct OtherProcess {
+  unsigned pid = 0;
+  unsigned long long bytes = 0;
+  int physical = 0;
+};
+const std::vector<OtherProcess>& other_processes() {
+  static const std::vector<OtherProcess> list = [] {
+    std::vector<OtherProcess> out;
+    const char* v = std::getenv("CUWARDEN_FAKE_NVML_PROCESSES");
+    for (const char* p = v; p && *p;) {
+      OtherProcess o;
+      char* end = nullptr;
+      o.pid = static_cast<unsigned>(std::strtoul(p, &end, 10));
+      if (*end == '=') o.bytes = std::strtoull(end + 1, &end, 10);
+      if (*end == '@') o.physical = static_cast<int>(std::strtol(end + 1, &end, 10));
+      out.push_back(o);
+      p = *end == ',' ? end + 1 : end + std::strlen(end);
+    }
+    return out;
+  }();
+  return list;
+}
+
 nvmlDevice_t handle(int index) { return reinterpret_cast<nvmlDevice_t>(&g_devices[index]); }
 
 nvmlReturn_t copy_string(const std::string& s, char* out, unsigned int length) {
@@ -122,25 +148,33 @@ void fill_pci(const fakecuda_physical_device& d, nvmlPciInfo_t* pci) {
 template <typename Info>
 nvmlReturn_t processes(nvmlDevice_t device, unsigned int* infoCount, Info* infos, bool compute) {
   fakecuda_physical_device d;
-  if (nvmlReturn_t rc = lookup(device, &d)) return rc;
+  int index = -1;
+  if (nvmlReturn_t rc = lookup(device, &d, &index)) return rc;
   if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
-  unsigned need = compute && d.live_bytes > 0 ? 1 : 0;
+  // This process (the simulated driver's state is per process), then the other processes
+  // CUWARDEN_FAKE_NVML_PROCESSES lists for this device.
+  std::vector<std::pair<unsigned, unsigned long long>> list;
+  if (compute && d.live_bytes > 0) list.emplace_back(static_cast<unsigned>(getpid()), d.live_bytes);
+  if (compute)
+    for (const auto& o : other_processes())
+      if (o.physical == index) list.emplace_back(o.pid, o.bytes);
+  const unsigned need = static_cast<unsigned>(list.size());
   if (*infoCount < need) {
     *infoCount = need;
     return NVML_ERROR_INSUFFICIENT_SIZE;
   }
   if (need && !infos) return NVML_ERROR_INVALID_ARGUMENT;
   *infoCount = need;
-  if (need) {
+  for (unsigned i = 0; i < need; ++i) {
     Info info;
     std::memset(&info, 0, sizeof info);
-    info.pid = static_cast<unsigned>(getpid());
-    info.usedGpuMemory = d.live_bytes;
+    info.pid = list[i].first;
+    info.usedGpuMemory = list[i].second;
     if constexpr (sizeof(Info) > sizeof(nvmlProcessInfo_v1_t)) {
       info.gpuInstanceId = 0xFFFFFFFFu;
       info.computeInstanceId = 0xFFFFFFFFu;
     }
-    infos[0] = info;
+    infos[i] = info;
   }
   return NVML_SUCCESS;
 }

@@ -1,0 +1,75 @@
+// cuwarden interposer core: CUWARDEN_CAP_SCOPE=process, a cap that counts what the driver
+// holds for the process beyond its allocations (the context, its modules, the rounding of
+// allocations to pages), as HAMi-core and the driver-level limits do: the sum of the caps
+// on a GPU is then what its processes hold. The figure is NVML's per-process one (what
+// nvidia-smi shows) minus the bytes the process's allocations reserve; it is measured when
+// a context is made or destroyed, before an allocation is refused, and on cuMemGetInfo, and
+// kept in the device's context_bytes, inside `used`.
+#include <time.h>
+#include <unistd.h>
+
+#include <mutex>
+
+#include "base/log.hpp"
+#include "base/nvml_process.hpp"
+#include "core/tracker.hpp"
+
+namespace cuw::core {
+
+namespace {
+uint64_t mono_ns() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
+}
+constexpr uint64_t kMinIntervalNs = 10'000'000ULL;  // 10 ms between measurements of an unchanged device
+}  // namespace
+
+CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
+  if (!config_.cap_scope_process) return false;
+  ring::DeviceSlot* d = device_if_filled(ordinal);
+  if (!d) return false;
+  ContextMeasures& m = *context_measures_;
+  std::lock_guard<std::mutex> lk(m.mu);
+  unmeasured_.fetch_and(~(1u << ordinal), std::memory_order_relaxed);
+  const uint64_t now = mono_ns();
+  const uint64_t ops = d->alloc_count.load(std::memory_order_relaxed) + d->free_count.load(std::memory_order_relaxed);
+  if (!force && m.measured_ns[ordinal] != 0 && now - m.measured_ns[ordinal] < kMinIntervalNs &&
+      ops == m.measured_ops[ordinal])
+    return false;
+  m.measured_ns[ordinal] = now;
+  m.measured_ops[ordinal] = ops;
+
+  uint64_t held = 0;
+  const hook::NvmlProcess r = hook::nvml_process_bytes(d->uuid, static_cast<uint32_t>(getpid()), &held);
+  if (r != hook::NvmlProcess::found) {
+    // Not listed: no context on the device yet (nothing to count), or NVML reports host pids
+    // that a PID namespace hides from us. Either way the cap counts allocations only.
+    if (!m.unmeasurable_logged && (r == hook::NvmlProcess::unavailable || d->live_allocations.load() > 0)) {
+      m.unmeasurable_logged = true;
+      log::warn("cuwarden: CUWARDEN_CAP_SCOPE=process: %s; caps count allocations only",
+                r == hook::NvmlProcess::unavailable
+                    ? "NVML (libnvidia-ml.so.1) cannot report this process's memory"
+                    : "NVML does not list this process (a PID namespace?)");
+    }
+    return false;
+  }
+  uint64_t up = 0, down = 0;
+  {
+    std::lock_guard<spin_lock> l(mu_);
+    const uint64_t allocations = d->reserved.load(std::memory_order_relaxed);
+    const uint64_t context = held > allocations ? held - allocations : 0;
+    const uint64_t old = d->context_bytes.load(std::memory_order_relaxed);
+    if (context > old) force_charge_locked(*d, up = context - old);
+    else if (context < old) uncharge_locked(*d, down = old - context);
+    d->context_bytes.store(context, std::memory_order_relaxed);
+  }
+  if (up) job_force_charge(ordinal, up);
+  if (down) job_uncharge(ordinal, down);
+  if (up || down)
+    log::debug("cuwarden: device %d: the driver holds %llu bytes beyond allocations (counted in the cap)", ordinal,
+               static_cast<unsigned long long>(d->context_bytes.load(std::memory_order_relaxed)));
+  return down != 0;
+}
+
+}  // namespace cuw::core
