@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "run a command under cuwarden: cuwarden run [options] -- CMD ...");
   RunOptions ro;
   run->add_option("--limit", ro.limit, "per-process cap per device: 8G, 512MiB, 75%, 0=8G,1=4G");
+  run->add_option("--cap-scope", ro.cap_scope,
+                  "what caps count: allocations (default) or process (also the CUDA context and modules)");
   run->add_option("--job", ro.job, "job name: processes of one user with one job share --job-limit");
   run->add_option("--job-limit", ro.job_limit, "cap for the whole job per physical GPU");
   run->add_option("--pool", ro.pool, "allocation backend: off (default) or cache (vmm: not in this build yet)");

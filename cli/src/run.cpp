@@ -73,6 +73,8 @@ int cmd_run(const RunOptions& o) {
                                                                      : err));
   }
   if (!o.job.empty() && !cuw::job::valid_job_name(o.job, &err)) return usage_error("bad --job '" + o.job + "': " + err);
+  if (!o.cap_scope.empty() && o.cap_scope != "allocations" && o.cap_scope != "process")
+    return usage_error("bad --cap-scope '" + o.cap_scope + "': use allocations or process");
   if (o.pool == "vmm")
     return usage_error("--pool vmm: the vmm backend is not in this build yet (use off or cache)");
   if (!o.pool.empty() && o.pool != "off" && o.pool != "cache")
@@ -97,6 +99,7 @@ int cmd_run(const RunOptions& o) {
   if (!o.job.empty()) setenv("CUWARDEN_JOB", o.job.c_str(), 1);
   if (!o.job_limit.empty()) setenv("CUWARDEN_JOB_LIMIT", o.job_limit.c_str(), 1);
   if (!o.pool.empty()) setenv("CUWARDEN_POOL", o.pool.c_str(), 1);
+  if (!o.cap_scope.empty()) setenv("CUWARDEN_CAP_SCOPE", o.cap_scope.c_str(), 1);
   if (o.callsites >= 0) setenv("CUWARDEN_CALLSITES", std::to_string(o.callsites).c_str(), 1);
 
   // Ours first (its symbols must win), then every existing entry but a duplicate of ours.

@@ -175,13 +175,13 @@ TEST_CASE("cli.events_prints_what_the_daemon_collected") {
 TEST_CASE("cli.run_sets_the_environment_and_preloads_the_interposer") {
   const std::string lib = CUWT_PRELOAD;
   CmdResult r = cli({"run", "--lib", lib, "--limit", "0=8G,1=4G", "--job", "etl", "--job-limit", "20G", "--pool",
-                     "cache", "--callsites", "0", "--", "/bin/sh", "-c",
+                     "cache", "--callsites", "0", "--cap-scope", "process", "--", "/bin/sh", "-c",
                      "echo L=$CUWARDEN_LIMIT J=$CUWARDEN_JOB JL=$CUWARDEN_JOB_LIMIT P=$CUWARDEN_POOL "
-                     "C=$CUWARDEN_CALLSITES; echo PRE=$LD_PRELOAD; exit 7"},
+                     "C=$CUWARDEN_CALLSITES S=$CUWARDEN_CAP_SCOPE; echo PRE=$LD_PRELOAD; exit 7"},
                     {"LD_PRELOAD=" + lib + ":/lib/x86_64-linux-gnu/libm.so.6"});
   INFO(r.err);
   CHECK(r.status == 7);  // the command's own exit code: exec, no wrapper process
-  CHECK(contains(r.out, "L=0=8G,1=4G J=etl JL=20G P=cache C=0\n"));
+  CHECK(contains(r.out, "L=0=8G,1=4G J=etl JL=20G P=cache C=0 S=process\n"));
   // Ours first, the existing entry kept, no duplicate of ours.
   CHECK(contains(r.out, "PRE=" + lib + ":/lib/x86_64-linux-gnu/libm.so.6\n"));
 
@@ -206,6 +206,7 @@ TEST_CASE("cli.run_rejects_bad_input_before_exec") {
            {"--job", "etl", "--job-limit", "50%", "--", "true"},
            {"--job", "bad/name", "--", "true"},
            {"--pool", "magic", "--", "true"},
+           {"--cap-scope", "context", "--", "true"},
            {"--callsites", "65", "--", "true"},
            {"--limit", "8G"},
            {"--limit", "75", "--", "true"},  // 75 bytes: a mistyped unit
