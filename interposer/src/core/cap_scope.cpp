@@ -23,6 +23,7 @@ uint64_t mono_ns() noexcept {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ULL + static_cast<uint64_t>(ts.tv_nsec);
 }
 constexpr uint64_t kMinIntervalNs = 10'000'000ULL;  // 10 ms between measurements of an unchanged device
+constexpr uint64_t kGiveUpNs = 2'000'000'000ULL;    // 2 s of a process NVML does not list
 }  // namespace
 
 CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
@@ -31,34 +32,46 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
   if (!d) return false;
   ContextMeasures& m = *context_measures_;
   std::lock_guard<std::mutex> lk(m.mu);
-  unmeasured_.fetch_and(~(1u << ordinal), std::memory_order_relaxed);
   const uint64_t now = mono_ns();
   const uint64_t ops = d->alloc_count.load(std::memory_order_relaxed) + d->free_count.load(std::memory_order_relaxed);
+  const bool found_before = !(unmeasured_.load(std::memory_order_relaxed) >> ordinal & 1) && m.measured_ns[ordinal] != 0;
   if (!force && m.measured_ns[ordinal] != 0 && now - m.measured_ns[ordinal] < kMinIntervalNs &&
-      ops == m.measured_ops[ordinal])
+      (ops == m.measured_ops[ordinal] || !found_before))
     return false;
+  if (m.first_try_ns[ordinal] == 0) m.first_try_ns[ordinal] = now;
   m.measured_ns[ordinal] = now;
   m.measured_ops[ordinal] = ops;
 
   uint64_t held = 0;
   const hook::NvmlProcess r = hook::nvml_process_bytes(d->uuid, static_cast<uint32_t>(getpid()), &held);
   if (r != hook::NvmlProcess::found) {
-    // Not listed: no context on the device yet (nothing to count), or NVML reports host pids
-    // that a PID namespace hides from us. Either way the cap counts allocations only.
-    if (!m.unmeasurable_logged && (r == hook::NvmlProcess::unavailable || d->live_allocations.load() > 0)) {
-      m.unmeasurable_logged = true;
-      log::warn("cuwarden: CUWARDEN_CAP_SCOPE=process: %s; caps count allocations only",
-                r == hook::NvmlProcess::unavailable
-                    ? "NVML (libnvidia-ml.so.1) cannot report this process's memory"
-                    : "NVML does not list this process (a PID namespace?)");
+    // Not listed: the driver lists a context a moment after making it, so charge() asks
+    // again (at most every 10 ms) until it is; a process that holds memory there and is
+    // still not listed after kGiveUpNs is hidden from NVML (it reports host pids, which a PID
+    // namespace hides): then, as without NVML, the cap counts allocations only.
+    const bool give_up = r == hook::NvmlProcess::unavailable ||
+                         (d->live_allocations.load(std::memory_order_relaxed) > 0 &&
+                          now - m.first_try_ns[ordinal] > kGiveUpNs);
+    if (give_up) {
+      unmeasured_.fetch_and(~(1u << ordinal), std::memory_order_relaxed);
+      if (!m.unmeasurable_logged) {
+        m.unmeasurable_logged = true;
+        log::warn("cuwarden: CUWARDEN_CAP_SCOPE=process: %s; caps count allocations only",
+                  r == hook::NvmlProcess::unavailable
+                      ? "NVML (libnvidia-ml.so.1) cannot report this process's memory"
+                      : "NVML does not list this process (a PID namespace?)");
+      }
+    } else {
+      unmeasured_.fetch_or(1u << ordinal, std::memory_order_relaxed);
     }
     return false;
   }
-  uint64_t up = 0, down = 0;
+  unmeasured_.fetch_and(~(1u << ordinal), std::memory_order_relaxed);
+  uint64_t up = 0, down = 0, allocations = 0, context = 0;
   {
     std::lock_guard<spin_lock> l(mu_);
-    const uint64_t allocations = d->reserved.load(std::memory_order_relaxed);
-    const uint64_t context = held > allocations ? held - allocations : 0;
+    allocations = d->reserved.load(std::memory_order_relaxed);
+    context = held > allocations ? held - allocations : 0;
     const uint64_t old = d->context_bytes.load(std::memory_order_relaxed);
     if (context > old) force_charge_locked(*d, up = context - old);
     else if (context < old) uncharge_locked(*d, down = old - context);
@@ -66,10 +79,23 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
   }
   if (up) job_force_charge(ordinal, up);
   if (down) job_uncharge(ordinal, down);
-  if (up || down)
-    log::debug("cuwarden: device %d: the driver holds %llu bytes beyond allocations (counted in the cap)", ordinal,
-               static_cast<unsigned long long>(d->context_bytes.load(std::memory_order_relaxed)));
+  log::debug("cuwarden: device %d: NVML %llu bytes, allocations %llu: %llu beyond them counted in the cap", ordinal,
+             static_cast<unsigned long long>(held), static_cast<unsigned long long>(allocations),
+             static_cast<unsigned long long>(context));
   return down != 0;
+}
+
+CUW_COLD bool Tracker::context_grew_past_cap(ring::DeviceSlot& d, int ordinal) noexcept {
+  // Every allocation near the cap changes the counts: the time alone bounds the queries.
+  {
+    ContextMeasures& m = *context_measures_;
+    std::lock_guard<std::mutex> lk(m.mu);
+    if (m.measured_ns[ordinal] != 0 && mono_ns() - m.measured_ns[ordinal] < kMinIntervalNs) return false;
+  }
+  measure_context(ordinal, true);
+  std::lock_guard<spin_lock> l(mu_);
+  const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+  return limit != ring::kNoLimit && d.used.load(std::memory_order_relaxed) > limit;
 }
 
 }  // namespace cuw::core

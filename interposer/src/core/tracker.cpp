@@ -133,6 +133,7 @@ Tracker::Tracker() : config_(load_config()) {
     config_.limit = LimitSpec{};
     job_slot_ = -1;
   }
+  process_scope_ = config_.cap_scope_process;
   fast_clock::init(config_.clock);
   create_ring();
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
@@ -311,9 +312,10 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
 
 CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
                                         bool assumed, bool quiet) {
-  if (__builtin_expect(unmeasured_.load(std::memory_order_relaxed) >> ordinal & 1, 0)) measure_context(ordinal, true);
+  if (__builtin_expect(unmeasured_.load(std::memory_order_relaxed) >> ordinal & 1, 0)) measure_context(ordinal, false);
   const int g = job_gpu(ordinal);
   bool over = false;
+  bool near = false;
   {
     std::lock_guard<spin_lock> lk(mu_);
     const uint64_t limit = d.limit.load(std::memory_order_relaxed);
@@ -324,7 +326,14 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
       // In a job the peak waits for the job's answer: a refused request never was held.
       if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
         d.peak.store(used + bytes, std::memory_order_relaxed);
+      near = __builtin_expect(process_scope_, 0) && near_cap(limit, used + bytes);
     }
+  }
+  if (__builtin_expect(near, 0) && context_grew_past_cap(d, ordinal)) {
+    // The context had grown (a module loaded since it was measured) and this allocation
+    // would take the process past its cap: taken back, and the test made again.
+    uncharge(d, bytes);
+    return charge(d, ordinal, bytes, api, assumed, quiet);
   }
   if (__builtin_expect(over, 0)) {
     // Counting the context: its figure may be stale (a context destroyed, memory the driver

@@ -310,6 +310,14 @@ class Tracker {
   /// after a context is made or destroyed, before an allocation is refused, and by
   /// cuMemGetInfo. Thread-safe; without lock() held; cold (one NVML query, about 0.1-1 ms).
   bool measure_context(int ordinal, bool force) noexcept;
+  /// Whether `used` is close enough to `limit` (kNoLimit: never) that the context's figure
+  /// must be current: within an eighth of the cap, or 512 MiB, whichever is more (more than
+  /// a library's modules load at once).
+  static bool near_cap(uint64_t limit, uint64_t used) noexcept {
+    if (limit == ring::kNoLimit) return false;
+    const uint64_t margin = std::max<uint64_t>(limit / 8, 512ULL << 20);
+    return used + margin > limit;
+  }
 
   /// The allocation backend chosen at start (backends/backend.hpp), in the hot line: the
   /// hooks dispatch on it. nullptr until the first hook that needs it started it
@@ -359,6 +367,9 @@ class Tracker {
   /// charge()'s refusal by the process cap (lock() not held): the context check, the count
   /// and the event.
   Charge refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api, bool assumed);
+  /// charge()'s check near the cap under CUWARDEN_CAP_SCOPE=process: the context measured
+  /// (at most every 10 ms), and whether `d`'s used now passes its cap (cap_scope.cpp).
+  bool context_grew_past_cap(ring::DeviceSlot& d, int ordinal) noexcept;
   using ctx_get_device_fn = CUresult (*)(CUdevice*);
   ctx_get_device_fn resolve_ctx_get_device() noexcept;
   void job_uncharge_slow(int job_gpu, uint64_t bytes) noexcept;
@@ -390,12 +401,13 @@ class Tracker {
   alignas(64) spin_lock mu_;
   std::atomic<bool> single_device_{false};  ///< the process sees one device (allocation_device)
   std::atomic<bool> pooling_{false};        ///< backend_ pools (set after it, with release)
+  bool process_scope_ = false;              ///< CUWARDEN_CAP_SCOPE=process (fixed at construction)
   std::atomic<uint32_t> filled_{0};         ///< bit i: devices[i] is filled (device())
   static_assert(ring::kMaxDevices <= 32, "filled_ holds one bit per device");
   uint32_t slot_count_ = 0;
   int job_slot_ = -1;
-  /// CUWARDEN_CAP_SCOPE=process: bit i, device i has a row but its context was not measured
-  /// yet (charge() measures it first). Always 0 otherwise.
+  /// CUWARDEN_CAP_SCOPE=process: bit i, device i has a row but NVML has not reported its
+  /// context yet (charge() asks it first, at most every 10 ms). Always 0 otherwise.
   std::atomic<uint32_t> unmeasured_{0};
   ring::RingHeader* header_ = nullptr;
   /// The ring's write position: only this process writes it, under lock(), so the producer
@@ -418,6 +430,7 @@ class Tracker {
     std::mutex mu;                                  ///< serializes measure_context
     uint64_t measured_ns[ring::kMaxDevices] = {};   ///< CLOCK_MONOTONIC of the last measurement
     uint64_t measured_ops[ring::kMaxDevices] = {};  ///< alloc_count + free_count then
+    uint64_t first_try_ns[ring::kMaxDevices] = {};  ///< CLOCK_MONOTONIC of the first try
     bool unmeasurable_logged = false;
   };
   std::unique_ptr<ContextMeasures> context_measures_ = std::make_unique<ContextMeasures>();  ///< never null
