@@ -34,7 +34,7 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
   std::lock_guard<std::mutex> lk(m.mu);
   const uint64_t now = mono_ns();
   const uint64_t ops = d->alloc_count.load(std::memory_order_relaxed) + d->free_count.load(std::memory_order_relaxed);
-  const bool found_before = !(unmeasured_.load(std::memory_order_relaxed) >> ordinal & 1) && m.measured_ns[ordinal] != 0;
+  const bool found_before = !(filled_.load(std::memory_order_relaxed) >> (kUnmeasured + ordinal) & 1) && m.measured_ns[ordinal] != 0;
   if (!force && m.measured_ns[ordinal] != 0 && now - m.measured_ns[ordinal] < kMinIntervalNs &&
       (ops == m.measured_ops[ordinal] || !found_before))
     return false;
@@ -53,7 +53,7 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
                          (d->live_allocations.load(std::memory_order_relaxed) > 0 &&
                           now - m.first_try_ns[ordinal] > kGiveUpNs);
     if (give_up) {
-      unmeasured_.fetch_and(~(1u << ordinal), std::memory_order_relaxed);
+      filled_.fetch_and(~(1u << (kUnmeasured + ordinal)), std::memory_order_relaxed);
       if (!m.unmeasurable_logged) {
         m.unmeasurable_logged = true;
         log::warn("cuwarden: CUWARDEN_CAP_SCOPE=process: %s; caps count allocations only",
@@ -62,11 +62,11 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
                       : "NVML does not list this process (a PID namespace?)");
       }
     } else {
-      unmeasured_.fetch_or(1u << ordinal, std::memory_order_relaxed);
+      filled_.fetch_or(1u << (kUnmeasured + ordinal), std::memory_order_relaxed);
     }
     return false;
   }
-  unmeasured_.fetch_and(~(1u << ordinal), std::memory_order_relaxed);
+  filled_.fetch_and(~(1u << (kUnmeasured + ordinal)), std::memory_order_relaxed);
   uint64_t up = 0, down = 0, allocations = 0, context = 0;
   {
     std::lock_guard<spin_lock> l(mu_);

@@ -290,7 +290,7 @@ CUW_COLD ring::DeviceSlot* Tracker::fill_device_once(int ordinal) {
   }
   // Measured later, by charge() or a context's retain: here an allocation that has reached
   // the driver may not be counted yet, and NVML's figure would count it twice.
-  if (filled && config_.cap_scope_process) unmeasured_.fetch_or(1u << ordinal, std::memory_order_relaxed);
+  if (filled && config_.cap_scope_process) filled_.fetch_or(1u << (kUnmeasured + ordinal), std::memory_order_relaxed);
   return &d;
 }
 
@@ -312,7 +312,7 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
 
 CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
                                         bool assumed, bool quiet) {
-  if (__builtin_expect(unmeasured_.load(std::memory_order_relaxed) >> ordinal & 1, 0)) measure_context(ordinal, false);
+  if (__builtin_expect(filled_.load(std::memory_order_relaxed) >> (kUnmeasured + ordinal) & 1, 0)) measure_context(ordinal, false);
   const int g = job_gpu(ordinal);
   bool over = false;
   bool near = false;

@@ -402,13 +402,15 @@ class Tracker {
   std::atomic<bool> single_device_{false};  ///< the process sees one device (allocation_device)
   std::atomic<bool> pooling_{false};        ///< backend_ pools (set after it, with release)
   bool process_scope_ = false;              ///< CUWARDEN_CAP_SCOPE=process (fixed at construction)
-  std::atomic<uint32_t> filled_{0};         ///< bit i: devices[i] is filled (device())
-  static_assert(ring::kMaxDevices <= 32, "filled_ holds one bit per device");
+  /// Bit i: devices[i] is filled (device()). Bit kUnmeasured + i, under
+  /// CUWARDEN_CAP_SCOPE=process: device i has a row but NVML has not reported its context yet
+  /// (charge() asks it first, at most every 10 ms); in the same word, so that the hot line
+  /// keeps its size.
+  std::atomic<uint32_t> filled_{0};
+  static constexpr unsigned kUnmeasured = 16;
+  static_assert(ring::kMaxDevices <= kUnmeasured, "filled_ holds two bits per device");
   uint32_t slot_count_ = 0;
   int job_slot_ = -1;
-  /// CUWARDEN_CAP_SCOPE=process: bit i, device i has a row but NVML has not reported its
-  /// context yet (charge() asks it first, at most every 10 ms). Always 0 otherwise.
-  std::atomic<uint32_t> unmeasured_{0};
   ring::RingHeader* header_ = nullptr;
   /// The ring's write position: only this process writes it, under lock(), so the producer
   /// keeps its own copy and never reads the shared header's (a line the daemon reads).
