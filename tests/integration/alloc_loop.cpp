@@ -5,6 +5,8 @@
 //   free             -> "freed N"                       (frees everything it holds)
 //   grow MIB         -> "grown" | "error N"             (the driver's own memory for the
 //                                                        context grows: fakecuda_context_grow)
+//   release          -> "released" | "error N"          (the last reference to device 0's
+//                                                        primary context: it goes, with its memory)
 // Prints "ready PID" once a context exists; exits 0 at EOF.
 #include <cuda.h>
 #include <unistd.h>
@@ -60,6 +62,14 @@ int main() {
       const CUresult r = fakecuda_context_grow(static_cast<size_t>(mib) << 20);
       if (r == CUDA_SUCCESS) std::printf("grown\n");
       else std::printf("error %d\n", static_cast<int>(r));
+    } else if (n >= 1 && std::strcmp(cmd, "release") == 0) {
+      const CUresult r = cuDevicePrimaryCtxRelease(dev);
+      if (r == CUDA_SUCCESS) {
+        held.clear();  // freed by the driver with the context
+        std::printf("released\n");
+      } else {
+        std::printf("error %d\n", static_cast<int>(r));
+      }
     } else if (n >= 1 && std::strcmp(cmd, "free") == 0) {
       for (auto& [dd, p] : held) cuMemFree(p);
       std::printf("freed %zu\n", held.size());

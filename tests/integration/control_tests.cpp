@@ -803,6 +803,14 @@ TEST_CASE("control.cap_scope_process_counts_the_context_and_modules") {
   CHECK(device_of(b.pid)["used_bytes"] == 600 * kMiB);
   CHECK(b.say("alloc 424") == "ok");  // 400 + 624 = 1024
   CHECK(b.say("alloc 1") == "refused");
+
+  // The context goes (its last reference released), and its memory with it: nothing is
+  // counted any more, the context's share included.
+  CHECK(b.say("release") == "released");
+  REQUIRE(wait_until([&] {
+    const json dev = device_of(b.pid);
+    return dev.value("used_bytes", uint64_t{1}) == 0 && dev.value("context_bytes", uint64_t{1}) == 0;
+  }));
   CHECK(b.finish() == 0);
 
   // A bad value is a configuration error (exit 78), as for every variable.

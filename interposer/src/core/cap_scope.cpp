@@ -3,8 +3,9 @@
 // allocations to pages), as HAMi-core and the driver-level limits do: the sum of the caps
 // on a GPU is then what its processes hold. The figure is NVML's per-process one (what
 // nvidia-smi shows) minus the bytes the process's allocations reserve; it is measured when
-// a context is made or destroyed, before an allocation is refused, and on cuMemGetInfo, and
-// kept in the device's context_bytes, inside `used`.
+// a context is retained or destroyed, before the first charge on a device, when an
+// allocation comes near the cap, before one is refused, and on cuMemGetInfo, and kept in the
+// device's context_bytes, inside `used`.
 #include <time.h>
 #include <unistd.h>
 
@@ -64,7 +65,19 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
     } else {
       filled_.fetch_or(1u << (kUnmeasured + ordinal), std::memory_order_relaxed);
     }
-    return false;
+    // Not listed and holding nothing there: no context on the device any more (destroyed),
+    // so nothing of the driver's is counted either.
+    uint64_t down = 0;
+    if (r == hook::NvmlProcess::not_listed) {
+      std::lock_guard<spin_lock> l(mu_);
+      if (d->reserved.load(std::memory_order_relaxed) == 0) {
+        down = d->context_bytes.load(std::memory_order_relaxed);
+        if (down) uncharge_locked(*d, down);
+        d->context_bytes.store(0, std::memory_order_relaxed);
+      }
+    }
+    if (down) job_uncharge(ordinal, down);
+    return down != 0;
   }
   filled_.fetch_and(~(1u << (kUnmeasured + ordinal)), std::memory_order_relaxed);
   uint64_t up = 0, down = 0, allocations = 0, context = 0;
