@@ -22,10 +22,18 @@ endif()
 
 set(CUW_BINDIR "${_prefix}/${CUW_BINDIR_REL}")
 set(CUW_SYSCONFDIR "${_sysconfdir}")
-configure_file("${CUW_SOURCE_DIR}/systemd/cuwardend.service.in" "${CUW_BINARY_DIR}/cuwardend.service" @ONLY)
-
-file(INSTALL "${CUW_BINARY_DIR}/cuwardend.service" DESTINATION "${_unitdir}"
+# Written to a directory of this install's own (not the build tree, which a root install
+# would leave root-owned for the next one).
+string(RANDOM LENGTH 8 _tag)
+set(_tmp "$ENV{TMPDIR}")
+if(NOT _tmp)
+  set(_tmp "/tmp")
+endif()
+set(_unit_dir "${_tmp}/cuwarden-install-${_tag}")
+configure_file("${CUW_SOURCE_DIR}/systemd/cuwardend.service.in" "${_unit_dir}/cuwardend.service" @ONLY)
+file(INSTALL "${_unit_dir}/cuwardend.service" DESTINATION "${_unitdir}"
      FILE_PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+file(REMOVE_RECURSE "${_unit_dir}")
 file(INSTALL "${CUW_SOURCE_DIR}/tmpfiles/cuwarden.conf" DESTINATION "${_tmpfilesdir}"
      FILE_PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
 # An administrator's edited policy is kept: the example goes in only where there is none.

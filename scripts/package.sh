@@ -21,7 +21,12 @@ for tool in dpkg-deb dpkg-shlibdeps dpkg-gencontrol lintian; do
   command -v "$tool" >/dev/null || { echo "package: $tool not found (scripts/setup.sh installs it)" >&2; exit 1; }
 done
 if [[ ! -x $BUILD/bin/cuwarden ]]; then
-  BUILD_DIR=$BUILD scripts/build.sh
+  if [[ $BUILD == build ]]; then
+    scripts/build.sh
+  else
+    echo "package: no build in $BUILD (scripts/build.sh makes build/)" >&2
+    exit 1
+  fi
 fi
 VERSION=$("$BUILD/bin/cuwarden" --version | awk '{print $2}')-1
 ARCH=$(dpkg --print-architecture)
@@ -38,7 +43,8 @@ DOC=$ROOT/usr/share/doc/cuwarden
 install -d "$DOC" "$ROOT/usr/share/lintian/overrides" "$ROOT/DEBIAN"
 gzip -9n "$ROOT"/usr/share/man/man1/*.1
 install -m 644 packaging/debian/copyright "$DOC/copyright"
-sed -e "s/@VERSION@/$VERSION/" -e "s|@MAINTAINER@|$MAINTAINER|" \
+esc() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }  # for a sed replacement between |
+sed -e "s/@VERSION@/$VERSION/" -e "s|@MAINTAINER@|$(esc "$MAINTAINER")|" \
     -e "s/@DATE@/$(date -R -d "@$(git log -1 --format=%ct 2>/dev/null || date +%s)")/" \
     packaging/debian/changelog.in | gzip -9n >"$DOC/changelog.Debian.gz"
 install -m 644 packaging/debian/lintian-overrides "$ROOT/usr/share/lintian/overrides/cuwarden"
@@ -48,12 +54,14 @@ for s in postinst prerm postrm; do install -m 755 "packaging/debian/$s" "$ROOT/D
 # Control data, from a throwaway source tree for the dpkg tools.
 SRC=$WORK/src
 install -d "$SRC/debian"
-sed "s|@MAINTAINER@|$MAINTAINER|" packaging/debian/control >"$SRC/debian/control"
+sed "s|@MAINTAINER@|$(esc "$MAINTAINER")|" packaging/debian/control >"$SRC/debian/control"
 zcat "$DOC/changelog.Debian.gz" >"$SRC/debian/changelog"
 mapfile -t elves < <(cd "$ROOT" && find usr -type f \( -path 'usr/bin/*' -o -name '*.so' \) | sort)
 (cd "$SRC" && dpkg-shlibdeps -T"$WORK/substvars" "${elves[@]/#/$ROOT/}")
 (cd "$SRC" && dpkg-gencontrol -pcuwarden -T"$WORK/substvars" -P"$ROOT" -f"$WORK/files" -Vmisc:Depends=)
-(cd "$ROOT" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0'  | sort -z | xargs -0 md5sum) >"$ROOT/DEBIAN/md5sums"
+# md5sums: every file but the conffiles, which dpkg checks on its own (as dh_md5sums does).
+(cd "$ROOT" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
+  >"$ROOT/DEBIAN/md5sums"
 chmod 644 "$ROOT/DEBIAN/md5sums" "$ROOT/DEBIAN/conffiles" "$ROOT/DEBIAN/control"
 
 mkdir -p "$OUT"

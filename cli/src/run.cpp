@@ -94,6 +94,15 @@ int cmd_run(const RunOptions& o) {
                  tried.c_str());
     return kExitFailure;
   }
+  // The dynamic loader splits LD_PRELOAD at spaces and colons: such a path would be ignored
+  // (a warning from ld.so) and the program would run uncapped.
+  if (lib.find_first_of(" \t:") != std::string::npos) {
+    std::fprintf(stderr,
+                 "cuwarden run: %s: the dynamic loader cannot preload a path with a space or a colon; "
+                 "install or copy libcuwarden.so where its path has none, and pass --lib\n",
+                 lib.c_str());
+    return kExitFailure;
+  }
 
   if (!o.limit.empty()) setenv("CUWARDEN_LIMIT", o.limit.c_str(), 1);
   if (!o.job.empty()) setenv("CUWARDEN_JOB", o.job.c_str(), 1);

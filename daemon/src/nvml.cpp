@@ -21,7 +21,7 @@ struct nvmlPciInfo_t {
   unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
   char busId[32];
 };
-struct nvmlProcessInfo_t {  // v2 and v3 layout
+struct nvmlProcessInfo_t {  // nvmlProcessInfo_v2_t (and v3 where it has not grown)
   unsigned int pid;
   unsigned long long usedGpuMemory;
   unsigned int gpuInstanceId, computeInstanceId;
@@ -57,8 +57,10 @@ Nvml::Nvml(bool enabled, const std::string& path) {
              sym(api_->uuid, "nvmlDeviceGetUUID") && sym(api_->name, "nvmlDeviceGetName") &&
              sym(api_->memory, "nvmlDeviceGetMemoryInfo");
   if (!sym(api_->pci, "nvmlDeviceGetPciInfo_v3")) sym(api_->pci, "nvmlDeviceGetPciInfo_v2");
-  if (!sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v3"))
-    sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v2");
+  // _v2 first: its entries are 24 bytes on every driver, where _v3's grew to 32 on some
+  // (R535 adds usedGpuCcProtectedMemory), which this layout would misread.
+  if (!sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v2"))
+    sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v3");
   ok_ = all && api_->init() == kNvmlSuccess;
 }
 

@@ -218,6 +218,17 @@ TEST_CASE("cli.run_rejects_bad_input_before_exec") {
     CHECK(r.status == 2);
     CHECK(contains(r.err, "cuwarden run: "));
   }
+  // A library path the dynamic loader would split (the program would run uncapped).
+  {
+    TempDir dir;
+    const std::string odd = dir / "my tools";
+    ::mkdir(odd.c_str(), 0755);
+    const std::string copy = odd + "/libcuwarden.so";
+    REQUIRE(std::system(("cp '" + lib + "' '" + copy + "'").c_str()) == 0);
+    CmdResult r = cli({"run", "--lib", copy, "--", "true"});
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "cannot preload a path with a space or a colon"));
+  }
   // What is not in this build is refused up front, saying so.
   for (const auto& args : std::vector<std::vector<std::string>>{{"--pool", "vmm", "--", "true"},
                                                                  {"--callsites", "8", "--", "true"}}) {

@@ -875,3 +875,31 @@ TEST_CASE("control.table_shows_what_of_the_drivers_figure_lies_outside_the_cap")
   CHECK(contains(r.out, std::to_string(a.pid) + ", 4096 MiB, 4608 MiB, 512 MiB, 0 MiB, allocations"));
   CHECK(contains(r.out, std::to_string(b.pid) + ", 4608 MiB, 4616 MiB, 8 MiB, 512 MiB, process"));
 }
+
+TEST_CASE("control.cap_scope_process_counts_the_context_in_the_job") {
+  SharedDir dir;
+  Daemon d(dir);
+  AllocLoop a({"CUWARDEN_RUN_DIR=" + d.run_dir, "CUWARDEN_FAKE_MEMORY=4G", "CUWARDEN_FAKE_CONTEXT_MEMORY=300M",
+               "CUWARDEN_CAP_SCOPE=process", "CUWARDEN_JOB=cs", "CUWARDEN_JOB_LIMIT=1G"});
+  auto job_used = [&] {
+    json st = d.state();
+    return st["jobs"].empty() || st["jobs"][0]["gpus"].empty() ? json() : st["jobs"][0]["gpus"][0]["used_bytes"];
+  };
+  // The job's share holds the context too: 300 + 600, then 200 more would pass the job's cap.
+  CHECK(a.say("alloc 600") == "ok");
+  CHECK(a.say("alloc 200") == "refused");
+  REQUIRE(wait_until([&] { return job_used() == json(900 * kMiB); }));
+
+  // A module loaded since: measured as the allocation comes near the job's cap.
+  CHECK(a.say("grow 100") == "grown");
+  usleep(20000);  // near a cap the context is measured at most every 10 ms
+  CHECK(a.say("alloc 100") == "refused");  // 400 + 600 + 100 > 1024
+  REQUIRE(wait_until([&] { return job_used() == json(1000 * kMiB); }));
+  CHECK(a.say("alloc 24") == "ok");  // 1024 exactly
+
+  // What was freed leaves the job's share as it leaves the process's: no drift either way.
+  CHECK(a.say("free") == "freed 2");
+  REQUIRE(wait_until([&] { return job_used() == json(400 * kMiB); }));
+  CHECK(d.process(static_cast<uint32_t>(a.pid))["devices"][0]["used_bytes"] == 400 * kMiB);
+  CHECK(a.finish() == 0);
+}

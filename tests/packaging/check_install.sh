@@ -30,7 +30,7 @@ for f in bin/cuwarden bin/cuwardend lib/systemd/system/cuwardend.service lib/tmp
   [[ -e $P/$f ]] || fail "not installed: $f"
 done
 [[ $(stat -c %a "$lib") == 644 ]] || fail "library mode $(stat -c %a "$lib"), want 644"
-grep -qx "ExecStart=$P/bin/cuwardend --config $P/etc/cuwarden/cuwarden.toml" "$P/lib/systemd/system/cuwardend.service" \
+grep -qx "ExecStart=\"$P/bin/cuwardend\" --config \"$P/etc/cuwarden/cuwarden.toml\"" "$P/lib/systemd/system/cuwardend.service" \
   || fail "unit's ExecStart does not name this prefix: $(grep ExecStart "$P/lib/systemd/system/cuwardend.service")"
 for bad in RuntimeDirectory PrivateDevices DynamicUser ProtectProc; do
   ! grep -q "^$bad=" "$P/lib/systemd/system/cuwardend.service" || fail "unit sets $bad="
@@ -65,7 +65,7 @@ out=$(printf 'alloc 48\nalloc 32\nalloc 8\n' |
 echo "ok: installed cuwarden run --limit 64M caps the program ($out)"
 
 start_daemon() {  # policy file
-  "$P/bin/cuwardend" --config "$1" --run-dir "$T/run" --no-nvml >"$T/d.log" 2>&1 &
+  "$P/bin/cuwardend" --config "$1" --run-dir "$T/run" --no-nvml >>"$T/d.log" 2>&1 &
   DAEMON_PID=$!
   for _ in $(seq 1 100); do
     [[ -S $T/run/cuwardend.sock ]] && return 0
@@ -85,9 +85,11 @@ echo "ok: cuwardend starts on the example policy, as shipped and uncommented"
 
 if command -v systemd-tmpfiles >/dev/null; then
   systemd-tmpfiles --create --root="$T/root" "$P/lib/tmpfiles.d/cuwarden.conf"
-  [[ $(stat -c '%a %U' "$T/root/dev/shm/cuwarden") == "1777 root" || $(id -u) != 0 ]] \
-    || fail "tmpfiles made $(stat -c '%a %U' "$T/root/dev/shm/cuwarden")"
-  echo "ok: tmpfiles creates /dev/shm/cuwarden 1777"
+  want="1777 root"
+  [[ $(id -u) == 0 ]] || want="1777 $(id -un)"  # only root can give it to root
+  [[ $(stat -c '%a %U' "$T/root/dev/shm/cuwarden") == "$want" ]] \
+    || fail "tmpfiles made $(stat -c '%a %U' "$T/root/dev/shm/cuwarden"), want $want"
+  echo "ok: tmpfiles creates /dev/shm/cuwarden ($want)"
 else
   echo "skip: systemd-tmpfiles not installed"
 fi

@@ -28,7 +28,7 @@ for f in /usr/bin/cuwarden /usr/bin/cuwardend '/usr/lib/[^/]+/cuwarden/libcuward
 done
 ! grep -q '^/dev' "$T/files" || fail "the package ships files under /dev"
 unit=$(grep 'systemd/system/cuwardend.service$' "$T/files")
-dpkg-deb --fsys-tarfile "$deb" | tar -xO ".$unit" | grep -qx 'ExecStart=/usr/bin/cuwardend --config /etc/cuwarden/cuwarden.toml' \
+dpkg-deb --fsys-tarfile "$deb" | tar -xO ".$unit" | grep -qx 'ExecStart="/usr/bin/cuwardend" --config "/etc/cuwarden/cuwarden.toml"' \
   || fail "the unit's ExecStart is not /usr/bin/cuwardend"
 [[ $(dpkg-deb -f "$deb" Package) == cuwarden ]] || fail "Package field"
 [[ $(dpkg-deb -f "$deb" Depends) == *libc6* ]] || fail "Depends lacks libc6: $(dpkg-deb -f "$deb" Depends)"
@@ -50,9 +50,21 @@ if [[ ${CUWARDEN_TEST_DPKG:-0} != 1 ]]; then
 fi
 [[ $(id -u) == 0 ]] || fail "CUWARDEN_TEST_DPKG=1 needs root"
 ! dpkg-query -W cuwarden >/dev/null 2>&1 || fail "cuwarden is already installed here; not touching it"
+# The run directory as on a machine that never had it (the postinst makes it), put back after.
+aside=""
+if [[ -e /dev/shm/cuwarden ]]; then
+  aside=/dev/shm/cuwarden.aside.$$
+  mv /dev/shm/cuwarden "$aside"
+fi
+restore() {
+  dpkg -P cuwarden >/dev/null 2>&1 || true
+  if [[ -n $aside ]]; then rm -rf /dev/shm/cuwarden; mv "$aside" /dev/shm/cuwarden; fi
+  rm -rf "$T"
+}
+trap restore EXIT
 dpkg -i "$deb" >"$T/dpkg.log" 2>&1 || { cat "$T/dpkg.log"; fail "dpkg -i"; }
-trap 'dpkg -P cuwarden >/dev/null 2>&1 || true; rm -rf "$T"' EXIT
-[[ -d /dev/shm/cuwarden && $(stat -c %a /dev/shm/cuwarden) == 1777 ]] || fail "postinst did not create /dev/shm/cuwarden 1777"
+[[ -d /dev/shm/cuwarden && ! -L /dev/shm/cuwarden && $(stat -c '%a %U' /dev/shm/cuwarden) == "1777 root" ]] \
+  || fail "postinst did not create /dev/shm/cuwarden 1777 root"
 out=$(printf 'alloc 48\nalloc 32\n' | env -u CUWARDEN_LIB LD_LIBRARY_PATH="$FAKECUDA" CUWARDEN_FAKE_DEVICES=1 \
       CUWARDEN_FAKE_MEMORY=1G CUWARDEN_RUN_DIR="$T/run" cuwarden run --limit 64M -- "$ALLOC_LOOP" | tr '\n' ' ')
 [[ $out == "ready "*" ok refused " ]] || fail "installed package: '$out'"

@@ -28,47 +28,37 @@ constexpr uint64_t kGiveUpNs = 2'000'000'000ULL;    // 2 s of a process NVML doe
 }  // namespace
 
 CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
-  if (!config_.cap_scope_process) return false;
+  if (!process_scope_.load(std::memory_order_relaxed) || exiting()) return false;  // NVML may be gone at exit
   ring::DeviceSlot* d = device_if_filled(ordinal);
   if (!d) return false;
   ContextMeasures& m = *context_measures_;
   std::lock_guard<std::mutex> lk(m.mu);
   const uint64_t now = mono_ns();
-  const uint64_t ops = d->alloc_count.load(std::memory_order_relaxed) + d->free_count.load(std::memory_order_relaxed);
-  const bool found_before = !(filled_.load(std::memory_order_relaxed) >> (kUnmeasured + ordinal) & 1) && m.measured_ns[ordinal] != 0;
-  if (!force && m.measured_ns[ordinal] != 0 && now - m.measured_ns[ordinal] < kMinIntervalNs &&
-      (ops == m.measured_ops[ordinal] || !found_before))
-    return false;
+  if (!force && m.measured_ns[ordinal] != 0 && now - m.measured_ns[ordinal] < kMinIntervalNs) return false;
   if (m.first_try_ns[ordinal] == 0) m.first_try_ns[ordinal] = now;
   m.measured_ns[ordinal] = now;
-  m.measured_ops[ordinal] = ops;
 
   uint64_t held = 0;
   const hook::NvmlProcess r = hook::nvml_process_bytes(d->uuid, static_cast<uint32_t>(getpid()), &held);
   if (r != hook::NvmlProcess::found) {
     // Not listed: the driver lists a context a moment after making it, so charge() asks
-    // again (at most every 10 ms) until it is; a process that holds memory there and is
+    // again (at most every 10 ms) until it is. A process that holds memory there and is
     // still not listed after kGiveUpNs is hidden from NVML (it reports host pids, which a PID
-    // namespace hides): then, as without NVML, the cap counts allocations only.
-    const bool give_up = r == hook::NvmlProcess::unavailable ||
-                         (d->live_allocations.load(std::memory_order_relaxed) > 0 &&
-                          now - m.first_try_ns[ordinal] > kGiveUpNs);
-    if (give_up) {
-      filled_.fetch_and(~(1u << (kUnmeasured + ordinal)), std::memory_order_relaxed);
-      if (!m.unmeasurable_logged) {
-        m.unmeasurable_logged = true;
-        log::warn("cuwarden: CUWARDEN_CAP_SCOPE=process: %s; caps count allocations only",
-                  r == hook::NvmlProcess::unavailable
-                      ? "NVML (libnvidia-ml.so.1) cannot report this process's memory"
-                      : "NVML does not list this process (a PID namespace?)");
-      }
-    } else {
-      filled_.fetch_or(1u << (kUnmeasured + ordinal), std::memory_order_relaxed);
+    // namespace hides): then it counts allocations only, as the ring then says.
+    const bool hidden = r == hook::NvmlProcess::unavailable ||
+                        (d->live_allocations.load(std::memory_order_relaxed) > 0 &&
+                         now - m.first_try_ns[ordinal] > kGiveUpNs);
+    if (hidden) {
+      fall_back_to_allocations(r == hook::NvmlProcess::unavailable
+                                   ? "NVML cannot report this process's memory"
+                                   : "NVML does not list this process (a PID namespace hides it?)");
+      return false;
     }
+    filled_.fetch_or(1u << (kUnmeasured + ordinal), std::memory_order_relaxed);
     // Not listed and holding nothing there: no context on the device any more (destroyed),
     // so nothing of the driver's is counted either.
     uint64_t down = 0;
-    if (r == hook::NvmlProcess::not_listed) {
+    {
       std::lock_guard<spin_lock> l(mu_);
       if (d->reserved.load(std::memory_order_relaxed) == 0) {
         down = d->context_bytes.load(std::memory_order_relaxed);
@@ -80,11 +70,14 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
     return down != 0;
   }
   filled_.fetch_and(~(1u << (kUnmeasured + ordinal)), std::memory_order_relaxed);
-  uint64_t up = 0, down = 0, allocations = 0, context = 0;
+  // An allocation of another thread between its driver call and its count is in NVML's
+  // figure and not yet in `reserved`: counted here too until the next measurement (bounded
+  // by what is in flight during the query).
+  uint64_t up = 0, down = 0;
   {
     std::lock_guard<spin_lock> l(mu_);
-    allocations = d->reserved.load(std::memory_order_relaxed);
-    context = held > allocations ? held - allocations : 0;
+    const uint64_t allocations = d->reserved.load(std::memory_order_relaxed);
+    const uint64_t context = held > allocations ? held - allocations : 0;
     const uint64_t old = d->context_bytes.load(std::memory_order_relaxed);
     if (context > old) force_charge_locked(*d, up = context - old);
     else if (context < old) uncharge_locked(*d, down = old - context);
@@ -92,23 +85,21 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
   }
   if (up) job_force_charge(ordinal, up);
   if (down) job_uncharge(ordinal, down);
-  log::debug("cuwarden: device %d: NVML %llu bytes, allocations %llu: %llu beyond them counted in the cap", ordinal,
-             static_cast<unsigned long long>(held), static_cast<unsigned long long>(allocations),
-             static_cast<unsigned long long>(context));
   return down != 0;
 }
 
-CUW_COLD bool Tracker::context_grew_past_cap(ring::DeviceSlot& d, int ordinal) noexcept {
-  // Every allocation near the cap changes the counts: the time alone bounds the queries.
-  {
-    ContextMeasures& m = *context_measures_;
-    std::lock_guard<std::mutex> lk(m.mu);
-    if (m.measured_ns[ordinal] != 0 && mono_ns() - m.measured_ns[ordinal] < kMinIntervalNs) return false;
-  }
-  measure_context(ordinal, true);
-  std::lock_guard<spin_lock> l(mu_);
-  const uint64_t limit = d.limit.load(std::memory_order_relaxed);
-  return limit != ring::kNoLimit && d.used.load(std::memory_order_relaxed) > limit;
+CUW_COLD void Tracker::context_before_charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes) noexcept {
+  bool need = filled_.load(std::memory_order_relaxed) >> (kUnmeasured + ordinal) & 1;
+  if (!need) need = near_cap(d.limit.load(std::memory_order_relaxed), d.used.load(std::memory_order_relaxed) + bytes);
+  uint64_t job_cap = 0, job_used = 0;
+  if (!need && job_view(ordinal, &job_cap, &job_used)) need = near_cap(job_cap, job_used + bytes);
+  if (need) measure_context(ordinal, false);
+}
+
+CUW_COLD void Tracker::fall_back_to_allocations(const char* why) noexcept {
+  if (!process_scope_.exchange(false, std::memory_order_relaxed)) return;
+  header_->cap_scope = static_cast<uint32_t>(ring::CapScope::allocations);
+  log::warn("cuwarden: CUWARDEN_CAP_SCOPE=process: %s; caps count allocations only", why);
 }
 
 }  // namespace cuw::core

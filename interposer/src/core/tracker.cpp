@@ -21,6 +21,7 @@
 #include "cuw/paths.hpp"
 #include "base/fast_clock.hpp"
 #include "base/log.hpp"
+#include "base/nvml_process.hpp"
 #include "base/real.hpp"
 
 namespace cuw::core {
@@ -133,7 +134,16 @@ Tracker::Tracker() : config_(load_config()) {
     config_.limit = LimitSpec{};
     job_slot_ = -1;
   }
-  process_scope_ = config_.cap_scope_process;
+  // NVML loaded now, at the first CUDA call and outside every lock (it takes the loader's).
+  if (config_.cap_scope_process) {
+    if (hook::nvml_prepare()) {
+      process_scope_.store(true, std::memory_order_relaxed);
+    } else {
+      config_.cap_scope_process = false;
+      log::warn("cuwarden: CUWARDEN_CAP_SCOPE=process: NVML (libnvidia-ml.so.1) cannot report this process's "
+                "memory; caps count allocations only");
+    }
+  }
   fast_clock::init(config_.clock);
   create_ring();
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
@@ -194,8 +204,8 @@ void Tracker::create_ring() {
   read_small_file("/proc/self/cmdline", header_->cmdline, sizeof header_->cmdline, true);
   copy_str(header_->job, sizeof header_->job, config_.job);
   copy_str(header_->pool, sizeof header_->pool, config_.pool);
-  header_->cap_scope = static_cast<uint32_t>(config_.cap_scope_process ? ring::CapScope::process
-                                                                       : ring::CapScope::allocations);
+  header_->cap_scope = static_cast<uint32_t>(process_scope_.load(std::memory_order_relaxed) ? ring::CapScope::process
+                                                                                           : ring::CapScope::allocations);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::running), std::memory_order_relaxed);
   ring::init(*header_, slots(), slot_count_);  // publishes the magic last
 }
@@ -290,7 +300,8 @@ CUW_COLD ring::DeviceSlot* Tracker::fill_device_once(int ordinal) {
   }
   // Measured later, by charge() or a context's retain: here an allocation that has reached
   // the driver may not be counted yet, and NVML's figure would count it twice.
-  if (filled && config_.cap_scope_process) filled_.fetch_or(1u << (kUnmeasured + ordinal), std::memory_order_relaxed);
+  if (filled && process_scope_.load(std::memory_order_relaxed))
+    filled_.fetch_or(1u << (kUnmeasured + ordinal), std::memory_order_relaxed);
   return &d;
 }
 
@@ -312,34 +323,31 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
 
 CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
                                         bool assumed, bool quiet) {
-  if (__builtin_expect(filled_.load(std::memory_order_relaxed) >> (kUnmeasured + ordinal) & 1, 0)) measure_context(ordinal, false);
+  // CUWARDEN_CAP_SCOPE=process: the context's figure made current first where it matters (a
+  // device not measured yet, an allocation that comes near a cap), so that the test below
+  // sees it and nothing is charged to be taken back.
+  if (__builtin_expect(process_scope_.load(std::memory_order_relaxed), 0)) context_before_charge(d, ordinal, bytes);
   const int g = job_gpu(ordinal);
   bool over = false;
-  bool near = false;
-  {
-    std::lock_guard<spin_lock> lk(mu_);
-    const uint64_t limit = d.limit.load(std::memory_order_relaxed);
-    const uint64_t used = d.used.load(std::memory_order_relaxed);
-    over = !within(limit, used, bytes);
-    if (!over) {
-      d.used.store(used + bytes, std::memory_order_relaxed);
-      // In a job the peak waits for the job's answer: a refused request never was held.
-      if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
-        d.peak.store(used + bytes, std::memory_order_relaxed);
-      near = __builtin_expect(process_scope_, 0) && near_cap(limit, used + bytes);
+  for (bool measured = false;; measured = true) {
+    {
+      std::lock_guard<spin_lock> lk(mu_);
+      const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+      const uint64_t used = d.used.load(std::memory_order_relaxed);
+      over = !within(limit, used, bytes);
+      if (!over) {
+        d.used.store(used + bytes, std::memory_order_relaxed);
+        // In a job the peak waits for the job's answer: a refused request never was held.
+        if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
+          d.peak.store(used + bytes, std::memory_order_relaxed);
+      }
     }
-  }
-  if (__builtin_expect(near, 0) && context_grew_past_cap(d, ordinal)) {
-    // The context had grown (a module loaded since it was measured) and this allocation
-    // would take the process past its cap: taken back, and the test made again.
-    uncharge(d, bytes);
-    return charge(d, ordinal, bytes, api, assumed, quiet);
+    if (__builtin_expect(!over, 1)) break;
+    // Counting the context: its figure may be stale (memory the driver gave back), so it is
+    // measured once before the answer, and the test made again if it fell.
+    if (measured || !process_scope_.load(std::memory_order_relaxed) || !measure_context(ordinal, false)) break;
   }
   if (__builtin_expect(over, 0)) {
-    // Counting the context: its figure may be stale (a context destroyed, memory the driver
-    // gave back), so it is measured before the answer, and the test made again if it fell.
-    if (config_.cap_scope_process && measure_context(ordinal, false))
-      return charge(d, ordinal, bytes, api, assumed, quiet);
     if (quiet) return assumed && current_device() < 0 ? Charge::no_context : Charge::refused;
     return refuse(d, ordinal, bytes, api, assumed);
   }

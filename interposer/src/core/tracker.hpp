@@ -304,10 +304,11 @@ class Tracker {
   /// `used` (and the job's share), to what the driver holds for this process there beyond
   /// its allocations (the context, its modules, the driver's rounding): NVML's per-process
   /// figure minus the bytes the process's allocations reserve. `force` = false: not again
-  /// within 10 ms on a device where nothing was allocated or freed since (a retry loop). Returns true when the figure went down (room was made). Nothing
-  /// (false) under CUWARDEN_CAP_SCOPE=allocations, for a device without a row, or when NVML
-  /// cannot tell (logged once: no NVML, or a PID namespace hides the process from it). Called
-  /// after a context is made or destroyed, before an allocation is refused, and by
+  /// within 10 ms of the last measurement of the device. Returns true when the figure went down (room was made). Nothing
+  /// (false) under CUWARDEN_CAP_SCOPE=allocations, for a device without a row, at exit, or
+  /// when NVML cannot tell (a PID namespace hides the process from it: then, logged once, the
+  /// process falls back to counting allocations). Called after a context is retained or
+  /// destroyed, from charge() (context_before_charge, and before a refusal), and by
   /// cuMemGetInfo. Thread-safe; without lock() held; cold (one NVML query, about 0.1-1 ms).
   bool measure_context(int ordinal, bool force) noexcept;
   /// Whether `used` is close enough to `limit` (kNoLimit: never) that the context's figure
@@ -367,9 +368,14 @@ class Tracker {
   /// charge()'s refusal by the process cap (lock() not held): the context check, the count
   /// and the event.
   Charge refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api, bool assumed);
-  /// charge()'s check near the cap under CUWARDEN_CAP_SCOPE=process: the context measured
-  /// (at most every 10 ms), and whether `d`'s used now passes its cap (cap_scope.cpp).
-  bool context_grew_past_cap(ring::DeviceSlot& d, int ordinal) noexcept;
+  /// charge()'s first step under CUWARDEN_CAP_SCOPE=process: measure_context when `d` was
+  /// never measured, or when `bytes` more would bring it near its cap or its job's cap
+  /// (near_cap). Without lock() held (cap_scope.cpp).
+  void context_before_charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes) noexcept;
+  /// CUWARDEN_CAP_SCOPE=process given up (NVML cannot see this process): logged once with
+  /// `why`, and the ring says allocations from then on. The context memory already counted
+  /// stays counted (a figure measured before).
+  void fall_back_to_allocations(const char* why) noexcept;
   using ctx_get_device_fn = CUresult (*)(CUdevice*);
   ctx_get_device_fn resolve_ctx_get_device() noexcept;
   void job_uncharge_slow(int job_gpu, uint64_t bytes) noexcept;
@@ -401,7 +407,9 @@ class Tracker {
   alignas(64) spin_lock mu_;
   std::atomic<bool> single_device_{false};  ///< the process sees one device (allocation_device)
   std::atomic<bool> pooling_{false};        ///< backend_ pools (set after it, with release)
-  bool process_scope_ = false;              ///< CUWARDEN_CAP_SCOPE=process (fixed at construction)
+  /// CUWARDEN_CAP_SCOPE=process and NVML can tell (set at construction; cleared, once, if it
+  /// turns out NVML cannot see this process).
+  std::atomic<bool> process_scope_{false};
   /// Bit i: devices[i] is filled (device()). Bit kUnmeasured + i, under
   /// CUWARDEN_CAP_SCOPE=process: device i has a row but NVML has not reported its context yet
   /// (charge() asks it first, at most every 10 ms); in the same word, so that the hot line
@@ -431,9 +439,7 @@ class Tracker {
   struct ContextMeasures {
     std::mutex mu;                                  ///< serializes measure_context
     uint64_t measured_ns[ring::kMaxDevices] = {};   ///< CLOCK_MONOTONIC of the last measurement
-    uint64_t measured_ops[ring::kMaxDevices] = {};  ///< alloc_count + free_count then
     uint64_t first_try_ns[ring::kMaxDevices] = {};  ///< CLOCK_MONOTONIC of the first try
-    bool unmeasurable_logged = false;
   };
   std::unique_ptr<ContextMeasures> context_measures_ = std::make_unique<ContextMeasures>();  ///< never null
   /// Per device: the stream-ordered pools seen and what they reserved at the last refresh.
