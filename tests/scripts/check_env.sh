@@ -10,7 +10,10 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/cuwt-env.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-out=$(env -i HOME="$T" PATH=/usr/bin:/bin CUWARDEN_BUILD_DIR="$BUILD" CUWARDEN_SIMULATE=1 CUWARDEN_RUN_DIR="$T/run" \
+# A clean shell, but a sanitizer build's settings kept (its runtime's own checks need them).
+keep=()
+for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS TSAN_OPTIONS; do [[ -n ${!v:-} ]] && keep+=("$v=${!v}"); done
+out=$(env -i "${keep[@]}" HOME="$T" PATH=/usr/bin:/bin CUWARDEN_BUILD_DIR="$BUILD" CUWARDEN_SIMULATE=1 CUWARDEN_RUN_DIR="$T/run" \
       bash --norc --noprofile -c '
   set -u
   command -v cuwarden >/dev/null && { echo "cuwarden on PATH before sourcing"; exit 1; }
@@ -32,7 +35,7 @@ echo "$out" | grep -Eq '\| +0 +[0-9]+ .* cuw_demo_workload .* 1024MiB +1 +exited
   || fail "cuwarden did not list the capped process (cap 1024MiB, 1 OOM, exited)"
 echo "ok: source scripts/env.sh, cuwardend, cuwarden run, cuwarden"
 
-out=$(env -i PATH=/usr/bin:/bin CUWARDEN_BUILD_DIR="$T/nothing" bash --norc -c \
+out=$(env -i "${keep[@]}" PATH=/usr/bin:/bin CUWARDEN_BUILD_DIR="$T/nothing" bash --norc -c \
       'source "$1/scripts/env.sh"; echo "status $?"; command -v cuwarden || echo "not on PATH"' _ "$REPO" 2>&1)
 [[ $out == *"no build in $T/nothing"*"status 1"*"not on PATH"* ]] || fail "a missing build: $out"
 echo "ok: a missing build is reported, the shell goes on"
