@@ -335,7 +335,7 @@ TEST_CASE("a member whose main thread exited while others run is alive", "[job]"
   ::close(ready[1]);
 }
 
-TEST_CASE("members of another pid namespace are not judged; users only lower caps", "[job]") {
+TEST_CASE("members of another pid namespace are not judged, users only lower caps", "[job]") {
   Dir d;
   auto s = open_job(d);
   Sleeper a, gone;

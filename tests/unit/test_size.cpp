@@ -40,7 +40,7 @@ TEST_CASE("sizes: bare numbers are bytes, binary and decimal units", "[size]") {
   CHECK(bytes_of("0.5KiB") == 512);
 }
 
-TEST_CASE("sizes: units in any case; decimal ones are SI; bytes are whole", "[size]") {
+TEST_CASE("sizes: units in any case, decimal ones SI, bytes whole", "[size]") {
   CHECK(bytes_of("8g") == 8ULL << 30);
   CHECK(bytes_of("8gib") == 8ULL << 30);
   CHECK(bytes_of("512mib") == 512ULL << 20);

@@ -27,7 +27,7 @@ TEST_CASE("VMM granularity is 2 MiB and sizes must be multiples of it", "[vmm]")
   CHECK(cuMemAddressReserve(&va, 3 * kMiB, 0, 0, 0) == CUDA_ERROR_INVALID_VALUE);
 }
 
-TEST_CASE("two mappings of one handle share bytes; memory is freed after release and unmap", "[vmm]") {
+TEST_CASE("two mappings of one handle share bytes, memory is freed after release and unmap", "[vmm]") {
   use_device(0);
   CUmemAllocationProp prop = device_prop(0);
   size_t live0 = fakecuda_live_bytes(0);
@@ -71,7 +71,7 @@ TEST_CASE("two mappings of one handle share bytes; memory is freed after release
   REQUIRE(cuMemAddressFree(va, 8 * kMiB) == CUDA_SUCCESS);
 }
 
-TEST_CASE("VMM device memory counts against capacity; host memory does not", "[vmm]") {
+TEST_CASE("VMM device memory counts against capacity, host memory does not", "[vmm]") {
   use_device(1);
   CUmemAllocationProp prop = device_prop(1);
   std::vector<CUmemGenericAllocationHandle> hs;
