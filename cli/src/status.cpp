@@ -14,6 +14,8 @@
 #include "client.hpp"
 #include "cuw/size.hpp"
 #include "commands.hpp"
+#include "fields.hpp"
+#include "json_access.hpp"
 #include "table.hpp"
 
 namespace cuw::cli {
@@ -21,35 +23,6 @@ namespace cuw::cli {
 using json = nlohmann::ordered_json;  // keeps the daemon's field order for --json
 
 namespace {
-
-std::string jstr(const json& j, const char* key, const std::string& fallback = "") {
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
-}
-uint64_t jnum(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
-}
-const json& jarr(const json& j, const char* key) {
-  static const json empty = json::array();
-  auto it = j.find(key);
-  return it != j.end() && it->is_array() ? *it : empty;
-}
-Cell jcell(const json& j, const char* key, CellKind kind) {
-  auto it = j.find(key);
-  return it == j.end() ? Cell::none() : Cell::from_json(*it, kind);
-}
-
-std::string local_time(uint64_t ns, const char* fmt_str, bool millis) {
-  const time_t secs = static_cast<time_t>(ns / 1000000000ULL);
-  tm tmv{};
-  localtime_r(&secs, &tmv);
-  char buf[64];
-  strftime(buf, sizeof buf, fmt_str, &tmv);
-  std::string s = buf;
-  if (millis) s += fmt::format(".{:03d}", static_cast<int>((ns / 1000000ULL) % 1000));
-  return s;
-}
 
 std::string short_uuid(const std::string& uuid) { return uuid.size() > 12 ? uuid.substr(0, 12) : uuid; }
 
@@ -163,21 +136,12 @@ std::string render_table(const json& st, const std::string& filter) {
   }
 
   // Allocations, reserved bytes and the rest are in --json and --query-compute-apps: the
-  // table keeps to what fits beside nvidia-smi's.
-  Table procs;
-  procs.columns = {{"GPU", false, true},      {"PID", false, true},   {"User", false, false, 12},
-                   {"Process name", false, false, 24}, {"Used", false, true}, {"Peak", false, true},
-                   {"Cap", false, true},      {"OOMs", false, true},  {"State", false, false}};
+  // table keeps to what fits beside nvidia-smi's. A column is either a device counter (its
+  // title and key from the counter list) or one of the table's own.
   bool proc_driver = false;
   for (const auto& p : jarr(st, "processes"))
     for (const auto& d : jarr(p, "devices"))
       if (d.contains("driver_used_bytes")) proc_driver = true;
-  // Beside the driver's figure, how much of it no cap counts (the context and modules, under
-  // the default CUWARDEN_CAP_SCOPE=allocations).
-  if (proc_driver) {
-    procs.columns.insert(procs.columns.begin() + 5, Column{"Driver", false, true});
-    procs.columns.insert(procs.columns.begin() + 6, Column{"Outside", false, true});
-  }
   // A pooling backend holds more than the program uses: show what it uses too (Used stays
   // what counts against the cap, which is what the pool holds).
   bool pooled = false;
@@ -185,7 +149,23 @@ std::string render_table(const json& st, const std::string& filter) {
     const std::string pool = jstr(p, "pool", "off");
     if (!pool.empty() && pool != "off") pooled = true;
   }
-  if (pooled) procs.columns.insert(procs.columns.begin() + 5 + (proc_driver ? 2 : 0), Column{"In use", false, true});
+  using counters::Id;
+  std::vector<Id> shown = {Id::used};
+  if (pooled) shown.push_back(Id::in_use);
+  for (Id id : {Id::peak, Id::limit, Id::refusals}) shown.push_back(id);
+  Table procs;
+  procs.columns = {{"GPU", false, true}, {"PID", false, true}, {"User", false, false, 12},
+                   {"Process name", false, false, 24}};
+  for (std::size_t i = 0; i < shown.size(); ++i) {
+    procs.columns.push_back({column_title(shown[i]), false, true});
+    // Beside the driver's figure, how much of it no cap counts (the context and modules,
+    // under the default CUWARDEN_CAP_SCOPE=allocations).
+    if (i == 0 && proc_driver) {
+      procs.columns.push_back({"Driver", false, true});
+      procs.columns.push_back({"Outside", false, true});
+    }
+  }
+  procs.columns.push_back({"State", false, false});
   for (const auto& p : jarr(st, "processes")) {
     const auto& devs = jarr(p, "devices");
     auto row_for = [&](const json* d) {
@@ -194,17 +174,13 @@ std::string render_table(const json& st, const std::string& filter) {
       row.push_back(jcell(p, "pid", CellKind::integer));
       row.push_back(Cell::str(jstr(p, "user")));
       row.push_back(Cell::str(jstr(p, "process_name")));
-      row.push_back(d ? jcell(*d, "used_bytes", CellKind::bytes) : Cell::none());
-      if (proc_driver) {
-        row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
-        row.push_back(d ? jcell(*d, "outside_cap_bytes", CellKind::bytes) : Cell::none());
+      for (std::size_t i = 0; i < shown.size(); ++i) {
+        row.push_back(d ? jcell(*d, json_key(shown[i]), cell_kind(shown[i])) : Cell::none());
+        if (i == 0 && proc_driver) {
+          row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
+          row.push_back(d ? jcell(*d, "outside_cap_bytes", CellKind::bytes) : Cell::none());
+        }
       }
-      if (pooled)
-        row.push_back(d ? jcell(*d, d->contains("in_use_bytes") ? "in_use_bytes" : "used_bytes", CellKind::bytes)
-                        : Cell::none());
-      row.push_back(d ? jcell(*d, "peak_bytes", CellKind::bytes) : Cell::none());
-      row.push_back(d ? jcell(*d, "limit_bytes", CellKind::bytes) : Cell::none());
-      row.push_back(d ? jcell(*d, "ooms", CellKind::integer) : Cell::none());
       row.push_back(Cell::str(jstr(p, "state")));
       procs.rows.push_back(std::move(row));
     };
@@ -235,66 +211,6 @@ std::string render_table(const json& st, const std::string& filter) {
     for (const auto& pr : problems) out += fmt::format("  {}: {}\n", jstr(pr, "path"), jstr(pr, "reason"));
   }
   return out;
-}
-
-struct QueryField {
-  const char* name;     ///< as typed
-  const char* header;   ///< as nvidia-smi prints it
-  CellKind kind;
-};
-constexpr QueryField kFields[] = {
-    {"pid", "pid", CellKind::integer},
-    {"process_name", "process_name", CellKind::text},
-    {"name", "process_name", CellKind::text},
-    {"used_memory", "used_gpu_memory", CellKind::bytes},
-    {"used_gpu_memory", "used_gpu_memory", CellKind::bytes},
-    {"gpu_uuid", "gpu_uuid", CellKind::text},
-    {"gpu_name", "gpu_name", CellKind::text},
-    {"gpu_bus_id", "gpu_bus_id", CellKind::text},
-    {"timestamp", "timestamp", CellKind::text},
-    {"limit", "limit", CellKind::bytes},
-    {"peak_memory", "peak_memory", CellKind::bytes},
-    {"reserved_memory", "reserved_memory", CellKind::bytes},
-    {"in_use_memory", "in_use_memory", CellKind::bytes},
-    {"cached_memory", "cached_memory", CellKind::bytes},
-    {"allocations", "allocations", CellKind::integer},
-    {"job", "job", CellKind::text},
-    {"user", "user", CellKind::text},
-    {"ooms", "ooms", CellKind::integer},
-    {"fragmentation", "fragmentation", CellKind::text},
-    {"driver_used_memory", "driver_used_memory", CellKind::bytes},
-    {"outside_cap_memory", "outside_cap_memory", CellKind::bytes},
-    {"context_memory", "context_memory", CellKind::bytes},
-    {"cap_scope", "cap_scope", CellKind::text},
-};
-
-Cell query_cell(const std::string& field, const json& st, const json& p, const json& d,
-                const std::map<std::string, json>& gpu_by_uuid) {
-  if (field == "pid") return jcell(p, "pid", CellKind::integer);
-  if (field == "process_name" || field == "name") return Cell::str(jstr(p, "process_name"));
-  if (field == "used_memory" || field == "used_gpu_memory") return jcell(d, "used_bytes", CellKind::bytes);
-  if (field == "gpu_uuid") return Cell::str(jstr(d, "uuid"));
-  if (field == "gpu_name") return Cell::str(jstr(d, "name"));
-  if (field == "gpu_bus_id") {
-    auto it = gpu_by_uuid.find(jstr(d, "uuid"));
-    return it != gpu_by_uuid.end() && it->second.contains("bus_id") ? Cell::str(jstr(it->second, "bus_id"))
-                                                                    : Cell::none();
-  }
-  if (field == "timestamp") return Cell::str(local_time(jnum(st, "time_ns"), "%Y/%m/%d %H:%M:%S", true));
-  if (field == "limit") return jcell(d, "limit_bytes", CellKind::bytes);
-  if (field == "peak_memory") return jcell(d, "peak_bytes", CellKind::bytes);
-  if (field == "reserved_memory") return jcell(d, "reserved_bytes", CellKind::bytes);
-  if (field == "in_use_memory") return jcell(d, d.contains("in_use_bytes") ? "in_use_bytes" : "used_bytes", CellKind::bytes);
-  if (field == "cached_memory") return jcell(d, "cached_bytes", CellKind::bytes);
-  if (field == "allocations") return jcell(d, "allocations", CellKind::integer);
-  if (field == "job") return Cell::str(jstr(p, "job"));
-  if (field == "user") return Cell::str(jstr(p, "user"));
-  if (field == "ooms") return jcell(d, "ooms", CellKind::integer);
-  if (field == "driver_used_memory") return jcell(d, "driver_used_bytes", CellKind::bytes);
-  if (field == "outside_cap_memory") return jcell(d, "outside_cap_bytes", CellKind::bytes);
-  if (field == "context_memory") return jcell(d, "context_bytes", CellKind::bytes);
-  if (field == "cap_scope") return Cell::str(jstr(p, "cap_scope", "allocations"));
-  return Cell::none();  // fragmentation: not measured yet
 }
 
 /// Whether every entry of `filter` (-i: indexes or UUID prefixes) names a GPU the daemon
@@ -355,7 +271,8 @@ volatile std::sig_atomic_t g_stop = 0;
 
 int cmd_status(const StatusOptions& o) {
   // Parse --query-compute-apps / --format before asking anything: bad input exits 2.
-  std::vector<std::string> fields;
+  const std::vector<QueryField> all_fields = query_fields();
+  std::vector<const QueryField*> fields;
   bool csv_header = true, csv_units = true;
   const bool query = !o.query_compute_apps.empty();
   if (query) {
@@ -365,13 +282,11 @@ int cmd_status(const StatusOptions& o) {
       f.erase(0, f.find_first_not_of(" \t"));
       f.erase(f.find_last_not_of(" \t") + 1);
       if (f.empty()) continue;
-      bool known = false;
-      for (const auto& q : kFields) known |= f == q.name;
-      if (!known) {
+      if (!find_query_field(all_fields, f)) {
         std::fprintf(stderr, "Field \"%s\" is not a valid field to query.\n", f.c_str());
         return kExitUsage;
       }
-      fields.push_back(f);
+      fields.push_back(find_query_field(all_fields, f));
     }
     if (fields.empty()) {
       std::fprintf(stderr, "cuwarden: --query-compute-apps needs at least one field\n");
@@ -426,9 +341,7 @@ int cmd_status(const StatusOptions& o) {
                  stdout);
     } else if (query) {
       Table t;
-      for (const auto& f : fields)
-        for (const auto& q : kFields)
-          if (f == q.name) t.columns.push_back({q.header, q.kind == CellKind::bytes});
+      for (const QueryField* f : fields) t.columns.push_back({f->header, f->kind == CellKind::bytes});
       std::map<std::string, json> gpu_by_uuid;
       for (const auto& g : jarr(*st, "gpus")) gpu_by_uuid[jstr(g, "uuid")] = g;
       for (const auto& p : jarr(*st, "processes")) {
@@ -436,7 +349,7 @@ int cmd_status(const StatusOptions& o) {
         for (const auto& d : jarr(p, "devices")) {
           if (!gpu_matches(o.gpu_filter, d, "gpu_index")) continue;
           std::vector<Cell> row;
-          for (const auto& f : fields) row.push_back(query_cell(f, *st, p, d, gpu_by_uuid));
+          for (const QueryField* f : fields) row.push_back(query_cell(*f, *st, p, d, gpu_by_uuid));
           t.rows.push_back(std::move(row));
         }
       }

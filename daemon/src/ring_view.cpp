@@ -52,20 +52,7 @@ bool RingView::snapshot(Snapshot& out) const noexcept {
       std::memcpy(o.uuid, s.uuid, sizeof o.uuid);
       std::memcpy(o.name, s.name, sizeof o.name);
       std::memcpy(&o.physical_total, &s.physical_total, sizeof o.physical_total);
-      o.used = s.used.load(std::memory_order_relaxed);
-      o.peak = s.peak.load(std::memory_order_relaxed);
-      o.limit = s.limit.load(std::memory_order_relaxed);
-      o.reserved = s.reserved.load(std::memory_order_relaxed);
-      o.live_allocations = s.live_allocations.load(std::memory_order_relaxed);
-      o.alloc_count = s.alloc_count.load(std::memory_order_relaxed);
-      o.free_count = s.free_count.load(std::memory_order_relaxed);
-      o.refusals = s.refusals.load(std::memory_order_relaxed);
-      o.driver_errors = s.driver_errors.load(std::memory_order_relaxed);
-      o.host_bytes = s.host_bytes.load(std::memory_order_relaxed);
-      o.cached = s.cached.load(std::memory_order_relaxed);
-      o.pool_hits = s.pool_hits.load(std::memory_order_relaxed);
-      o.pool_waits = s.pool_waits.load(std::memory_order_relaxed);
-      o.context_bytes = s.context_bytes.load(std::memory_order_relaxed);
+      CUW_COPY_DEVICE_COUNTERS(CUW_DEVICE_COUNTERS)
     }
   };
   return guarded_call(copy);

@@ -8,14 +8,34 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "cuw/counters.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::daemon {
+
+#define CUW_SNAPSHOT_FIELD_(f, ...) uint64_t f = 0;
+#define CUW_SNAPSHOT_VALUE_X_(f, ...) v[i++] = f;
+#define CUW_SNAPSHOT_VALUE_D_(f, ...) v[i++] = derive_##f();
+/// The counter part of a device snapshot for a counter list (counters.hpp): one field per
+/// stored row, and values(): every row's value in the list's order, derived rows computed
+/// by the snapshot's derive_<field>() (bytes or counts, as the row says).
+#define CUW_SNAPSHOT_COUNTERS(LIST)                                                     \
+  LIST(CUW_SNAPSHOT_FIELD_, CUW_COUNTER_NONE_)                                          \
+  std::array<uint64_t, 0 LIST(CUW_COUNTER_ONE_, CUW_COUNTER_ONE_)> values() const noexcept { \
+    std::array<uint64_t, 0 LIST(CUW_COUNTER_ONE_, CUW_COUNTER_ONE_)> v{};              \
+    std::size_t i = 0;                                                                  \
+    LIST(CUW_SNAPSHOT_VALUE_X_, CUW_SNAPSHOT_VALUE_D_)                                  \
+    return v;                                                                           \
+  }
+#define CUW_COPY_COUNTER_(f, ...) o.f = s.f.load(std::memory_order_relaxed);
+/// Copy slot `s`'s stored counters into snapshot `o`, one relaxed load each.
+#define CUW_COPY_DEVICE_COUNTERS(LIST) LIST(CUW_COPY_COUNTER_, CUW_COUNTER_NONE_)
 
 /// A copy of one DeviceSlot, taken field by field (one atomic load each).
 struct DeviceSnapshot {
@@ -23,11 +43,11 @@ struct DeviceSnapshot {
   uint8_t uuid[16] = {};
   char name[sizeof(ring::DeviceSlot::name)] = {};
   uint64_t physical_total = 0;
-  uint64_t used = 0, peak = 0, limit = ring::kNoLimit, reserved = 0;
-  uint64_t live_allocations = 0, alloc_count = 0, free_count = 0;
-  uint64_t refusals = 0, driver_errors = 0, host_bytes = 0;
-  uint64_t cached = 0, pool_hits = 0, pool_waits = 0;  ///< CUWARDEN_POOL=cache
-  uint64_t context_bytes = 0;                          ///< CUWARDEN_CAP_SCOPE=process
+  CUW_SNAPSHOT_COUNTERS(CUW_DEVICE_COUNTERS)
+  DeviceSnapshot() noexcept { limit = ring::kNoLimit; }
+  /// What the program's allocations hold: used less what the pool caches. Hostile input:
+  /// never underflows.
+  uint64_t derive_in_use() const noexcept { return cached >= used ? 0 : used - cached; }
 };
 
 /// A copy of the header's fields; char fields are raw (use field_text()).

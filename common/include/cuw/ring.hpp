@@ -27,10 +27,18 @@
 #include <type_traits>
 
 #include "cuw/attrs.hpp"
+#include "cuw/counters.hpp"
 
 namespace cuw::ring {
 
 inline constexpr uint64_t kMagic = 0x31474e4952575543ULL;  // "CUWRING1"
+/// The ring's ABI. What may change without a new version: a field added in a reserved word
+/// of the header or of a DeviceSlot (a counter row appended in counters.hpp), with 0
+/// meaning what a writer that predates it means; a header grown at its end (header_size
+/// says how much a writer filled). What needs a new version: a field removed, moved,
+/// resized or given another meaning or unit, a new event layout, another slot size. The
+/// daemon reads every version it knows (today: 1), so an upgraded daemon keeps reading the
+/// rings of programs started under the previous library (tests: ring_abi).
 inline constexpr uint32_t kAbiVersion = 1;
 inline constexpr uint32_t kMaxDevices = 16;
 inline constexpr uint32_t kHeaderBytes = 16384;
@@ -120,40 +128,39 @@ static_assert(offsetof(EventSlot, time_ns) == 8);
 static_assert(offsetof(EventSlot, tid) == 48);
 static_assert(offsetof(EventSlot, result) == 56);
 
-/// Per-device counters, indexed by the CUDA ordinal the process sees. All sizes in bytes.
-/// Written by the interposer under its own lock, one writer at a time, each with a relaxed
-/// load and store (no locked instruction); `limit` may also be written by the daemon (live
-/// cap changes), with one atomic store. Readers take each field with one atomic load.
+/// Words of a DeviceSlot that hold counters, stored rows of CUW_DEVICE_COUNTERS first, the
+/// rest reserved (zero): (320 - 128 bytes of identity) / 8.
+inline constexpr std::size_t kDeviceCounterWords = 24;
+
+#define CUW_RING_COUNTER_FIELD_(f, j, q, c, m, t, u, s, help) std::atomic<uint64_t> f;
+/// The body of a DeviceSlot for a counter list (counters.hpp); a test builds one from a
+/// longer list to show where a new counter lands.
+#define CUW_DEVICE_SLOT_BODY(LIST)                                                                          \
+  std::atomic<uint32_t> present; /* 1 once the interposer filled uuid/name/total */                        \
+  int32_t ordinal;               /* CUDA ordinal in the process (== index of the slot) */                  \
+  uint8_t uuid[16];              /* CUuuid of the device, the physical GPU's identity */                   \
+  char name[96];                 /* NUL-terminated device name */                                          \
+  uint64_t physical_total;       /* device memory reported by the driver, bytes */                         \
+  LIST(CUW_RING_COUNTER_FIELD_, CUW_COUNTER_NONE_)                                                         \
+  uint64_t reserved_words[::cuw::ring::kDeviceCounterWords - (0 LIST(CUW_COUNTER_ONE_, CUW_COUNTER_NONE_))];
+
+/// Per-device counters, indexed by the CUDA ordinal the process sees: the stored rows of
+/// CUW_DEVICE_COUNTERS (counters.hpp says what each counts), in its order, one 64-bit word
+/// each (bytes or counts). Written by the interposer under its own lock, one writer at a
+/// time, each with a relaxed load and store (no locked instruction); `limit` may also be
+/// written by the daemon (live cap changes), with one compare-and-swap. Readers take each
+/// field with one atomic load.
+///
+/// ABI: the counters.hpp rule. A new counter takes the first reserved word, which a writer
+/// built before it leaves zero; no field moves, so the daemon reads older rings as they are.
 struct alignas(64) DeviceSlot {
-  std::atomic<uint32_t> present;      ///< 1 once the interposer filled uuid/name/total
-  int32_t ordinal;                    ///< CUDA ordinal in the process (== index of the slot)
-  uint8_t uuid[16];                   ///< CUuuid of the device, the physical GPU's identity
-  char name[96];                      ///< NUL-terminated device name
-  uint64_t physical_total;            ///< device memory reported by the driver
-  std::atomic<uint64_t> used;         ///< bytes counted against the cap right now
-  std::atomic<uint64_t> peak;         ///< high-water mark of `used`
-  std::atomic<uint64_t> limit;        ///< cap, or kNoLimit
-  std::atomic<uint64_t> reserved;     ///< bytes the process holds from the driver (>= used with pools)
-  std::atomic<uint64_t> live_allocations;  ///< allocations not yet freed
-  std::atomic<uint64_t> alloc_count;  ///< successful allocations, cumulative
-  std::atomic<uint64_t> free_count;   ///< frees, cumulative (a free counted before a driver call that
-                                      ///< then failed is taken back)
-  std::atomic<uint64_t> refusals;     ///< allocations refused by the cap (OOMs caused by cuwarden)
-  std::atomic<uint64_t> driver_errors;///< allocations the driver itself failed
-  std::atomic<uint64_t> host_bytes;   ///< pinned host memory attributed to this device's context
-  /// CUWARDEN_POOL=cache: bytes the pool holds from the driver that no allocation of the
-  /// program uses (free, waiting for earlier GPU work, or not yet carved). They are part of
-  /// `used` and `reserved`; the program's own bytes are `used - cached`. 0 with pool off.
-  std::atomic<uint64_t> cached;
-  std::atomic<uint64_t> pool_hits;    ///< allocations the pool served without calling the driver
-  std::atomic<uint64_t> pool_waits;   ///< times the pool waited for earlier GPU work (event sync)
-  /// CUWARDEN_CAP_SCOPE=process: what the driver holds for the process on this device beyond
-  /// its allocations (the context, its modules), as last measured; part of `used`. 0 otherwise.
-  std::atomic<uint64_t> context_bytes;
-  uint64_t reserved_words[4];
+  CUW_DEVICE_SLOT_BODY(CUW_DEVICE_COUNTERS)
 };
 static_assert(sizeof(DeviceSlot) % 64 == 0);
 static_assert(sizeof(DeviceSlot) == 320, "DeviceSlot is shared memory: its size is part of the ABI");
+static_assert(offsetof(DeviceSlot, physical_total) == 120 && offsetof(DeviceSlot, used) == 128,
+              "the counters start at word 16 of the slot");
+static_assert(offsetof(DeviceSlot, context_bytes) == 128 + 13 * 8, "a stored counter moved: see the ABI rule");
 
 /// What a process's caps count, stored in RingHeader::cap_scope (CUWARDEN_CAP_SCOPE).
 enum class CapScope : uint32_t {

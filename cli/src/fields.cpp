@@ -1,0 +1,104 @@
+// cuwarden CLI: the fields of --query-compute-apps (see fields.hpp).
+#include "fields.hpp"
+
+#include <algorithm>
+
+#include "json_access.hpp"
+
+namespace cuw::cli {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+/// nvidia-smi's fields, in its order; used_memory is the `used` counter's row.
+constexpr const char* kNvidiaSmi[] = {"pid", "process_name", "used_memory", "gpu_uuid", "gpu_name", "gpu_bus_id",
+                                      "timestamp"};
+/// cuwarden's fields that are not device counters.
+constexpr const char* kProcessFields[] = {"job", "user", "fragmentation", "driver_used_memory", "outside_cap_memory",
+                                          "cap_scope"};
+/// Other names nvidia-smi accepts for the same field.
+struct Alias {
+  const char* alias;
+  const char* name;
+};
+constexpr Alias kAliases[] = {{"name", "process_name"}, {"used_gpu_memory", "used_memory"}};
+
+CellKind kind_of(const char* name) {
+  const std::string n = name;
+  if (n == "pid") return CellKind::integer;
+  if (n == "driver_used_memory" || n == "outside_cap_memory") return CellKind::bytes;
+  return CellKind::text;
+}
+
+QueryField counter_field(const counters::Info& row) {
+  QueryField f;
+  f.name = std::string(row.query);
+  f.header = f.name == "used_memory" ? "used_gpu_memory" : f.name;  // nvidia-smi's CSV header
+  f.kind = row.unit == counters::Unit::bytes ? CellKind::bytes : CellKind::integer;
+  f.key = std::string(row.json);
+  return f;
+}
+
+}  // namespace
+
+std::vector<QueryField> query_fields(std::span<const counters::Info> counters) {
+  std::vector<QueryField> out;
+  auto counter_named = [&](const std::string& name) -> const counters::Info* {
+    for (const auto& row : counters)
+      if (row.query == name) return &row;
+    return nullptr;
+  };
+  for (const char* name : kNvidiaSmi) {
+    if (const counters::Info* row = counter_named(name)) out.push_back(counter_field(*row));
+    else out.push_back({name, name, kind_of(name), ""});
+  }
+  for (const auto& row : counters)
+    if (!row.query.empty() && std::find(std::begin(kNvidiaSmi), std::end(kNvidiaSmi), row.query) == std::end(kNvidiaSmi))
+      out.push_back(counter_field(row));
+  for (const char* name : kProcessFields) out.push_back({name, name, kind_of(name), ""});
+  return out;
+}
+
+const QueryField* find_query_field(const std::vector<QueryField>& fields, const std::string& name) {
+  std::string n = name;
+  for (const auto& a : kAliases)
+    if (n == a.alias) n = a.name;
+  for (const auto& f : fields)
+    if (f.name == n) return &f;
+  return nullptr;
+}
+
+std::string query_fields_help(std::span<const counters::Info> counters) {
+  std::string nvidia, own;
+  for (const auto& f : query_fields(counters)) {
+    const bool theirs = std::find(std::begin(kNvidiaSmi), std::end(kNvidiaSmi), f.name) != std::end(kNvidiaSmi);
+    std::string& s = theirs ? nvidia : own;
+    s += (s.empty() ? "" : ", ") + f.name;
+  }
+  return "comma-separated fields, as nvidia-smi: " + nvidia + "; cuwarden's own: " + own;
+}
+
+Cell query_cell(const QueryField& f, const json& st, const json& p, const json& d,
+                const std::map<std::string, json>& gpu_by_uuid) {
+  if (!f.key.empty()) return jcell(d, f.key.c_str(), f.kind);
+  const std::string& n = f.name;
+  if (n == "pid") return jcell(p, "pid", CellKind::integer);
+  if (n == "process_name") return Cell::str(jstr(p, "process_name"));
+  if (n == "gpu_uuid") return Cell::str(jstr(d, "uuid"));
+  if (n == "gpu_name") return Cell::str(jstr(d, "name"));
+  if (n == "gpu_bus_id") {
+    auto it = gpu_by_uuid.find(jstr(d, "uuid"));
+    return it != gpu_by_uuid.end() && it->second.contains("bus_id") ? Cell::str(jstr(it->second, "bus_id"))
+                                                                    : Cell::none();
+  }
+  if (n == "timestamp") return Cell::str(local_time(jnum(st, "time_ns"), "%Y/%m/%d %H:%M:%S", true));
+  if (n == "job") return Cell::str(jstr(p, "job"));
+  if (n == "user") return Cell::str(jstr(p, "user"));
+  if (n == "driver_used_memory") return jcell(d, "driver_used_bytes", CellKind::bytes);
+  if (n == "outside_cap_memory") return jcell(d, "outside_cap_bytes", CellKind::bytes);
+  if (n == "cap_scope") return Cell::str(jstr(p, "cap_scope", "allocations"));
+  return Cell::none();  // fragmentation: not measured yet
+}
+
+}  // namespace cuw::cli

@@ -1,0 +1,52 @@
+// cuwarden CLI: the fields of --query-compute-apps. nvidia-smi's own fields and cuwarden's
+// process fields are listed here; every device counter that has a query name in its row
+// (counters.hpp) is one too, so a counter added there can be queried with no change here.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuw/counters.hpp"
+#include "table.hpp"
+
+namespace cuw::cli {
+
+/// One field a user may name.
+struct QueryField {
+  std::string name;    ///< as typed ("used_memory")
+  std::string header;  ///< the CSV header, nvidia-smi's spelling where it has one ("used_gpu_memory")
+  CellKind kind = CellKind::text;
+  std::string key;     ///< device counters: the key in the daemon's device entry; else empty
+};
+
+/// Every field, nvidia-smi's first, then cuwarden's, with the rows of `counters` that have a
+/// query name in the list's order. The default list is the real one; tests pass a longer one.
+std::vector<QueryField> query_fields(std::span<const counters::Info> counters = counters::kDevice);
+
+/// The field named `name` (an alias such as nvidia-smi's `used_gpu_memory` included), or null.
+const QueryField* find_query_field(const std::vector<QueryField>& fields, const std::string& name);
+
+/// "pid, process_name, ..." for --help.
+std::string query_fields_help(std::span<const counters::Info> counters = counters::kDevice);
+
+/// The cell of field `f` for process `p` on device entry `d` of state `st`; `gpu_by_uuid`
+/// holds the state's GPU entries. A key the state lacks gives an empty cell ([N/A]).
+Cell query_cell(const QueryField& f, const nlohmann::ordered_json& st, const nlohmann::ordered_json& p,
+                const nlohmann::ordered_json& d, const std::map<std::string, nlohmann::ordered_json>& gpu_by_uuid);
+
+/// The title of counter `id` when a table shows it ("Used", "OOMs").
+inline std::string column_title(counters::Id id) {
+  return std::string(counters::kDevice[static_cast<std::size_t>(id)].column);
+}
+/// How a cell of counter `id` prints: bytes or a plain count.
+inline CellKind cell_kind(counters::Id id) {
+  return counters::kDevice[static_cast<std::size_t>(id)].unit == counters::Unit::bytes ? CellKind::bytes
+                                                                                      : CellKind::integer;
+}
+/// The state JSON key of counter `id` ("used_bytes", "ooms").
+inline const char* json_key(counters::Id id) { return counters::kDevice[static_cast<std::size_t>(id)].json.data(); }
+
+}  // namespace cuw::cli

@@ -1,0 +1,103 @@
+// cuwarden: the per-device counters, declared once.
+//
+// One row per counter, in the order of the ring's DeviceSlot and of the daemon's state JSON.
+// From this list come: the ring slot's fields (ring.hpp), the daemon's typed snapshot and
+// its JSON keys, the CLI's --query-compute-apps fields and table titles, and the Prometheus
+// metric names, types and help texts. Adding a counter is one row here plus the code that
+// counts it in the interposer.
+//
+//   X(field, json, query, column, metric, type, unit, shown, help)   stored in the ring
+//   D(field, json, query, column, metric, type, unit, shown, help)   derived by the daemon
+//
+//   field   the DeviceSlot member (stored rows) and the snapshot's name for it
+//   json    key in each device entry of the state JSON ("ooms" is the public name of
+//           `refusals`: public names never change)
+//   query   --query-compute-apps field name ("" = none)
+//   column  title when a table shows it
+//   metric  Prometheus name after "cuwarden_process_"; counters end in _total, byte
+//           gauges in _bytes
+//   type    gauge or counter (Prometheus)
+//   unit    bytes or count
+//   shown   plain; held (0 once the process exited: the driver freed what it held);
+//           cap (null when kNoLimit: no cap)
+//
+// Ring ABI rule for stored rows (ring.hpp, kAbiVersion): a new row goes at the end of the
+// stored rows, taking a reserved word, which older writers left zero, so a counter the
+// writer does not know reads 0; rows are never removed, reordered or given another meaning
+// (that needs a new kAbiVersion, which the daemon then reads beside the old one).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#define CUW_DEVICE_COUNTERS(X, D)                                                                                 \
+  X(used, "used_bytes", "used_memory", "Used", "used_bytes", gauge, bytes, held,                                  \
+    "Bytes counted against the cap right now")                                                                    \
+  X(peak, "peak_bytes", "peak_memory", "Peak", "peak_bytes", gauge, bytes, plain, "High-water mark of used bytes") \
+  X(limit, "limit_bytes", "limit", "Cap", "limit_bytes", gauge, bytes, cap,                                       \
+    "The process's cap on the device (absent when uncapped)")                                                     \
+  X(reserved, "reserved_bytes", "reserved_memory", "Reserved", "reserved_bytes", gauge, bytes, plain,             \
+    "Bytes the process holds from the driver (at least used bytes with a pool)")                                  \
+  X(live_allocations, "allocations", "allocations", "Allocs", "allocations", gauge, count, plain,                 \
+    "Allocations not yet freed")                                                                                  \
+  X(alloc_count, "alloc_count", "alloc_count", "Allocs made", "allocs_total", counter, count, plain,             \
+    "Successful allocations")                                                                                     \
+  X(free_count, "free_count", "free_count", "Frees", "frees_total", counter, count, plain, "Frees")                \
+  X(refusals, "ooms", "ooms", "OOMs", "ooms_total", counter, count, plain,                                        \
+    "Allocations refused by the cap (out-of-memory errors cuwarden caused)")                                      \
+  X(driver_errors, "driver_errors", "driver_errors", "Driver errors", "driver_errors_total", counter, count,      \
+    plain, "Allocations the driver itself failed")                                                                \
+  X(host_bytes, "host_bytes", "host_memory", "Host", "host_bytes", gauge, bytes, plain,                           \
+    "Pinned host memory allocated through the device's context")                                                  \
+  X(cached, "cached_bytes", "cached_memory", "Cached", "cached_bytes", gauge, bytes, plain,                       \
+    "Bytes a pooling backend holds that no allocation of the program uses (part of used bytes)")                  \
+  D(in_use, "in_use_bytes", "in_use_memory", "In use", "in_use_bytes", gauge, bytes, held,                       \
+    "Bytes the program's allocations hold: used bytes less what the pool caches")                                \
+  X(pool_hits, "pool_hits", "pool_hits", "Pool hits", "pool_hits_total", counter, count, plain,                  \
+    "Allocations a pooling backend served without calling the driver")                                           \
+  X(pool_waits, "pool_waits", "pool_waits", "Pool waits", "pool_waits_total", counter, count, plain,             \
+    "Times a pooling backend waited for earlier GPU work")                                                        \
+  X(context_bytes, "context_bytes", "context_memory", "Context", "context_bytes", gauge, bytes, plain,           \
+    "With CUWARDEN_CAP_SCOPE=process: the driver's memory for the context and modules, part of used bytes")
+
+namespace cuw::counters {
+
+enum class Unit : uint8_t { bytes, count };
+enum class Type : uint8_t { gauge, counter };
+enum class Shown : uint8_t { plain, held, cap };
+
+/// What one row of a counter list says (see the top of this file).
+struct Info {
+  std::string_view field, json, query, column, metric;
+  Type type;
+  Unit unit;
+  Shown shown;
+  bool stored;  ///< in the ring (X rows); false: derived by the daemon (D rows)
+  std::string_view help;
+};
+
+/// Expand a list into Info rows: `constexpr Info rows[] = {LIST(CUW_COUNTER_INFO_X, CUW_COUNTER_INFO_D)};`
+#define CUW_COUNTER_INFO_(stored, f, j, q, c, m, t, u, s, h)                                                      \
+  ::cuw::counters::Info{#f, j, q, c, m, ::cuw::counters::Type::t, ::cuw::counters::Unit::u, ::cuw::counters::Shown::s, \
+                        stored, h},
+#define CUW_COUNTER_INFO_X(...) CUW_COUNTER_INFO_(true, __VA_ARGS__)
+#define CUW_COUNTER_INFO_D(...) CUW_COUNTER_INFO_(false, __VA_ARGS__)
+#define CUW_COUNTER_NONE_(...)
+#define CUW_COUNTER_ONE_(...) +1
+
+/// Every row of CUW_DEVICE_COUNTERS, in order.
+inline constexpr Info kDevice[] = {CUW_DEVICE_COUNTERS(CUW_COUNTER_INFO_X, CUW_COUNTER_INFO_D)};
+inline constexpr std::size_t kDeviceCount = std::size(kDevice);
+/// Rows stored in the ring.
+inline constexpr std::size_t kDeviceStored = 0 CUW_DEVICE_COUNTERS(CUW_COUNTER_ONE_, CUW_COUNTER_NONE_);
+
+/// Index of each row in kDevice: `Id::used` ... (snapshots keep their values in this order).
+#define CUW_COUNTER_ID_(f, ...) f,
+enum class Id : std::size_t { CUW_DEVICE_COUNTERS(CUW_COUNTER_ID_, CUW_COUNTER_ID_) };
+#undef CUW_COUNTER_ID_
+
+/// The Prometheus name of a row: "cuwarden_process_" + metric.
+inline constexpr std::string_view kMetricPrefix = "cuwarden_process_";
+
+}  // namespace cuw::counters

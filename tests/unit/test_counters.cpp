@@ -1,0 +1,111 @@
+// cuwarden: the device counters are declared once (counters.hpp). A test copy of the list
+// with one more row must reach the ring slot (in a reserved word, nothing moved), the
+// daemon's snapshot and state JSON, and the CLI's query fields, with no other change.
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "cuw/counters.hpp"
+#include "cuw/ring.hpp"
+#include "fields.hpp"
+#include "ring_view.hpp"
+#include "views/counters_json.hpp"
+
+namespace {
+
+namespace counters = cuw::counters;
+namespace ring = cuw::ring;
+using ojson = nlohmann::ordered_json;
+
+// The real list plus one row: all it takes to add a counter.
+#define TEST_COUNTERS(X, D) \
+  CUW_DEVICE_COUNTERS(X, D) \
+  X(spilled, "spilled_bytes", "spilled_memory", "Spilled", "spilled_bytes", gauge, bytes, plain, "Bytes spilled to host")
+
+struct alignas(64) TestSlot {
+  CUW_DEVICE_SLOT_BODY(TEST_COUNTERS)
+};
+struct TestSnapshot {
+  CUW_SNAPSHOT_COUNTERS(TEST_COUNTERS)
+  uint64_t derive_in_use() const noexcept { return cached >= used ? 0 : used - cached; }
+};
+constexpr counters::Info kTestRows[] = {TEST_COUNTERS(CUW_COUNTER_INFO_X, CUW_COUNTER_INFO_D)};
+
+}  // namespace
+
+TEST_CASE("counters.adding_a_counter_is_one_row") {
+  // The ring slot: same size, every field where it was, the new one in the first reserved word.
+  STATIC_REQUIRE(sizeof(TestSlot) == sizeof(ring::DeviceSlot));
+  CHECK(offsetof(TestSlot, spilled) == offsetof(ring::DeviceSlot, reserved_words));
+  CHECK(offsetof(TestSlot, used) == offsetof(ring::DeviceSlot, used));
+  CHECK(offsetof(TestSlot, context_bytes) == offsetof(ring::DeviceSlot, context_bytes));
+  CHECK(sizeof(TestSlot::reserved_words) + 8 == sizeof(ring::DeviceSlot::reserved_words));
+
+  // The daemon's snapshot copies it, and the state JSON shows it after the others.
+  TestSlot slot{};
+  slot.used.store(5000);
+  slot.cached.store(1000);
+  slot.limit.store(ring::kNoLimit);
+  slot.spilled.store(123456);
+  TestSnapshot o;
+  const TestSlot& s = slot;
+  CUW_COPY_DEVICE_COUNTERS(TEST_COUNTERS)
+  CHECK(o.spilled == 123456);
+  ojson dev = ojson::object();
+  cuw::daemon::put_counters(dev, kTestRows, o.values(), false);
+  REQUIRE(dev.size() == counters::kDeviceCount + 1);
+  CHECK(dev.items().begin().key() == "used_bytes");
+  CHECK(dev["spilled_bytes"] == 123456);
+  CHECK(dev["in_use_bytes"] == 4000);
+  CHECK(dev["limit_bytes"].is_null());
+  ojson real = ojson::object();
+  cuw::daemon::DeviceSnapshot ds;
+  cuw::daemon::put_counters(real, counters::kDevice, ds.values(), false);
+  std::size_t i = 0;
+  for (const auto& [key, value] : real.items()) CHECK(std::next(dev.items().begin(), static_cast<long>(i++)).key() == key);
+
+  // The CLI can query it, as bytes, from that key.
+  const auto fields = cuw::cli::query_fields(kTestRows);
+  const cuw::cli::QueryField* f = cuw::cli::find_query_field(fields, "spilled_memory");
+  REQUIRE(f);
+  CHECK(f->kind == cuw::cli::CellKind::bytes);
+  CHECK(f->header == "spilled_memory");
+  const ojson state = {{"time_ns", 0}};
+  const ojson proc = {{"pid", 7}};
+  const cuw::cli::Cell cell = cuw::cli::query_cell(*f, state, proc, dev, {});
+  CHECK(cell.kind == cuw::cli::CellKind::bytes);
+  CHECK(cell.value == 123456);
+  CHECK(cuw::cli::query_fields_help(kTestRows).find("spilled_memory") != std::string::npos);
+  CHECK(cuw::cli::find_query_field(cuw::cli::query_fields(), "spilled_memory") == nullptr);
+}
+
+TEST_CASE("counters.names_are_unique_and_valid_where_they_go") {
+  std::set<std::string_view> fields, keys, queries, metrics;
+  const std::regex metric(R"([a-zA-Z_:][a-zA-Z0-9_:]*)");
+  for (const counters::Info& r : counters::kDevice) {
+    INFO(r.field);
+    CHECK(fields.insert(r.field).second);
+    CHECK(keys.insert(r.json).second);
+    if (!r.query.empty()) CHECK(queries.insert(r.query).second);
+    CHECK(metrics.insert(r.metric).second);
+    CHECK(std::regex_match(std::string(counters::kMetricPrefix) + std::string(r.metric), metric));
+    // Prometheus conventions: counters end in _total, byte gauges in _bytes.
+    if (r.type == counters::Type::counter) CHECK(r.metric.ends_with("_total"));
+    if (r.unit == counters::Unit::bytes) CHECK(r.metric.ends_with("_bytes"));
+    CHECK_FALSE(r.help.empty());
+    CHECK_FALSE(r.column.empty());
+  }
+  // Public names never change: the JSON key of `refusals` stays "ooms".
+  CHECK(counters::kDevice[static_cast<std::size_t>(counters::Id::refusals)].json == "ooms");
+  CHECK(counters::kDeviceStored + 1 == counters::kDeviceCount);  // in_use is the one derived row
+  // Every CLI field name is unique, nvidia-smi's first.
+  std::set<std::string> names;
+  const auto all = cuw::cli::query_fields();
+  for (const auto& f : all) CHECK(names.insert(f.name).second);
+  CHECK(all[0].name == "pid");
+  CHECK(cuw::cli::find_query_field(all, "used_gpu_memory") == cuw::cli::find_query_field(all, "used_memory"));
+  CHECK(cuw::cli::find_query_field(all, "used_memory")->header == "used_gpu_memory");
+}
