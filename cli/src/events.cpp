@@ -8,6 +8,8 @@
 #include "client.hpp"
 #include "commands.hpp"
 #include "cuw/size.hpp"
+#include "json_access.hpp"
+#include "table.hpp"
 
 namespace cuw::cli {
 
@@ -17,36 +19,38 @@ namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 
-uint64_t num(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : 0;
-}
-std::string str(const json& j, const char* key) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+/// The columns of `cuwarden events`: fixed widths, since lines print as events come.
+Table events_table() {
+  Table t;
+  t.columns = {{"TIME", false, false, 0, 12},         {"PID", false, true, 0, 8},
+               {"API", false, false, 0, 24},          {"KIND", false, false, 0, 12},
+               {"GPU", false, true, 0, 3},            {"BYTES", false, true, 0, 12, true},
+               {"ADDRESS", false, true, 0, 18},       {"USED AFTER", false, true, 0, 12},
+               {"", false, false, 0, 0}};
+  return t;
 }
 
-std::string event_line(const json& e) {
-  const uint64_t ns = num(e, "time_ns");
-  const time_t secs = static_cast<time_t>(ns / 1000000000ULL);
-  tm tmv{};
-  localtime_r(&secs, &tmv);
-  char t[32];
-  strftime(t, sizeof t, "%H:%M:%S", &tmv);
-  const std::string kind = str(e, "kind");
-  const uint64_t bytes = num(e, "bytes");
-  // A limit change carries the new cap; ~0 means "no cap".
-  const std::string b = (kind == "limit_change" && bytes == ~0ULL) ? "none" : format_bytes(bytes);
+std::vector<Cell> event_row(const json& e) {
+  const uint64_t ns = jnum(e, "time_ns");
+  const std::string kind = jstr(e, "kind");
+  const uint64_t bytes = jnum(e, "bytes");
   const int dev = e.contains("device") && e["device"].is_number_integer() ? e["device"].get<int>() : -1;
-  // A change made through the daemon (cuwarden limit, the policy) says by whom.
-  const std::string by = str(e, "api") == "control" && e.contains("by") && e["by"].is_string()
-                             ? "  by " + e["by"].get<std::string>() +
-                                   (num(e, "by_pid") ? fmt::format(" (pid {})", num(e, "by_pid")) : std::string())
+  // A change made through the daemon (cuwarden limit, the policy) says by whom, set off by
+  // two spaces.
+  const std::string by = jstr(e, "api") == "control" && e.contains("by") && e["by"].is_string()
+                             ? " by " + e["by"].get<std::string>() +
+                                   (jnum(e, "by_pid") ? fmt::format(" (pid {})", jnum(e, "by_pid")) : std::string())
                              : std::string();
-  return fmt::format("{}.{:03d} {:>8} {:<24} {:<12} {:>3} {:>12} {:>18} {:>12}", t, (ns / 1000000ULL) % 1000,
-                     num(e, "pid"), str(e, "api"), kind, dev < 0 ? std::string("-") : std::to_string(dev), b,
-                     fmt::format("{:#x}", num(e, "address")), format_mib(num(e, "used_after"))) +
-         by;
+  return {Cell::str(local_time(ns, "%H:%M:%S", true)),
+          Cell::num(jnum(e, "pid")),
+          Cell::str(jstr(e, "api")),
+          Cell::str(kind),
+          dev < 0 ? Cell::none() : Cell::num(static_cast<uint64_t>(dev)),
+          // A limit change carries the new cap; ~0 means "no cap".
+          kind == "limit_change" && bytes == ~0ULL ? Cell::str("none") : Cell::bytes(bytes),
+          Cell::str(fmt::format("{:#x}", jnum(e, "address"))),
+          Cell::bytes(jnum(e, "used_after")),
+          Cell::str(by)};
 }
 
 /// Whether the daemon knows process `pid` (running, or exited and still shown).
@@ -57,7 +61,7 @@ bool known_process(const std::string& socket, long long pid, bool* asked) {
   auto it = st->find("processes");
   if (it != st->end() && it->is_array())
     for (const auto& p : *it)
-      if (num(p, "pid") == static_cast<uint64_t>(pid)) return true;
+      if (jnum(p, "pid") == static_cast<uint64_t>(pid)) return true;
   return false;
 }
 
@@ -81,9 +85,8 @@ int cmd_events(const EventsOptions& o) {
     std::signal(SIGINT, [](int) { g_stop = 1; });
     std::signal(SIGTERM, [](int) { g_stop = 1; });
   }
-  if (!o.json)
-    std::printf("%-12s %8s %-24s %-12s %3s %12s %18s %12s\n", "TIME", "PID", "API", "KIND", "GPU", "BYTES", "ADDRESS",
-                "USED AFTER");
+  const Table table = events_table();
+  if (!o.json) std::puts(render_line(table, nullptr).c_str());
   bool waiting = false;  // following, and the daemon went away: wait for the next one
   for (;;) {
     AskError why;
@@ -104,11 +107,14 @@ int cmd_events(const EventsOptions& o) {
     if (it != reply->end() && it->is_array())
       for (const auto& e : *it) {
         if (o.json) std::puts(e.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
-        else std::puts(event_line(e).c_str());
+        else {
+          const std::vector<Cell> row = event_row(e);
+          std::puts(render_line(table, &row).c_str());
+        }
       }
     std::fflush(stdout);
     if (!o.follow || g_stop) return kExitOk;
-    req["after"] = num(*reply, "next");
+    req["after"] = jnum(*reply, "next");
     req["max"] = 10000;
     for (int i = 0; i < 4 && !g_stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (g_stop) return kExitOk;

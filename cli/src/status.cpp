@@ -273,7 +273,7 @@ int cmd_status(const StatusOptions& o) {
   // Parse --query-compute-apps / --format before asking anything: bad input exits 2.
   const std::vector<QueryField> all_fields = query_fields();
   std::vector<const QueryField*> fields;
-  bool csv_header = true, csv_units = true;
+  bool csv_header = true, csv_units = true, rows_json = false;
   const bool query = !o.query_compute_apps.empty();
   if (query) {
     std::stringstream ss(o.query_compute_apps);
@@ -303,15 +303,16 @@ int cmd_status(const StatusOptions& o) {
     bool csv = false;
     while (std::getline(ss, f, ',')) {
       if (f == "csv") csv = true;
+      else if (f == "json") rows_json = true;
       else if (f == "noheader") csv_header = false;
       else if (f == "nounits") csv_units = false;
       else {
-        std::fprintf(stderr, "cuwarden: unknown --format option \"%s\" (use csv[,noheader][,nounits])\n", f.c_str());
+        std::fprintf(stderr, "cuwarden: unknown --format option \"%s\" (use csv[,noheader][,nounits] or json)\n", f.c_str());
         return kExitUsage;
       }
     }
-    if (!csv) {
-      std::fprintf(stderr, "cuwarden: --format must include csv\n");
+    if (csv == rows_json) {
+      std::fprintf(stderr, "cuwarden: --format must include csv, or be json\n");
       return kExitUsage;
     }
     if (!query) {
@@ -353,7 +354,10 @@ int cmd_status(const StatusOptions& o) {
           t.rows.push_back(std::move(row));
         }
       }
-      std::fputs(render_csv(t, csv_header && first, csv_units).c_str(), stdout);  // the header once, as nvidia-smi
+      if (rows_json)  // the same rows: numbers in bytes, missing values null; one document per line when looping
+        std::fputs((render_json(t).dump(o.loop_seconds > 0 ? -1 : 2) + "\n").c_str(), stdout);
+      else
+        std::fputs(render_csv(t, csv_header && first, csv_units).c_str(), stdout);  // the header once, as nvidia-smi
     } else {
       std::fputs(render_table(*st, o.gpu_filter).c_str(), stdout);
     }

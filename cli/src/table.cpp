@@ -33,7 +33,7 @@ std::string box_text(const Cell& c, const Column& col) {
   switch (c.kind) {
     case CellKind::text: return truncate(c.text, col.max_width);
     case CellKind::integer: return std::to_string(c.value);
-    case CellKind::bytes: return format_mib(c.value);
+    case CellKind::bytes: return col.human_bytes ? format_bytes(c.value) : format_mib(c.value);
     case CellKind::none: return "-";
   }
   return "";
@@ -92,6 +92,19 @@ std::string render_box(const Table& t, const std::string& title, const std::stri
   for (const auto& r : cells) out += framed(line(r));
   out += rule;
   return out;
+}
+
+std::string render_line(const Table& t, const std::vector<Cell>* row) {
+  std::string s;
+  for (std::size_t i = 0; i < t.columns.size(); ++i) {
+    const Column& col = t.columns[i];
+    const std::string text = !row ? col.name : i < row->size() ? box_text((*row)[i], col) : std::string();
+    const std::size_t pad = col.width - std::min(col.width, display_width(text));
+    if (i) s += ' ';
+    s += col.right ? std::string(pad, ' ') + text : text + std::string(pad, ' ');
+  }
+  s.erase(s.find_last_not_of(' ') + 1);
+  return s;
 }
 
 std::string render_csv(const Table& t, bool header, bool units) {

@@ -30,6 +30,8 @@ struct Column {
   bool bytes_unit = false;  ///< CSV header gets " [MiB]" unless nounits
   bool right = false;       ///< right-aligned in boxes
   std::size_t max_width = 0;///< truncate text beyond this in boxes (0: never)
+  std::size_t width = 0;    ///< lines (render_line): the column's fixed width (wider text is kept)
+  bool human_bytes = false; ///< bytes print as "4.00 GiB" (format_bytes) instead of "4096MiB"
 };
 
 struct Table {
@@ -43,6 +45,10 @@ std::string render_box(const Table& t, const std::string& title, const std::stri
                        std::size_t width = 0);
 /// nvidia-smi CSV: ", "-separated, header "name [MiB]", values "4096 MiB", "[N/A]" for none.
 std::string render_csv(const Table& t, bool header, bool units);
+/// One line of a stream (events as they come): each cell padded to its column's fixed
+/// width, columns set off by one space, trailing spaces dropped. A null `row` gives the
+/// header line. Cells print as in boxes.
+std::string render_line(const Table& t, const std::vector<Cell>* row);
 /// Array of objects keyed by column name; bytes and integers as numbers, none as null.
 nlohmann::ordered_json render_json(const Table& t);
 
