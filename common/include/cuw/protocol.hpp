@@ -4,30 +4,33 @@
 // UTF-8 JSON (possibly 0 bytes). The reader validates magic, version and length before
 // reading the body, and never reads a body larger than kMaxBody. Replies carry the
 // request's command with kReplyBit set, or Command::error with {"error": "..."}.
+// The commands, their request keys, reply shapes and errors are in kCommands below.
 //
-//   request  get_state    body: {}                              reply: state JSON (see daemon/)
-//   request  get_events   body: {"pid":P?, "after":SEQ?, "max":N?}  reply: {"events":[...], "next":SEQ}
-//   request  set_limit    body: {"pid":P, "bytes":N|null, "device":D?}  or  {"pid":P, "share":F, "device":D?}
-//                               or {"job":NAME, "user":NAME|UID?, "bytes":N|null}
-//            bytes: the new cap (null or 2^64-1: none); share: 0 < F <= 1 of each device's
-//            memory (pids only); device: CUDA ordinal as the process sees it (default:
-//            every device it uses); user: the job's owner (default: the caller).
-//            Authorized by the connection's peer credentials (SO_PEERCRED): root may do
-//            anything; others may only lower caps of their own processes and jobs.
-//            reply pid: {"target":"pid","pid","process_name","uid","user",
-//                        "changes":[{"device","uuid","old_limit","new_limit","used_bytes"}]}
-//            reply job: {"target":"job","job","uid","user","members":[pid...],"old_limit",
-//                        "new_limit","gpus":[{"uuid","used_bytes","new_limit_bytes"}]}
-//            refusal:   Command::error {"error":"refused: <why>","refused":true}
+// How to add a command:
+//   1. a number in `Command` and one row in kCommands (keys, reply, errors, privileged);
+//   2. its case in the daemon's dispatcher (daemon/src/transports/handler.cpp), reading the
+//      published State for a query or going through the model's loop thread for a change;
+//   3. a test in tests/integration/daemon_tests.cpp, and its reply in the golden files if
+//      the CLI prints it.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 namespace cuw::proto {
 
 inline constexpr uint32_t kMagic = 0x50575543;  // "CUWP"
+/// The header's version word. A reader refuses any other value, so a bump splits old
+/// clients from new daemons: make one only when an old peer would misread a message.
+///   Without a bump: a new command; a new optional request key (daemons ignore keys they
+///   do not know, so old daemons do too); a new reply key appended after the existing ones;
+///   a new error text; a larger limit.
+///   With a bump: a removed or renamed key; a key whose type, unit or meaning changes; a
+///   required request key added to an existing command; a changed or new header field; a
+///   changed command number or kReplyBit.
 inline constexpr uint16_t kVersion = 1;
 inline constexpr uint32_t kMaxBody = 16u << 20;  // 16 MiB
 inline constexpr uint16_t kReplyBit = 0x8000;
@@ -47,6 +50,67 @@ struct Header {
   uint32_t length;  ///< body bytes that follow, <= kMaxBody
 };
 static_assert(sizeof(Header) == 16);
+
+/// One key of a request body.
+struct RequestKey {
+  std::string_view name;
+  std::string_view type;  ///< "uint", "uint|null", "number", "string", "string|uint"
+  bool required;          ///< false: optional, or one of a group the command's `rule` names
+};
+
+/// One row of the command table: what a command takes and gives back.
+struct CommandInfo {
+  Command command;
+  std::string_view name;
+  /// Changes state: authorized by the connection's peer credentials, so only a transport
+  /// that has them (the unix socket) may carry it; read-only transports refuse it.
+  bool privileged;
+  std::span<const RequestKey> keys;  ///< keys the daemon reads; others are ignored
+  std::string_view rule;             ///< constraints across keys ("" = none)
+  std::string_view reply;            ///< reply body shape
+  std::string_view errors;           ///< Command::error bodies it may send
+};
+
+inline constexpr RequestKey kGetEventsKeys[] = {
+    {"pid", "uint|null", false},    // only this process's events
+    {"after", "uint|null", false},  // events numbered above this; without it, the newest
+    {"max", "uint|null", false},    // at most this many (default 1000, clamped to 1..100000)
+};
+inline constexpr RequestKey kSetLimitKeys[] = {
+    {"pid", "uint", false},          // the process, or
+    {"job", "string", false},        // the job (of "user", default the caller)
+    {"bytes", "uint|null", false},   // the new cap (null or 2^64-1: none), or
+    {"share", "number", false},      // 0 < F <= 1 of each device's memory (pids only)
+    {"device", "uint|null", false},  // CUDA ordinal as the process sees it (pids only; default: all)
+    {"user", "string|uint", false},  // the job's owner (jobs only)
+};
+
+/// Every command, in number order. The daemon dispatches through this table: a number not
+/// in it gets {"error":"unknown command N"}.
+inline constexpr CommandInfo kCommands[] = {
+    {Command::get_state, "get_state", false, {}, "",
+     "state JSON (daemon/src/views/state_json.cpp): version, hostname, time_ns, run_dir, nvml, events_seq, "
+     "gpus[], processes[], jobs[], problems[], policy, limit_changes[]",
+     "bad request: too deeply nested | bad request: body is not JSON"},
+    {Command::get_events, "get_events", false, kGetEventsKeys, "",
+     R"({"events":[{seq,pid,time_ns,api,kind,device,bytes,address,used_after,tid,result,aux)"
+     R"([,new_limit,old_limit,by,by_uid,by_pid for control events]}], "next":SEQ, "latest":SEQ})",
+     "bad request: <why> (a key of the wrong type, a body that is not an object)"},
+    {Command::set_limit, "set_limit", true, kSetLimitKeys,
+     "exactly one of pid and job; exactly one of bytes and share; device and share with pid only; user with job only",
+     R"(pid: {"target":"pid","pid","process_name","uid","user","changes":[{"device","uuid","old_limit","new_limit",)"
+     R"("used_bytes"}]}; job: {"target":"job","job","uid","user","members":[pid...],"old_limit","new_limit",)"
+     R"("gpus":[{"uuid","used_bytes","new_limit_bytes"}]})",
+     R"(refused: {"error":"refused: <why>","refused":true} (root may do anything; others may only lower )"
+     R"(caps of their own processes and jobs, within the policy); bad request: <why>; <why> when it cannot be done)"},
+};
+
+/// The row of command number `number`, or null when there is none.
+constexpr const CommandInfo* find_command(uint16_t number) noexcept {
+  for (const CommandInfo& c : kCommands)
+    if (static_cast<uint16_t>(c.command) == number) return &c;
+  return nullptr;
+}
 
 /// Default socket path: $CUWARDEN_RUN_DIR/cuwardend.sock (see paths.hpp).
 
