@@ -1,10 +1,15 @@
 // cuwardend: the cuwarden daemon. Finds the rings of interposed processes in the run
 // directory, drains their events, notices exits, and answers the CLI on a unix socket.
 //
-// One thread, one poll loop: signals (signalfd), directory changes (inotify), the socket
-// server, and two timers — drain every few ms, rescan every second.
+// Two threads. The loop thread owns the model: one poll loop over signals (signalfd),
+// directory changes (inotify), writes other threads ask for (LoopQueue), and two timers —
+// drain every few ms (then publish a State), rescan every second. The socket thread serves
+// the unix socket: a query has the loop publish a State (or takes one published since it
+// came) and builds and sends its reply from it, so no client, slow or not, holds up
+// draining; set_limit goes through the LoopQueue, run by the model on the loop thread.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/signalfd.h>
@@ -20,15 +25,17 @@
 #include <spdlog/spdlog.h>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "cuw/paths.hpp"
 #include "cuw/protocol.hpp"
 #include "fault_guard.hpp"
-#include "handler.hpp"
-#include "nvml.hpp"
-#include "policy.hpp"
-#include "registry.hpp"
-#include "server.hpp"
+#include "loop_queue.hpp"
+#include "transports/handler.hpp"
+#include "model/nvml.hpp"
+#include "model/policy.hpp"
+#include "model/registry.hpp"
+#include "transports/server.hpp"
 #include "util.hpp"
 
 namespace {
@@ -187,10 +194,35 @@ int run(const Options& o) {
   reg.set_policy(loaded);
   reg_ptr = &reg;
 
-  cuw::daemon::Server server(
-      [&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
-        return cuw::daemon::handle_request(reg, peer, cmd, body);
-      });
+  cuw::daemon::LoopQueue writes;
+  cuw::daemon::Backend backend;
+  backend.store = &reg.store();
+  // Ring headers are authoritative and a query promises them as they are now: the loop
+  // publishes a State for it, once for all queries waiting at the same time. Building the
+  // reply and sending it stay on the socket thread.
+  backend.refresh = [&] {
+    const uint64_t seen = reg.store().generation();
+    writes.call([&reg, seen] {
+      if (reg.store().generation() == seen) reg.publish();
+    });
+  };
+  backend.set_limit = [&](const cuw::daemon::Peer& peer, const nlohmann::json& req) {
+    return writes.call([&] {
+      // Published whatever the outcome (a refusal is in the limit log), and before the
+      // reply leaves: the client's next query sees its change.
+      try {
+        auto r = reg.set_limit(peer, req);
+        reg.publish();
+        return r;
+      } catch (...) {
+        reg.publish();
+        throw;
+      }
+    });
+  };
+  cuw::daemon::Server server([&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
+    return cuw::daemon::handle_request(backend, peer, cmd, body);
+  });
   std::string err;
   if (!server.listen(socket_path, &err)) {
     spdlog::error("{}", err);
@@ -199,6 +231,32 @@ int run(const Options& o) {
   spdlog::info("cuwardend {} serving {} (run dir {})", CUWARDEN_VERSION, socket_path, run_dir);
 
   reg.scan();
+  reg.publish();
+  const int stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (stop_fd < 0) {
+    spdlog::error("eventfd: {}", std::strerror(errno));
+    return 1;
+  }
+  std::thread socket_thread([&] {
+    std::vector<pollfd> sfds;
+    for (;;) {
+      sfds.clear();
+      sfds.push_back({stop_fd, POLLIN, 0});
+      server.collect(sfds);
+      // 100 ms: the granularity of the connection deadlines (seconds).
+      const int sn = poll(sfds.data(), sfds.size(), 100);
+      if (sn < 0 && errno != EINTR) {
+        spdlog::error("poll (socket): {}", std::strerror(errno));
+        break;
+      }
+      if (sfds[0].revents & POLLIN) break;
+      if (sn > 0) server.dispatch(sfds, 1);
+      server.expire(mono_ns());
+    }
+  });
+  // A State is built at most once per drain interval, and after every scan and write.
+  const uint64_t publish_interval = o.drain_interval_ms * kMs;
+  uint64_t last_publish = mono_ns();
   uint64_t next_drain = mono_ns();
   uint64_t next_scan = mono_ns() + o.scan_interval_ms * kMs;
   bool scan_now = false;
@@ -207,8 +265,7 @@ int run(const Options& o) {
     fds.clear();
     fds.push_back({sigfd, POLLIN, 0});
     fds.push_back({infd, static_cast<short>(infd >= 0 ? POLLIN : 0), 0});
-    const std::size_t server_first = fds.size();
-    server.collect(fds);
+    fds.push_back({writes.fd(), POLLIN, 0});
     const uint64_t now = mono_ns();
     const uint64_t wake = std::min(next_drain, next_scan);
     const int timeout_ms = wake <= now ? 0 : static_cast<int>((wake - now + kMs - 1) / kMs);
@@ -235,7 +292,7 @@ int run(const Options& o) {
       }
       scan_now = true;
     }
-    if (n > 0) server.dispatch(fds, server_first);
+    if (fds[2].revents & POLLIN) writes.run_pending();
 
     uint64_t t = mono_ns();
     if (t >= next_drain) {
@@ -246,14 +303,26 @@ int run(const Options& o) {
         case cuw::daemon::Registry::DrainPace::soon: next_drain = t + std::min<uint64_t>(kMs, o.drain_interval_ms * kMs); break;
         case cuw::daemon::Registry::DrainPace::idle: next_drain = t + o.drain_interval_ms * kMs; break;
       }
+      if (t - last_publish >= publish_interval) {
+        reg.publish();
+        last_publish = mono_ns();
+      }
     }
     if (scan_now || t >= next_scan) {
       reg.scan();
+      reg.publish();
+      last_publish = mono_ns();
       scan_now = false;
       next_scan = mono_ns() + o.scan_interval_ms * kMs;
     }
-    server.expire(mono_ns());
   }
+  // Calls still waiting fail ("the daemon is stopping") before the socket thread is stopped:
+  // it may be blocked in one.
+  writes.close_queue();
+  const uint64_t one = 1;
+  (void)!write(stop_fd, &one, sizeof one);
+  socket_thread.join();
+  close(stop_fd);
   server.shutdown();
   if (infd >= 0) close(infd);
   if (sigfd >= 0) close(sigfd);

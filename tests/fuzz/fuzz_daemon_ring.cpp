@@ -14,8 +14,8 @@
 #include <string>
 
 #include "fuzz_support.hpp"
-#include "handler.hpp"
-#include "registry.hpp"
+#include "transports/handler.hpp"
+#include "model/registry.hpp"
 
 using namespace cuw;
 

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
-#include "handler.hpp"
-#include "registry.hpp"
-#include "server.hpp"
+#include "transports/handler.hpp"
+#include "model/registry.hpp"
+#include "transports/server.hpp"
 
 using namespace cuw;
 

@@ -8,7 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "cuw/ring.hpp"
-#include "policy.hpp"
+#include "model/policy.hpp"
 
 using cuw::daemon::parse_policy;
 

@@ -1,5 +1,5 @@
 // cuwarden daemon: non-blocking unix-socket server (see server.hpp).
-#include "server.hpp"
+#include "transports/server.hpp"
 
 #include <fcntl.h>
 #include <sys/socket.h>

@@ -1,5 +1,5 @@
 // cuwarden daemon: parsing the policy file and resolving it per user (see policy.hpp).
-#include "policy.hpp"
+#include "model/policy.hpp"
 
 #include <grp.h>
 #include <pwd.h>

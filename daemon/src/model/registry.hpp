@@ -1,12 +1,13 @@
-// cuwarden daemon: the set of interposed processes it knows, discovered from ring files.
+// cuwarden daemon model: the set of interposed processes it knows, discovered from ring files.
 //
 // scan() lists the run directory (on inotify events and every second), opens new rings,
 // notices exits and forgets exited processes after a linger time. drain_all() copies events
 // out of every ring into a bounded per-process history, numbered by one global sequence.
-// state_json()/events_json() answer queries; header counters are read fresh each time,
-// because they, not the event stream, are authoritative.
+// publish() reads every ring header afresh (they, not the event stream, are authoritative)
+// and swaps a new State into store(), which views on any thread read.
 //
-// Single-threaded: the daemon's one loop calls everything here.
+// Thread-safety: every member but store() belongs to the loop thread; store() may be read
+// from any thread.
 #pragma once
 
 #include <sys/types.h>
@@ -17,15 +18,17 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "jobs.hpp"
-#include "nvml.hpp"
-#include "policy.hpp"
+#include "model/jobs.hpp"
+#include "model/nvml.hpp"
+#include "model/policy.hpp"
+#include "model/state.hpp"
 #include "ring_view.hpp"
-#include "server.hpp"
+#include "model/peer.hpp"
 
 namespace cuw::daemon {
 
@@ -37,17 +40,7 @@ struct RegistryOptions {
   std::size_t max_rings = 4096;                 ///< processes tracked at once
   std::size_t max_jobs = 1024;                  ///< job segments tracked at once
   bool unlink_exited = true;                    ///< remove ring files of processes forgotten
-};
-
-struct StoredEvent {
-  static constexpr uint32_t kFromProcess = ~0u;    ///< written by the process itself
-  static constexpr uint32_t kFromPolicy = ~0u - 1; ///< the daemon applying its policy file
-  uint64_t seq = 0;
-  ring::Event e;
-  /// Who made a limit change the daemon recorded (Api::control events): the requester's
-  /// uid, or one of the constants above. Such events carry the new cap in `bytes`, the
-  /// old one in `aux` and the requester's pid in `tid`.
-  uint32_t by_uid = kFromProcess;
+  uint64_t nvml_refresh_ns = 500'000'000;       ///< NVML is asked at most this often by publish()
 };
 
 /// A set_limit request refused by the authorization rules (the message says why).
@@ -73,10 +66,11 @@ class Registry {
   enum class DrainPace { again, soon, idle };
   DrainPace drain_all();
 
-  nlohmann::ordered_json state_json();
-  /// `request`: {"pid"?, "after"?, "max"?}. Without "after", the newest `max` events;
-  /// with it, the oldest `max` events numbered above it. Throws std::invalid_argument.
-  nlohmann::ordered_json events_json(const nlohmann::json& request) const;
+  /// Build a State from every ring header, job segment and the histories, and publish it
+  /// to store(). Rings that fault while being read are dropped. Loop thread only.
+  void publish();
+  /// The published States: any thread may load() from it.
+  const StateStore& store() const noexcept { return store_; }
 
   /// Live limit change requested by `peer` (protocol.hpp, set_limit). Checks the rules
   /// (root: anything; others: only lower caps of their own processes and jobs, within the
@@ -114,12 +108,11 @@ class Registry {
   Process* find_running(uint32_t pid);
   void record_change(Process* p, int device, uint64_t old_limit, uint64_t new_limit, uint64_t used, uint32_t by_uid,
                      int32_t by_pid);
-  void log_limit(nlohmann::ordered_json entry);
   /// Mark a control request's record refused / failed with `why`, keep it (log_limit), return `why`.
-  std::string log_outcome(nlohmann::ordered_json& entry, const char* outcome, const std::string& why);
+  std::string log_outcome(LimitChange& entry, const char* outcome, const std::string& why);
   nlohmann::ordered_json set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
   nlohmann::ordered_json set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
-  nlohmann::ordered_json jobs_json(const std::map<std::string, int>& gpu_index_of);
+  void log_limit(LimitChange entry);
 
   RegistryOptions opt_;
   int dirfd_;
@@ -131,7 +124,10 @@ class Registry {
   std::string hostname_;
   std::shared_ptr<const Policy> policy_;
   JobTable jobs_;
-  std::deque<nlohmann::ordered_json> limit_log_;  ///< recent limit changes and refusals
+  std::deque<LimitChange> limit_log_;  ///< recent limit changes and refusals
+  StateStore store_;
+  std::vector<NvmlGpu> nvml_gpus_;     ///< last NVML reading
+  std::optional<uint64_t> nvml_read_mono_;  ///< when it was taken
 };
 
 }  // namespace cuw::daemon

@@ -1,5 +1,5 @@
 // cuwarden daemon: job segments as untrusted input (see jobs.hpp).
-#include "jobs.hpp"
+#include "model/jobs.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -3,16 +3,17 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 
-#include "registry.hpp"
+#include "model/history.hpp"
+#include "model/registry.hpp"
 #include "ring_view.hpp"
 
 namespace cuw::daemon {
 
 struct Registry::Process {
+  explicit Process(std::size_t history_capacity) : history(history_capacity) {}
   std::string file_name;
   std::unique_ptr<RingView> ring;
   uint32_t pid = 0;
@@ -24,7 +25,7 @@ struct Registry::Process {
   uint64_t exited_mono = 0;   ///< for the linger timer
   uint64_t events_received = 0;
   uint64_t events_lost = 0;   ///< slots a dead producer claimed but never published
-  std::deque<StoredEvent> history;
+  EventHistory history;
   uint32_t present = 0;       ///< devices present at the last drain (bit per ordinal)
   uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once

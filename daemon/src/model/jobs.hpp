@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cuw/job.hpp"
-#include "policy.hpp"
+#include "model/policy.hpp"
 
 namespace cuw::daemon {
 

@@ -1,6 +1,6 @@
 // cuwarden daemon: NVML by dlopen (see nvml.hpp). Types are declared here, from NVML's
 // public ABI, because the build machine has no nvml.h and needs none.
-#include "nvml.hpp"
+#include "model/nvml.hpp"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-// cuwarden daemon: the control plane — live limit changes (set_limit), who may make them,
+// cuwarden daemon model: the control plane — live limit changes (set_limit), who may make them,
 // and the policy file applied to every process and job the daemon finds.
 //
 // Rules (the README's "Live limits and policy" says them to users):
@@ -18,8 +18,8 @@
 #include <cstring>
 
 #include "cuw/size.hpp"
-#include "detail/registry_process.hpp"
-#include "registry.hpp"
+#include "model/detail/registry_process.hpp"
+#include "model/registry.hpp"
 #include "util.hpp"
 
 namespace cuw::daemon {
@@ -73,6 +73,19 @@ Ask parse_ask(const nlohmann::json& req) {
     a.fraction = s.get<double>();
   }
   return a;
+}
+
+/// A log record of a request from `peer` about `target`, before its outcome is known.
+LimitChange requested_by(const Peer& peer, const std::string& target) {
+  LimitChange c;
+  c.time_ns = now_ns();
+  if (peer.known) {
+    c.by = user_name(peer.uid);
+    c.by_uid = peer.uid;
+    c.by_pid = peer.pid;
+  }
+  c.target = target;
+  return c;
 }
 
 std::string who_text(const Peer& peer) {
@@ -130,17 +143,18 @@ void Registry::apply_policy(Process& p) {
       spdlog::info("policy: pid {} ({}) device {}: cap {} -> {} ({})", p.pid, p.user, d, cap_text(cur),
                    cap_text(target), eff.source);
       record_change(&p, static_cast<int>(d), cur, target, ds.used, StoredEvent::kFromPolicy, 0);
-      log_limit({{"time_ns", now_ns()},
-                 {"by", "policy"},
-                 {"by_uid", nullptr},
-                 {"by_pid", nullptr},
-                 {"target", fmt::format("pid {}", p.pid)},
-                 {"pid", p.pid},
-                 {"device", d},
-                 {"old_limit", cap_json(cur)},
-                 {"new_limit", cap_json(target)},
-                 {"outcome", "changed"},
-                 {"reason", eff.source}});
+      LimitChange c;
+      c.time_ns = now_ns();
+      c.by = "policy";
+      c.target = fmt::format("pid {}", p.pid);
+      c.pid = p.pid;
+      c.device = d;
+      c.has_limits = true;
+      c.old_limit = cur;
+      c.new_limit = target;
+      c.outcome = "changed";
+      c.reason = eff.source;
+      log_limit(std::move(c));
     }
     p.policy_done |= 1u << d;
   }
@@ -169,18 +183,17 @@ void Registry::record_change(Process* p, int device, uint64_t old_limit, uint64_
   ev.e.aux = old_limit;
   ev.e.used_after = used;
   ev.e.tid = static_cast<uint32_t>(by_pid);
-  p->history.push_back(ev);
-  if (p->history.size() > opt_.history_per_process) p->history.pop_front();
+  p->history.push(ev);
 }
 
-void Registry::log_limit(json entry) {
+void Registry::log_limit(LimitChange entry) {
   limit_log_.push_back(std::move(entry));
   while (limit_log_.size() > kLimitLog) limit_log_.pop_front();
 }
 
-std::string Registry::log_outcome(json& entry, const char* outcome, const std::string& why) {
-  entry["outcome"] = outcome;
-  entry["reason"] = why;
+std::string Registry::log_outcome(LimitChange& entry, const char* outcome, const std::string& why) {
+  entry.outcome = outcome;
+  entry.reason = why;
   log_limit(entry);
   return why;
 }
@@ -209,14 +222,10 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
   }
   const Ask ask = parse_ask(req);
   const std::string target = fmt::format("pid {}", pid);
-  json entry = {{"time_ns", now_ns()},
-                {"by", peer.known ? json(user_name(peer.uid)) : json(nullptr)},
-                {"by_uid", peer.known ? json(peer.uid) : json(nullptr)},
-                {"by_pid", peer.known ? json(peer.pid) : json(nullptr)},
-                {"target", target},
-                {"pid", pid},
-                {"device", device >= 0 ? json(device) : json(nullptr)},
-                {"asked", ask.str()}};
+  LimitChange entry = requested_by(peer, target);
+  entry.pid = pid;
+  if (device >= 0) entry.device = static_cast<uint32_t>(device);
+  entry.asked = ask.str();
   auto refuse = [&](const std::string& why) -> Refused {
     spdlog::warn("limit refused: {} asked {} {}-> {}: {}", who, target, device >= 0 ? fmt::format("device {} ", device) : "",
                  ask.str(), why);
@@ -296,12 +305,13 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
                  desired < ds.used ? fmt::format(" (below its use, {})", format_bytes(ds.used)) : "");
     record_change(p, static_cast<int>(d), cur, desired, ds.used, peer.known ? peer.uid : StoredEvent::kFromProcess,
                   peer.pid);
-    json e = entry;
-    e["device"] = d;
-    e["old_limit"] = cap_json(cur);
-    e["new_limit"] = cap_json(desired);
-    e["outcome"] = "changed";
-    log_limit(e);
+    LimitChange e = entry;
+    e.device = d;
+    e.has_limits = true;
+    e.old_limit = cur;
+    e.new_limit = desired;
+    e.outcome = "changed";
+    log_limit(std::move(e));
     changes.push_back({{"device", d},
                        {"uuid", format_uuid(ds.uuid)},
                        {"old_limit", cap_json(cur)},
@@ -314,77 +324,6 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
           {"uid", p->uid},
           {"user", p->user},
           {"changes", std::move(changes)}};
-}
-
-json Registry::jobs_json(const std::map<std::string, int>& gpu_index_of) {
-  json out = json::array();
-  for (auto& [file, j] : jobs_.jobs()) {
-    JobTable::View v;
-    if (!jobs_.view(j, &v) || v.members.empty()) continue;  // a job with no members holds nothing
-    // What the members asked for (CUWARDEN_JOB_LIMIT), most common first; the job's cap is
-    // the lowest member limit, which `cuwarden` shows next to the disagreement.
-    std::map<uint64_t, unsigned> asked;
-    for (const auto& m : v.members) ++asked[m.requested];
-    std::vector<std::pair<uint64_t, unsigned>> asked_sorted(asked.begin(), asked.end());
-    std::stable_sort(asked_sorted.begin(), asked_sorted.end(),
-                     [](const auto& a, const auto& b) { return a.second > b.second; });
-    json requested = json::array();
-    for (const auto& [bytes, n] : asked_sorted) requested.push_back({{"bytes", cap_json(bytes)}, {"members", n}});
-    json gpus = json::array();
-    uint64_t refusals = 0;
-    for (std::size_t i = 0; i < v.gpus.size(); ++i) {
-      const auto& g = v.gpus[i];
-      uint8_t uuid[16];
-      std::memcpy(uuid, g.uuid, sizeof uuid);
-      const std::string u = format_uuid(uuid);
-      auto it = gpu_index_of.find(u);
-      gpus.push_back({{"job_gpu", g.index},
-                      {"uuid", u},
-                      {"gpu_index", it != gpu_index_of.end() ? json(it->second) : json(nullptr)},
-                      {"memory_total_bytes", g.physical_total},
-                      {"used_bytes", v.used[i]},
-                      {"limit_bytes", cap_json(v.cap)}});
-    }
-    json members = json::array();
-    for (const auto& m : v.members) {
-      refusals += m.refusals;
-      std::string pname;
-      for (auto& [rn, p] : procs_)
-        if (p->pid == m.pid && (p->start_time & 0x7fffffffULL) == job::owner_start_low(m.owner)) {
-          Snapshot s;
-          if (p->ring->snapshot(s)) pname = process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline));
-        }
-      json charged = json::array();
-      uint64_t total = 0;
-      for (const auto& g : v.gpus) {
-        const uint64_t b = g.index >= 0 && g.index < static_cast<int>(job::kMaxGpus) ? m.charged[g.index] : 0;
-        uint8_t uuid[16];
-        std::memcpy(uuid, g.uuid, sizeof uuid);
-        charged.push_back({{"uuid", format_uuid(uuid)}, {"bytes", b}});
-        total += b;
-      }
-      members.push_back({{"pid", m.pid},
-                         {"slot", m.slot},
-                         {"process_name", pname},
-                         {"limit_bytes", cap_json(m.limit)},
-                         {"requested_bytes", cap_json(m.requested)},
-                         {"used_bytes", total},
-                         {"charged", std::move(charged)},
-                         {"joined_ns", m.joined_ns},
-                         {"refusals", m.refusals}});
-    }
-    out.push_back({{"name", j.name},
-                   {"user", j.user},
-                   {"uid", j.uid},
-                   {"file", opt_.run_dir + "/" + file},
-                   {"limit_bytes", cap_json(v.cap)},
-                   {"caps_requested", std::move(requested)},
-                   {"caps_disagree", asked.size() > 1},
-                   {"refusals", refusals},
-                   {"gpus", std::move(gpus)},
-                   {"members", std::move(members)}});
-  }
-  return out;
 }
 
 json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req) {
@@ -414,14 +353,11 @@ json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlo
     throw Refused("the daemon could not tell who you are (no peer credentials); name the job's user");
   }
   const std::string target = fmt::format("job {}/{}", user_name(uid), name);
-  json entry = {{"time_ns", now_ns()},
-                {"by", peer.known ? json(user_name(peer.uid)) : json(nullptr)},
-                {"by_uid", peer.known ? json(peer.uid) : json(nullptr)},
-                {"by_pid", peer.known ? json(peer.pid) : json(nullptr)},
-                {"target", target},
-                {"job", name},
-                {"uid", uid},
-                {"asked", ask.str()}};
+  LimitChange entry = requested_by(peer, target);
+  entry.kind = LimitChange::Target::job;
+  entry.job = name;
+  entry.uid = uid;
+  entry.asked = ask.str();
   auto refuse = [&](const std::string& why) -> Refused {
     spdlog::warn("limit refused: {} asked {} -> {}: {}", who, target, ask.str(), why);
     return Refused(log_outcome(entry, "refused", why));
@@ -470,10 +406,11 @@ json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlo
       if (p->pid == m.pid && !p->exited)
         record_change(p.get(), -1, cur, desired, 0, peer.known ? peer.uid : StoredEvent::kFromProcess, peer.pid);
   }
-  entry["old_limit"] = cap_json(cur);
-  entry["new_limit"] = cap_json(desired);
-  entry["outcome"] = "changed";
-  log_limit(entry);
+  entry.has_limits = true;
+  entry.old_limit = cur;
+  entry.new_limit = desired;
+  entry.outcome = "changed";
+  log_limit(std::move(entry));
   json gpus = json::array();
   for (std::size_t i = 0; i < v.gpus.size(); ++i) {
     uint8_t uuid[16];

@@ -1,0 +1,309 @@
+// cuwarden daemon model: discovery, draining, exit detection and publishing the State (see registry.hpp).
+#include "model/registry.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <spdlog/spdlog.h>
+#include <stdexcept>
+
+#include "cuw/paths.hpp"
+#include "model/detail/registry_process.hpp"
+#include "util.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+
+constexpr std::size_t kDrainBatch = 1024;
+constexpr std::size_t kDrainRoundsPerTick = 64;  // at most 64 Ki events per ring per tick
+constexpr std::size_t kMaxProblems = 1024;
+
+}  // namespace
+
+Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)
+    : opt_(std::move(options)),
+      dirfd_(dirfd),
+      nvml_(nvml),
+      buffer_(kDrainBatch),
+      hostname_(host_name()),
+      jobs_(opt_.max_jobs) {}
+
+Registry::~Registry() {
+  procs_.clear();
+  if (dirfd_ >= 0) close(dirfd_);
+}
+
+void Registry::scan() {
+  const uint64_t mono = mono_ns();
+  std::set<std::string> present, job_files;
+  const int fd = dup(dirfd_);
+  if (fd < 0) {
+    spdlog::warn("scan: dup: {}", std::strerror(errno));
+    return;
+  }
+  DIR* d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
+  rewinddir(d);
+  while (dirent* ent = readdir(d)) {
+    const std::string name = ent->d_name;
+    if (name.rfind(job::kFilePrefix, 0) == 0) {
+      if (job_files.size() < opt_.max_jobs + kMaxProblems) job_files.insert(name);
+      continue;
+    }
+    if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, temporary files, ...
+    present.insert(name);
+    if (present.size() > opt_.max_rings + kMaxProblems) break;
+  }
+  closedir(d);
+
+  // A name that now refers to another file than the one we mapped (replaced by a new
+  // file, a symlink, a FIFO...) is examined afresh: the old mapping no longer speaks for
+  // it. A ring merely unlinked keeps its mapping, which still holds the exact counters.
+  std::vector<std::string> replaced;
+  for (const auto& [name, p] : procs_) {
+    struct stat st{};
+    if (present.count(name) && fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (st.st_dev != p->ring->dev() || st.st_ino != p->ring->ino()))
+      replaced.push_back(name);
+  }
+  for (const auto& name : replaced) {
+    spdlog::warn("ring {}: the file was replaced under its name; re-examining it", name);
+    forget(name, false);
+  }
+  for (const auto& name : present)
+    if (!procs_.count(name)) try_open(name, mono);
+  // Problems whose file went away are solved.
+  for (auto it = problems_.begin(); it != problems_.end();)
+    it = present.count(it->first) ? std::next(it) : problems_.erase(it);
+
+  std::vector<std::string> expired;
+  for (auto& [name, p] : procs_) {
+    if (!p->exited) check_exit(*p, mono);
+    if (p->exited && mono - p->exited_mono >= opt_.exited_linger_ns) expired.push_back(name);
+  }
+  for (const auto& name : expired) forget(name, opt_.unlink_exited);
+  // Every scan sweeps every job: a killed member's share is back within a scan interval
+  // even when no other member allocates.
+  jobs_.scan(dirfd_, job_files, policy_.get());
+}
+
+void Registry::try_open(const std::string& name, uint64_t mono) {
+  struct stat st{};
+  if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished
+  const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  auto pit = problems_.find(name);
+  if (pit != problems_.end() && !pit->second.transient && pit->second.dev == st.st_dev &&
+      pit->second.ino == st.st_ino && pit->second.size == st.st_size && pit->second.mtime_ns == mtime)
+    return;  // same broken file as before
+
+  auto record = [&](std::string reason, bool transient) {
+    if (pit == problems_.end()) {
+      if (problems_.size() >= kMaxProblems) return;
+      pit = problems_.emplace(name, Problem{}).first;
+      pit->second.first_seen_mono = mono;
+    }
+    Problem& pr = pit->second;
+    const bool changed = pr.reason != reason;
+    pr.reason = std::move(reason);
+    pr.transient = transient;
+    pr.dev = st.st_dev;
+    pr.ino = st.st_ino;
+    pr.size = st.st_size;
+    pr.mtime_ns = mtime;
+    if (changed && !transient) spdlog::warn("ring {}: {}", name, pr.reason);
+  };
+
+  uint32_t pid = 0;
+  uint64_t start_time = 0;
+  if (!paths::parse_ring_file_name(name, &pid, &start_time)) {
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, paths::kRingSuffix) == 0)
+      record("malformed ring file name", false);
+    return;  // a temporary file or something else that merely starts with "ring-"
+  }
+  if (procs_.size() >= opt_.max_rings) {
+    record("too many rings (limit " + std::to_string(opt_.max_rings) + ")", true);
+    return;
+  }
+  OpenResult r = open_ring(dirfd_, name, pid, start_time);
+  if (!r.view) {
+    record(r.error, r.transient);
+    return;
+  }
+  if (pit != problems_.end()) problems_.erase(pit);
+
+  auto p = std::make_unique<Process>(opt_.history_per_process);
+  Snapshot snap;
+  if (!r.view->snapshot(snap)) return;
+  p->file_name = name;
+  p->pid = pid;
+  p->start_time = start_time;
+  p->uid = snap.uid;
+  p->user = user_name(snap.uid);
+  p->ring = std::move(r.view);
+  spdlog::info("ring {}: pid {} ({}) user {}{}", name, pid, field_text(snap.comm, sizeof snap.comm), p->user,
+               p->ring->writable() ? "" : " [read-only: counters only, no events]");
+  auto& ref = *p;
+  procs_.emplace(name, std::move(p));
+  check_exit(ref, mono);
+}
+
+void Registry::check_exit(Process& p, uint64_t mono) {
+  Snapshot snap;
+  if (!p.ring->snapshot(snap)) {
+    drop_faulted(p.file_name, "faulted while reading its header");
+    return;
+  }
+  if (snap.state == static_cast<uint32_t>(ring::ProcessState::exited)) {
+    p.exited = true;
+    p.exited_ns = snap.exited_ns ? snap.exited_ns : now_ns();
+  } else if (paths::process_gone(p.pid, p.start_time)) {
+    p.exited = true;
+    p.exited_ns = now_ns();
+  }
+  if (p.exited) {
+    p.exited_mono = mono;
+    spdlog::info("pid {} exited ({})", p.pid, p.file_name);
+  }
+}
+
+void Registry::drop_faulted(const std::string& name, const char* what) {
+  spdlog::warn("ring {}: {}; dropped", name, what);
+  Problem pr;
+  pr.reason = std::string("ring ") + what + " (truncated or rewritten under the daemon); dropped";
+  pr.first_seen_mono = mono_ns();
+  struct stat st{};
+  if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    pr.dev = st.st_dev;
+    pr.ino = st.st_ino;
+    pr.size = st.st_size;
+    pr.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  }
+  problems_[name] = pr;
+  procs_.erase(name);
+}
+
+void Registry::forget(const std::string& name, bool unlink_file) {
+  auto it = procs_.find(name);
+  if (it == procs_.end()) return;
+  Process& p = *it->second;
+  drain_one(p, now_ns(), nullptr, nullptr);  // last events of this ring; a fault changes nothing here
+  if (unlink_file && p.ring) {
+    struct stat st{};
+    // Only the file we mapped: not a new ring that reused the name.
+    if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == p.ring->dev() &&
+        st.st_ino == p.ring->ino())
+      unlinkat(dirfd_, name.c_str(), 0);  // failure is fine: not our file to insist on
+  }
+  spdlog::info("forgot pid {} ({})", p.pid, name);
+  procs_.erase(name);
+}
+
+bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
+  if (!p.ring || !p.ring->writable()) return true;
+  std::size_t drained = 0;
+  for (std::size_t round = 0; round < kDrainRoundsPerTick; ++round) {
+    // Skipping unpublished slots is safe only once no producer can publish any more: a
+    // live producer that publishes into a slot we skipped would wedge the ring.
+    DrainResult r = p.ring->drain(buffer_.data(), buffer_.size(), p.exited, now);
+    if (!r.ok) return false;
+    p.events_lost += r.lost;
+    p.events_received += r.events;
+    p.present = r.present;
+    drained += r.events;
+    for (std::size_t i = 0; i < r.events; ++i) {
+      p.history.push(StoredEvent{++seq_, buffer_[i], StoredEvent::kFromProcess});
+    }
+    if (r.events < buffer_.size()) {
+      // A ring that filled an eighth of itself since the last tick is being written fast:
+      // come back sooner than the idle interval, before it can fill up and drop.
+      if (busy && drained * 8 >= p.ring->slot_count()) *busy = true;
+      return true;
+    }
+  }
+  if (more) *more = true;
+  return true;
+}
+
+Registry::DrainPace Registry::drain_all() {
+  bool more = false, busy = false;
+  const uint64_t now = now_ns();
+  std::vector<std::string> faulted;
+  for (auto& [name, p] : procs_) {
+    if (!drain_one(*p, now, &more, &busy)) faulted.push_back(name);
+    else if (policy_ && !p->exited) apply_policy(*p);
+  }
+  for (const auto& name : faulted) drop_faulted(name, "faulted while draining events");
+  return more ? DrainPace::again : busy ? DrainPace::soon : DrainPace::idle;
+}
+
+void Registry::publish() {
+  auto st = std::make_shared<State>();
+  const uint64_t mono = mono_ns();
+  st->hostname = hostname_;
+  st->run_dir = opt_.run_dir;
+  st->nvml = nvml_ && nvml_->available();
+  // NVML walks every device and its process list: asked at most every nvml_refresh_ns, not
+  // at every publish.
+  if (!nvml_read_mono_ || mono - *nvml_read_mono_ >= opt_.nvml_refresh_ns) {
+    nvml_gpus_ = nvml_ ? nvml_->query() : std::vector<NvmlGpu>{};
+    nvml_read_mono_ = mono;
+  }
+  st->gpus = nvml_gpus_;
+
+  std::vector<std::string> faulted;
+  st->processes.reserve(procs_.size());
+  for (auto& [name, p] : procs_) {
+    ProcessState ps;
+    if (!p->ring->snapshot(ps.header)) {
+      faulted.push_back(name);
+      continue;
+    }
+    ps.file_name = name;
+    ps.pid = p->pid;
+    ps.uid = p->uid;
+    ps.user = p->user;
+    ps.start_time = p->start_time;
+    ps.exited = p->exited;
+    ps.exited_ns = p->exited_ns;
+    ps.events_received = p->events_received;
+    ps.events_lost = p->events_lost;
+    ps.events_readable = p->ring->writable();
+    ps.history = p->history.view();
+    st->processes.push_back(std::move(ps));
+  }
+  for (const auto& name : faulted) drop_faulted(name, "faulted while reading its header");
+
+  for (auto& [file, j] : jobs_.jobs()) {
+    JobState js;
+    if (!jobs_.view(j, &js.view)) continue;  // dropped at the next scan
+    js.file = file;
+    js.name = j.name;
+    js.user = j.user;
+    js.uid = j.uid;
+    st->jobs.push_back(std::move(js));
+  }
+
+  for (const auto& [name, pr] : problems_) {
+    if (pr.transient && mono - pr.first_seen_mono < opt_.problem_grace_ns) continue;
+    st->problems.push_back({name, pr.reason});
+  }
+  for (const auto& [name, reason] : jobs_.problems()) st->problems.push_back({name, reason});
+
+  if (policy_) st->policy_file = policy_->file;
+  st->limit_changes.assign(limit_log_.begin(), limit_log_.end());
+  st->events_seq = seq_;
+  st->time_ns = now_ns();
+  store_.publish(std::move(st));
+}
+
+}  // namespace cuw::daemon

@@ -1,0 +1,114 @@
+// cuwarden daemon model: the State, everything the daemon knows at one instant, as plain
+// data. The loop thread builds one after draining (Registry::publish) and swaps it into a
+// StateStore; views and transports on any thread read it without touching a ring.
+//
+// Nothing here knows JSON or sockets: views/ turn a State into replies.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/history.hpp"
+#include "model/jobs.hpp"
+#include "model/nvml.hpp"
+#include "ring_view.hpp"
+
+namespace cuw::daemon {
+
+/// One interposed process: what the daemon tracks and a copy of its ring header.
+struct ProcessState {
+  std::string file_name;  ///< the ring's file name in the run directory
+  uint32_t pid = 0;
+  uint32_t uid = 0;       ///< the ring file's owner (checked against the header at discovery)
+  std::string user;       ///< uid's login name, or the number as text
+  uint64_t start_time = 0;
+  bool exited = false;
+  uint64_t exited_ns = 0;        ///< CLOCK_REALTIME ns; meaningful when exited
+  uint64_t events_received = 0;  ///< events the daemon drained from the ring
+  uint64_t events_lost = 0;      ///< slots a dead producer claimed but never published
+  bool events_readable = false;  ///< the daemon may drain the ring (false: counters only)
+  Snapshot header;               ///< the ring header as read when the State was built
+  std::shared_ptr<const EventHistory::View> history;  ///< never null
+};
+
+/// One job segment with at least one view taken of it.
+struct JobState {
+  std::string file;  ///< file name in the run directory
+  std::string name, user;
+  uint32_t uid = 0;
+  JobTable::View view;
+};
+
+/// A file in the run directory the daemon could not use.
+struct ProblemState {
+  std::string file;  ///< file name in the run directory
+  std::string reason;
+};
+
+/// One limit change or refusal (the newest kLimitLog are kept).
+struct LimitChange {
+  enum class Target { pid, job };
+  uint64_t time_ns = 0;                ///< CLOCK_REALTIME ns
+  std::optional<std::string> by;       ///< requester's user name, "policy"; none: unidentified
+  std::optional<uint32_t> by_uid;      ///< none for the policy or an unidentified peer
+  std::optional<int32_t> by_pid;
+  std::string target;                  ///< "pid 123", "job alice/etl"
+  Target kind = Target::pid;
+  uint32_t pid = 0;                    ///< kind == pid
+  std::optional<uint32_t> device;      ///< kind == pid; none: every device
+  std::string job;                     ///< kind == job
+  uint32_t uid = 0;                    ///< kind == job: the job's owner
+  std::optional<std::string> asked;    ///< what the request asked, as typed ("6 GiB", "50%"); none for the policy
+  bool has_limits = false;             ///< old_limit/new_limit are set (the change happened)
+  uint64_t old_limit = 0, new_limit = 0;  ///< bytes; ring::kNoLimit = no cap
+  std::string outcome;                 ///< "changed", "refused", "failed"
+  std::optional<std::string> reason;
+};
+
+/// Everything the daemon knows at one instant. Immutable once published.
+struct State {
+  std::string hostname;
+  std::string run_dir;
+  uint64_t time_ns = 0;        ///< CLOCK_REALTIME ns when it was built
+  bool nvml = false;           ///< NVML loaded
+  std::vector<NvmlGpu> gpus;   ///< NVML's devices (empty without NVML)
+  uint64_t events_seq = 0;     ///< last global event number handed out
+  std::vector<ProcessState> processes;  ///< by ring file name
+  std::vector<JobState> jobs;           ///< by job file name
+  std::vector<ProblemState> problems;   ///< rings (past their grace time), then job files
+  std::optional<std::string> policy_file;  ///< none: no policy
+  std::vector<LimitChange> limit_changes;  ///< oldest first
+};
+
+/// The latest published State. publish() and load() may be called from any thread; a
+/// reader keeps the State it loaded alive for as long as it holds the pointer, whatever is
+/// published meanwhile. A mutex rather than std::atomic<std::shared_ptr>: the critical
+/// sections are a pointer copy, and sanitizers understand a mutex.
+class StateStore {
+ public:
+  void publish(std::shared_ptr<const State> s) {
+    std::lock_guard<std::mutex> g(mu_);
+    state_.swap(s);  // the previous State is freed with `s`, after the lock is released
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  /// How many States have been published: a reader that saw N and later sees more knows a
+  /// State built after that moment is there. Any thread.
+  uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
+  /// The last published State; an empty State before the first publish (never null).
+  std::shared_ptr<const State> load() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return state_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const State> state_ = std::make_shared<const State>();
+  std::atomic<uint64_t> generation_{0};
+};
+
+}  // namespace cuw::daemon

@@ -1,0 +1,43 @@
+// cuwarden daemon transport: one request of the protocol -> one reply, dispatched through
+// the protocol's command table (cuw/protocol.hpp). Queries are answered from a published
+// State on the caller's thread; changes go to the model through Backend::set_limit.
+// Split from the socket code so that tests and the fuzzers (tests/fuzz) call exactly what
+// the daemon runs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "model/peer.hpp"
+#include "model/registry.hpp"
+#include "model/state.hpp"
+#include "transports/server.hpp"
+
+namespace cuw::daemon {
+
+/// What a transport needs from the daemon.
+struct Backend {
+  /// The published States (read-only, any thread).
+  const StateStore* store = nullptr;
+  /// Called before a query: makes the store hold a State built after this call began (the
+  /// socket promises counters as they are at the query). Empty: the last State will do.
+  std::function<void()> refresh;
+  /// Registry::set_limit run where the model lives (the loop thread); it throws what that
+  /// throws. Empty: this transport carries no privileged command.
+  std::function<nlohmann::ordered_json(const Peer&, const nlohmann::json&)> set_limit;
+};
+
+/// Answer `command` (a proto::Command value) with `body` (untrusted JSON, possibly empty)
+/// from `peer` (its SO_PEERCRED credentials decide what set_limit may do).
+/// Never throws for bad input: malformed requests get a Command::error reply; a refusal
+/// by the authorization rules is {"error": "refused: ...", "refused": true}.
+/// Thread-safety: whatever backend.set_limit allows; the rest reads only the store.
+Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t command, const std::string& body);
+
+/// The same, single-threaded, straight on `reg` (tests, fuzzers): a query publishes first,
+/// so that it sees the rings as they are now.
+Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body);
+
+}  // namespace cuw::daemon
