@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "util.hpp"
-#include "views/device_counters.hpp"
+#include "views/counters_json.hpp"
 
 namespace cuw::daemon {
 
@@ -167,7 +167,9 @@ json state_json(const State& st) {
           {"name", field_text(ds.name, sizeof ds.name)},
           {"memory_total_bytes", ds.physical_total},
       };
-      put_device_counters(dev, ds, p.exited);
+      // The counters, from their list (counters.hpp). An exited process holds nothing: the
+      // driver freed its memory at exit, whatever the counters said last.
+      put_counters(dev, counters::kDevice, ds.values(), p.exited);
       if (p.exited) dev["used_at_exit_bytes"] = ds.used;
       if (auto it = nvml_by_uuid.find(uuid); it != nvml_by_uuid.end()) {
         auto pu = it->second->process_used.find(p.pid);
