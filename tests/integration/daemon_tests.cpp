@@ -442,3 +442,51 @@ TEST_CASE("daemon.a_second_daemon_on_the_same_run_directory_is_refused") {
   Daemon third(dir);
   CHECK(third.alive());
 }
+
+TEST_CASE("daemon.stuck_clients_do_not_delay_draining") {
+  TempDir dir;
+  Daemon d(dir);
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time(), 1024);
+  r.device(0, 0x10);
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+  // Enough history that one get_events reply (about 230 bytes an event) outgrows the
+  // socket's buffers.
+  for (int burst = 0; burst < 6; ++burst) {
+    for (int i = 0; i < 500; ++i) REQUIRE(r.push(ring::EventKind::alloc, ring::Api::cuMemAlloc, 0, 4096, 0x1000 + i, 4096));
+    REQUIRE(wait_until([&] { return r.h->read_pos.load() == r.h->write_pos.load(); }));
+  }
+
+  // Clients that ask for a reply larger than the socket buffer and never read it, and
+  // others that stop halfway through a request.
+  std::vector<int> stuck;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = connect_raw(d.socket);
+    REQUIRE(fd >= 0);
+    const int small = 4096;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    REQUIRE(cuw::proto::send_message(fd, Command::get_events, 1, R"({"max":100000})", 1000));
+    stuck.push_back(fd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int fd = connect_raw(d.socket);
+    REQUIRE(::send(fd, "CUWP", 4, MSG_NOSIGNAL) == 4);
+    stuck.push_back(fd);
+  }
+
+  // The ring keeps being drained at the daemon's pace (every 10 ms): every burst is
+  // consumed well within a second, over and over.
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t beat = r.h->consumer_heartbeat_ns.load();
+    for (int i = 0; i < 500; ++i) REQUIRE(r.push(ring::EventKind::free, ring::Api::cuMemFree, 0, 4096, 0x1000 + i, 0));
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(wait_until([&] { return r.h->read_pos.load() == r.h->write_pos.load(); }, 1000));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500));
+    CHECK(r.h->consumer_heartbeat_ns.load() > beat);
+  }
+  CHECK(r.h->events_dropped.load() == 0);
+  // And queries from others are answered meanwhile.
+  CHECK(d.state()["events_seq"] == 6 * 500 + 10 * 500);
+  for (int fd : stuck) ::close(fd);
+  CHECK(d.alive());
+}

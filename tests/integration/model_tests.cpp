@@ -1,0 +1,87 @@
+// cuwarden integration tests for the daemon's model in-process: States published by the
+// loop thread while other threads read them (run under TSan in the sanitizer build).
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+
+#include <atomic>
+#include <thread>
+
+#include "daemon_test_support.hpp"
+#include "fault_guard.hpp"
+#include "model/registry.hpp"
+#include "views/events_json.hpp"
+#include "views/state_json.hpp"
+
+using namespace cuwt;
+
+TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_loop_drains") {
+  cuw::daemon::install_fault_guard();
+  TempDir dir;
+  const std::string run = dir / "run";
+  REQUIRE(::mkdir(run.c_str(), 0700) == 0);
+  Child child;
+  FakeRing r(run, child.pid, child.start_time(), 1024);
+  r.device(0, 0x20).limit.store(ring::kNoLimit);
+
+  cuw::daemon::RegistryOptions o;
+  o.run_dir = run;
+  o.history_per_process = 700;  // not a multiple of the history's chunk: trimming is exercised
+  o.unlink_exited = false;
+  cuw::daemon::Registry reg(o, ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), nullptr);
+  reg.scan();
+  reg.publish();
+
+  constexpr int kBursts = 40, kPerBurst = 100;
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> reads{0};
+  std::string failure;
+  std::thread reader([&] {
+    uint64_t last_seq = 0;
+    while (!done.load()) {
+      auto st = reg.store().load();
+      const auto state = cuw::daemon::state_json(*st);
+      const auto ev = cuw::daemon::events_json(*st, nlohmann::json{{"max", 100000}});
+      const uint64_t seq = state["events_seq"].get<uint64_t>();
+      const auto& events = ev["events"];
+      // One State is one instant: its events end at its events_seq, numbered without a
+      // gap, at most the history's size, and the sequence never goes back.
+      bool ok = seq >= last_seq && ev["latest"] == seq && events.size() <= o.history_per_process;
+      if (ok && !events.empty()) {
+        ok = events.back()["seq"] == seq &&
+             events.back()["seq"].get<uint64_t>() - events.front()["seq"].get<uint64_t>() + 1 == events.size();
+      }
+      if (!ok && failure.empty()) failure = "inconsistent State at events_seq " + std::to_string(seq);
+      last_seq = seq;
+      reads.fetch_add(1);
+    }
+  });
+  for (int b = 0; b < kBursts; ++b) {
+    for (int i = 0; i < kPerBurst; ++i)
+      REQUIRE(r.push(ring::EventKind::alloc, ring::Api::cuMemAlloc, 0, 4096, 0x1000 + i, 4096 * (i + 1)));
+    r.h->devices[0].used.store(4096ULL * kPerBurst * (b + 1));
+    while (reg.drain_all() == cuw::daemon::Registry::DrainPace::again) {
+    }
+    reg.publish();
+  }
+  // Readers keep what they loaded: the loop may publish again at once.
+  auto held = reg.store().load();
+  reg.publish();
+  REQUIRE(wait_until([&] { return reads.load() > 10; }));
+  done.store(true);
+  reader.join();
+  INFO(failure);
+  CHECK(failure.empty());
+
+  const auto state = cuw::daemon::state_json(*held);
+  CHECK(state["events_seq"] == kBursts * kPerBurst);
+  REQUIRE(state["processes"].size() == 1);
+  CHECK(state["processes"][0]["devices"][0]["used_bytes"] == 4096ULL * kPerBurst * kBursts);
+  const auto ev = cuw::daemon::events_json(*held, nlohmann::json{{"max", 100000}});
+  CHECK(ev["events"].size() == o.history_per_process);
+  CHECK(ev["events"].front()["seq"] == kBursts * kPerBurst - o.history_per_process + 1);
+  // "after" lands inside the history, across chunks.
+  const auto after = cuw::daemon::events_json(*held, nlohmann::json{{"after", 3500}, {"max", 3}});
+  REQUIRE(after["events"].size() == 3);
+  CHECK(after["events"][0]["seq"] == 3501);
+  CHECK(after["next"] == 3503);
+}
