@@ -14,8 +14,8 @@
 //           `refusals`: public names never change)
 //   query   --query-compute-apps field name ("" = none)
 //   column  title when a table shows it
-//   metric  Prometheus name after "cuwarden_process_"; counters end in _total, byte
-//           gauges in _bytes
+//   metric  Prometheus name after "cuwarden_" (ARCHITECTURE.md names the first ones);
+//           counters end in _total, byte gauges in _bytes
 //   type    gauge or counter (Prometheus)
 //   unit    bytes or count
 //   shown   plain; held (0 once the process exited: the driver freed what it held);
@@ -31,34 +31,35 @@
 #include <cstdint>
 #include <string_view>
 
-#define CUW_DEVICE_COUNTERS(X, D)                                                                                 \
-  X(used, "used_bytes", "used_memory", "Used", "used_bytes", gauge, bytes, held,                                  \
-    "Bytes counted against the cap right now")                                                                    \
-  X(peak, "peak_bytes", "peak_memory", "Peak", "peak_bytes", gauge, bytes, plain, "High-water mark of used bytes") \
-  X(limit, "limit_bytes", "limit", "Cap", "limit_bytes", gauge, bytes, cap,                                       \
-    "The process's cap on the device (absent when uncapped)")                                                     \
-  X(reserved, "reserved_bytes", "reserved_memory", "Reserved", "reserved_bytes", gauge, bytes, plain,             \
-    "Bytes the process holds from the driver (at least used bytes with a pool)")                                  \
-  X(live_allocations, "allocations", "allocations", "Allocs", "allocations", gauge, count, plain,                 \
-    "Allocations not yet freed")                                                                                  \
-  X(alloc_count, "alloc_count", "alloc_count", "Allocs made", "allocs_total", counter, count, plain,             \
-    "Successful allocations")                                                                                     \
-  X(free_count, "free_count", "free_count", "Frees", "frees_total", counter, count, plain, "Frees")                \
-  X(refusals, "ooms", "ooms", "OOMs", "ooms_total", counter, count, plain,                                        \
-    "Allocations refused by the cap (out-of-memory errors cuwarden caused)")                                      \
-  X(driver_errors, "driver_errors", "driver_errors", "Driver errors", "driver_errors_total", counter, count,      \
-    plain, "Allocations the driver itself failed")                                                                \
-  X(host_bytes, "host_bytes", "host_memory", "Host", "host_bytes", gauge, bytes, plain,                           \
-    "Pinned host memory allocated through the device's context")                                                  \
-  X(cached, "cached_bytes", "cached_memory", "Cached", "cached_bytes", gauge, bytes, plain,                       \
-    "Bytes a pooling backend holds that no allocation of the program uses (part of used bytes)")                  \
-  D(in_use, "in_use_bytes", "in_use_memory", "In use", "in_use_bytes", gauge, bytes, held,                       \
-    "Bytes the program's allocations hold: used bytes less what the pool caches")                                \
-  X(pool_hits, "pool_hits", "pool_hits", "Pool hits", "pool_hits_total", counter, count, plain,                  \
-    "Allocations a pooling backend served without calling the driver")                                           \
-  X(pool_waits, "pool_waits", "pool_waits", "Pool waits", "pool_waits_total", counter, count, plain,             \
-    "Times a pooling backend waited for earlier GPU work")                                                        \
-  X(context_bytes, "context_bytes", "context_memory", "Context", "context_bytes", gauge, bytes, plain,           \
+#define CUW_DEVICE_COUNTERS(X, D)                                                                                      \
+  X(used, "used_bytes", "used_memory", "Used", "process_memory_used_bytes", gauge, bytes, held,                        \
+    "Bytes counted against the cap right now")                                                                         \
+  X(peak, "peak_bytes", "peak_memory", "Peak", "process_memory_peak_bytes", gauge, bytes, plain,                      \
+    "High-water mark of used bytes")                                                                                   \
+  X(limit, "limit_bytes", "limit", "Cap", "process_memory_limit_bytes", gauge, bytes, cap,                             \
+    "The process's cap on the device (absent when uncapped)")                                                          \
+  X(reserved, "reserved_bytes", "reserved_memory", "Reserved", "process_memory_reserved_bytes", gauge, bytes, plain,   \
+    "Bytes the process holds from the driver (at least used bytes with a pool)")                                       \
+  X(live_allocations, "allocations", "allocations", "Allocs", "process_allocations", gauge, count, plain,              \
+    "Allocations not yet freed")                                                                                       \
+  X(alloc_count, "alloc_count", "alloc_count", "Allocs made", "allocations_total", counter, count, plain,              \
+    "Successful allocations")                                                                                          \
+  X(free_count, "free_count", "free_count", "Frees", "frees_total", counter, count, plain, "Frees")                    \
+  X(refusals, "ooms", "ooms", "OOMs", "ooms_total", counter, count, plain,                                             \
+    "Allocations refused by the cap (out-of-memory errors cuwarden caused)")                                           \
+  X(driver_errors, "driver_errors", "driver_errors", "Driver errors", "driver_errors_total", counter, count,           \
+    plain, "Allocations the driver itself failed")                                                                     \
+  X(host_bytes, "host_bytes", "host_memory", "Host", "process_host_memory_bytes", gauge, bytes, plain,                 \
+    "Pinned host memory allocated through the device's context")                                                       \
+  X(cached, "cached_bytes", "cached_memory", "Cached", "process_memory_cached_bytes", gauge, bytes, plain,             \
+    "Bytes a pooling backend holds that no allocation of the program uses (part of used bytes)")                       \
+  D(in_use, "in_use_bytes", "in_use_memory", "In use", "process_memory_in_use_bytes", gauge, bytes, held,              \
+    "Bytes the program's allocations hold: used bytes less what the pool caches")                                      \
+  X(pool_hits, "pool_hits", "pool_hits", "Pool hits", "pool_hits_total", counter, count, plain,                        \
+    "Allocations a pooling backend served without calling the driver")                                                 \
+  X(pool_waits, "pool_waits", "pool_waits", "Pool waits", "pool_waits_total", counter, count, plain,                   \
+    "Times a pooling backend waited for earlier GPU work")                                                             \
+  X(context_bytes, "context_bytes", "context_memory", "Context", "process_memory_context_bytes", gauge, bytes, plain,  \
     "With CUWARDEN_CAP_SCOPE=process: the driver's memory for the context and modules, part of used bytes")
 
 namespace cuw::counters {
@@ -97,7 +98,7 @@ inline constexpr std::size_t kDeviceStored = 0 CUW_DEVICE_COUNTERS(CUW_COUNTER_O
 enum class Id : std::size_t { CUW_DEVICE_COUNTERS(CUW_COUNTER_ID_, CUW_COUNTER_ID_) };
 #undef CUW_COUNTER_ID_
 
-/// The Prometheus name of a row: "cuwarden_process_" + metric.
-inline constexpr std::string_view kMetricPrefix = "cuwarden_process_";
+/// The Prometheus name of a row: "cuwarden_" + metric.
+inline constexpr std::string_view kMetricPrefix = "cuwarden_";
 
 }  // namespace cuw::counters
