@@ -27,16 +27,16 @@
 #include <string>
 #include <thread>
 
+#include "base/loop_queue.hpp"
+#include "base/util.hpp"
 #include "cuw/paths.hpp"
 #include "cuw/protocol.hpp"
-#include "fault_guard.hpp"
-#include "loop_queue.hpp"
-#include "transports/handler.hpp"
+#include "model/fault_guard.hpp"
 #include "model/nvml.hpp"
 #include "model/policy.hpp"
 #include "model/registry.hpp"
+#include "transports/handler.hpp"
 #include "transports/server.hpp"
-#include "util.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // cuwarden fuzz target: the daemon's whole ring-reading path on a hostile file. The input
-// becomes a ring file in a scratch run directory; a Registry (daemon/src/registry.hpp)
+// becomes a ring file in a scratch run directory; a Registry (daemon/src/model/registry.hpp)
 // scans it (open_ring: lstat/O_NOFOLLOW, size, validate, uid and name checks), drains it
 // and answers get_state / get_events from it, exactly as cuwardend does.
 //

@@ -1,4 +1,4 @@
-// cuwarden fuzz target: the daemon's socket server (daemon/src/server.cpp: incremental
+// cuwarden fuzz target: the daemon's socket server (daemon/src/transports/server.cpp: incremental
 // framing of untrusted bytes) and request handling (handler.cpp -> Registry), as cuwardend
 // wires them. One Server listens in a scratch run directory holding one valid ring with
 // events; each input is what one client connection sends before closing its write side.

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "daemon_test_support.hpp"
-#include "fault_guard.hpp"
+#include "model/fault_guard.hpp"
 #include "model/registry.hpp"
 #include "views/events_json.hpp"
 #include "views/state_json.hpp"

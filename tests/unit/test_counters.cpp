@@ -11,7 +11,7 @@
 #include "cuw/counters.hpp"
 #include "cuw/ring.hpp"
 #include "fields.hpp"
-#include "ring_view.hpp"
+#include "model/ring_view.hpp"
 #include "views/counters_json.hpp"
 
 namespace {

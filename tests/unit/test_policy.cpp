@@ -1,4 +1,4 @@
-// Unit tests for the daemon's policy file (daemon/src/policy.cpp): what parses, what each
+// Unit tests for the daemon's policy file (daemon/src/model/policy.cpp): what parses, what each
 // mistake says (with file:line:column), and precedence user > group > default.
 #include <grp.h>
 #include <pwd.h>

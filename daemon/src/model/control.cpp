@@ -17,10 +17,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/util.hpp"
 #include "cuw/size.hpp"
 #include "model/detail/registry_process.hpp"
 #include "model/registry.hpp"
-#include "util.hpp"
 
 namespace cuw::daemon {
 

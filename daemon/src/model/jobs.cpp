@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "fault_guard.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
+#include "model/fault_guard.hpp"
 
 namespace cuw::daemon {
 

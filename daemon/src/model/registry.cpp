@@ -13,9 +13,9 @@
 #include <spdlog/spdlog.h>
 #include <stdexcept>
 
+#include "base/util.hpp"
 #include "cuw/paths.hpp"
 #include "model/detail/registry_process.hpp"
-#include "util.hpp"
 
 namespace cuw::daemon {
 

@@ -25,10 +25,10 @@
 
 #include "model/jobs.hpp"
 #include "model/nvml.hpp"
-#include "model/policy.hpp"
-#include "model/state.hpp"
-#include "ring_view.hpp"
 #include "model/peer.hpp"
+#include "model/policy.hpp"
+#include "model/ring_view.hpp"
+#include "model/state.hpp"
 
 namespace cuw::daemon {
 

@@ -16,7 +16,7 @@
 #include "model/history.hpp"
 #include "model/jobs.hpp"
 #include "model/nvml.hpp"
-#include "ring_view.hpp"
+#include "model/ring_view.hpp"
 
 namespace cuw::daemon {
 

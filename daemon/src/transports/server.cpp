@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "base/util.hpp"
 #include "cuw/protocol.hpp"
-#include "util.hpp"
 
 namespace cuw::daemon {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace cuw::daemon {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "util.hpp"
+#include "base/util.hpp"
 #include "views/counters_json.hpp"
 
 namespace cuw::daemon {

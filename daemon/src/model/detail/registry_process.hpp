@@ -8,7 +8,7 @@
 
 #include "model/history.hpp"
 #include "model/registry.hpp"
-#include "ring_view.hpp"
+#include "model/ring_view.hpp"
 
 namespace cuw::daemon {
 

@@ -1,5 +1,5 @@
 // cuwarden daemon: mapping and reading ring files as untrusted input (see ring_view.hpp).
-#include "ring_view.hpp"
+#include "model/ring_view.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,7 @@
 
 #include "cuw/paths.hpp"
 
-#include "fault_guard.hpp"
+#include "model/fault_guard.hpp"
 
 namespace cuw::daemon {
 

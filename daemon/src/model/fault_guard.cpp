@@ -1,5 +1,5 @@
 // cuwarden daemon: SIGBUS/SIGSEGV guard for ring accesses (see fault_guard.hpp).
-#include "fault_guard.hpp"
+#include "model/fault_guard.hpp"
 
 #include <csetjmp>
 #include <csignal>

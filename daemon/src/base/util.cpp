@@ -1,5 +1,5 @@
 // cuwarden daemon: small helpers (see util.hpp).
-#include "util.hpp"
+#include "base/util.hpp"
 
 #include <pwd.h>
 #include <unistd.h>
