@@ -206,7 +206,7 @@ int run(const Options& o) {
       if (reg.store().generation() == seen) reg.publish();
     });
   };
-  backend.set_limit = [&](const cuw::daemon::Peer& peer, const nlohmann::json& req) {
+  backend.set_limit = [&](const cuw::daemon::Peer& peer, const cuw::daemon::LimitRequest& req) {
     return writes.call([&] {
       // Published whatever the outcome (a refusal is in the limit log), and before the
       // reply leaves: the client's next query sees its change.

@@ -7,11 +7,13 @@
 // The commands, their request keys, reply shapes and errors are in kCommands below.
 //
 // How to add a command:
-//   1. a number in `Command` and one row in kCommands (keys, reply, errors, privileged);
+//   1. a number in `Command` and one row in kCommands (keys with their types and errors,
+//      one_of pairs, reply, errors, privileged): the dispatcher checks requests against it;
 //   2. its case in the daemon's dispatcher (daemon/src/transports/handler.cpp), reading the
 //      published State for a query or going through the model's loop thread for a change;
 //   3. a test in tests/integration/daemon_tests.cpp, and its reply in the golden files if
-//      the CLI prints it.
+//      the CLI prints it (tests/integration/protocol_tests.cpp walks the table by itself:
+//      the smallest valid request, each key of a wrong type, each one_of pair).
 #pragma once
 
 #include <cstdint>
@@ -54,8 +56,20 @@ static_assert(sizeof(Header) == 16);
 /// One key of a request body.
 struct RequestKey {
   std::string_view name;
-  std::string_view type;  ///< "uint", "uint|null", "number", "string", "string|uint"
-  bool required;          ///< false: optional, or one of a group the command's `rule` names
+  /// The JSON types it may hold, '|'-separated: "uint" (an integer >= 0), "number", "string",
+  /// "null".
+  std::string_view type;
+  bool required;  ///< false: optional, or one of a pair in the command's `one_of`
+  /// What a value of another type (or a required key left out) is told: the reply is
+  /// {"error": "bad request: <error>"}. The daemon checks every key's type before it looks
+  /// at the values, and its own range checks on a key say the same.
+  std::string_view error;
+};
+
+/// Two keys of which a request carries exactly one (present with any value, null too).
+struct OneOf {
+  std::string_view first, second;
+  std::string_view error;  ///< both or neither: {"error": "bad request: <error>"}
 };
 
 /// One row of the command table: what a command takes and gives back.
@@ -66,37 +80,53 @@ struct CommandInfo {
   /// that has them (the unix socket) may carry it; read-only transports refuse it.
   bool privileged;
   std::span<const RequestKey> keys;  ///< keys the daemon reads; others are ignored
-  std::string_view rule;             ///< constraints across keys ("" = none)
+  std::span<const OneOf> one_of;     ///< pairs of keys, exactly one of each present
+  /// Every constraint across keys, for people; the daemon checks `one_of` itself and the
+  /// rest where it reads the values. A command with no keys and no `one_of` takes any body.
+  std::string_view rule;
   std::string_view reply;            ///< reply body shape
   std::string_view errors;           ///< Command::error bodies it may send
 };
 
 inline constexpr RequestKey kGetEventsKeys[] = {
-    {"pid", "uint|null", false},    // only this process's events
-    {"after", "uint|null", false},  // events numbered above this; without it, the newest
-    {"max", "uint|null", false},    // at most this many (default 1000, clamped to 1..100000)
+    // only this process's events
+    {"pid", "uint|null", false, "\"pid\" must be a non-negative integer"},
+    // events numbered above this; without it, the newest
+    {"after", "uint|null", false, "\"after\" must be a non-negative integer"},
+    // at most this many (default 1000, clamped to 1..100000)
+    {"max", "uint|null", false, "\"max\" must be a non-negative integer"},
 };
 inline constexpr RequestKey kSetLimitKeys[] = {
-    {"pid", "uint", false},          // the process, or
-    {"job", "string", false},        // the job (of "user", default the caller)
-    {"bytes", "uint|null", false},   // the new cap (null or 2^64-1: none), or
-    {"share", "number", false},      // 0 < F <= 1 of each device's memory (pids only)
-    {"device", "uint|null", false},  // CUDA ordinal as the process sees it (pids only; default: all)
-    {"user", "string|uint", false},  // the job's owner (jobs only)
+    // the process (1..2^31-1), or
+    {"pid", "uint", false, "\"pid\" must be a process id"},
+    // the job (of "user", default the caller)
+    {"job", "string", false, "\"job\" must be a job name"},
+    // the new cap (null or 2^64-1: none), or
+    {"bytes", "uint|null", false, "\"bytes\" must be a non-negative integer or null"},
+    // 0 < F <= 1 of each device's memory (pids only)
+    {"share", "number", false, "\"share\" must be a number in (0, 1]"},
+    // CUDA ordinal as the process sees it, 0..ring::kMaxDevices-1 (pids only; default: all)
+    {"device", "uint|null", false, "\"device\" must be a CUDA ordinal 0..15"},
+    // the job's owner, a login name or a uid (jobs only; null or absent: the caller)
+    {"user", "string|uint|null", false, "\"user\" must be a user name or a uid"},
+};
+inline constexpr OneOf kSetLimitOneOf[] = {
+    {"pid", "job", "give exactly one of \"pid\" and \"job\""},
+    {"bytes", "share", "give exactly one of \"bytes\" (a number, or null for no cap) and \"share\""},
 };
 
 /// Every command, in number order. The daemon dispatches through this table: a number not
 /// in it gets {"error":"unknown command N"}.
 inline constexpr CommandInfo kCommands[] = {
-    {Command::get_state, "get_state", false, {}, "",
+    {Command::get_state, "get_state", false, {}, {}, "",
      "state JSON (daemon/src/views/state_json.cpp): version, hostname, time_ns, run_dir, nvml, events_seq, "
      "gpus[], processes[], jobs[], problems[], policy, limit_changes[]",
      "bad request: too deeply nested | bad request: body is not JSON"},
-    {Command::get_events, "get_events", false, kGetEventsKeys, "",
+    {Command::get_events, "get_events", false, kGetEventsKeys, {}, "",
      R"({"events":[{seq,pid,time_ns,api,kind,device,bytes,address,used_after,tid,result,aux)"
      R"([,new_limit,old_limit,by,by_uid,by_pid for control events]}], "next":SEQ, "latest":SEQ})",
      "bad request: <why> (a key of the wrong type, a body that is not an object)"},
-    {Command::set_limit, "set_limit", true, kSetLimitKeys,
+    {Command::set_limit, "set_limit", true, kSetLimitKeys, kSetLimitOneOf,
      "exactly one of pid and job; exactly one of bytes and share; device and share with pid only; user with job only",
      R"(pid: {"target":"pid","pid","process_name","uid","user","changes":[{"device","uuid","old_limit","new_limit",)"
      R"("used_bytes"}]}; job: {"target":"job","job","uid","user","members":[pid...],"old_limit","new_limit",)"

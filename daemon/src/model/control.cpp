@@ -9,12 +9,15 @@
 //   - every change and every refusal is logged with who asked (uid, user name, pid), what,
 //     and the cap before and after; changes to a process are also recorded in its event
 //     history (Api::control), and the last kLimitLog outcomes are in the state JSON.
+//
+// The request arrives typed (control.hpp: views/limit_json checked its keys and ranges) and
+// the outcome leaves typed; a refusal or failure found deep in a check is thrown as a
+// private Stop and turned into the LimitResult by set_limit.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "base/util.hpp"
@@ -24,55 +27,23 @@
 
 namespace cuw::daemon {
 
-using json = nlohmann::ordered_json;
-
 namespace {
 
 constexpr std::size_t kLimitLog = 256;
 
 std::string cap_text(uint64_t v) { return v == ring::kNoLimit ? "none" : format_bytes(v); }
-json cap_json(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
 
-/// What a request asks for: bytes, a share of each device, or no cap.
-struct Ask {
-  bool remove = false;
-  bool share = false;
-  double fraction = 0;
-  uint64_t bytes = 0;
-  uint64_t resolve(uint64_t physical_total) const {
-    if (remove) return ring::kNoLimit;
-    if (!share) return bytes;
-    SizeSpec s;
-    s.percent = true;
-    s.share = fraction;
-    return s.resolve(physical_total);
-  }
-  std::string str() const {
-    if (remove) return "none";
-    if (share) return fmt::format("{:g}%", fraction * 100);
-    return format_bytes(bytes);
-  }
+/// A refusal or failure, thrown out of the checks and caught by Registry::set_limit.
+struct Stop {
+  LimitResult::Outcome outcome;
+  std::string why;
 };
 
-Ask parse_ask(const nlohmann::json& req) {
-  Ask a;
-  const bool has_bytes = req.contains("bytes"), has_share = req.contains("share");
-  if (has_bytes == has_share) throw std::invalid_argument("give exactly one of \"bytes\" (a number, or null for no cap) and \"share\"");
-  if (has_bytes) {
-    const auto& b = req["bytes"];
-    if (b.is_null()) a.remove = true;
-    else if (b.is_number_unsigned()) a.bytes = b.get<uint64_t>();
-    else if (b.is_number_integer() && b.get<int64_t>() >= 0) a.bytes = static_cast<uint64_t>(b.get<int64_t>());
-    else throw std::invalid_argument("\"bytes\" must be a non-negative integer or null");
-    if (!a.remove && a.bytes == ring::kNoLimit) a.remove = true;  // the wire value of "none"
-  } else {
-    const auto& s = req["share"];
-    if (!s.is_number() || !std::isfinite(s.get<double>()) || s.get<double>() <= 0 || s.get<double>() > 1)
-      throw std::invalid_argument("\"share\" must be a number in (0, 1]");
-    a.share = true;
-    a.fraction = s.get<double>();
-  }
-  return a;
+LimitResult stopped(const Stop& s) {
+  LimitResult r;
+  r.outcome = s.outcome;
+  r.reason = s.why;
+  return r;
 }
 
 /// A log record of a request from `peer` about `target`, before its outcome is known.
@@ -94,6 +65,21 @@ std::string who_text(const Peer& peer) {
 }
 
 }  // namespace
+
+uint64_t LimitAsk::resolve(uint64_t physical_total) const {
+  if (remove) return ring::kNoLimit;
+  if (!share) return bytes;
+  SizeSpec s;
+  s.percent = true;
+  s.share = fraction;
+  return s.resolve(physical_total);
+}
+
+std::string LimitAsk::str() const {
+  if (remove) return "none";
+  if (share) return fmt::format("{:g}%", fraction * 100);
+  return format_bytes(bytes);
+}
 
 void Registry::set_policy(std::shared_ptr<const Policy> policy) {
   policy_ = policy && !policy->empty() ? std::move(policy) : nullptr;
@@ -198,42 +184,32 @@ std::string Registry::log_outcome(LimitChange& entry, const char* outcome, const
   return why;
 }
 
-json Registry::set_limit(const Peer& peer, const nlohmann::json& req) {
-  if (!req.is_object()) throw std::invalid_argument("request body must be a JSON object");
+LimitResult Registry::set_limit(const Peer& peer, const LimitRequest& req) {
   const std::string who = who_text(peer);
-  const bool has_pid = req.contains("pid"), has_job = req.contains("job");
-  if (has_pid == has_job) throw std::invalid_argument("give exactly one of \"pid\" and \"job\"");
-  if (has_pid) return set_process_limit(peer, who, req);
-  return set_job_limit(peer, who, req);
+  try {
+    return req.target == LimitRequest::Target::pid ? set_process_limit(peer, who, req) : set_job_limit(peer, who, req);
+  } catch (const Stop& s) {
+    return stopped(s);
+  }
 }
 
-json Registry::set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req) {
-  const auto& jp = req["pid"];
-  if (!jp.is_number_unsigned() || jp.get<uint64_t>() == 0 || jp.get<uint64_t>() > 0x7fffffff)
-    throw std::invalid_argument("\"pid\" must be a process id");
-  const auto pid = static_cast<uint32_t>(jp.get<uint64_t>());
-  if (req.contains("user")) throw std::invalid_argument("\"user\" goes with \"job\" only");
-  int device = -1;
-  if (req.contains("device") && !req["device"].is_null()) {
-    const auto& jd = req["device"];
-    if (!jd.is_number_integer() || jd.get<int64_t>() < 0 || jd.get<int64_t>() >= ring::kMaxDevices)
-      throw std::invalid_argument(fmt::format("\"device\" must be a CUDA ordinal 0..{}", ring::kMaxDevices - 1));
-    device = static_cast<int>(jd.get<int64_t>());
-  }
-  const Ask ask = parse_ask(req);
+LimitResult Registry::set_process_limit(const Peer& peer, const std::string& who, const LimitRequest& req) {
+  const uint32_t pid = req.pid;
+  const int device = req.device ? static_cast<int>(*req.device) : -1;
+  const LimitAsk& ask = req.ask;
   const std::string target = fmt::format("pid {}", pid);
   LimitChange entry = requested_by(peer, target);
   entry.pid = pid;
   if (device >= 0) entry.device = static_cast<uint32_t>(device);
   entry.asked = ask.str();
-  auto refuse = [&](const std::string& why) -> Refused {
+  auto refuse = [&](const std::string& why) -> Stop {
     spdlog::warn("limit refused: {} asked {} {}-> {}: {}", who, target, device >= 0 ? fmt::format("device {} ", device) : "",
                  ask.str(), why);
-    return Refused(log_outcome(entry, "refused", why));
+    return Stop{LimitResult::Outcome::refused, log_outcome(entry, "refused", why)};
   };
-  auto fail = [&](const std::string& why) -> std::runtime_error {
+  auto fail = [&](const std::string& why) -> Stop {
     spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
-    return std::runtime_error(log_outcome(entry, "failed", why));
+    return Stop{LimitResult::Outcome::failed, log_outcome(entry, "failed", why)};
   };
 
   Process* p = find_running(pid);
@@ -283,7 +259,13 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
                            "other users' caps",
                            geteuid(), pid, p->uid));
 
-  json changes = json::array();
+  LimitResult out;
+  out.outcome = LimitResult::Outcome::changed;
+  out.target = LimitRequest::Target::pid;
+  out.pid = pid;
+  out.process_name = process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline));
+  out.uid = p->uid;
+  out.user = p->user;
   for (uint32_t d : devices) {
     const DeviceSnapshot& ds = s.devices[d];
     uint64_t cur = ds.limit;
@@ -312,45 +294,33 @@ json Registry::set_process_limit(const Peer& peer, const std::string& who, const
     e.new_limit = desired;
     e.outcome = "changed";
     log_limit(std::move(e));
-    changes.push_back({{"device", d},
-                       {"uuid", format_uuid(ds.uuid)},
-                       {"old_limit", cap_json(cur)},
-                       {"new_limit", cap_json(desired)},
-                       {"used_bytes", ds.used}});
+    LimitResult::DeviceChange c;
+    c.device = d;
+    std::memcpy(c.uuid, ds.uuid, sizeof c.uuid);
+    c.old_limit = cur;
+    c.new_limit = desired;
+    c.used_bytes = ds.used;
+    out.changes.push_back(c);
   }
-  return {{"target", "pid"},
-          {"pid", pid},
-          {"process_name", process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline))},
-          {"uid", p->uid},
-          {"user", p->user},
-          {"changes", std::move(changes)}};
+  return out;
 }
 
-json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req) {
-  const auto& jn = req["job"];
-  if (!jn.is_string()) throw std::invalid_argument("\"job\" must be a job name");
-  const std::string name = jn.get<std::string>();
-  std::string why_name;
-  if (!job::valid_job_name(name, &why_name)) throw std::invalid_argument("bad job name: " + why_name);
-  if (req.contains("device") && !req["device"].is_null())
-    throw std::invalid_argument("\"device\" goes with \"pid\": a job's cap is one size for every GPU it uses");
-  if (req.contains("share")) throw std::invalid_argument("a job's cap is one size for all its GPUs: give \"bytes\"");
-  const Ask ask = parse_ask(req);
-  // Whose job: the caller's own, unless "user" names another (a login name or a uid).
+LimitResult Registry::set_job_limit(const Peer& peer, const std::string& who, const LimitRequest& req) {
+  const std::string& name = req.job;
+  const LimitAsk& ask = req.ask;
+  if (ask.share)  // the parser never builds one; refused here too rather than read as bytes
+    return stopped({LimitResult::Outcome::failed, "a job's cap is one size for all its GPUs: give \"bytes\""});
+  // Whose job: the caller's own, unless the request names another (a login name or a uid).
   uint32_t uid = peer.uid;
-  if (req.contains("user") && !req["user"].is_null()) {
-    const auto& ju = req["user"];
-    if (ju.is_number_unsigned() && ju.get<uint64_t>() <= 0xffffffffULL) {
-      uid = static_cast<uint32_t>(ju.get<uint64_t>());
-    } else if (ju.is_string()) {
-      auto u = uid_of(ju.get<std::string>());
-      if (!u) throw std::runtime_error("no user named '" + ju.get<std::string>() + "'");
-      uid = *u;
-    } else {
-      throw std::invalid_argument("\"user\" must be a user name or a uid");
-    }
+  if (req.user_uid) {
+    uid = *req.user_uid;
+  } else if (req.user_name) {
+    auto u = uid_of(*req.user_name);
+    if (!u) return stopped({LimitResult::Outcome::failed, "no user named '" + *req.user_name + "'"});
+    uid = *u;
   } else if (!peer.known) {
-    throw Refused("the daemon could not tell who you are (no peer credentials); name the job's user");
+    return stopped({LimitResult::Outcome::refused,
+                    "the daemon could not tell who you are (no peer credentials); name the job's user"});
   }
   const std::string target = fmt::format("job {}/{}", user_name(uid), name);
   LimitChange entry = requested_by(peer, target);
@@ -358,13 +328,13 @@ json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlo
   entry.job = name;
   entry.uid = uid;
   entry.asked = ask.str();
-  auto refuse = [&](const std::string& why) -> Refused {
+  auto refuse = [&](const std::string& why) -> Stop {
     spdlog::warn("limit refused: {} asked {} -> {}: {}", who, target, ask.str(), why);
-    return Refused(log_outcome(entry, "refused", why));
+    return Stop{LimitResult::Outcome::refused, log_outcome(entry, "refused", why)};
   };
-  auto fail = [&](const std::string& why) -> std::runtime_error {
+  auto fail = [&](const std::string& why) -> Stop {
     spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
-    return std::runtime_error(log_outcome(entry, "failed", why));
+    return Stop{LimitResult::Outcome::failed, log_outcome(entry, "failed", why)};
   };
   if (!peer.root() && (!peer.known || peer.uid != uid))
     throw refuse(fmt::format("job '{}' belongs to uid {} ({}); only root or its owner may change its cap", name, uid,
@@ -399,9 +369,14 @@ json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlo
   const int64_t n = jobs_.set_limit(*j, desired, !peer.root());
   if (n < 0) throw fail("the job's file faulted while being written");
   spdlog::info("limit: {} set job {}/{} ({} member(s)): {} -> {}", who, j->user, name, n, cap_text(cur), cap_text(desired));
-  json pids = json::array();
+  LimitResult out;
+  out.outcome = LimitResult::Outcome::changed;
+  out.target = LimitRequest::Target::job;
+  out.job = name;
+  out.uid = uid;
+  out.user = user_name(uid);
   for (const auto& m : v.members) {
-    pids.push_back(m.pid);
+    out.members.push_back(m.pid);
     for (auto& [rn, p] : procs_)
       if (p->pid == m.pid && !p->exited)
         record_change(p.get(), -1, cur, desired, 0, peer.known ? peer.uid : StoredEvent::kFromProcess, peer.pid);
@@ -411,20 +386,15 @@ json Registry::set_job_limit(const Peer& peer, const std::string& who, const nlo
   entry.new_limit = desired;
   entry.outcome = "changed";
   log_limit(std::move(entry));
-  json gpus = json::array();
   for (std::size_t i = 0; i < v.gpus.size(); ++i) {
-    uint8_t uuid[16];
-    std::memcpy(uuid, v.gpus[i].uuid, sizeof uuid);
-    gpus.push_back({{"uuid", format_uuid(uuid)}, {"used_bytes", v.used[i]}, {"new_limit_bytes", cap_json(desired)}});
+    LimitResult::JobGpu g;
+    std::memcpy(g.uuid, v.gpus[i].uuid, sizeof g.uuid);
+    g.used_bytes = v.used[i];
+    out.gpus.push_back(g);
   }
-  return {{"target", "job"},
-          {"job", name},
-          {"uid", uid},
-          {"user", user_name(uid)},
-          {"members", std::move(pids)},
-          {"old_limit", cap_json(cur)},
-          {"new_limit", cap_json(desired)},
-          {"gpus", std::move(gpus)}};
+  out.old_limit = cur;
+  out.new_limit = desired;
+  return out;
 }
 
 }  // namespace cuw::daemon

@@ -17,12 +17,11 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "model/control.hpp"
 #include "model/jobs.hpp"
 #include "model/nvml.hpp"
 #include "model/peer.hpp"
@@ -41,11 +40,6 @@ struct RegistryOptions {
   std::size_t max_jobs = 1024;                  ///< job segments tracked at once
   bool unlink_exited = true;                    ///< remove ring files of processes forgotten
   uint64_t nvml_refresh_ns = 500'000'000;       ///< NVML is asked at most this often by publish()
-};
-
-/// A set_limit request refused by the authorization rules (the message says why).
-struct Refused : std::runtime_error {
-  using std::runtime_error::runtime_error;
 };
 
 class Registry {
@@ -74,10 +68,10 @@ class Registry {
 
   /// Live limit change requested by `peer` (protocol.hpp, set_limit). Checks the rules
   /// (root: anything; others: only lower caps of their own processes and jobs, within the
-  /// policy), applies, logs and records it. Returns the reply. Throws Refused when the
-  /// rules say no, std::invalid_argument for a malformed request, std::runtime_error when
-  /// it cannot be done (no such process, read-only ring...). Every outcome is logged.
-  nlohmann::ordered_json set_limit(const Peer& peer, const nlohmann::json& request);
+  /// policy), applies it whole or not at all, and logs and records it. The outcome, a
+  /// refusal or failure with its reason included, is the result; it throws only what
+  /// allocation throws. Loop thread only (it may scan()); publish() afterwards to show it.
+  LimitResult set_limit(const Peer& peer, const LimitRequest& request);
 
   /// Replace the policy (startup and SIGHUP); it is applied to every ring and job again.
   void set_policy(std::shared_ptr<const Policy> policy);
@@ -110,8 +104,8 @@ class Registry {
                      int32_t by_pid);
   /// Mark a control request's record refused / failed with `why`, keep it (log_limit), return `why`.
   std::string log_outcome(LimitChange& entry, const char* outcome, const std::string& why);
-  nlohmann::ordered_json set_process_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
-  nlohmann::ordered_json set_job_limit(const Peer& peer, const std::string& who, const nlohmann::json& req);
+  LimitResult set_process_limit(const Peer& peer, const std::string& who, const LimitRequest& req);
+  LimitResult set_job_limit(const Peer& peer, const std::string& who, const LimitRequest& req);
   void log_limit(LimitChange entry);
 
   RegistryOptions opt_;

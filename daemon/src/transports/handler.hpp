@@ -1,6 +1,8 @@
 // cuwarden daemon transport: one request of the protocol -> one reply, dispatched through
-// the protocol's command table (cuw/protocol.hpp). Queries are answered from a published
-// State on the caller's thread; changes go to the model through Backend::set_limit.
+// the protocol's command table (cuw/protocol.hpp): a request is checked against its
+// command's row (key types, one_of pairs) before anything reads it. Queries are answered
+// from a published State on the caller's thread; changes go to the model through
+// Backend::set_limit.
 // Split from the socket code so that tests and the fuzzers (tests/fuzz) call exactly what
 // the daemon runs.
 #pragma once
@@ -9,7 +11,10 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
+#include "cuw/protocol.hpp"
+#include "model/control.hpp"
 #include "model/peer.hpp"
 #include "model/registry.hpp"
 #include "model/state.hpp"
@@ -24,10 +29,22 @@ struct Backend {
   /// Called before a query: makes the store hold a State built after this call began (the
   /// socket promises counters as they are at the query). Empty: the last State will do.
   std::function<void()> refresh;
-  /// Registry::set_limit run where the model lives (the loop thread); it throws what that
-  /// throws. Empty: this transport carries no privileged command.
-  std::function<nlohmann::ordered_json(const Peer&, const nlohmann::json&)> set_limit;
+  /// Registry::set_limit run where the model lives (the loop thread); what it throws
+  /// becomes an error reply. Empty: this transport carries no privileged command.
+  std::function<LimitResult(const Peer&, const LimitRequest&)> set_limit;
 };
+
+/// Whether `v` is one of `type`'s JSON types, a RequestKey::type of protocol.hpp ("uint",
+/// "number", "string", "null", '|'-separated; "uint" is an integer >= 0). An unknown type
+/// word matches nothing. Pure.
+bool fits_type(std::string_view type, const nlohmann::json& v);
+
+/// "" when `body` fits `info`'s row of the command table, else what the reply says after
+/// "bad request: ". A row with no keys and no one_of takes any body; otherwise the body is
+/// an object, each one_of pair has exactly one key present, and each key of the row that is
+/// present (or required) has one of its types, checked in the row's order. Keys not in the
+/// row are ignored (the protocol's version rule). Pure.
+std::string check_request(const proto::CommandInfo& info, const nlohmann::json& body);
 
 /// Answer `command` (a proto::Command value) with `body` (untrusted JSON, possibly empty)
 /// from `peer` (its SO_PEERCRED credentials decide what set_limit may do).
