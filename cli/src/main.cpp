@@ -3,10 +3,49 @@
 // interposer; `events` prints what the daemon collected.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <string>
+#include <string_view>
 
 #include "client.hpp"
 #include "commands.hpp"
+#include "cuw/options.hpp"
 #include "cuw/paths.hpp"
+
+namespace {
+
+/// The table's Markdown as plain text: without the backticks.
+std::string plain(std::string_view markdown) {
+  std::string s;
+  for (char c : markdown)
+    if (c != '`') s += c;
+  return s;
+}
+
+/// "values; default D" of an option, as --help shows it.
+std::string values_help(const cuw::options::Option& o) {
+  std::string s = plain(o.values);
+  if (*o.default_value) s += std::string("; default ") + o.default_value;
+  return s;
+}
+
+/// The help of the `cuwarden run` flag that sets `o`: its doc line, values and variable.
+std::string flag_help(const cuw::options::Option& o) {
+  return plain(o.doc) + " (" + values_help(o) + "; sets " + o.variable + ")";
+}
+
+/// The footer of `cuwarden run --help`: every variable of the options table.
+std::string environment_help() {
+  std::string s =
+      "Environment, read by libcuwarden.so at the program's first CUDA call (a flag above sets its variable):";
+  for (const cuw::options::Option& o : cuw::options::kOptions) {
+    s += std::string("\n  ") + o.variable;
+    if (*o.flag) s += std::string(" (") + o.flag + ")";
+    s += ": " + values_help(o) + "\n      " + plain(o.doc);
+  }
+  return s;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace cuw::cli;
@@ -33,14 +72,19 @@ int main(int argc, char** argv) {
 
   auto* run = app.add_subcommand("run", "run a command under cuwarden: cuwarden run [options] -- CMD ...");
   RunOptions ro;
-  run->add_option("--limit", ro.limit, "per-process cap per device: 8G, 512MiB, 75%, 0=8G,1=4G");
-  run->add_option("--cap-scope", ro.cap_scope,
-                  "what caps count: allocations (default) or process (also the CUDA context and modules)");
-  run->add_option("--job", ro.job, "job name: processes of one user with one job share --job-limit");
-  run->add_option("--job-limit", ro.job_limit, "cap for the whole job per physical GPU");
-  run->add_option("--pool", ro.pool, "allocation backend: off (default) or cache (vmm: not in this build yet)");
-  run->add_option("--callsites", ro.callsites, "frames captured per allocation (not in this build yet: 0 only)");
+  // Each flag sets one variable of the options table: its name and help come from the row.
+  const auto run_flag = [run](cuw::options::Id id, auto& field) {
+    const cuw::options::Option& o = cuw::options::get(id);
+    run->add_option(o.flag, field, flag_help(o));
+  };
+  run_flag(cuw::options::Id::CUWARDEN_LIMIT, ro.limit);
+  run_flag(cuw::options::Id::CUWARDEN_CAP_SCOPE, ro.cap_scope);
+  run_flag(cuw::options::Id::CUWARDEN_JOB, ro.job);
+  run_flag(cuw::options::Id::CUWARDEN_JOB_LIMIT, ro.job_limit);
+  run_flag(cuw::options::Id::CUWARDEN_POOL, ro.pool);
+  run_flag(cuw::options::Id::CUWARDEN_CALLSITES, ro.callsites);
   run->add_option("--lib", ro.lib, "path of libcuwarden.so (default: $CUWARDEN_LIB, then the one installed beside this cuwarden)");
+  run->footer(environment_help());
   // Everything from the command on is the command's, with or without "--".
   run->prefix_command();
   run->fallthrough(false);

@@ -15,6 +15,7 @@
 #include "client.hpp"
 #include "commands.hpp"
 #include "cuw/job.hpp"
+#include "cuw/options.hpp"
 #include "cuw/size.hpp"
 
 namespace cuw::cli {
@@ -104,12 +105,14 @@ int cmd_run(const RunOptions& o) {
     return kExitFailure;
   }
 
-  if (!o.limit.empty()) setenv("CUWARDEN_LIMIT", o.limit.c_str(), 1);
-  if (!o.job.empty()) setenv("CUWARDEN_JOB", o.job.c_str(), 1);
-  if (!o.job_limit.empty()) setenv("CUWARDEN_JOB_LIMIT", o.job_limit.c_str(), 1);
-  if (!o.pool.empty()) setenv("CUWARDEN_POOL", o.pool.c_str(), 1);
-  if (!o.cap_scope.empty()) setenv("CUWARDEN_CAP_SCOPE", o.cap_scope.c_str(), 1);
-  if (o.callsites >= 0) setenv("CUWARDEN_CALLSITES", std::to_string(o.callsites).c_str(), 1);
+  using options::Id;
+  const auto set = [](Id id, const std::string& value) { setenv(options::get(id).variable, value.c_str(), 1); };
+  if (!o.limit.empty()) set(Id::CUWARDEN_LIMIT, o.limit);
+  if (!o.job.empty()) set(Id::CUWARDEN_JOB, o.job);
+  if (!o.job_limit.empty()) set(Id::CUWARDEN_JOB_LIMIT, o.job_limit);
+  if (!o.pool.empty()) set(Id::CUWARDEN_POOL, o.pool);
+  if (!o.cap_scope.empty()) set(Id::CUWARDEN_CAP_SCOPE, o.cap_scope);
+  if (o.callsites >= 0) set(Id::CUWARDEN_CALLSITES, std::to_string(o.callsites));
 
   // Ours first (its symbols must win), then every existing entry but a duplicate of ours.
   std::string preload = lib;

@@ -12,15 +12,14 @@
 
 namespace cuw::paths {
 
-std::string run_dir() {
-  const char* v = secure_getenv("CUWARDEN_RUN_DIR");
-  if (v && *v) {
-    std::string s(v);
-    while (s.size() > 1 && s.back() == '/') s.pop_back();
-    return s;
-  }
-  return kDefaultRunDir;
+std::string run_dir_from(const char* value) {
+  if (!value || !*value) return kDefaultRunDir;
+  std::string s(value);
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
 }
+
+std::string run_dir() { return run_dir_from(secure_getenv(options::get(options::Id::CUWARDEN_RUN_DIR).variable)); }
 
 std::string socket_path() { return run_dir() + "/" + kSocketName; }
 

@@ -1,6 +1,7 @@
 // cuwarden fuzz target: the interposer's environment parsing (interposer/src/core/config.cpp,
 // compiled in). The input is split at NUL bytes into the values of the CUWARDEN_*
-// variables, in the order of CUW_OPTIONS; an empty piece unsets the variable.
+// variables, in the order of the options table (cuw/options.hpp); an empty piece unsets the
+// variable.
 // Invariants: load_config() never crashes or throws; every accepted value is in range.
 #include <cstdint>
 #include <cstdlib>
@@ -8,17 +9,13 @@
 
 #include "core/config.hpp"
 #include "cuw/job.hpp"
-
-namespace {
-#define CUW_NAME(var, def, doc) #var,
-constexpr const char* kVars[] = {CUW_OPTIONS(CUW_NAME)};
-#undef CUW_NAME
-}  // namespace
+#include "cuw/options.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
   size_t pos = 0;
-  for (const char* var : kVars) {
+  for (const cuw::options::Option& o : cuw::options::kOptions) {
+    const char* var = o.variable;
     size_t end = in.find('\0', pos);
     if (end == std::string::npos) end = in.size();
     const std::string value = pos < in.size() ? in.substr(pos, end - pos) : std::string();
@@ -27,6 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pos = end + 1;
   }
   const cuw::core::Config c = cuw::core::load_config();
+  if (c.run_dir.empty()) std::abort();  // an unset variable takes the table's default
   if (c.callsites < 0 || c.callsites > 64) std::abort();
   if (c.log_level < 0 || c.log_level > 6) std::abort();
   if (c.job.size() > 63 && c.errors.empty()) std::abort();

@@ -4,10 +4,13 @@
 #include <cstdint>
 #include <string>
 
+#include "cuw/options.hpp"
+
 namespace cuw::paths {
 
-/// Default run directory when CUWARDEN_RUN_DIR is unset: tmpfs, visible to every user.
-inline constexpr const char* kDefaultRunDir = "/dev/shm/cuwarden";
+/// Default run directory when CUWARDEN_RUN_DIR is unset (the options table's default): tmpfs,
+/// visible to every user.
+inline constexpr const char* kDefaultRunDir = options::get(options::Id::CUWARDEN_RUN_DIR).default_value;
 inline constexpr const char* kSocketName = "cuwardend.sock";
 inline constexpr const char* kRingPrefix = "ring-";
 inline constexpr const char* kRingSuffix = ".cwr";
@@ -15,6 +18,10 @@ inline constexpr const char* kRingSuffix = ".cwr";
 /// CUWARDEN_RUN_DIR (read with secure_getenv, so setuid programs get the default) or the
 /// default. Never empty.
 std::string run_dir();
+
+/// The run directory a CUWARDEN_RUN_DIR value names: `value` without its trailing slashes (a
+/// lone "/" stays), or kDefaultRunDir when `value` is null or empty. Never empty.
+std::string run_dir_from(const char* value);
 
 /// run_dir() + "/cuwardend.sock".
 std::string socket_path();

@@ -22,6 +22,8 @@ struct SizeSpec {
   /// Resolve against a device's physical memory (bytes). Percent rounds down to bytes.
   uint64_t resolve(uint64_t physical_total) const noexcept;
   std::string str() const;   ///< as a user would type it back ("8GiB", "75%")
+  /// Field by field (a percent compares its share exactly: parsing the same text gives the same).
+  friend bool operator==(const SizeSpec&, const SizeSpec&) = default;
 };
 
 /// Parse one size. On error returns nullopt and sets *error to a one-line reason.
@@ -44,6 +46,7 @@ struct LimitSpec {
   bool empty() const noexcept { return !all && per_device.empty(); }
   /// Cap for `ordinal`, if any.
   std::optional<SizeSpec> for_device(int ordinal) const;
+  friend bool operator==(const LimitSpec&, const LimitSpec&) = default;
 };
 
 /// Parse "8G", "75%", "0=8G,1=4G", or "8G,1=4G" (plain entry = default), each a cap

@@ -1,6 +1,8 @@
 // cuwarden interposer: minimal log (see log.hpp).
 #include "base/log.hpp"
 
+#include "cuw/options.hpp"
+
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,11 +27,12 @@ std::atomic<bool> g_to_file{false};
 int level() {
   int lvl = g_level.load(std::memory_order_relaxed);
   if (__builtin_expect(lvl < 0, 0)) {
-    static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-    const char* v = secure_getenv("CUWARDEN_LOG");
-    lvl = 3;
-    for (int i = 0; v && i < 7; ++i)
-      if (!std::strcmp(v, kLevels[i])) lvl = i;
+    // Before the configuration is read a bad value means the default, which the
+    // configuration then reports.
+    const options::Option& o = options::get(options::Id::CUWARDEN_LOG);
+    const char* v = secure_getenv(o.variable);
+    lvl = v ? parse_level(v) : -1;
+    if (lvl < 0) lvl = parse_level(o.default_value);
     g_level.store(lvl, std::memory_order_relaxed);
   }
   return lvl;
@@ -51,7 +54,8 @@ void settle(const char* file) {
 }
 
 int destination() {
-  if (__builtin_expect(g_fd.load(std::memory_order_acquire) < 0, 0)) settle(secure_getenv("CUWARDEN_LOG_FILE"));
+  if (__builtin_expect(g_fd.load(std::memory_order_acquire) < 0, 0))
+    settle(secure_getenv(options::get(options::Id::CUWARDEN_LOG_FILE).variable));
   return g_fd.load(std::memory_order_acquire);
 }
 
@@ -78,6 +82,14 @@ void vwrite(const char* fmt, va_list ap) {
   (void)w;
 }
 }  // namespace
+
+int parse_level(const char* name) noexcept {
+  static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  int lvl = -1;
+  for (int i = 0; i < 7; ++i)
+    if (!std::strcmp(name, kLevels[i])) lvl = i;
+  return lvl;
+}
 
 void init(int lvl, const std::string& file) {
   g_level.store(lvl, std::memory_order_relaxed);

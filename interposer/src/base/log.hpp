@@ -7,7 +7,11 @@
 
 namespace cuw::log {
 
-/// Set the level (0 trace .. 5 critical, 6 off) and, unless a line was already written (which
+/// The level a CUWARDEN_LOG value names: 0 trace, 1 debug, 2 info, 3 warn, 4 error, 5 critical,
+/// 6 off; -1 for anything else (`name` must not be null). No allocation; thread-safe.
+int parse_level(const char* name) noexcept;
+
+/// Set the level (parse_level's number) and, unless a line was already written (which
 /// settles it from CUWARDEN_LOG_FILE), the destination (empty = stderr). Opens the file, so
 /// call only from the first CUDA call onwards. Lines to a file begin with the time (UTC) and
 /// the process id; lines to stderr are the message alone.

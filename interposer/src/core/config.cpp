@@ -1,14 +1,25 @@
-// cuwarden interposer: parsing of CUWARDEN_* variables (see config.hpp).
+// cuwarden interposer: parsing of CUWARDEN_* variables (see config.hpp). The variables, their
+// defaults and doc lines are the options table (cuw/options.hpp); here each row is bound to
+// one of a few typed parsers and the Config field it fills, and load_config() is one loop
+// over the bindings. A row without a binding does not compile (the static_asserts below).
 #include "core/config.hpp"
 
+#include "base/log.hpp"
 #include "cuw/job.hpp"
+#include "cuw/options.hpp"
+#include "cuw/paths.hpp"
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 namespace cuw::core {
 
 namespace {
+
+using options::Id;
+
 const char* env(const char* name) {
   const char* v = secure_getenv(name);
   return (v && *v) ? v : nullptr;
@@ -16,75 +27,174 @@ const char* env(const char* name) {
 std::string quoted(const char* name, const char* value) {
   return std::string(name) + "='" + value + "'";
 }
+
+/// Fills its field of `c` from `value` (never null or empty) and returns true, or returns
+/// false with *why set: the error line is then "VARIABLE='value': why".
+using Parser = bool (*)(const char* value, Config& c, std::string* why);
+
+// The typed parsers, each a template over the Config field it fills.
+
+/// A cap per device: "8G", "75%", "0=8G,1=4G" (cuw/size.hpp: parse_limit).
+template <LimitSpec Config::*Field>
+bool limit_spec(const char* v, Config& c, std::string* why) {
+  auto spec = parse_limit(v, why);
+  if (!spec) return false;
+  c.*Field = *spec;
+  return true;
+}
+
+/// A job name (cuw/job.hpp: valid_job_name).
+template <std::string Config::*Field>
+bool job_name(const char* v, Config& c, std::string* why) {
+  if (!job::valid_job_name(v, why)) return false;
+  c.*Field = v;
+  return true;
+}
+
+/// A job's cap in bytes: a size, never a share (the job's GPUs may differ in size), and only
+/// with a job to cap. The bytes are kept when the job is missing: the error stops the process
+/// or, with CUWARDEN_ON_ERROR=open, no job is joined.
+template <uint64_t Config::*Field>
+bool job_cap(const char* v, Config& c, std::string* why) {
+  auto spec = parse_cap(v, false, why);
+  if (!spec) {
+    if (std::strchr(v, '%')) *why = "job caps take a size (bytes, K/M/G/T), not a share of a device";
+    return false;
+  }
+  c.*Field = spec->bytes;
+  if (!env(options::get(Id::CUWARDEN_JOB).variable)) {
+    *why = "needs CUWARDEN_JOB (the job it caps)";
+    return false;
+  }
+  return true;
+}
+
+/// One word of a fixed list, mapped to a value; `refused`: a word known but not accepted, and
+/// why not.
+template <typename T>
+struct Choice {
+  const char* word;
+  T value;
+  const char* refused = nullptr;
+};
+template <typename T, std::size_t N>
+struct Choices {
+  Choice<T> items[N];
+  const char* expected;  ///< the error for any other word
+};
+
+template <auto Field, const auto& Set>
+bool choice(const char* v, Config& c, std::string* why) {
+  for (const auto& ch : Set.items) {
+    if (std::strcmp(v, ch.word) != 0) continue;
+    if (ch.refused) {
+      *why = ch.refused;
+      return false;
+    }
+    c.*Field = ch.value;
+    return true;
+  }
+  *why = Set.expected;
+  return false;
+}
+
+/// A whole decimal number in [Lo, Hi] (strtol: leading blanks and a sign are allowed).
+template <int Config::*Field, long Lo, long Hi>
+bool int_range(const char* v, Config& c, std::string* why) {
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (!end || *end || n < Lo || n > Hi) {
+    *why = "expected " + std::to_string(Lo) + ".." + std::to_string(Hi);
+    return false;
+  }
+  c.*Field = static_cast<int>(n);
+  return true;
+}
+
+/// A log level name (base/log.hpp: parse_level; "critical" is accepted but not advertised).
+template <int Config::*Field>
+bool log_level(const char* v, Config& c, std::string* why) {
+  const int lvl = log::parse_level(v);
+  if (lvl < 0) {
+    *why = "expected trace, debug, info, warn, error or off";
+    return false;
+  }
+  c.*Field = lvl;
+  return true;
+}
+
+/// Any text, kept as given (a path the library opens when it needs it).
+template <std::string Config::*Field>
+bool text(const char* v, Config& c, std::string*) {
+  c.*Field = v;
+  return true;
+}
+
+/// A directory, without trailing slashes (cuw/paths.hpp: run_dir_from, as the daemon reads it).
+template <std::string Config::*Field>
+bool directory(const char* v, Config& c, std::string*) {
+  c.*Field = paths::run_dir_from(v);
+  return true;
+}
+
+constexpr Choices<bool, 2> kOnError{{{"fail", false}, {"open", true}}, "expected 'fail' or 'open'"};
+constexpr Choices<const char*, 3> kPools{
+    {{"off", "off"}, {"cache", "cache"}, {"vmm", nullptr, "this backend is not available in this build yet (use off)"}},
+    "expected off, cache or vmm"};
+constexpr Choices<bool, 2> kCapScopes{{{"allocations", false}, {"process", true}},
+                                      "expected 'allocations' or 'process'"};
+constexpr Choices<bool, 2> kMeminfo{{{"limit", false}, {"physical", true}}, "expected 'limit' or 'physical'"};
+constexpr Choices<fast_clock::Mode, 4> kClocks{{{"coarse", fast_clock::Mode::coarse},
+                                                {"fine", fast_clock::Mode::fine},
+                                                {"auto", fast_clock::Mode::fine},  // fine's former name
+                                                {"syscall", fast_clock::Mode::syscall}},
+                                               "expected 'coarse', 'fine' or 'syscall'"};
+
+/// A row of the options table and the parser that fills its field.
+struct Binding {
+  Id id;
+  Parser parse;
+};
+
+// One binding per row of CUW_OPTIONS, in its order.
+constexpr Binding kBindings[] = {
+    {Id::CUWARDEN_ON_ERROR, choice<&Config::fail_open, kOnError>},
+    {Id::CUWARDEN_LIMIT, limit_spec<&Config::limit>},
+    {Id::CUWARDEN_JOB, job_name<&Config::job>},
+    {Id::CUWARDEN_JOB_LIMIT, job_cap<&Config::job_limit>},
+    {Id::CUWARDEN_POOL, choice<&Config::pool, kPools>},
+    {Id::CUWARDEN_CALLSITES, int_range<&Config::callsites, 0, 64>},
+    {Id::CUWARDEN_CAP_SCOPE, choice<&Config::cap_scope_process, kCapScopes>},
+    {Id::CUWARDEN_MEMINFO, choice<&Config::meminfo_physical, kMeminfo>},
+    {Id::CUWARDEN_CLOCK, choice<&Config::clock, kClocks>},
+    {Id::CUWARDEN_LOG, log_level<&Config::log_level>},
+    {Id::CUWARDEN_LOG_FILE, text<&Config::log_file>},
+    {Id::CUWARDEN_RUN_DIR, directory<&Config::run_dir>},
+};
+
+constexpr bool bindings_in_table_order() {
+  for (std::size_t i = 0; i < std::size(kBindings); ++i)
+    if (static_cast<std::size_t>(kBindings[i].id) != i || !kBindings[i].parse) return false;
+  return true;
+}
+static_assert(std::size(kBindings) == options::kCount,
+              "every row of CUW_OPTIONS (cuw/options.hpp) needs a binding in kBindings, and only those");
+static_assert(bindings_in_table_order(), "kBindings must list the rows of CUW_OPTIONS in the table's order");
+
 }  // namespace
 
 Config load_config() {
   Config c;
-  if (const char* v = env("CUWARDEN_ON_ERROR")) {
-    if (!std::strcmp(v, "open")) c.fail_open = true;
-    else if (std::strcmp(v, "fail") != 0)
-      c.errors.push_back(quoted("CUWARDEN_ON_ERROR", v) + ": expected 'fail' or 'open'");
-  }
-  if (const char* v = env("CUWARDEN_LIMIT")) {
+  for (const Binding& b : kBindings) {
+    const options::Option& o = options::get(b.id);
     std::string why;
-    if (auto spec = parse_limit(v, &why)) c.limit = *spec;
-    else c.errors.push_back(quoted("CUWARDEN_LIMIT", v) + ": " + why);
+    // The default first, by the same parser (one source for defaults), so that a value that
+    // is refused leaves the default in place. Without one the field keeps its "nothing".
+    if (*o.default_value && !b.parse(o.default_value, c, &why))
+      c.errors.push_back(quoted(o.variable, o.default_value) + ": " + why + " (the built-in default)");
+    if (const char* v = env(o.variable))
+      if (!b.parse(v, c, &why)) c.errors.push_back(quoted(o.variable, v) + ": " + why);
   }
-  if (const char* v = env("CUWARDEN_JOB")) {
-    std::string why;
-    if (job::valid_job_name(v, &why)) c.job = v;
-    else c.errors.push_back(quoted("CUWARDEN_JOB", v) + ": " + why);
-  }
-  if (const char* v = env("CUWARDEN_JOB_LIMIT")) {
-    std::string why;
-    if (auto spec = parse_cap(v, false, &why)) {
-      c.job_limit = spec->bytes;
-      if (!env("CUWARDEN_JOB"))
-        c.errors.push_back(quoted("CUWARDEN_JOB_LIMIT", v) + ": needs CUWARDEN_JOB (the job it caps)");
-    } else {
-      if (std::strchr(v, '%')) why = "job caps take a size (bytes, K/M/G/T), not a share of a device";
-      c.errors.push_back(quoted("CUWARDEN_JOB_LIMIT", v) + ": " + why);
-    }
-  }
-  if (const char* v = env("CUWARDEN_POOL")) {
-    if (!std::strcmp(v, "off")) c.pool = "off";
-    else if (!std::strcmp(v, "cache")) c.pool = "cache";
-    else if (!std::strcmp(v, "vmm"))
-      c.errors.push_back(quoted("CUWARDEN_POOL", v) + ": this backend is not available in this build yet (use off)");
-    else c.errors.push_back(quoted("CUWARDEN_POOL", v) + ": expected off, cache or vmm");
-  }
-  if (const char* v = env("CUWARDEN_CALLSITES")) {
-    char* end = nullptr;
-    long n = std::strtol(v, &end, 10);
-    if (!end || *end || n < 0 || n > 64) c.errors.push_back(quoted("CUWARDEN_CALLSITES", v) + ": expected 0..64");
-    else c.callsites = static_cast<int>(n);
-  }
-  if (const char* v = env("CUWARDEN_CAP_SCOPE")) {
-    if (!std::strcmp(v, "process")) c.cap_scope_process = true;
-    else if (std::strcmp(v, "allocations") != 0)
-      c.errors.push_back(quoted("CUWARDEN_CAP_SCOPE", v) + ": expected 'allocations' or 'process'");
-  }
-  if (const char* v = env("CUWARDEN_MEMINFO")) {
-    if (!std::strcmp(v, "physical")) c.meminfo_physical = true;
-    else if (std::strcmp(v, "limit") != 0)
-      c.errors.push_back(quoted("CUWARDEN_MEMINFO", v) + ": expected 'limit' or 'physical'");
-  }
-  if (const char* v = env("CUWARDEN_CLOCK")) {
-    using fast_clock::Mode;
-    if (!std::strcmp(v, "coarse")) c.clock = Mode::coarse;
-    else if (!std::strcmp(v, "fine") || !std::strcmp(v, "auto")) c.clock = Mode::fine;  // auto: its former name
-    else if (!std::strcmp(v, "syscall")) c.clock = Mode::syscall;
-    else c.errors.push_back(quoted("CUWARDEN_CLOCK", v) + ": expected 'coarse', 'fine' or 'syscall'");
-  }
-  if (const char* v = env("CUWARDEN_LOG")) {
-    static constexpr const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-    int lvl = -1;
-    for (int i = 0; i < 7; ++i)
-      if (!std::strcmp(v, kLevels[i])) lvl = i;
-    if (lvl < 0) c.errors.push_back(quoted("CUWARDEN_LOG", v) + ": expected trace, debug, info, warn, error or off");
-    else c.log_level = lvl;
-  }
-  if (const char* v = env("CUWARDEN_LOG_FILE")) c.log_file = v;
   return c;
 }
 

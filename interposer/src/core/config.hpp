@@ -1,5 +1,6 @@
 // cuwarden interposer: configuration from CUWARDEN_* variables, read once at the first
-// CUDA call. One table ties each variable to its default and doc line (after mimalloc).
+// CUDA call. The variables, their defaults and doc lines are one table (cuw/options.hpp);
+// config.cpp binds each row to the parser that fills its field here.
 #pragma once
 
 #include <cstdint>
@@ -11,41 +12,33 @@
 
 namespace cuw::core {
 
-// X(variable, default, doc)
-#define CUW_OPTIONS(X)                                                                                  \
-  X(CUWARDEN_LIMIT, "", "per-process cap per device: 8G, 512MiB, 75%, 0=8G,1=4G")                       \
-  X(CUWARDEN_JOB, "", "job name: processes of one user with one job name share a cap per GPU")         \
-  X(CUWARDEN_JOB_LIMIT, "", "the job's cap per GPU")                                                    \
-  X(CUWARDEN_POOL, "off", "allocation backend: off, cache, vmm")                                        \
-  X(CUWARDEN_CALLSITES, "0", "frames captured per allocation, 0..64")                                   \
-  X(CUWARDEN_CAP_SCOPE, "allocations", "what a cap counts: allocations, or process (also the context and modules)") \
-  X(CUWARDEN_MEMINFO, "limit", "what cuMemGetInfo / cuDeviceTotalMem report: limit or physical")        \
-  X(CUWARDEN_ON_ERROR, "fail", "bad configuration: fail (message, exit 78) or open (warn, run uncapped)") \
-  X(CUWARDEN_CLOCK, "coarse", "event timestamps: coarse (kernel tick), fine (CPU counter) or syscall") \
-  X(CUWARDEN_LOG, "warn", "interposer log level: trace, debug, info, warn, error, off")                 \
-  X(CUWARDEN_LOG_FILE, "", "interposer log file (default: stderr)")                                     \
-  X(CUWARDEN_RUN_DIR, "/dev/shm/cuwarden", "where rings, job segments and the socket live")
-
 /// Exit status for bad configuration (EX_CONFIG from sysexits.h).
 inline constexpr int kExitConfig = 78;
 
-/// The parsed configuration. Immutable once built.
+/// The parsed configuration. Immutable once built. Only load_config() makes one: it applies
+/// every option's default from the table; the initialisers here are only "nothing parsed".
 struct Config {
-  LimitSpec limit;               ///< empty = uncapped
-  std::string job;               ///< CUWARDEN_JOB, validated (empty = no job)
-  uint64_t job_limit = ~0ULL;    ///< CUWARDEN_JOB_LIMIT in bytes per GPU; ~0 = none asked
-  bool meminfo_physical = false; ///< CUWARDEN_MEMINFO=physical
-  bool cap_scope_process = false;///< CUWARDEN_CAP_SCOPE=process
-  bool fail_open = false;        ///< CUWARDEN_ON_ERROR=open
-  int log_level = 3;             ///< 0 trace .. 5 error, 6 off
-  std::string log_file;
-  std::string pool = "off";
-  int callsites = 0;
-  fast_clock::Mode clock = fast_clock::Mode::coarse;  ///< CUWARDEN_CLOCK (fast_clock.hpp)
-  std::vector<std::string> errors;  ///< one line each, naming the variable
+  LimitSpec limit;                ///< CUWARDEN_LIMIT; empty = uncapped
+  std::string job;                ///< CUWARDEN_JOB, validated (empty = no job)
+  uint64_t job_limit = ~0ULL;     ///< CUWARDEN_JOB_LIMIT in bytes per GPU; ~0 = none asked
+  bool meminfo_physical{};        ///< CUWARDEN_MEMINFO=physical
+  bool cap_scope_process{};       ///< CUWARDEN_CAP_SCOPE=process
+  bool fail_open{};               ///< CUWARDEN_ON_ERROR=open
+  int log_level = -1;             ///< CUWARDEN_LOG: log::parse_level's number
+  std::string log_file;           ///< CUWARDEN_LOG_FILE; empty = stderr
+  std::string pool;               ///< CUWARDEN_POOL: "off" or "cache"
+  int callsites{};                ///< CUWARDEN_CALLSITES, 0..64
+  fast_clock::Mode clock{};       ///< CUWARDEN_CLOCK (fast_clock.hpp)
+  std::string run_dir;            ///< CUWARDEN_RUN_DIR, as paths::run_dir_from() gives it
+  std::vector<std::string> errors;  ///< one line each, naming the variable, in table order
+
+  friend bool operator==(const Config&, const Config&) = default;
 };
 
-/// Read every CUWARDEN_* variable (secure_getenv). Never exits; errors are collected.
+/// Read every CUWARDEN_* variable of the options table (secure_getenv; one that is unset,
+/// empty or refused leaves the table's default). Never exits or throws on a bad value: each
+/// adds one line to `errors` ("CUWARDEN_X='value': why"), in table order. Allocates: call at
+/// the first CUDA call, never on a hook's hot path. Not safe against a concurrent setenv.
 Config load_config();
 
 }  // namespace cuw::core

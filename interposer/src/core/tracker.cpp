@@ -155,7 +155,7 @@ void Tracker::create_ring() {
   slot_count_ = ring::kDefaultSlotCount;
   const uint64_t bytes = ring::file_size(slot_count_);
   void* base = MAP_FAILED;
-  const std::string dir = paths::run_dir();
+  const std::string& dir = config_.run_dir;
   const uint32_t pid = static_cast<uint32_t>(getpid());
   const uint64_t start = paths::process_start_time(pid);
 
@@ -211,7 +211,7 @@ void Tracker::create_ring() {
 }
 
 void Tracker::join_job() {
-  const std::string dir = paths::run_dir();
+  const std::string& dir = config_.run_dir;
   make_run_dir(dir);
   std::string error;
   job_ = job::Segment::open(dir, static_cast<uint32_t>(geteuid()), config_.job, true, &error);
@@ -479,7 +479,7 @@ void Tracker::on_exit() noexcept {
 }
 
 bool Tracker::daemon_listening() const noexcept {
-  const std::string sock = paths::run_dir() + "/" + paths::kSocketName;
+  const std::string sock = config_.run_dir + "/" + paths::kSocketName;
   sockaddr_un addr{};
   if (sock.size() >= sizeof addr.sun_path) return false;
   addr.sun_family = AF_UNIX;

@@ -1,0 +1,175 @@
+// Unit tests: the options table (cuw/options.hpp) and the interposer's parsing of it
+// (interposer/src/core/config.cpp): every default parses to what an unset variable means,
+// every documented value is accepted, and refusals keep their wording. (A row without a
+// binding does not compile: config.cpp's static_asserts.)
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config.hpp"
+#include "cuw/options.hpp"
+#include "cuw/paths.hpp"
+
+using cuw::core::Config;
+using cuw::core::load_config;
+namespace opt = cuw::options;
+
+namespace {
+
+void clear_all() {
+  for (const opt::Option& o : opt::kOptions) ::unsetenv(o.variable);
+}
+
+/// load_config() with exactly these variables set.
+Config config_with(const std::vector<std::pair<std::string, std::string>>& vars) {
+  clear_all();
+  for (const auto& [name, value] : vars) ::setenv(name.c_str(), value.c_str(), 1);
+  Config c = load_config();
+  clear_all();
+  return c;
+}
+
+/// The `literal` values of a row's values column.
+std::vector<std::string> literals(const std::string& values) {
+  std::vector<std::string> out;
+  for (size_t open = values.find('`'); open != std::string::npos; open = values.find('`', open + 1)) {
+    const size_t close = values.find('`', open + 1);
+    REQUIRE(close != std::string::npos);
+    out.push_back(values.substr(open + 1, close - open - 1));
+    open = close;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("options: each default set explicitly is what the unset variable means", "[options]") {
+  const Config unset = config_with({});
+  CHECK(unset.errors.empty());
+  for (const opt::Option& o : opt::kOptions) {
+    INFO(o.variable << "='" << o.default_value << "'");
+    const Config given = config_with({{o.variable, o.default_value}});
+    CHECK(given.errors.empty());
+    CHECK(given == unset);
+  }
+}
+
+TEST_CASE("options: the defaults reach Config as the table states them", "[options]") {
+  const Config c = config_with({});
+  CHECK(c.limit.empty());
+  CHECK(c.job.empty());
+  CHECK(c.job_limit == ~0ULL);
+  CHECK_FALSE(c.fail_open);
+  CHECK_FALSE(c.meminfo_physical);
+  CHECK_FALSE(c.cap_scope_process);
+  CHECK(c.pool == "off");
+  CHECK(c.callsites == 0);
+  CHECK(c.clock == cuw::fast_clock::Mode::coarse);
+  CHECK(c.log_level == 3);  // warn
+  CHECK(c.log_file.empty());
+  CHECK(c.run_dir == "/dev/shm/cuwarden");
+  CHECK(std::string(cuw::paths::kDefaultRunDir) == c.run_dir);
+}
+
+TEST_CASE("options: every value the table documents is accepted", "[options]") {
+  size_t checked = 0;
+  for (const opt::Option& o : opt::kOptions) {
+    // A job's cap needs the job.
+    std::vector<std::pair<std::string, std::string>> base;
+    if (std::string(o.variable) == "CUWARDEN_JOB_LIMIT") base.emplace_back("CUWARDEN_JOB", "t");
+    const Config without = config_with(base);
+    for (const std::string& value : literals(o.values)) {
+      INFO(o.variable << "='" << value << "'");
+      auto vars = base;
+      vars.emplace_back(o.variable, value);
+      const Config c = config_with(vars);
+      CHECK(c.errors.empty());
+      if (value != o.default_value) CHECK_FALSE(c == without);  // it changed something
+      ++checked;
+    }
+  }
+  CHECK(checked >= 20);
+}
+
+TEST_CASE("options: refused values keep their messages word for word", "[options]") {
+  struct Case {
+    std::vector<std::pair<std::string, std::string>> vars;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{{"CUWARDEN_ON_ERROR", "maybe"}}, "CUWARDEN_ON_ERROR='maybe': expected 'fail' or 'open'"},
+      {{{"CUWARDEN_ON_ERROR", " open"}}, "CUWARDEN_ON_ERROR=' open': expected 'fail' or 'open'"},
+      {{{"CUWARDEN_LIMIT", "8X"}},
+       "CUWARDEN_LIMIT='8X': unknown unit 'X' in size '8X' (use bytes, K M G T, KiB MiB GiB TiB, kB MB GB TB, or N%)"},
+      {{{"CUWARDEN_LIMIT", "0=1G,0=2G"}}, "CUWARDEN_LIMIT='0=1G,0=2G': device 0 given twice in '0=1G,0=2G'"},
+      {{{"CUWARDEN_LIMIT", "100"}},
+       "CUWARDEN_LIMIT='100': a cap of 100 B ('100') is smaller than any real allocation: give a unit (100G, 100MiB) "
+       "or a share (100%); the smallest cap is 1 MiB"},
+      {{{"CUWARDEN_JOB", "a/b"}}, "CUWARDEN_JOB='a/b': job names may only hold letters, digits, '.', '_' and '-'"},
+      {{{"CUWARDEN_JOB", ".x"}}, "CUWARDEN_JOB='.x': job name starts with '.'"},
+      {{{"CUWARDEN_JOB_LIMIT", "1G"}}, "CUWARDEN_JOB_LIMIT='1G': needs CUWARDEN_JOB (the job it caps)"},
+      {{{"CUWARDEN_JOB", "t"}, {"CUWARDEN_JOB_LIMIT", "50%"}},
+       "CUWARDEN_JOB_LIMIT='50%': job caps take a size (bytes, K/M/G/T), not a share of a device"},
+      {{{"CUWARDEN_JOB", "t"}, {"CUWARDEN_JOB_LIMIT", "8X"}},
+       "CUWARDEN_JOB_LIMIT='8X': unknown unit 'X' in size '8X' (use bytes, K M G T, KiB MiB GiB TiB, kB MB GB TB)"},
+      {{{"CUWARDEN_POOL", "vmm"}}, "CUWARDEN_POOL='vmm': this backend is not available in this build yet (use off)"},
+      {{{"CUWARDEN_POOL", "fast"}}, "CUWARDEN_POOL='fast': expected off, cache or vmm"},
+      {{{"CUWARDEN_CALLSITES", "65"}}, "CUWARDEN_CALLSITES='65': expected 0..64"},
+      {{{"CUWARDEN_CALLSITES", "-1"}}, "CUWARDEN_CALLSITES='-1': expected 0..64"},
+      {{{"CUWARDEN_CALLSITES", "1x"}}, "CUWARDEN_CALLSITES='1x': expected 0..64"},
+      {{{"CUWARDEN_CAP_SCOPE", "context"}}, "CUWARDEN_CAP_SCOPE='context': expected 'allocations' or 'process'"},
+      {{{"CUWARDEN_MEMINFO", "both"}}, "CUWARDEN_MEMINFO='both': expected 'limit' or 'physical'"},
+      {{{"CUWARDEN_CLOCK", "tsc"}}, "CUWARDEN_CLOCK='tsc': expected 'coarse', 'fine' or 'syscall'"},
+      {{{"CUWARDEN_LOG", "loud"}}, "CUWARDEN_LOG='loud': expected trace, debug, info, warn, error or off"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.error);
+    const Config got = config_with(c.vars);
+    REQUIRE(got.errors.size() == 1);
+    CHECK(got.errors[0] == c.error);
+  }
+}
+
+TEST_CASE("options: values accepted beyond the documented ones", "[options]") {
+  CHECK(config_with({{"CUWARDEN_CLOCK", "auto"}}).clock == cuw::fast_clock::Mode::fine);  // fine's former name
+  CHECK(config_with({{"CUWARDEN_LOG", "critical"}}).log_level == 5);
+  CHECK(config_with({{"CUWARDEN_CALLSITES", " 7"}}).callsites == 7);  // strtol's leading blanks and sign
+  CHECK(config_with({{"CUWARDEN_CALLSITES", "+7"}}).callsites == 7);
+  CHECK(config_with({{"CUWARDEN_RUN_DIR", "/tmp/run//"}}).run_dir == "/tmp/run");
+  CHECK(config_with({{"CUWARDEN_RUN_DIR", "/"}}).run_dir == "/");
+  // An empty variable is an unset one.
+  CHECK(config_with({{"CUWARDEN_POOL", ""}}) == config_with({}));
+}
+
+TEST_CASE("options: several refusals come in table order and leave the defaults", "[options]") {
+  const Config c = config_with({{"CUWARDEN_LOG", "loud"},
+                                {"CUWARDEN_POOL", "fast"},
+                                {"CUWARDEN_ON_ERROR", "maybe"},
+                                {"CUWARDEN_CALLSITES", "99"},
+                                {"CUWARDEN_CLOCK", "tsc"},
+                                {"CUWARDEN_JOB_LIMIT", "2G"}});
+  REQUIRE(c.errors.size() == 6);
+  CHECK(c.errors[0].rfind("CUWARDEN_ON_ERROR=", 0) == 0);
+  CHECK(c.errors[1].rfind("CUWARDEN_JOB_LIMIT=", 0) == 0);
+  CHECK(c.errors[2].rfind("CUWARDEN_POOL=", 0) == 0);
+  CHECK(c.errors[3].rfind("CUWARDEN_CALLSITES=", 0) == 0);
+  CHECK(c.errors[4].rfind("CUWARDEN_CLOCK=", 0) == 0);
+  CHECK(c.errors[5].rfind("CUWARDEN_LOG=", 0) == 0);
+  Config expected = config_with({});
+  expected.errors = c.errors;
+  expected.job_limit = 2ULL << 30;  // kept: the missing job is the error
+  CHECK(c == expected);
+}
+
+TEST_CASE("options: the rows name distinct variables and flags", "[options]") {
+  std::set<std::string> variables, flags;
+  for (const opt::Option& o : opt::kOptions) {
+    CHECK(variables.insert(o.variable).second);
+    if (*o.flag) CHECK(flags.insert(o.flag).second);
+  }
+  CHECK(opt::get(opt::Id::CUWARDEN_LIMIT).variable == std::string("CUWARDEN_LIMIT"));
+  CHECK(opt::get(opt::Id::CUWARDEN_RUN_DIR).variable == std::string("CUWARDEN_RUN_DIR"));
+}
