@@ -8,6 +8,7 @@
 
 #include "client.hpp"
 #include "commands.hpp"
+#include "fields.hpp"
 #include "cuw/options.hpp"
 #include "cuw/paths.hpp"
 
@@ -58,12 +59,8 @@ int main(int argc, char** argv) {
 
   StatusOptions st;
   app.add_flag("--json", st.json, "print the daemon's state as JSON");
-  app.add_option("--query-compute-apps", st.query_compute_apps,
-                 "comma-separated fields, as nvidia-smi: pid, process_name, used_memory, gpu_uuid, gpu_name, "
-                 "gpu_bus_id, timestamp; cuwarden's own: limit, peak_memory, reserved_memory, in_use_memory, "
-                 "cached_memory, allocations, job, user, ooms, driver_used_memory, outside_cap_memory, context_memory, "
-                 "cap_scope");
-  app.add_option("--format", st.format, "csv[,noheader][,nounits]");
+  app.add_option("--query-compute-apps", st.query_compute_apps, cuw::cli::query_fields_help());
+  app.add_option("--format", st.format, "csv[,noheader][,nounits], or json (the same rows as objects)");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));
   double loop_ms = 0;
