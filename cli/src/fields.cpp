@@ -17,6 +17,30 @@ constexpr const char* kNvidiaSmi[] = {"pid", "process_name", "used_memory", "gpu
 /// cuwarden's fields that are not device counters.
 constexpr const char* kProcessFields[] = {"job", "user", "fragmentation", "driver_used_memory", "outside_cap_memory",
                                           "cap_scope"};
+/// What each field that is not a counter holds.
+struct Help {
+  const char* name;
+  const char* text;
+};
+constexpr Help kHelp[] = {
+    {"pid", "Process id, as the host sees it"},
+    {"process_name", "Process name, from its command line"},
+    {"gpu_uuid", "UUID of the GPU"},
+    {"gpu_name", "Product name of the GPU"},
+    {"gpu_bus_id", "PCI bus id of the GPU (from NVML; [N/A] without it)"},
+    {"timestamp", "When the daemon answered, local time: YYYY/MM/DD HH:MM:SS.mmm"},
+    {"job", "The job (CUWARDEN_JOB) the process belongs to, or empty"},
+    {"user", "The user the process runs as"},
+    {"fragmentation", "Not measured yet: [N/A]"},
+    {"driver_used_memory", "What NVML says the process holds on the GPU (context and modules included)"},
+    {"outside_cap_memory", "Of the driver's figure, what no cap counts"},
+    {"cap_scope", "What the process's caps count: allocations, or process (also its context and modules)"},
+};
+const char* help_of(const std::string& name) {
+  for (const auto& h : kHelp)
+    if (name == h.name) return h.text;
+  return "";
+}
 /// Other names nvidia-smi accepts for the same field.
 struct Alias {
   const char* alias;
@@ -37,6 +61,7 @@ QueryField counter_field(const counters::Info& row) {
   f.header = f.name == "used_memory" ? "used_gpu_memory" : f.name;  // nvidia-smi's CSV header
   f.kind = row.unit == counters::Unit::bytes ? CellKind::bytes : CellKind::integer;
   f.key = std::string(row.json);
+  f.help = std::string(row.help);
   return f;
 }
 
@@ -51,12 +76,12 @@ std::vector<QueryField> query_fields(std::span<const counters::Info> counters) {
   };
   for (const char* name : kNvidiaSmi) {
     if (const counters::Info* row = counter_named(name)) out.push_back(counter_field(*row));
-    else out.push_back({name, name, kind_of(name), ""});
+    else out.push_back({name, name, kind_of(name), "", help_of(name)});
   }
   for (const auto& row : counters)
     if (!row.query.empty() && std::find(std::begin(kNvidiaSmi), std::end(kNvidiaSmi), row.query) == std::end(kNvidiaSmi))
       out.push_back(counter_field(row));
-  for (const char* name : kProcessFields) out.push_back({name, name, kind_of(name), ""});
+  for (const char* name : kProcessFields) out.push_back({name, name, kind_of(name), "", help_of(name)});
   return out;
 }
 
@@ -67,6 +92,17 @@ const QueryField* find_query_field(const std::vector<QueryField>& fields, const 
   for (const auto& f : fields)
     if (f.name == n) return &f;
   return nullptr;
+}
+
+std::string query_fields_reference(std::span<const counters::Info> counters) {
+  std::string out = "List of valid properties to query for the switch \"--query-compute-apps=\":\n";
+  for (const auto& f : query_fields(counters)) {
+    out += "\n\"" + f.name + "\"";
+    for (const auto& a : kAliases)
+      if (f.name == a.name) out += std::string(" or \"") + a.alias + "\"";
+    out += "\n" + f.help + (f.kind == CellKind::bytes ? " (MiB in CSV; bytes with --format=json)" : "") + ".\n";
+  }
+  return out;
 }
 
 std::string query_fields_help(std::span<const counters::Info> counters) {

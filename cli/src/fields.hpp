@@ -20,6 +20,7 @@ struct QueryField {
   std::string header;  ///< the CSV header, nvidia-smi's spelling where it has one ("used_gpu_memory")
   CellKind kind = CellKind::text;
   std::string key;     ///< device counters: the key in the daemon's device entry; else empty
+  std::string help;    ///< what it holds, one sentence
 };
 
 /// Every field, nvidia-smi's first, then cuwarden's, with the rows of `counters` that have a
@@ -28,6 +29,10 @@ std::vector<QueryField> query_fields(std::span<const counters::Info> counters = 
 
 /// The field named `name` (an alias such as nvidia-smi's `used_gpu_memory` included), or null.
 const QueryField* find_query_field(const std::vector<QueryField>& fields, const std::string& name);
+
+/// What `cuwarden --help-query-compute-apps` prints, as nvidia-smi's option of that name: each
+/// field quoted (with its other name, if any) and what it holds. Shell completion reads it.
+std::string query_fields_reference(std::span<const counters::Info> counters = counters::kDevice);
 
 /// "pid, process_name, ..." for --help.
 std::string query_fields_help(std::span<const counters::Info> counters = counters::kDevice);

@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
   StatusOptions st;
   app.add_flag("--json", st.json, "print the daemon's state as JSON");
   app.add_option("--query-compute-apps", st.query_compute_apps, cuw::cli::query_fields_help());
+  bool fields_reference = false;
+  app.add_flag("--help-query-compute-apps", fields_reference, "list the fields of --query-compute-apps, as nvidia-smi");
   app.add_option("--format", st.format, "csv[,noheader][,nounits], or json (the same rows as objects)");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));
@@ -157,6 +159,10 @@ int main(int argc, char** argv) {
   if (*events) {
     eo.socket = socket;
     return cmd_events(eo);
+  }
+  if (fields_reference) {
+    std::fputs(cuw::cli::query_fields_reference().c_str(), stdout);
+    return kExitOk;
   }
   st.socket = socket;
   if (loop_ms > 0) {

@@ -381,6 +381,7 @@ TEST_CASE("golden.cli_prints_the_same_for_the_same_state") {
                out({"--query-compute-apps=pid,used_memory,limit,ooms,cap_scope", "--format=csv,noheader,nounits"}));
   check_golden("cli-status.json", out({"--json"}));
   check_golden("cli-query.json", out({"--query-compute-apps=pid,used_memory,limit,ooms,gpu_uuid,cap_scope", "--format=json"}));
+  check_golden("cli-query-fields.txt", out({"--help-query-compute-apps"}));
   check_golden("cli-events.txt", out({"events"}));
   check_golden("cli-events.jsonl", out({"events", "--json"}));
   check_golden("cli-limit-pid.txt", out({"limit", "4101", "6G"}));

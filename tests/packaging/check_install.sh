@@ -106,7 +106,8 @@ if command -v man >/dev/null; then
 fi
 
 if [[ -r /usr/share/bash-completion/bash_completion ]]; then
-  got=$(bash -c '
+  # The completion asks the installed cuwarden for its fields and flags.
+  got=$(PATH="$P/bin:$PATH" bash -c '
     source /usr/share/bash-completion/bash_completion
     source "$1"
     compopt() { :; }
@@ -116,8 +117,10 @@ if [[ -r /usr/share/bash-completion/bash_completion ]]; then
     c "cuwarden r" _cuwarden
     c "cuwarden run --pool " _cuwarden
     c "cuwarden --query-compute-apps=pid,peak" _cuwarden
+    c "cuwarden run --cap" _cuwarden
+    c "cuwarden --query-compute-apps=pool_w" _cuwarden
     c "cuwardend --log-level w" _cuwardend' _ "$P/share/bash-completion/completions/cuwarden")
-  want=$'run\noff cache\npid,peak_memory\nwarn'
+  want=$'run\noff cache\npid,peak_memory\n--cap-scope\npool_waits\nwarn'
   [[ $got == "$want" ]] || fail "completion: got [$got], want [$want]"
   echo "ok: bash completion"
 fi
