@@ -3,7 +3,7 @@
 //
 // Two threads. The loop thread owns the model: one poll loop over signals (signalfd),
 // directory changes (inotify), writes other threads ask for (LoopQueue), and two timers —
-// drain every few ms (then publish a State), rescan every second. The socket thread serves
+// drain every few ms, rescan (then publish a State) every second. The socket thread serves
 // the unix socket: a query has the loop publish a State (or takes one published since it
 // came) and builds and sends its reply from it, so no client, slow or not, holds up
 // draining; set_limit goes through the LoopQueue, run by the model on the loop thread.
@@ -254,9 +254,8 @@ int run(const Options& o) {
       server.expire(mono_ns());
     }
   });
-  // A State is built at most once per drain interval, and after every scan and write.
-  const uint64_t publish_interval = o.drain_interval_ms * kMs;
-  uint64_t last_publish = mono_ns();
+  // A State is built after every scan and write, and when a query asks for one: not per
+  // drain, which would copy every ring's header a hundred times a second for no reader.
   uint64_t next_drain = mono_ns();
   uint64_t next_scan = mono_ns() + o.scan_interval_ms * kMs;
   bool scan_now = false;
@@ -303,15 +302,10 @@ int run(const Options& o) {
         case cuw::daemon::Registry::DrainPace::soon: next_drain = t + std::min<uint64_t>(kMs, o.drain_interval_ms * kMs); break;
         case cuw::daemon::Registry::DrainPace::idle: next_drain = t + o.drain_interval_ms * kMs; break;
       }
-      if (t - last_publish >= publish_interval) {
-        reg.publish();
-        last_publish = mono_ns();
-      }
     }
     if (scan_now || t >= next_scan) {
       reg.scan();
       reg.publish();
-      last_publish = mono_ns();
       scan_now = false;
       next_scan = mono_ns() + o.scan_interval_ms * kMs;
     }
