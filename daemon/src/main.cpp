@@ -125,6 +125,23 @@ bool ensure_run_dir(const std::string& dir) {
   return true;
 }
 
+/// The socket thread's loop: serve `server` until `stop_fd` is readable. Throws what the
+/// server throws (the caller stops the daemon).
+void serve_socket(cuw::daemon::Server& server, int stop_fd) {
+  std::vector<pollfd> sfds;
+  for (;;) {
+    sfds.clear();
+    sfds.push_back({stop_fd, POLLIN, 0});
+    server.collect(sfds);
+    // 100 ms: the granularity of the connection deadlines (seconds).
+    const int sn = poll(sfds.data(), sfds.size(), 100);
+    if (sn < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
+    if (sfds[0].revents & POLLIN) return;
+    if (sn > 0) server.dispatch(sfds, 1);
+    server.expire(mono_ns());
+  }
+}
+
 int run(const Options& o) {
   cuw::daemon::Registry* reg_ptr = nullptr;
   std::shared_ptr<const cuw::daemon::Policy> loaded;
@@ -198,27 +215,12 @@ int run(const Options& o) {
   cuw::daemon::Backend backend;
   backend.store = &reg.store();
   // Ring headers are authoritative and a query promises them as they are now: the loop
-  // publishes a State for it, once for all queries waiting at the same time. Building the
-  // reply and sending it stay on the socket thread.
-  backend.refresh = [&] {
-    const uint64_t seen = reg.store().generation();
-    writes.call([&reg, seen] {
-      if (reg.store().generation() == seen) reg.publish();
-    });
-  };
+  // publishes a State read after the query came (the socket thread serves one request at a
+  // time, so one publish per query). Building the reply and sending it stay on the socket
+  // thread.
+  backend.refresh = [&] { writes.call([&reg] { reg.publish(); }); };
   backend.set_limit = [&](const cuw::daemon::Peer& peer, const cuw::daemon::LimitRequest& req) {
-    return writes.call([&] {
-      // Published whatever the outcome (a refusal is in the limit log), and before the
-      // reply leaves: the client's next query sees its change.
-      try {
-        auto r = reg.set_limit(peer, req);
-        reg.publish();
-        return r;
-      } catch (...) {
-        reg.publish();
-        throw;
-      }
-    });
+    return writes.call([&] { return reg.set_limit_and_publish(peer, req); });
   };
   cuw::daemon::Server server([&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
     return cuw::daemon::handle_request(backend, peer, cmd, body);
@@ -238,22 +240,30 @@ int run(const Options& o) {
     return 1;
   }
   std::thread socket_thread([&] {
-    std::vector<pollfd> sfds;
-    for (;;) {
-      sfds.clear();
-      sfds.push_back({stop_fd, POLLIN, 0});
-      server.collect(sfds);
-      // 100 ms: the granularity of the connection deadlines (seconds).
-      const int sn = poll(sfds.data(), sfds.size(), 100);
-      if (sn < 0 && errno != EINTR) {
-        spdlog::error("poll (socket): {}", std::strerror(errno));
-        break;
-      }
-      if (sfds[0].revents & POLLIN) break;
-      if (sn > 0) server.dispatch(sfds, 1);
-      server.expire(mono_ns());
+    try {
+      serve_socket(server, stop_fd);
+    } catch (const std::exception& e) {
+      // Not served, not drained either: stop the daemon the way a signal does.
+      spdlog::critical("socket thread: {}; stopping", e.what());
+      ::kill(::getpid(), SIGTERM);
     }
   });
+  // However the loop ends (a signal, or an exception on its way to "fatal" in main), calls
+  // still waiting fail ("the daemon is stopping") and the socket thread, which may be
+  // blocked in one, is stopped and joined before what it uses goes.
+  struct StopSocketThread {
+    cuw::daemon::LoopQueue& writes;
+    int stop_fd;
+    std::thread& thread;
+    void stop() {
+      if (!thread.joinable()) return;
+      writes.close_queue();
+      const uint64_t one = 1;
+      (void)!write(stop_fd, &one, sizeof one);
+      thread.join();
+    }
+    ~StopSocketThread() { stop(); }
+  } stop_socket_thread{writes, stop_fd, socket_thread};
   // A State is built after every scan and write, and when a query asks for one: not per
   // drain, which would copy every ring's header a hundred times a second for no reader.
   uint64_t next_drain = mono_ns();
@@ -310,12 +320,7 @@ int run(const Options& o) {
       next_scan = mono_ns() + o.scan_interval_ms * kMs;
     }
   }
-  // Calls still waiting fail ("the daemon is stopping") before the socket thread is stopped:
-  // it may be blocked in one.
-  writes.close_queue();
-  const uint64_t one = 1;
-  (void)!write(stop_fd, &one, sizeof one);
-  socket_thread.join();
+  stop_socket_thread.stop();
   close(stop_fd);
   server.shutdown();
   if (infd >= 0) close(infd);

@@ -763,9 +763,10 @@ TEST_CASE("control.cap_scope_process_counts_the_context_and_modules") {
   Daemon d(dir);
   const std::vector<std::string> base = {"CUWARDEN_RUN_DIR=" + d.run_dir, "CUWARDEN_LIMIT=1G",
                                          "CUWARDEN_FAKE_MEMORY=4G", "CUWARDEN_FAKE_CONTEXT_MEMORY=300M"};
+  // The process's first device; an empty object until the daemon has seen it use one.
   auto device_of = [&](pid_t pid) {
     json p = d.process(static_cast<uint32_t>(pid));
-    return p.is_null() || p["devices"].empty() ? json() : p["devices"][0];
+    return p.is_null() || p["devices"].empty() ? json::object() : p["devices"][0];
   };
 
   // The default scope: the cap counts allocations; the driver's 300 MiB for the context lie

@@ -1,7 +1,7 @@
 // cuwarden: an upgraded daemon reads the rings of programs started under the previous
 // library (ring.hpp, the ABI rule). The ring here is written byte by byte at the offsets the
-// previous library used (frozen numbers, not this build's struct), with what it did not have
-// (the cap scope, the context counter) left zero as it left them.
+// previous library (0.1.0, ABI 1) used: frozen numbers, not this build's struct, so a field
+// that moves, or a counter row inserted before another, fails here.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -18,13 +18,13 @@ constexpr uint64_t kMagic = 0x31474e4952575543ULL;
 constexpr std::size_t kHeaderBytes = 16384, kSlotBytes = 64;
 constexpr std::size_t magic = 0, abi_version = 8, header_size = 12, slot_size = 16, slot_count = 20, pid = 24,
                       uid = 28, start_time = 32, created_ns = 40, state = 48, device_count = 52, comm = 88,
-                      cmdline = 120, job = 376, pool = 440, write_pos = 768, devices = 896;
+                      cmdline = 120, job = 376, pool = 440, cap_scope = 456, write_pos = 768, devices = 896;
 constexpr uint32_t kHeaderSize = 6016;  // sizeof(RingHeader) as it compiled it
 constexpr std::size_t kDeviceBytes = 320;
 // In a device slot.
 constexpr std::size_t present = 0, ordinal = 4, uuid = 8, name = 24, physical_total = 120;
 constexpr std::size_t counters = 128;  // used, peak, limit, reserved, live, allocs, frees, refusals,
-                                       // driver errors, host, cached, pool hits, pool waits
+                                       // driver errors, host, cached, pool hits, pool waits, context
 // In an event slot.
 constexpr std::size_t ev_seq = 0, ev_time = 8, ev_address = 16, ev_bytes = 24, ev_used_after = 32, ev_tid = 48,
                       ev_api = 52, ev_kind = 54, ev_device = 55;
@@ -63,6 +63,7 @@ TEST_CASE("ring_abi.the_daemon_reads_a_ring_of_the_previous_library") {
   put<uint64_t>(b, v1::created_ns, now_ns());
   put<uint32_t>(b, v1::state, 1);  // running
   put<uint32_t>(b, v1::device_count, 1);
+  put<uint32_t>(b, v1::cap_scope, 1);  // process
   std::strcpy(b + v1::comm, "old_trainer");
   std::strcpy(b + v1::cmdline, "old_trainer --resume");
   std::strcpy(b + v1::job, "");
@@ -74,9 +75,9 @@ TEST_CASE("ring_abi.the_daemon_reads_a_ring_of_the_previous_library") {
   for (int i = 0; i < 16; ++i) d[v1::uuid + i] = static_cast<char>(0xc0 + i);
   std::strcpy(d + v1::name, "NVIDIA H200");
   put<uint64_t>(d, v1::physical_total, 143771 * kMiB);
-  const uint64_t values[13] = {3000 * kMiB, 3500 * kMiB, 8192 * kMiB, 3200 * kMiB, 7, 20, 13, 2, 1, 16 * kMiB,
-                               200 * kMiB,  11,          4};
-  for (int i = 0; i < 13; ++i) put<uint64_t>(d, v1::counters + 8 * i, values[i]);
+  const uint64_t values[14] = {3000 * kMiB, 3500 * kMiB, 8192 * kMiB, 3200 * kMiB, 7,  20,        13, 2, 1,
+                               16 * kMiB,   200 * kMiB,  11,          4,           300 * kMiB};
+  for (int i = 0; i < 14; ++i) put<uint64_t>(d, v1::counters + 8 * i, values[i]);
   put<uint32_t>(d, v1::present, 1);
   static_assert(v1::devices + v1::kDeviceBytes <= v1::kHeaderSize);
 
@@ -100,7 +101,7 @@ TEST_CASE("ring_abi.the_daemon_reads_a_ring_of_the_previous_library") {
   REQUIRE(p.is_object());
   CHECK(p["process_name"] == "old_trainer");
   CHECK(p["pool"] == "cache");
-  CHECK(p["cap_scope"] == "allocations");  // the word it left zero
+  CHECK(p["cap_scope"] == "process");
   const json& dev = p["devices"][0];
   CHECK(dev["name"] == "NVIDIA H200");
   CHECK(dev["used_bytes"] == values[0]);
@@ -117,7 +118,7 @@ TEST_CASE("ring_abi.the_daemon_reads_a_ring_of_the_previous_library") {
   CHECK(dev["in_use_bytes"] == values[0] - values[10]);
   CHECK(dev["pool_hits"] == values[11]);
   CHECK(dev["pool_waits"] == values[12]);
-  CHECK(dev["context_bytes"] == 0);  // a counter the previous library did not have
+  CHECK(dev["context_bytes"] == values[13]);
   const json ev = daemon.events(json::object())["events"];
   REQUIRE(ev.size() == 1);
   CHECK(ev[0]["api"] == "cuMemAlloc");

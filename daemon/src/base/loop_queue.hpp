@@ -43,7 +43,12 @@ class LoopQueue {
     }
     const uint64_t one = 1;
     (void)!::write(fd_, &one, sizeof one);
-    return result.get();
+    try {
+      return result.get();
+    } catch (const std::future_error&) {
+      // close_queue() dropped the task unrun: its promise broke.
+      throw std::runtime_error("the daemon is stopping");
+    }
   }
 
   /// Run every waiting call, in order. Loop thread only.

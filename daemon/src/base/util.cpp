@@ -6,6 +6,7 @@
 
 #include <ctime>
 #include <map>
+#include <mutex>
 #include <vector>
 
 namespace cuw::daemon {
@@ -52,14 +53,21 @@ std::string process_name(const std::string& comm, const std::string& cmdline) {
 }
 
 std::string user_name(uint32_t uid) {
-  // The daemon is single-threaded where this is called; the cache keeps NSS off the loop.
+  // Called from the loop thread (new rings, jobs, limit changes) and the socket thread (the
+  // events view names who changed a cap): the cache, which keeps NSS off both, is locked.
+  // NSS itself is asked outside the lock.
+  static std::mutex mu;
   static std::map<uint32_t, std::string> cache;
-  if (auto it = cache.find(uid); it != cache.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (auto it = cache.find(uid); it != cache.end()) return it->second;
+  }
   std::string name = std::to_string(uid);
   passwd pw{};
   passwd* res = nullptr;
   std::vector<char> buf(16384);
   if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &res) == 0 && res && res->pw_name) name = res->pw_name;
+  std::lock_guard<std::mutex> g(mu);
   if (cache.size() > 4096) cache.clear();
   cache.emplace(uid, name);
   return name;

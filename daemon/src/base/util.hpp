@@ -27,7 +27,8 @@ std::string field_text(const char* data, std::size_t cap);
 /// `cmdline`: the command line, arguments separated by spaces.
 std::string process_name(const std::string& comm, const std::string& cmdline);
 
-/// Login name of `uid`, or the number as text when it has none.
+/// Login name of `uid`, or the number as text when it has none. Cached; thread-safe (the
+/// loop and the socket thread both ask).
 std::string user_name(uint32_t uid);
 
 /// The uid of login name `name`, if there is such a user.

@@ -72,6 +72,18 @@ class Registry {
   /// refusal or failure with its reason included, is the result; it throws only what
   /// allocation throws. Loop thread only (it may scan()); publish() afterwards to show it.
   LimitResult set_limit(const Peer& peer, const LimitRequest& request);
+  /// set_limit(), then publish() whatever the outcome (a refusal is in the limit log too),
+  /// so that the requester's next query sees it. Loop thread only.
+  LimitResult set_limit_and_publish(const Peer& peer, const LimitRequest& request) {
+    try {
+      LimitResult r = set_limit(peer, request);
+      publish();
+      return r;
+    } catch (...) {
+      publish();
+      throw;
+    }
+  }
 
   /// Replace the policy (startup and SIGHUP); it is applied to every ring and job again.
   void set_policy(std::shared_ptr<const Policy> policy);

@@ -1,6 +1,7 @@
 // cuwarden daemon model: the State, everything the daemon knows at one instant, as plain
-// data. The loop thread builds one after draining (Registry::publish) and swaps it into a
-// StateStore; views and transports on any thread read it without touching a ring.
+// data. The loop thread builds one after each scan and write, and when a query asks
+// (Registry::publish), and swaps it into a StateStore; views and transports on any thread
+// read it without touching a ring.
 //
 // Nothing here knows JSON or sockets: views/ turn a State into replies.
 #pragma once

@@ -89,17 +89,7 @@ Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, 
   if (command != static_cast<uint16_t>(proto::Command::set_limit)) reg.publish();
   Backend b;
   b.store = &reg.store();
-  b.set_limit = [&reg](const Peer& p, const LimitRequest& req) {
-    // Published whatever the outcome: a refusal is in the limit log too.
-    try {
-      auto r = reg.set_limit(p, req);
-      reg.publish();
-      return r;
-    } catch (...) {
-      reg.publish();
-      throw;
-    }
-  };
+  b.set_limit = [&reg](const Peer& p, const LimitRequest& req) { return reg.set_limit_and_publish(p, req); };
   return handle_request(b, peer, command, body);
 }
 

@@ -3,8 +3,9 @@
 // command's row (key types, one_of pairs) before anything reads it. Queries are answered
 // from a published State on the caller's thread; changes go to the model through
 // Backend::set_limit.
-// Split from the socket code so that tests and the fuzzers (tests/fuzz) call exactly what
-// the daemon runs.
+// Split from the socket code so that tests and the fuzzers (tests/fuzz) run the same
+// dispatch; they reach the model directly (the Registry& overload), not through the loop
+// thread's queue.
 #pragma once
 
 #include <cstdint>
