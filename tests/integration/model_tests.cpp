@@ -31,7 +31,12 @@ TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_lo
   reg.scan();
   reg.publish();
 
-  constexpr int kBursts = 40, kPerBurst = 100;
+  constexpr int kBursts = 40, kPerBurst = 100, kLimits = 4;  // a cap change at bursts 5, 15, 25, 35
+  cuw::daemon::Peer peer;
+  peer.known = true;
+  peer.uid = getuid();
+  peer.gid = getgid();
+  peer.pid = getpid();
   std::atomic<bool> done{false};
   std::atomic<uint64_t> reads{0};
   std::string failure;
@@ -62,6 +67,14 @@ TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_lo
     while (reg.drain_all() == cuw::daemon::Registry::DrainPace::again) {
     }
     reg.publish();
+    if (b % 10 == 5) {
+      // A cap change on the loop thread: it names its requester (user names are looked up
+      // on both threads, the reader's events view naming who changed a cap).
+      cuw::daemon::LimitRequest req;
+      req.pid = static_cast<uint32_t>(child.pid);
+      req.ask.bytes = (64ULL - b) << 30;
+      REQUIRE(reg.set_limit_and_publish(peer, req).outcome == cuw::daemon::LimitResult::Outcome::changed);
+    }
   }
   // Readers keep what they loaded: the loop may publish again at once.
   auto held = reg.store().load();
@@ -73,12 +86,15 @@ TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_lo
   CHECK(failure.empty());
 
   const auto state = cuw::daemon::state_json(*held);
-  CHECK(state["events_seq"] == kBursts * kPerBurst);
+  CHECK(state["events_seq"] == kBursts * kPerBurst + kLimits);
   REQUIRE(state["processes"].size() == 1);
   CHECK(state["processes"][0]["devices"][0]["used_bytes"] == 4096ULL * kPerBurst * kBursts);
   const auto ev = cuw::daemon::events_json(*held, nlohmann::json{{"max", 100000}});
   CHECK(ev["events"].size() == o.history_per_process);
-  CHECK(ev["events"].front()["seq"] == kBursts * kPerBurst - o.history_per_process + 1);
+  CHECK(ev["events"].front()["seq"] == kBursts * kPerBurst + kLimits - o.history_per_process + 1);
+  std::size_t by = 0;
+  for (const auto& e : ev["events"]) by += e.contains("by");
+  CHECK(by == 1);  // the change at burst 35 is within the last 700 events
   // "after" lands inside the history, across chunks.
   const auto after = cuw::daemon::events_json(*held, nlohmann::json{{"after", 3500}, {"max", 3}});
   REQUIRE(after["events"].size() == 3);
