@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # cuwarden: the reliability run CI adds to scripts/test.sh (issue 6), in order:
-#   1. the whole ctest suite under ASan + UBSan   (preset asan, build-asan/)
-#   2. the concurrency tests under TSan           (preset tsan, build-tsan/: unit, interposer.cap,
-#      interposer.cache(_cap), the cache's adversarial churn / contexts / cap cases, ctx_gone, daemon.*)
+#   1. ASan + UBSan (presets asan, build-asan/): builds everything but bench/ and the nvcc-built
+#      probes (no test runs them there), at -Og -g1 (CMakePresets.json says why); runs every
+#      test but those labelled nosan (packaging, scripts, source checks: tests/CMakeLists.txt).
+#   2. TSan (presets tsan, build-tsan/): builds only the targets of the tests it runs, the
+#      concurrency tests: unit.*, interposer.cap, interposer.concurrency_nocap,
+#      interposer.cache(_cap), the cache's adversarial churn / contexts / cap cases, ctx_gone,
+#      daemon.* (the test preset's filter).
 #   3. every libFuzzer target for FUZZ_SECONDS (default 10) from its committed corpus
-# Stops at the first failing step and says which. Prints each step's time.
+#      (preset fuzz, clang, build-fuzz/; scripts/fuzz.sh).
+# The main build and ctest (build/) are scripts/test.sh's. Stops at the first failing step and
+# says which. Prints each step's time.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# cuwarden: the whole test run, as CI does it: install what is missing, build, run ctest
-# (unit, simulated-driver, daemon, storm and security tests, and the callgrind guard).
-# With --all, or when CI is set (CI=true), it then runs scripts/ci_extra.sh: the whole suite
-# again under ASan + UBSan, the concurrency tests under TSan, and each libFuzzer target for
-# a few seconds (about 20 minutes more on 2 cores).
+# cuwarden: the whole test run, as CI does it (.ci/run). What runs where:
+#   1. scripts/setup.sh: install the packages that are missing (apt) and check the CUDA toolkit.
+#   2. scripts/build.sh: preset default (RelWithDebInfo, build/): everything, benchmarks and
+#      the nvcc-built probes included.
+#   3. ctest --preset default, two tests at a time: every test (unit, simulated driver,
+#      interposer, daemon, CLI, workloads, storm and security, packaging, scripts and docs, the
+#      callgrind guard).
+# With --all, or when CI is set (CI=true), it then runs scripts/ci_extra.sh: the suite again
+# under ASan + UBSan and the concurrency tests under TSan (each leaving out the tests labelled
+# nosan, see tests/CMakeLists.txt), then each libFuzzer target for a few seconds. On 2 cores
+# steps 2-3 take about 6 minutes, ci_extra.sh about 12 more.
 # Exit status: the first failing step's. GPU checks are not here: they need a real GPU
 # (tests/gpu/run.sh, tests/gpu/compat.sh, bench/gpu.sh).
 set -euo pipefail

@@ -2,10 +2,9 @@
 // its environment: three physical devices of 64, 32 and 16 MiB, the second with a UUID of its
 // own, and CUDA_VISIBLE_DEVICES=2,0 (CUDA ordinal 0 = physical 2, ordinal 1 = physical 0,
 // physical 1 hidden from CUDA but not from NVML).
-#define CATCH_CONFIG_RUNNER
 #include <cstdlib>
 
-#include <catch2/catch.hpp>
+#include "catch2_run.hpp"
 
 int main(int argc, char** argv) {
   setenv("CUWARDEN_FAKE_DEVICES", "3", 1);
@@ -14,5 +13,5 @@ int main(int argc, char** argv) {
   setenv("CUWARDEN_FAKE_NAME", "NVIDIA H200", 1);
   setenv("CUDA_VISIBLE_DEVICES", "2,0", 1);
   unsetenv("CUWARDEN_FAKE_DRIVER_VERSION");
-  return Catch::Session().run(argc, argv);
+  return cuw::testing::run_catch2(argc, argv);
 }
