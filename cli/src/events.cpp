@@ -1,7 +1,6 @@
 // cuwarden CLI: `cuwarden events` — recent allocation events, once or following.
 #include <csignal>
 #include <cstdio>
-#include <ctime>
 #include <fmt/format.h>
 #include <thread>
 

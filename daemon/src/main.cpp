@@ -336,7 +336,8 @@ int main(int argc, char** argv) {
   Options o;
   app.set_version_flag("--version", std::string("cuwardend ") + CUWARDEN_VERSION);
   app.add_option("--socket", o.socket, "unix socket to serve (default: <run dir>/cuwardend.sock)");
-  app.add_option("--run-dir", o.run_dir, "where rings live (default: $CUWARDEN_RUN_DIR or /dev/shm/cuwarden)");
+  app.add_option("--run-dir", o.run_dir,
+                 std::string("where rings live (default: $CUWARDEN_RUN_DIR or ") + cuw::paths::kDefaultRunDir + ")");
   app.add_option("--http", o.http, "HTTP listen address (not served yet; accepted for compatibility)");
   app.add_option("--config", o.config,
                  "policy file (TOML): default and maximum caps per user and group; reloaded on SIGHUP");
