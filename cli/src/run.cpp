@@ -76,10 +76,8 @@ int cmd_run(const RunOptions& o) {
   if (!o.job.empty() && !cuw::job::valid_job_name(o.job, &err)) return usage_error("bad --job '" + o.job + "': " + err);
   if (!o.cap_scope.empty() && o.cap_scope != "allocations" && o.cap_scope != "process")
     return usage_error("bad --cap-scope '" + o.cap_scope + "': use allocations or process");
-  if (o.pool == "vmm")
-    return usage_error("--pool vmm: the vmm backend is not in this build yet (use off or cache)");
-  if (!o.pool.empty() && o.pool != "off" && o.pool != "cache")
-    return usage_error("bad --pool '" + o.pool + "': use off or cache");
+  if (!o.pool.empty() && o.pool != "off" && o.pool != "cache" && o.pool != "vmm")
+    return usage_error("bad --pool '" + o.pool + "': use off, cache or vmm");
   if (o.callsites != -1 && (o.callsites < 0 || o.callsites > 64))
     return usage_error("bad --callsites " + std::to_string(o.callsites) + ": use 0..64");
   if (o.callsites > 0)

@@ -51,6 +51,14 @@ inline cuw::ring::RingHeader& own_ring() {
   return *h;
 }
 
+/// The backend the test process runs under (CUWARDEN_POOL, "off" when unset): the pooled
+/// backends' tests run under `cache` and `vmm`, and check what differs by layout.
+inline std::string pool_name() {
+  const char* v = getenv("CUWARDEN_POOL");
+  return v && *v ? v : "off";
+}
+inline bool vmm_pool() { return pool_name() == "vmm"; }
+
 inline cuw::ring::DeviceSlot& dev_counters(int ordinal = 0) { return own_ring().devices[ordinal]; }
 inline uint64_t used(int ordinal = 0) { return dev_counters(ordinal).used.load(); }
 

@@ -43,6 +43,6 @@ extern "C" __attribute__((visibility("default"))) const char* cuwarden_testing_b
   backends::backend* b = started(&t);
   if (!b) return nullptr;
   if (b == &backends::g_passthrough) return "off";
-  if (dynamic_cast<backends::cache_backend*>(b)) return "cache";
+  if (auto* c = dynamic_cast<backends::cache_backend*>(b)) return c->vmm() ? "vmm" : "cache";
   return "?";
 }

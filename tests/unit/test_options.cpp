@@ -65,7 +65,7 @@ TEST_CASE("options: the defaults reach Config as the table states them", "[optio
   CHECK_FALSE(c.fail_open);
   CHECK_FALSE(c.meminfo_physical);
   CHECK_FALSE(c.cap_scope_process);
-  CHECK(c.pool == "off");
+  CHECK(std::string(c.pool) == "off");
   CHECK(c.callsites == 0);
   CHECK(c.clock == cuw::fast_clock::Mode::coarse);
   CHECK(c.log_level == 3);  // warn
@@ -114,7 +114,9 @@ TEST_CASE("options: refused values keep their messages word for word", "[options
        "CUWARDEN_JOB_LIMIT='50%': job caps take a size (bytes, K/M/G/T), not a share of a device"},
       {{{"CUWARDEN_JOB", "t"}, {"CUWARDEN_JOB_LIMIT", "8X"}},
        "CUWARDEN_JOB_LIMIT='8X': unknown unit 'X' in size '8X' (use bytes, K M G T, KiB MiB GiB TiB, kB MB GB TB)"},
-      {{{"CUWARDEN_POOL", "vmm"}}, "CUWARDEN_POOL='vmm': this backend is not available in this build yet (use off)"},
+      {{{"CUWARDEN_POOL_KEEP", "5X"}},
+       "CUWARDEN_POOL_KEEP='5X': unknown unit 'X' in size '5X' (use bytes, K M G T, KiB MiB GiB TiB, kB MB GB TB, or "
+       "N%)"},
       {{{"CUWARDEN_POOL", "fast"}}, "CUWARDEN_POOL='fast': expected off, cache or vmm"},
       {{{"CUWARDEN_CALLSITES", "65"}}, "CUWARDEN_CALLSITES='65': expected 0..64"},
       {{{"CUWARDEN_CALLSITES", "-1"}}, "CUWARDEN_CALLSITES='-1': expected 0..64"},

@@ -39,7 +39,10 @@ namespace cuw::options {
   X(CUWARDEN_JOB, "", "a name", "job name: processes of one user with one job name share a cap per GPU", "--job")      \
   X(CUWARDEN_JOB_LIMIT, "", "`64G`, `512GiB`", "cap per physical GPU for the job (`CUWARDEN_JOB`) as a whole",         \
     "--job-limit")                                                                                                     \
-  X(CUWARDEN_POOL, "off", "`off`, `cache`", "allocation backend; `vmm` is not in this build yet", "--pool")            \
+  X(CUWARDEN_POOL, "off", "`off`, `cache`, `vmm`",                                                                   \
+    "allocation backend: the driver's calls, a cache of freed blocks, or granules mapped and stitched", "--pool")      \
+  X(CUWARDEN_POOL_KEEP, "5%", "`5%`, `256M`",                                                                          \
+    "free memory a pool keeps beyond its live blocks: a share of them, or a size; past it, it gives back first", "")   \
   X(CUWARDEN_CALLSITES, "0", "`0` .. `64`", "native frames captured per allocation; not in this build yet: 0 only",    \
     "--callsites")                                                                                                     \
   X(CUWARDEN_CAP_SCOPE, "allocations", "`allocations`, `process`",                                                     \

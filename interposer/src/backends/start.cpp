@@ -14,9 +14,10 @@ constinit passthrough g_passthrough;
 
 CUW_COLD backend& start(core::Tracker& t) {
   core::backend_base* b = t.start_backend([&t]() -> core::backend_base* {
-    const std::string& pool = t.config().pool;  // validated by core/config.cpp
+    const std::string pool = t.config().pool;  // validated by core/config.cpp
     // One line per backend.
-    if (pool == "cache") if (auto* c = new (std::nothrow) cache_backend(t)) return c;
+    if (pool == "cache") if (auto* c = new (std::nothrow) cache_backend(t, false)) return c;
+    if (pool == "vmm") if (auto* c = new (std::nothrow) cache_backend(t, true)) return c;
     if (pool != "off") log::always("cuwarden: no memory for the %s backend: running with CUWARDEN_POOL=off", pool.c_str());
     return &g_passthrough;
   });

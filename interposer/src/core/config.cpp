@@ -69,6 +69,15 @@ bool job_cap(const char* v, Config& c, std::string* why) {
   return true;
 }
 
+/// A size or a share ("5%": of the pool's live bytes, not of the device).
+template <SizeSpec Config::*Field>
+bool pool_keep(const char* v, Config& c, std::string* why) {
+  auto spec = parse_size(v, true, why);
+  if (!spec) return false;
+  c.*Field = *spec;
+  return true;
+}
+
 /// One word of a fixed list, mapped to a value; `refused`: a word known but not accepted, and
 /// why not.
 template <typename T>
@@ -139,7 +148,7 @@ bool directory(const char* v, Config& c, std::string*) {
 
 constexpr Choices<bool, 2> kOnError{{{"fail", false}, {"open", true}}, "expected 'fail' or 'open'"};
 constexpr Choices<const char*, 3> kPools{
-    {{"off", "off"}, {"cache", "cache"}, {"vmm", nullptr, "this backend is not available in this build yet (use off)"}},
+    {{"off", "off"}, {"cache", "cache"}, {"vmm", "vmm"}},
     "expected off, cache or vmm"};
 constexpr Choices<bool, 2> kCapScopes{{{"allocations", false}, {"process", true}},
                                       "expected 'allocations' or 'process'"};
@@ -163,6 +172,7 @@ constexpr Binding kBindings[] = {
     {Id::CUWARDEN_JOB, job_name<&Config::job>},
     {Id::CUWARDEN_JOB_LIMIT, job_cap<&Config::job_limit>},
     {Id::CUWARDEN_POOL, choice<&Config::pool, kPools>},
+    {Id::CUWARDEN_POOL_KEEP, pool_keep<&Config::pool_keep>},
     {Id::CUWARDEN_CALLSITES, int_range<&Config::callsites, 0, 64>},
     {Id::CUWARDEN_CAP_SCOPE, choice<&Config::cap_scope_process, kCapScopes>},
     {Id::CUWARDEN_MEMINFO, choice<&Config::meminfo_physical, kMeminfo>},

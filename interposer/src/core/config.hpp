@@ -26,7 +26,8 @@ struct Config {
   bool fail_open{};               ///< CUWARDEN_ON_ERROR=open
   int log_level = -1;             ///< CUWARDEN_LOG: log::parse_level's number
   std::string log_file;           ///< CUWARDEN_LOG_FILE; empty = stderr
-  std::string pool;               ///< CUWARDEN_POOL: "off" or "cache"
+  const char* pool = "";          ///< CUWARDEN_POOL: "off", "cache" or "vmm" (a literal of config.cpp)
+  SizeSpec pool_keep;             ///< CUWARDEN_POOL_KEEP: share of live bytes, or bytes
   int callsites{};                ///< CUWARDEN_CALLSITES, 0..64
   fast_clock::Mode clock{};       ///< CUWARDEN_CLOCK (fast_clock.hpp)
   std::string run_dir;            ///< CUWARDEN_RUN_DIR, as paths::run_dir_from() gives it

@@ -158,6 +158,10 @@ bool table_erase(uintptr_t base, Allocation* out);  // exact start address
 bool table_find(uintptr_t addr, Allocation* out);   // any address inside
 bool table_find_range(uintptr_t addr, size_t bytes, Allocation* out);
 bool table_overlaps(uintptr_t addr, size_t bytes);
+/// The VMM granularity (minimum and recommended), as on the H200.
+inline constexpr size_t kVmmGranularity = size_t{2} << 20;
+/// The address reservation (cuMemAddressReserve) that holds `addr`: true and its base and size.
+bool vmm_reservation_of(uintptr_t addr, uintptr_t* base, size_t* size);
 // Frees every cuMemAlloc / cuMemAllocManaged allocation and every array of `ctx` (its
 // destruction, a primary context's reset or last release).
 void table_free_context(Context* ctx);

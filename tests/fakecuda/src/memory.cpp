@@ -60,7 +60,18 @@ bool table_find_range(uintptr_t addr, size_t bytes, Allocation* out) {
   // A zero-size request still needs its first byte inside; ranges use the block size so that
   // the rounding slack of an allocation stays addressable, as on the device.
   size_t extent = std::max(a.size, a.block);
-  if (addr < a.base || addr - a.base >= extent || bytes > extent - (addr - a.base)) return false;
+  if (addr < a.base || addr - a.base >= extent) return false;
+  if (bytes > extent - (addr - a.base)) {
+    // Mapped memory continues into the next mapping when it starts where this one ends (as
+    // on the device: the addresses of a reservation, however many handles back them).
+    if (a.kind != AllocKind::vmm) return false;
+    uintptr_t end = a.base + extent;
+    const uintptr_t want = addr + bytes;
+    for (auto next = std::next(it); end < want; ++next) {
+      if (next == g_table.end() || next->second.kind != AllocKind::vmm || next->second.base != end) return false;
+      end += std::max(next->second.size, next->second.block);
+    }
+  }
   if (out) *out = a;
   return true;
 }
@@ -196,6 +207,14 @@ FC_API CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdev
   if (CUresult rc = require_context(&ctx)) return rc;
   Allocation a;
   if (!table_find(dptr, &a) || dptr - a.base >= a.size) return CUDA_ERROR_NOT_FOUND;
+  if (a.kind == AllocKind::vmm) {
+    // The driver answers with the granule-sized chunk of the mapping that holds the pointer
+    // (measured on an H200: 2 MiB of a 1 GiB mapping).
+    const uintptr_t off = (dptr - a.base) / kVmmGranularity * kVmmGranularity;
+    if (pbase) *pbase = a.base + off;
+    if (psize) *psize = std::min(kVmmGranularity, a.size - off);
+    return CUDA_SUCCESS;
+  }
   if (pbase) *pbase = a.base;
   if (psize) *psize = a.size;
   return CUDA_SUCCESS;
@@ -382,8 +401,16 @@ CUresult fill_attribute(void* data, CUpointer_attribute attr, const Allocation& 
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: put<int>(data, a.kind == AllocKind::managed); break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: put<int>(data, a.ordinal); break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: put<int>(data, a.kind == AllocKind::device); break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: put<CUdeviceptr>(data, a.base); break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: put<size_t>(data, a.size); break;
+    // Mapped memory: the whole reservation (as the driver answers); else the allocation.
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: {
+      uintptr_t base = a.base;
+      size_t size = a.size;
+      if (a.kind == AllocKind::vmm) vmm_reservation_of(ptr, &base, &size);
+      if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) put<CUdeviceptr>(data, base);
+      else put<size_t>(data, size);
+      break;
+    }
     case CU_POINTER_ATTRIBUTE_MAPPED: put<int>(data, 1); break;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
       put<unsigned long long>(data, a.kind == AllocKind::vmm ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0);

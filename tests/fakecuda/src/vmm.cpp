@@ -16,7 +16,7 @@
 namespace fc {
 namespace {
 
-constexpr size_t kGranularity = size_t{2} << 20;
+constexpr size_t kGranularity = kVmmGranularity;
 
 struct PhysHandle {
   int fd = -1;
@@ -32,6 +32,8 @@ struct Mapping {
   size_t size = 0;
   size_t offset = 0;
   PhysHandle* handle = nullptr;
+  uint64_t readers = 0;  // devices (bit = ordinal) given read access by cuMemSetAccess
+  uint64_t writers = 0;  // ... read and write
 };
 
 std::mutex g_vmm_mu;
@@ -78,6 +80,17 @@ bool valid_location(const CUmemLocation& loc, int* ordinal) {
 }  // namespace fc
 
 using namespace fc;
+
+bool fc::vmm_reservation_of(uintptr_t addr, uintptr_t* base, size_t* size) {
+  std::lock_guard lock(g_vmm_mu);
+  auto it = g_reservations.upper_bound(addr);
+  if (it == g_reservations.begin()) return false;
+  --it;
+  if (addr - it->first >= it->second) return false;
+  *base = it->first;
+  *size = it->second;
+  return true;
+}
 
 FC_API CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
                                               CUmemAllocationGranularity_flags option) {
@@ -234,11 +247,15 @@ FC_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   int prot = PROT_NONE;
+  uint64_t readers = 0, writers = 0, cleared = 0;
   for (size_t i = 0; i < count; ++i) {
     int ordinal;
     if (!valid_location(desc[i].location, &ordinal)) return CUDA_ERROR_INVALID_DEVICE;
-    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
+    const uint64_t bit = ordinal >= 0 && ordinal < 64 ? uint64_t{1} << ordinal : 0;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE, writers |= bit;
     else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE) prot = PROT_READ;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) readers |= bit;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) cleared |= bit;
   }
   std::lock_guard lock(g_vmm_mu);
   // The whole range must be mapped.
@@ -251,6 +268,12 @@ FC_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     cur = it->first + it->second.size;
   }
   if (cur < ptr + size) return CUDA_ERROR_INVALID_VALUE;
+  // The host mapping keeps the widest access any device has (the host stands in for all).
+  for (auto m = g_mappings.lower_bound(ptr); m != g_mappings.end() && m->first < ptr + size; ++m) {
+    m->second.writers = (m->second.writers | writers) & ~cleared & ~readers;
+    m->second.readers = (m->second.readers | readers) & ~cleared & ~writers;
+    if (m->second.writers) prot = PROT_READ | PROT_WRITE;
+  }
   if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
@@ -264,7 +287,12 @@ FC_API CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* l
   if (it == g_mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
   --it;
   if (ptr >= it->first + it->second.size) return CUDA_ERROR_INVALID_VALUE;
-  *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  int ordinal;
+  if (!valid_location(*location, &ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  const uint64_t bit = ordinal >= 0 && ordinal < 64 ? uint64_t{1} << ordinal : 0;
+  *flags = it->second.writers & bit  ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+           : it->second.readers & bit ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                      : CU_MEM_ACCESS_FLAGS_PROT_NONE;
   return CUDA_SUCCESS;
 }
 

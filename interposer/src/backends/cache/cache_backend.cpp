@@ -6,6 +6,7 @@
 #include <new>
 
 #include "backends/cache/detail/internal.hpp"
+#include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
 #include "cuw/attrs.hpp"
 
@@ -107,8 +108,20 @@ cache_resource* cache_backend::create(CUcontext ctx) noexcept {
   if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
   ring::DeviceSlot* slot = tracker_.device(dev);
   if (!slot) return nullptr;
-  auto* c = new (std::nothrow) cache_resource(std::make_unique<driver_resource>(), ctx, dev, *slot, tracker_, *this);
-  if (!c) return nullptr;
+  cache_resource* c = nullptr;
+  try {
+    if (vmm_) {
+      auto granules = std::make_unique<granule_resource>(ctx, dev, *slot, tracker_);
+      granule_resource* gr = granules.get();
+      c = new cache_resource(std::move(granules), ctx, dev, *slot, tracker_, *this, gr);
+      // Peers enabled before this pool existed.
+      for (CUdevice p : peers_[dev & (ring::kMaxDevices - 1)]) gr->grant_peer(p);
+    } else {
+      c = new cache_resource(std::make_unique<driver_resource>(), ctx, dev, *slot, tracker_, *this);
+    }
+  } catch (...) {
+    return nullptr;
+  }
   caches_[slot_index].store(c, std::memory_order_release);
   if (slot_index == n) count_.store(n + 1, std::memory_order_release);
   return c;
@@ -203,6 +216,26 @@ bool cache_backend::do_context_destroy(core::Tracker&, call_ref<CUcontext()> whi
   }
   dying_.store(nullptr, std::memory_order_release);
   return gone;
+}
+
+void cache_backend::do_peer_access_changed(core::Tracker&, CUcontext peer, bool enabled) {
+  if (!vmm_ || !enabled || !peer || !drv().ctx_get_device) return;
+  CUdevice self = -1, other = -1;
+  if (drv().ctx_get_device(&self) != CUDA_SUCCESS) return;
+  {
+    CtxScope scope(peer);
+    if (drv().ctx_get_device(&other) != CUDA_SUCCESS) return;
+  }
+  if (self < 0 || other < 0 || self == other) return;
+  // The current context (on `self`) may now access the peer's memory: the pools of the
+  // peer's device let `self` in.
+  std::lock_guard<std::mutex> g(mu_);
+  auto& peers = peers_[other & (ring::kMaxDevices - 1)];
+  if (std::find(peers.begin(), peers.end(), self) == peers.end()) peers.push_back(self);
+  const int n = count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i)
+    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->ordinal() == other && c->granules())
+      c->granules()->grant_peer(self);
 }
 
 CUresult cache_backend::do_context_retain(core::Tracker&, call_ref<CUresult()> call) {

@@ -1,5 +1,6 @@
-// cuwarden interposer: the `cache` backend (CUWARDEN_POOL=cache): one cache_resource per CUDA
-// context (cache_resource.hpp has the design), found from the calling thread's current context.
+// cuwarden interposer: the `cache` and `vmm` backends (CUWARDEN_POOL=cache, vmm): one
+// cache_resource per CUDA context (cache_resource.hpp has the design; vmm is its layout over
+// granules, backends/vmm/granules.hpp), found from the calling thread's current context.
 // What the caches do not serve (stream-ordered allocations, calls without a context, IPC
 // imports) goes to passthrough.
 #pragma once
@@ -20,10 +21,13 @@
 
 namespace cuw::backends {
 
-/// Every cache of the process, one per CUDA context. Thread-safe.
+/// Every pool of the process, one per CUDA context. Thread-safe.
 class cache_backend final : public backend {
  public:
-  explicit cache_backend(core::Tracker& t) : backend(true), tracker_(t) {}
+  /// `vmm`: pools over granules (CUWARDEN_POOL=vmm), else over driver allocations.
+  cache_backend(core::Tracker& t, bool vmm) : backend(true), tracker_(t), vmm_(vmm) {}
+  /// Whether its pools are over granules (CUWARDEN_POOL=vmm).
+  bool vmm() const noexcept { return vmm_; }
 
   /// The cache of the calling thread's current context, created on first use; nullptr
   /// without a current context or for a device past what the ring tracks. Cost when the
@@ -68,9 +72,11 @@ class cache_backend final : public backend {
   /// Runs `call` (cuDevicePrimaryCtxRetain) under the backend's lock, so that no retain falls
   /// between a release and the check of whether that release destroyed the context.
   CUresult do_context_retain(core::Tracker& t, call_ref<CUresult()> call) override;
-  /// Nothing to do: the caches' memory is the driver's cuMemAlloc memory, which the driver
-  /// maps for a peer itself.
-  void do_peer_access_changed(core::Tracker&, CUcontext, bool) override {}
+  /// The cache layout: nothing to do (cuMemAlloc memory, which the driver maps for a peer
+  /// itself). vmm: cuCtxEnablePeerAccess does not cover mapped memory: the current context's
+  /// device gets access to every range of the pools on the peer's device, present and future
+  /// (disabling takes nothing away: the program's own access rules still apply).
+  void do_peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) override;
   bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) override;
   CUresult do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) override;
   /// A handle of a pooled block maps a whole driver allocation: the driver opens it.
@@ -87,6 +93,7 @@ class cache_backend final : public backend {
   cache_resource* create(CUcontext ctx) noexcept;
 
   core::Tracker& tracker_;
+  const bool vmm_;
   passthrough passthrough_;
   static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
   std::mutex mu_;
@@ -95,6 +102,7 @@ class cache_backend final : public backend {
   std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (do_context_destroy; under mu_)
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
   std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
+  std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< vmm: devices given access, by device (under mu_)
 };
 
 }  // namespace cuw::backends

@@ -7,6 +7,7 @@
 
 #include "backends/cache/cache_backend.hpp"
 #include "backends/cache/detail/internal.hpp"
+#include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
@@ -39,13 +40,18 @@ CUW_HOT int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept 
 // ---- construction ------------------------------------------------------------------------
 
 cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
-                               ring::DeviceSlot& slot, core::Tracker& tracker, cache_backend& owner)
+                               ring::DeviceSlot& slot, core::Tracker& tracker, cache_backend& owner,
+                               granule_resource* granules)
     : upstream_(std::move(upstream)),
       ctx_(ctx),
       ordinal_(ordinal),
       slot_(slot),
       tracker_(tracker),
       owner_(owner),
+      granules_(granules),
+      large_round_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
+      slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
+      keep_(tracker.config().pool_keep),
       mu_(tracker.lock()) {
   map_.assign(1024, nullptr);
   work::start_counting();
@@ -53,7 +59,16 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
 
 cache_resource::~cache_resource() {
   // Segments are not freed: the cache lives as long as the process (or its context).
-  for (auto& [base, s] : segments_) delete s;
+  for (auto& [base, s] : segments_) {
+    if (s->split)
+      for (Block* b = s->blocks[0].hi; b;) {
+        Block* next = b->hi;
+        delete b;
+        b = next;
+      }
+    delete s;
+  }
+  for (Block* b : spare_blocks_) delete b;
 }
 
 // ---- the block map and free lists (under mu_) --------------------------------------------
@@ -98,17 +113,84 @@ void cache_resource::map_rebuild_locked() {
   if (cap != map_.size()) map_.assign(cap, nullptr);
   const uint64_t mask = cap - 1;
   for (auto& [base, s] : segments_)
-    for (uint32_t k = 0; k < s->carved; ++k) {
-      Block* b = &s->blocks[k];
+    each_block(s, [&](Block* b) {
       uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
       while (map_[i]) i = (i + 1) & mask;
       map_[i] = b;
       ++map_used_;
-    }
+    });
+}
+
+// Linear probing's deletion: later entries of the same run move back into the gap.
+void cache_resource::map_erase_locked(CUdeviceptr p) noexcept {
+  const uint64_t mask = map_.size() - 1;
+  uint64_t i = ptr_hash(p) >> 20 & mask;
+  while (map_[i] && map_[i]->ptr != p) i = (i + 1) & mask;
+  if (!map_[i]) return;
+  map_[i] = nullptr;
+  --map_used_;
+  for (uint64_t j = (i + 1) & mask; map_[j]; j = (j + 1) & mask) {
+    const uint64_t home = ptr_hash(map_[j]->ptr) >> 20 & mask;
+    // Stays if its home lies cyclically in (i, j].
+    const bool stays = i < j ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays) continue;
+    map_[i] = map_[j];
+    map_[j] = nullptr;
+    i = j;
+  }
+}
+
+cache_resource::Block* cache_resource::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
+  if (s->split) {
+    for (Block* b = &s->blocks[0]; b; b = b->hi)
+      if (p - b->ptr < b->size) return b;
+    return nullptr;
+  }
+  const uint64_t idx = s->cls >= 0 ? (p - s->base) / class_size(s->cls) : 0;
+  return idx < s->carved ? &s->blocks[idx] : nullptr;
+}
+
+void cache_resource::split_locked(Block* b, uint64_t bytes) noexcept {
+  Block* r = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *r = Block{};
+  r->ptr = b->ptr + bytes;
+  r->size = b->size - bytes;
+  r->seg = b->seg;
+  r->lo = b;
+  r->hi = b->hi;
+  if (b->hi) b->hi->lo = r;
+  b->hi = r;
+  b->size = bytes;
+  b->state = kLive;  // taken: the rest must not merge back into it
+  ++b->seg->carved;
+  map_insert_locked(r);
+  push_free_locked(r);
+}
+
+void cache_resource::absorb_locked(Block* a, Block* h) noexcept {
+  a->size += h->size;
+  a->hi = h->hi;
+  if (h->hi) h->hi->lo = a;
+  map_erase_locked(h->ptr);
+  --a->seg->carved;
+  spare_blocks_.push_back(h);  // room reserved by refill_spares_slow: no allocation
 }
 
 CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
   b->state = kFree;
+  if (__builtin_expect(b->seg->split, 0)) {
+    // Merge with free neighbours (never across a live, pending or unmapped one).
+    if (Block* h = b->hi; h && h->state == kFree) {
+      unlink_free_locked(h);
+      absorb_locked(b, h);
+    }
+    if (Block* l = b->lo; l && l->state == kFree) {
+      unlink_free_locked(l);
+      absorb_locked(l, b);
+      b = l;
+    }
+  }
   Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
   b->prev = nullptr;
   b->next = *head;
@@ -119,6 +201,13 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
 void cache_resource::unlink_free_locked(Block* b) noexcept {
   if (b->prev) {
     b->prev->next = b->next;
+  } else if (b->seg->split) {
+    // vmm: a size whose list empties leaves the map (sizes are many; best fit walks them).
+    auto it = free_large_.find(b->size);
+    if (it != free_large_.end() && it->second == b) {
+      it->second = b->next;
+      if (!b->next) free_large_.erase(it);
+    }
   } else {
     Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
     *head = b->next;
@@ -149,6 +238,20 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
     }
     if (Segment* s = carving_[cls]) return carve_locked(s);
     return nullptr;
+  }
+  if (granules_) {
+    // Best fit over every free large block, split to the request.
+    auto it = free_large_.lower_bound(rounded);
+    while (it != free_large_.end() && !it->second) it = free_large_.erase(it);
+    if (it == free_large_.end()) return nullptr;
+    Block* b = it->second;
+    if (b->size > rounded && spare_blocks_.empty()) return nullptr;  // the slow path refills
+    it->second = b->next;
+    if (b->next) b->next->prev = nullptr;
+    b->next = nullptr;
+    if (!it->second) free_large_.erase(it);
+    if (b->size > rounded) split_locked(b, rounded);
+    return b;
   }
   const uint64_t slack = large_slack(rounded);
   for (auto it = free_large_.lower_bound(rounded); it != free_large_.end() && it->first - rounded <= slack; ++it) {
@@ -181,7 +284,7 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
     cls = small_class(bytes, &rounded);
   } else {
     cls = -1;
-    rounded = (bytes + kLargeRound - 1) & ~(kLargeRound - 1);
+    rounded = (bytes + large_round_ - 1) & ~(large_round_ - 1);
     if (rounded < bytes) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   mu_.lock();
@@ -232,6 +335,7 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
                                        bool* cap_refused) {
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   const bool cap_active = work::capturing();
+  if (granules_) refill_spares_slow();
   if (!cap_active) poll_slow();
   if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
   if (!cap_active) {
@@ -257,8 +361,10 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
         bool fit = false;
         for (const Batch& bt : batches_) {
           for (Block* b = bt.head; b && !fit; b = b->next)
+            // vmm: any large block may merge with its neighbours into a fit.
             fit = cls >= 0 ? b->seg->cls == cls
-                           : b->seg->cls < 0 && b->size >= rounded && b->size - rounded <= large_slack(rounded);
+                           : b->seg->cls < 0 && (granules_ || (b->size >= rounded &&
+                                                               b->size - rounded <= large_slack(rounded)));
           if (fit) break;
         }
         if (!fit || !wait_oldest_slow()) break;
@@ -275,7 +381,10 @@ bool cache_resource::charge_segment(uint64_t bytes, bool quiet) {
 
 CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                    bool* cap_refused) {
+  if (granules_) return grow_vmm_slow(out, bytes, cls, rounded, last, cap_refused);
   uint64_t seg_bytes = cls >= 0 ? kSlabBytes : rounded;
+  // No hoarding: past the budget, free driver allocations go back before another is made.
+  if (over_budget(seg_bytes) && !work::capturing()) reclaim_slow(seg_bytes);
   auto fits = [this](uint64_t n) { return core::Tracker::fits(slot_, n); };
   // The cap first: cached bytes count against it, so give back what is free, then what
   // pending frees free, before charging.
@@ -329,10 +438,16 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
     tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
     return r;
   }
+  add_segment(out, base, seg_bytes, bytes, cls);
+  return CUDA_SUCCESS;
+}
+
+void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls) {
   auto* s = new Segment;
   s->base = base;
   s->bytes = seg_bytes;
   s->cls = cls;
+  s->split = granules_ && cls < 0;
   s->capacity = cls >= 0 ? static_cast<uint32_t>(seg_bytes / class_size(cls)) : 1;
   s->blocks.reset(new Block[s->capacity]);
   mu_.lock();
@@ -356,11 +471,100 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   }
   hand_out_locked(b, bytes);
   *out = b->ptr;
-  core::locked_add(slot_.reserved, seg_bytes);
-  core::locked_add(slot_.cached, seg_bytes - b->size);
+  if (granules_) {
+    // The granules counted the range reserved and cached; its block is live now.
+    core::locked_sub(slot_.cached, b->size);
+  } else {
+    core::locked_add(slot_.reserved, seg_bytes);
+    core::locked_add(slot_.cached, seg_bytes - b->size);
+  }
   mu_.unlock();
   if (__builtin_expect(reused, 0)) tracker_.job_uncharge(stale.device, stale.bytes);
+}
+
+// The vmm layout's growth: a new range from idle granules (the ones free blocks gave back)
+// before new ones, and past the budget, or when the cap or the device refuses, stitched
+// from free blocks unmapped for it (reclaim_slow).
+CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                                       bool* cap_refused) {
+  const uint64_t seg_bytes = cls >= 0 ? slab_bytes_ : rounded;
+  // Nothing is unmapped during a capture: the unmap would not wait for the captured work.
+  const bool capture = work::capturing();
+  if (!capture && over_budget(seg_bytes)) {
+    // Pending frees first (as long as cudaFree's own synchronization would have taken):
+    // stitching uses free memory only.
+    wait_all_slow();
+    reclaim_slow(seg_bytes);
+  }
+  CUdeviceptr base = 0;
+  bool by_cap = false;
+  CUresult r = granules_->map_range(&base, seg_bytes, true, &by_cap);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && !capture) {
+    wait_all_slow();
+    reclaim_slow(~uint64_t{0});
+    by_cap = false;
+    r = granules_->map_range(&base, seg_bytes, !last, &by_cap);
+  }
+  granules_->trim(0);  // idle granules serve nothing until mapped: the budget keeps none
+  if (r != CUDA_SUCCESS) {
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !last && cap_refused) {
+      *cap_refused = true;  // other contexts' pools give back theirs; the caller tries once more
+      return r;
+    }
+    if (!by_cap) {  // the driver's answer (a cap's refusal was counted by the charge)
+      const uint64_t now = core::now_ns();
+      std::lock_guard<spin_lock> lk(mu_);
+      core::locked_add(slot_.driver_errors, 1);
+      tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
+    }
+    return r;
+  }
+  add_segment(out, base, seg_bytes, bytes, cls);
   return CUDA_SUCCESS;
+}
+
+bool cache_resource::over_budget(uint64_t more) const noexcept {
+  const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
+  const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);
+  const uint64_t live = reserved > cached ? reserved - cached : 0;
+  const uint64_t keep = keep_.percent ? static_cast<uint64_t>(keep_.share * static_cast<double>(live + more))
+                                      : keep_.bytes;
+  return cached > std::max(keep, kKeepFloor);
+}
+
+bool cache_resource::refill_spares_slow() {
+  mu_.lock();
+  const size_t have = spare_blocks_.size();
+  mu_.unlock();
+  if (have >= kSpareBlocks) return true;
+  Block* fresh[kSpareBlocks * 2];
+  size_t n = 0;
+  for (; n < std::size(fresh); ++n)
+    if (!(fresh[n] = new (std::nothrow) Block)) break;
+  std::vector<Block*> room;
+  try {
+    mu_.lock();
+    const size_t want = (heap_blocks_ + n) * 2;
+    const size_t cap = spare_blocks_.capacity();
+    mu_.unlock();
+    // A vector with room for every block this pool owns (absorb_locked pushes without
+    // allocating), made outside the lock.
+    if (cap < heap_blocks_ + n) room.reserve(want);
+  } catch (...) {
+    for (size_t i = 0; i < n; ++i) delete fresh[i];
+    return false;
+  }
+  mu_.lock();
+  if (room.capacity() > spare_blocks_.capacity()) {
+    room.assign(spare_blocks_.begin(), spare_blocks_.end());  // within capacity: no allocation
+    spare_blocks_.swap(room);
+  }
+  const size_t fit = std::min(n, spare_blocks_.capacity() - heap_blocks_);
+  for (size_t i = 0; i < fit; ++i) spare_blocks_.push_back(fresh[i]);
+  heap_blocks_ += fit;
+  mu_.unlock();
+  for (size_t i = fit; i < n; ++i) delete fresh[i];
+  return true;
 }
 
 // ---- free --------------------------------------------------------------------------------

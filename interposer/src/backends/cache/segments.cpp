@@ -8,6 +8,7 @@
 
 #include "backends/cache/cache_backend.hpp"
 #include "backends/cache/detail/internal.hpp"
+#include "backends/vmm/granules.hpp"
 #include "base/log.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
@@ -19,21 +20,32 @@ using namespace cache_detail;  // this folder's own helpers
 
 // ---- release -------------------------------------------------------------------------------
 
-uint64_t cache_resource::release_slow() {
+uint64_t cache_resource::release_slow(uint64_t want, Which which) {
   // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
   // would invalidate the program's graph) and it synchronizes the device in any other. None
   // either while the context is being destroyed: its addresses may be someone else's.
   if (work::capturing() || dying_ || dead_) return 0;
   std::vector<Segment*> gone;
+  uint64_t planned = 0;
   mu_.lock();
   for (auto& [base, s] : segments_) {
+    if (planned >= want) break;
     if (s->busy != 0) continue;
+    if (which == Which::slabs && s->cls < 0) continue;
+    if (which == Which::holes) {
+      bool only_holes = true;
+      each_block(s, [&](Block* b) { only_holes = only_holes && b->state == kHole; });
+      if (!only_holes) continue;
+    }
     // Out of reach while the driver frees it: no block free or carvable; it stays in
     // segments_ and the block map, so a free of one of its addresses is still refused.
-    for (uint32_t k = 0; k < s->carved; ++k) unlink_free_locked(&s->blocks[k]);
+    each_block(s, [&](Block* b) {
+      if (b->state == kFree) unlink_free_locked(b);
+    });
     if (s->cls >= 0 && carving_[s->cls] == s) carving_[s->cls] = nullptr;
     ++s->busy;
     gone.push_back(s);
+    planned += s->bytes;
   }
   mu_.unlock();
   if (gone.empty()) return 0;
@@ -47,29 +59,79 @@ uint64_t cache_resource::release_slow() {
     if (freed[i]) {
       segments_.erase(s->base);
       total += s->bytes;
+      if (s->split)
+        for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);  // room: see refill_spares_slow
       continue;
     }
     // The driver refused to free it: still ours, still counted, usable again.
-    for (uint32_t k = 0; k < s->carved; ++k) push_free_locked(&s->blocks[k]);
+    each_block(s, [&](Block* b) {
+      if (b->state == kFree) push_free_locked(b);
+    });
     if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
   }
   if (total) map_rebuild_locked();
-  core::locked_sub(slot_.reserved, total);
-  core::locked_sub(slot_.cached, total);
+  if (!granules_) {
+    // (vmm: the granules went idle, still reserved and cached: trim() gives them back.)
+    core::locked_sub(slot_.reserved, total);
+    core::locked_sub(slot_.cached, total);
+  }
   mu_.unlock();
   for (size_t i = 0; i < gone.size(); ++i) {
     if (!freed[i]) continue;
-    tracker_.uncharge(slot_, gone[i]->bytes);
+    if (!granules_) tracker_.uncharge(slot_, gone[i]->bytes);
     delete gone[i];
   }
   return total;
+}
+
+uint64_t cache_resource::reclaim_slow(uint64_t want) {
+  if (work::capturing() || dying_ || dead_) return 0;
+  if (!granules_) return release_slow(want);
+  // Free large blocks, smallest first (the pieces least likely to serve a request), the last
+  // one split to what is still wanted; then fully free slabs; then ranges left with nothing
+  // mapped. Only free blocks: their freeing work has completed, and the unmap does not wait.
+  const uint64_t gran = large_round_;
+  uint64_t idle = granules_->idle_bytes();
+  const uint64_t start = idle;
+  while (idle < want) {
+    mu_.lock();
+    auto it = free_large_.begin();
+    while (it != free_large_.end() && !it->second) it = free_large_.erase(it);
+    if (it == free_large_.end()) {
+      mu_.unlock();
+      break;
+    }
+    Block* b = it->second;
+    unlink_free_locked(b);
+    const uint64_t short_by = (want - idle + gran - 1) / gran * gran;
+    if (want != ~uint64_t{0} && short_by < b->size && !spare_blocks_.empty()) split_locked(b, short_by);
+    b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
+    mu_.unlock();
+    const uint64_t size = b->size;
+    const CUresult r = granules_->punch(b->ptr, size);
+    mu_.lock();
+    if (r != CUDA_SUCCESS) {
+      push_free_locked(b);
+      mu_.unlock();
+      break;
+    }
+    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(b, h);
+    if (Block* l = b->lo; l && l->state == kHole) absorb_locked(l, b);
+    mu_.unlock();
+    idle += size;
+  }
+  if (idle < want) release_slow(want - idle, Which::slabs);
+  release_slow(~uint64_t{0}, Which::holes);
+  return granules_->idle_bytes() - std::min(start, granules_->idle_bytes());
 }
 
 std::size_t cache_resource::release() {
   std::lock_guard<std::mutex> g(slow_);
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
-  return release_slow();
+  if (!granules_) return release_slow();
+  reclaim_slow(~uint64_t{0});
+  return granules_->trim(0);
 }
 
 void cache_resource::set_dying(bool dying) {
@@ -84,9 +146,10 @@ void cache_resource::forget_all() noexcept {
   uint64_t total = 0, live_bytes = 0, live = 0;
   const uint64_t now = core::now_ns();
   for (auto& [base, s] : segments_) {
-    total += s->bytes;
-    for (uint32_t k = 0; k < s->carved; ++k) {
-      const Block& b = s->blocks[k];
+    if (!s->split) total += s->bytes;
+    each_block(s, [&](Block* bp) {
+      const Block& b = *bp;
+      if (s->split && b.state != kHole) total += b.size;
       // Live, or an exported block whose free is waiting for slow_ (still counted live).
       if (b.state == kLive || (b.state == kPending && b.exported)) {
         live_bytes += b.size;
@@ -95,7 +158,9 @@ void cache_resource::forget_all() noexcept {
         tracker_.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, b.ptr, b.requested, 0,
                              CUDA_SUCCESS, now);
       }
-    }
+    });
+    if (s->split)
+      for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);
     delete s;
   }
   segments_.clear();
@@ -107,7 +172,7 @@ void cache_resource::forget_all() noexcept {
   open_bytes_ = 0;
   map_rebuild_locked();
   pending_bytes_.store(0, std::memory_order_relaxed);
-  core::locked_sub(slot_.reserved, total);
+  if (!granules_) core::locked_sub(slot_.reserved, total);  // (vmm: the granules' forget below)
   core::locked_sub(slot_.cached, total - live_bytes);
   core::locked_sub(slot_.live_allocations, live);
   core::locked_add(slot_.free_count, live);
@@ -122,7 +187,8 @@ void cache_resource::forget_all() noexcept {
   orphans_.clear();
   unsure_ = false;
   streams_.clear();
-  tracker_.uncharge(slot_, total);
+  if (granules_) granules_->forget();  // uncharges what it held
+  else tracker_.uncharge(slot_, total);
 }
 
 // ---- queries -------------------------------------------------------------------------------
@@ -140,13 +206,11 @@ bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
     mu_.unlock();
     return false;
   }
-  const uint64_t idx = s->cls >= 0 ? (p - s->base) / class_size(s->cls) : 0;
   *live = false;
-  if (idx < s->carved) {
-    const Block& b = s->blocks[idx];
-    if (b.state == kLive && p - b.ptr < std::max<uint64_t>(b.requested, 1)) {
+  if (const Block* b = block_at_locked(s, p)) {
+    if (b->state == kLive && p - b->ptr < std::max<uint64_t>(b->requested, 1)) {
       *live = true;
-      if (out) *out = range{b.ptr, b.requested};
+      if (out) *out = range{b->ptr, b->requested};
     }
   }
   mu_.unlock();
@@ -180,7 +244,9 @@ bool cache_resource::blocks(std::vector<block_info>& out) {
         continue;
       }
       for (const auto& [base, s] : segments_)
-        for (uint32_t k = 0; k < s->carved; ++k) out.push_back(describe_locked(s->blocks[k]));
+        each_block(s, [&](Block* b) {
+          if (b->state != kHole) out.push_back(describe_locked(*b));
+        });
       mu_.unlock();
       return true;
     }
@@ -194,9 +260,12 @@ pool_stats cache_resource::stats() {
   uint64_t in_use = 0;
   mu_.lock();
   for (const auto& [base, s] : segments_) {
-    st.reserved += s->bytes;
-    for (uint32_t k = 0; k < s->carved; ++k)
-      if (describe_locked(s->blocks[k]).status == block_info::state::live) in_use += s->blocks[k].size;
+    if (!s->split) st.reserved += s->bytes;
+    each_block(s, [&](Block* b) {
+      if (b->state == kHole) return;
+      if (s->split) st.reserved += b->size;
+      if (describe_locked(*b).status == block_info::state::live) in_use += b->size;
+    });
   }
   // The largest request served without the driver (take_locked): a large one (rounded to
   // kLargeRound) from a free whole block at least that size, or a small one from its class's
@@ -225,11 +294,22 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
     return CUDA_ERROR_NOT_FOUND;
   }
   Segment* s = std::prev(it)->second;
-  const uint64_t idx = s->cls >= 0 ? (p - s->base) / class_size(s->cls) : 0;
-  Block* b = idx < s->carved ? &s->blocks[idx] : nullptr;
+  Block* b = block_at_locked(s, p);
   if (!b || b->state != kLive) {
     mu_.unlock();
     return CUDA_ERROR_INVALID_VALUE;  // freed memory, as the driver answers
+  }
+  if (granules_) {
+    const uint64_t req = b->requested;
+    mu_.unlock();
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      log::always(
+          "cuwarden: cuIpcGetMemHandle(%#llx): CUWARDEN_POOL=vmm maps this %llu-byte allocation from granules of "
+          "its own, which a legacy IPC handle cannot name; returning CUDA_ERROR_NOT_SUPPORTED. Run with "
+          "CUWARDEN_POOL=off to export it.",
+          static_cast<unsigned long long>(p), static_cast<unsigned long long>(req));
+    return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (s->cls >= 0) {
     const uint64_t req = b->requested;

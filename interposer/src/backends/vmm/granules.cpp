@@ -1,0 +1,246 @@
+// cuwarden interposer: granule_resource (granules.hpp): cuMemCreate'd granules mapped into
+// reserved ranges, given back and mapped again elsewhere.
+#include "backends/vmm/granules.hpp"
+
+#include <algorithm>
+
+#include "backends/cache/detail/internal.hpp"
+#include "base/real.hpp"
+#include "core/tracker.hpp"
+
+namespace cuw::backends {
+
+namespace {
+
+// The virtual memory entry points, called unhooked: the pool's own physical memory is
+// counted by the pool, not as the program's cuMemCreate.
+struct Vmm {
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+};
+
+const Vmm& vmm() {
+  static const Vmm v = [] {
+    Vmm x;
+    cache_detail::resolve(x.granularity, "cuMemGetAllocationGranularity");
+    cache_detail::resolve(x.create, "cuMemCreate");
+    cache_detail::resolve(x.release, "cuMemRelease");
+    cache_detail::resolve(x.reserve, "cuMemAddressReserve");
+    cache_detail::resolve(x.address_free, "cuMemAddressFree");
+    cache_detail::resolve(x.map, "cuMemMap");
+    cache_detail::resolve(x.unmap, "cuMemUnmap");
+    cache_detail::resolve(x.set_access, "cuMemSetAccess");
+    return x;
+  }();
+  return v;
+}
+
+bool complete(const Vmm& v) {
+  return v.granularity && v.create && v.release && v.reserve && v.address_free && v.map && v.unmap && v.set_access;
+}
+
+}  // namespace
+
+granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceSlot& slot, core::Tracker& tracker)
+    : ctx_(ctx), device_(device), slot_(slot), tracker_(tracker), granularity_(2ULL << 20) {
+  prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop_.location.id = device;
+  size_t g = 0;
+  if (complete(vmm()) && vmm().granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS && g &&
+      (g & (g - 1)) == 0)
+    granularity_ = g;
+}
+
+void granule_resource::counters(int64_t reserved, int64_t cached) {
+  std::lock_guard<spin_lock> lk(tracker_.lock());
+  if (reserved > 0) core::locked_add(slot_.reserved, static_cast<uint64_t>(reserved));
+  if (reserved < 0) core::locked_sub(slot_.reserved, static_cast<uint64_t>(-reserved));
+  if (cached > 0) core::locked_add(slot_.cached, static_cast<uint64_t>(cached));
+  if (cached < 0) core::locked_sub(slot_.cached, static_cast<uint64_t>(-cached));
+}
+
+CUresult granule_resource::set_access_locked(CUdeviceptr base, uint64_t bytes) {
+  CUmemAccessDesc desc[1 + 16] = {};
+  size_t n = 0;
+  desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc[n].location.id = device_;
+  desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (CUdevice p : peers_) {
+    if (n == std::size(desc)) break;
+    desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[n].location.id = p;
+    desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  return vmm().set_access(base, bytes, desc, n);
+}
+
+CUresult granule_resource::map_range(CUdeviceptr* out, std::size_t bytes, bool quiet, bool* by_cap) {
+  const Vmm& v = vmm();
+  if (!complete(v)) return CUDA_ERROR_NOT_SUPPORTED;
+  if (bytes == 0 || bytes % granularity_) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t count = bytes / granularity_;
+  cache_detail::CtxScope scope(ctx_);
+  std::lock_guard<std::mutex> g(mu_);
+  // New granules for what the idle ones do not cover: charged first.
+  const uint64_t have = std::min<uint64_t>(idle_.size(), count);
+  const uint64_t fresh = count - have;
+  if (fresh) {
+    if (tracker_.charge(slot_, device_, fresh * granularity_, ring::Api::cuMemAlloc, false, quiet) !=
+        core::Tracker::Charge::ok) {
+      if (by_cap) *by_cap = true;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    uint64_t made = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (; made < fresh; ++made) {
+      CUmemGenericAllocationHandle h = 0;
+      r = v.create(&h, granularity_, &prop_, 0);
+      if (r != CUDA_SUCCESS) break;
+      idle_.push_back(h);
+    }
+    held_ += made * granularity_;
+    counters(static_cast<int64_t>(made * granularity_), static_cast<int64_t>(made * granularity_));
+    if (made < fresh) {
+      tracker_.uncharge(slot_, (fresh - made) * granularity_);
+      return r;  // what was made stays idle (charged): the pool trims or uses it
+    }
+  }
+  CUdeviceptr base = 0;
+  CUresult r = v.reserve(&base, bytes, granularity_, 0, 0);
+  if (r != CUDA_SUCCESS) return r;
+  Range rg;
+  rg.bytes = bytes;
+  rg.granules.assign(idle_.end() - static_cast<std::ptrdiff_t>(count), idle_.end());
+  uint64_t mapped = 0;
+  while (mapped < count) {
+    r = v.map(base + mapped * granularity_, granularity_, 0, rg.granules[mapped], 0);
+    if (r != CUDA_SUCCESS) break;
+    ++mapped;
+  }
+  if (r == CUDA_SUCCESS) r = set_access_locked(base, bytes);
+  if (r != CUDA_SUCCESS) {
+    for (uint64_t i = 0; i < mapped; ++i) v.unmap(base + i * granularity_, granularity_);
+    v.address_free(base, bytes);
+    return r;  // the granules stay idle
+  }
+  idle_.resize(idle_.size() - count);
+  ranges_.emplace(base, std::move(rg));
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
+void granule_resource::unmap_locked(CUdeviceptr base, Range& r, uint64_t first, uint64_t count) {
+  for (uint64_t i = first; i < first + count; ++i) {
+    CUmemGenericAllocationHandle& h = r.granules[i];
+    if (!h) continue;
+    vmm().unmap(base + i * granularity_, granularity_);
+    idle_.push_back(h);
+    h = 0;
+  }
+}
+
+CUresult granule_resource::punch(CUdeviceptr p, std::size_t bytes) {
+  cache_detail::CtxScope scope(ctx_);
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = ranges_.upper_bound(p);
+  if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  Range& r = it->second;
+  if (p < it->first || p + bytes > it->first + r.bytes || (p - it->first) % granularity_ || bytes % granularity_)
+    return CUDA_ERROR_INVALID_VALUE;
+  idle_.reserve(idle_.size() + bytes / granularity_);
+  unmap_locked(it->first, r, (p - it->first) / granularity_, bytes / granularity_);
+  return CUDA_SUCCESS;
+}
+
+CUresult granule_resource::do_deallocate(CUdeviceptr p, std::size_t) {
+  cache_detail::CtxScope scope(ctx_);
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = ranges_.find(p);
+  if (it == ranges_.end()) return CUDA_ERROR_NOT_FOUND;
+  Range& r = it->second;
+  idle_.reserve(idle_.size() + r.granules.size());
+  unmap_locked(p, r, 0, r.granules.size());
+  vmm().address_free(p, r.bytes);
+  ranges_.erase(it);
+  return CUDA_SUCCESS;
+}
+
+uint64_t granule_resource::idle_bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return idle_.size() * granularity_;
+}
+
+uint64_t granule_resource::trim(uint64_t keep) {
+  cache_detail::CtxScope scope(ctx_);
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t released = 0;
+  while (!idle_.empty() && idle_.size() * granularity_ > keep) {
+    if (vmm().release(idle_.back()) != CUDA_SUCCESS) break;
+    idle_.pop_back();
+    released += granularity_;
+  }
+  if (released) {
+    held_ -= released;
+    counters(-static_cast<int64_t>(released), -static_cast<int64_t>(released));
+    tracker_.uncharge(slot_, released);
+  }
+  return released;
+}
+
+uint64_t granule_resource::forget() noexcept {
+  // Unlike cuMemAlloc memory, physical allocations and address reservations outlive the
+  // context that made them: give them back. No context scope: the context is gone, and
+  // these calls need none.
+  std::lock_guard<std::mutex> g(mu_);
+  const Vmm& v = vmm();
+  const uint64_t total = held_;
+  const uint64_t idle = idle_.size() * granularity_;
+  for (auto& [base, r] : ranges_) {
+    for (uint64_t i = 0; i < r.granules.size(); ++i) {
+      if (!r.granules[i]) continue;
+      v.unmap(base + i * granularity_, granularity_);
+      v.release(r.granules[i]);
+    }
+    v.address_free(base, r.bytes);
+  }
+  for (CUmemGenericAllocationHandle h : idle_) v.release(h);
+  ranges_.clear();
+  idle_.clear();
+  held_ = 0;
+  counters(-static_cast<int64_t>(total), -static_cast<int64_t>(idle));
+  tracker_.uncharge(slot_, total);
+  return total;
+}
+
+CUresult granule_resource::grant_peer(CUdevice peer) {
+  cache_detail::CtxScope scope(ctx_);
+  std::lock_guard<std::mutex> g(mu_);
+  if (peer == device_ || std::find(peers_.begin(), peers_.end(), peer) != peers_.end()) return CUDA_SUCCESS;
+  peers_.push_back(peer);
+  CUresult first = CUDA_SUCCESS;
+  for (auto& [base, r] : ranges_) {
+    // Each mapped stretch of the range (holes have no access to set).
+    for (uint64_t i = 0; i < r.granules.size();) {
+      if (!r.granules[i]) {
+        ++i;
+        continue;
+      }
+      uint64_t j = i;
+      while (j < r.granules.size() && r.granules[j]) ++j;
+      const CUresult e = set_access_locked(base + i * granularity_, (j - i) * granularity_);
+      if (e != CUDA_SUCCESS && first == CUDA_SUCCESS) first = e;
+      i = j;
+    }
+  }
+  return first;
+}
+
+}  // namespace cuw::backends

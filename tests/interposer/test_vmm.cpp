@@ -1,0 +1,238 @@
+// Interposer tests: what the `vmm` layout adds to the pool (CUWARDEN_POOL=vmm), on the
+// simulated driver (granules of 2 MiB, as on the H200). The promises both pooled backends
+// keep (cudaFree's, captures, caps, contexts) are test_cache.cpp's and
+// test_cache_adversarial.cpp's cases, which ctest runs under vmm too.
+//
+// Tags, each in its own process (tests/interposer/CMakeLists.txt): [vmm] (two 1 GiB devices,
+// no cap), [vmm_cap] (a 64 MiB cap), [vmm_keep] (no cap, CUWARDEN_POOL_KEEP=8M).
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "fakecuda.h"
+#include "support.hpp"
+
+using namespace cuwtest;
+
+namespace {
+
+constexpr uint64_t kMiB = 1ULL << 20;
+
+/// Fills `n` bytes at `p` with `v` (synchronously).
+void fill(CUdeviceptr p, size_t n, unsigned char v) { REQUIRE(cuMemsetD8(p, v, n) == CUDA_SUCCESS); }
+
+uint64_t calls(const char* name) { return fakecuda_call_count(name); }
+
+}  // namespace
+
+TEST_CASE("vmm: pointer queries describe the program's block, not the mapped range", "[vmm]") {
+  make_context();
+  touch_interposer();
+  REQUIRE(std::string(own_ring().pool) == "vmm");
+  CUdeviceptr big = 0, small = 0;
+  REQUIRE(cuMemAlloc(&big, 5 * kMiB + 3) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&small, 1000) == CUDA_SUCCESS);
+  CHECK(big % (2 * kMiB) == 0);  // a granule-aligned stretch of a range
+  CHECK(small % 256 == 0);       // cudaMalloc's alignment
+  for (CUdeviceptr p : {big, small}) {
+    const size_t want = p == big ? 5 * kMiB + 3 : 1000;
+    INFO("block " << want << " bytes");
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    // The driver alone would answer with a 2 MiB chunk of the mapping (cuMemGetAddressRange)
+    // or the whole reservation (the range attributes): the program sees its allocation.
+    REQUIRE(cuMemGetAddressRange(&base, &size, p + want - 1) == CUDA_SUCCESS);
+    CHECK(base == p);
+    CHECK(size == want);
+    CUdeviceptr start = 0;
+    size_t rsize = 0;
+    REQUIRE(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 1) == CUDA_SUCCESS);
+    REQUIRE(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 1) == CUDA_SUCCESS);
+    CHECK(start == p);
+    CHECK(rsize == want);
+    fill(p, want, 0x3C);
+    CHECK(all_bytes(p, want, 0x3C));
+  }
+  REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CHECK(cuMemGetAddressRange(&base, &size, big) == CUDA_ERROR_NOT_FOUND);  // freed: as the driver says
+  CHECK(cuMemFree(big) == CUDA_ERROR_INVALID_VALUE);                       // a second free
+  REQUIRE(cuMemFree(small) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: a freed large block is split for smaller requests and merges back, with no driver call",
+          "[vmm]") {
+  make_context();
+  touch_interposer();
+  REQUIRE(reach_idle(64 * kMiB));  // frees retire at once (nothing queued on the GPU)
+  CUdeviceptr a = 0;
+  REQUIRE(cuMemAlloc(&a, 64 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(a) == CUDA_SUCCESS);
+  fakecuda_reset_counters();
+  CUdeviceptr b1 = 0, b2 = 0, b3 = 0;
+  REQUIRE(cuMemAlloc(&b1, 30 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&b2, 20 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&b3, 14 * kMiB) == CUDA_SUCCESS);
+  // Three stretches of the one free block, in address order.
+  CHECK(b1 == a);
+  CHECK(b2 == a + 30 * kMiB);
+  CHECK(b3 == a + 50 * kMiB);
+  fill(b1, 30 * kMiB, 1);
+  fill(b3, 14 * kMiB, 3);
+  // Freed out of order, they merge into the one 64 MiB block again.
+  REQUIRE(cuMemFree(b3) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(b1) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(b2) == CUDA_SUCCESS);
+  CUdeviceptr c = 0;
+  REQUIRE(cuMemAlloc(&c, 64 * kMiB) == CUDA_SUCCESS);
+  CHECK(c == a);
+  for (const char* f : {"cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemAlloc"}) {
+    INFO(f);
+    CHECK(calls(f) == 0);
+  }
+  REQUIRE(cuMemFree(c) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: free every other block, then ask for their sum: stitched, no new physical memory", "[vmm]") {
+  make_context();
+  touch_interposer();
+  REQUIRE(reach_idle(16 * kMiB));
+  auto& d = dev_counters();
+  // Sixteen 16 MiB blocks, each a range of its own (nothing free to split meanwhile).
+  std::vector<CUdeviceptr> p(16);
+  for (size_t i = 0; i < p.size(); ++i) {
+    REQUIRE(cuMemAlloc(&p[i], 16 * kMiB) == CUDA_SUCCESS);
+    fill(p[i], 16 * kMiB, static_cast<unsigned char>(i + 1));
+  }
+  const size_t held = fakecuda_live_bytes(0);
+  for (size_t i = 0; i < p.size(); i += 2) REQUIRE(cuMemFree(p[i]) == CUDA_SUCCESS);
+  // 128 MiB free in eight pieces, no two adjacent: only stitching serves 128 MiB at once.
+  fakecuda_reset_counters();
+  CUdeviceptr sum = 0;
+  REQUIRE(cuMemAlloc(&sum, 128 * kMiB) == CUDA_SUCCESS);
+  CHECK(calls("cuMemCreate") == 0);
+  CHECK(calls("cuMemUnmap") == 64);  // the eight free blocks' granules
+  CHECK(calls("cuMemMap") == 64);
+  CHECK(calls("cuMemSetAccess") == 1);  // once for the new range
+  CHECK(fakecuda_live_bytes(0) == held);
+  CHECK(d.reserved.load() <= held);
+  // The live blocks kept their data; the stitched range is one usable stretch.
+  for (size_t i = 1; i < p.size(); i += 2) CHECK(all_bytes(p[i], 16 * kMiB, static_cast<unsigned char>(i + 1)));
+  fill(sum, 128 * kMiB, 0x77);
+  CHECK(all_bytes(sum, 128 * kMiB, 0x77));
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  REQUIRE(cuMemGetAddressRange(&base, &size, sum + 100 * kMiB) == CUDA_SUCCESS);
+  CHECK(base == sum);
+  CHECK(size == 128 * kMiB);
+  // Freed addresses stay refused while their ranges have holes.
+  CHECK(cuMemFree(p[0]) == CUDA_ERROR_INVALID_VALUE);
+  REQUIRE(cuMemFree(sum) == CUDA_SUCCESS);
+  for (size_t i = 1; i < p.size(); i += 2) REQUIRE(cuMemFree(p[i]) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: a peer the program enabled reaches every pooled range, present and future", "[vmm]") {
+  make_context(1);
+  CUcontext c1 = nullptr;
+  REQUIRE(cuCtxGetCurrent(&c1) == CUDA_SUCCESS);
+  CUdeviceptr before = 0;
+  REQUIRE(cuMemAlloc(&before, 8 * kMiB) == CUDA_SUCCESS);  // device 1's pool
+  CUmemLocation dev0{};
+  dev0.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  dev0.id = 0;
+  unsigned long long flags = 0;
+  REQUIRE(cuMemGetAccess(&flags, &dev0, before) == CUDA_SUCCESS);
+  CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_NONE);  // the driver gives only the owner access
+  make_context(0);
+  REQUIRE(cuCtxEnablePeerAccess(c1, 0) == CUDA_SUCCESS);  // device 0 may use device 1's memory
+  REQUIRE(cuMemGetAccess(&flags, &dev0, before) == CUDA_SUCCESS);
+  CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  REQUIRE(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+  CUdeviceptr after = 0, small = 0;
+  REQUIRE(cuMemAlloc(&after, 8 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&small, 4096) == CUDA_SUCCESS);
+  for (CUdeviceptr p : {after, small}) {
+    REQUIRE(cuMemGetAccess(&flags, &dev0, p) == CUDA_SUCCESS);
+    CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  }
+  for (CUdeviceptr p : {before, after, small}) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: a destroyed context's granules go back to the device", "[vmm]") {
+  make_context();
+  touch_interposer();
+  const size_t held0 = fakecuda_live_bytes(0);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  CUcontext prev = nullptr, ctx = nullptr;
+  REQUIRE(cuCtxGetCurrent(&prev) == CUDA_SUCCESS);
+  REQUIRE(cuCtxCreate(&ctx, nullptr, 0, dev) == CUDA_SUCCESS);
+  CUdeviceptr p = 0, q = 0;
+  REQUIRE(cuMemAlloc(&p, 40 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&q, 4096) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+  CHECK(fakecuda_live_bytes(0) >= held0 + 42 * kMiB);
+  REQUIRE(cuCtxDestroy(ctx) == CUDA_SUCCESS);
+  CHECK(fakecuda_live_bytes(0) == held0);
+  REQUIRE(cuCtxSetCurrent(prev) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: the cap counts physical memory, and refuses only what stitching cannot serve", "[vmm_cap]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  REQUIRE(d.limit.load() == 64 * kMiB);
+  REQUIRE(reach_idle(16 * kMiB));
+  std::vector<CUdeviceptr> p(4);
+  for (auto& x : p) REQUIRE(cuMemAlloc(&x, 15 * kMiB) == CUDA_SUCCESS);  // 16 MiB each: the cap is full
+  CHECK(d.used.load() == 64 * kMiB);
+  const uint64_t refusals = d.refusals.load();
+  REQUIRE(cuMemFree(p[0]) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(p[2]) == CUDA_SUCCESS);
+  CUdeviceptr both = 0;
+  REQUIRE(cuMemAlloc(&both, 32 * kMiB) == CUDA_SUCCESS);  // two non-adjacent free blocks, stitched
+  CHECK(d.refusals.load() == refusals);
+  CHECK(d.used.load() == 64 * kMiB);
+  CUdeviceptr more = 0;
+  CHECK(cuMemAlloc(&more, 2 * kMiB) == CUDA_ERROR_OUT_OF_MEMORY);  // a real shortage
+  CHECK(d.refusals.load() == refusals + 1);
+  CHECK(d.used.load() == 64 * kMiB);
+  for (CUdeviceptr x : {p[1], p[3], both}) REQUIRE(cuMemFree(x) == CUDA_SUCCESS);
+  // Everything free again: a request of the whole cap is served from what the pool holds.
+  REQUIRE(cuMemAlloc(&more, 64 * kMiB) == CUDA_SUCCESS);
+  CHECK(d.used.load() == 64 * kMiB);
+  REQUIRE(cuMemFree(more) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: without a cap the pool keeps at most CUWARDEN_POOL_KEEP beyond its live blocks", "[vmm_keep]") {
+  make_context();
+  touch_interposer();
+  REQUIRE(reach_idle(4 * kMiB));
+  auto& d = dev_counters();
+  // Arrays that grow: each step frees the old one and asks for a larger one, with a few
+  // small temporaries. A pool that keeps what it frees would hold the sum of every size.
+  std::mt19937 rng(7);
+  CUdeviceptr a = 0;
+  uint64_t size = 4 * kMiB, peak_over = 0;
+  REQUIRE(cuMemAlloc(&a, size) == CUDA_SUCCESS);
+  for (int step = 0; step < 60; ++step) {
+    CUdeviceptr b = 0, tmp = 0;
+    const uint64_t next = size + (1 + rng() % 4) * kMiB + rng() % 4096;
+    REQUIRE(cuMemAlloc(&tmp, 100000 + rng() % 100000) == CUDA_SUCCESS);
+    REQUIRE(cuMemAlloc(&b, next) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(a) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(tmp) == CUDA_SUCCESS);
+    a = b;
+    size = next;
+    const uint64_t live = (size + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+    const uint64_t held = d.reserved.load();
+    peak_over = std::max(peak_over, held > live ? held - live : 0);
+  }
+  INFO("largest excess " << peak_over / kMiB << " MiB over a block of " << size / kMiB << " MiB");
+  // The keep (8 MiB), the slab of the temporaries (2 MiB), and the block just freed
+  // before the next request saw it (a step's growth: at most 5 MiB, rounded: 6).
+  CHECK(peak_over <= (8 + 2 + 6) * kMiB + size);
+  CHECK(d.reserved.load() <= 2 * size + 16 * kMiB);
+  REQUIRE(cuMemFree(a) == CUDA_SUCCESS);
+}
