@@ -161,6 +161,7 @@ void cache_resource::split_locked(Block* b, uint64_t bytes) noexcept {
   r->hi = b->hi;
   if (b->hi) b->hi->lo = r;
   b->hi = r;
+  if (b->seg->last == b) b->seg->last = r;
   b->size = bytes;
   b->state = kLive;  // taken: the rest must not merge back into it
   ++b->seg->carved;
@@ -172,6 +173,7 @@ void cache_resource::absorb_locked(Block* a, Block* h) noexcept {
   a->size += h->size;
   a->hi = h->hi;
   if (h->hi) h->hi->lo = a;
+  if (a->seg->last == h) a->seg->last = a;
   map_erase_locked(h->ptr);
   --a->seg->carved;
   spare_blocks_.push_back(h);  // room reserved by refill_spares_slow: no allocation
@@ -442,7 +444,8 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   return CUDA_SUCCESS;
 }
 
-void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls) {
+void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
+                                 uint64_t first) {
   auto* s = new Segment;
   s->base = base;
   s->bytes = seg_bytes;
@@ -464,10 +467,15 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   } else {
     b = &s->blocks[0];
     b->ptr = base;
-    b->size = seg_bytes;
+    b->size = first ? first : seg_bytes;
     b->seg = s;
     s->carved = 1;
     map_insert_locked(b);
+    if (s->split) {
+      s->top = b->size;
+      s->last = b;
+      arena_ = s;
+    }
   }
   hand_out_locked(b, bytes);
   *out = b->ptr;
@@ -490,20 +498,26 @@ CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls
   const uint64_t seg_bytes = cls >= 0 ? slab_bytes_ : rounded;
   // Nothing is unmapped during a capture: the unmap would not wait for the captured work.
   const bool capture = work::capturing();
-  if (!capture && over_budget(seg_bytes)) {
+  if (cls >= 0 && !capture && over_budget(seg_bytes)) {  // (large: extend_arena, which knows what it needs)
     // Pending frees first (as long as cudaFree's own synchronization would have taken):
     // stitching uses free memory only.
     wait_all_slow();
     reclaim_slow(seg_bytes);
   }
-  CUdeviceptr base = 0;
   bool by_cap = false;
-  CUresult r = granules_->map_range(&base, seg_bytes, true, &by_cap);
+  auto attempt = [&](bool quiet) -> CUresult {
+    if (cls < 0) return extend_arena(out, bytes, rounded, quiet, &by_cap);
+    CUdeviceptr base = 0;
+    const CUresult e = granules_->map_range(&base, seg_bytes, quiet, &by_cap);
+    if (e == CUDA_SUCCESS) add_segment(out, base, seg_bytes, bytes, cls);
+    return e;
+  };
+  CUresult r = attempt(true);
   if (r == CUDA_ERROR_OUT_OF_MEMORY && !capture) {
     wait_all_slow();
     reclaim_slow(~uint64_t{0});
     by_cap = false;
-    r = granules_->map_range(&base, seg_bytes, !last, &by_cap);
+    r = attempt(!last);
   }
   granules_->trim(0);  // idle granules serve nothing until mapped: the budget keeps none
   if (r != CUDA_SUCCESS) {
@@ -519,7 +533,174 @@ CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls
     }
     return r;
   }
-  add_segment(out, base, seg_bytes, bytes, cls);
+  return CUDA_SUCCESS;
+}
+
+// Large blocks live in one arena of addresses (twice the device's memory), mapped from the
+// bottom up to `top`. A miss grows the free block that needs the fewest new granules to
+// fit: into the unmapped addresses right above or below it (a hole left by stitching, or the
+// top), so that an array grown step by step maps only its growth, and blocks freed next to
+// each other merge. Past the budget, the granules come from free blocks unmapped for it
+// (reclaim_slow). Without a free block to grow, a new block goes at the top.
+CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
+                                      bool* by_cap) {
+  const uint64_t gran = large_round_;
+  // Room to grow `f` (a free block of the arena, or nullptr: a new block at the top).
+  auto room = [this](Segment* a, Block* f, uint64_t* above, uint64_t* below) {
+    *above = *below = 0;
+    Block* h = f ? f->hi : nullptr;
+    if (f && h && h->state == kHole) *above = h->size;
+    if (!f || !h || (h->state == kHole && h == a->last)) *above += a->bytes - a->top;
+    if (f && f->lo && f->lo->state == kHole)
+      *below = f->lo == &a->blocks[0] ? f->lo->size - std::min(f->lo->size, large_round_) : f->lo->size;
+  };
+  mu_.lock();
+  Segment* a = arena_;
+  Block* f = nullptr;
+  uint64_t need = rounded;
+  if (a) {
+    for (Block* b = &a->blocks[0]; b; b = b->hi) {
+      if (b->state != kFree || rounded - std::min(rounded, b->size) >= need) continue;
+      uint64_t up, down;
+      room(a, b, &up, &down);
+      if (b->size >= rounded || b->size + up + down >= rounded) {
+        f = b;
+        need = rounded - std::min(rounded, b->size);
+      }
+    }
+    if (!f) {
+      uint64_t up, down;
+      room(a, nullptr, &up, &down);
+      if (up < rounded) a = nullptr;  // this arena's addresses are spent: a new one
+    }
+  }
+  if (f) {
+    unlink_free_locked(f);
+    f->state = kLive;  // claimed: neither taken, merged nor unmapped meanwhile (counted live by hand_out)
+  }
+  if (f && need == 0) {
+    // Large enough already (a hit that found no spare Block to split with).
+    if (f->size > rounded && !spare_blocks_.empty()) split_locked(f, rounded);
+    hand_out_locked(f, bytes);
+    core::locked_sub(slot_.cached, f->size);
+    *out = f->ptr;
+    mu_.unlock();
+    return CUDA_SUCCESS;
+  }
+  mu_.unlock();
+  // No hoarding: past the budget, the granules for this come from free blocks (stitching).
+  if (!work::capturing() && over_budget(need)) {
+    wait_all_slow();
+    reclaim_slow(need);
+    // Reclaiming may have given back an arena left with nothing mapped (never f's: f is
+    // claimed): choose the top again.
+    if (!f) {
+      mu_.lock();
+      a = arena_;
+      if (a) {
+        uint64_t up, down;
+        room(a, nullptr, &up, &down);
+        if (up < rounded) a = nullptr;
+      }
+      mu_.unlock();
+    }
+  }
+  if (!a) {
+    // A new arena: the first, or this one's addresses are spent.
+    const uint64_t span = std::max(rounded, (2 * granules_->device_bytes() + gran - 1) / gran * gran);
+    CUdeviceptr base = 0;
+    CUresult r = granules_->reserve(&base, span);
+    if (r == CUDA_SUCCESS) r = granules_->map_at(base, rounded, quiet, by_cap);
+    if (r != CUDA_SUCCESS) {
+      if (base) upstream_->deallocate(base, span);
+      return r;
+    }
+    add_segment(out, base, span, bytes, -1, rounded);
+    return CUDA_SUCCESS;
+  }
+  // Where the new granules go: above first (the block keeps its address), then below.
+  mu_.lock();
+  uint64_t above, below;
+  room(a, f, &above, &below);
+  const uint64_t up = std::min(need, above);
+  const uint64_t down = need - up;  // <= below: rooms only grew since the choice
+  const CUdeviceptr up_at = f ? f->ptr + f->size : a->base + a->top;
+  const CUdeviceptr down_at = f ? f->ptr - down : 0;
+  const bool have_spare = !spare_blocks_.empty();
+  mu_.unlock();
+  auto unclaim = [&] {
+    if (!f) return;
+    mu_.lock();
+    push_free_locked(f);
+    mu_.unlock();
+  };
+  if ((!f && !have_spare) || down > below) {
+    unclaim();
+    return CUDA_ERROR_OUT_OF_MEMORY;  // out of host memory for a Block, or rooms shrank (never)
+  }
+  CUresult r = up ? granules_->map_at(up_at, up, quiet, by_cap) : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS && down) {
+    r = granules_->map_at(down_at, down, quiet, by_cap);
+    if (r != CUDA_SUCCESS && up) granules_->punch(up_at, up);
+  }
+  if (r != CUDA_SUCCESS) {
+    unclaim();
+    return r;
+  }
+  mu_.lock();
+  Block* b = f;
+  if (!b) {
+    b = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    *b = Block{};
+    b->ptr = up_at;
+    b->seg = a;
+    b->lo = a->last;
+    if (a->last) a->last->hi = b;
+    a->last = b;
+    ++a->carved;
+    map_insert_locked(b);
+  }
+  if (up) {
+    Block* h = f ? f->hi : nullptr;
+    uint64_t from_hole = 0;
+    if (h && h->state == kHole) {
+      from_hole = std::min(up, h->size);
+      map_erase_locked(h->ptr);
+      h->ptr += from_hole;
+      h->size -= from_hole;
+      if (h->size > 0) {
+        map_insert_locked(h);
+      } else {
+        b->hi = h->hi;
+        if (h->hi) h->hi->lo = b;
+        if (a->last == h) a->last = b;
+        --a->carved;
+        spare_blocks_.push_back(h);
+      }
+    }
+    a->top += up - from_hole;  // the rest came from above the top
+    b->size += up;
+  }
+  if (down) {
+    Block* l = b->lo;  // a hole (room() said so), never consumed whole if it heads the list
+    l->size -= down;
+    if (l->size == 0) {
+      b->lo = l->lo;
+      if (l->lo) l->lo->hi = b;
+      map_erase_locked(l->ptr);
+      --a->carved;
+      spare_blocks_.push_back(l);
+    }
+    map_erase_locked(b->ptr);
+    b->ptr -= down;
+    b->size += down;
+    map_insert_locked(b);
+  }
+  hand_out_locked(b, bytes);
+  core::locked_sub(slot_.cached, b->size);
+  *out = b->ptr;
+  mu_.unlock();
   return CUDA_SUCCESS;
 }
 

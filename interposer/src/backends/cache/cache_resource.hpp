@@ -188,8 +188,10 @@ class cache_resource final {
     uint32_t capacity = 0;   ///< blocks it can hold
     uint32_t carved = 0;     ///< blocks made so far (a slab is carved on demand)
     uint32_t busy = 0;       ///< blocks live or pending
-    bool split = false;      ///< vmm large range: blocks[0] heads an address list (lo/hi) of
+    bool split = false;      ///< vmm arena: blocks[0] heads an address list (lo/hi) of
                              ///< blocks split and merged as needed; `carved` counts them
+    uint64_t top = 0;        ///< vmm arena: bytes from base that blocks cover (mapped or holes)
+    Block* last = nullptr;   ///< vmm arena: the block that ends at top
     std::unique_ptr<Block[]> blocks;
   };
   struct Batch {
@@ -262,7 +264,13 @@ class cache_resource final {
   bool charge_segment(uint64_t bytes, bool quiet);
   /// A new segment at `base` from the upstream (charged), its first block handed out for a
   /// request of `bytes` (class `cls`, or -1: the whole segment); *out is that block.
-  void add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls);
+  /// vmm: an arena of `seg_bytes` addresses whose first `first` bytes are mapped, the block
+  /// handed out.
+  void add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
+                   uint64_t first = 0);
+  /// vmm: a large block of `rounded` bytes at the top of the arena (the free block there
+  /// extended, or a new one), or the first of a new arena; handed out (*out).
+  CUresult extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet, bool* by_cap);
   CUresult grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   /// Whether taking `more` bytes from the upstream would pass the budget (see the top).
   bool over_budget(uint64_t more) const noexcept;
@@ -303,6 +311,7 @@ class cache_resource final {
   bool dead_ = false;                          ///< context gone (forget_all)
   bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
   std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
+  Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)
   size_t heap_blocks_ = 0;                     ///< vmm: Blocks allocated one by one (spare or in use)
 
   // The fast case (see the top of the file): the work counter's value read by the newest

@@ -59,6 +59,7 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
     if (freed[i]) {
       segments_.erase(s->base);
       total += s->bytes;
+      if (s == arena_) arena_ = nullptr;
       if (s->split)
         for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);  // room: see refill_spares_slow
       continue;
@@ -116,7 +117,19 @@ uint64_t cache_resource::reclaim_slow(uint64_t want) {
       break;
     }
     if (Block* h = b->hi; h && h->state == kHole) absorb_locked(b, h);
-    if (Block* l = b->lo; l && l->state == kHole) absorb_locked(l, b);
+    if (Block* l = b->lo; l && l->state == kHole) {
+      absorb_locked(l, b);
+      b = l;
+    }
+    // A hole at the top of the arena gives its addresses back to the top (growth maps there).
+    if (Segment* s = b->seg; s->split && b == s->last && b != &s->blocks[0]) {
+      s->last = b->lo;
+      s->last->hi = nullptr;
+      s->top -= b->size;
+      map_erase_locked(b->ptr);
+      --s->carved;
+      spare_blocks_.push_back(b);
+    }
     mu_.unlock();
     idle += size;
   }
@@ -164,6 +177,7 @@ void cache_resource::forget_all() noexcept {
     delete s;
   }
   segments_.clear();
+  arena_ = nullptr;
   std::fill(std::begin(free_small_), std::end(free_small_), nullptr);
   std::fill(std::begin(carving_), std::end(carving_), nullptr);
   free_large_.clear();

@@ -56,6 +56,9 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
   if (complete(vmm()) && vmm().granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS && g &&
       (g & (g - 1)) == 0)
     granularity_ = g;
+  CUresult (*total)(size_t*, CUdevice) = nullptr;
+  cache_detail::resolve(total, "cuDeviceTotalMem_v2");
+  if (size_t bytes = 0; total && total(&bytes, device) == CUDA_SUCCESS && bytes) device_bytes_ = bytes;
 }
 
 void granule_resource::counters(int64_t reserved, int64_t cached) {
@@ -81,13 +84,38 @@ CUresult granule_resource::set_access_locked(CUdeviceptr base, uint64_t bytes) {
   return vmm().set_access(base, bytes, desc, n);
 }
 
-CUresult granule_resource::map_range(CUdeviceptr* out, std::size_t bytes, bool quiet, bool* by_cap) {
+CUresult granule_resource::reserve(CUdeviceptr* out, std::size_t bytes) {
+  const Vmm& v = vmm();
+  if (!complete(v)) return CUDA_ERROR_NOT_SUPPORTED;
+  if (bytes == 0 || bytes % granularity_) return CUDA_ERROR_INVALID_VALUE;
+  cache_detail::CtxScope scope(ctx_);
+  CUdeviceptr base = 0;
+  const CUresult r = v.reserve(&base, bytes, granularity_, 0, 0);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(mu_);
+  Range rg;
+  rg.bytes = bytes;
+  ranges_.emplace(base, std::move(rg));
+  *out = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, bool* by_cap) {
   const Vmm& v = vmm();
   if (!complete(v)) return CUDA_ERROR_NOT_SUPPORTED;
   if (bytes == 0 || bytes % granularity_) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t count = bytes / granularity_;
   cache_detail::CtxScope scope(ctx_);
   std::lock_guard<std::mutex> g(mu_);
+  auto it = ranges_.upper_bound(p);
+  if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --it;
+  const CUdeviceptr base = it->first;
+  Range& rg = it->second;
+  if (p < base || (p - base) % granularity_ || p + bytes > base + rg.bytes) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t first = (p - base) / granularity_;
+  for (uint64_t i = first; i < first + count && i < rg.granules.size(); ++i)
+    if (rg.granules[i]) return CUDA_ERROR_INVALID_VALUE;  // already mapped
   // New granules for what the idle ones do not cover: charged first.
   const uint64_t have = std::min<uint64_t>(idle_.size(), count);
   const uint64_t fresh = count - have;
@@ -99,6 +127,7 @@ CUresult granule_resource::map_range(CUdeviceptr* out, std::size_t bytes, bool q
     }
     uint64_t made = 0;
     CUresult r = CUDA_SUCCESS;
+    idle_.reserve(idle_.size() + fresh);
     for (; made < fresh; ++made) {
       CUmemGenericAllocationHandle h = 0;
       r = v.create(&h, granularity_, &prop_, 0);
@@ -112,26 +141,34 @@ CUresult granule_resource::map_range(CUdeviceptr* out, std::size_t bytes, bool q
       return r;  // what was made stays idle (charged): the pool trims or uses it
     }
   }
-  CUdeviceptr base = 0;
-  CUresult r = v.reserve(&base, bytes, granularity_, 0, 0);
-  if (r != CUDA_SUCCESS) return r;
-  Range rg;
-  rg.bytes = bytes;
-  rg.granules.assign(idle_.end() - static_cast<std::ptrdiff_t>(count), idle_.end());
+  if (rg.granules.size() < first + count) rg.granules.resize(first + count, 0);
+  CUresult r = CUDA_SUCCESS;
   uint64_t mapped = 0;
+  const auto take = idle_.end() - static_cast<std::ptrdiff_t>(count);
   while (mapped < count) {
-    r = v.map(base + mapped * granularity_, granularity_, 0, rg.granules[mapped], 0);
+    r = v.map(p + mapped * granularity_, granularity_, 0, take[static_cast<std::ptrdiff_t>(mapped)], 0);
     if (r != CUDA_SUCCESS) break;
     ++mapped;
   }
-  if (r == CUDA_SUCCESS) r = set_access_locked(base, bytes);
+  if (r == CUDA_SUCCESS) r = set_access_locked(p, bytes);
   if (r != CUDA_SUCCESS) {
-    for (uint64_t i = 0; i < mapped; ++i) v.unmap(base + i * granularity_, granularity_);
-    v.address_free(base, bytes);
+    for (uint64_t i = 0; i < mapped; ++i) v.unmap(p + i * granularity_, granularity_);
     return r;  // the granules stay idle
   }
+  for (uint64_t i = 0; i < count; ++i) rg.granules[first + i] = take[static_cast<std::ptrdiff_t>(i)];
   idle_.resize(idle_.size() - count);
-  ranges_.emplace(base, std::move(rg));
+  return CUDA_SUCCESS;
+}
+
+CUresult granule_resource::map_range(CUdeviceptr* out, std::size_t bytes, bool quiet, bool* by_cap) {
+  CUdeviceptr base = 0;
+  CUresult r = reserve(&base, bytes);
+  if (r != CUDA_SUCCESS) return r;
+  r = map_at(base, bytes, quiet, by_cap);
+  if (r != CUDA_SUCCESS) {
+    do_deallocate(base, bytes);
+    return r;
+  }
   *out = base;
   return CUDA_SUCCESS;
 }
@@ -153,7 +190,8 @@ CUresult granule_resource::punch(CUdeviceptr p, std::size_t bytes) {
   if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
   --it;
   Range& r = it->second;
-  if (p < it->first || p + bytes > it->first + r.bytes || (p - it->first) % granularity_ || bytes % granularity_)
+  if (p < it->first || p + bytes > it->first + r.granules.size() * granularity_ || (p - it->first) % granularity_ ||
+      bytes % granularity_)
     return CUDA_ERROR_INVALID_VALUE;
   idle_.reserve(idle_.size() + bytes / granularity_);
   unmap_locked(it->first, r, (p - it->first) / granularity_, bytes / granularity_);

@@ -44,11 +44,19 @@ class granule_resource final : public memory_resource {
   /// Bytes of one granule (cuMemGetAllocationGranularity, recommended; 2 MiB if it fails).
   uint64_t granularity() const noexcept { return granularity_; }
 
-  /// A new range of `bytes` (a multiple of granularity()) made of idle granules first, then
-  /// new ones: the new ones are charged first (`quiet`: a refusal is not counted, see
-  /// Tracker::charge). CUDA_SUCCESS and *out, or CUDA_ERROR_OUT_OF_MEMORY (the cap, then
-  /// `*by_cap` is set if given, or the driver; what was taken stays idle), or the driver's
-  /// error.
+  /// Bytes of device memory (cuDeviceTotalMem; 64 GiB if it fails): sizes an arena.
+  uint64_t device_bytes() const noexcept { return device_bytes_; }
+
+  /// Reserves `bytes` (a multiple of granularity()) of addresses, nothing mapped yet:
+  /// CUDA_SUCCESS and *out, or the driver's error.
+  CUresult reserve(CUdeviceptr* out, std::size_t bytes);
+  /// Maps `bytes` (a multiple of granularity()) at `p`, unmapped addresses of a reserved
+  /// range, from idle granules first, then new ones: the new ones are charged first
+  /// (`quiet`: a refusal is not counted, see Tracker::charge); access for the device and
+  /// the peers, set once. CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY (the cap, then `*by_cap`
+  /// is set if given, or the driver; what was taken stays idle), or the driver's error.
+  CUresult map_at(CUdeviceptr p, std::size_t bytes, bool quiet, bool* by_cap = nullptr);
+  /// reserve() and map_at() for a whole new range; on failure nothing stays reserved.
   CUresult map_range(CUdeviceptr* out, std::size_t bytes, bool quiet, bool* by_cap = nullptr);
   /// Unmaps [p, p + bytes) of a live range (granule-aligned, inside one range): its granules
   /// become idle and the addresses a hole of the range. CUDA_ERROR_INVALID_VALUE for a span
@@ -76,8 +84,8 @@ class granule_resource final : public memory_resource {
   CUresult do_ipc_handle(CUipcMemHandle*, CUdeviceptr) override { return CUDA_ERROR_NOT_SUPPORTED; }
 
   struct Range {
-    uint64_t bytes = 0;
-    std::vector<CUmemGenericAllocationHandle> granules;  ///< by position; 0: a hole
+    uint64_t bytes = 0;                                  ///< reserved
+    std::vector<CUmemGenericAllocationHandle> granules;  ///< by position, up to the highest mapped; 0: unmapped
   };
   CUresult set_access_locked(CUdeviceptr base, uint64_t bytes);
   void unmap_locked(CUdeviceptr base, Range& r, uint64_t first, uint64_t count);
@@ -88,6 +96,7 @@ class granule_resource final : public memory_resource {
   ring::DeviceSlot& slot_;
   core::Tracker& tracker_;
   uint64_t granularity_;
+  uint64_t device_bytes_ = 64ULL << 30;
   CUmemAllocationProp prop_{};
   mutable std::mutex mu_;
   std::map<CUdeviceptr, Range> ranges_;
