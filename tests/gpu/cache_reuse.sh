@@ -16,6 +16,7 @@
 # does not track (the cache then always waits for events; reported, not a failure).
 # The peer cases need two GPUs that can reach each other, and are reported as skipped
 # otherwise. ONLY=REGEX runs only the cases whose name matches (e.g. ONLY=peer).
+# REUSE_POOL=vmm runs the cases under CUWARDEN_POOL=vmm instead of cache (the same promise).
 # Writes $OUT/cache-reuse.md, cache-reuse.json, cache-reuse.log. Exit 0 when every case
 # under cuwarden is ok (or skipped), 1 otherwise.
 set -u -o pipefail
@@ -33,6 +34,8 @@ trap 'rm -rf "$WORK"' EXIT
 exec > >(tee "$OUT_DIR/cache-reuse.log") 2>&1
 unset LD_PRELOAD CUWARDEN_LIMIT CUWARDEN_POOL CUWARDEN_JOB CUWARDEN_JOB_LIMIT
 export CUWARDEN_RUN_DIR="$WORK/run"
+POOL=${REUSE_POOL:-cache}
+[[ $POOL == cache || $POOL == vmm ]] || { echo "cache_reuse.sh: REUSE_POOL must be cache or vmm"; exit 2; }
 
 echo "== build (nvcc: $("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'))"
 "$NVCC" -O2 -arch=native -o "$WORK/canary" "$REPO/tests/gpu/cache_reuse/canary.cu" || exit 1
@@ -47,8 +50,8 @@ one() {
   [[ -z ${ONLY:-} || $name =~ $ONLY ]] || return 0
   local log="$WORK/$name-$mode.interposer.log" line rc
   rm -f "$log"
-  if [[ $mode == cache ]]; then
-    timeout 180 env LD_PRELOAD="$LIB" CUWARDEN_POOL=cache CUWARDEN_LOG=info CUWARDEN_LOG_FILE="$log" "$@" >"$WORK/out" 2>"$WORK/err"
+  if [[ $mode != bare ]]; then
+    timeout 180 env LD_PRELOAD="$LIB" CUWARDEN_POOL="$mode" CUWARDEN_LOG=info CUWARDEN_LOG_FILE="$log" "$@" >"$WORK/out" 2>"$WORK/err"
   else
     timeout 180 "$@" >"$WORK/out" 2>"$WORK/err"
   fi
@@ -74,28 +77,29 @@ for flavour in canary canary_pt; do
   for path in kernel memset memcpy graph peer; do
     [[ $path == peer && $flavour == canary_pt ]] && continue  # one flavour: the path is the device
     for bytes in 4096 67108864 1073741824; do
-      for mode in bare cache; do one "$mode" "$flavour-$path-$bytes" "$WORK/$flavour" "$path" "$bytes"; done
+      for mode in bare $POOL; do one "$mode" "$flavour-$path-$bytes" "$WORK/$flavour" "$path" "$bytes"; done
     done
   done
 done
-for mode in bare cache; do one "$mode" peer-access "$WORK/peer_access"; done
+for mode in bare $POOL; do one "$mode" peer-access "$WORK/peer_access"; done
 if timeout 120 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  for mode in bare cache; do
+  for mode in bare $POOL; do
     one "$mode" torch-cublas env PYTORCH_NO_CUDA_MEMORY_CACHING=1 python3 "$REPO/tests/gpu/cache_reuse/framework_canary.py" torch
   done
 else
   echo "torch: not available, skipped"
 fi
 if timeout 120 python3 -c 'import cupy' 2>/dev/null; then
-  for mode in bare cache; do one "$mode" cupy-cublas python3 "$REPO/tests/gpu/cache_reuse/framework_canary.py" cupy; done
+  for mode in bare $POOL; do one "$mode" cupy-cublas python3 "$REPO/tests/gpu/cache_reuse/framework_canary.py" cupy; done
 else
   echo "cupy: not available, skipped"
 fi
 
-python3 - "$RESULTS" "$OUT_DIR" <<'PY'
+python3 - "$RESULTS" "$OUT_DIR" "$POOL" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 out = sys.argv[2]
+pool = sys.argv[3]
 skipped = [r for r in rows if "skipped" in r]
 # The peer path shows what cudaFree promises about another device's work on the block: the
 # bare run is the driver's answer, and the cache is held to it, not counted with the rest.
@@ -104,11 +108,11 @@ def no_weaker(r):
     """A peer case under the cache: ok, or the driver itself (bare) handed the block out under that work."""
     bare = [b for b in peer if b["case"] == r["case"] and b["mode"] == "bare" and "error" not in b]
     return r.get("ok") or any(b.get("reused_while_pending") or b.get("nonzero_words") for b in bare)
-cache = [r for r in rows if r["mode"] == "cache" and "skipped" not in r and r not in peer]
-bad = [r for r in cache if not r.get("ok")] + [r for r in peer if r["mode"] == "cache" and not no_weaker(r)]
+cache = [r for r in rows if r["mode"] == pool and "skipped" not in r and r not in peer]
+bad = [r for r in cache if not r.get("ok")] + [r for r in peer if r["mode"] == pool and not no_weaker(r)]
 header = ["| case | mode | late write pending at free | cudaFree us | still pending after free | reused the block | reused while pending | cudaMalloc us | non-zero words | untracked entry points | ok |",
           "| --- | --- | --- | ---: | --- | --- | --- | ---: | ---: | --- | --- |"]
-md = ["# CUWARDEN_POOL=cache: no reuse under queued work (tests/gpu/cache_reuse.sh)", "",
+md = [f"# CUWARDEN_POOL={pool}: no reuse under queued work (tests/gpu/cache_reuse.sh)", "",
       f"{len(cache)} cases under cuwarden, {len(cache) - len([r for r in bad if r in cache])} ok; every case also run bare as a control."
       + (f" {len(skipped)} runs skipped ({skipped[0]['skipped']})." if skipped else ""), "",
       *header]

@@ -42,7 +42,10 @@ namespace cuw::options {
   X(CUWARDEN_POOL, "off", "`off`, `cache`, `vmm`",                                                                   \
     "allocation backend: the driver's calls, a cache of freed blocks, or granules mapped and stitched", "--pool")      \
   X(CUWARDEN_POOL_KEEP, "5%", "`5%`, `256M`",                                                                          \
-    "free memory a pool keeps beyond its live blocks: a share of them, or a size; past it, it gives back first", "")   \
+    "free memory a pool keeps beyond its peak of live blocks: a share of it, or a size; past it, it gives back first", \
+    "")                                                                                                                \
+  X(CUWARDEN_POOL_IDLE, "10s", "`10s`, `500ms`, `0`",                                                                  \
+    "how long a pool remembers its peak: after that, free memory past CUWARDEN_POOL_KEEP goes back", "")               \
   X(CUWARDEN_CALLSITES, "0", "`0` .. `64`", "native frames captured per allocation; not in this build yet: 0 only",    \
     "--callsites")                                                                                                     \
   X(CUWARDEN_CAP_SCOPE, "allocations", "`allocations`, `process`",                                                     \

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <iterator>
 
 namespace cuw::core {
@@ -75,6 +76,33 @@ bool pool_keep(const char* v, Config& c, std::string* why) {
   auto spec = parse_size(v, true, why);
   if (!spec) return false;
   c.*Field = *spec;
+  return true;
+}
+
+/// A duration: a whole number with a unit, ms, s or m ("10s", "500ms"), or 0; at most a day.
+template <uint32_t Config::*Field>
+bool duration_ms(const char* v, Config& c, std::string* why) {
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  const std::string_view unit = end ? end : "";
+  uint64_t ms = 0;
+  if (end == v || *v == '-' || *v == '+' || *v == ' ') {
+    *why = "expected a duration such as 10s, 500ms or 0";
+    return false;
+  }
+  if (unit == "ms") ms = n;
+  else if (unit == "s") ms = n * 1000;
+  else if (unit == "m") ms = n * 60000;
+  else if (unit.empty() && n == 0) ms = 0;
+  else {
+    *why = "expected a duration such as 10s, 500ms or 0 (units ms, s, m)";
+    return false;
+  }
+  if (n > 86400000ULL || ms > 86400000ULL) {
+    *why = "at most a day (24h = 1440m)";
+    return false;
+  }
+  c.*Field = static_cast<uint32_t>(ms);
   return true;
 }
 
@@ -173,6 +201,7 @@ constexpr Binding kBindings[] = {
     {Id::CUWARDEN_JOB_LIMIT, job_cap<&Config::job_limit>},
     {Id::CUWARDEN_POOL, choice<&Config::pool, kPools>},
     {Id::CUWARDEN_POOL_KEEP, pool_keep<&Config::pool_keep>},
+    {Id::CUWARDEN_POOL_IDLE, duration_ms<&Config::pool_idle_ms>},
     {Id::CUWARDEN_CALLSITES, int_range<&Config::callsites, 0, 64>},
     {Id::CUWARDEN_CAP_SCOPE, choice<&Config::cap_scope_process, kCapScopes>},
     {Id::CUWARDEN_MEMINFO, choice<&Config::meminfo_physical, kMeminfo>},

@@ -28,6 +28,7 @@ struct Config {
   std::string log_file;           ///< CUWARDEN_LOG_FILE; empty = stderr
   const char* pool = "";          ///< CUWARDEN_POOL: "off", "cache" or "vmm" (a literal of config.cpp)
   SizeSpec pool_keep;             ///< CUWARDEN_POOL_KEEP: share of live bytes, or bytes
+  uint32_t pool_idle_ms{};        ///< CUWARDEN_POOL_IDLE, milliseconds
   int callsites{};                ///< CUWARDEN_CALLSITES, 0..64
   fast_clock::Mode clock{};       ///< CUWARDEN_CLOCK (fast_clock.hpp)
   std::string run_dir;            ///< CUWARDEN_RUN_DIR, as paths::run_dir_from() gives it

@@ -52,6 +52,7 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
       large_round_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
       slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
       keep_(tracker.config().pool_keep),
+      idle_ns_(uint64_t{tracker.config().pool_idle_ms} * 1000000),
       mu_(tracker.lock()) {
   map_.assign(1024, nullptr);
   work::start_counting();
@@ -704,13 +705,47 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
   return CUDA_SUCCESS;
 }
 
-bool cache_resource::over_budget(uint64_t more) const noexcept {
+uint64_t cache_resource::budget(uint64_t peak) const noexcept {
+  const uint64_t keep = keep_.percent ? static_cast<uint64_t>(keep_.share * static_cast<double>(peak)) : keep_.bytes;
+  return peak + std::max(keep, kKeepFloor);
+}
+
+bool cache_resource::over_budget(uint64_t more) noexcept {
   const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
   const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);
   const uint64_t live = reserved > cached ? reserved - cached : 0;
-  const uint64_t keep = keep_.percent ? static_cast<uint64_t>(keep_.share * static_cast<double>(live + more))
-                                      : keep_.bytes;
-  return cached > std::max(keep, kKeepFloor);
+  const uint64_t now = core::now_ns();
+  if (live + more >= peak_live_ || now - peak_ns_ > idle_ns_) {
+    peak_live_ = live + more;
+    peak_ns_ = now;
+  }
+  trim_at_.store(now + idle_ns_, std::memory_order_relaxed);  // it grows: trim once it has been idle
+  return reserved + more > budget(peak_live_);
+}
+
+void cache_resource::trim_idle() noexcept {
+  if (!slow_.try_lock()) return;  // another thread is in the slow path: it will do
+  std::lock_guard<std::mutex> g(slow_, std::adopt_lock);
+  const uint64_t now = core::now_ns();
+  if (now < trim_at_.load(std::memory_order_relaxed)) return;
+  trim_at_.store(~uint64_t{0}, std::memory_order_relaxed);
+  if (dead_ || dying_ || work::capturing()) return;
+  poll_slow();  // frees whose work has completed (no wait on a free)
+  const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
+  const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);
+  const uint64_t live = reserved > cached ? reserved - cached : 0;
+  peak_live_ = live;  // the old peak is forgotten
+  peak_ns_ = now;
+  const uint64_t b = budget(live);
+  if (reserved <= b) return;
+  if (granules_) {
+    reclaim_slow(reserved - b);
+    granules_->trim(0);
+  } else {
+    release_slow(reserved - b);
+  }
+  // Pending frees may still hold memory past the budget: look again after another while.
+  if (slot_.reserved.load(std::memory_order_relaxed) > b) trim_at_.store(now + idle_ns_, std::memory_order_relaxed);
 }
 
 bool cache_resource::refill_spares_slow() {
@@ -779,6 +814,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
     --b->seg->busy;
     push_free_locked(b);
     mu_.unlock();
+    if (__builtin_expect(now >= trim_at_.load(std::memory_order_relaxed), 0)) trim_idle();
     return CUDA_SUCCESS;
   }
   b->state = kPending;
@@ -800,6 +836,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
     poll_slow();
     slow_.unlock();
   }
+  if (__builtin_expect(now >= trim_at_.load(std::memory_order_relaxed), 0)) trim_idle();
   return CUDA_SUCCESS;
 }
 

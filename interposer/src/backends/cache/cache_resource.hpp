@@ -48,7 +48,12 @@
 // allocation back, then charges again; a refusal is for real need only.
 //
 // No hoarding: before it takes more from its upstream, a pool whose memory would pass its
-// budget (live blocks plus CUWARDEN_POOL_KEEP) gives back free memory first.
+// budget gives back free memory first. The budget is the peak of live bytes (the largest
+// seen within CUWARDEN_POOL_IDLE) plus CUWARDEN_POOL_KEEP: what the program needed lately,
+// not what it holds this instant, so that memory freed between two steps is there for the
+// next. Once CUWARDEN_POOL_IDLE has passed since the pool last grew, the next free gives
+// back what passes the budget of the live bytes of then (without waiting for the GPU:
+// only memory already free).
 //
 // The vmm layout (CUWARDEN_POOL=vmm, backends/vmm/granules.hpp): the same pool over
 // physical granules. Slabs are one granule each. A large request is rounded to the
@@ -272,8 +277,13 @@ class cache_resource final {
   /// extended, or a new one), or the first of a new arena; handed out (*out).
   CUresult extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet, bool* by_cap);
   CUresult grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
-  /// Whether taking `more` bytes from the upstream would pass the budget (see the top).
-  bool over_budget(uint64_t more) const noexcept;
+  /// Whether taking `more` bytes from the upstream would pass the budget (see the top);
+  /// raises the remembered peak (under slow_).
+  bool over_budget(uint64_t more) noexcept;
+  /// What a pool may hold for `peak` live bytes: peak plus CUWARDEN_POOL_KEEP.
+  uint64_t budget(uint64_t peak) const noexcept;
+  /// From a free, once trim_at_ has passed: give back what passes the budget (see the top).
+  void trim_idle() noexcept;
   /// Give back free memory: whole free segments (the cache layout: to the driver, until
   /// `want` bytes; vmm: their granules idle), then, in the vmm layout, free large blocks,
   /// smallest first, until `want` bytes of granules are idle. Returns bytes given back.
@@ -292,6 +302,7 @@ class cache_resource final {
   const uint64_t large_round_;        ///< large requests round to this (the granularity in vmm)
   const uint64_t slab_bytes_;         ///< a slab's bytes
   SizeSpec keep_;                     ///< CUWARDEN_POOL_KEEP
+  const uint64_t idle_ns_;            ///< CUWARDEN_POOL_IDLE
 
   /// The tracker's lock (Tracker::lock()): guards the free lists, the open batch and the
   /// block map, and the device counters the cache writes (cached, pool_hits, pool_waits,
@@ -312,6 +323,9 @@ class cache_resource final {
   bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
   std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
   Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)
+  uint64_t peak_live_ = 0;                     ///< live bytes at the remembered peak (under slow_)
+  uint64_t peak_ns_ = 0;                       ///< when it was set (core::now_ns)
+  std::atomic<uint64_t> trim_at_{~uint64_t{0}};  ///< when a free trims (set when the pool grows)
   size_t heap_blocks_ = 0;                     ///< vmm: Blocks allocated one by one (spare or in use)
 
   // The fast case (see the top of the file): the work counter's value read by the newest
