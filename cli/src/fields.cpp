@@ -2,6 +2,7 @@
 #include "fields.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "json_access.hpp"
 
@@ -31,7 +32,9 @@ constexpr Help kHelp[] = {
     {"timestamp", "When the daemon answered, local time: YYYY/MM/DD HH:MM:SS.mmm"},
     {"job", "The job (CUWARDEN_JOB) the process belongs to, or empty"},
     {"user", "The user the process runs as"},
-    {"fragmentation", "Not measured yet: [N/A]"},
+    {"fragmentation",
+     "Share of a pool's free large blocks that one request cannot get: 0 % under vmm (it stitches), [N/A] without a "
+     "pool"},
     {"driver_used_memory", "What NVML says the process holds on the GPU (context and modules included)"},
     {"outside_cap_memory", "Of the driver's figure, what no cap counts"},
     {"cap_scope", "What the process's caps count: allocations, or process (also its context and modules)"},
@@ -134,7 +137,14 @@ Cell query_cell(const QueryField& f, const json& st, const json& p, const json& 
   if (n == "driver_used_memory") return jcell(d, "driver_used_bytes", CellKind::bytes);
   if (n == "outside_cap_memory") return jcell(d, "outside_cap_bytes", CellKind::bytes);
   if (n == "cap_scope") return Cell::str(jstr(p, "cap_scope", "allocations"));
-  return Cell::none();  // fragmentation: not measured yet
+  if (n == "fragmentation") {
+    const std::string pool = jstr(p, "pool", "off");
+    if (pool.empty() || pool == "off") return Cell::none();
+    const double free = jnum(d, "pool_free_bytes"), largest = jnum(d, "pool_largest_free_bytes");
+    const long pct = free > 0 ? std::lround(100.0 * (1.0 - std::min(largest, free) / free)) : 0;
+    return Cell::str(std::to_string(pct) + " %");
+  }
+  return Cell::none();
 }
 
 }  // namespace cuw::cli

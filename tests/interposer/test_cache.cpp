@@ -662,3 +662,28 @@ TEST_CASE("cache: a driver allocation the cache does not serve gets the cache's 
   REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
+
+TEST_CASE("cache: the device's slot says how much of the pool's free memory one request can get",
+          "[cache][counters]") {
+  make_context();
+  touch_interposer();
+  REQUIRE(reach_idle(8 * kMiB));
+  auto& d = dev_counters();
+  CUdeviceptr p[3] = {};
+  for (auto& x : p) REQUIRE(cuMemAlloc(&x, 8 * kMiB) == CUDA_SUCCESS);
+  const uint64_t free0 = d.pool_free.load();
+  REQUIRE(cuMemFree(p[0]) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(p[2]) == CUDA_SUCCESS);
+  // Two free 8 MiB blocks, not side by side (p[1] lies between them under vmm; whole driver
+  // allocations under the cache).
+  CHECK(d.pool_free.load() == free0 + 16 * kMiB);
+  if (vmm_pool()) {
+    CHECK(d.pool_largest_free.load() == d.pool_free.load());  // one request gets all of it, stitched
+  } else {
+    CHECK(d.pool_largest_free.load() >= 8 * kMiB);
+    CHECK(d.pool_largest_free.load() < d.pool_free.load());
+  }
+  REQUIRE(cuMemFree(p[1]) == CUDA_SUCCESS);
+  CHECK(d.pool_free.load() == free0 + 24 * kMiB);
+  if (vmm_pool()) CHECK(d.pool_largest_free.load() == d.pool_free.load());
+}

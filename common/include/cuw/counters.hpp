@@ -60,7 +60,12 @@
   X(pool_waits, "pool_waits", "pool_waits", "Pool waits", "pool_waits_total", counter, count, plain,                   \
     "Times a pooling backend waited for earlier GPU work")                                                             \
   X(context_bytes, "context_bytes", "context_memory", "Context", "process_memory_context_bytes", gauge, bytes, plain,  \
-    "With CUWARDEN_CAP_SCOPE=process: the driver's memory for the context and modules, part of used bytes")
+    "With CUWARDEN_CAP_SCOPE=process: the driver's memory for the context and modules, part of used bytes")            \
+  X(pool_free, "pool_free_bytes", "pool_free_memory", "Pool free", "process_pool_free_bytes", gauge, bytes, plain,      \
+    "Of a pooling backend's cached bytes, its free blocks over 1 MiB (what large requests can use)")                   \
+  X(pool_largest_free, "pool_largest_free_bytes", "pool_largest_free_memory", "Largest free",                          \
+    "process_pool_largest_free_bytes", gauge, bytes, plain,                                                            \
+    "The largest request a pooling backend serves from its free blocks (vmm: all of them, by stitching)")
 
 namespace cuw::counters {
 

@@ -199,24 +199,40 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
   b->next = *head;
   if (*head) (*head)->prev = b;
   *head = b;
+  if (b->seg->cls < 0) {
+    free_large_bytes_ += b->size;
+    publish_free_locked();
+  }
+}
+
+// The pool's free large blocks in the device's slot (its `fragmentation`): their bytes, and
+// the largest request they serve (vmm: all of them, stitched; the cache: its largest block).
+// Where several contexts share a device, the last pool to change writes them.
+CUW_HOT void cache_resource::publish_free_locked() noexcept {
+  const uint64_t largest = granules_ ? free_large_bytes_ : free_large_.empty() ? 0 : free_large_.rbegin()->first;
+  slot_.pool_free.store(free_large_bytes_, std::memory_order_relaxed);
+  slot_.pool_largest_free.store(largest, std::memory_order_relaxed);
 }
 
 void cache_resource::unlink_free_locked(Block* b) noexcept {
   if (b->prev) {
     b->prev->next = b->next;
-  } else if (b->seg->split) {
-    // vmm: a size whose list empties leaves the map (sizes are many; best fit walks them).
+  } else if (b->seg->cls < 0) {
+    // A size whose list empties leaves the map (best fit walks it; its last key is the largest).
     auto it = free_large_.find(b->size);
     if (it != free_large_.end() && it->second == b) {
       it->second = b->next;
       if (!b->next) free_large_.erase(it);
     }
   } else {
-    Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
-    *head = b->next;
+    free_small_[b->seg->cls] = b->next;
   }
   if (b->next) b->next->prev = b->prev;
   b->prev = b->next = nullptr;
+  if (b->seg->cls < 0) {
+    free_large_bytes_ -= b->size;
+    publish_free_locked();
+  }
 }
 
 cache_resource::Block* cache_resource::carve_locked(Segment* s) noexcept {
@@ -253,7 +269,9 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
     if (b->next) b->next->prev = nullptr;
     b->next = nullptr;
     if (!it->second) free_large_.erase(it);
-    if (b->size > rounded) split_locked(b, rounded);
+    free_large_bytes_ -= b->size;
+    if (b->size > rounded) split_locked(b, rounded);  // (pushes the rest: publishes)
+    else publish_free_locked();
     return b;
   }
   const uint64_t slack = large_slack(rounded);
@@ -262,6 +280,9 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
       it->second = b->next;
       if (b->next) b->next->prev = nullptr;
       b->next = nullptr;
+      if (!it->second) free_large_.erase(it);
+      free_large_bytes_ -= b->size;
+      publish_free_locked();
       return b;
     }
   }

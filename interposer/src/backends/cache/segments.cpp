@@ -181,6 +181,8 @@ void cache_resource::forget_all() noexcept {
   std::fill(std::begin(free_small_), std::end(free_small_), nullptr);
   std::fill(std::begin(carving_), std::end(carving_), nullptr);
   free_large_.clear();
+  free_large_bytes_ = 0;
+  publish_free_locked();
   open_head_ = nullptr;
   open_count_ = 0;
   open_bytes_ = 0;
