@@ -22,6 +22,8 @@
  *                          and NVML's per-process figure, never in an allocation
  *   CUDA_VISIBLE_DEVICES   as the real driver: indices or (prefixes of) UUIDs, reordering,
  *                          stops at the first invalid entry; "" hides every device
+ *   CUWARDEN_FAKE_NO_VMM   set: devices say they lack virtual memory management (the
+ *                          attribute is 0; the entry points still work)
  *   FAKECUDA_TRACE         1: log unimplemented entry points, export tables, lookup misses;
  *                          2: also every cu* call
  */

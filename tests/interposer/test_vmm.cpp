@@ -236,3 +236,17 @@ TEST_CASE("vmm: without a cap the pool keeps at most CUWARDEN_POOL_KEEP beyond i
   CHECK(d.reserved.load() <= 2 * size + 16 * kMiB);
   REQUIRE(cuMemFree(a) == CUDA_SUCCESS);
 }
+
+// Registered with CUWARDEN_FAKE_NO_VMM=1: the device says it has no virtual memory management.
+TEST_CASE("vmm: a device without virtual memory management gets the cache's layout", "[vmm_fallback]") {
+  make_context();
+  touch_interposer();
+  fakecuda_reset_counters();
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, 8 * kMiB) == CUDA_SUCCESS);
+  CHECK(calls("cuMemCreate") == 0);
+  CHECK(calls("cuMemAlloc") == 1);  // a whole driver allocation, as the cache keeps
+  CUipcMemHandle h{};
+  CHECK(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS);  // and exportable, as under the cache
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+}

@@ -7,6 +7,7 @@
 
 #include "backends/cache/detail/internal.hpp"
 #include "backends/vmm/granules.hpp"
+#include "base/log.hpp"
 #include "base/work_epoch.hpp"
 #include "cuw/attrs.hpp"
 
@@ -110,8 +111,19 @@ cache_resource* cache_backend::create(CUcontext ctx) noexcept {
   if (!slot) return nullptr;
   cache_resource* c = nullptr;
   try {
+    std::unique_ptr<granule_resource> granules;
     if (vmm_) {
-      auto granules = std::make_unique<granule_resource>(ctx, dev, *slot, tracker_);
+      granules = std::make_unique<granule_resource>(ctx, dev, *slot, tracker_);
+      if (!granules->supported()) {
+        granules.reset();
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true))
+          log::always("cuwarden: CUWARDEN_POOL=vmm: device %d (or its driver) has no virtual memory management; "
+                      "its pool keeps whole driver allocations, as CUWARDEN_POOL=cache does",
+                      static_cast<int>(dev));
+      }
+    }
+    if (granules) {
       granule_resource* gr = granules.get();
       c = new cache_resource(std::move(granules), ctx, dev, *slot, tracker_, *this, gr);
       // Peers enabled before this pool existed.

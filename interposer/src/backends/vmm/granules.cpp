@@ -59,6 +59,12 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
   CUresult (*total)(size_t*, CUdevice) = nullptr;
   cache_detail::resolve(total, "cuDeviceTotalMem_v2");
   if (size_t bytes = 0; total && total(&bytes, device) == CUDA_SUCCESS && bytes) device_bytes_ = bytes;
+  CUresult (*attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  cache_detail::resolve(attribute, "cuDeviceGetAttribute");
+  int vmm_ok = 0;
+  supported_ = complete(vmm()) && attribute &&
+               attribute(&vmm_ok, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == CUDA_SUCCESS &&
+               vmm_ok == 1;
 }
 
 void granule_resource::counters(int64_t reserved, int64_t cached) {

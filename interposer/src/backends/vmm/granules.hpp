@@ -41,6 +41,9 @@ class granule_resource final : public memory_resource {
   granule_resource(CUcontext ctx, CUdevice device, ring::DeviceSlot& slot, core::Tracker& tracker);
   ~granule_resource() override = default;  // gives back nothing: the pool lives as long as its context
 
+  /// Whether the driver and the device support virtual memory management (every entry
+  /// point found, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED set).
+  bool supported() const noexcept { return supported_; }
   /// Bytes of one granule (cuMemGetAllocationGranularity, recommended; 2 MiB if it fails).
   uint64_t granularity() const noexcept { return granularity_; }
 
@@ -97,6 +100,7 @@ class granule_resource final : public memory_resource {
   core::Tracker& tracker_;
   uint64_t granularity_;
   uint64_t device_bytes_ = 64ULL << 30;
+  bool supported_ = false;
   CUmemAllocationProp prop_{};
   mutable std::mutex mu_;
   std::map<CUdeviceptr, Range> ranges_;
