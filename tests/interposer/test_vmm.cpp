@@ -250,3 +250,46 @@ TEST_CASE("vmm: a device without virtual memory management gets the cache's layo
   CHECK(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS);  // and exportable, as under the cache
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
 }
+
+TEST_CASE("vmm: blocks split and merged while the block map grows are all found again", "[vmm]") {
+  make_context();
+  touch_interposer();
+  REQUIRE(reach_idle(2 * kMiB));
+  // Small blocks fill the map (each carved block is an entry) while large ones are split from
+  // and merged back into free space: the map grows in the middle of splits and merges, and
+  // every address must still lead to its own block.
+  std::mt19937 rng(11);
+  struct Live {
+    CUdeviceptr p;
+    size_t n;
+  };
+  std::vector<Live> live;
+  uint64_t bad_alloc = 0, bad_free = 0;
+  for (int i = 0; i < 6000; ++i) {
+    if (live.size() < 1200 && (rng() % 3 != 0 || live.empty())) {  // at most about 600 MiB live
+      const size_t n = rng() % 10 == 0 ? (1 + rng() % 4) * 2 * kMiB - rng() % 4096 : 512 + rng() % 8192;
+      CUdeviceptr p = 0;
+      if (cuMemAlloc(&p, n) != CUDA_SUCCESS) {
+        ++bad_alloc;
+        continue;
+      }
+      live.push_back({p, n});
+    } else {
+      const size_t k = rng() % live.size();
+      if (cuMemFree(live[k].p) != CUDA_SUCCESS) ++bad_free;
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  CHECK(bad_alloc == 0);
+  CHECK(bad_free == 0);
+  for (const Live& l : live) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    REQUIRE(cuMemGetAddressRange(&base, &size, l.p + l.n - 1) == CUDA_SUCCESS);
+    CHECK(base == l.p);
+    CHECK(size == l.n);
+    CHECK(cuMemFree(l.p) == CUDA_SUCCESS);
+    CHECK(cuMemFree(l.p) == CUDA_ERROR_INVALID_VALUE);  // and only once
+  }
+}

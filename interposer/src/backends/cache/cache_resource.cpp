@@ -96,6 +96,9 @@ void cache_resource::map_insert_locked(Block* b) {
     map_.assign(map_.size() * 2, nullptr);
     map_used_ = 0;
     map_rebuild_locked();
+    // Callers link `b` into its segment first, so the rebuild has inserted it: once only
+    // (a second entry would outlive the block's erase in the vmm layout's merges).
+    if (lookup_locked(b->ptr) == b) return;
   }
   const uint64_t mask = map_.size() - 1;
   uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
@@ -535,13 +538,15 @@ CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls
     return e;
   };
   CUresult r = attempt(true);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY && !capture) {
-    wait_all_slow();
-    reclaim_slow(~uint64_t{0});
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    if (!capture) {  // (during a capture nothing is waited for or unmapped: the second try counts)
+      wait_all_slow();
+      reclaim_slow(~uint64_t{0});
+    }
     by_cap = false;
     r = attempt(!last);
   }
-  granules_->trim(0);  // idle granules serve nothing until mapped: the budget keeps none
+  if (!capture) granules_->trim(0);  // idle granules serve nothing until mapped: the budget keeps none
   if (r != CUDA_SUCCESS) {
     if (r == CUDA_ERROR_OUT_OF_MEMORY && !last && cap_refused) {
       *cap_refused = true;  // other contexts' pools give back theirs; the caller tries once more
@@ -598,7 +603,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
   }
   if (f) {
     unlink_free_locked(f);
-    f->state = kLive;  // claimed: neither taken, merged nor unmapped meanwhile (counted live by hand_out)
+    f->state = kClaimed;  // neither taken, merged, unmapped nor freed meanwhile
   }
   if (f && need == 0) {
     // Large enough already (a hit that found no spare Block to split with).
@@ -648,15 +653,20 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
   const uint64_t down = need - up;  // <= below: rooms only grew since the choice
   const CUdeviceptr up_at = f ? f->ptr + f->size : a->base + a->top;
   const CUdeviceptr down_at = f ? f->ptr - down : 0;
-  const bool have_spare = !spare_blocks_.empty();
+  // A new block's Block, taken now: hot-path splits may use up the spares meanwhile.
+  Block* fresh = nullptr;
+  if (!f && !spare_blocks_.empty()) {
+    fresh = spare_blocks_.back();
+    spare_blocks_.pop_back();
+  }
   mu_.unlock();
   auto unclaim = [&] {
-    if (!f) return;
     mu_.lock();
-    push_free_locked(f);
+    if (f) push_free_locked(f);
+    if (fresh) spare_blocks_.push_back(fresh);  // back where it came from: within capacity
     mu_.unlock();
   };
-  if ((!f && !have_spare) || down > below) {
+  if ((!f && !fresh) || down > below) {
     unclaim();
     return CUDA_ERROR_OUT_OF_MEMORY;  // out of host memory for a Block, or rooms shrank (never)
   }
@@ -672,8 +682,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
   mu_.lock();
   Block* b = f;
   if (!b) {
-    b = spare_blocks_.back();
-    spare_blocks_.pop_back();
+    b = fresh;
     *b = Block{};
     b->ptr = up_at;
     b->seg = a;
@@ -748,9 +757,9 @@ void cache_resource::trim_idle() noexcept {
   if (!slow_.try_lock()) return;  // another thread is in the slow path: it will do
   std::lock_guard<std::mutex> g(slow_, std::adopt_lock);
   const uint64_t now = core::now_ns();
-  if (now < trim_at_.load(std::memory_order_relaxed)) return;
+  if (now < trim_at_.load(std::memory_order_relaxed) || work::capturing()) return;  // (a later free trims)
   trim_at_.store(~uint64_t{0}, std::memory_order_relaxed);
-  if (dead_ || dying_ || work::capturing()) return;
+  if (dead_ || dying_) return;
   poll_slow();  // frees whose work has completed (no wait on a free)
   const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
   const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);

@@ -206,7 +206,8 @@ class cache_resource final {
     std::vector<CUevent> events;
   };
   /// kHole: an unmapped stretch of a vmm range (its granules given back); in no list.
-  static constexpr uint8_t kFree = 0, kLive = 1, kPending = 2, kHole = 3;
+  /// kClaimed: a free block the slow path is growing (extend_arena): in no list, not live.
+  static constexpr uint8_t kFree = 0, kLive = 1, kPending = 2, kHole = 3, kClaimed = 4;
 
   /// Calls f(Block*) for each block of `s` (carved, or on its address list).
   template <class F>

@@ -143,6 +143,7 @@ std::size_t cache_resource::release() {
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
   if (!granules_) return release_slow();
+  if (work::capturing()) return 0;  // nothing unmapped or released during a capture
   reclaim_slow(~uint64_t{0});
   return granules_->trim(0);
 }

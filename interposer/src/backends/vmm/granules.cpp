@@ -65,6 +65,12 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
   supported_ = complete(vmm()) && attribute &&
                attribute(&vmm_ok, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == CUDA_SUCCESS &&
                vmm_ok == 1;
+  // cuMemAlloc memory can be registered for GPUDirect RDMA (NCCL, UCX); mapped memory only when
+  // created so (as PyTorch's expandable segments do), where the device allows it.
+  int rdma = 0;
+  if (attribute &&
+      attribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device) == CUDA_SUCCESS && rdma)
+    prop_.allocFlags.gpuDirectRDMACapable = 1;
 }
 
 void granule_resource::counters(int64_t reserved, int64_t cached) {
@@ -122,9 +128,16 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
   const uint64_t first = (p - base) / granularity_;
   for (uint64_t i = first; i < first + count && i < rg.granules.size(); ++i)
     if (rg.granules[i]) return CUDA_ERROR_INVALID_VALUE;  // already mapped
-  // New granules for what the idle ones do not cover: charged first.
+  // New granules for what the idle ones do not cover: charged first (room for their handles
+  // made before: nothing can fail between the charge and the driver's answer but the driver).
   const uint64_t have = std::min<uint64_t>(idle_.size(), count);
   const uint64_t fresh = count - have;
+  try {
+    idle_.reserve(idle_.size() + fresh);
+    if (rg.granules.size() < first + count) rg.granules.resize(first + count, 0);
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (fresh) {
     if (tracker_.charge(slot_, device_, fresh * granularity_, ring::Api::cuMemAlloc, false, quiet) !=
         core::Tracker::Charge::ok) {
@@ -133,10 +146,13 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
     }
     uint64_t made = 0;
     CUresult r = CUDA_SUCCESS;
-    idle_.reserve(idle_.size() + fresh);
     for (; made < fresh; ++made) {
       CUmemGenericAllocationHandle h = 0;
       r = v.create(&h, granularity_, &prop_, 0);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop_.allocFlags.gpuDirectRDMACapable) {
+        prop_.allocFlags.gpuDirectRDMACapable = 0;  // refused with it (some platforms): without from now on
+        r = v.create(&h, granularity_, &prop_, 0);
+      }
       if (r != CUDA_SUCCESS) break;
       idle_.push_back(h);
     }
@@ -147,7 +163,6 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
       return r;  // what was made stays idle (charged): the pool trims or uses it
     }
   }
-  if (rg.granules.size() < first + count) rg.granules.resize(first + count, 0);
   CUresult r = CUDA_SUCCESS;
   uint64_t mapped = 0;
   const auto take = idle_.end() - static_cast<std::ptrdiff_t>(count);
@@ -199,7 +214,11 @@ CUresult granule_resource::punch(CUdeviceptr p, std::size_t bytes) {
   if (p < it->first || p + bytes > it->first + r.granules.size() * granularity_ || (p - it->first) % granularity_ ||
       bytes % granularity_)
     return CUDA_ERROR_INVALID_VALUE;
-  idle_.reserve(idle_.size() + bytes / granularity_);
+  try {
+    idle_.reserve(idle_.size() + bytes / granularity_);
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   unmap_locked(it->first, r, (p - it->first) / granularity_, bytes / granularity_);
   return CUDA_SUCCESS;
 }
@@ -210,7 +229,11 @@ CUresult granule_resource::do_deallocate(CUdeviceptr p, std::size_t) {
   auto it = ranges_.find(p);
   if (it == ranges_.end()) return CUDA_ERROR_NOT_FOUND;
   Range& r = it->second;
-  idle_.reserve(idle_.size() + r.granules.size());
+  try {
+    idle_.reserve(idle_.size() + r.granules.size());
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   unmap_locked(p, r, 0, r.granules.size());
   vmm().address_free(p, r.bytes);
   ranges_.erase(it);
