@@ -66,6 +66,9 @@ TEST_CASE("options: the defaults reach Config as the table states them", "[optio
   CHECK_FALSE(c.meminfo_physical);
   CHECK_FALSE(c.cap_scope_process);
   CHECK(std::string(c.pool) == "off");
+  CHECK(c.pool_keep.percent);
+  CHECK(c.pool_keep.share == 0.05);
+  CHECK(c.pool_idle_ms == 10000);
   CHECK(c.callsites == 0);
   CHECK(c.clock == cuw::fast_clock::Mode::coarse);
   CHECK(c.log_level == 3);  // warn
@@ -118,6 +121,10 @@ TEST_CASE("options: refused values keep their messages word for word", "[options
        "CUWARDEN_POOL_KEEP='5X': unknown unit 'X' in size '5X' (use bytes, K M G T, KiB MiB GiB TiB, kB MB GB TB, or "
        "N%)"},
       {{{"CUWARDEN_POOL", "fast"}}, "CUWARDEN_POOL='fast': expected off, cache or vmm"},
+      {{{"CUWARDEN_POOL_IDLE", "10"}},
+       "CUWARDEN_POOL_IDLE='10': expected a duration such as 10s, 500ms or 0 (units ms, s, m)"},
+      {{{"CUWARDEN_POOL_IDLE", "-5s"}}, "CUWARDEN_POOL_IDLE='-5s': expected a duration such as 10s, 500ms or 0"},
+      {{{"CUWARDEN_POOL_IDLE", "2000m"}}, "CUWARDEN_POOL_IDLE='2000m': at most a day (24h = 1440m)"},
       {{{"CUWARDEN_CALLSITES", "65"}}, "CUWARDEN_CALLSITES='65': expected 0..64"},
       {{{"CUWARDEN_CALLSITES", "-1"}}, "CUWARDEN_CALLSITES='-1': expected 0..64"},
       {{{"CUWARDEN_CALLSITES", "1x"}}, "CUWARDEN_CALLSITES='1x': expected 0..64"},
@@ -173,4 +180,18 @@ TEST_CASE("options: the rows name distinct variables and flags", "[options]") {
   }
   CHECK(opt::get(opt::Id::CUWARDEN_LIMIT).variable == std::string("CUWARDEN_LIMIT"));
   CHECK(opt::get(opt::Id::CUWARDEN_RUN_DIR).variable == std::string("CUWARDEN_RUN_DIR"));
+}
+
+TEST_CASE("options: pool budgets take sizes, shares and durations", "[options]") {
+  const Config a = config_with({{"CUWARDEN_POOL_KEEP", "256M"}, {"CUWARDEN_POOL_IDLE", "500ms"}});
+  CHECK(a.errors.empty());
+  CHECK_FALSE(a.pool_keep.percent);
+  CHECK(a.pool_keep.bytes == 256ULL << 20);
+  CHECK(a.pool_idle_ms == 500);
+  const Config b = config_with({{"CUWARDEN_POOL_KEEP", "0"}, {"CUWARDEN_POOL_IDLE", "0"}, {"CUWARDEN_POOL", "vmm"}});
+  CHECK(b.errors.empty());
+  CHECK(b.pool_keep.bytes == 0);
+  CHECK(b.pool_idle_ms == 0);
+  CHECK(std::string(b.pool) == "vmm");
+  CHECK(config_with({{"CUWARDEN_POOL_IDLE", "2m"}}).pool_idle_ms == 120000);
 }
