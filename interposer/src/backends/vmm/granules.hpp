@@ -1,16 +1,18 @@
 // cuwarden interposer: the `vmm` backend's upstream (CUWARDEN_POOL=vmm): physical memory in
 // granules (cuMemCreate at the device's recommended granularity, 2 MiB on the H200), each a
-// handle of its own, mapped into reserved virtual ranges. A range is handed to the pool
-// (cache_resource, vmm layout) as one "driver allocation"; what the pool gives back is
-// unmapped and its granules become idle, ready to be mapped again wherever a new range needs
-// them: free memory in pieces scattered over old ranges becomes one contiguous range
-// (stitching), so the pool never needs more physical memory than its blocks fill.
+// handle of its own, mapped into reserved virtual ranges. The pool (cache_resource, vmm
+// layout) reserves an arena and has granules mapped into it where its blocks need them
+// (map_at), and takes slabs as ranges of one granule (map_range); what it gives back is
+// unmapped (punch, deallocate) and its granules become idle, ready to be mapped again
+// wherever a block needs them: free memory in pieces scattered over the arena becomes one
+// contiguous block (stitching), so the pool never needs more physical memory than its blocks
+// fill.
 //
 // One handle per granule: any granule can be unmapped, mapped elsewhere or released alone
 // (cuMemCreate costs about the same per granule either way: 12 us on the H200). Access is set
-// once per range (cuMemSetAccess costs 16-18 ms per GiB whatever the number of calls), for
-// the device and every peer the program enabled. Unmapping does not wait for the GPU: the
-// pool gives back only blocks whose freeing work has completed.
+// once per mapped stretch (cuMemSetAccess costs 16-18 ms per GiB whatever the number of
+// calls), for the device and every peer the program enabled. Unmapping does not wait for the
+// GPU: the pool gives back only blocks whose freeing work has completed.
 //
 // Caps count physical memory: every granule created is charged (Tracker::charge) and
 // uncharged when released; the device's `reserved` counter holds every granule, its `cached`
