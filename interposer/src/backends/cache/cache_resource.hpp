@@ -56,14 +56,17 @@
 // only memory already free).
 //
 // The vmm layout (CUWARDEN_POOL=vmm, backends/vmm/granules.hpp): the same pool over
-// physical granules. Slabs are one granule each. A large request is rounded to the
-// granularity and served from any free large block at least that size, split, the rest
-// staying free (best fit); a freed block merges with its free neighbours. A large block is a
-// stretch of a mapped range, so pointer queries answer from the pool and IPC handles cannot
-// name it. Past the budget, or when the cap or the device refuses, free blocks are unmapped
-// (their granules idle: holes in their ranges; a range with nothing live goes whole) and the
-// new range is mapped from those granules: stitching, the slow path (on the H200 about
-// 28 ms per GiB unmapped and mapped again, against 1.5 ms for cuMemFree and cuMemAlloc).
+// physical granules. Slabs are one granule each. Large requests are rounded to the
+// granularity and live in one arena of addresses (a Segment with split blocks, mapped from its
+// base up to `top`): served from any free large block at least that size, split, the rest
+// staying free (best fit); a freed block merges with its free neighbours. A miss grows the
+// free block that needs the fewest new granules into the unmapped addresses above or below
+// it (extend_arena), else adds a block at the top. A large block is a stretch of the arena,
+// so pointer queries answer from the pool and IPC handles cannot name it. Past the budget,
+// or when the cap or the device refuses, free blocks are unmapped, smallest first (holes:
+// kHole blocks; a hole at the top lowers it) and their granules mapped where the new block
+// goes: stitching, the slow path (on the H200 about 28 ms per GiB unmapped and mapped again,
+// against 1.5 ms for cuMemFree and cuMemAlloc).
 #pragma once
 
 #include <cuda.h>
