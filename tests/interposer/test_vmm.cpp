@@ -293,3 +293,30 @@ TEST_CASE("vmm: blocks split and merged while the block map grows are all found 
     CHECK(cuMemFree(l.p) == CUDA_ERROR_INVALID_VALUE);  // and only once
   }
 }
+
+// Registered under both pools with CUWARDEN_POOL_IDLE=1s (and the default keep).
+TEST_CASE("pools: memory idle past CUWARDEN_POOL_IDLE goes back at the next free", "[pool_idle]") {
+  make_context();
+  touch_interposer();
+  REQUIRE(reach_idle(4096));
+  auto& d = dev_counters();
+  // A peak of 256 MiB live, then nearly everything freed: the pool may keep it for the next
+  // step, within CUWARDEN_POOL_IDLE of the peak.
+  std::vector<CUdeviceptr> big(16);
+  for (auto& p : big) REQUIRE(cuMemAlloc(&p, 16 * kMiB) == CUDA_SUCCESS);
+  CUdeviceptr small = 0;
+  REQUIRE(cuMemAlloc(&small, 4096) == CUDA_SUCCESS);
+  for (CUdeviceptr p : big) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);
+  CHECK(d.reserved.load() >= 256 * kMiB);  // kept: the peak is recent
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // The next free after the pool has been idle that long gives back what passes the budget
+  // of what is live then (a small block and its slab: the 16 MiB floor).
+  REQUIRE(cuMemFree(small) == CUDA_SUCCESS);
+  CHECK(d.reserved.load() <= 16 * kMiB + 2 * kMiB);
+  CHECK(d.used.load() == d.reserved.load());  // given back to the driver, uncharged
+  // And it grows again when asked.
+  CUdeviceptr again = 0;
+  REQUIRE(cuMemAlloc(&again, 64 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(again) == CUDA_SUCCESS);
+}
