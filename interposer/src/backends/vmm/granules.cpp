@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "backends/cache/detail/internal.hpp"
+#include "backends/driver_calls.hpp"
 #include "base/real.hpp"
 #include "core/tracker.hpp"
 
@@ -28,14 +28,14 @@ struct Vmm {
 const Vmm& vmm() {
   static const Vmm v = [] {
     Vmm x;
-    cache_detail::resolve(x.granularity, "cuMemGetAllocationGranularity");
-    cache_detail::resolve(x.create, "cuMemCreate");
-    cache_detail::resolve(x.release, "cuMemRelease");
-    cache_detail::resolve(x.reserve, "cuMemAddressReserve");
-    cache_detail::resolve(x.address_free, "cuMemAddressFree");
-    cache_detail::resolve(x.map, "cuMemMap");
-    cache_detail::resolve(x.unmap, "cuMemUnmap");
-    cache_detail::resolve(x.set_access, "cuMemSetAccess");
+    resolve(x.granularity, "cuMemGetAllocationGranularity");
+    resolve(x.create, "cuMemCreate");
+    resolve(x.release, "cuMemRelease");
+    resolve(x.reserve, "cuMemAddressReserve");
+    resolve(x.address_free, "cuMemAddressFree");
+    resolve(x.map, "cuMemMap");
+    resolve(x.unmap, "cuMemUnmap");
+    resolve(x.set_access, "cuMemSetAccess");
     return x;
   }();
   return v;
@@ -57,10 +57,10 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
       (g & (g - 1)) == 0)
     granularity_ = g;
   CUresult (*total)(size_t*, CUdevice) = nullptr;
-  cache_detail::resolve(total, "cuDeviceTotalMem_v2");
+  resolve(total, "cuDeviceTotalMem_v2");
   if (size_t bytes = 0; total && total(&bytes, device) == CUDA_SUCCESS && bytes) device_bytes_ = bytes;
   CUresult (*attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
-  cache_detail::resolve(attribute, "cuDeviceGetAttribute");
+  resolve(attribute, "cuDeviceGetAttribute");
   int vmm_ok = 0;
   supported_ = complete(vmm()) && attribute &&
                attribute(&vmm_ok, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == CUDA_SUCCESS &&
@@ -100,7 +100,7 @@ CUresult granule_resource::reserve(CUdeviceptr* out, std::size_t bytes) {
   const Vmm& v = vmm();
   if (!complete(v)) return CUDA_ERROR_NOT_SUPPORTED;
   if (bytes == 0 || bytes % granularity_) return CUDA_ERROR_INVALID_VALUE;
-  cache_detail::CtxScope scope(ctx_);
+  CtxScope scope(ctx_);
   CUdeviceptr base = 0;
   const CUresult r = v.reserve(&base, bytes, granularity_, 0, 0);
   if (r != CUDA_SUCCESS) return r;
@@ -117,7 +117,7 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
   if (!complete(v)) return CUDA_ERROR_NOT_SUPPORTED;
   if (bytes == 0 || bytes % granularity_) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t count = bytes / granularity_;
-  cache_detail::CtxScope scope(ctx_);
+  CtxScope scope(ctx_);
   std::lock_guard<std::mutex> g(mu_);
   auto it = ranges_.upper_bound(p);
   if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
@@ -205,7 +205,7 @@ void granule_resource::unmap_locked(CUdeviceptr base, Range& r, uint64_t first, 
 }
 
 CUresult granule_resource::punch(CUdeviceptr p, std::size_t bytes) {
-  cache_detail::CtxScope scope(ctx_);
+  CtxScope scope(ctx_);
   std::lock_guard<std::mutex> g(mu_);
   auto it = ranges_.upper_bound(p);
   if (it == ranges_.begin()) return CUDA_ERROR_INVALID_VALUE;
@@ -224,7 +224,7 @@ CUresult granule_resource::punch(CUdeviceptr p, std::size_t bytes) {
 }
 
 CUresult granule_resource::do_deallocate(CUdeviceptr p, std::size_t) {
-  cache_detail::CtxScope scope(ctx_);
+  CtxScope scope(ctx_);
   std::lock_guard<std::mutex> g(mu_);
   auto it = ranges_.find(p);
   if (it == ranges_.end()) return CUDA_ERROR_NOT_FOUND;
@@ -246,7 +246,7 @@ uint64_t granule_resource::idle_bytes() const {
 }
 
 uint64_t granule_resource::trim(uint64_t keep) {
-  cache_detail::CtxScope scope(ctx_);
+  CtxScope scope(ctx_);
   std::lock_guard<std::mutex> g(mu_);
   uint64_t released = 0;
   while (!idle_.empty() && idle_.size() * granularity_ > keep) {
@@ -288,7 +288,7 @@ uint64_t granule_resource::forget() noexcept {
 }
 
 CUresult granule_resource::grant_peer(CUdevice peer) {
-  cache_detail::CtxScope scope(ctx_);
+  CtxScope scope(ctx_);
   std::lock_guard<std::mutex> g(mu_);
   if (peer == device_ || std::find(peers_.begin(), peers_.end(), peer) != peers_.end()) return CUDA_SUCCESS;
   peers_.push_back(peer);
