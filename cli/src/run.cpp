@@ -61,6 +61,18 @@ int usage_error(const std::string& msg) {
   return kExitUsage;
 }
 
+/// An option's words as a sentence lists them: "off, cache or vmm" (the options table's).
+std::string words_of(cuw::options::Id id) {
+  std::vector<std::string_view> w;
+  cuw::options::for_each_literal(id, [&](std::string_view s) { w.push_back(s); });
+  std::string out;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    if (i) out += i + 1 == w.size() ? " or " : ", ";
+    out += w[i];
+  }
+  return out;
+}
+
 }  // namespace
 
 int cmd_run(const RunOptions& o) {
@@ -74,10 +86,11 @@ int cmd_run(const RunOptions& o) {
                                                                      : err));
   }
   if (!o.job.empty() && !cuw::job::valid_job_name(o.job, &err)) return usage_error("bad --job '" + o.job + "': " + err);
-  if (!o.cap_scope.empty() && o.cap_scope != "allocations" && o.cap_scope != "process")
-    return usage_error("bad --cap-scope '" + o.cap_scope + "': use allocations or process");
-  if (!o.pool.empty() && o.pool != "off" && o.pool != "cache" && o.pool != "vmm")
-    return usage_error("bad --pool '" + o.pool + "': use off, cache or vmm");
+  using cuw::options::Id;
+  if (!o.cap_scope.empty() && !cuw::options::is_literal(Id::CUWARDEN_CAP_SCOPE, o.cap_scope))
+    return usage_error("bad --cap-scope '" + o.cap_scope + "': use " + words_of(Id::CUWARDEN_CAP_SCOPE));
+  if (!o.pool.empty() && !cuw::options::is_literal(Id::CUWARDEN_POOL, o.pool))
+    return usage_error("bad --pool '" + o.pool + "': use " + words_of(Id::CUWARDEN_POOL));
   if (o.callsites != -1 && (o.callsites < 0 || o.callsites > 64))
     return usage_error("bad --callsites " + std::to_string(o.callsites) + ": use 0..64");
   if (o.callsites > 0)

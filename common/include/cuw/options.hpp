@@ -85,6 +85,26 @@ inline constexpr std::size_t kCount = sizeof kOptions / sizeof kOptions[0];
 /// The row of `id`. constexpr; thread-safe.
 constexpr const Option& get(Id id) noexcept { return kOptions[static_cast<std::size_t>(id)]; }
 
+/// Calls f(word) for each `literal` of `id`'s values, in order (for an option whose values
+/// are a list of words, CUWARDEN_POOL say, the words it accepts). constexpr; thread-safe.
+template <class F>
+constexpr void for_each_literal(Id id, F&& f) {
+  std::string_view v = get(id).values;
+  for (std::size_t a = v.find('`'); a != std::string_view::npos; a = v.find('`')) {
+    const std::size_t b = v.find('`', a + 1);
+    f(v.substr(a + 1, b - a - 1));
+    v = v.substr(b + 1);
+  }
+}
+
+/// Whether `value` is one of `id`'s `literal` values. constexpr; thread-safe.
+constexpr bool is_literal(Id id, std::string_view value) {
+  bool found = false;
+  for_each_literal(id, [&](std::string_view w) { found = found || w == value; });
+  return found;
+}
+static_assert(is_literal(Id::CUWARDEN_POOL, "vmm") && !is_literal(Id::CUWARDEN_POOL, "vm"));
+
 namespace detail {
 /// Nothing that would break a Markdown table cell or the README's generator, and every
 /// `literal` closed.
