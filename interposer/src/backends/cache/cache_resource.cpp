@@ -204,6 +204,7 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
   *head = b;
   if (b->seg->cls < 0) {
     free_large_bytes_ += b->size;
+    if (b->size > largest_free_) largest_free_ = b->size;
     publish_free_locked();
   }
 }
@@ -212,20 +213,36 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
 // the largest request they serve (vmm: all of them, stitched; the cache: its largest block).
 // Where several contexts share a device, the last pool to change writes them.
 CUW_HOT void cache_resource::publish_free_locked() noexcept {
-  const uint64_t largest = granules_ ? free_large_bytes_ : free_large_.empty() ? 0 : free_large_.rbegin()->first;
   slot_.pool_free.store(free_large_bytes_, std::memory_order_relaxed);
-  slot_.pool_largest_free.store(largest, std::memory_order_relaxed);
+  slot_.pool_largest_free.store(granules_ ? free_large_bytes_ : largest_free_, std::memory_order_relaxed);
+}
+
+// The cache layout: the list of `it` (the largest size) emptied. The next largest is the
+// first non-empty list below; empty lists met on the way are of sizes not freed lately and
+// leave the map, so the walk is short when it happens again (the emptied size stays: it is the
+// one in use, and would come back at its next free).
+void cache_resource::largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept {
+  while (it != free_large_.begin()) {
+    auto below = std::prev(it);
+    if (below->second) {
+      largest_free_ = below->first;
+      return;
+    }
+    free_large_.erase(below);
+  }
+  largest_free_ = 0;
 }
 
 void cache_resource::unlink_free_locked(Block* b) noexcept {
   if (b->prev) {
     b->prev->next = b->next;
   } else if (b->seg->cls < 0) {
-    // A size whose list empties leaves the map (best fit walks it; its last key is the largest).
     auto it = free_large_.find(b->size);
     if (it != free_large_.end() && it->second == b) {
       it->second = b->next;
-      if (!b->next) free_large_.erase(it);
+      // vmm: a size whose list empties leaves the map (sizes are many: best fit walks them).
+      if (!b->next && b->seg->split) free_large_.erase(it);
+      else if (!b->next && b->size == largest_free_) largest_emptied_locked(it);
     }
   } else {
     free_small_[b->seg->cls] = b->next;
@@ -283,7 +300,7 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
       it->second = b->next;
       if (b->next) b->next->prev = nullptr;
       b->next = nullptr;
-      if (!it->second) free_large_.erase(it);
+      if (!it->second && it->first == largest_free_) largest_emptied_locked(it);
       free_large_bytes_ -= b->size;
       publish_free_locked();
       return b;

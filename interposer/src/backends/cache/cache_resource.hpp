@@ -236,6 +236,7 @@ class cache_resource final {
   void push_free_locked(Block* b) noexcept;
   void unlink_free_locked(Block* b) noexcept;
   void publish_free_locked() noexcept;
+  void largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept;
   Block* lookup_locked(CUdeviceptr p) const noexcept;
   bool holds_locked(CUdeviceptr p) const noexcept;  ///< p inside one of segments_
   void map_insert_locked(Block* b);
@@ -316,8 +317,9 @@ class cache_resource final {
   spin_lock& mu_;
   Block* free_small_[kClasses] = {};
   Segment* carving_[kClasses] = {};       ///< a slab of the class with uncarved room
-  std::map<uint64_t, Block*> free_large_;  ///< size -> list of free large blocks (no empty list)
+  std::map<uint64_t, Block*> free_large_;  ///< size -> list of free large blocks (vmm: no empty list)
   uint64_t free_large_bytes_ = 0;          ///< their bytes
+  uint64_t largest_free_ = 0;              ///< the cache layout: the largest size with a free block
   Block* open_head_ = nullptr;             ///< freed, not yet behind an event
   uint32_t open_count_ = 0;
   uint64_t open_bytes_ = 0;

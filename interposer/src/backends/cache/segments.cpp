@@ -183,6 +183,7 @@ void cache_resource::forget_all() noexcept {
   std::fill(std::begin(carving_), std::end(carving_), nullptr);
   free_large_.clear();
   free_large_bytes_ = 0;
+  largest_free_ = 0;
   publish_free_locked();
   open_head_ = nullptr;
   open_count_ = 0;
@@ -316,28 +317,20 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
     mu_.unlock();
     return CUDA_ERROR_INVALID_VALUE;  // freed memory, as the driver answers
   }
-  if (granules_) {
+  if (granules_ || s->cls >= 0) {
+    // Mapped granules, or a block packed into a slab with others: no legacy handle names
+    // exactly its bytes. Said once per process (its backend is one or the other).
     const uint64_t req = b->requested;
     mu_.unlock();
     static std::atomic<bool> said{false};
     if (!said.exchange(true))
-      log::always(
-          "cuwarden: cuIpcGetMemHandle(%#llx): CUWARDEN_POOL=vmm maps this %llu-byte allocation from granules of "
-          "its own, which a legacy IPC handle cannot name; returning CUDA_ERROR_NOT_SUPPORTED. Run with "
-          "CUWARDEN_POOL=off to export it.",
-          static_cast<unsigned long long>(p), static_cast<unsigned long long>(req));
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  if (s->cls >= 0) {
-    const uint64_t req = b->requested;
-    mu_.unlock();
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true))
-      log::always(
-          "cuwarden: cuIpcGetMemHandle(%#llx): this %llu-byte allocation shares a driver allocation with others "
-          "(CUWARDEN_POOL=cache packs requests up to 1 MiB), so no IPC handle can describe exactly its bytes; "
-          "returning CUDA_ERROR_NOT_SUPPORTED. Run with CUWARDEN_POOL=off to export small allocations.",
-          static_cast<unsigned long long>(p), static_cast<unsigned long long>(req));
+      log::always("cuwarden: cuIpcGetMemHandle(%#llx): this %llu-byte allocation %s; returning "
+                  "CUDA_ERROR_NOT_SUPPORTED. Run with CUWARDEN_POOL=off to export it.",
+                  static_cast<unsigned long long>(p), static_cast<unsigned long long>(req),
+                  granules_ ? "is mapped from granules of its own (CUWARDEN_POOL=vmm), which a legacy IPC handle "
+                              "cannot name"
+                            : "shares a driver allocation with others (CUWARDEN_POOL=cache packs requests up to "
+                              "1 MiB), so no IPC handle can describe exactly its bytes");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   // A whole driver allocation: the handle maps exactly this block. It will not be reused
