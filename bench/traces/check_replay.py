@@ -28,7 +28,8 @@ TRACES = ("gpt2-train", "gpt2-generate", "cupy-grow")
 # max_held_over_live and max_calls (driver calls, by name) per trace, and "traces" (the
 # traces the row runs; default all). The bounds are the figures measured on the simulated
 # driver with some room (about 10%): a change that holds more, or makes more driver calls
-# (on the H200 a granule mapped costs about 35 us: bench/results/2026-12-01-h200-vmm-replay.md),
+# (on the H200 mapping is what makes vmm slower than cudaMalloc on cupy-grow:
+# bench/results/2026-12-01-h200-vmm-replay.md),
 # fails here first.
 POOL_ROWS = [
     # Issue targets: at most 1.25x peak live without a cap.

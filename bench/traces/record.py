@@ -67,6 +67,19 @@ def from_torch_history(snapshot, trace):
                 trace.free(i)
 
 
+def record_torch(path, workload, source):
+    """Runs workload() under PyTorch's memory history and writes its block events as a trace."""
+    import torch
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+    workload()
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    tr = Trace()
+    from_torch_history(snap, tr)
+    tr.write(path, f"{source}; PyTorch {torch.__version__}")
+
+
 def gpt2(layers):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -80,42 +93,36 @@ def run_train(args):
     model = gpt2(6)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rng = random.Random(1)
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000)
-    for step in range(args.steps):
-        t = rng.randint(64, 1024)
-        x = torch.randint(0, 50257, (8, t), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    tr = Trace()
-    from_torch_history(snap, tr)
-    tr.write(args.out, f"GPT-2 (6 layers, random init) training, bf16 autocast, batch 8, "
-                       f"sequence length 64..1024 per step, {args.steps} steps, AdamW; PyTorch {torch.__version__}")
+
+    def train():
+        for _ in range(args.steps):
+            t = rng.randint(64, 1024)
+            x = torch.randint(0, 50257, (8, t), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    record_torch(args.out, train, f"GPT-2 (6 layers, random init) training, bf16 autocast, batch 8, "
+                                  f"sequence length 64..1024 per step, {args.steps} steps, AdamW")
 
 
 def run_generate(args):
     import torch
     model = gpt2(6).eval()
     rng = random.Random(2)
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000)
-    with torch.no_grad():
-        for _ in range(args.steps):
-            b, t = rng.randint(1, 16), rng.randint(16, 512)
-            x = torch.randint(0, 50257, (b, t), device="cuda")
-            model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=rng.randint(16, 128),
-                           min_new_tokens=16, do_sample=False, pad_token_id=0)
-    torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    tr = Trace()
-    from_torch_history(snap, tr)
-    tr.write(args.out, f"GPT-2 (6 layers, random init) generate(), greedy, batch 1..16, prompt 16..512 tokens, "
-                       f"16..128 new tokens, {args.steps} calls; PyTorch {torch.__version__}")
+
+    def generate():
+        with torch.no_grad():
+            for _ in range(args.steps):
+                b, t = rng.randint(1, 16), rng.randint(16, 512)
+                x = torch.randint(0, 50257, (b, t), device="cuda")
+                model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=rng.randint(16, 128),
+                               min_new_tokens=16, do_sample=False, pad_token_id=0)
+
+    record_torch(args.out, generate, f"GPT-2 (6 layers, random init) generate(), greedy, batch 1..16, prompt "
+                                     f"16..512 tokens, 16..128 new tokens, {args.steps} calls")
 
 
 def run_cupy(args):

@@ -4,7 +4,9 @@
 // test_cache_adversarial.cpp's cases, which ctest runs under vmm too.
 //
 // Tags, each in its own process (tests/interposer/CMakeLists.txt): [vmm] (two 1 GiB devices,
-// no cap), [vmm_cap] (a 64 MiB cap), [vmm_keep] (no cap, CUWARDEN_POOL_KEEP=8M).
+// no cap), [vmm_cap] (a 64 MiB cap), [vmm_keep] (no cap, CUWARDEN_POOL_KEEP=8M),
+// [vmm_fallback] (a device without virtual memory management), [pool_idle] (under both pools,
+// CUWARDEN_POOL_IDLE=1s).
 #include <cstring>
 #include <random>
 #include <vector>
@@ -99,7 +101,7 @@ TEST_CASE("vmm: free every other block, then ask for their sum: stitched, no new
   touch_interposer();
   REQUIRE(reach_idle(16 * kMiB));
   auto& d = dev_counters();
-  // Sixteen 16 MiB blocks, each a range of its own (nothing free to split meanwhile).
+  // Sixteen 16 MiB blocks side by side at the top of the arena (nothing free to split meanwhile).
   std::vector<CUdeviceptr> p(16);
   for (size_t i = 0; i < p.size(); ++i) {
     REQUIRE(cuMemAlloc(&p[i], 16 * kMiB) == CUDA_SUCCESS);
