@@ -17,7 +17,8 @@ constexpr const char* kApiNames[] = {
 static_assert(sizeof(kApiNames) / sizeof(kApiNames[0]) == static_cast<size_t>(Api::count_));
 
 constexpr const char* kKindNames[] = {"unknown", "alloc", "free", "refuse", "driver_error",
-                                      "limit_change", "host_alloc", "host_free", "job_refuse"};
+                                      "limit_change", "host_alloc", "host_free", "job_refuse",
+                                      "segment_alloc", "segment_free"};
 
 constexpr bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 
@@ -98,7 +99,7 @@ Invalid validate(const void* base, uint64_t mapped_bytes) noexcept {
   std::memcpy(&hs, &h->header_size, 4);
   std::memcpy(&ss, &h->slot_size, 4);
   std::memcpy(&sc, &h->slot_count, 4);
-  if (abi != kAbiVersion) return Invalid::bad_abi;
+  if (abi < kOldestAbiVersion || abi > kAbiVersion) return Invalid::bad_abi;
   if (hs < sizeof(RingHeader) || hs > kHeaderBytes) return Invalid::bad_header_size;
   if (ss != sizeof(EventSlot)) return Invalid::bad_slot_size;
   if (!is_pow2(sc) || sc < kMinSlotCount || sc > kMaxSlotCount) return Invalid::bad_slot_count;
@@ -128,6 +129,7 @@ std::size_t drain(RingHeader& h, EventSlot* slots, uint32_t slot_count, Event* o
       e.kind = s.kind;
       e.device = s.device;
       e.result = s.result;
+      e.site = s.site;  // version 1 writers left the word zero: no site
       s.seq.store(pos + sc, std::memory_order_release);
       ++pos;
       continue;

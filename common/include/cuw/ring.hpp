@@ -37,9 +37,12 @@ inline constexpr uint64_t kMagic = 0x31474e4952575543ULL;  // "CUWRING1"
 /// meaning what a writer that predates it means; a header grown at its end (header_size
 /// says how much a writer filled). What needs a new version: a field removed, moved,
 /// resized or given another meaning or unit, a new event layout, another slot size. The
-/// daemon reads every version it knows (today: 1), so an upgraded daemon keeps reading the
-/// rings of programs started under the previous library (tests: ring_abi).
-inline constexpr uint32_t kAbiVersion = 1;
+/// daemon reads every version it knows (today: 1 and 2), so an upgraded daemon keeps reading
+/// the rings of programs started under the previous library (tests: ring_abi).
+/// Version 2: an event's last word is its call site (EventSlot::site; version 1 wrote 0
+/// there), and a process may have a live segment (live.hpp) beside its ring.
+inline constexpr uint32_t kAbiVersion = 2;
+inline constexpr uint32_t kOldestAbiVersion = 1;  ///< the oldest version the daemon reads
 inline constexpr uint32_t kMaxDevices = 16;
 inline constexpr uint32_t kHeaderBytes = 16384;
 inline constexpr uint32_t kDefaultSlotCount = 16384;  // 1 MiB of events
@@ -66,6 +69,10 @@ enum class EventKind : uint8_t {
   host_free = 7,
   job_refuse = 8,   ///< refused because the job's cap (CUWARDEN_JOB_LIMIT) is reached; aux = the
                     ///< job's cap, used_after = what the job's other members held (bytes)
+  segment_alloc = 9,  ///< a pooling backend took memory from the driver for its pool (address,
+                      ///< bytes of the driver allocation or mapped run); not counted by itself:
+                      ///< used bytes already include what a pool holds
+  segment_free = 10,  ///< a pooling backend gave a segment (or part of one) back to the driver
 };
 
 /// Which driver entry point produced an event. Stored as uint16_t in EventSlot::api.
@@ -121,7 +128,8 @@ struct alignas(64) EventSlot {
   uint8_t kind;               ///< cuw::ring::EventKind
   int8_t device;              ///< CUDA ordinal as the process sees it; -1 when unknown
   uint32_t result;            ///< CUresult returned to the application
-  uint32_t reserved;
+  uint32_t site;              ///< call site id (live.hpp), 0 when none was captured (and in
+                              ///< version 1 rings)
 };
 static_assert(sizeof(EventSlot) == 64);
 static_assert(offsetof(EventSlot, time_ns) == 8);
@@ -222,6 +230,7 @@ struct Event {
   uint8_t kind = 0;
   int8_t device = -1;
   uint32_t result = 0;
+  uint32_t site = 0;
 };
 
 /// Producer side. Lock-free, wait-free in practice: at most kMaxPushAttempts CAS tries.
@@ -244,7 +253,7 @@ CUW_INLINE void publish(EventSlot& s, uint64_t pos, const Event& e) noexcept {
   s.kind = e.kind;
   s.device = e.device;
   s.result = e.result;
-  s.reserved = 0;
+  s.site = e.site;
   s.seq.store(pos + 1, std::memory_order_release);
 }
 
