@@ -44,4 +44,25 @@ struct RunOptions {
 /// Returns only on failure (exec replaces the process).
 int cmd_run(const RunOptions& o);
 
+/// `cuwarden fit`'s exit status when not even the lowest value fits.
+inline constexpr int kExitNothingFits = 4;
+
+struct FitOptions {
+  std::string limit;      ///< --limit, as `cuwarden run` takes it (required)
+  std::string try_spec;   ///< --try NAME=LO..HI
+  std::string plot;       ///< --plot FILE.svg; empty: no plot
+  std::string pool, cap_scope, lib;  ///< passed on to `cuwarden run` when given
+  bool json = false;         ///< one JSON document instead of the lines for people
+  bool show_output = false;  ///< the command's output passes through (to standard error)
+  std::vector<std::string> command;  ///< `{NAME}` in any argument is replaced by the value tried
+};
+/// Bisects NAME's range for the largest value with which the command, run as `cuwarden run
+/// --limit` would, exits 0: an exit after a refusal by the cap (or the driver) means it does
+/// not fit; any other failure stops the search and shows the end of its standard error.
+/// Assumes that whatever fits, every smaller value fits too. Prints each try (peak memory
+/// per GPU, outcome) and the answer, or JSON; writes the plot. Returns kExitOk when a value
+/// fits, kExitNothingFits when not even LO does, kExitFailure when a try failed,
+/// kExitUsage for bad arguments, 128 + N after signal N.
+int cmd_fit(const FitOptions& o);
+
 }  // namespace cuw::cli

@@ -1,6 +1,7 @@
 // cuwarden: the command users type. Without a subcommand it prints the nvidia-smi-like
 // table (or --json, or --query-compute-apps CSV); `run` launches a program under the
-// interposer; `events` prints what the daemon collected.
+// interposer; `fit` searches for the largest value of a parameter that fits under a cap;
+// `events` prints what the daemon collected.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
@@ -88,6 +89,35 @@ int main(int argc, char** argv) {
   run->prefix_command();
   run->fallthrough(false);
 
+  auto* fit = app.add_subcommand(
+      "fit", "the largest value that fits under a cap: cuwarden fit --limit S --try NAME=LO..HI -- CMD ... {NAME} ...");
+  FitOptions fo;
+  fit->add_option("--limit", fo.limit, "the cap every try runs under, as `cuwarden run --limit` takes it")->required();
+  fit->add_option("--try", fo.try_spec, "NAME=LO..HI: the whole numbers to search; {NAME} in the command becomes each")
+      ->required();
+  fit->add_option("--plot", fo.plot, "also draw peak memory against each value tried, as an SVG file");
+  // The same flags as `cuwarden run`'s, from the same rows of the options table.
+  for (const auto& [id, field] : {std::pair{cuw::options::Id::CUWARDEN_POOL, &fo.pool},
+                                  std::pair{cuw::options::Id::CUWARDEN_CAP_SCOPE, &fo.cap_scope}}) {
+    const cuw::options::Option& o = cuw::options::get(id);
+    fit->add_option(o.flag, *field, flag_help(o));
+  }
+  fit->add_option("--lib", fo.lib, "path of libcuwarden.so, as for `cuwarden run`");
+  fit->add_flag("--json", fo.json, "print the tries and the answer as one JSON document");
+  fit->add_flag("--show-output", fo.show_output,
+                "pass the command's output through, to standard error (default: kept out of the way; the end of its "
+                "standard error is shown when a try fails)");
+  fit->footer(
+      "Each try runs the command as `cuwarden run --limit S` would, with {NAME} replaced by the value tried,\n"
+      "and waits for it and every process it started. Exit 0: it fits. An exit (or a signal) after a\n"
+      "refusal by the cap, or a failed allocation of the driver: it does not fit. Any other failure stops\n"
+      "the search and shows the end of its standard error. LO is tried first, then HI, then halves\n"
+      "(assuming that whatever fits, every smaller value fits too). Peak memory is per GPU: the most one\n"
+      "process of the try held, as the cap counts it. No daemon is needed; a running one does not see the tries.\n"
+      "Exit status: 0 a value fits, 1 a try failed (or fit could not run), 2 bad arguments, 4 not even LO fits.");
+  fit->prefix_command();
+  fit->fallthrough(false);
+
   auto* events = app.add_subcommand("events", "print allocation events the daemon collected");
   EventsOptions eo;
   events->add_option("--pid", eo.pid, "only this process");
@@ -109,12 +139,12 @@ int main(int argc, char** argv) {
       "Root may set, raise or remove any cap. Other users may only lower the caps of their own\n"
       "processes and jobs, within the policy (cuwardend --config). Exit status 3: refused.");
 
-  // `run [options] -- CMD ...`: CLI11 sees only what precedes "--"; the rest is the command
+  // `run [options] -- CMD ...` (and `fit`): CLI11 sees only what precedes "--"; the rest is the command
   // verbatim. Without "--", prefix_command() stops at the first non-option (the command).
   // nvidia-smi spells the millisecond loop "-lms" (one dash, three letters): CLI11 would read
   // it as -l -m -s. Everything after `run` is the command's, left alone.
   std::vector<std::string> args(argv, argv + argc);
-  for (std::size_t i = 1; i < args.size() && args[i] != "run"; ++i)
+  for (std::size_t i = 1; i < args.size() && args[i] != "run" && args[i] != "fit"; ++i)
     if (args[i] == "-lms") args[i] = "--loop-ms";
     else if (args[i].rfind("-lms=", 0) == 0) args[i] = "--loop-ms=" + args[i].substr(5);
   std::vector<char*> argv_fixed;
@@ -125,7 +155,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> after_dashes;
   int parse_argc = argc;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) != "run") continue;
+    if (std::string(argv[i]) != "run" && std::string(argv[i]) != "fit") continue;
     for (int k = i + 1; k < argc; ++k)
       if (std::string(argv[k]) == "--") {
         after_dashes.assign(argv + k + 1, argv + argc);
@@ -151,6 +181,17 @@ int main(int argc, char** argv) {
       ro.command = after_dashes;
     }
     return cmd_run(ro);
+  }
+  if (*fit) {
+    fo.command = fit->remaining();
+    if (parse_argc != argc) {
+      if (!fo.command.empty()) {
+        std::fprintf(stderr, "cuwarden fit: unexpected '%s' before '--'\n", fo.command.front().c_str());
+        return kExitUsage;
+      }
+      fo.command = after_dashes;
+    }
+    return cmd_fit(fo);
   }
   if (*limit) {
     lo.socket = socket;
