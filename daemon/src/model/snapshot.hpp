@@ -86,6 +86,10 @@ struct SnapEvent {
   uint64_t bytes = 0;
   uint64_t used_after = 0;   ///< the device's used bytes after it
   uint64_t stream = 0;       ///< the event's aux for stream-ordered calls, else 0
+  /// The event's aux word as the ring holds it, whatever the kind (ring.hpp): besides the
+  /// stream, a job refusal's job cap and a cap change's previous cap (kNoLimit: none). The
+  /// snapshot views read the caps from it; 0 where the model does not carry it.
+  uint64_t aux = 0;
   uint32_t site = 0;         ///< SnapSite id, 0: none
   uint32_t result = 0;       ///< CUresult
 };

@@ -1,0 +1,113 @@
+// cuwarden daemon view: a process's memory at one instant (model/snapshot.hpp) in each form
+// `cuwarden snapshot`, `cuwarden summary` and `cuwarden snapshot --leaks` write: a report for
+// people, JSON, PyTorch's snapshot pickle (pytorch.org/memory_viz and
+// `python -m torch.cuda._memory_viz stats|trace|segments|memory`), a Chrome trace that
+// Perfetto's UI opens, a table in the shape of torch.cuda.memory_summary(), and the call
+// sites whose live bytes only grew across snapshots.
+//
+// Every function here is pure: it reads its arguments only, so any thread may call it. Text
+// that came from the process (names, paths, frames) is untrusted: the text views replace
+// control characters (a terminal escape in a function name must not reach the terminal) and
+// every view replaces invalid UTF-8.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/snapshot.hpp"
+
+namespace cuw::daemon {
+
+/// What the text reports list.
+struct TextOptions {
+  std::size_t top = 10;    ///< call sites and live allocations listed, largest first
+  std::size_t frames = 4;  ///< frames shown per call site (Python frames first)
+};
+
+/// The report for people: a header (pid, command, pool, whether the live records are exact,
+/// events dropped, call sites on or off), one row per device (used, reserved, peak, cap,
+/// cached), the call sites holding the most live bytes (bytes, count, innermost frames as
+/// `function (file:line)`, the Python frames first: they are the user's code), then the
+/// largest live allocations (address, size, device, stream, age at snapshot time, call site).
+/// Pinned host memory is listed apart: it is not device memory.
+std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
+
+/// Everything in the snapshot, as JSON. Keys (stable; new keys may be added, none renamed):
+///   pid, process_name, comm, cmdline, user, job, pool ("off" | "cache" | "vmm"), time_ns,
+///   exited, exact, events_dropped, callsite_frames,
+///   devices: [{ordinal, uuid, name, memory_total_bytes, <every counter of counters.hpp by its
+///     json key: used_bytes, peak_bytes, limit_bytes (null: no cap), ...>, live_bytes,
+///     live_allocations}],   live_*: the device's live records (host memory excluded)
+///   host: {bytes, allocations}   pinned host memory (not device memory, never capped)
+///   allocations: [{address, bytes, device, stream, time_ns, age_ns, site, api, kind}]
+///     by address; kind "device" | "pooled" | "handle" | "array" | "host"; api by name
+///   segments: [{address, bytes, device}]   driver memory a pool holds, by address
+///   sites: [{id, live_bytes, live_allocations, frames: [{python, function, file, line,
+///     module, offset, pc}]}]   by id; frames innermost first
+///   trace: [{time_ns, kind, api, device, address, bytes, used_after, stream, aux, site, result}]
+///     oldest first; kind and api by name (ring.hpp kind_name / api_name)
+/// Numbers are bytes, counts or CLOCK_REALTIME nanoseconds.
+nlohmann::ordered_json snapshot_json(const Snapshot& s);
+
+/// The bytes of a pickle (protocol 4) in the format of torch.cuda.memory._snapshot():
+/// {"segments": [...], "device_traces": [[...] per device ordinal], "allocator_settings": {...},
+/// "external_annotations": []}.
+///
+/// Segments: a pool's driver memory (Snapshot::segments; address-contiguous ones a live block
+/// crosses are joined), each tiled exactly, in address order, by its live pooled blocks
+/// ("active_allocated", size as the pool rounds the request where that can be told, never
+/// past the next block) and "inactive" blocks for the gaps; every other live device
+/// allocation (passthrough, cuMemCreate handles, arrays) is a segment of its own with one
+/// block. Host memory is left out (allocator_settings counts it). `device` is an int.
+///
+/// device_traces from Snapshot::trace: alloc -> "alloc", free -> "free_requested" +
+/// "free_completed", a pool's segment events -> "segment_alloc" / "segment_free"; an
+/// allocation that is its own segment is also a "segment_alloc" before its alloc and a
+/// "segment_free" after its free; a refusal (cap or job cap) or the driver's out-of-memory
+/// error -> "oom" with device_free (what the cap left; 0 where that cannot be told). Entries
+/// the record cannot support (events lost: a free whose memory no segment holds, a segment
+/// released while a live block lies in it) are left out and counted in allocator_settings,
+/// so that memory_viz's state history, which replays the trace backwards from the segments,
+/// never meets a block outside every segment. Frames: {filename, line, name}, innermost
+/// first, as PyTorch orders them.
+std::string snapshot_pytorch(const Snapshot& s);
+
+/// Chrome trace-event JSON for ui.perfetto.dev: counter tracks ("GPU N used", "GPU N
+/// reserved", "GPU N cap", one arg "bytes") at every event of the history and at snapshot
+/// time, instant events (process scope) for refusals and cap changes, process and thread
+/// names; ts in microseconds since the Unix epoch; displayTimeUnit "ms".
+std::string snapshot_perfetto(const Snapshot& s);
+
+/// torch.cuda.memory_summary()'s table for each device of the process, filled from what a
+/// snapshot has (its counters and live records; large/small split at 1 MiB); "-" marks what
+/// cuwarden cannot know (and the notes under the tables say why).
+std::string summary_text(const Snapshot& s);
+
+/// A call site whose live bytes only grew: never fell from one snapshot to the next and
+/// ended higher than it began. Site 0 gathers the allocations with no call site.
+struct LeakSuspect {
+  uint32_t site = 0;
+  SnapSite frames;                ///< the site as the newest snapshot names it
+  std::vector<uint64_t> bytes;    ///< live bytes at each snapshot, oldest first
+  uint64_t first_count = 0, last_count = 0;  ///< live allocations at the first and last
+  uint64_t growth() const noexcept { return bytes.empty() ? 0 : bytes.back() - bytes.front(); }
+};
+
+/// The call sites whose live bytes only grew across `snaps` (two or more snapshots of one
+/// process, any order: sorted by time here; snapshots whose live records are not exact are
+/// skipped), largest growth first. Empty with fewer than two usable snapshots. Throws
+/// std::invalid_argument when the snapshots are of different processes.
+std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps);
+
+/// growing_sites() as JSON: {pid, snapshots, first_ns, last_ns, skipped, sites: [{site,
+/// growth_bytes, bytes: [...], first_count, last_count, frames: [...]}]}.
+nlohmann::ordered_json leaks_json(const std::vector<Snapshot>& snaps);
+
+/// growing_sites() for people: the window, then each suspect's growth, its live bytes over
+/// time and its frames (opts.top sites, opts.frames frames each).
+std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& opts = {});
+
+}  // namespace cuw::daemon
