@@ -93,9 +93,6 @@ int cmd_run(const RunOptions& o) {
     return usage_error("bad --pool '" + o.pool + "': use " + words_of(Id::CUWARDEN_POOL));
   if (o.callsites != -1 && (o.callsites < 0 || o.callsites > 64))
     return usage_error("bad --callsites " + std::to_string(o.callsites) + ": use 0..64");
-  if (o.callsites > 0)
-    return usage_error("--callsites " + std::to_string(o.callsites) +
-                       ": call sites are not recorded in this build yet (only 0 is accepted)");
   if (o.command.empty()) return usage_error("no command given (cuwarden run [options] -- CMD ...)");
 
   std::string tried;

@@ -108,7 +108,14 @@ int remove_dead_rings(const std::string& dir, uint32_t uid) {
     struct stat st {};
     if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
     if (uid != 0 && st.st_uid != uid) continue;
-    if (process_gone(pid, start) && ::unlinkat(dfd, e->d_name, 0) == 0) ++removed;
+    if (process_gone(pid, start) && ::unlinkat(dfd, e->d_name, 0) == 0) {
+      ++removed;
+      // Its live segment (cuw/live.hpp) goes with it: same process, same owner.
+      const std::string live = "live-" + std::to_string(pid) + "-" + std::to_string(start) + ".cwl";
+      struct stat ls {};
+      if (::fstatat(dfd, live.c_str(), &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(ls.st_mode) && ls.st_uid == st.st_uid)
+        ::unlinkat(dfd, live.c_str(), 0);
+    }
   }
   ::closedir(d);
   return removed;

@@ -46,8 +46,13 @@ namespace cuw::options {
     "")                                                                                                                \
   X(CUWARDEN_POOL_IDLE, "10s", "`10s`, `500ms`, `0`",                                                                  \
     "how long a pool remembers its peak: after that, free memory past CUWARDEN_POOL_KEEP goes back", "")               \
-  X(CUWARDEN_CALLSITES, "0", "`0` .. `64`", "native frames captured per allocation; not in this build yet: 0 only",    \
+  X(CUWARDEN_CALLSITES, "0", "`0` .. `64`",                                                                           \
+    "native frames captured per allocation (its call site, shown by snapshots and out-of-memory reports); 0: off",    \
     "--callsites")                                                                                                     \
+  X(CUWARDEN_PYFRAMES, "1", "`1`, `0`",                                                                                \
+    "with call sites on, also the Python frames of the allocating thread (read without taking the GIL)", "")           \
+  X(CUWARDEN_LEAKS, "off", "`off`, `report`", "at exit, print to standard error what was never freed, by call site",  \
+    "")                                                                                                                \
   X(CUWARDEN_CAP_SCOPE, "allocations", "`allocations`, `process`",                                                     \
     "what a cap counts: allocation calls only, or also the CUDA context and modules", "--cap-scope")                   \
   X(CUWARDEN_MEMINFO, "limit", "`limit`, `physical`",                                                                  \

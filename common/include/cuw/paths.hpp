@@ -50,7 +50,7 @@ bool process_gone(uint32_t pid, uint64_t start_time);
 
 /// Removes from run directory `dir` the rings of processes that are gone (process_gone) and
 /// whose files belong to user `uid` (any user's when `uid` is 0): a process killed while
-/// no daemon ran leaves its ring behind. Regular files with a ring's name only; never
+/// no daemon ran leaves its ring behind (and its live segment, removed with it). Regular files with a ring's name only; never
 /// follows a link. Returns how many were removed. Opens the directory and /proc files:
 /// not for a hook before the first CUDA call.
 int remove_dead_rings(const std::string& dir, uint32_t uid);

@@ -2,17 +2,22 @@
 #include "backends/memory_resource.hpp"
 
 #include "base/real.hpp"
+#include "core/tracker.hpp"
 
 namespace cuw::backends {
 
 CUresult driver_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
   auto real = REAL(cuMemAlloc_v2);
-  return real ? real(out, bytes) : CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = real ? real(out, bytes) : CUDA_ERROR_NOT_INITIALIZED;
+  if (r == CUDA_SUCCESS && tracker_) tracker_->record_segment(ordinal_, *out, bytes, true);
+  return r;
 }
 
-CUresult driver_resource::do_deallocate(CUdeviceptr p, std::size_t) {
+CUresult driver_resource::do_deallocate(CUdeviceptr p, std::size_t bytes) {
   auto real = REAL(cuMemFree_v2);
-  return real ? real(p) : CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult r = real ? real(p) : CUDA_ERROR_NOT_INITIALIZED;
+  if (r == CUDA_SUCCESS && tracker_) tracker_->record_segment(ordinal_, p, bytes, false);
+  return r;
 }
 
 CUresult driver_resource::do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {

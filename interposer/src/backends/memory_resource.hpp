@@ -16,6 +16,10 @@
 
 #include "backends/backend.hpp"
 
+namespace cuw::core {
+class Tracker;
+}
+
 namespace cuw::backends {
 
 /// A source of device memory for one CUDA context. Thread safety is each resource's to
@@ -52,7 +56,14 @@ class memory_resource {
 /// current context, which must be the pool's. It does not know which pointers are its own:
 /// deallocate trusts the caller. Thread-safe (the driver is).
 class driver_resource final : public memory_resource {
+ public:
+  /// `tracker` (may be null: tests) records each allocation as a pool segment of `ordinal`
+  /// (Tracker::record_segment).
+  explicit driver_resource(core::Tracker* tracker = nullptr, int ordinal = -1) : tracker_(tracker), ordinal_(ordinal) {}
+
  private:
+  core::Tracker* tracker_;
+  int ordinal_;
   CUresult do_allocate(CUdeviceptr* out, std::size_t bytes) override;
   CUresult do_deallocate(CUdeviceptr p, std::size_t bytes) override;
   CUresult do_ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) override;

@@ -180,6 +180,8 @@ constexpr Choices<const char*, 3> kPools{
     "expected off, cache or vmm"};
 constexpr Choices<bool, 2> kCapScopes{{{"allocations", false}, {"process", true}},
                                       "expected 'allocations' or 'process'"};
+constexpr Choices<bool, 2> kPyframes{{{"1", true}, {"0", false}}, "expected 1 or 0"};
+constexpr Choices<bool, 2> kLeaks{{{"off", false}, {"report", true}}, "expected 'off' or 'report'"};
 constexpr Choices<bool, 2> kMeminfo{{{"limit", false}, {"physical", true}}, "expected 'limit' or 'physical'"};
 constexpr Choices<fast_clock::Mode, 4> kClocks{{{"coarse", fast_clock::Mode::coarse},
                                                 {"fine", fast_clock::Mode::fine},
@@ -203,6 +205,8 @@ constexpr Binding kBindings[] = {
     {Id::CUWARDEN_POOL_KEEP, pool_keep<&Config::pool_keep>},
     {Id::CUWARDEN_POOL_IDLE, duration_ms<&Config::pool_idle_ms>},
     {Id::CUWARDEN_CALLSITES, int_range<&Config::callsites, 0, 64>},
+    {Id::CUWARDEN_PYFRAMES, choice<&Config::pyframes, kPyframes>},
+    {Id::CUWARDEN_LEAKS, choice<&Config::leaks_report, kLeaks>},
     {Id::CUWARDEN_CAP_SCOPE, choice<&Config::cap_scope_process, kCapScopes>},
     {Id::CUWARDEN_MEMINFO, choice<&Config::meminfo_physical, kMeminfo>},
     {Id::CUWARDEN_CLOCK, choice<&Config::clock, kClocks>},

@@ -30,6 +30,8 @@ struct Config {
   SizeSpec pool_keep;             ///< CUWARDEN_POOL_KEEP: share of live bytes, or bytes
   uint32_t pool_idle_ms{};        ///< CUWARDEN_POOL_IDLE, milliseconds
   int callsites{};                ///< CUWARDEN_CALLSITES, 0..64
+  bool pyframes{};                ///< CUWARDEN_PYFRAMES=1 (counts only with callsites > 0)
+  bool leaks_report{};            ///< CUWARDEN_LEAKS=report
   fast_clock::Mode clock{};       ///< CUWARDEN_CLOCK (fast_clock.hpp)
   std::string run_dir;            ///< CUWARDEN_RUN_DIR, as paths::run_dir_from() gives it
   std::vector<std::string> errors;  ///< one line each, naming the variable, in table order

@@ -21,7 +21,9 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
   const uint64_t now = cuw::core::now_ns();
   std::lock_guard<cuw::spin_lock> lk(t.lock());
   std::optional<LiveRecord> stale;  // freed where we did not see it (as count_freed_unseen_locked)
-  t.host().insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
+  t.host().insert(
+      key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api), 0, live::make_tag(now, thread_state().site)},
+      &stale);
   if (stale) {
     if (static_cast<unsigned>(stale->device) < ring::kMaxDevices)
       cuw::core::locked_sub(t.header().devices[stale->device].host_bytes, stale->bytes);

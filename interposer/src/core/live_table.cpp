@@ -3,16 +3,25 @@
 
 #include <cstdlib>
 
+#include "core/live_segment.hpp"
+
 namespace cuw::core {
 
 CUW_COLD bool LiveTable::grow() noexcept {
   // Double when live entries fill half; otherwise rebuild at the same size to drop tombstones.
   const uint32_t cap = capacity_ == 0 ? 1024 : (live_ * 2 >= capacity_ ? capacity_ * 2 : capacity_);
   if (cap == 0) return false;  // 2^32 slots: past any process
-  auto* fresh = static_cast<Slot*>(std::aligned_alloc(alignof(Slot), uint64_t{cap} * sizeof(Slot)));
+  LiveSegment* const seg = table_ == kNoTable ? nullptr : s_segment_;
+  Slot* fresh = nullptr;
+  if (seg) {
+    fresh = seg->new_table_region(cap);  // zero-filled: every key kEmpty
+  } else {
+    fresh = static_cast<Slot*>(std::aligned_alloc(alignof(Slot), uint64_t{cap} * sizeof(Slot)));
+    if (fresh)
+      for (uint32_t i = 0; i < cap; ++i) fresh[i].key = kEmpty;
+  }
   if (!fresh) return false;
-  for (uint32_t i = 0; i < cap; ++i) fresh[i].key = kEmpty;
-  const uint32_t shift = 64 - static_cast<uint32_t>(__builtin_ctz(cap));
+  const auto shift = static_cast<uint8_t>(64 - __builtin_ctz(cap));
   for (uint32_t i = 0; i < capacity_; ++i) {
     const uint64_t k = slots_[i].key;
     if (k == kEmpty || k == kTomb) continue;
@@ -20,7 +29,11 @@ CUW_COLD bool LiveTable::grow() noexcept {
     while (fresh[j].key != kEmpty) j = (j + 1) & (cap - 1);
     fresh[j] = slots_[i];
   }
-  std::free(slots_);
+  if (seg) {
+    seg->publish_table(static_cast<live::Table>(table_), fresh, cap);  // and retires the old region
+  } else {
+    std::free(slots_);
+  }
   __atomic_store_n(&slots_, fresh, __ATOMIC_RELAXED);  // prefetch() reads it without the lock
   shift_ = shift;
   __atomic_store_n(&capacity_, cap, __ATOMIC_RELAXED);  // footprint() reads it without the lock
@@ -28,7 +41,9 @@ CUW_COLD bool LiveTable::grow() noexcept {
   return true;
 }
 
-LiveTable::~LiveTable() { std::free(slots_); }
+LiveTable::~LiveTable() {
+  if (table_ == kNoTable) std::free(slots_);  // a segment's regions go with the process
+}
 
 uint64_t LiveTable::footprint() const noexcept {
   return uint64_t{__atomic_load_n(&capacity_, __ATOMIC_RELAXED)} * sizeof(Slot);

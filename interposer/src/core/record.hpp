@@ -36,6 +36,7 @@ inline CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ord
     t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
   }
   if (charged) t.job_uncharge(ordinal, bytes);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) t.report_oom(ordinal, bytes, api, ring::EventKind::driver_error, r);
 }
 
 /// No-op for tracked_alloc_in's `on_insert`.
@@ -100,7 +101,10 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ri
   std::optional<LiveRecord> stale;
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    table.insert(key, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api)}, &stale);
+    table.insert(key,
+                 LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api), aux,
+                            live::make_tag(now, thread_state().site)},
+                 &stale);
     if (__builtin_expect(stale.has_value(), 0)) t.count_freed_unseen_locked(key, *stale, ring::Api::reused, now);
     on_insert(key);
     if (!charged) t.count_uncapped_locked(*d, bytes);

@@ -208,6 +208,23 @@ void Tracker::create_ring() {
                                                                                            : ring::CapScope::allocations);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::running), std::memory_order_relaxed);
   ring::init(*header_, slots(), slot_count_);  // publishes the magic last
+
+  // The live segment beside the ring (a private one when the ring is private: the process's
+  // own reports still read it). The tables keep their slots there from their first insert.
+  const bool sites = config_.callsites > 0;
+  live_->segment.open(ring_is_file_ ? dir : std::string(), pid, header_->uid, start, header_->created_ns,
+             static_cast<uint32_t>(config_.callsites), sites && config_.pyframes);
+  if (live_->segment.usable()) {
+    pointers_.attach(&live_->segment, live::Table::device);
+    handles_.attach(&live_->segment, live::Table::handles);
+    host_.attach(&live_->segment, live::Table::host);
+    live_->pool_blocks.attach(&live_->segment, live::Table::pooled);
+    live_->pool_segments.attach(&live_->segment, live::Table::segments);
+  }
+  if (sites) {
+    live_->sites.init(&live_->segment, config_.callsites, config_.pyframes);
+    callsites_on_.store(live_->sites.enabled(), std::memory_order_relaxed);
+  }
 }
 
 void Tracker::join_job() {
@@ -315,9 +332,12 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
                                          bool assumed) {
   if (assumed && current_device() < 0) return Charge::no_context;
   const uint64_t now = now_ns();
-  std::lock_guard<spin_lock> lk(mu_);
-  locked_add(d.refusals, 1);
-  emit_locked(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, now);
+  {
+    std::lock_guard<spin_lock> lk(mu_);
+    locked_add(d.refusals, 1);
+    emit_locked(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, now);
+  }
+  report_oom(ordinal, bytes, api, ring::EventKind::refuse, CUDA_ERROR_OUT_OF_MEMORY);
   return Charge::refused;
 }
 
@@ -360,19 +380,20 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
       return Charge::no_context;
     }
     const uint64_t now = ok ? 0 : now_ns();
-    std::lock_guard<spin_lock> lk(mu_);
-    if (!ok && quiet) {
-      locked_sub(d.used, bytes);
-      return Charge::refused;
-    }
     if (!ok) {
-      locked_sub(d.used, bytes);
-      locked_add(d.refusals, 1);
-      // used_after: what the job's other members hold (the figure that refused us).
-      emit_locked(ring::EventKind::job_refuse, api, ordinal, 0, bytes, job_cap, CUDA_ERROR_OUT_OF_MEMORY, now,
-                  job_used);
+      {
+        std::lock_guard<spin_lock> lk(mu_);
+        locked_sub(d.used, bytes);
+        if (quiet) return Charge::refused;
+        locked_add(d.refusals, 1);
+        // used_after: what the job's other members hold (the figure that refused us).
+        emit_locked(ring::EventKind::job_refuse, api, ordinal, 0, bytes, job_cap, CUDA_ERROR_OUT_OF_MEMORY, now,
+                    job_used);
+      }
+      report_oom(ordinal, bytes, api, ring::EventKind::job_refuse, CUDA_ERROR_OUT_OF_MEMORY);
       return Charge::refused;
     }
+    std::lock_guard<spin_lock> lk(mu_);
     const uint64_t used = d.used.load(std::memory_order_relaxed);
     if (used > d.peak.load(std::memory_order_relaxed)) d.peak.store(used, std::memory_order_relaxed);
   }
@@ -465,6 +486,7 @@ __attribute__((destructor)) static void cuw_on_unload() {
 }
 
 void Tracker::on_exit() noexcept {
+  if (config_.leaks_report) report_leaks();
   header_->exited_ns.store(fast_clock::realtime_ns_slow(), std::memory_order_relaxed);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::exited), std::memory_order_release);
   if (!ring_is_file_) return;
@@ -475,6 +497,7 @@ void Tracker::on_exit() noexcept {
   // A daemon that has not reached us yet (a short-lived process) still gets the ring if
   // one is listening: it shows the process as exited and removes the file itself.
   if (daemon_listening()) return;
+  live_->segment.unlink();
   ::unlink(ring_path_.c_str());
 }
 
@@ -504,6 +527,35 @@ CUW_COLD uint64_t Tracker::reclaim() {
   if (!pooling()) return 0;
   backend_base* b = backend();
   return b ? b->release() : 0;
+}
+
+CUW_COLD void Tracker::record_segment(int ordinal, uint64_t base, uint64_t bytes, bool added, uint64_t unit) noexcept {
+  const uint64_t now = now_ns();
+  std::lock_guard<spin_lock> lk(mu_);
+  LiveTable& t = live_->pool_segments;
+  const uint64_t step = unit ? unit : bytes;
+  if (added) {
+    for (uint64_t at = 0; at < bytes || (bytes == 0 && at == 0); at += step ? step : 1)
+      if (!t.insert(base + at, LiveRecord{step, static_cast<int8_t>(ordinal),
+                                          static_cast<uint16_t>(ring::Api::cuMemAlloc), 0, live::make_tag(now, 0)}))
+        live_->segment.mark_incomplete();
+  } else if (unit) {
+    for (uint64_t at = 0; at < bytes; at += unit) t.take(base + at, nullptr);
+  } else {
+    LiveRecord rec;
+    if (t.take(base, &rec) && bytes == 0) bytes = rec.bytes;
+  }
+  ring::Event e;
+  e.time_ns = now;
+  e.address = base;
+  e.bytes = bytes;
+  e.api = static_cast<uint16_t>(ring::Api::cuMemAlloc);
+  e.kind = static_cast<uint8_t>(added ? ring::EventKind::segment_alloc : ring::EventKind::segment_free);
+  e.device = static_cast<int8_t>(static_cast<unsigned>(ordinal) < ring::kMaxDevices ? ordinal : -1);
+  e.used_after = static_cast<unsigned>(ordinal) < ring::kMaxDevices
+                     ? header_->devices[ordinal].used.load(std::memory_order_relaxed)
+                     : 0;
+  push_locked(e);
 }
 
 void Tracker::count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t now) noexcept {

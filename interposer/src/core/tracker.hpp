@@ -15,9 +15,11 @@
 #include "base/call_ref.hpp"
 #include "core/array_owners.hpp"
 #include "core/backend_base.hpp"
+#include "core/callsites.hpp"
 #include "core/config.hpp"
 #include "cuw/attrs.hpp"
 #include "base/fast_clock.hpp"
+#include "core/live_segment.hpp"
 #include "core/live_table.hpp"
 #include "base/real.hpp"
 #include "base/spin_lock.hpp"
@@ -283,6 +285,10 @@ class Tracker {
     e.device = static_cast<int8_t>(static_cast<unsigned>(ordinal) < ring::kMaxDevices ? ordinal : -1);
     e.used_after = used_after;
     e.result = result;
+    // An allocation's events carry the call site its hook captured (SiteScope); 0 when off.
+    if (kind == ring::EventKind::alloc || kind == ring::EventKind::refuse || kind == ring::EventKind::job_refuse ||
+        kind == ring::EventKind::driver_error || kind == ring::EventKind::host_alloc)
+      e.site = thread_state().site;
     push_locked(e);
   }
 
@@ -344,10 +350,46 @@ class Tracker {
   /// calls job_uncharge(rec.device, rec.bytes) after unlocking. Cold.
   void count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t now) noexcept;
 
-  /// The live tables; lock() held to use them.
+  /// The live tables; lock() held to use them. Their slots live in the live segment, where
+  /// the daemon reads them (live_segment.hpp).
   LiveTable& pointers() noexcept { return pointers_; }
   LiveTable& handles() noexcept { return handles_; }  ///< VMM handles, arrays
   LiveTable& host() noexcept { return host_; }        ///< pinned / registered host memory
+  /// A pooling backend's blocks handed to the program, and the driver memory it holds
+  /// (records for the snapshot only: the backend counts them itself).
+  LiveTable& pool_blocks() noexcept { return live_->pool_blocks; }
+  LiveTable& pool_segments() noexcept { return live_->pool_segments; }
+  LiveSegment& live_segment() noexcept { return live_->segment; }
+  CallSites& call_sites() noexcept { return live_->sites; }
+
+  /// Whether allocations capture their call site (CUWARDEN_CALLSITES > 0 and it could be
+  /// set up). Lock-free, in the hot line.
+  CUW_INLINE bool callsites_on() const noexcept { return callsites_on_.load(std::memory_order_relaxed); }
+
+  /// An allocation of `bytes` on `ordinal` through `api` was refused (`kind`: refuse or
+  /// job_refuse; or driver_error with the driver's `result`): the program's standard error
+  /// gets one paragraph (what was asked, the cap, what is in use and what the pool holds,
+  /// the top call sites, the command for the full snapshot), at most one every few seconds.
+  /// Without lock() held. Cold (reads the live segment: a few ms with 100,000 allocations).
+  void report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::EventKind kind, uint32_t result) noexcept;
+  /// CUWARDEN_LEAKS=report: what was never freed, by call site, to standard error (on_exit).
+  void report_leaks() noexcept;
+
+  /// A pooling backend took (`added`) or gave back driver memory [base, base + bytes) on
+  /// `ordinal`: its record in pool_segments() (for snapshots) and a segment_alloc /
+  /// segment_free event. Nothing is counted (the backend counts what it holds). `bytes` 0
+  /// on give-back: the record's size. `unit` > 0: one record per `unit` bytes (the vmm
+  /// layout's granules, each mapped and unmapped alone), still one event. Takes lock(); cold.
+  void record_segment(int ordinal, uint64_t base, uint64_t bytes, bool added, uint64_t unit = 0) noexcept;
+  /// A pooled block handed to the program (lock() held): its record for snapshots, with the
+  /// thread's call site. `stream`: a stream-ordered allocation's, else 0.
+  CUW_INLINE void pooled_insert_locked(uint64_t ptr, uint64_t bytes, int ordinal, ring::Api api, uint64_t stream,
+                                       uint64_t now) noexcept {
+    live_->pool_blocks.insert(ptr, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api), stream,
+                                              live::make_tag(now, thread_state().site)});
+  }
+  /// A pooled block freed or forgotten (lock() held).
+  CUW_INLINE void pooled_erase_locked(uint64_t ptr) noexcept { live_->pool_blocks.take(ptr, nullptr); }
   /// The context of each array in handles() (array_owners.hpp); lock() held to use it. A
   /// forked child's tracker starts with none (its parent's are not its own).
   ArrayOwners& array_owners() noexcept { return *array_owners_; }
@@ -418,7 +460,8 @@ class Tracker {
   static constexpr unsigned kUnmeasured = 16;
   static_assert(ring::kMaxDevices <= kUnmeasured, "filled_ holds two bits per device");
   uint32_t slot_count_ = 0;
-  int job_slot_ = -1;
+  int16_t job_slot_ = -1;                  ///< (a job has at most job::kMaxMembers)
+  std::atomic<bool> callsites_on_{false};  ///< live_->sites captures (callsites_on())
   ring::RingHeader* header_ = nullptr;
   /// The ring's write position: only this process writes it, under lock(), so the producer
   /// keeps its own copy and never reads the shared header's (a line the daemon reads).
@@ -458,7 +501,38 @@ class Tracker {
   // job's GPU table is full). Set before the device is marked filled, read after it.
   LiveTable handles_;
   LiveTable host_;
+  /// The live segment, the pool's tables and the call sites: off the tracker's page (which
+  /// holds the hot line and has a fixed size).
+  struct Live {
+    LiveTable pool_blocks;
+    LiveTable pool_segments;
+    LiveSegment segment;
+    CallSites sites;
+    std::atomic<uint64_t> last_oom_report_ns{0};
+  };
+  std::unique_ptr<Live> live_ = std::make_unique<Live>();  ///< never null
   std::unique_ptr<ArrayOwners> array_owners_ = std::make_unique<ArrayOwners>();  ///< never null
+};
+
+/// The call site of the allocation a hook is making: captured at its start (outside every
+/// lock) when call sites are on, stored in the thread's state for the records and events
+/// made deeper in, cleared at its end. One relaxed load and a branch when off.
+class SiteScope {
+ public:
+  CUW_INLINE explicit SiteScope(Tracker& t) noexcept {
+    if (__builtin_expect(t.callsites_on(), 0)) {
+      thread_state().site = t.call_sites().capture();
+      on_ = true;
+    }
+  }
+  CUW_INLINE ~SiteScope() {
+    if (__builtin_expect(on_, 0)) thread_state().site = 0;
+  }
+  SiteScope(const SiteScope&) = delete;
+  SiteScope& operator=(const SiteScope&) = delete;
+
+ private:
+  bool on_ = false;
 };
 
 /// Thread-local re-entrancy guard: a hook entered from inside another hook on the same

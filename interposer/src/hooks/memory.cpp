@@ -51,6 +51,7 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
   if (!prop || !handle || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(handle, size, prop, flags);  // host-located memory: not device memory, not capped
   Tracker& t = Tracker::get();
+  const core::SiteScope site(t);
   return core::tracked_alloc_in(
       t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
       [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; }, nullptr,
@@ -74,6 +75,7 @@ CUW_EXPORT CUresult hook_cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph graph
   if (!params || params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(node, graph, deps, ndeps, params);
   Tracker& t = Tracker::get();
+  const core::SiteScope site(t);
   return core::tracked_alloc_in(t, t.pointers(), ring::Api::cuGraphMemAlloc, params->poolProps.location.id, false,
                                 params->bytesize, 0, [&] { return real(node, graph, deps, ndeps, params); },
                                 [params] { return uint64_t{params->dptr}; });
@@ -93,6 +95,7 @@ CUW_EXPORT CUresult hook_cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESC
   CUW_PROLOGUE(cuArrayCreate_v2, handle, desc);
   if (!desc || !handle) return real(handle, desc);
   Tracker& t = Tracker::get();
+  const core::SiteScope site(t);
   const int ordinal = t.current_device();
   const uint64_t bytes = core::array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1, 0);
   return core::tracked_array_create(t, ring::Api::cuArrayCreate, ordinal, bytes,
@@ -103,6 +106,7 @@ CUW_EXPORT CUresult hook_cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_
   CUW_PROLOGUE(cuArray3DCreate_v2, handle, desc);
   if (!desc || !handle || !core::array_takes_memory(desc->Flags)) return real(handle, desc);
   Tracker& t = Tracker::get();
+  const core::SiteScope site(t);
   const uint64_t bytes =
       core::array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1, desc->Flags);
   return core::tracked_array_create(t, ring::Api::cuArray3DCreate, t.current_device(), bytes,
@@ -114,6 +118,7 @@ CUW_EXPORT CUresult hook_cuMipmappedArrayCreate(CUmipmappedArray* handle, const 
   CUW_PROLOGUE(cuMipmappedArrayCreate, handle, desc, levels);
   if (!desc || !handle || !core::array_takes_memory(desc->Flags)) return real(handle, desc, levels);
   Tracker& t = Tracker::get();
+  const core::SiteScope site(t);
   const uint64_t bytes = core::array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels,
                                            levels, desc->Flags);
   return core::tracked_array_create(t, ring::Api::cuMipmappedArrayCreate, t.current_device(), bytes,
@@ -136,17 +141,20 @@ CUW_EXPORT CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray handle) {
 
 CUW_EXPORT CUresult hook_cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
   CUW_PROLOGUE(cuMemHostAlloc, pp, bytesize, flags);
+  const core::SiteScope site(Tracker::get());
   return core::tracked_host_alloc(ring::Api::cuMemHostAlloc, bytesize, [&] { return real(pp, bytesize, flags); },
                                   pp);
 }
 
 CUW_EXPORT CUresult hook_cuMemAllocHost_v2(void** pp, size_t bytesize) {
   CUW_PROLOGUE(cuMemAllocHost_v2, pp, bytesize);
+  const core::SiteScope site(Tracker::get());
   return core::tracked_host_alloc(ring::Api::cuMemAllocHost, bytesize, [&] { return real(pp, bytesize); }, pp);
 }
 
 CUW_EXPORT CUresult hook_cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
   CUW_PROLOGUE(cuMemHostRegister_v2, p, bytesize, flags);
+  const core::SiteScope site(Tracker::get());
   return core::tracked_host_alloc(ring::Api::cuMemHostAlloc, bytesize, [&] { return real(p, bytesize, flags); },
                                   &p);
 }

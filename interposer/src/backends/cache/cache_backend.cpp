@@ -129,7 +129,7 @@ cache_resource* cache_backend::create(CUcontext ctx) noexcept {
       // Peers enabled before this pool existed.
       for (CUdevice p : peers_[dev & (ring::kMaxDevices - 1)]) gr->grant_peer(p);
     } else {
-      c = new cache_resource(std::make_unique<driver_resource>(), ctx, dev, *slot, tracker_, *this);
+      c = new cache_resource(std::make_unique<driver_resource>(&tracker_, dev), ctx, dev, *slot, tracker_, *this);
     }
   } catch (...) {
     return nullptr;

@@ -337,6 +337,7 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
     core::locked_sub(slot_.cached, b->size);
     core::locked_add(slot_.pool_hits, 1);
     *out = b->ptr;
+    tracker_.pooled_insert_locked(b->ptr, bytes, ordinal_, api, 0, now);
     tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, b->ptr, bytes, 0, CUDA_SUCCESS, now);
     mu_.unlock();
     return CUDA_SUCCESS;
@@ -356,7 +357,12 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
     std::lock_guard<std::mutex> g(slow_);
     r = slow_allocate(out, bytes, cls, rounded, true, nullptr);
   }
-  if (r == CUDA_SUCCESS) tracker_.emit(ring::EventKind::alloc, api, ordinal_, *out, bytes, 0, CUDA_SUCCESS);
+  if (r == CUDA_SUCCESS) {
+    const uint64_t done = core::now_ns();
+    std::lock_guard<spin_lock> lk(mu_);
+    tracker_.pooled_insert_locked(*out, bytes, ordinal_, api, 0, done);
+    tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, *out, bytes, 0, CUDA_SUCCESS, done);
+  }
   return r;
 }
 
@@ -854,6 +860,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
   }
   core::locked_sub(slot_.live_allocations, 1);
   core::locked_add(slot_.free_count, 1);
+  tracker_.pooled_erase_locked(p);
   tracker_.emit_locked(ring::EventKind::free, api, ordinal_, p, b->requested, aux, CUDA_SUCCESS, now);
   core::locked_add(slot_.cached, size);
   if (idle()) {
@@ -916,6 +923,7 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   core::locked_sub(slot_.live_allocations, 1);
   core::locked_add(slot_.free_count, 1);
   core::locked_sub(slot_.reserved, s->bytes);
+  tracker_.pooled_erase_locked(b->ptr);
   tracker_.emit_locked(ring::EventKind::free, api, ordinal_, b->ptr, b->requested, aux, CUDA_SUCCESS, now);
   mu_.unlock();
   tracker_.uncharge(slot_, s->bytes);

@@ -169,12 +169,14 @@ void cache_resource::forget_all() noexcept {
         live_bytes += b.size;
         ++live;
         // Freed by the driver with the context: a free, as forget_driver_freed counts one.
+        tracker_.pooled_erase_locked(b.ptr);
         tracker_.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, b.ptr, b.requested, 0,
                              CUDA_SUCCESS, now);
       }
     });
     if (s->split)
       for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);
+    if (!granules_) tracker_.pool_segments().take(base, nullptr);  // (vmm: the granules' forget)
     delete s;
   }
   segments_.clear();

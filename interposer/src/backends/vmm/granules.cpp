@@ -178,6 +178,7 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
   }
   for (uint64_t i = 0; i < count; ++i) rg.granules[first + i] = take[static_cast<std::ptrdiff_t>(i)];
   idle_.resize(idle_.size() - count);
+  tracker_.record_segment(device_, p, bytes, true, granularity_);
   return CUDA_SUCCESS;
 }
 
@@ -195,13 +196,22 @@ CUresult granule_resource::map_range(CUdeviceptr* out, std::size_t bytes, bool q
 }
 
 void granule_resource::unmap_locked(CUdeviceptr base, Range& r, uint64_t first, uint64_t count) {
+  uint64_t run = 0;  // granules unmapped in a row, recorded as one segment_free
   for (uint64_t i = first; i < first + count; ++i) {
     CUmemGenericAllocationHandle& h = r.granules[i];
-    if (!h) continue;
+    if (!h) {
+      if (run) tracker_.record_segment(device_, base + (i - run) * granularity_, run * granularity_, false, granularity_);
+      run = 0;
+      continue;
+    }
     vmm().unmap(base + i * granularity_, granularity_);
     idle_.push_back(h);
     h = 0;
+    ++run;
   }
+  if (run)
+    tracker_.record_segment(device_, base + (first + count - run) * granularity_, run * granularity_, false,
+                            granularity_);
 }
 
 CUresult granule_resource::punch(CUdeviceptr p, std::size_t bytes) {
@@ -275,6 +285,7 @@ uint64_t granule_resource::forget() noexcept {
       if (!r.granules[i]) continue;
       v.unmap(base + i * granularity_, granularity_);
       v.release(r.granules[i]);
+      tracker_.record_segment(device_, base + i * granularity_, granularity_, false, granularity_);
     }
     v.address_free(base, r.bytes);
   }

@@ -1,0 +1,230 @@
+// cuwarden: the live segment's reader (live.hpp). The writer is the interposer's
+// (interposer/src/core/live_segment.cpp).
+#include "cuw/live.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
+#include <new>
+
+namespace cuw::live {
+
+std::string file_name(uint32_t pid, uint64_t start_time) {
+  return std::string(kFilePrefix) + std::to_string(pid) + "-" + std::to_string(start_time) + kFileSuffix;
+}
+
+const char* read_error_name(ReadError e) noexcept {
+  switch (e) {
+    case ReadError::none: return "none";
+    case ReadError::too_small: return "too small for a live segment";
+    case ReadError::bad_magic: return "not a live segment (bad magic)";
+    case ReadError::bad_abi: return "a live segment of an unknown version";
+    case ReadError::bad_layout: return "a region lies outside the file";
+    case ReadError::busy: return "the writer kept moving its tables";
+  }
+  return "unknown";
+}
+
+namespace {
+
+template <class T>
+T load(const T* p) noexcept {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+uint64_t round8(uint64_t v) { return (v + 7) & ~uint64_t{7}; }
+
+/// A region [offset, offset + bytes) that lies inside the mapping and past the header.
+bool region_ok(uint64_t offset, uint64_t bytes, uint64_t mapped) {
+  return offset >= kHeaderBytes && offset % kPage == 0 && bytes <= mapped && offset <= mapped - bytes;
+}
+
+void parse_sites(const unsigned char* p, uint64_t used, std::vector<Site>* out) {
+  for (uint64_t at = 0; at + sizeof(SiteRecord) <= used;) {
+    SiteRecord r;
+    std::memcpy(&r, p + at, sizeof r);
+    const uint64_t frames = uint64_t{r.native} + r.python;
+    if (r.size != sizeof(SiteRecord) + 8 * frames || r.size > used - at) return;  // torn or hostile: stop
+    Site s;
+    s.id = r.id;
+    s.native.resize(r.native);
+    s.python.resize(r.python);
+    if (r.native) std::memcpy(s.native.data(), p + at + sizeof r, 8 * std::size_t{r.native});
+    if (r.python) std::memcpy(s.python.data(), p + at + sizeof r + 8 * std::size_t{r.native}, 8 * std::size_t{r.python});
+    out->push_back(std::move(s));
+    at += r.size;
+  }
+}
+
+void parse_modules(const unsigned char* p, uint64_t used, std::vector<Module>* out) {
+  for (uint64_t at = 0; at + sizeof(ModuleRecord) <= used;) {
+    ModuleRecord r;
+    std::memcpy(&r, p + at, sizeof r);
+    if (r.size != sizeof r + round8(r.path_len) || r.size > used - at || r.path_len > 4096) return;
+    Module m;
+    m.start = r.start;
+    m.end = r.end;
+    m.bias = r.bias;
+    m.path.assign(reinterpret_cast<const char*>(p + at + sizeof r), r.path_len);
+    m.build_id.assign(r.build_id, strnlen(r.build_id, sizeof r.build_id - 1));
+    out->push_back(std::move(m));
+    at += r.size;
+  }
+}
+
+void parse_codes(const unsigned char* p, uint64_t used, std::vector<Code>* out) {
+  for (uint64_t at = 0; at + sizeof(CodeRecord) <= used;) {
+    CodeRecord r;
+    std::memcpy(&r, p + at, sizeof r);
+    if (r.size != sizeof r + round8(uint64_t{r.file_len} + r.function_len) || r.size > used - at) return;
+    Code c;
+    c.id = r.id;
+    c.first_line = r.first_line;
+    const char* text = reinterpret_cast<const char*>(p + at + sizeof r);
+    c.file.assign(text, r.file_len);
+    c.function.assign(text + r.file_len, r.function_len);
+    out->push_back(std::move(c));
+    at += r.size;
+  }
+}
+
+}  // namespace
+
+ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs, int attempts) {
+  if (base == nullptr || mapped < kHeaderBytes) return ReadError::too_small;
+  const auto* h = static_cast<const LiveHeader*>(base);
+  const auto* bytes = static_cast<const unsigned char*>(base);
+  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kMagic) return ReadError::bad_magic;
+  if (load(&h->abi_version) != kAbiVersion) return ReadError::bad_abi;
+  if (load(&h->header_size) < sizeof(LiveHeader) || load(&h->header_size) > kHeaderBytes) return ReadError::bad_abi;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    Contents c;
+    c.pid = load(&h->pid);
+    c.uid = load(&h->uid);
+    c.start_time = load(&h->start_time);
+    c.created_ns = load(&h->created_ns);
+    c.callsite_frames = load(&h->callsite_frames);
+    c.pyframes = load(&h->pyframes) != 0;
+    c.incomplete = h->incomplete.load(std::memory_order_relaxed) != 0;
+    const uint64_t s1 = h->layout.load(std::memory_order_acquire);
+    if (s1 & 1) {
+      sched_yield();
+      continue;
+    }
+    TableDesc tables[kTables];
+    uint64_t log_off[kLogs], log_cap[kLogs], log_used[kLogs];
+    for (uint32_t t = 0; t < kTables; ++t) {
+      tables[t].offset = load(&h->tables[t].offset);
+      tables[t].capacity = load(&h->tables[t].capacity);
+    }
+    for (uint32_t l = 0; l < kLogs; ++l) {
+      log_off[l] = load(&h->logs[l].offset);
+      log_cap[l] = load(&h->logs[l].capacity);
+      log_used[l] = h->logs[l].used.load(std::memory_order_acquire);
+    }
+    bool layout_ok = true;
+    for (uint32_t t = 0; t < kTables && layout_ok; ++t) {
+      if (tables[t].capacity == 0) continue;
+      if (tables[t].capacity > mapped / sizeof(LiveSlot) ||
+          !region_ok(tables[t].offset, tables[t].capacity * sizeof(LiveSlot), mapped)) {
+        layout_ok = false;
+        break;
+      }
+      const auto* slots = reinterpret_cast<const LiveSlot*>(bytes + tables[t].offset);
+      for (uint64_t i = 0; i < tables[t].capacity; ++i) {
+        const uint64_t k1 = __atomic_load_n(&slots[i].key, __ATOMIC_ACQUIRE);
+        if (k1 == kEmpty || k1 == kTomb) continue;
+        const uint64_t rec = load(&slots[i].rec), stream = load(&slots[i].stream), tag = load(&slots[i].tag);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (load(&slots[i].key) != k1) continue;  // changed under us: removed or being rewritten
+        c.records.push_back(Record{static_cast<Table>(t), k1, rec_bytes(rec), stream, rec_device(rec), rec_api(rec),
+                                   tag_time_ns(tag, c.created_ns), tag_site(tag)});
+      }
+    }
+    if (layout_ok && want_logs) {
+      for (uint32_t l = 0; l < kLogs; ++l) {
+        if (log_cap[l] == 0) continue;
+        if (log_used[l] > log_cap[l] || !region_ok(log_off[l], log_cap[l], mapped)) {
+          layout_ok = false;
+          break;
+        }
+        const unsigned char* p = bytes + log_off[l];
+        if (l == static_cast<uint32_t>(Log::sites)) parse_sites(p, log_used[l], &c.sites);
+        if (l == static_cast<uint32_t>(Log::modules)) parse_modules(p, log_used[l], &c.modules);
+        if (l == static_cast<uint32_t>(Log::codes)) parse_codes(p, log_used[l], &c.codes);
+      }
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    const uint64_t s2 = h->layout.load(std::memory_order_acquire);
+    if (s2 != s1) continue;  // a region moved while we copied it: its old place may be gone
+    if (!layout_ok) return ReadError::bad_layout;
+    *out = std::move(c);
+    return ReadError::none;
+  }
+  return ReadError::busy;
+}
+
+bool read_file(const std::string& path, long expect_uid, Contents* out, std::string* why, bool want_logs) {
+  // A copy with pread rather than a mapping: the file belongs to another process, which may
+  // truncate it under a mapping (SIGBUS); pread just returns less.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    *why = path + ": " + std::strerror(errno);
+    return false;
+  }
+  bool ok = false;
+  std::vector<unsigned char> buf;
+  for (int attempt = 0; attempt < 16 && !ok; ++attempt) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      *why = path + ": not a regular file";
+      break;
+    }
+    if (expect_uid >= 0 && st.st_uid != static_cast<uid_t>(expect_uid)) {
+      *why = path + ": owned by another user";
+      break;
+    }
+    const auto size = static_cast<uint64_t>(st.st_size);
+    if (size < kHeaderBytes || size > kMaxFileBytes) {
+      *why = path + ": " + read_error_name(ReadError::too_small);
+      break;
+    }
+    try {
+      buf.resize(size);
+    } catch (const std::bad_alloc&) {
+      *why = path + ": no memory for a copy of " + std::to_string(size) + " bytes";
+      break;
+    }
+    uint64_t got = 0;
+    while (got < size) {
+      const ssize_t n = ::pread(fd, buf.data() + got, size - got, static_cast<off_t>(got));
+      if (n <= 0) break;
+      got += static_cast<uint64_t>(n);
+    }
+    // The copy holds the regions its header names only if no table moved while it was
+    // taken: the header's sequence count, read again from the file, must be unchanged.
+    uint64_t before = 0, after = 0;
+    std::memcpy(&before, buf.data() + offsetof(LiveHeader, layout), sizeof before);
+    if (::pread(fd, &after, sizeof after, offsetof(LiveHeader, layout)) != sizeof after) break;
+    if ((before & 1) || before != after) {
+      *why = path + ": " + read_error_name(ReadError::busy);
+      sched_yield();
+      continue;
+    }
+    const ReadError e = read(buf.data(), got, out, want_logs, 1);
+    if (e == ReadError::none) {
+      ok = true;
+    } else {
+      *why = path + ": " + read_error_name(e);
+      if (e != ReadError::bad_layout && e != ReadError::busy) break;  // else: the file grew meanwhile
+    }
+  }
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace cuw::live

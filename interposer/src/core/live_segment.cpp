@@ -1,0 +1,164 @@
+// cuwarden interposer core: the live segment's writer (live_segment.hpp).
+#include "core/live_segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "base/log.hpp"
+
+namespace cuw::core {
+
+namespace {
+uint64_t round_page(uint64_t v) { return (v + live::kPage - 1) & ~(live::kPage - 1); }
+}  // namespace
+
+bool LiveSegment::open(const std::string& dir, uint32_t pid, uint32_t uid, uint64_t start_time, uint64_t created_ns,
+                       uint32_t callsite_frames, bool pyframes) noexcept {
+  if (!dir.empty()) {
+    path_ = dir + "/" + live::file_name(pid, start_time);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd_ >= 0) {
+      ::fchmod(fd_, 0644);
+      if (::ftruncate(fd_, live::kHeaderBytes) != 0) {
+        ::close(fd_);
+        ::unlink(path_.c_str());
+        fd_ = -1;
+      }
+    }
+  }
+  // The whole reservation at once: regions never move. MAP_NORESERVE: nothing is committed
+  // until written, and pages past the file's end are never touched.
+  void* b = fd_ >= 0 ? ::mmap(nullptr, live::kMaxFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0)
+                     : MAP_FAILED;
+  if (b == MAP_FAILED && fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+    fd_ = -1;
+  }
+  if (fd_ < 0) {
+    path_.clear();
+    b = ::mmap(nullptr, live::kMaxFileBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (b == MAP_FAILED) {
+      log::warn("cuwarden: no memory for the live segment: snapshots and out-of-memory reports lack allocations");
+      return false;
+    }
+  }
+  base_ = static_cast<char*>(b);
+  end_.store(live::kHeaderBytes, std::memory_order_release);
+  live::LiveHeader& h = header();
+  h.abi_version = live::kAbiVersion;
+  h.header_size = sizeof(live::LiveHeader);
+  h.pid = pid;
+  h.uid = uid;
+  h.start_time = start_time;
+  h.created_ns = created_ns;
+  h.callsite_frames = callsite_frames;
+  h.pyframes = pyframes ? 1 : 0;
+  __atomic_store_n(&h.magic, live::kMagic, __ATOMIC_RELEASE);  // last: a reader seeing it sees the rest
+  return fd_ >= 0;
+}
+
+void* LiveSegment::new_region(uint64_t bytes, uint64_t* offset) noexcept {
+  if (!base_) return nullptr;
+  const uint64_t size = round_page(bytes);
+  std::lock_guard<std::mutex> g(region_mu_);
+  const uint64_t at = end_.load(std::memory_order_relaxed);
+  if (size > live::kMaxFileBytes - at) {
+    mark_incomplete();
+    return nullptr;
+  }
+  if (fd_ >= 0 && ::ftruncate(fd_, static_cast<off_t>(at + size)) != 0) {
+    mark_incomplete();
+    return nullptr;
+  }
+  end_.store(at + size, std::memory_order_release);
+  *offset = at;
+  return base_ + at;  // zero: fresh file pages, or fresh anonymous pages
+}
+
+void LiveSegment::retire(uint64_t offset, uint64_t bytes) noexcept {
+  if (!base_ || bytes == 0) return;
+  const uint64_t size = round_page(bytes);
+  // The pages go back; the file keeps its size (a reader maps it whole), reading as zero.
+  if (fd_ >= 0) {
+    if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                    static_cast<off_t>(size)) != 0)
+      log::debug("cuwarden: live segment: cannot punch %llu bytes: %s", static_cast<unsigned long long>(size),
+                 std::strerror(errno));
+  } else {
+    ::madvise(base_ + offset, size, MADV_DONTNEED);
+  }
+}
+
+void LiveSegment::layout_begin() noexcept {
+  live::LiveHeader& h = header();
+  h.layout.store(h.layout.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // the odd count before the new descriptors
+}
+
+void LiveSegment::layout_end() noexcept {
+  live::LiveHeader& h = header();
+  h.layout.store(h.layout.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+live::LiveSlot* LiveSegment::new_table_region(uint64_t capacity) noexcept {
+  uint64_t offset = 0;
+  return static_cast<live::LiveSlot*>(new_region(capacity * sizeof(live::LiveSlot), &offset));
+}
+
+void LiveSegment::publish_table(live::Table t, live::LiveSlot* slots, uint64_t capacity) noexcept {
+  if (!base_) return;
+  live::TableDesc& d = header().tables[static_cast<uint32_t>(t)];
+  uint64_t old_offset = 0, old_bytes = 0;
+  {
+    std::lock_guard<std::mutex> g(region_mu_);
+    old_offset = d.offset;
+    old_bytes = d.capacity * sizeof(live::LiveSlot);
+    layout_begin();
+    __atomic_store_n(&d.offset, static_cast<uint64_t>(reinterpret_cast<char*>(slots) - base_), __ATOMIC_RELAXED);
+    __atomic_store_n(&d.capacity, capacity, __ATOMIC_RELAXED);
+    layout_end();
+  }
+  // After the count moved on: a reader that copied the old region sees the change and retries.
+  if (old_bytes) retire(old_offset, old_bytes);
+}
+
+bool LiveSegment::append(live::Log l, const void* record, std::size_t bytes) noexcept {
+  if (!base_) return false;
+  live::LogDesc& d = header().logs[static_cast<uint32_t>(l)];
+  const uint64_t used = d.used.load(std::memory_order_relaxed);
+  if (used + bytes > d.capacity) {
+    uint64_t cap = d.capacity ? d.capacity * 2 : 64 * 1024;
+    while (cap < used + bytes) cap *= 2;
+    uint64_t offset = 0;
+    char* fresh = static_cast<char*>(new_region(cap, &offset));
+    if (!fresh) return false;  // marked incomplete
+    if (used) std::memcpy(fresh, base_ + d.offset, used);
+    uint64_t old_offset = 0, old_bytes = 0;
+    {
+      std::lock_guard<std::mutex> g(region_mu_);
+      old_offset = d.offset;
+      old_bytes = d.capacity;
+      layout_begin();
+      __atomic_store_n(&d.offset, offset, __ATOMIC_RELAXED);
+      __atomic_store_n(&d.capacity, cap, __ATOMIC_RELAXED);
+      layout_end();
+    }
+    if (old_bytes) retire(old_offset, old_bytes);
+  }
+  std::memcpy(base_ + d.offset + used, record, bytes);
+  __atomic_store_n(&d.records, d.records + 1, __ATOMIC_RELAXED);
+  d.used.store(used + bytes, std::memory_order_release);  // the record is whole before it counts
+  return true;
+}
+
+void LiveSegment::unlink() noexcept {
+  if (fd_ >= 0 && !path_.empty()) ::unlink(path_.c_str());
+}
+
+}  // namespace cuw::core

@@ -1,0 +1,146 @@
+// cuwarden interposer core: what the program's standard error is told about its memory: the
+// out-of-memory paragraph (Tracker::report_oom) and the leak report at exit
+// (Tracker::report_leaks, CUWARDEN_LEAKS=report). Both read the process's own live segment
+// (cuw/live.hpp), as the daemon does, so they never take the tracker's lock for long.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tracker.hpp"
+#include "cuw/live.hpp"
+#include "cuw/size.hpp"
+
+namespace cuw::core {
+
+namespace {
+
+/// Live bytes and allocations per call site, largest first.
+struct SiteTotal {
+  uint32_t site = 0;
+  uint64_t bytes = 0, count = 0;
+};
+
+std::vector<SiteTotal> by_site(const live::Contents& c, bool device_only, int ordinal) {
+  std::unordered_map<uint32_t, SiteTotal> m;
+  for (const live::Record& r : c.records) {
+    if (r.table == live::Table::segments) continue;  // the pool's own memory, not the program's
+    if (device_only && (r.table == live::Table::host || (ordinal >= 0 && r.device != ordinal))) continue;
+    SiteTotal& t = m[r.site];
+    t.site = r.site;
+    t.bytes += r.bytes;
+    ++t.count;
+  }
+  std::vector<SiteTotal> v;
+  v.reserve(m.size());
+  for (auto& [k, t] : m) v.push_back(t);
+  std::sort(v.begin(), v.end(), [](const SiteTotal& a, const SiteTotal& b) { return a.bytes > b.bytes; });
+  return v;
+}
+
+void write_stderr(const std::string& text) {
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + off, text.size() - off);
+    if (n <= 0) return;
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+void Tracker::report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::EventKind kind, uint32_t result) noexcept {
+  // At most one every few seconds: a framework that frees its cache and retries refuses
+  // again in a burst; the first paragraph says what the rest would.
+  constexpr uint64_t kEveryNs = 5'000'000'000ULL;
+  const uint64_t now = fast_clock::realtime_ns_slow();
+  uint64_t last = live_->last_oom_report_ns.load(std::memory_order_relaxed);
+  if (last != 0 && now - last < kEveryNs) return;
+  if (!live_->last_oom_report_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  if (static_cast<unsigned>(ordinal) >= ring::kMaxDevices) return;
+  try {
+    const ring::DeviceSlot& d = header_->devices[ordinal];
+    const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+    const uint64_t used = d.used.load(std::memory_order_relaxed);
+    const uint64_t cached = d.cached.load(std::memory_order_relaxed);
+    std::string s = "cuwarden: out of memory on GPU " + std::to_string(ordinal);
+    if (d.name[0]) s += " (" + std::string(d.name, strnlen(d.name, sizeof d.name)) + ")";
+    s += ": " + std::string(ring::api_name(static_cast<uint16_t>(api))) + " asked for " + format_bytes(bytes) + "; ";
+    if (kind == ring::EventKind::job_refuse) {
+      uint64_t jcap = 0, jused = 0;
+      if (job_view(ordinal, &jcap, &jused))
+        s += "job '" + config_.job + "' holds " + format_bytes(jused) + " of its cap of " + format_bytes(jcap) + "; ";
+    } else if (kind == ring::EventKind::driver_error) {
+      s += "the driver refused (CUresult " + std::to_string(result) + "); ";
+    }
+    s += "this process uses " + format_bytes(used);
+    if (limit != ring::kNoLimit) s += " of its cap of " + format_bytes(limit);
+    if (cached) s += ", of which the pool keeps " + format_bytes(cached) + " free";
+    s += ".\n";
+    // Where the refused request came from (the hook captured it before asking).
+    if (callsites_on()) {
+      if (const uint32_t asked = thread_state().site) s += "  Asked at: " + live_->sites.describe(asked) + "\n";
+    }
+    live::Contents c;
+    const bool read = live_->segment.usable() && live::read(live_->segment.base(), live_->segment.size(), &c, false) == live::ReadError::none;
+    if (read) {
+      const std::vector<SiteTotal> sites = by_site(c, true, ordinal);
+      if (callsites_on()) {
+        s += "  Largest call sites by live bytes:";
+        int shown = 0;
+        for (const SiteTotal& t : sites) {
+          if (shown == 3) break;
+          s += "\n    " + std::to_string(++shown) + ") " + format_bytes(t.bytes) + " in " + std::to_string(t.count) +
+               (t.count == 1 ? " allocation: " : " allocations: ") + live_->sites.describe(t.site);
+        }
+        if (shown == 0) s += " none live";
+        s += "\n";
+      } else {
+        uint64_t n = 0, b = 0;
+        for (const SiteTotal& t : sites) n += t.count, b += t.bytes;
+        s += "  " + std::to_string(n) + " live allocations hold " + format_bytes(b) +
+             " (CUWARDEN_CALLSITES=16 records where each was made).\n";
+      }
+    }
+    s += "  The program may recover (frameworks free their caches and retry). Full snapshot: cuwarden snapshot " +
+         std::to_string(getpid()) + "\n";
+    write_stderr(s);
+  } catch (...) {
+    // No memory for the paragraph: the refusal itself stands, said by its return value.
+  }
+}
+
+void Tracker::report_leaks() noexcept {
+  try {
+    live::Contents c;
+    if (!live_->segment.usable() || live::read(live_->segment.base(), live_->segment.size(), &c, false) != live::ReadError::none) return;
+    const std::vector<SiteTotal> sites = by_site(c, false, -1);
+    uint64_t n = 0, b = 0;
+    for (const SiteTotal& t : sites) n += t.count, b += t.bytes;
+    const std::string pid = std::to_string(getpid());
+    if (n == 0) {
+      write_stderr("cuwarden: pid " + pid + ": no leaks: every tracked allocation was freed.\n");
+      return;
+    }
+    std::string s = "cuwarden: pid " + pid + ": " + std::to_string(n) + (n == 1 ? " allocation" : " allocations") +
+                    " never freed, " + format_bytes(b) + " in all, by call site:\n";
+    int shown = 0;
+    for (const SiteTotal& t : sites) {
+      if (++shown > 20) {
+        s += "  ... and " + std::to_string(sites.size() - 20) + " more call sites\n";
+        break;
+      }
+      s += "  " + format_bytes(t.bytes) + " in " + std::to_string(t.count) +
+           (t.count == 1 ? " allocation: " : " allocations: ") +
+           (callsites_on() ? live_->sites.describe(t.site) : std::string("(call sites off: CUWARDEN_CALLSITES=16)")) + "\n";
+    }
+    write_stderr(s);
+  } catch (...) {
+  }
+}
+
+}  // namespace cuw::core
