@@ -65,4 +65,23 @@ struct FitOptions {
 /// kExitUsage for bad arguments, 128 + N after signal N.
 int cmd_fit(const FitOptions& o);
 
+struct SnapshotOptions {
+  std::string socket;
+  long long pid = -1;
+  std::string format = "text";  ///< text, json, pytorch, perfetto, summary (`cuwarden summary`)
+  std::string output;           ///< -o: a file; empty or "-": standard output
+  unsigned top = 10;            ///< call sites and allocations a text report lists
+  long long oom = -1;           ///< --oom N: the snapshot of the Nth newest out-of-memory report
+};
+/// `cuwarden snapshot PID` (and `cuwarden summary PID`): the daemon's snapshot of the process.
+int cmd_snapshot(const SnapshotOptions& o);
+
+struct OomOptions {
+  std::string socket;
+  long long pid = -1;  ///< -1: every process's
+  bool json = false;
+};
+/// `cuwarden oom [PID]`: the out-of-memory reports the daemon kept, oldest first.
+int cmd_oom(const OomOptions& o);
+
 }  // namespace cuw::cli

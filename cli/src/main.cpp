@@ -126,6 +126,27 @@ int main(int argc, char** argv) {
   events->add_option("--socket", socket, "daemon socket");
   events->add_option("--max", eo.max, "how many recent events")->check(CLI::Range(1u, 100000u));
 
+  auto* snapshot = app.add_subcommand("snapshot", "a process's live allocations, call sites and recent events");
+  SnapshotOptions so;
+  snapshot->add_option("pid", so.pid, "the process")->required();
+  snapshot->add_option("--format", so.format,
+                       "text (default), json, pytorch (a pickle for pytorch.org/memory_viz), perfetto (ui.perfetto.dev)");
+  snapshot->add_option("-o,--output", so.output, "write to this file (default: standard output)");
+  snapshot->add_option("--top", so.top, "call sites and allocations the text lists")->check(CLI::Range(1u, 100000u));
+  snapshot->add_option("--oom", so.oom, "the snapshot taken at the Nth newest out-of-memory report (0: the newest)")
+      ->check(CLI::Range(0, 1000));
+  snapshot->add_option("--socket", socket, "daemon socket");
+  auto* summary = app.add_subcommand("summary", "a memory_summary-like table of a process, any program");
+  SnapshotOptions sumo;
+  sumo.format = "summary";
+  summary->add_option("pid", sumo.pid, "the process")->required();
+  summary->add_option("--socket", socket, "daemon socket");
+  auto* oom = app.add_subcommand("oom", "the out-of-memory reports the daemon kept (with their snapshots)");
+  OomOptions oo;
+  oom->add_option("pid", oo.pid, "only this process's");
+  oom->add_flag("--json", oo.json, "the daemon's reply as JSON");
+  oom->add_option("--socket", socket, "daemon socket");
+
   auto* limit = app.add_subcommand("limit", "change the cap of a running process or job: cuwarden limit PID|job:NAME SIZE");
   LimitOptions lo;
   limit->add_option("target", lo.target, "PID, job:NAME (your job) or job:USER/NAME (root: another user's)")->required();
@@ -200,6 +221,18 @@ int main(int argc, char** argv) {
   if (*events) {
     eo.socket = socket;
     return cmd_events(eo);
+  }
+  if (*snapshot) {
+    so.socket = socket;
+    return cmd_snapshot(so);
+  }
+  if (*summary) {
+    sumo.socket = socket;
+    return cmd_snapshot(sumo);
+  }
+  if (*oom) {
+    oo.socket = socket;
+    return cmd_oom(oo);
   }
   if (fields_reference) {
     std::fputs(cuw::cli::query_fields_reference().c_str(), stdout);

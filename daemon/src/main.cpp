@@ -35,6 +35,7 @@
 #include "model/nvml.hpp"
 #include "model/policy.hpp"
 #include "model/registry.hpp"
+#include "model/symbolizer.hpp"
 #include "transports/handler.hpp"
 #include "transports/server.hpp"
 
@@ -214,6 +215,8 @@ int run(const Options& o) {
   cuw::daemon::LoopQueue writes;
   cuw::daemon::Backend backend;
   backend.store = &reg.store();
+  cuw::daemon::Symbolizer symbolizer;  // names snapshot frames, on the thread that asked
+  backend.symbolizer = &symbolizer;
   // Ring headers are authoritative and a query promises them as they are now: the loop
   // publishes a State read after the query came (the socket thread serves one request at a
   // time, so one publish per query). Building the reply and sending it stay on the socket

@@ -41,6 +41,8 @@ enum class Command : uint16_t {
   get_state = 1,
   get_events = 2,
   set_limit = 3,
+  get_snapshot = 4,
+  get_ooms = 5,
   error = 0xffff,
 };
 
@@ -115,6 +117,21 @@ inline constexpr OneOf kSetLimitOneOf[] = {
     {"bytes", "share", "give exactly one of \"bytes\" (a number, or null for no cap) and \"share\""},
 };
 
+inline constexpr RequestKey kGetSnapshotKeys[] = {
+    // the process
+    {"pid", "uint", true, "\"pid\" must be a process id"},
+    // "text" (default), "json", "pytorch" (a pickle, base64 in the reply), "perfetto", "summary"
+    {"format", "string|null", false, "\"format\" must be text, json, pytorch, perfetto or summary"},
+    // call sites and allocations a text report lists (default 10)
+    {"top", "uint|null", false, "\"top\" must be a non-negative integer"},
+    // the snapshot of the process's out-of-memory report this many back (0: the newest), not now
+    {"oom", "uint|null", false, "\"oom\" must be a non-negative integer"},
+};
+inline constexpr RequestKey kGetOomsKeys[] = {
+    // only this process's reports
+    {"pid", "uint|null", false, "\"pid\" must be a non-negative integer"},
+};
+
 /// Every command, in number order. The daemon dispatches through this table: a number not
 /// in it gets {"error":"unknown command N"}.
 inline constexpr CommandInfo kCommands[] = {
@@ -133,6 +150,14 @@ inline constexpr CommandInfo kCommands[] = {
      R"("gpus":[{"uuid","used_bytes","new_limit_bytes"}]})",
      R"(refused: {"error":"refused: <why>","refused":true} (root may do anything; others may only lower )"
      R"(caps of their own processes and jobs, within the policy); bad request: <why>; <why> when it cannot be done)"},
+    {Command::get_snapshot, "get_snapshot", false, kGetSnapshotKeys, {}, "",
+     R"({"pid","format","encoding":"utf-8"|"base64","exact","body"} (body: the snapshot in that format, )"
+     R"(daemon/src/views/snapshot_views.hpp))",
+     R"(bad request: <why>; no such process: PID; no out-of-memory report N for pid PID)"},
+    {Command::get_ooms, "get_ooms", false, kGetOomsKeys, {}, "",
+     R"({"reports":[{pid,process_name,user,time_ns,kind,api,device,bytes,cap_bytes,used_after,result,asked_at,)"
+     R"(exact,sites:[{live_bytes,live_allocations,frame}],index}]} oldest first)",
+     "bad request: <why>"},
 };
 
 /// The row of command number `number`, or null when there is none.

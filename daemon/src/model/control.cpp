@@ -108,7 +108,7 @@ void Registry::apply_policy(Process& p) {
   // guarded access (a signal-mask syscall) per process per tick.
   const uint32_t present = p.present;
   if ((present & ~p.policy_done) == 0) return;
-  Snapshot s;
+  RingSnapshot s;
   if (!p.ring->snapshot(s)) return;
   const EffectivePolicy& eff = policy_->for_user(p.uid);
   for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
@@ -222,7 +222,7 @@ LimitResult Registry::set_process_limit(const Peer& peer, const std::string& who
     throw refuse(fmt::format("pid {} belongs to uid {} ({}); only root or its owner may change its cap", pid, p->uid,
                              p->user));
 
-  Snapshot s;
+  RingSnapshot s;
   if (!p->ring->snapshot(s)) throw fail(fmt::format("pid {}'s ring could not be read", pid));
   std::vector<uint32_t> devices;
   std::string present_list;

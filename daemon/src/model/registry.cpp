@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "base/util.hpp"
+#include "cuw/live.hpp"
 #include "cuw/paths.hpp"
 #include "model/detail/registry_process.hpp"
 
@@ -142,7 +143,7 @@ void Registry::try_open(const std::string& name, uint64_t mono) {
   if (pit != problems_.end()) problems_.erase(pit);
 
   auto p = std::make_unique<Process>(opt_.history_per_process);
-  Snapshot snap;
+  RingSnapshot snap;
   if (!r.view->snapshot(snap)) return;
   p->file_name = name;
   p->pid = pid;
@@ -158,7 +159,7 @@ void Registry::try_open(const std::string& name, uint64_t mono) {
 }
 
 void Registry::check_exit(Process& p, uint64_t mono) {
-  Snapshot snap;
+  RingSnapshot snap;
   if (!p.ring->snapshot(snap)) {
     drop_faulted(p.file_name, "faulted while reading its header");
     return;
@@ -202,7 +203,15 @@ void Registry::forget(const std::string& name, bool unlink_file) {
     // Only the file we mapped: not a new ring that reused the name.
     if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == p.ring->dev() &&
         st.st_ino == p.ring->ino())
+    {
       unlinkat(dirfd_, name.c_str(), 0);  // failure is fine: not our file to insist on
+      // The live segment beside it, if it is the same owner's.
+      const std::string live_name = live::file_name(p.pid, p.start_time);
+      struct stat ls{};
+      if (fstatat(dirfd_, live_name.c_str(), &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(ls.st_mode) &&
+          ls.st_uid == st.st_uid)
+        unlinkat(dirfd_, live_name.c_str(), 0);
+    }
   }
   spdlog::info("forgot pid {} ({})", p.pid, name);
   procs_.erase(name);
@@ -221,7 +230,12 @@ bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
     p.present = r.present;
     drained += r.events;
     for (std::size_t i = 0; i < r.events; ++i) {
-      p.history.push(StoredEvent{++seq_, buffer_[i], StoredEvent::kFromProcess});
+      const StoredEvent ev{++seq_, buffer_[i], StoredEvent::kFromProcess};
+      p.history.push(ev);
+      const auto kind = static_cast<ring::EventKind>(ev.e.kind);
+      if (kind == ring::EventKind::refuse || kind == ring::EventKind::job_refuse ||
+          (kind == ring::EventKind::driver_error && ev.e.result == 2 /* CUDA_ERROR_OUT_OF_MEMORY */))
+        take_oom_report(p, ev);
     }
     if (r.events < buffer_.size()) {
       // A ring that filled an eighth of itself since the last tick is being written fast:
@@ -232,6 +246,28 @@ bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
   }
   if (more) *more = true;
   return true;
+}
+
+void Registry::take_oom_report(Process& p, const StoredEvent& ev) {
+  // A framework that frees its cache and retries refuses again in a burst: one report a
+  // second per process says it.
+  const uint64_t mono = mono_ns();
+  if (p.oom_taken_mono != 0 && mono - p.oom_taken_mono < 1'000'000'000ULL) return;
+  p.oom_taken_mono = mono;
+  RingSnapshot header;
+  if (!p.ring->snapshot(header)) return;
+  auto rep = std::make_shared<OomReport>();
+  rep->pid = p.pid;
+  rep->process_name = field_text(header.comm, sizeof header.comm);
+  rep->user = p.user;
+  rep->event = ev;
+  const ProcessIdentity who{opt_.run_dir, p.pid, p.uid, p.start_time, p.user, p.exited};
+  const auto history = p.history.view();
+  rep->snapshot = take_snapshot(who, header, history.get(), 10000);
+  spdlog::info("pid {}: out of memory ({} bytes asked on device {}); report kept{}", p.pid, ev.e.bytes,
+               static_cast<int>(ev.e.device), rep->snapshot.snap.exact ? "" : " without live records");
+  oom_log_.push_back(std::move(rep));
+  while (oom_log_.size() > kOomLog) oom_log_.pop_front();
 }
 
 Registry::DrainPace Registry::drain_all() {
@@ -301,6 +337,7 @@ void Registry::publish() {
 
   if (policy_) st->policy_file = policy_->file;
   st->limit_changes.assign(limit_log_.begin(), limit_log_.end());
+  st->ooms.assign(oom_log_.begin(), oom_log_.end());
   st->events_seq = seq_;
   st->time_ns = now_ns();
   store_.publish(std::move(st));

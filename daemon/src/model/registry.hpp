@@ -131,6 +131,10 @@ class Registry {
   std::shared_ptr<const Policy> policy_;
   JobTable jobs_;
   std::deque<LimitChange> limit_log_;  ///< recent limit changes and refusals
+  /// Out-of-memory reports kept (across processes: they outlive the process).
+  static constexpr std::size_t kOomLog = 32;
+  std::deque<std::shared_ptr<const OomReport>> oom_log_;
+  void take_oom_report(Process& p, const StoredEvent& ev);
   StateStore store_;
   std::vector<NvmlGpu> nvml_gpus_;     ///< last NVML reading
   std::optional<uint64_t> nvml_read_mono_;  ///< when it was taken

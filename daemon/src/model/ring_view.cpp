@@ -24,7 +24,7 @@ RingView::~RingView() {
   if (base_) munmap(base_, size_);
 }
 
-bool RingView::snapshot(Snapshot& out) const noexcept {
+bool RingView::snapshot(RingSnapshot& out) const noexcept {
   const RingHeader* h = header();
   auto copy = [&] {
     std::memcpy(&out.pid, &h->pid, sizeof out.pid);
@@ -179,7 +179,7 @@ struct RingOpener {
 
     ring::Invalid inv = ring::Invalid::too_small;
     uint32_t sc = 0;
-    Snapshot snap;
+    RingSnapshot snap;
     auto check = [&] {
       inv = ring::validate(base, size);
       if (inv == ring::Invalid::none) std::memcpy(&sc, &v->header()->slot_count, sizeof sc);

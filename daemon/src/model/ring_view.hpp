@@ -51,7 +51,7 @@ struct DeviceSnapshot {
 };
 
 /// A copy of the header's fields; char fields are raw (use field_text()).
-struct Snapshot {
+struct RingSnapshot {
   uint32_t pid = 0, uid = 0, state = 0, device_count = 0;
   uint32_t cap_scope = 0;  ///< ring::CapScope, unchecked (hostile input)
   uint64_t start_time = 0, created_ns = 0, exited_ns = 0, heartbeat_ns = 0;
@@ -80,7 +80,7 @@ class RingView {
   ~RingView();
 
   /// Copy the header. False if the mapping faulted.
-  bool snapshot(Snapshot& out) const noexcept;
+  bool snapshot(RingSnapshot& out) const noexcept;
   /// Copy up to `max` events into `out` and write the consumer heartbeat. Read-only
   /// mappings drain nothing. See ring::drain for `stuck_skip`.
   DrainResult drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns) noexcept;

@@ -18,6 +18,7 @@
 #include "model/jobs.hpp"
 #include "model/nvml.hpp"
 #include "model/ring_view.hpp"
+#include "model/snapshots.hpp"
 
 namespace cuw::daemon {
 
@@ -33,7 +34,7 @@ struct ProcessState {
   uint64_t events_received = 0;  ///< events the daemon drained from the ring
   uint64_t events_lost = 0;      ///< slots a dead producer claimed but never published
   bool events_readable = false;  ///< the daemon may drain the ring (false: counters only)
-  Snapshot header;               ///< the ring header as read when the State was built
+  RingSnapshot header;               ///< the ring header as read when the State was built
   std::shared_ptr<const EventHistory::View> history;  ///< never null
 };
 
@@ -71,6 +72,16 @@ struct LimitChange {
   std::optional<std::string> reason;
 };
 
+/// An allocation refused (by a cap, a job's cap or the driver), with the process's snapshot
+/// taken when the daemon saw it: a process that died of its out-of-memory error still has
+/// its report. Immutable once published.
+struct OomReport {
+  uint32_t pid = 0;
+  std::string process_name, user;
+  StoredEvent event;          ///< the refusal (kind refuse, job_refuse, or driver_error)
+  TakenSnapshot snapshot;     ///< not symbolized: named when asked for
+};
+
 /// Everything the daemon knows at one instant. Immutable once published.
 struct State {
   std::string hostname;
@@ -84,6 +95,7 @@ struct State {
   std::vector<ProblemState> problems;   ///< rings (past their grace time), then job files
   std::optional<std::string> policy_file;  ///< none: no policy
   std::vector<LimitChange> limit_changes;  ///< oldest first
+  std::vector<std::shared_ptr<const OomReport>> ooms;  ///< the newest kOomLog, oldest first
 };
 
 /// The latest published State. publish() and load() may be called from any thread; a

@@ -2,10 +2,15 @@
 #include "transports/handler.hpp"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <exception>
 
+#include "model/snapshots.hpp"
 #include "views/events_json.hpp"
 #include "views/limit_json.hpp"
+#include "views/oom_json.hpp"
+#include "views/snapshot_views.hpp"
 #include "views/state_json.hpp"
 
 namespace cuw::daemon {
@@ -34,6 +39,37 @@ std::string check_request(const proto::CommandInfo& info, const nlohmann::json& 
   }
   return "";
 }
+
+namespace {
+
+std::string base64(const std::string& in) {
+  static constexpr char k[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 | uint8_t(in[i + 2]);
+    out += {k[v >> 18], k[(v >> 12) & 63], k[(v >> 6) & 63], k[v & 63]};
+  }
+  if (i + 1 == in.size()) {
+    const uint32_t v = uint32_t(uint8_t(in[i])) << 16;
+    out += {k[v >> 18], k[(v >> 12) & 63], '=', '='};
+  } else if (i + 2 == in.size()) {
+    const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8;
+    out += {k[v >> 18], k[(v >> 12) & 63], k[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+
+/// The reports of `pid` (all when none), newest first.
+std::vector<std::shared_ptr<const OomReport>> reports_of(const State& st, std::optional<uint32_t> pid) {
+  std::vector<std::shared_ptr<const OomReport>> v;
+  for (auto it = st.ooms.rbegin(); it != st.ooms.rend(); ++it)
+    if (!pid || (*it)->pid == *pid) v.push_back(*it);
+  return v;
+}
+
+}  // namespace
 
 Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t command, const std::string& body) {
   using cuw::proto::Command;
@@ -79,6 +115,66 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
         return error(e.what());
       }
     }
+    case Command::get_snapshot: {
+      const auto st = backend.store->load();
+      const auto pid = req["pid"].get<uint64_t>();
+      const std::string format = req.contains("format") && req["format"].is_string() ? req["format"].get<std::string>()
+                                                                                      : "text";
+      if (format != "text" && format != "json" && format != "pytorch" && format != "perfetto" && format != "summary")
+        return error("bad request: \"format\" must be text, json, pytorch, perfetto or summary");
+      TakenSnapshot taken;
+      if (req.contains("oom") && !req["oom"].is_null()) {
+        const auto n = req["oom"].get<uint64_t>();
+        const auto reps = reports_of(*st, static_cast<uint32_t>(pid));
+        if (n >= reps.size())
+          return error("no out-of-memory report " + std::to_string(n) + " for pid " + std::to_string(pid));
+        taken = reps[n]->snapshot;
+      } else {
+        const ProcessState* p = nullptr;
+        for (const ProcessState& ps : st->processes)
+          if (ps.pid == pid && (!p || (p->exited && !ps.exited))) p = &ps;
+        if (!p) return error("no such process: " + std::to_string(pid));
+        taken = take_snapshot(ProcessIdentity{st->run_dir, p->pid, p->uid, p->start_time, p->user, p->exited},
+                              p->header, p->history.get());
+      }
+      if (backend.symbolizer) symbolize(taken, *backend.symbolizer);
+      TextOptions opts;
+      if (req.contains("top") && req["top"].is_number()) opts.top = req["top"].get<uint64_t>();
+      nlohmann::ordered_json j;
+      j["pid"] = pid;
+      j["format"] = format;
+      j["exact"] = taken.snap.exact;
+      if (!taken.live_error.empty()) j["why_not_exact"] = taken.live_error;
+      if (format == "pytorch") {
+        j["encoding"] = "base64";
+        j["body"] = base64(snapshot_pytorch(taken.snap));
+      } else {
+        j["encoding"] = "utf-8";
+        j["body"] = format == "text"       ? snapshot_text(taken.snap, opts)
+                    : format == "json"     ? snapshot_json(taken.snap).dump(1)
+                    : format == "perfetto" ? snapshot_perfetto(taken.snap)
+                                           : summary_text(taken.snap);
+      }
+      return reply(j);
+    }
+    case Command::get_ooms: {
+      const auto st = backend.store->load();
+      std::optional<uint32_t> pid;
+      if (req.contains("pid") && !req["pid"].is_null()) pid = static_cast<uint32_t>(req["pid"].get<uint64_t>());
+      const auto reps = reports_of(*st, pid);
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
+      std::map<uint32_t, std::size_t> index;  // per pid, newest first
+      std::vector<nlohmann::ordered_json> rows;
+      for (const auto& r : reps) {
+        TakenSnapshot named = r->snapshot;
+        if (backend.symbolizer) symbolize(named, *backend.symbolizer);
+        rows.push_back(oom_json(*r, named.snap, index[r->pid]++));
+      }
+      for (auto it = rows.rbegin(); it != rows.rend(); ++it) list.push_back(std::move(*it));  // oldest first
+      nlohmann::ordered_json j;
+      j["reports"] = std::move(list);
+      return reply(j);
+    }
     case Command::error:
       break;
   }
@@ -90,6 +186,8 @@ Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, 
   Backend b;
   b.store = &reg.store();
   b.set_limit = [&reg](const Peer& p, const LimitRequest& req) { return reg.set_limit_and_publish(p, req); };
+  static Symbolizer symbolizer;  // tests and fuzzers: one for the process
+  b.symbolizer = &symbolizer;
   return handle_request(b, peer, command, body);
 }
 

@@ -19,6 +19,7 @@
 #include "model/peer.hpp"
 #include "model/registry.hpp"
 #include "model/state.hpp"
+#include "model/symbolizer.hpp"
 #include "transports/server.hpp"
 
 namespace cuw::daemon {
@@ -33,6 +34,8 @@ struct Backend {
   /// Registry::set_limit run where the model lives (the loop thread); what it throws
   /// becomes an error reply. Empty: this transport carries no privileged command.
   std::function<LimitResult(const Peer&, const LimitRequest&)> set_limit;
+  /// Names snapshots' native frames (thread-safe). Null: frames keep their addresses.
+  Symbolizer* symbolizer = nullptr;
 };
 
 /// Whether `v` is one of `type`'s JSON types, a RequestKey::type of protocol.hpp ("uint",

@@ -20,7 +20,7 @@ namespace {
 json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
 json cap_json(uint64_t v) { return v == job::kNoLimit ? json(nullptr) : json(v); }
 
-std::string name_of(const Snapshot& s) {
+std::string name_of(const RingSnapshot& s) {
   return process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline));
 }
 
@@ -142,7 +142,7 @@ json state_json(const State& st) {
 
   json processes = json::array();
   for (const ProcessState& p : st.processes) {
-    const Snapshot& s = p.header;
+    const RingSnapshot& s = p.header;
     json devices = json::array();
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const DeviceSnapshot& ds = s.devices[d];

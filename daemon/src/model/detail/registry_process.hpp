@@ -29,6 +29,7 @@ struct Registry::Process {
   uint32_t present = 0;       ///< devices present at the last drain (bit per ordinal)
   uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once
+  uint64_t oom_taken_mono = 0; ///< when its last out-of-memory snapshot was taken (0: never)
 };
 
 }  // namespace cuw::daemon

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Snapshots, out-of-memory reports and leaks, end to end on the simulated driver.
+
+One program (snapshot_app.cpp, built with -g) runs under the interposer with call sites on,
+a cap and CUWARDEN_LEAKS=report; the daemon starts only after the program has overflowed
+its ring (events dropped). Checked:
+  - `cuwarden snapshot PID --format json`: exact despite the dropped events (every live
+    allocation, byte for byte), the big allocation's call site named to function and
+    file:line (the line the program printed), the small ones' likewise;
+  - text, pytorch (the pickle checked by check_pytorch_snapshot.py and read back here),
+    perfetto (Chrome trace JSON), and `cuwarden summary`;
+  - a refusal: the program's stderr paragraph (what was asked, the cap, the top call site
+    named by dladdr, the snapshot command), `cuwarden oom PID` naming the line, and the
+    snapshot kept with the report;
+  - at exit, the leak report naming what was never freed.
+"""
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+MiB = 1 << 20
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+    print("ok: " + msg)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for a in ("app", "cli", "daemon", "lib", "fakecuda", "checker"):
+        ap.add_argument("--" + a, required=True)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="cuwt-snap-")
+    run = os.path.join(tmp, "run")
+    os.makedirs(run)
+    sock = os.path.join(run, "cuwardend.sock")
+    env = dict(os.environ)
+    env.update({"LD_LIBRARY_PATH": args.fakecuda, "CUWARDEN_RUN_DIR": run})
+    app_env = dict(env)
+    app_env.update({"LD_PRELOAD": args.lib, "CUWARDEN_CALLSITES": "16", "CUWARDEN_LIMIT": "128M",
+                    "CUWARDEN_LEAKS": "report"})
+    errpath = os.path.join(tmp, "app.stderr")
+    errf = open(errpath, "w")
+    app = subprocess.Popen([args.app], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf, env=app_env,
+                           text=True, bufsize=1)
+    daemon = None
+    try:
+        lines = {}
+
+        def ask(cmd, want):
+            app.stdin.write(cmd + "\n")
+            app.stdin.flush()
+            while True:
+                line = app.stdout.readline()
+                if not line:
+                    fail(f"the program ended before answering '{cmd}' (stderr: {open(errpath).read()})")
+                m = re.match(r"line (\w+) (\d+)", line)
+                if m:
+                    lines[m.group(1)] = int(m.group(2))
+                if line.startswith(want):
+                    return line.strip()
+
+        ask("churn 20000", "churned")  # 40,000 events, no daemon: the 16,384-slot ring drops
+        check("big_buffer" in lines and "small_buffers" in lines, "the program printed its allocation lines")
+
+        daemon = subprocess.Popen([args.daemon, "--run-dir", run, "--socket", sock, "--log-level", "info"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "d.log"), "w"))
+        for _ in range(200):
+            if os.path.exists(sock):
+                try:
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(sock)
+                    s.close()
+                    break
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        else:
+            fail("the daemon did not start")
+        ask("ready", "ready")
+        time.sleep(1.5)  # a scan finds the ring
+
+        def cli(*a, binary=False):
+            r = subprocess.run([args.cli, *a, "--socket", sock], env=env, capture_output=True, text=not binary,
+                               timeout=60)
+            if r.returncode != 0:
+                fail(f"cuwarden {' '.join(a)}: exit {r.returncode}: {r.stderr}")
+            return r.stdout
+
+        pid = str(app.pid)
+        doc = json.loads(cli("snapshot", pid, "--format", "json"))
+        check(doc["exact"] is True, "the snapshot is exact")
+        check(doc["events_dropped"] > 0, f"events were dropped ({doc['events_dropped']}) before the daemon came")
+        dev = [a for a in doc["allocations"] if a["kind"] == "device"]
+        check(len(dev) == 11, f"11 live device allocations ({len(dev)})")
+        check(sum(a["bytes"] for a in dev) == 64 * MiB + 10 * 64 * 1024, "their bytes add up exactly")
+        sites = {s["id"]: s for s in doc["sites"]}
+        big = [a for a in dev if a["bytes"] == 64 * MiB][0]
+        frames = sites[big["site"]]["frames"]
+
+        def names(frames, fn, line):
+            return any(fn in f.get("function", "") and f.get("file", "").endswith("snapshot_app.cpp")
+                       and f.get("line") == line for f in frames)
+
+        check(names(frames, "big_buffer", lines["big_buffer"]),
+              f"the 64 MiB allocation's call site is big_buffer at snapshot_app.cpp:{lines['big_buffer']}")
+        small = [a for a in dev if a["bytes"] == 64 * 1024]
+        check(len({a["site"] for a in small}) == 1 and names(sites[small[0]["site"]]["frames"], "small_buffers",
+                                                             lines["small_buffers"]),
+              f"the small ones share one call site, small_buffers at line {lines['small_buffers']}")
+
+        text = cli("snapshot", pid)
+        check(f"snapshot_app.cpp:{lines['big_buffer']}" in text and "big_buffer" in text,
+              "the text report names the big allocation's line")
+        pk = os.path.join(tmp, "snap.pickle")
+        cli("snapshot", pid, "--format", "pytorch", "-o", pk)
+        r = subprocess.run([sys.executable, args.checker, pk], capture_output=True, text=True)
+        check(r.returncode == 0, f"the pickle passes the memory_viz checks ({r.stdout.strip()})")
+        with open(pk, "rb") as f:
+            snap = pickle.load(f)
+        blocks = [b for s in snap["segments"] for b in s["blocks"] if b["size"] >= 64 * MiB]
+        check(any(any(fr["line"] == lines["big_buffer"] and fr["filename"].endswith("snapshot_app.cpp")
+                      for fr in b["frames"]) for b in blocks), "the pickle's 64 MiB block has the line as a frame")
+        perf = json.loads(cli("snapshot", pid, "--format", "perfetto"))
+        evs = perf["traceEvents"] if isinstance(perf, dict) else perf
+        check(any(e.get("ph") == "C" for e in evs) and all("ph" in e and "pid" in e for e in evs),
+              "the perfetto trace has counter events, each with ph and pid")
+        summ = cli("summary", pid)
+        check("Allocated memory" in summ or "allocated" in summ.lower(), "the summary prints its table")
+
+        res = ask("oom 1073741824", "oom result")
+        check(res.endswith(" 2"), "a 1 GiB request under the 128 MiB cap is refused (CUDA_ERROR_OUT_OF_MEMORY)")
+        time.sleep(1.5)  # the daemon drains the refusal and keeps the report
+        oom = cli("oom", pid)
+        check("big_buffer" in oom and f"snapshot_app.cpp:{lines['big_buffer']}" in oom,
+              "`cuwarden oom` names the largest call site's line")
+        check(re.search(r"asked at: .*oversized", oom) is not None, "`cuwarden oom` names where the refused call came from")
+        kept = json.loads(cli("snapshot", pid, "--oom", "0", "--format", "json"))
+        check(kept["exact"] and any(a["bytes"] == 64 * MiB for a in kept["allocations"]),
+              "the report's snapshot holds the allocations of that moment")
+
+        app.stdin.write("exit\n")
+        app.stdin.flush()
+        app.wait(timeout=30)
+        err = open(errpath).read()
+        check("out of memory on GPU 0" in err and "asked for 1.00 GiB" in err and "cap of 128" in err,
+              "the program's stderr got the out-of-memory paragraph")
+        check("big_buffer" in err.split("never freed")[0], "the paragraph names the top call site (dladdr)")
+        check(re.search(r"Asked at: oversized", err) is not None, "the paragraph names where the refused call came from")
+        check(f"cuwarden snapshot {pid}" in err, "the paragraph gives the snapshot command")
+        check(err.count("out of memory on GPU") == 1, "one paragraph for one refusal")
+        leak = err.split("never freed", 1)
+        check(len(leak) == 2 and "big_buffer" in leak[1] and "small_buffers" in leak[1],
+              "at exit, the leak report lists what was never freed by call site")
+        check("11 allocations never freed" in err, "the leak report counts the 11 live allocations")
+    finally:
+        if app.poll() is None:
+            app.kill()
+        if daemon:
+            daemon.terminate()
+            daemon.wait(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("all passed")
+
+
+if __name__ == "__main__":
+    main()
