@@ -40,6 +40,12 @@ note "date: $(date -u +%FT%TZ)"
 note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 note "torch: $(python3 -c 'import torch,sys; print(torch.__version__, "cuda", torch.version.cuda, "python", sys.version.split()[0])')"
 
+# cuwardend links elfutils' libdw (its symbolizer); where the machine lacks it, a copy
+# carried in BUILD_DIR/lib/fallback is used.
+if ldd "$DAEMON" | grep -q 'not found' && [[ -d $BUILD/lib/fallback ]]; then
+  export LD_LIBRARY_PATH=$BUILD/lib/fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  note "libdw: the carried copy ($BUILD/lib/fallback)"
+fi
 RUN=$(mktemp -d /tmp/cuw-cs-XXXXXX)
 SOCK=$RUN/cuwardend.sock
 export CUWARDEN_RUN_DIR=$RUN
