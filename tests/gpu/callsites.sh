@@ -14,9 +14,9 @@
 #   3. the same training under a 4G cap asking for 8 GiB at another line: the program's
 #      stderr paragraph and `cuwarden oom PID` name that line;
 #   4. step time with call sites on and off, interleaved rounds (medians and spread).
-# memory_viz's `segments` and `memory` pipe through flamegraph.pl, which torch downloads when
-# /tmp/<uid>_flamegraph.pl is missing; without a network a stand-in is written there that
-# reads its input and writes an SVG (what is checked is torch's reading of the snapshot).
+# memory_viz runs through callsites/memory_viz.py: `segments` and `memory` pipe through
+# flamegraph.pl, which torch downloads; without a network a stand-in is written where torch
+# wants it (what is checked is torch's reading of the snapshot).
 set -uo pipefail
 START_CWD=$(pwd)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -55,14 +55,6 @@ trap 'kill $DPID 2>/dev/null; rm -rf "$RUN"' EXIT
 for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
 [[ -S $SOCK ]] && pass "daemon up" || { fail "daemon did not start (daemon.log)"; exit 1; }
 
-# flamegraph.pl stand-in (see the top).
-FG=/tmp/$(id -u)_flamegraph.pl
-if [[ ! -e $FG ]]; then
-  printf '#!/usr/bin/env python3\nimport sys\nn = sum(1 for _ in sys.stdin)\nprint("<svg xmlns=\\"http://www.w3.org/2000/svg\\"><text>%%d stacks</text></svg>" %% n)\n' >"$FG"
-  chmod +x "$FG"
-  note "flamegraph.pl: a stand-in at $FG (no network)"
-fi
-
 # ---- 2. snapshot of a training --------------------------------------------------------------
 GO=$RUN/go
 CUWARDEN_CALLSITES=16 PYTHONUNBUFFERED=1 timeout 300 "$CLI" run --callsites 16 -- python3 "$TRAIN" --steps 10 --wait "$GO" \
@@ -84,8 +76,9 @@ else
   "$CLI" snapshot "$PID" -o "$OUT/train.snapshot.txt" --socket "$SOCK" 2>>"$OUT/cli.err"
   "$CLI" summary "$PID" --socket "$SOCK" >"$OUT/train.summary.txt" 2>>"$OUT/cli.err"
   for sub in stats trace segments memory; do
-    if (cd "$OUT" && timeout 120 python3 -m torch.cuda._memory_viz "$sub" train.pickle -o "viz-$sub.out" \
-          >"viz-$sub.log" 2>&1 || timeout 120 python3 -m torch.cuda._memory_viz "$sub" train.pickle >"viz-$sub.log" 2>&1); then
+    args=(train.pickle)
+    [[ $sub == segments || $sub == memory ]] && args+=(-o "viz-$sub.svg")
+    if (cd "$OUT" && timeout 120 python3 "$HERE/callsites/memory_viz.py" "$sub" "${args[@]}" >"viz-$sub.log" 2>&1); then
       pass "memory_viz $sub reads the snapshot"
     else
       fail "memory_viz $sub: $(tail -2 "$OUT/viz-$sub.log" | tr '\n' ' ')"
@@ -134,7 +127,7 @@ grep -q "out of memory on GPU" "$OUT/oom.err" && grep -q "Asked at: .*train.py:$
 grep -q "asked at: .*train.py:$OOMLINE" "$OUT/oom.report.txt" && pass "cuwarden oom $OPID names train.py:$OOMLINE" \
   || fail "cuwarden oom does not name train.py:$OOMLINE (oom.report.txt)"
 "$CLI" snapshot "$OPID" --oom 0 --format pytorch -o "$OUT/oom.pickle" --socket "$SOCK" 2>>"$OUT/cli.err" \
-  && (cd "$OUT" && python3 -m torch.cuda._memory_viz stats oom.pickle >viz-oom-stats.log 2>&1) \
+  && (cd "$OUT" && python3 "$HERE/callsites/memory_viz.py" stats oom.pickle >viz-oom-stats.log 2>&1) \
   && pass "the report's snapshot (taken at the refusal, the process gone since) passes memory_viz stats" \
   || fail "the report's snapshot (viz-oom-stats.log)"
 sed -n '/out of memory on GPU/,/Full snapshot/p' "$OUT/oom.err" | head -12 >>"$RES"

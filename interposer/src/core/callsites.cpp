@@ -284,7 +284,8 @@ std::string CallSites::describe(uint32_t id) const {
       return buf;
     }
   }
-  // The first frame outside the CUDA runtime and driver: the caller's own code.
+  // The first named frame outside the CUDA runtime, the driver and PyTorch's allocator (whose
+  // internal functions have no dynamic symbol): the caller's own code.
   std::string first;
   for (uint64_t pc : native) {
     Dl_info info{};
@@ -302,7 +303,9 @@ std::string CallSites::describe(uint32_t id) const {
       std::snprintf(buf, sizeof buf, "0x%" PRIx64 " (%s+0x%" PRIxPTR ")", pc, file,
                     static_cast<uintptr_t>(pc - reinterpret_cast<uintptr_t>(info.dli_fbase)));
     if (first.empty()) first = buf;
-    if (std::strncmp(file, "libcuda", 7) == 0 || std::strncmp(file, "libcudart", 9) == 0) continue;
+    if (std::strncmp(file, "libcuda", 7) == 0 || std::strncmp(file, "libcudart", 9) == 0 ||
+        std::strncmp(file, "libc10_cuda", 11) == 0 || !info.dli_sname)
+      continue;
     return buf;
   }
   return first.empty() ? "(unknown frames)" : first;
