@@ -139,9 +139,11 @@ void CallSites::init(LiveSegment* segment, int native, bool python) noexcept {
 
 uint32_t CallSites::capture() noexcept {
   if (native_ <= 0) return 0;
-  // Our own frames (the hook and what it called) come first: unwind past them.
-  void* raw[kMaxNative + 16];
-  const int got = backtrace(raw, native_ + 16);
+  // Our own frames (the hook, SiteScope, this function: three, whatever inlining did) come
+  // first and are skipped below; the unwind's cost grows with every frame asked for, so ask
+  // for just those more.
+  void* raw[kMaxNative + kOwnFrames];
+  const int got = backtrace(raw, native_ + kOwnFrames);
   uint64_t frames[kMaxNative + kMaxPython];
   int native = 0, skip = 0;
   while (skip < got && reinterpret_cast<uintptr_t>(raw[skip]) >= own_lo_ &&

@@ -29,6 +29,10 @@ class CallSites {
  public:
   static constexpr int kMaxNative = 64;
   static constexpr int kMaxPython = 64;
+  /// Frames of this library above the program's first: the hook, SiteScope's constructor,
+  /// capture() (tests/integration/snapshot_test.py checks that the innermost native frame
+  /// named is the program's own call).
+  static constexpr int kOwnFrames = 4;
 
   /// Start capturing `native` frames (1..kMaxNative) per allocation, and Python frames when
   /// `python` and an interpreter the reader knows is in the process, into `segment`.
