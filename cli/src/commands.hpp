@@ -72,6 +72,7 @@ struct SnapshotOptions {
   std::string output;           ///< -o: a file; empty or "-": standard output
   unsigned top = 10;            ///< call sites and allocations a text report lists
   long long oom = -1;           ///< --oom N: the snapshot of the Nth newest out-of-memory report
+  bool leaks = false;           ///< --leaks: the call sites whose live bytes only grew lately
 };
 /// `cuwarden snapshot PID` (and `cuwarden summary PID`): the daemon's snapshot of the process.
 int cmd_snapshot(const SnapshotOptions& o);

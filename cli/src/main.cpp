@@ -135,6 +135,8 @@ int main(int argc, char** argv) {
   snapshot->add_option("--top", so.top, "call sites and allocations the text lists")->check(CLI::Range(1u, 100000u));
   snapshot->add_option("--oom", so.oom, "the snapshot taken at the Nth newest out-of-memory report (0: the newest)")
       ->check(CLI::Range(0, 1000));
+  snapshot->add_flag("--leaks", so.leaks,
+                     "the call sites whose live bytes only grew over the last minutes (the daemon samples every 30 s)");
   snapshot->add_option("--socket", socket, "daemon socket");
   auto* summary = app.add_subcommand("summary", "a memory_summary-like table of a process, any program");
   SnapshotOptions sumo;

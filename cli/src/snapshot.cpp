@@ -70,6 +70,13 @@ int cmd_snapshot(const SnapshotOptions& o) {
   }
   json req{{"pid", o.pid}, {"format", o.format}, {"top", o.top}};
   if (o.oom >= 0) req["oom"] = o.oom;
+  if (o.leaks) {
+    if (o.format != "text" && o.format != "json") {
+      std::fprintf(stderr, "cuwarden snapshot: --leaks writes text or json\n");
+      return kExitUsage;
+    }
+    req["leaks"] = 1;
+  }
   const auto r = ask(o.socket, proto::Command::get_snapshot, req);
   if (!r) return kExitFailure;
   const std::string body = jstr(*r, "body");

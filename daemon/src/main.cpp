@@ -57,6 +57,7 @@ struct Options {
   unsigned scan_interval_ms = 1000;
   double exited_linger_s = 60;
   std::size_t history = 10000;
+  unsigned leak_sample_s = 30;  ///< how often live memory is sampled by call site (snapshot --leaks)
 };
 
 /// Takes the run directory's lock (flock on the directory itself: no file is left behind),
@@ -208,6 +209,7 @@ int run(const Options& o) {
   ro.run_dir = run_dir;
   ro.history_per_process = std::max<std::size_t>(o.history, 1);
   ro.exited_linger_ns = static_cast<uint64_t>(std::max(0.0, o.exited_linger_s) * 1e9);
+  ro.sample_every_ns = uint64_t{o.leak_sample_s} * 1'000'000'000ULL;
   cuw::daemon::Registry reg(ro, dirfd, &nvml);
   reg.set_policy(loaded);
   reg_ptr = &reg;
@@ -355,6 +357,10 @@ int main(int argc, char** argv) {
   app.add_option("--exited-linger", o.exited_linger_s, "seconds an exited process stays visible")
       ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--history", o.history, "events kept per process")->check(CLI::Range(1, 10000000));
+  app.add_option("--leak-sample", o.leak_sample_s,
+                 "seconds between samples of each process's live memory by call site (cuwarden snapshot --leaks "
+                 "looks at the last 20)")
+      ->check(CLI::Range(1u, 3600u));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,7 @@
 //   churn N        N cuMemAlloc + cuMemFree pairs of 4 KiB (fills the ring past its size
 //                  when no daemon drains it: events dropped)
 //   oom BYTES      one cuMemAlloc of BYTES from oversized(); print its CUresult
+//   leak N         N allocations of 1 MiB from leaky(), kept (a leak growing between snapshots)
 //   free           free what big_buffer and small_buffers hold
 //   exit           exit 0 (what is still allocated stays: a leak for CUWARDEN_LEAKS)
 #include <cuda.h>
@@ -33,6 +34,14 @@ __attribute__((noinline)) void small_buffers(int n) {
   for (int i = 0; i < n; ++i) {
     CUdeviceptr p = 0;
     if (cuMemAlloc(&p, 64 * 1024) != CUDA_SUCCESS) std::exit(3);
+    g_live.push_back(p);
+  }
+}
+
+__attribute__((noinline)) void leaky(int n) {
+  for (int i = 0; i < n; ++i) {
+    CUdeviceptr p = 0;
+    if (cuMemAlloc(&p, 1 << 20) != CUDA_SUCCESS) std::exit(3);
     g_live.push_back(p);
   }
 }
@@ -65,6 +74,11 @@ int main() {
       std::cin >> bytes;
       CUdeviceptr p = 0;
       std::printf("oom result %d\n", static_cast<int>(oversized(bytes, &p)));
+    } else if (cmd == "leak") {
+      int n = 0;
+      std::cin >> n;
+      leaky(n);
+      std::printf("leaked %d\n", n);
     } else if (cmd == "free") {
       for (CUdeviceptr p : g_live) cuMemFree(p);
       g_live.clear();

@@ -12,6 +12,8 @@ its ring (events dropped). Checked:
   - a refusal: the program's stderr paragraph (what was asked, the cap, the top call site
     named by dladdr, the snapshot command), `cuwarden oom PID` naming the line, and the
     snapshot kept with the report;
+  - `cuwarden snapshot --leaks`: the call site whose live bytes only grew across the daemon's
+    samples;
   - at exit, the leak report naming what was never freed.
 """
 import argparse
@@ -78,7 +80,8 @@ def main():
         ask("churn 20000", "churned")  # 40,000 events, no daemon: the 16,384-slot ring drops
         check("big_buffer" in lines and "small_buffers" in lines, "the program printed its allocation lines")
 
-        daemon = subprocess.Popen([args.daemon, "--run-dir", run, "--socket", sock, "--log-level", "info"],
+        daemon = subprocess.Popen([args.daemon, "--run-dir", run, "--socket", sock, "--log-level", "info",
+                                   "--leak-sample", "1"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "d.log"), "w"))
         for _ in range(200):
             if os.path.exists(sock):
@@ -154,6 +157,18 @@ def main():
         check(kept["exact"] and any(a["bytes"] == 64 * MiB for a in kept["allocations"]),
               "the report's snapshot holds the allocations of that moment")
 
+        # A leak growing between the daemon's samples (one a second here).
+        for _ in range(3):
+            ask("leak 3", "leaked")
+            time.sleep(2.5)
+        leaks = cli("snapshot", pid, "--leaks")
+        check("leaky" in leaks and "big_buffer" not in leaks,
+              "`snapshot --leaks` lists the call site whose live bytes only grew (leaky), not the steady ones")
+        lj = json.loads(cli("snapshot", pid, "--leaks", "--format", "json"))
+        grow = [s for s in lj["sites"] if any("leaky" in f.get("function", "") for f in s["frames"])]
+        check(len(grow) == 1 and grow[0]["growth_bytes"] >= 6 * MiB and grow[0]["last_count"] == 9,
+              f"its growth is counted ({grow[0]['growth_bytes'] if grow else None} bytes, 9 allocations live)")
+
         app.stdin.write("exit\n")
         app.stdin.flush()
         app.wait(timeout=30)
@@ -167,7 +182,7 @@ def main():
         leak = err.split("never freed", 1)
         check(len(leak) == 2 and "big_buffer" in leak[1] and "small_buffers" in leak[1],
               "at exit, the leak report lists what was never freed by call site")
-        check("11 allocations never freed" in err, "the leak report counts the 11 live allocations")
+        check("20 allocations never freed" in err, "the leak report counts the 20 live allocations")
     finally:
         if app.poll() is None:
             app.kill()

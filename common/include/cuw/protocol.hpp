@@ -126,6 +126,9 @@ inline constexpr RequestKey kGetSnapshotKeys[] = {
     {"top", "uint|null", false, "\"top\" must be a non-negative integer"},
     // the snapshot of the process's out-of-memory report this many back (0: the newest), not now
     {"oom", "uint|null", false, "\"oom\" must be a non-negative integer"},
+    // 1: the call sites whose live bytes only grew over the daemon's samples (every 30 s, the
+    // last 10 minutes) and now, in the format (text or json), instead of the snapshot
+    {"leaks", "uint|null", false, "\"leaks\" must be 0 or 1"},
 };
 inline constexpr RequestKey kGetOomsKeys[] = {
     // only this process's reports

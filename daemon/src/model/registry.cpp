@@ -93,6 +93,18 @@ void Registry::scan() {
     if (p->exited && mono - p->exited_mono >= opt_.exited_linger_ns) expired.push_back(name);
   }
   for (const auto& name : expired) forget(name, opt_.unlink_exited);
+  // Site samples for `snapshot --leaks`: the live records by call site, every 30 s.
+  for (auto& [name, p] : procs_) {
+    if (p->exited || (p->sampled_mono != 0 && mono - p->sampled_mono < opt_.sample_every_ns)) continue;
+    p->sampled_mono = mono;
+    RingSnapshot header;
+    if (!p->ring->snapshot(header)) continue;
+    const ProcessIdentity who{opt_.run_dir, p->pid, p->uid, p->start_time, p->user, false};
+    TakenSnapshot t = take_snapshot(who, header, nullptr);
+    if (!t.snap.exact) continue;
+    p->samples.push_back(std::make_shared<const Snapshot>(site_sample(t.snap)));
+    while (p->samples.size() > kSamplesKept) p->samples.pop_front();
+  }
   // Every scan sweeps every job: a killed member's share is back within a scan interval
   // even when no other member allocates.
   jobs_.scan(dirfd_, job_files, policy_.get());
@@ -315,6 +327,7 @@ void Registry::publish() {
     ps.events_lost = p->events_lost;
     ps.events_readable = p->ring->writable();
     ps.history = p->history.view();
+    ps.samples.assign(p->samples.begin(), p->samples.end());
     st->processes.push_back(std::move(ps));
   }
   for (const auto& name : faulted) drop_faulted(name, "faulted while reading its header");

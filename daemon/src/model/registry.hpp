@@ -40,6 +40,7 @@ struct RegistryOptions {
   std::size_t max_jobs = 1024;                  ///< job segments tracked at once
   bool unlink_exited = true;                    ///< remove ring files of processes forgotten
   uint64_t nvml_refresh_ns = 500'000'000;       ///< NVML is asked at most this often by publish()
+  uint64_t sample_every_ns = kSampleEveryNs;    ///< live memory by call site, per process (--leaks)
 };
 
 class Registry {

@@ -55,6 +55,9 @@ struct SnapAlloc {
   uint32_t site = 0;        ///< SnapSite id, 0: none
   uint16_t api = 0;         ///< ring::Api of the allocating call
   SnapKind kind = SnapKind::device;
+  /// Allocations this record stands for: 1, but in the daemon's periodic samples for
+  /// `snapshot --leaks`, which keep one record per call site (bytes: their sum).
+  uint32_t count = 1;
 };
 
 /// A driver allocation a pooling backend holds (cache: one cuMemAlloc; vmm: a mapped run of

@@ -2,6 +2,7 @@
 #include "model/snapshots.hpp"
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <unordered_map>
 
@@ -139,6 +140,27 @@ TakenSnapshot take_snapshot(const ProcessIdentity& who, const RingSnapshot& head
   }
   // Sites named by trace events only (freed since) are in the log as well: nothing to add.
   return t;
+}
+
+Snapshot site_sample(const Snapshot& s) {
+  Snapshot out;
+  out.pid = s.pid;
+  out.comm = s.comm;
+  out.time_ns = s.time_ns;
+  out.exact = s.exact;
+  out.exited = s.exited;
+  out.callsite_frames = s.callsite_frames;
+  out.devices = s.devices;
+  std::map<std::pair<uint32_t, uint8_t>, SnapAlloc> by;
+  for (const SnapAlloc& a : s.allocations) {
+    auto [it, fresh] = by.try_emplace({a.site, static_cast<uint8_t>(a.kind)}, a);
+    if (fresh) continue;  // the first record of its site stands for itself
+    it->second.bytes += a.bytes;
+    it->second.count += a.count;
+  }
+  for (auto& [k, a] : by) out.allocations.push_back(a);
+  out.sites = s.sites;  // kept for the frames of the newest; small next to the records
+  return out;
 }
 
 void symbolize(TakenSnapshot& t, Symbolizer& sym) {

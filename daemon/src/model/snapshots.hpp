@@ -44,6 +44,13 @@ struct ProcessIdentity {
 TakenSnapshot take_snapshot(const ProcessIdentity& who, const RingSnapshot& header, const EventHistory::View* history,
                             std::size_t max_trace = 100000);
 
+/// `s` with its allocations folded into one record per call site and device kind (bytes
+/// summed, SnapAlloc::count the allocations), no trace, no segments: what the daemon keeps
+/// every kSampleEveryNs per process (cuwardend --leak-sample) for `snapshot --leaks`. Pure.
+Snapshot site_sample(const Snapshot& s);
+inline constexpr uint64_t kSampleEveryNs = 30'000'000'000ULL;
+inline constexpr std::size_t kSamplesKept = 20;  ///< 10 minutes of samples
+
 /// Name every native frame of `t` (function, file, line, module) with `sym`. Idempotent.
 /// Thread-safe as `sym` is.
 void symbolize(TakenSnapshot& t, Symbolizer& sym);

@@ -36,6 +36,8 @@ struct ProcessState {
   bool events_readable = false;  ///< the daemon may drain the ring (false: counters only)
   RingSnapshot header;               ///< the ring header as read when the State was built
   std::shared_ptr<const EventHistory::View> history;  ///< never null
+  /// Per-call-site samples of its live memory, every kSampleEveryNs (snapshot --leaks).
+  std::vector<std::shared_ptr<const Snapshot>> samples;
 };
 
 /// One job segment with at least one view taken of it.

@@ -139,6 +139,21 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       }
       if (backend.symbolizer) symbolize(taken, *backend.symbolizer);
       TextOptions opts;
+      if (req.contains("leaks") && req["leaks"].is_number() && req["leaks"].get<uint64_t>() != 0) {
+        if (format != "text" && format != "json") return error("bad request: --leaks takes the text or json format");
+        std::vector<Snapshot> window;
+        for (const ProcessState& ps : st->processes)
+          if (ps.pid == pid)
+            for (const auto& sample : ps.samples) window.push_back(*sample);
+        window.push_back(taken.snap);
+        nlohmann::ordered_json j;
+        j["pid"] = pid;
+        j["format"] = format;
+        j["exact"] = taken.snap.exact;
+        j["encoding"] = "utf-8";
+        j["body"] = format == "json" ? leaks_json(window).dump(1) : leaks_text(window, opts);
+        return reply(j);
+      }
       if (req.contains("top") && req["top"].is_number()) opts.top = req["top"].get<uint64_t>();
       nlohmann::ordered_json j;
       j["pid"] = pid;

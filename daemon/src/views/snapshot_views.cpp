@@ -142,7 +142,7 @@ std::map<uint32_t, SiteTotal> site_totals(const Snapshot& s) {
     if (a.kind == SnapKind::host) continue;
     SiteTotal& t = out[a.site];
     t.bytes += a.bytes;
-    ++t.count;
+    t.count += a.count;
   }
   return out;
 }

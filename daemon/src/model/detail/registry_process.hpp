@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 
 #include "model/history.hpp"
 #include "model/registry.hpp"
 #include "model/ring_view.hpp"
+#include "model/snapshots.hpp"
 
 namespace cuw::daemon {
 
@@ -30,6 +32,8 @@ struct Registry::Process {
   uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once
   uint64_t oom_taken_mono = 0; ///< when its last out-of-memory snapshot was taken (0: never)
+  uint64_t sampled_mono = 0;   ///< when its last site sample was taken (0: never)
+  std::deque<std::shared_ptr<const Snapshot>> samples;  ///< site_sample()s, oldest first
 };
 
 }  // namespace cuw::daemon
