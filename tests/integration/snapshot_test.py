@@ -183,6 +183,25 @@ def main():
         check(len(leak) == 2 and "big_buffer" in leak[1] and "small_buffers" in leak[1],
               "at exit, the leak report lists what was never freed by call site")
         check("20 allocations never freed" in err, "the leak report counts the 20 live allocations")
+
+        # From Python (ctypes releases the GIL around the call, as PyTorch does): the leak
+        # report names the script's own line, read from the interpreter's frames.
+        script = os.path.join(tmp, "py_leak.py")
+        with open(script, "w") as f:
+            f.write("import ctypes\n"
+                    "cuda = ctypes.CDLL('libcuda.so.1')\n"
+                    "dev, ctx, p = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()\n"
+                    "assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0\n"
+                    "assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0\n"
+                    "assert cuda.cuCtxSetCurrent(ctx) == 0\n"
+                    "def py_leaker():\n"
+                    "    return cuda.cuMemAlloc_v2(ctypes.byref(p), 3 << 20)  # line 8\n"
+                    "assert py_leaker() == 0\n")
+        py_env = dict(app_env)
+        py_env.pop("CUWARDEN_LIMIT")
+        r = subprocess.run([sys.executable, script], env=py_env, capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0 and re.search(r"3\.00 MiB in 1 allocation: .*py_leak\.py:8 in py_leaker", r.stderr)
+              is not None, f"from Python, the leak report names the script's line ({r.stderr.strip()[-300:]})")
     finally:
         if app.poll() is None:
             app.kill()
