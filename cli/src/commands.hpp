@@ -38,7 +38,7 @@ int cmd_limit(const LimitOptions& o);
 struct RunOptions {
   std::string limit, job, job_limit, pool, lib;
   std::string cap_scope;  ///< empty: CUWARDEN_CAP_SCOPE as set (default allocations)
-  int callsites = -1;  ///< -1: not given
+  std::string callsites;  ///< as typed; empty: not given
   std::vector<std::string> command;
 };
 /// Returns only on failure (exec replaces the process).

@@ -91,8 +91,10 @@ int cmd_run(const RunOptions& o) {
     return usage_error("bad --cap-scope '" + o.cap_scope + "': use " + words_of(Id::CUWARDEN_CAP_SCOPE));
   if (!o.pool.empty() && !cuw::options::is_literal(Id::CUWARDEN_POOL, o.pool))
     return usage_error("bad --pool '" + o.pool + "': use " + words_of(Id::CUWARDEN_POOL));
-  if (o.callsites != -1 && (o.callsites < 0 || o.callsites > 64))
-    return usage_error("bad --callsites " + std::to_string(o.callsites) + ": use 0..64");
+  if (!o.callsites.empty()) {
+    const bool digits = o.callsites.size() <= 2 && o.callsites.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(o.callsites) > 64) return usage_error("bad --callsites '" + o.callsites + "': use 0..64");
+  }
   if (o.command.empty()) return usage_error("no command given (cuwarden run [options] -- CMD ...)");
 
   std::string tried;
@@ -120,7 +122,7 @@ int cmd_run(const RunOptions& o) {
   if (!o.job_limit.empty()) set(Id::CUWARDEN_JOB_LIMIT, o.job_limit);
   if (!o.pool.empty()) set(Id::CUWARDEN_POOL, o.pool);
   if (!o.cap_scope.empty()) set(Id::CUWARDEN_CAP_SCOPE, o.cap_scope);
-  if (o.callsites >= 0) set(Id::CUWARDEN_CALLSITES, std::to_string(o.callsites));
+  if (!o.callsites.empty()) set(Id::CUWARDEN_CALLSITES, o.callsites);
 
   // Ours first (its symbols must win), then every existing entry but a duplicate of ours.
   std::string preload = lib;
