@@ -168,16 +168,28 @@ ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs,
   return ReadError::busy;
 }
 
-bool read_file(const std::string& path, long expect_uid, Contents* out, std::string* why, bool want_logs) {
-  // A copy with pread rather than a mapping: the file belongs to another process, which may
-  // truncate it under a mapping (SIGBUS); pread just returns less.
+bool read_file(const std::string& path, long expect_uid, Contents* out, std::string* why, bool want_logs,
+               uint64_t max_bytes) {
+  // Copies with pread rather than a mapping: the file belongs to another process, which may
+  // truncate it under a mapping (SIGBUS); pread just returns less. Only the header and the
+  // regions it publishes are read, into an image at their offsets (untouched pages of the
+  // image cost nothing), and no more than `max_bytes` of them: the file's size is the
+  // writer's to choose.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     *why = path + ": " + std::strerror(errno);
     return false;
   }
+  auto pread_all = [fd](unsigned char* dst, uint64_t n, uint64_t off) {
+    uint64_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(fd, dst + got, n - got, static_cast<off_t>(off + got));
+      if (r <= 0) break;
+      got += static_cast<uint64_t>(r);
+    }
+    return got;
+  };
   bool ok = false;
-  std::vector<unsigned char> buf;
   for (int attempt = 0; attempt < 16 && !ok; ++attempt) {
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -193,35 +205,60 @@ bool read_file(const std::string& path, long expect_uid, Contents* out, std::str
       *why = path + ": " + read_error_name(ReadError::too_small);
       break;
     }
-    try {
-      buf.resize(size);
-    } catch (const std::bad_alloc&) {
-      *why = path + ": no memory for a copy of " + std::to_string(size) + " bytes";
+    void* img = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (img == MAP_FAILED) {
+      *why = path + ": no address space for a copy";
       break;
     }
-    uint64_t got = 0;
-    while (got < size) {
-      const ssize_t n = ::pread(fd, buf.data() + got, size - got, static_cast<off_t>(got));
-      if (n <= 0) break;
-      got += static_cast<uint64_t>(n);
-    }
-    // The copy holds the regions its header names only if no table moved while it was
-    // taken: the header's sequence count, read again from the file, must be unchanged.
-    uint64_t before = 0, after = 0;
-    std::memcpy(&before, buf.data() + offsetof(LiveHeader, layout), sizeof before);
-    if (::pread(fd, &after, sizeof after, offsetof(LiveHeader, layout)) != sizeof after) break;
-    if ((before & 1) || before != after) {
-      *why = path + ": " + read_error_name(ReadError::busy);
-      sched_yield();
-      continue;
-    }
-    const ReadError e = read(buf.data(), got, out, want_logs, 1);
-    if (e == ReadError::none) {
-      ok = true;
+    auto* bytes = static_cast<unsigned char*>(img);
+    bool retry = false;
+    if (pread_all(bytes, kHeaderBytes, 0) == kHeaderBytes) {
+      LiveHeader h;
+      std::memcpy(static_cast<void*>(&h), bytes, sizeof h);
+      const uint64_t before = h.layout.load(std::memory_order_relaxed);
+      uint64_t total = 0;
+      bool fits = !(before & 1), too_big = false;
+      auto region = [&](uint64_t off, uint64_t n) {
+        if (!fits || too_big || n == 0) return;
+        if (n > max_bytes - std::min(max_bytes, total)) {
+          too_big = true;
+          return;
+        }
+        if (off < kHeaderBytes || off > size || n > size - off) {
+          fits = false;
+          return;
+        }
+        total += n;
+        pread_all(bytes + off, n, off);
+      };
+      for (uint32_t t = 0; t < kTables; ++t)
+        if (h.tables[t].capacity <= size / sizeof(LiveSlot))
+          region(h.tables[t].offset, h.tables[t].capacity * sizeof(LiveSlot));
+        else
+          fits = false;
+      if (want_logs)
+        for (uint32_t l = 0; l < kLogs; ++l) region(h.logs[l].offset, h.logs[l].used.load(std::memory_order_relaxed));
+      uint64_t after = 0;
+      if (::pread(fd, &after, sizeof after, offsetof(LiveHeader, layout)) != sizeof after) after = before + 1;
+      if (before & 1 || after != before) {
+        retry = true;  // a table moved while it was copied
+        *why = path + ": " + read_error_name(ReadError::busy);
+      } else if (too_big) {
+        *why = path + ": its tables hold more than " + std::to_string(max_bytes >> 20) + " MiB";
+      } else if (!fits) {
+        retry = true;  // a region past the size seen: the file grew meanwhile
+        *why = path + ": " + read_error_name(ReadError::bad_layout);
+      } else {
+        const ReadError e = read(bytes, size, out, want_logs, 1);
+        ok = e == ReadError::none;
+        if (!ok) *why = path + ": " + read_error_name(e);
+      }
     } else {
-      *why = path + ": " + read_error_name(e);
-      if (e != ReadError::bad_layout && e != ReadError::busy) break;  // else: the file grew meanwhile
+      *why = path + ": " + read_error_name(ReadError::too_small);
     }
+    ::munmap(img, size);
+    if (!ok && !retry) break;
+    if (retry) sched_yield();
   }
   ::close(fd);
   return ok;

@@ -216,10 +216,14 @@ const char* read_error_name(ReadError e) noexcept;
 /// the caller answers by mapping again. Allocates; thread-safe (reads only).
 ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs = true, int attempts = 64);
 
-/// read() on the file at `path`: opens it read-only (O_NOFOLLOW), copies it with pread (a
-/// writer that truncates it cannot fault the reader), and reads the copy, copying again
-/// when a table moved meanwhile. `expect_uid`: refuse a file another user owns (-1: any).
-/// Returns false with *why set when it cannot. Allocates the file's size; thread-safe.
-bool read_file(const std::string& path, long expect_uid, Contents* out, std::string* why, bool want_logs = true);
+/// read() on the file at `path`: opens it read-only (O_NOFOLLOW), copies its header and the
+/// regions the header publishes with pread (a writer that truncates it cannot fault the
+/// reader), and reads the copy, copying again when a table moved meanwhile. `expect_uid`:
+/// refuse a file another user owns (-1: any). Refuses a file whose published regions pass
+/// `max_bytes` (the writer chooses its size). Returns false with *why set when it cannot.
+/// Allocates what it copies and the records; thread-safe.
+inline constexpr uint64_t kReadLimit = 64ULL << 20;  ///< 2 Mi slots: far past any real program
+bool read_file(const std::string& path, long expect_uid, Contents* out, std::string* why, bool want_logs = true,
+               uint64_t max_bytes = kReadLimit);
 
 }  // namespace cuw::live

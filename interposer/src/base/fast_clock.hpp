@@ -81,6 +81,9 @@ struct alignas(64) ThreadState {
   /// The call site (core/callsites.hpp) of the allocation this thread is making, for the
   /// events and reports made deeper in (a refusal); 0: none, or call sites are off.
   uint32_t site = 0;
+  /// A refusal on this thread waits to be reported (core/reports.cpp) until its hook has
+  /// left every backend lock (SiteScope's end).
+  uint8_t oom_pending = 0;
 };
 /// ThreadState::mult of a thread in coarse mode (no real rate is this large).
 inline constexpr uint64_t kCoarse = ~0ULL;

@@ -3,9 +3,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -21,10 +23,13 @@ bool LiveSegment::open(const std::string& dir, uint32_t pid, uint32_t uid, uint6
                        uint32_t callsite_frames, bool pyframes) noexcept {
   if (!dir.empty()) {
     path_ = dir + "/" + live::file_name(pid, start_time);
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    // 0600, unlike the ring: call sites and module addresses are the owner's (and root's)
+    // business, not every user's.
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd_ >= 0) {
-      ::fchmod(fd_, 0644);
-      if (::ftruncate(fd_, live::kHeaderBytes) != 0) {
+      // Every page the mapping writes is allocated first (fallocate, not ftruncate): on a
+      // full tmpfs a write fault on an unallocated page would be SIGBUS in the program.
+      if (::fallocate(fd_, 0, 0, live::kHeaderBytes) != 0) {
         ::close(fd_);
         ::unlink(path_.c_str());
         fd_ = -1;
@@ -40,9 +45,19 @@ bool LiveSegment::open(const std::string& dir, uint32_t pid, uint32_t uid, uint6
     ::unlink(path_.c_str());
     fd_ = -1;
   }
+  limit_ = live::kMaxFileBytes;
+  if (fd_ >= 0) {
+    // Growing a file past RLIMIT_FSIZE would raise SIGXFSZ in the program: stop below it.
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < limit_)
+      limit_ = rl.rlim_cur & ~(live::kPage - 1);
+  }
   if (fd_ < 0) {
     path_.clear();
-    b = ::mmap(nullptr, live::kMaxFileBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // Private memory for the program's own reports: small, since with strict overcommit a
+    // reservation counts whole (past it, tables fall back to the heap).
+    limit_ = kAnonBytes;
+    b = ::mmap(nullptr, limit_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (b == MAP_FAILED) {
       log::warn("cuwarden: no memory for the live segment: snapshots and out-of-memory reports lack allocations");
       return false;
@@ -67,23 +82,51 @@ void* LiveSegment::new_region(uint64_t bytes, uint64_t* offset) noexcept {
   if (!base_) return nullptr;
   const uint64_t size = round_page(bytes);
   std::lock_guard<std::mutex> g(region_mu_);
-  const uint64_t at = end_.load(std::memory_order_relaxed);
-  if (size > live::kMaxFileBytes - at) {
+  // A region given back earlier, if one is large enough (first fit; the rest of it stays
+  // free): the file then stays within about twice what the tables and logs hold, however
+  // long the program churns. A reader still copying it saw the table move (`layout`).
+  uint64_t at = ~uint64_t{0};
+  for (std::size_t i = 0; i < free_.size(); ++i) {
+    if (free_[i].second < size) continue;
+    at = free_[i].first;
+    free_[i].first += size;
+    free_[i].second -= size;
+    if (free_[i].second == 0) free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+    break;
+  }
+  const uint64_t end = end_.load(std::memory_order_relaxed);
+  const bool fresh = at == ~uint64_t{0};
+  if (fresh) {
+    if (size > limit_ - std::min(limit_, end)) {
+      mark_incomplete();
+      return nullptr;
+    }
+    at = end;
+  }
+  // Allocated before any write through the mapping (a full tmpfs: ENOSPC here, not SIGBUS
+  // later); fresh pages, or a punched region, read as zero.
+  if (fd_ >= 0 && ::fallocate(fd_, 0, static_cast<off_t>(at), static_cast<off_t>(size)) != 0) {
+    if (!fresh) free_.emplace_back(at, size);
     mark_incomplete();
     return nullptr;
   }
-  if (fd_ >= 0 && ::ftruncate(fd_, static_cast<off_t>(at + size)) != 0) {
-    mark_incomplete();
-    return nullptr;
-  }
-  end_.store(at + size, std::memory_order_release);
+  if (!fresh && fd_ < 0) std::memset(base_ + at, 0, size);  // MADV_DONTNEED zeroed it; to be sure
+  if (fresh) end_.store(at + size, std::memory_order_release);
   *offset = at;
-  return base_ + at;  // zero: fresh file pages, or fresh anonymous pages
+  return base_ + at;
 }
 
 void LiveSegment::retire(uint64_t offset, uint64_t bytes) noexcept {
   if (!base_ || bytes == 0) return;
   const uint64_t size = round_page(bytes);
+  {
+    std::lock_guard<std::mutex> g(region_mu_);
+    try {
+      free_.emplace_back(offset, size);
+    } catch (...) {
+      // Not reused: only the file's size grows.
+    }
+  }
   // The pages go back; the file keeps its size (a reader maps it whole), reading as zero.
   if (fd_ >= 0) {
     if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
@@ -155,6 +198,23 @@ bool LiveSegment::append(live::Log l, const void* record, std::size_t bytes) noe
   __atomic_store_n(&d.records, d.records + 1, __ATOMIC_RELAXED);
   d.used.store(used + bytes, std::memory_order_release);  // the record is whole before it counts
   return true;
+}
+
+void LiveSegment::drop_table(live::Table t) noexcept {
+  if (!base_) return;
+  live::TableDesc& d = header().tables[static_cast<uint32_t>(t)];
+  uint64_t old_offset = 0, old_bytes = 0;
+  {
+    std::lock_guard<std::mutex> g(region_mu_);
+    old_offset = d.offset;
+    old_bytes = d.capacity * sizeof(live::LiveSlot);
+    layout_begin();
+    __atomic_store_n(&d.capacity, uint64_t{0}, __ATOMIC_RELAXED);
+    __atomic_store_n(&d.offset, uint64_t{0}, __ATOMIC_RELAXED);
+    layout_end();
+  }
+  mark_incomplete();
+  if (old_bytes) retire(old_offset, old_bytes);
 }
 
 void LiveSegment::unlink() noexcept {

@@ -3,15 +3,18 @@
 // reads them without asking the program anything.
 //
 // One reservation of address space maps the whole file (live::kMaxFileBytes, no memory
-// committed); regions are handed out upwards and the file grows with ftruncate as they are,
-// so a region's address never changes and no table is ever remapped. A table that grows
-// gets a new region; the old one is punched out (fallocate), giving its pages back.
+// committed); regions are handed out upwards, each allocated (fallocate) before it is
+// written, so a region's address never changes and no table is ever remapped. A table that
+// grows gets a new region; the old one is punched out, giving its pages back, and reused
+// for a later region.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <mutex>
 #include "cuw/live.hpp"
@@ -58,8 +61,14 @@ class LiveSegment {
 
   /// A record could not be stored: readers are told the tables are no longer exact.
   void mark_incomplete() noexcept { if (base_) header().incomplete.store(1, std::memory_order_relaxed); }
+  /// Table `t` leaves the segment (it could not grow there: the file limit, a full
+  /// tmpfs): readers see it empty and the segment incomplete; its region is given back. The
+  /// caller keeps the records elsewhere (the heap). Cold.
+  void drop_table(live::Table t) noexcept;
   /// Remove the file (the process exits with no daemon to read it). Keeps the mapping.
   void unlink() noexcept;
+  /// The private reservation when no file can be made (see open()).
+  static constexpr uint64_t kAnonBytes = 64ULL << 20;
 
  private:
   /// Bytes [offset, offset + bytes) of the file, allocated now; nullptr when it cannot be.
@@ -72,6 +81,8 @@ class LiveSegment {
   int fd_ = -1;
   std::string path_;
   std::atomic<uint64_t> end_{0};  ///< bytes handed out (the file's size)
+  uint64_t limit_ = 0;            ///< the most end_ may reach (file limit, RLIMIT_FSIZE, reservation)
+  std::vector<std::pair<uint64_t, uint64_t>> free_;  ///< regions given back: offset, bytes (region_mu_)
   std::mutex region_mu_;  ///< serializes new_region, retire and the layout's sequence lock (cold)
 };
 

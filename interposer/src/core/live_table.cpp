@@ -11,16 +11,17 @@ CUW_COLD bool LiveTable::grow() noexcept {
   // Double when live entries fill half; otherwise rebuild at the same size to drop tombstones.
   const uint32_t cap = capacity_ == 0 ? 1024 : (live_ * 2 >= capacity_ ? capacity_ * 2 : capacity_);
   if (cap == 0) return false;  // 2^32 slots: past any process
-  LiveSegment* const seg = table_ == kNoTable ? nullptr : s_segment_;
-  Slot* fresh = nullptr;
-  if (seg) {
-    fresh = seg->new_table_region(cap);  // zero-filled: every key kEmpty
-  } else {
+  LiveSegment* seg = table_ == kNoTable ? nullptr : s_segment_;
+  Slot* fresh = seg ? seg->new_table_region(cap) : nullptr;  // zero-filled: every key kEmpty
+  bool left_segment = false;
+  if (!fresh) {
+    // No segment, or it cannot hold more (its file limit, a full tmpfs): the heap, so that
+    // counting never depends on it; readers of the segment are told it is incomplete.
     fresh = static_cast<Slot*>(std::aligned_alloc(alignof(Slot), uint64_t{cap} * sizeof(Slot)));
-    if (fresh)
-      for (uint32_t i = 0; i < cap; ++i) fresh[i].key = kEmpty;
+    if (!fresh) return false;
+    for (uint32_t i = 0; i < cap; ++i) fresh[i].key = kEmpty;
+    left_segment = seg != nullptr;
   }
-  if (!fresh) return false;
   const auto shift = static_cast<uint8_t>(64 - __builtin_ctz(cap));
   for (uint32_t i = 0; i < capacity_; ++i) {
     const uint64_t k = slots_[i].key;
@@ -29,7 +30,10 @@ CUW_COLD bool LiveTable::grow() noexcept {
     while (fresh[j].key != kEmpty) j = (j + 1) & (cap - 1);
     fresh[j] = slots_[i];
   }
-  if (seg) {
+  if (left_segment) {
+    seg->drop_table(static_cast<live::Table>(table_));  // and gives back the old region
+    table_ = kNoTable;
+  } else if (seg) {
     seg->publish_table(static_cast<live::Table>(table_), fresh, cap);  // and retires the old region
   } else {
     std::free(slots_);

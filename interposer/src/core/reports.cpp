@@ -42,6 +42,18 @@ std::vector<SiteTotal> by_site(const live::Contents& c, bool device_only, int or
   return v;
 }
 
+/// The process's own live records. A file is copied with pread, like the daemon does: a
+/// region given back (punched) reads as zero there, where touching it through the mapping
+/// could fault a page in.
+bool read_own(const LiveSegment& seg, live::Contents* c) {
+  if (!seg.usable()) return false;
+  if (seg.is_file()) {
+    std::string why;
+    return live::read_file(seg.path(), -1, c, &why, false);
+  }
+  return live::read(seg.base(), seg.size(), c, false) == live::ReadError::none;
+}
+
 void write_stderr(const std::string& text) {
   std::size_t off = 0;
   while (off < text.size()) {
@@ -53,7 +65,34 @@ void write_stderr(const std::string& text) {
 
 }  // namespace
 
+namespace {
+/// The refusal report_oom() noted on this thread, for flush_oom_report().
+struct PendingOom {
+  int ordinal = -1;
+  uint64_t bytes = 0;
+  ring::Api api = ring::Api::unknown;
+  ring::EventKind kind = ring::EventKind::refuse;
+  uint32_t result = 0;
+  uint32_t site = 0;
+};
+thread_local PendingOom t_pending;
+}  // namespace
+
 void Tracker::report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::EventKind kind, uint32_t result) noexcept {
+  fast_clock::detail::ThreadState& ts = thread_state();
+  if (ts.oom_pending) return;  // the first refusal of the hook is the one to tell
+  t_pending = PendingOom{ordinal, bytes, api, kind, result, ts.site};
+  ts.oom_pending = 1;
+}
+
+void Tracker::flush_oom_report(uint64_t asked) noexcept {
+  thread_state().oom_pending = 0;
+  const PendingOom p = t_pending;
+  const int ordinal = p.ordinal;
+  const ring::Api api = p.api;
+  const ring::EventKind kind = p.kind;
+  const uint32_t result = p.result;
+  const uint64_t bytes = asked ? asked : p.bytes;
   // At most one every few seconds: a framework that frees its cache and retries refuses
   // again in a burst; the first paragraph says what the rest would.
   constexpr uint64_t kEveryNs = 5'000'000'000ULL;
@@ -82,11 +121,9 @@ void Tracker::report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::Event
     if (cached) s += ", of which the pool keeps " + format_bytes(cached) + " free";
     s += ".\n";
     // Where the refused request came from (the hook captured it before asking).
-    if (callsites_on()) {
-      if (const uint32_t asked = thread_state().site) s += "  Asked at: " + live_->sites.describe(asked) + "\n";
-    }
+    if (callsites_on() && p.site) s += "  Asked at: " + live_->sites.describe(p.site) + "\n";
     live::Contents c;
-    const bool read = live_->segment.usable() && live::read(live_->segment.base(), live_->segment.size(), &c, false) == live::ReadError::none;
+    const bool read = read_own(live_->segment, &c);
     if (read) {
       const std::vector<SiteTotal> sites = by_site(c, true, ordinal);
       if (callsites_on()) {
@@ -117,7 +154,7 @@ void Tracker::report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::Event
 void Tracker::report_leaks() noexcept {
   try {
     live::Contents c;
-    if (!live_->segment.usable() || live::read(live_->segment.base(), live_->segment.size(), &c, false) != live::ReadError::none) return;
+    if (!read_own(live_->segment, &c)) return;
     const std::vector<SiteTotal> sites = by_site(c, false, -1);
     uint64_t n = 0, b = 0;
     for (const SiteTotal& t : sites) n += t.count, b += t.bytes;

@@ -369,9 +369,14 @@ class Tracker {
   /// An allocation of `bytes` on `ordinal` through `api` was refused (`kind`: refuse or
   /// job_refuse; or driver_error with the driver's `result`): the program's standard error
   /// gets one paragraph (what was asked, the cap, what is in use and what the pool holds,
-  /// the top call sites, the command for the full snapshot), at most one every few seconds.
-  /// Without lock() held. Cold (reads the live segment: a few ms with 100,000 allocations).
+  /// where the request came from, the top call sites, the command for the full snapshot),
+  /// at most one every few seconds. Noted here and written by flush_oom_report() when the
+  /// hook ends (SiteScope), outside every backend lock: writing it reads the live segment
+  /// and names frames (dladdr takes the loader's lock). Without lock() held. Cold.
   void report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::EventKind kind, uint32_t result) noexcept;
+  /// Write the paragraph report_oom() noted on this thread; `asked`: the program's request
+  /// (the refused bytes may be a pool's rounded segment), 0: unknown. Cold.
+  void flush_oom_report(uint64_t asked) noexcept;
   /// CUWARDEN_LEAKS=report: what was never freed, by call site, to standard error (on_exit).
   void report_leaks() noexcept;
 
@@ -519,19 +524,24 @@ class Tracker {
 /// made deeper in, cleared at its end. One relaxed load and a branch when off.
 class SiteScope {
  public:
-  CUW_INLINE explicit SiteScope(Tracker& t) noexcept {
+  /// `asked`: the program's request in bytes (what an out-of-memory paragraph says it asked).
+  CUW_INLINE explicit SiteScope(Tracker& t, uint64_t asked = 0) noexcept : t_(t), asked_(asked) {
     if (__builtin_expect(t.callsites_on(), 0)) {
       thread_state().site = t.call_sites().capture();
       on_ = true;
     }
   }
   CUW_INLINE ~SiteScope() {
-    if (__builtin_expect(on_, 0)) thread_state().site = 0;
+    fast_clock::detail::ThreadState& ts = thread_state();
+    if (__builtin_expect(ts.oom_pending, 0)) t_.flush_oom_report(asked_);
+    if (__builtin_expect(on_, 0)) ts.site = 0;
   }
   SiteScope(const SiteScope&) = delete;
   SiteScope& operator=(const SiteScope&) = delete;
 
  private:
+  Tracker& t_;
+  uint64_t asked_;
   bool on_ = false;
 };
 

@@ -27,7 +27,7 @@ namespace ring = cuw::ring;
 CUW_EXPORT_HOT __attribute__((aligned(4096))) CUresult hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   CUW_PROLOGUE(cuMemAlloc_v2, dptr, bytesize);
   Tracker& t = Tracker::get();
-  const core::SiteScope site(t);
+  const core::SiteScope site(t, bytesize);
   return with_backend(t, [&](auto& b) CUW_LAMBDA_INLINE { return b.allocate(t, dptr, bytesize, real); });
 }
 
@@ -41,7 +41,7 @@ CUW_EXPORT_HOT __attribute__((aligned(64))) CUresult hook_cuMemFree_v2(CUdevicep
 CUW_EXPORT CUresult hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   CUW_PROLOGUE(cuMemAllocManaged, dptr, bytesize, flags);
   Tracker& t = Tracker::get();
-  const core::SiteScope site(t);
+  const core::SiteScope site(t, bytesize);
   return core::tracked_alloc(t, ring::Api::cuMemAllocManaged, t.current_device(), false, bytesize, 0, dptr,
                              [&] { return real(dptr, bytesize, flags); });
 }
@@ -67,7 +67,7 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
                                                                     CUstream stream) {                    \
     CUW_PROLOGUE(name, dptr, bytesize, stream);                                                             \
     Tracker& t = Tracker::get();                                                                            \
-    const core::SiteScope site(t);                                                                          \
+    const core::SiteScope site(t, bytesize);                                                                \
     return with_backend(                                                                                    \
         t, [&](auto& b) CUW_LAMBDA_INLINE { return b.allocate_async(t, dptr, bytesize, stream, real); }); \
   }
@@ -79,7 +79,7 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
 #define CUW_POOL_ALLOC(name)                                                                                 \
   CUW_EXPORT_HOT CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) { \
     CUW_PROLOGUE(name, dptr, bytesize, pool, stream);                                                        \
-    const core::SiteScope site(Tracker::get());                                                              \
+    const core::SiteScope site(Tracker::get(), bytesize);                                                    \
     return core::tracked_alloc_async(Tracker::get(), ring::Api::cuMemAllocFromPoolAsync, pool, stream,     \
                                      bytesize, dptr, [&] { return real(dptr, bytesize, pool, stream); });   \
   }

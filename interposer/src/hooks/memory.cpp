@@ -51,7 +51,7 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
   if (!prop || !handle || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(handle, size, prop, flags);  // host-located memory: not device memory, not capped
   Tracker& t = Tracker::get();
-  const core::SiteScope site(t);
+  const core::SiteScope site(t, size);
   return core::tracked_alloc_in(
       t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
       [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; }, nullptr,
@@ -75,7 +75,7 @@ CUW_EXPORT CUresult hook_cuGraphAddMemAllocNode(CUgraphNode* node, CUgraph graph
   if (!params || params->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return real(node, graph, deps, ndeps, params);
   Tracker& t = Tracker::get();
-  const core::SiteScope site(t);
+  const core::SiteScope site(t, params->bytesize);
   return core::tracked_alloc_in(t, t.pointers(), ring::Api::cuGraphMemAlloc, params->poolProps.location.id, false,
                                 params->bytesize, 0, [&] { return real(node, graph, deps, ndeps, params); },
                                 [params] { return uint64_t{params->dptr}; });
@@ -141,7 +141,7 @@ CUW_EXPORT CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray handle) {
 
 CUW_EXPORT CUresult hook_cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
   CUW_PROLOGUE(cuMemHostAlloc, pp, bytesize, flags);
-  const core::SiteScope site(Tracker::get());
+  const core::SiteScope site(Tracker::get(), bytesize);
   return core::tracked_host_alloc(ring::Api::cuMemHostAlloc, bytesize, [&] { return real(pp, bytesize, flags); },
                                   pp);
 }
@@ -154,7 +154,7 @@ CUW_EXPORT CUresult hook_cuMemAllocHost_v2(void** pp, size_t bytesize) {
 
 CUW_EXPORT CUresult hook_cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
   CUW_PROLOGUE(cuMemHostRegister_v2, p, bytesize, flags);
-  const core::SiteScope site(Tracker::get());
+  const core::SiteScope site(Tracker::get(), bytesize);
   return core::tracked_host_alloc(ring::Api::cuMemHostAlloc, bytesize, [&] { return real(p, bytesize, flags); },
                                   &p);
 }
