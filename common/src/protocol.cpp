@@ -66,13 +66,13 @@ int read_all(int fd, void* data, size_t n, int timeout_ms) {
 }  // namespace
 
 bool send_message(int fd, Command cmd, uint32_t seq, const std::string& body, int timeout_ms) noexcept {
-  if (body.size() > kMaxBody) return false;
+  if (body.size() > kMaxReplyBody) return false;
   Header h{kMagic, kVersion, static_cast<uint16_t>(cmd), seq, static_cast<uint32_t>(body.size())};
   if (!write_all(fd, &h, sizeof h, timeout_ms)) return false;
   return body.empty() || write_all(fd, body.data(), body.size(), timeout_ms);
 }
 
-std::optional<Message> recv_message(int fd, int timeout_ms, std::string* why) {
+std::optional<Message> recv_message(int fd, int timeout_ms, std::string* why, uint32_t max_body) {
   Message m;
   int r = read_all(fd, &m.header, sizeof m.header, timeout_ms);
   if (r <= 0) {
@@ -87,7 +87,7 @@ std::optional<Message> recv_message(int fd, int timeout_ms, std::string* why) {
     if (why) *why = "unsupported protocol version " + std::to_string(m.header.version);
     return std::nullopt;
   }
-  if (m.header.length > kMaxBody) {
+  if (m.header.length > max_body) {
     if (why) *why = "message body too large (" + std::to_string(m.header.length) + " bytes)";
     return std::nullopt;
   }
@@ -122,7 +122,7 @@ std::optional<Message> request(const std::string& socket_path, Command cmd, cons
   if (!send_message(fd, cmd, 1, body, timeout_ms)) {
     if (why) *why = "could not send the request";
   } else {
-    reply = recv_message(fd, timeout_ms, why);
+    reply = recv_message(fd, timeout_ms, why, kMaxReplyBody);
   }
   ::close(fd);
   return reply;

@@ -35,6 +35,8 @@ inline constexpr uint32_t kMagic = 0x50575543;  // "CUWP"
 ///   changed command number or kReplyBit.
 inline constexpr uint16_t kVersion = 1;
 inline constexpr uint32_t kMaxBody = 16u << 20;  // 16 MiB
+/// Replies may be larger: a snapshot of a large process (the client reads up to this).
+inline constexpr uint32_t kMaxReplyBody = 256u << 20;
 inline constexpr uint16_t kReplyBit = 0x8000;
 
 enum class Command : uint16_t {
@@ -172,7 +174,7 @@ constexpr const CommandInfo* find_command(uint16_t number) noexcept {
 
 /// Default socket path: $CUWARDEN_RUN_DIR/cuwardend.sock (see paths.hpp).
 
-/// Write header + body to a connected stream socket, retrying on EINTR and short writes.
+/// Write header + body (at most kMaxReplyBody) to a connected stream socket, retrying on EINTR and short writes.
 /// Returns false on any error (the peer went away). Blocking; `timeout_ms` bounds each poll.
 bool send_message(int fd, Command cmd, uint32_t seq, const std::string& body, int timeout_ms) noexcept;
 
@@ -183,8 +185,9 @@ struct Message {
 };
 
 /// Read exactly one message. Returns nullopt on EOF, timeout, bad magic/version, or a body
-/// over kMaxBody; *why (if given) says which, for logs.
-std::optional<Message> recv_message(int fd, int timeout_ms, std::string* why = nullptr);
+/// over `max_body` (kMaxBody: a request; a client reading a reply passes kMaxReplyBody); *why
+/// (if given) says which, for logs.
+std::optional<Message> recv_message(int fd, int timeout_ms, std::string* why = nullptr, uint32_t max_body = kMaxBody);
 
 /// Client helper: connect to `socket_path`, send one request and wait for the reply.
 /// Returns nullopt and sets *why on failure ("no daemon at PATH: ...").

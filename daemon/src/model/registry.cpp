@@ -270,12 +270,14 @@ void Registry::take_oom_report(Process& p, const StoredEvent& ev) {
   if (!p.ring->snapshot(header)) return;
   auto rep = std::make_shared<OomReport>();
   rep->pid = p.pid;
+  rep->uid = p.uid;
+  rep->start_time = p.start_time;
   rep->process_name = field_text(header.comm, sizeof header.comm);
   rep->user = p.user;
   rep->event = ev;
   const ProcessIdentity who{opt_.run_dir, p.pid, p.uid, p.start_time, p.user, p.exited};
   const auto history = p.history.view();
-  rep->snapshot = take_snapshot(who, header, history.get(), 10000);
+  rep->snapshot = take_snapshot(who, header, history.get(), 2000);
   spdlog::info("pid {}: out of memory ({} bytes asked on device {}); report kept{}", p.pid, ev.e.bytes,
                static_cast<int>(ev.e.device), rep->snapshot.snap.exact ? "" : " without live records");
   oom_log_.push_back(std::move(rep));

@@ -5,6 +5,7 @@
 // JSON, PyTorch's snapshot pickle or a Perfetto trace by views/snapshot_views.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -115,7 +116,13 @@ struct Snapshot {
   std::vector<SnapSegment> segments;   ///< by address
   std::vector<SnapSite> sites;         ///< every site an allocation or event names, by id
   std::vector<SnapEvent> trace;        ///< oldest first
+  /// The site with id `id`; nullptr for 0 (none) or an unknown id. A binary search when
+  /// `sites` is sorted by id (as the daemon takes them), else a scan.
   const SnapSite* site(uint32_t id) const noexcept {
+    if (id == 0) return nullptr;
+    auto it = std::lower_bound(sites.begin(), sites.end(), id,
+                               [](const SnapSite& s, uint32_t v) { return s.id < v; });
+    if (it != sites.end() && it->id == id) return &*it;
     for (const SnapSite& s : sites)
       if (s.id == id) return &s;
     return nullptr;

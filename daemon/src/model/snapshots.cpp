@@ -1,6 +1,8 @@
 // cuwarden daemon model: taking and naming a process's Snapshot (snapshots.hpp).
 #include "model/snapshots.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <map>
 #include <cstdio>
@@ -36,6 +38,8 @@ SnapKind kind_of(live::Table t, uint16_t api) {
 TakenSnapshot take_snapshot(const ProcessIdentity& who, const RingSnapshot& header, const EventHistory::View* history,
                             std::size_t max_trace) {
   TakenSnapshot t;
+  t.uid = who.uid;
+  t.start_time = who.start_time;
   Snapshot& s = t.snap;
   s.pid = who.pid;
   s.user = who.user;
@@ -111,6 +115,8 @@ TakenSnapshot take_snapshot(const ProcessIdentity& who, const RingSnapshot& head
       }
       s.sites.push_back(std::move(ss));
     }
+    // By id (Snapshot::site() searches them so): the log's order already, unless hostile.
+    std::sort(s.sites.begin(), s.sites.end(), [](const SnapSite& a, const SnapSite& b) { return a.id < b.id; });
   }
 
   // The trace: the newest events the daemon kept.
@@ -165,6 +171,15 @@ Snapshot site_sample(const Snapshot& s) {
 
 void symbolize(TakenSnapshot& t, Symbolizer& sym) {
   if (t.symbolized) return;
+  // The module list is the process's to write: a daemon running as root would otherwise
+  // read, and name lines from, files the process's owner cannot read. Such a module keeps
+  // its frames' addresses only.
+  for (ModuleInfo& m : t.modules) {
+    struct stat st {};
+    const bool readable = ::stat(m.path.c_str(), &st) == 0 &&
+                          ((st.st_mode & S_IROTH) || (st.st_uid == t.uid && (st.st_mode & S_IRUSR)));
+    if (!readable) m.path.clear();
+  }
   for (SnapSite& site : t.snap.sites) {
     std::vector<SnapFrame> named;
     named.reserve(site.frames.size());

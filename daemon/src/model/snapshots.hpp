@@ -25,6 +25,8 @@ struct TakenSnapshot {
   std::vector<ModuleInfo> modules;
   bool symbolized = false;
   std::string live_error;  ///< why the live records could not be read ("" when exact)
+  uint32_t uid = 0;          ///< the process's owner
+  uint64_t start_time = 0;   ///< the process's start time (the pid-reuse guard)
 };
 
 /// Who the process is, besides its ring header.

@@ -78,7 +78,8 @@ struct LimitChange {
 /// taken when the daemon saw it: a process that died of its out-of-memory error still has
 /// its report. Immutable once published.
 struct OomReport {
-  uint32_t pid = 0;
+  uint32_t pid = 0, uid = 0;
+  uint64_t start_time = 0;
   std::string process_name, user;
   StoredEvent event;          ///< the refusal (kind refuse, job_refuse, or driver_error)
   TakenSnapshot snapshot;     ///< not symbolized: named when asked for

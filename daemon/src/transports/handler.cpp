@@ -61,11 +61,16 @@ std::string base64(const std::string& in) {
   return out;
 }
 
-/// The reports of `pid` (all when none), newest first.
-std::vector<std::shared_ptr<const OomReport>> reports_of(const State& st, std::optional<uint32_t> pid) {
+/// Whether `peer` may see the call sites and allocations of a process of user `uid`: its
+/// owner and root only (a snapshot shows code paths, module addresses, file names).
+bool may_see(const Peer& peer, uint32_t uid) { return peer.root() || (peer.known && peer.uid == uid); }
+
+/// The reports of `pid` (all when none) that `peer` may see, newest first.
+std::vector<std::shared_ptr<const OomReport>> reports_of(const State& st, std::optional<uint32_t> pid,
+                                                         const Peer& peer) {
   std::vector<std::shared_ptr<const OomReport>> v;
   for (auto it = st.ooms.rbegin(); it != st.ooms.rend(); ++it)
-    if (!pid || (*it)->pid == *pid) v.push_back(*it);
+    if ((!pid || (*it)->pid == *pid) && may_see(peer, (*it)->uid)) v.push_back(*it);
   return v;
 }
 
@@ -125,7 +130,7 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       TakenSnapshot taken;
       if (req.contains("oom") && !req["oom"].is_null()) {
         const auto n = req["oom"].get<uint64_t>();
-        const auto reps = reports_of(*st, static_cast<uint32_t>(pid));
+        const auto reps = reports_of(*st, static_cast<uint32_t>(pid), peer);
         if (n >= reps.size())
           return error("no out-of-memory report " + std::to_string(n) + " for pid " + std::to_string(pid));
         taken = reps[n]->snapshot;
@@ -134,6 +139,12 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
         for (const ProcessState& ps : st->processes)
           if (ps.pid == pid && (!p || (p->exited && !ps.exited))) p = &ps;
         if (!p) return error("no such process: " + std::to_string(pid));
+        if (!may_see(peer, p->uid))
+          return Server::Reply{static_cast<uint16_t>(Command::error),
+                               json{{"error", "refused: pid " + std::to_string(pid) +
+                                                  " is another user's process (its owner or root may take its snapshot)"},
+                                    {"refused", true}}
+                                   .dump()};
         taken = take_snapshot(ProcessIdentity{st->run_dir, p->pid, p->uid, p->start_time, p->user, p->exited},
                               p->header, p->history.get());
       }
@@ -143,7 +154,7 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
         if (format != "text" && format != "json") return error("bad request: --leaks takes the text or json format");
         std::vector<Snapshot> window;
         for (const ProcessState& ps : st->processes)
-          if (ps.pid == pid)
+          if (ps.pid == pid && ps.start_time == taken.start_time)  // not a pid's earlier owner
             for (const auto& sample : ps.samples) window.push_back(*sample);
         window.push_back(taken.snap);
         nlohmann::ordered_json j;
@@ -176,7 +187,7 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       const auto st = backend.store->load();
       std::optional<uint32_t> pid;
       if (req.contains("pid") && !req["pid"].is_null()) pid = static_cast<uint32_t>(req["pid"].get<uint64_t>());
-      const auto reps = reports_of(*st, pid);
+      const auto reps = reports_of(*st, pid, peer);
       nlohmann::ordered_json list = nlohmann::ordered_json::array();
       std::map<uint32_t, std::size_t> index;  // per pid, newest first
       std::vector<nlohmann::ordered_json> rows;

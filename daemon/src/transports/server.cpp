@@ -220,7 +220,7 @@ void Server::process(Conn& c) {
 
 void Server::queue(Conn& c, uint16_t command, uint32_t seq, const std::string& body) {
   std::string b = body;
-  if (b.size() > proto::kMaxBody) {
+  if (b.size() > proto::kMaxReplyBody) {
     command = static_cast<uint16_t>(proto::Command::error);
     b = error_body("reply too large");
   }
