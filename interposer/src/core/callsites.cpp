@@ -145,10 +145,11 @@ uint32_t CallSites::capture() noexcept {
   void* raw[kMaxNative + kOwnFrames];
   const int got = backtrace(raw, native_ + kOwnFrames);
   uint64_t frames[kMaxNative + kMaxPython];
+  // Up to the last of our frames among the first few: a runtime that intercepts
+  // backtrace() itself (a sanitizer's) puts its own frame on top of ours.
   int native = 0, skip = 0;
-  while (skip < got && reinterpret_cast<uintptr_t>(raw[skip]) >= own_lo_ &&
-         reinterpret_cast<uintptr_t>(raw[skip]) < own_hi_)
-    ++skip;
+  for (int i = 0; i < got && i < kOwnFrames + 2; ++i)
+    if (reinterpret_cast<uintptr_t>(raw[i]) >= own_lo_ && reinterpret_cast<uintptr_t>(raw[i]) < own_hi_) skip = i + 1;
   for (int i = skip; i < got && native < native_; ++i) frames[native++] = reinterpret_cast<uint64_t>(raw[i]);
   int python = 0;
   if (python_) {
