@@ -138,8 +138,11 @@ ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs,
       for (uint64_t i = 0; i < tables[t].capacity; ++i) {
         const uint64_t k1 = __atomic_load_n(&slots[i].key, __ATOMIC_ACQUIRE);
         if (k1 == kEmpty || k1 == kTomb) continue;
-        const uint64_t rec = load(&slots[i].rec), stream = load(&slots[i].stream), tag = load(&slots[i].tag);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        // Acquire loads (not a fence, which TSan does not model): the key's second read stays
+        // after them.
+        const uint64_t rec = __atomic_load_n(&slots[i].rec, __ATOMIC_ACQUIRE);
+        const uint64_t stream = __atomic_load_n(&slots[i].stream, __ATOMIC_ACQUIRE);
+        const uint64_t tag = __atomic_load_n(&slots[i].tag, __ATOMIC_ACQUIRE);
         if (load(&slots[i].key) != k1) continue;  // changed under us: removed or being rewritten
         c.records.push_back(Record{static_cast<Table>(t), k1, rec_bytes(rec), stream, rec_device(rec), rec_api(rec),
                                    tag_time_ns(tag, c.created_ns), tag_site(tag)});
@@ -158,7 +161,9 @@ ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs,
         if (l == static_cast<uint32_t>(Log::codes)) parse_codes(p, log_used[l], &c.codes);
       }
     }
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    // (The table loads above are acquire loads, so this one stays after them. The logs are
+    // plain copies: read() on a live mapping is for the process's own tables; the daemon
+    // reads a still copy, read_file's.)
     const uint64_t s2 = h->layout.load(std::memory_order_acquire);
     if (s2 != s1) continue;  // a region moved while we copied it: its old place may be gone
     if (!layout_ok) return ReadError::bad_layout;
