@@ -147,7 +147,9 @@ def main():
         check(any(e.get("ph") == "C" for e in evs) and all("ph" in e and "pid" in e for e in evs),
               "the perfetto trace has counter events, each with ph and pid")
         summ = cli("summary", pid)
-        check("Allocated memory" in summ or "allocated" in summ.lower(), "the summary prints its table")
+        m = re.search(r"\| Allocations\s+\|\s+(\d+)", summ)
+        check("Allocated memory" in summ and m is not None and int(m.group(1)) == 11,
+              f"the summary's table counts the 11 live allocations ({m.group(1) if m else None})")
 
         res = ask("oom 1073741824", "oom result")
         check(res.endswith(" 2"), "a 1 GiB request under the 128 MiB cap is refused (CUDA_ERROR_OUT_OF_MEMORY)")
