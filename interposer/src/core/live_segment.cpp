@@ -138,16 +138,23 @@ void LiveSegment::retire(uint64_t offset, uint64_t bytes) noexcept {
   }
 }
 
-void LiveSegment::layout_begin() noexcept {
-  live::LiveHeader& h = header();
-  // The odd count before the new descriptors: they are stored with release (not a fence,
-  // which TSan does not model), which orders this store before them.
-  h.layout.store(h.layout.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-}
-
-void LiveSegment::layout_end() noexcept {
-  live::LiveHeader& h = header();
-  h.layout.store(h.layout.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+void LiveSegment::move(uint64_t& offset, uint64_t& capacity, uint64_t unit, uint64_t new_offset,
+                       uint64_t new_capacity) noexcept {
+  uint64_t old_offset = 0, old_bytes = 0;
+  {
+    std::lock_guard<std::mutex> g(region_mu_);
+    old_offset = offset;
+    old_bytes = capacity * unit;
+    live::LiveHeader& h = header();
+    // The odd count before the new descriptor: stored with release (not a fence, which TSan
+    // does not model), which orders the count's store before them.
+    h.layout.store(h.layout.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    __atomic_store_n(&offset, new_offset, __ATOMIC_RELEASE);
+    __atomic_store_n(&capacity, new_capacity, __ATOMIC_RELEASE);
+    h.layout.store(h.layout.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+  // After the count moved on: a reader that copied the old region sees the change and retries.
+  if (old_bytes) retire(old_offset, old_bytes);
 }
 
 live::LiveSlot* LiveSegment::new_table_region(uint64_t capacity) noexcept {
@@ -158,18 +165,8 @@ live::LiveSlot* LiveSegment::new_table_region(uint64_t capacity) noexcept {
 void LiveSegment::publish_table(live::Table t, live::LiveSlot* slots, uint64_t capacity) noexcept {
   if (!base_) return;
   live::TableDesc& d = header().tables[static_cast<uint32_t>(t)];
-  uint64_t old_offset = 0, old_bytes = 0;
-  {
-    std::lock_guard<std::mutex> g(region_mu_);
-    old_offset = d.offset;
-    old_bytes = d.capacity * sizeof(live::LiveSlot);
-    layout_begin();
-    __atomic_store_n(&d.offset, static_cast<uint64_t>(reinterpret_cast<char*>(slots) - base_), __ATOMIC_RELEASE);
-    __atomic_store_n(&d.capacity, capacity, __ATOMIC_RELEASE);
-    layout_end();
-  }
-  // After the count moved on: a reader that copied the old region sees the change and retries.
-  if (old_bytes) retire(old_offset, old_bytes);
+  move(d.offset, d.capacity, sizeof(live::LiveSlot), static_cast<uint64_t>(reinterpret_cast<char*>(slots) - base_),
+       capacity);
 }
 
 bool LiveSegment::append(live::Log l, const void* record, std::size_t bytes) noexcept {
@@ -183,17 +180,7 @@ bool LiveSegment::append(live::Log l, const void* record, std::size_t bytes) noe
     char* fresh = static_cast<char*>(new_region(cap, &offset));
     if (!fresh) return false;  // marked incomplete
     if (used) std::memcpy(fresh, base_ + d.offset, used);
-    uint64_t old_offset = 0, old_bytes = 0;
-    {
-      std::lock_guard<std::mutex> g(region_mu_);
-      old_offset = d.offset;
-      old_bytes = d.capacity;
-      layout_begin();
-      __atomic_store_n(&d.offset, offset, __ATOMIC_RELEASE);
-      __atomic_store_n(&d.capacity, cap, __ATOMIC_RELEASE);
-      layout_end();
-    }
-    if (old_bytes) retire(old_offset, old_bytes);
+    move(d.offset, d.capacity, 1, offset, cap);
   }
   std::memcpy(base_ + d.offset + used, record, bytes);
   __atomic_store_n(&d.records, d.records + 1, __ATOMIC_RELAXED);
@@ -204,18 +191,8 @@ bool LiveSegment::append(live::Log l, const void* record, std::size_t bytes) noe
 void LiveSegment::drop_table(live::Table t) noexcept {
   if (!base_) return;
   live::TableDesc& d = header().tables[static_cast<uint32_t>(t)];
-  uint64_t old_offset = 0, old_bytes = 0;
-  {
-    std::lock_guard<std::mutex> g(region_mu_);
-    old_offset = d.offset;
-    old_bytes = d.capacity * sizeof(live::LiveSlot);
-    layout_begin();
-    __atomic_store_n(&d.capacity, uint64_t{0}, __ATOMIC_RELEASE);
-    __atomic_store_n(&d.offset, uint64_t{0}, __ATOMIC_RELEASE);
-    layout_end();
-  }
   mark_incomplete();
-  if (old_bytes) retire(old_offset, old_bytes);
+  move(d.offset, d.capacity, sizeof(live::LiveSlot), 0, 0);
 }
 
 void LiveSegment::unlink() noexcept {

@@ -74,8 +74,9 @@ class LiveSegment {
   /// Bytes [offset, offset + bytes) of the file, allocated now; nullptr when it cannot be.
   void* new_region(uint64_t bytes, uint64_t* offset) noexcept;
   void retire(uint64_t offset, uint64_t bytes) noexcept;
-  void layout_begin() noexcept;
-  void layout_end() noexcept;
+  /// Publish a descriptor's new region (`new_offset`, `new_capacity` in units of `unit`
+  /// bytes) under the layout's sequence count, then give back the old one. Cold.
+  void move(uint64_t& offset, uint64_t& capacity, uint64_t unit, uint64_t new_offset, uint64_t new_capacity) noexcept;
 
   char* base_ = nullptr;
   int fd_ = -1;
