@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <map>
-#include <cstdio>
 #include <unordered_map>
 
 #include "base/util.hpp"
@@ -15,13 +14,6 @@
 namespace cuw::daemon {
 
 namespace {
-
-std::string uuid_text(const uint8_t* u) {
-  char b[64];
-  std::snprintf(b, sizeof b, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
-                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
-  return b;
-}
 
 SnapKind kind_of(live::Table t, uint16_t api) {
   switch (t) {
@@ -57,7 +49,7 @@ TakenSnapshot take_snapshot(const ProcessIdentity& who, const RingSnapshot& head
     if (!ds.present) continue;
     SnapDevice sd;
     sd.ordinal = static_cast<int>(d);
-    sd.uuid = uuid_text(ds.uuid);
+    sd.uuid = format_uuid(ds.uuid);
     sd.name = field_text(ds.name, sizeof ds.name);
     sd.total = ds.physical_total;
     const auto v = ds.values();
