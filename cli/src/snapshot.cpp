@@ -62,8 +62,7 @@ int write_out(const std::string& data, const std::string& path, bool binary) {
 }  // namespace
 
 int cmd_snapshot(const SnapshotOptions& o) {
-  if (o.format != "text" && o.format != "json" && o.format != "pytorch" && o.format != "perfetto" &&
-      o.format != "summary") {
+  if (!proto::is_snapshot_format(o.format)) {
     std::fprintf(stderr, "cuwarden snapshot: bad --format '%s': use text, json, pytorch or perfetto\n",
                  o.format.c_str());
     return kExitUsage;

@@ -119,6 +119,14 @@ inline constexpr OneOf kSetLimitOneOf[] = {
     {"bytes", "share", "give exactly one of \"bytes\" (a number, or null for no cap) and \"share\""},
 };
 
+/// get_snapshot's "format" values: the daemon's and the CLI's one list.
+inline constexpr std::string_view kSnapshotFormats[] = {"text", "json", "pytorch", "perfetto", "summary"};
+constexpr bool is_snapshot_format(std::string_view f) noexcept {
+  for (std::string_view k : kSnapshotFormats)
+    if (k == f) return true;
+  return false;
+}
+
 inline constexpr RequestKey kGetSnapshotKeys[] = {
     // the process
     {"pid", "uint", true, "\"pid\" must be a process id"},

@@ -125,7 +125,7 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       const auto pid = req["pid"].get<uint64_t>();
       const std::string format = req.contains("format") && req["format"].is_string() ? req["format"].get<std::string>()
                                                                                       : "text";
-      if (format != "text" && format != "json" && format != "pytorch" && format != "perfetto" && format != "summary")
+      if (!proto::is_snapshot_format(format))
         return error("bad request: \"format\" must be text, json, pytorch, perfetto or summary");
       TakenSnapshot taken;
       if (req.contains("oom") && !req["oom"].is_null()) {
