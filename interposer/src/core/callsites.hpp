@@ -29,9 +29,8 @@ class CallSites {
  public:
   static constexpr int kMaxNative = 64;
   static constexpr int kMaxPython = 64;
-  /// Frames of this library above the program's first: the hook, SiteScope's constructor,
-  /// capture() (tests/integration/snapshot_test.py checks that the innermost native frame
-  /// named is the program's own call).
+  /// Frames asked of backtrace() beyond those kept: this library's own (the hook,
+  /// SiteScope's constructor, capture()) and a runtime's interceptor above them (ASan's).
   static constexpr int kOwnFrames = 4;
 
   /// Start capturing `native` frames (1..kMaxNative) per allocation, and Python frames when
