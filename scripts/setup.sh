@@ -13,6 +13,7 @@ PACKAGES=(
   libdw-dev pkgconf   # the daemon's symbolizer: elfutils' libdw, found through pkg-config
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
   help2man lintian bash-completion   # man pages; scripts/package.sh and its test
+  prometheus   # promtool checks dashboards/prometheus and the Grafana queries (tests/dashboards)
 )
 
 SUDO=()
