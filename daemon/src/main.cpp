@@ -3,7 +3,9 @@
 //
 // Two threads. The loop thread owns the model: one poll loop over signals (signalfd),
 // directory changes (inotify), writes other threads ask for (LoopQueue), and two timers —
-// drain every few ms, rescan (then publish a State) every second. The socket thread serves
+// drain every few ms, rescan (then publish a State and sample the history) every second.
+// With --http, a third thread serves HTTP from the published States and the history (it
+// never waits for the loop). The socket thread serves
 // the unix socket: a query has the loop publish a State (or takes one published since it
 // came) and builds and sends its reply from it, so no client, slow or not, holds up
 // draining; set_limit goes through the LoopQueue, run by the model on the loop thread.
@@ -35,8 +37,11 @@
 #include "model/nvml.hpp"
 #include "model/policy.hpp"
 #include "model/registry.hpp"
+#include "model/series.hpp"
 #include "model/symbolizer.hpp"
 #include "transports/handler.hpp"
+#include "transports/http_routes.hpp"
+#include "transports/http_server.hpp"
 #include "transports/server.hpp"
 
 namespace {
@@ -49,6 +54,8 @@ struct Options {
   std::string socket;
   std::string run_dir;
   std::string http;
+  std::string web_root;
+  bool http_snapshots = false;
   std::string config;
   std::string log_level = "info";
   bool foreground = false;
@@ -127,6 +134,17 @@ bool ensure_run_dir(const std::string& dir) {
   return true;
 }
 
+/// <dir of this binary>/../share/cuwarden/web: the installed dashboard (/usr/bin ->
+/// /usr/share/cuwarden/web), and the build tree's staged copy.
+std::string default_web_root() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "/usr/share/cuwarden/web";
+  std::string exe(buf, static_cast<std::size_t>(n));
+  const std::size_t slash = exe.rfind('/');
+  return exe.substr(0, slash) + "/../share/cuwarden/web";
+}
+
 /// The socket thread's loop: serve `server` until `stop_fd` is readable. Throws what the
 /// server throws (the caller stops the daemon).
 void serve_socket(cuw::daemon::Server& server, int stop_fd) {
@@ -149,7 +167,6 @@ int run(const Options& o) {
   std::shared_ptr<const cuw::daemon::Policy> loaded;
   const std::string run_dir = o.run_dir.empty() ? cuw::paths::run_dir() : o.run_dir;
   const std::string socket_path = o.socket.empty() ? run_dir + "/" + cuw::paths::kSocketName : o.socket;
-  if (!o.http.empty()) spdlog::warn("--http {}: HTTP is not served yet; ignored", o.http);
   // The policy file: refused at start-up when it has errors; on SIGHUP a bad file keeps the
   // old policy (and says why).
   auto load = [&](bool startup) -> bool {
@@ -214,6 +231,7 @@ int run(const Options& o) {
   reg.set_policy(loaded);
   reg_ptr = &reg;
 
+  cuw::daemon::SeriesStore series;
   cuw::daemon::LoopQueue writes;
   cuw::daemon::Backend backend;
   backend.store = &reg.store();
@@ -237,13 +255,50 @@ int run(const Options& o) {
   }
   spdlog::info("cuwardend {} serving {} (run dir {})", CUWARDEN_VERSION, socket_path, run_dir);
 
+  // HTTP: bound before anything starts, so that a taken port stops the daemon at once.
+  std::unique_ptr<cuw::daemon::HttpApi> http_api;
+  std::unique_ptr<cuw::daemon::HttpServer> http;
+  if (!o.http.empty()) {
+    cuw::daemon::HttpApiOptions ho;
+    ho.web_root = o.web_root.empty() ? default_web_root() : o.web_root;
+    ho.snapshots = o.http_snapshots;
+    http_api = std::make_unique<cuw::daemon::HttpApi>(&reg.store(), &series, &symbolizer, ho);
+    auto* api = http_api.get();
+    http = std::make_unique<cuw::daemon::HttpServer>(
+        [api](const cuw::daemon::HttpRequest& r) { return api->handle(r); }, &cuw::daemon::HttpApi::slow,
+        [api](cuw::daemon::StreamCursor& c, uint64_t now) { return api->feed(c, now); });
+    if (!http->listen(o.http, &err)) {
+      spdlog::error("{}", err);
+      return 1;
+    }
+    spdlog::info("serving HTTP on {} (port {}): /metrics, /api/v1/..., the dashboard from {}", o.http, http->port(),
+                 ho.web_root);
+    if (!http->loopback())
+      spdlog::warn("HTTP listens beyond this machine ({}): whoever reaches it reads every process's memory state{}",
+                   o.http, o.http_snapshots ? " and snapshots (--http-snapshots)" : "");
+    else if (o.http_snapshots)
+      spdlog::warn("--http-snapshots: every local user may read every process's snapshot (its files and functions) over "
+                   "HTTP");
+  }
+
   reg.scan();
   reg.publish();
+  series.record(*reg.store().load());
   const int stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (stop_fd < 0) {
     spdlog::error("eventfd: {}", std::strerror(errno));
     return 1;
   }
+  std::thread http_thread;
+  if (http)
+    http_thread = std::thread([&] {
+      try {
+        http->run(stop_fd);
+      } catch (const std::exception& e) {
+        spdlog::critical("HTTP thread: {}; stopping", e.what());
+        ::kill(::getpid(), SIGTERM);
+      }
+    });
   std::thread socket_thread([&] {
     try {
       serve_socket(server, stop_fd);
@@ -260,18 +315,21 @@ int run(const Options& o) {
     cuw::daemon::LoopQueue& writes;
     int stop_fd;
     std::thread& thread;
+    std::thread& http_thread;
     void stop() {
-      if (!thread.joinable()) return;
+      if (!thread.joinable() && !http_thread.joinable()) return;
       writes.close_queue();
       const uint64_t one = 1;
       (void)!write(stop_fd, &one, sizeof one);
-      thread.join();
+      if (thread.joinable()) thread.join();
+      if (http_thread.joinable()) http_thread.join();
     }
     ~StopSocketThread() { stop(); }
-  } stop_socket_thread{writes, stop_fd, socket_thread};
+  } stop_socket_thread{writes, stop_fd, socket_thread, http_thread};
   // A State is built after every scan and write, and when a query asks for one: not per
   // drain, which would copy every ring's header a hundred times a second for no reader.
   uint64_t next_drain = mono_ns();
+  uint64_t last_publish = mono_ns();
   uint64_t next_scan = mono_ns() + o.scan_interval_ms * kMs;
   bool scan_now = false;
   std::vector<pollfd> fds;
@@ -310,6 +368,7 @@ int run(const Options& o) {
 
     uint64_t t = mono_ns();
     if (t >= next_drain) {
+      const uint64_t seq_before = reg.last_seq();
       // Adaptive: at once while a ring overflows one tick's budget, within a millisecond
       // while one is being written fast, else after the idle interval.
       switch (reg.drain_all()) {
@@ -317,10 +376,17 @@ int run(const Options& o) {
         case cuw::daemon::Registry::DrainPace::soon: next_drain = t + std::min<uint64_t>(kMs, o.drain_interval_ms * kMs); break;
         case cuw::daemon::Registry::DrainPace::idle: next_drain = t + o.drain_interval_ms * kMs; break;
       }
+      // Event-stream clients see new events within a quarter second, not at the next scan.
+      if (http && http->stream_count() > 0 && reg.last_seq() != seq_before && t - last_publish >= 250 * kMs) {
+        reg.publish();
+        last_publish = t;
+      }
     }
     if (scan_now || t >= next_scan) {
       reg.scan();
       reg.publish();
+      series.record(*reg.store().load());
+      last_publish = mono_ns();
       scan_now = false;
       next_scan = mono_ns() + o.scan_interval_ms * kMs;
     }
@@ -343,7 +409,11 @@ int main(int argc, char** argv) {
   app.add_option("--socket", o.socket, "unix socket to serve (default: <run dir>/cuwardend.sock)");
   app.add_option("--run-dir", o.run_dir,
                  std::string("where rings live (default: $CUWARDEN_RUN_DIR or ") + cuw::paths::kDefaultRunDir + ")");
-  app.add_option("--http", o.http, "HTTP listen address (not served yet; accepted for compatibility)");
+  app.add_option("--http", o.http,
+                 "serve HTTP (read only) on HOST:PORT, e.g. 127.0.0.1:9477: /metrics, the JSON API, the dashboard");
+  app.add_option("--web-root", o.web_root, "the dashboard's files (default: ../share/cuwarden/web beside the binary)");
+  app.add_flag("--http-snapshots", o.http_snapshots,
+               "serve snapshots (call sites: file and function names) over HTTP, to whoever can reach it");
   app.add_option("--config", o.config,
                  "policy file (TOML): default and maximum caps per user and group; reloaded on SIGHUP");
   app.add_flag("--foreground", o.foreground, "stay in the foreground (cuwardend always does; use systemd or &)");

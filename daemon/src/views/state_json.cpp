@@ -10,6 +10,7 @@
 
 #include "base/util.hpp"
 #include "views/counters_json.hpp"
+#include "model/gpus.hpp"
 
 namespace cuw::daemon {
 
@@ -24,7 +25,7 @@ std::string name_of(const RingSnapshot& s) {
   return process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline));
 }
 
-json jobs_json(const State& st, const std::map<std::string, int>& gpu_index_of) {
+json jobs_json(const State& st, const std::map<std::string, int>& index_of) {
   json out = json::array();
   for (const JobState& j : st.jobs) {
     const JobTable::View& v = j.view;
@@ -45,10 +46,10 @@ json jobs_json(const State& st, const std::map<std::string, int>& gpu_index_of) 
       uint8_t uuid[16];
       std::memcpy(uuid, g.uuid, sizeof uuid);
       const std::string u = format_uuid(uuid);
-      auto it = gpu_index_of.find(u);
+      auto it = index_of.find(u);
       gpus.push_back({{"job_gpu", g.index},
                       {"uuid", u},
-                      {"gpu_index", it != gpu_index_of.end() ? json(it->second) : json(nullptr)},
+                      {"gpu_index", it != index_of.end() ? json(it->second) : json(nullptr)},
                       {"memory_total_bytes", g.physical_total},
                       {"used_bytes", v.used[i]},
                       {"limit_bytes", cap_json(v.cap)}});
@@ -118,27 +119,10 @@ json limit_change_json(const LimitChange& c) {
 }  // namespace
 
 json state_json(const State& st) {
-  struct Gpu {
-    std::string uuid, name, bus_id;
-    int index = -1;
-    int first_ordinal = 1 << 30;
-    uint64_t total = 0, used = 0, reserved = 0, driver_used = 0;
-    bool driver_used_known = false;
-    unsigned processes = 0, capped = 0;
-  };
-  std::map<std::string, Gpu> gpus;
   std::map<std::string, const NvmlGpu*> nvml_by_uuid;
-  for (const auto& g : st.gpus) {
-    nvml_by_uuid[g.uuid] = &g;
-    Gpu& out = gpus[g.uuid];
-    out.uuid = g.uuid;
-    out.name = g.name;
-    out.bus_id = g.bus_id;
-    out.index = static_cast<int>(g.index);
-    out.total = g.memory_total;
-    out.driver_used = g.memory_used;
-    out.driver_used_known = true;
-  }
+  for (const auto& g : st.gpus) nvml_by_uuid[g.uuid] = &g;
+  const std::vector<GpuRow> rows = gpu_rows(st);
+  const std::map<std::string, int> index_of = gpu_index_of(rows);
 
   json processes = json::array();
   for (const ProcessState& p : st.processes) {
@@ -148,19 +132,6 @@ json state_json(const State& st) {
       const DeviceSnapshot& ds = s.devices[d];
       if (!ds.present) continue;
       const std::string uuid = format_uuid(ds.uuid);
-      Gpu& g = gpus[uuid];
-      if (g.uuid.empty()) {
-        g.uuid = uuid;
-        g.name = field_text(ds.name, sizeof ds.name);
-        g.total = ds.physical_total;
-      }
-      g.first_ordinal = std::min(g.first_ordinal, static_cast<int>(d));
-      if (!p.exited) {
-        g.used += ds.used;
-        g.reserved += ds.reserved;
-        ++g.processes;
-        if (ds.limit != ring::kNoLimit) ++g.capped;
-      }
       json dev = {
           {"ordinal", d},
           {"uuid", uuid},
@@ -181,6 +152,7 @@ json state_json(const State& st) {
         const uint64_t counted = p.exited ? 0 : ds.used;
         dev["outside_cap_bytes"] = known ? json(pu->second > counted ? pu->second - counted : 0) : json(nullptr);
       }
+      dev["gpu_index"] = index_of.at(uuid);
       devices.push_back(std::move(dev));
     }
     const char* state = p.exited ? "exited" : "running";
@@ -208,40 +180,23 @@ json state_json(const State& st) {
     });
   }
 
-  // GPU order: NVML's index when known, else the lowest CUDA ordinal any process sees it at.
-  std::vector<Gpu*> order;
-  for (auto& [uuid, g] : gpus) order.push_back(&g);
-  std::sort(order.begin(), order.end(), [](const Gpu* a, const Gpu* b) {
-    const bool ai = a->index >= 0, bi = b->index >= 0;
-    if (ai != bi) return ai;
-    if (ai) return a->index < b->index;
-    if (a->first_ordinal != b->first_ordinal) return a->first_ordinal < b->first_ordinal;
-    return a->uuid < b->uuid;
-  });
-  int next_index = 0;
-  for (Gpu* g : order) next_index = std::max(next_index, g->index + 1);
   json gpu_list = json::array();
-  std::map<std::string, int> index_of;
-  for (Gpu* g : order) {
-    if (g->index < 0) g->index = next_index++;
-    index_of[g->uuid] = g->index;
+  for (const GpuRow& g : rows) {
     json j = {
-        {"index", g->index},
-        {"uuid", g->uuid},
-        {"name", g->name},
-        {"memory_total_bytes", g->total},
-        {"used_bytes", g->used},
-        {"reserved_bytes", g->reserved},
+        {"index", g.index},
+        {"uuid", g.uuid},
+        {"name", g.name},
+        {"memory_total_bytes", g.total},
+        {"used_bytes", g.used},
+        {"reserved_bytes", g.reserved},
         {"limit_bytes", nullptr},  // no device-wide cap yet: per-process caps are below
-        {"processes", g->processes},
-        {"capped_processes", g->capped},
+        {"processes", g.processes},
+        {"capped_processes", g.capped},
     };
-    if (!g->bus_id.empty()) j["bus_id"] = g->bus_id;
-    if (g->driver_used_known) j["driver_used_bytes"] = g->driver_used;
+    if (!g.bus_id.empty()) j["bus_id"] = g.bus_id;
+    if (g.driver_used_known) j["driver_used_bytes"] = g.driver_used;
     gpu_list.push_back(std::move(j));
   }
-  for (auto& proc : processes)
-    for (auto& dev : proc["devices"]) dev["gpu_index"] = index_of[dev["uuid"].get<std::string>()];
   json jobs = jobs_json(st, index_of);
 
   json limit_changes = json::array();

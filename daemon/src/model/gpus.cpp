@@ -1,0 +1,71 @@
+// cuwarden daemon model: GPU order and indices (see gpus.hpp).
+#include "model/gpus.hpp"
+
+#include <algorithm>
+
+#include "base/util.hpp"
+
+namespace cuw::daemon {
+
+std::vector<GpuRow> gpu_rows(const State& st) {
+  struct Acc {
+    GpuRow row;
+    int first_ordinal = 1 << 30;
+  };
+  std::map<std::string, Acc> gpus;
+  for (const auto& g : st.gpus) {
+    GpuRow& out = gpus[g.uuid].row;
+    out.uuid = g.uuid;
+    out.name = g.name;
+    out.bus_id = g.bus_id;
+    out.index = static_cast<int>(g.index);
+    out.total = g.memory_total;
+    out.driver_used = g.memory_used;
+    out.driver_used_known = true;
+  }
+  for (const ProcessState& p : st.processes) {
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+      const DeviceSnapshot& ds = p.header.devices[d];
+      if (!ds.present) continue;
+      const std::string uuid = format_uuid(ds.uuid);
+      Acc& a = gpus[uuid];
+      if (a.row.uuid.empty()) {
+        a.row.uuid = uuid;
+        a.row.name = field_text(ds.name, sizeof ds.name);
+        a.row.total = ds.physical_total;
+      }
+      a.first_ordinal = std::min(a.first_ordinal, static_cast<int>(d));
+      if (p.exited) continue;
+      a.row.used += ds.used;
+      a.row.reserved += ds.reserved;
+      ++a.row.processes;
+      if (ds.limit != ring::kNoLimit) ++a.row.capped;
+    }
+  }
+  std::vector<Acc*> order;
+  for (auto& [uuid, a] : gpus) order.push_back(&a);
+  std::sort(order.begin(), order.end(), [](const Acc* a, const Acc* b) {
+    const bool ai = a->row.index >= 0, bi = b->row.index >= 0;
+    if (ai != bi) return ai;
+    if (ai) return a->row.index < b->row.index;
+    if (a->first_ordinal != b->first_ordinal) return a->first_ordinal < b->first_ordinal;
+    return a->row.uuid < b->row.uuid;
+  });
+  int next_index = 0;
+  for (const Acc* a : order) next_index = std::max(next_index, a->row.index + 1);
+  std::vector<GpuRow> rows;
+  rows.reserve(order.size());
+  for (Acc* a : order) {
+    if (a->row.index < 0) a->row.index = next_index++;
+    rows.push_back(std::move(a->row));
+  }
+  return rows;
+}
+
+std::map<std::string, int> gpu_index_of(const std::vector<GpuRow>& rows) {
+  std::map<std::string, int> out;
+  for (const auto& r : rows) out[r.uuid] = r.index;
+  return out;
+}
+
+}  // namespace cuw::daemon

@@ -1,0 +1,425 @@
+// cuwarden daemon transport: the HTTP server (see http_server.hpp).
+#include "transports/http_server.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <stdexcept>
+
+#include "base/util.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+
+std::string error_json(const std::string& what) { return nlohmann::json{{"error", what}}.dump() + "\n"; }
+
+HttpResponse error_response(int status, const std::string& what) {
+  HttpResponse r;
+  r.status = status;
+  r.body = error_json(what);
+  return r;
+}
+
+}  // namespace
+
+const char* http_reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+  }
+}
+
+HttpServer::HttpServer(Handler handler, SlowTest slow, StreamSource source, Limits limits)
+    : handler_(std::move(handler)), slow_(std::move(slow)), source_(std::move(source)), lim_(limits) {}
+
+HttpServer::~HttpServer() {
+  for (auto& [id, t] : workers_)
+    if (t.joinable()) t.join();
+  for (auto& [id, c] : conns_)
+    if (c.fd >= 0) ::close(c.fd);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+bool HttpServer::listen(const std::string& address, std::string* error) {
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    *error = "--http " + address + ": expected HOST:PORT (e.g. 127.0.0.1:9477)";
+    return false;
+  }
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) {
+    *error = "--http " + address + ": give the address to listen on (127.0.0.1 for this machine only, 0.0.0.0 for every "
+             "interface)";
+    return false;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV | (host == "localhost" ? 0 : AI_NUMERICHOST);
+  addrinfo* res = nullptr;
+  const int gai = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (gai != 0) {
+    *error = "--http " + address + ": " + gai_strerror(gai);
+    return false;
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = std::strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 512) != 0) {
+      last = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+    if (ss.ss_family == AF_INET) {
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(&ss);
+      port_ = ntohs(sin->sin_port);
+      loopback_ = (ntohl(sin->sin_addr.s_addr) >> 24) == 127;
+    } else {
+      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+      port_ = ntohs(sin6->sin6_port);
+      loopback_ = IN6_IS_ADDR_LOOPBACK(&sin6->sin6_addr);
+    }
+    listen_fd_ = fd;
+    break;
+  }
+  freeaddrinfo(res);
+  if (listen_fd_ < 0) {
+    *error = "--http " + address + ": cannot listen: " + last;
+    return false;
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    *error = std::string("eventfd: ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+void HttpServer::close_conn(Conn& c) {
+  if (c.fd >= 0) ::close(c.fd);
+  c.fd = -1;
+  if (c.phase == Phase::streaming) streams_.fetch_sub(1, std::memory_order_relaxed);
+  c.dead = true;
+}
+
+void HttpServer::accept_all(uint64_t now) {
+  for (;;) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED)
+        spdlog::warn("HTTP accept: {}", std::strerror(errno));  // EMFILE and the like: the next poll retries
+      return;
+    }
+    if (conns_.size() >= lim_.max_connections) {
+      // Make room by closing the longest idle kept-alive connection; with none idle, the
+      // new client is told why it is turned away.
+      Conn* oldest = nullptr;
+      for (auto& [id, c] : conns_)
+        if (!c.dead && c.idle && (!oldest || c.deadline < oldest->deadline)) oldest = &c;
+      if (oldest) {
+        close_conn(*oldest);
+      } else {
+        const std::string body = error_json("too many connections (the daemon serves " +
+                                            std::to_string(lim_.max_connections) + " at once); try again");
+        const std::string reply = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
+                                  std::to_string(body.size()) + "\r\nConnection: close\r\nRetry-After: 1\r\n\r\n" + body;
+        (void)!::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::close(fd);
+        continue;
+      }
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    Conn c;
+    c.fd = fd;
+    c.deadline = now + lim_.head_timeout_ns;
+    conns_.emplace(next_id_++, std::move(c));
+  }
+}
+
+void HttpServer::respond(Conn& c, const HttpResponse& r, bool head_only, bool keep_alive, uint64_t now) {
+  HttpResponse refused;
+  const HttpResponse* resp = &r;
+  if (r.stream && streams_.load(std::memory_order_relaxed) >= lim_.max_streams) {
+    refused = error_response(503, "too many event-stream clients (the daemon serves " + std::to_string(lim_.max_streams) +
+                                      " at once); try again later");
+    resp = &refused;
+  }
+  std::string head = "HTTP/1.1 " + std::to_string(resp->status) + " " + http_reason(resp->status) + "\r\n";
+  head += "Content-Type: " + resp->content_type + "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n";
+  for (const auto& [k, v] : resp->headers) head += k + ": " + v + "\r\n";
+  if (resp->stream && !head_only) {
+    head += "Connection: keep-alive\r\nX-Accel-Buffering: no\r\n\r\n";
+    c.out = std::move(head);
+    c.out_off = 0;
+    c.phase = Phase::streaming;
+    c.cursor = resp->cursor;
+    c.last_write_ns = now;
+    c.keep_alive = false;
+    streams_.fetch_add(1, std::memory_order_relaxed);
+    c.out += ": stream open\n\n";
+    c.out += source_(c.cursor, now);
+    return;
+  }
+  head += "Content-Length: " + std::to_string(resp->body.size()) + "\r\n";
+  head += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+  c.out = std::move(head);
+  if (!head_only) c.out += resp->body;
+  c.out_off = 0;
+  c.phase = Phase::writing;
+  c.keep_alive = keep_alive;
+  c.deadline = now + lim_.write_timeout_ns;
+}
+
+void HttpServer::try_parse(uint64_t id, Conn& c, uint64_t now) {
+  HttpRequest req;
+  std::size_t consumed = 0;
+  int status = 0;
+  std::string why;
+  const HttpParse p = parse_http_request(c.in, &req, &consumed, &status, &why);
+  if (p == HttpParse::incomplete) {
+    if (c.in.size() > lim_.max_head)
+      respond(c, error_response(431, "request head larger than " + std::to_string(lim_.max_head) + " bytes"), false,
+              false, now);
+    return;
+  }
+  if (p == HttpParse::bad) {
+    respond(c, error_response(status, why), false, false, now);
+    return;
+  }
+  c.in.erase(0, consumed);
+  c.idle = false;
+  const bool head_only = req.method == "HEAD";
+  if (req.method != "GET" && !head_only) {
+    HttpResponse r = error_response(405, "only GET and HEAD: the HTTP interface is read only (caps change with "
+                                         "`cuwarden limit`, over the unix socket)");
+    r.headers.emplace_back("Allow", "GET, HEAD");
+    respond(c, r, false, false, now);
+    return;
+  }
+  if (slow_ && slow_(req)) {
+    if (workers_busy_ >= lim_.max_workers) {
+      respond(c, error_response(503, "busy: " + std::to_string(lim_.max_workers) + " slow requests (snapshots) are "
+                                     "being answered; try again"),
+              head_only, req.keep_alive, now);
+      return;
+    }
+    ++workers_busy_;
+    c.phase = Phase::working;
+    c.deadline = UINT64_MAX;
+    const bool keep = req.keep_alive;
+    workers_[id] = std::thread([this, id, head_only, keep, req = std::move(req)] {
+      Done d{id, head_only, keep, {}};
+      try {
+        d.response = handler_(req);
+      } catch (const std::exception& e) {
+        d.response = error_response(500, e.what());
+      }
+      {
+        std::lock_guard<std::mutex> g(done_mu_);
+        done_.push_back(std::move(d));
+      }
+      const uint64_t one = 1;
+      (void)!::write(wake_fd_, &one, sizeof one);
+    });
+    return;
+  }
+  HttpResponse r;
+  try {
+    r = handler_(req);
+  } catch (const std::exception& e) {
+    r = error_response(500, e.what());
+  }
+  respond(c, r, head_only, req.keep_alive, now);
+}
+
+void HttpServer::on_readable(uint64_t id, Conn& c, uint64_t now) {
+  char buf[16384];
+  for (;;) {
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+    if (n > 0) {
+      // While streaming or writing, what the client sends is not read as requests: drop it
+      // (bounded: nothing is kept).
+      if (c.phase == Phase::reading) {
+        c.in.append(buf, static_cast<std::size_t>(n));
+        if (c.idle) {
+          c.idle = false;
+          c.deadline = now + lim_.head_timeout_ns;
+        }
+        if (c.in.size() > lim_.max_head + sizeof buf) break;  // enough to answer 431
+      }
+      continue;
+    }
+    if (n == 0) {  // the client closed its side; a reply in flight is dropped
+      close_conn(c);
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      close_conn(c);
+      return;
+    }
+    break;
+  }
+  if (c.phase == Phase::reading) try_parse(id, c, now);
+}
+
+void HttpServer::on_writable(Conn& c, uint64_t now) {
+  while (c.out_off < c.out.size()) {
+    const ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+    if (n > 0) {
+      c.out_off += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    close_conn(c);
+    return;
+  }
+  c.out.clear();
+  c.out_off = 0;
+  if (c.phase == Phase::streaming) {
+    c.last_write_ns = now;
+    return;
+  }
+  if (c.phase != Phase::writing) return;
+  if (!c.keep_alive) {
+    close_conn(c);
+    return;
+  }
+  c.phase = Phase::reading;
+  c.idle = c.in.empty();
+  c.deadline = now + (c.idle ? lim_.idle_timeout_ns : lim_.head_timeout_ns);
+}
+
+void HttpServer::collect_done(uint64_t now) {
+  uint64_t v;
+  (void)!::read(wake_fd_, &v, sizeof v);
+  std::deque<Done> done;
+  {
+    std::lock_guard<std::mutex> g(done_mu_);
+    done.swap(done_);
+  }
+  for (Done& d : done) {
+    if (auto w = workers_.find(d.id); w != workers_.end()) {
+      w->second.join();
+      workers_.erase(w);
+    }
+    --workers_busy_;
+    auto it = conns_.find(d.id);
+    if (it == conns_.end() || it->second.dead) continue;  // the client left meanwhile
+    respond(it->second, d.response, d.head_only, d.keep_alive, now);
+    on_writable(it->second, now);
+  }
+}
+
+void HttpServer::feed_streams(uint64_t now) {
+  for (auto& [id, c] : conns_) {
+    if (c.dead || c.phase != Phase::streaming) continue;
+    std::string more = source_(c.cursor, now);
+    if (more.empty() && c.out.empty() && now - c.last_write_ns >= lim_.keepalive_comment_ns) more = ": keep-alive\n\n";
+    if (more.empty()) continue;
+    if (c.out.size() - c.out_off + more.size() > lim_.max_stream_backlog) {
+      spdlog::info("HTTP event stream: a client fell {} bytes behind; dropping it", c.out.size() - c.out_off);
+      close_conn(c);
+      continue;
+    }
+    if (c.out_off > 0) {
+      c.out.erase(0, c.out_off);
+      c.out_off = 0;
+    }
+    c.out += more;
+    on_writable(c, now);
+  }
+}
+
+void HttpServer::run(int stop_fd) {
+  std::vector<pollfd> fds;
+  std::vector<uint64_t> ids;
+  for (;;) {
+    fds.clear();
+    ids.clear();
+    fds.push_back({stop_fd, POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({wake_fd_, POLLIN, 0});
+    for (auto& [id, c] : conns_) {
+      short ev = POLLIN;
+      if (c.out_off < c.out.size()) ev |= POLLOUT;
+      fds.push_back({c.fd, ev, 0});
+      ids.push_back(id);
+    }
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(lim_.tick_ns / 1'000'000));
+    if (n < 0 && errno != EINTR) throw std::runtime_error(std::string("HTTP poll: ") + std::strerror(errno));
+    const uint64_t now = mono_ns();
+    if (fds[0].revents & POLLIN) return;
+    if (fds[2].revents & POLLIN) collect_done(now);
+    for (std::size_t i = 3; i < fds.size(); ++i) {
+      auto it = conns_.find(ids[i - 3]);
+      if (it == conns_.end()) continue;
+      Conn& c = it->second;
+      if (c.dead) continue;
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) on_readable(it->first, c, now);
+      if (!c.dead && (fds[i].revents & POLLOUT)) on_writable(c, now);
+    }
+    if (fds[1].revents & POLLIN) accept_all(now);
+    if (now >= next_feed_) {
+      feed_streams(now);
+      next_feed_ = now + lim_.tick_ns;
+    }
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      Conn& c = it->second;
+      if (!c.dead && c.phase != Phase::streaming && c.phase != Phase::working && now >= c.deadline) {
+        // A head not sent in time gets a 408 when it began one; an idle connection just goes.
+        if (c.phase == Phase::reading && !c.idle && !c.in.empty()) {
+          const std::string body = error_json("request not received within the time allowed");
+          const std::string reply = "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: " +
+                                    std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+          (void)!::send(c.fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        close_conn(c);
+      }
+      // A connection whose worker still runs is kept (dead) until the worker's reply is
+      // collected: the worker map is keyed by its id.
+      if (c.dead && !workers_.count(it->first)) it = conns_.erase(it);
+      else ++it;
+    }
+  }
+}
+
+}  // namespace cuw::daemon

@@ -1,0 +1,161 @@
+// cuwarden daemon view: Prometheus text (see metrics_text.hpp).
+#include "views/metrics_text.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "base/util.hpp"
+#include "cuw/counters.hpp"
+#include "model/gpus.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+
+using Buf = fmt::memory_buffer;
+
+void family(Buf& b, std::string_view name, std::string_view type, std::string_view help) {
+  fmt::format_to(std::back_inserter(b), "# HELP cuwarden_{} {}\n# TYPE cuwarden_{} {}\n", name, help, name, type);
+}
+
+void sample(Buf& b, std::string_view name, std::string_view labels, uint64_t v) {
+  fmt::format_to(std::back_inserter(b), "cuwarden_{}{{{}}} {}\n", name, labels, v);
+}
+
+}  // namespace
+
+std::string escape_label(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '"': out += "\\\""; break;
+      case '\n': out += "\\n"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string metrics_text(const State& st, const RetiredCounters& retired) {
+  const std::vector<GpuRow> gpus = gpu_rows(st);
+  const std::map<std::string, int> index_of = gpu_index_of(gpus);
+  const std::string host = escape_label(st.hostname);
+
+  // One label set per (running process, device), built once and used by every gauge row.
+  struct Series {
+    std::string labels;
+    std::array<uint64_t, counters::kDeviceCount> values;
+  };
+  std::vector<Series> live;
+  // Counter rows per (uuid, job, user): live and exited processes, then the retired ones.
+  struct Sum {
+    int gpu_index = -1;
+    std::array<uint64_t, counters::kDeviceCount> values{};
+  };
+  std::map<RetiredCounters::Key, Sum> sums;
+  std::map<std::pair<std::string, std::string>, uint64_t> dropped;
+  unsigned running = 0;
+  for (const ProcessState& p : st.processes) {
+    const std::string job = field_text(p.header.job, sizeof p.header.job);
+    dropped[{job, p.user}] += p.header.events_dropped;
+    if (!p.exited) ++running;
+    std::string name;
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+      const DeviceSnapshot& ds = p.header.devices[d];
+      if (!ds.present) continue;
+      const std::string uuid = format_uuid(ds.uuid);
+      const int index = index_of.at(uuid);
+      const auto values = ds.values();
+      Sum& s = sums[{uuid, job, p.user}];
+      s.gpu_index = index;
+      for (std::size_t i = 0; i < counters::kDeviceCount; ++i) s.values[i] += values[i];
+      if (p.exited) continue;
+      if (name.empty())
+        name = escape_label(process_name(field_text(p.header.comm, sizeof p.header.comm),
+                                         field_text(p.header.cmdline, sizeof p.header.cmdline)));
+      live.push_back({fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",pid=\"{}\",process=\"{}\",user=\"{}\","
+                                  "cuwarden_job=\"{}\"",
+                                  host, index, uuid, p.pid, name, escape_label(p.user), escape_label(job)),
+                      values});
+    }
+  }
+  for (const auto& [key, row] : retired.by_gpu) {
+    Sum& s = sums[key];
+    if (s.gpu_index < 0) {
+      auto it = index_of.find(key.uuid);
+      s.gpu_index = it != index_of.end() ? it->second : row.gpu_index;
+    }
+    for (std::size_t i = 0; i < counters::kDeviceCount; ++i) s.values[i] += row.values[i];
+  }
+  for (const auto& [key, n] : retired.events_dropped) dropped[key] += n;
+
+  Buf b;
+  b.reserve(256 + live.size() * 2048);
+  for (std::size_t i = 0; i < counters::kDeviceCount; ++i) {
+    const counters::Info& row = counters::kDevice[i];
+    if (row.type == counters::Type::gauge) {
+      family(b, row.metric, "gauge", row.help);
+      for (const Series& s : live) {
+        if (row.shown == counters::Shown::cap && s.values[i] == ring::kNoLimit) continue;
+        sample(b, row.metric, s.labels, s.values[i]);
+      }
+    } else {
+      family(b, row.metric, "counter", row.help);
+      for (const auto& [key, s] : sums)
+        sample(b, row.metric,
+               fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",user=\"{}\",cuwarden_job=\"{}\"", host, s.gpu_index,
+                           key.uuid, escape_label(key.user), escape_label(key.job)),
+               s.values[i]);
+    }
+  }
+  family(b, "events_dropped_total", "counter", "Events the rings had no room for (counters stay exact)");
+  for (const auto& [key, n] : dropped)
+    sample(b, "events_dropped_total",
+           fmt::format("hostname=\"{}\",user=\"{}\",cuwarden_job=\"{}\"", host, escape_label(key.second),
+                       escape_label(key.first)),
+           n);
+
+  // Jobs: used bytes per GPU, and the cap when there is one.
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> job_rows;  // labels, used, cap
+  for (const JobState& j : st.jobs) {
+    if (j.view.members.empty()) continue;
+    for (std::size_t g = 0; g < j.view.gpus.size() && g < j.view.used.size(); ++g) {
+      uint8_t raw[16];
+      std::copy(std::begin(j.view.gpus[g].uuid), std::end(j.view.gpus[g].uuid), raw);
+      const std::string uuid = format_uuid(raw);
+      auto it = index_of.find(uuid);
+      job_rows.emplace_back(fmt::format("hostname=\"{}\",cuwarden_job=\"{}\",user=\"{}\",gpu=\"{}\",uuid=\"{}\"", host,
+                                        escape_label(j.name), escape_label(j.user),
+                                        it != index_of.end() ? it->second : j.view.gpus[g].index, uuid),
+                            j.view.used[g], j.view.cap);
+    }
+  }
+  family(b, "job_memory_used_bytes", "gauge", "Bytes a job's members hold on a GPU, together");
+  for (const auto& [labels, used, cap] : job_rows) sample(b, "job_memory_used_bytes", labels, used);
+  family(b, "job_memory_limit_bytes", "gauge", "A job's cap on each GPU (absent when it has none)");
+  for (const auto& [labels, used, cap] : job_rows)
+    if (cap != job::kNoLimit) sample(b, "job_memory_limit_bytes", labels, cap);
+
+  auto gpu_labels = [&](const GpuRow& g) {
+    return fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",name=\"{}\"", host, g.index, g.uuid, escape_label(g.name));
+  };
+  family(b, "device_memory_total_bytes", "gauge", "The GPU's memory");
+  for (const GpuRow& g : gpus) sample(b, "device_memory_total_bytes", gpu_labels(g), g.total);
+  family(b, "device_memory_used_bytes", "gauge", "Bytes the running interposed processes hold on the GPU, together");
+  for (const GpuRow& g : gpus) sample(b, "device_memory_used_bytes", gpu_labels(g), g.used);
+  family(b, "device_driver_used_bytes", "gauge", "The driver's own figure for the GPU's used memory (NVML)");
+  for (const GpuRow& g : gpus)
+    if (g.driver_used_known) sample(b, "device_driver_used_bytes", gpu_labels(g), g.driver_used);
+  family(b, "processes", "gauge", "Interposed processes running");
+  sample(b, "processes", fmt::format("hostname=\"{}\"", host), running);
+  family(b, "build_info", "gauge", "The daemon's version");
+  sample(b, "build_info", fmt::format("version=\"{}\"", CUWARDEN_VERSION), 1);
+  return fmt::to_string(b);
+}
+
+}  // namespace cuw::daemon
