@@ -14,6 +14,7 @@ PACKAGES=(
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
   help2man lintian bash-completion   # man pages; scripts/package.sh and its test
   prometheus   # promtool checks dashboards/prometheus and the Grafana queries (tests/dashboards)
+  nodejs chromium   # the web dashboard: npm packages (below); its test drives a headless Chromium
 )
 
 SUDO=()
@@ -41,6 +42,21 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   apt_install "${missing[@]}"
 else
   echo "setup: all ${#PACKAGES[@]} build packages already installed"
+fi
+
+# ---- npm packages: uPlot (staged beside the web dashboard), playwright-core (its test) -------
+# package.json and package-lock.json at the root; `npm ci` again only when the lock changed.
+if ! command -v npm >/dev/null; then
+  echo "setup: installing npm"
+  apt_install npm
+fi
+lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
+if [[ ! -d node_modules || $(cat node_modules/.cuwarden-lock.sha256 2>/dev/null) != "$lock_sum" ]]; then
+  echo "setup: npm ci (package-lock.json)"
+  npm ci --ignore-scripts --no-audit --no-fund
+  echo "$lock_sum" >node_modules/.cuwarden-lock.sha256
+else
+  echo "setup: node_modules matches package-lock.json"
 fi
 
 # ---- CUDA toolkit: headers, libcudart_static.a, libcudart.so (no GPU needed to build) ------
