@@ -223,6 +223,11 @@ void HttpServer::try_parse(uint64_t id, Conn& c, uint64_t now) {
     respond(c, error_response(status, why), false, false, now);
     return;
   }
+  if (consumed > lim_.max_head) {
+    respond(c, error_response(431, "request head larger than " + std::to_string(lim_.max_head) + " bytes"), false, false,
+            now);
+    return;
+  }
   c.in.erase(0, consumed);
   c.idle = false;
   const bool head_only = req.method == "HEAD";
@@ -325,6 +330,7 @@ void HttpServer::on_writable(Conn& c, uint64_t now) {
   }
   c.phase = Phase::reading;
   c.idle = c.in.empty();
+  c.reparse = !c.idle;
   c.deadline = now + (c.idle ? lim_.idle_timeout_ns : lim_.head_timeout_ns);
 }
 
@@ -378,13 +384,15 @@ void HttpServer::run(int stop_fd) {
     fds.push_back({stop_fd, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
     fds.push_back({wake_fd_, POLLIN, 0});
+    bool pending = false;  // a pipelined request to answer: do not sleep in poll
     for (auto& [id, c] : conns_) {
+      pending = pending || c.reparse;
       short ev = POLLIN;
       if (c.out_off < c.out.size()) ev |= POLLOUT;
       fds.push_back({c.fd, ev, 0});
       ids.push_back(id);
     }
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(lim_.tick_ns / 1'000'000));
+    const int n = ::poll(fds.data(), fds.size(), pending ? 0 : static_cast<int>(lim_.tick_ns / 1'000'000));
     if (n < 0 && errno != EINTR) throw std::runtime_error(std::string("HTTP poll: ") + std::strerror(errno));
     const uint64_t now = mono_ns();
     if (fds[0].revents & POLLIN) return;
@@ -396,6 +404,12 @@ void HttpServer::run(int stop_fd) {
       if (c.dead) continue;
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) on_readable(it->first, c, now);
       if (!c.dead && (fds[i].revents & POLLOUT)) on_writable(c, now);
+    }
+    for (auto& [id, c] : conns_) {
+      if (c.dead || !c.reparse) continue;
+      c.reparse = false;
+      if (c.phase == Phase::reading) try_parse(id, c, now);
+      if (!c.dead && c.out_off < c.out.size()) on_writable(c, now);
     }
     if (fds[1].revents & POLLIN) accept_all(now);
     if (now >= next_feed_) {

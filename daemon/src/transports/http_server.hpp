@@ -99,6 +99,7 @@ class HttpServer {
     bool idle = false;        ///< kept alive, waiting for a next request with nothing read
     bool keep_alive = false;  ///< after this reply
     bool dead = false;
+    bool reparse = false;     ///< a pipelined request is waiting in `in`
     StreamCursor cursor;
     uint64_t last_write_ns = 0;
   };

@@ -1,0 +1,304 @@
+// Unit tests for the daemon's HTTP pieces: the request parser (transports/http_request.cpp),
+// the history series (model/series.hpp), label escaping (views/metrics_text.cpp), and the
+// server itself (transports/http_server.cpp) on loopback with small limits: hostile clients
+// (slow, oversized, too many) never keep an ordinary client from its answer.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/series.hpp"
+#include "transports/http_request.hpp"
+#include "transports/http_server.hpp"
+#include "views/metrics_text.hpp"
+
+using namespace cuw::daemon;
+
+namespace {
+
+struct Parsed {
+  HttpParse result;
+  HttpRequest req;
+  std::size_t consumed = 0;
+  int status = 0;
+  std::string why;
+};
+
+Parsed parse(std::string_view in) {
+  Parsed p;
+  p.result = parse_http_request(in, &p.req, &p.consumed, &p.status, &p.why);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("http: a GET with a query and headers parses; the query is decoded", "[http]") {
+  const std::string in =
+      "GET /api/v1/processes/42/history?range=day&x=a%20b+c HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 17\r\n\r\nGET /";
+  const Parsed p = parse(in);
+  REQUIRE(p.result == HttpParse::ok);
+  CHECK(p.req.method == "GET");
+  CHECK(p.req.path == "/api/v1/processes/42/history");
+  CHECK(p.req.query.at("range") == "day");
+  CHECK(p.req.query.at("x") == "a b c");
+  CHECK(p.req.last_event_id == "17");
+  CHECK(p.req.keep_alive);
+  CHECK(p.consumed == in.size() - 5);  // the next request's bytes are left
+}
+
+TEST_CASE("http: an unfinished head asks for more; bare LF line ends are accepted", "[http]") {
+  CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\n").result == HttpParse::incomplete);
+  CHECK(parse("").result == HttpParse::incomplete);
+  const Parsed p = parse("GET /metrics HTTP/1.0\nConnection: keep-alive\n\n");
+  REQUIRE(p.result == HttpParse::ok);
+  CHECK(p.req.path == "/metrics");
+  CHECK(p.req.keep_alive);  // HTTP/1.0 keeps the connection only when asked
+  CHECK_FALSE(parse("GET / HTTP/1.0\r\n\r\n").req.keep_alive);
+  CHECK_FALSE(parse("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").req.keep_alive);
+}
+
+TEST_CASE("http: malformed requests get their status and a reason", "[http]") {
+  struct Case {
+    const char* in;
+    int status;
+  } cases[] = {
+      {"GET\r\n\r\n", 400},
+      {"GET / HTTP/1.1 extra\r\n\r\n", 400},
+      {"GET / HTTP/2.0\r\n\r\n", 505},
+      {"GET / FTP/1.0\r\n\r\n", 400},
+      {"GET relative HTTP/1.1\r\n\r\n", 400},
+      {"GET /%zz HTTP/1.1\r\n\r\n", 400},
+      {"GET /%00 HTTP/1.1\r\n\r\n", 400},
+      {"GET /?a=%4 HTTP/1.1\r\n\r\n", 400},
+      {"G(T / HTTP/1.1\r\n\r\n", 400},
+      {"GET / HTTP/1.1\r\nno colon here\r\n\r\n", 400},
+      {"GET / HTTP/1.1\r\nA: b\r\n folded\r\n\r\n", 400},
+      {"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n", 413},
+      {"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 413},
+      {"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400},
+  };
+  for (const Case& c : cases) {
+    INFO(c.in);
+    const Parsed p = parse(c.in);
+    CHECK(p.result == HttpParse::bad);
+    CHECK(p.status == c.status);
+    CHECK_FALSE(p.why.empty());
+  }
+  CHECK(parse("GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n").result == HttpParse::ok);
+  CHECK(parse("GET /" + std::string(kMaxRequestTarget, 'a') + " HTTP/1.1\r\n\r\n").status == 414);
+}
+
+TEST_CASE("series: a point only when a value changes, with the last sample before the change", "[http][series]") {
+  Series<2> s;
+  const std::array<bool, 2> max{true, false};
+  for (uint32_t t = 1000; t < 1010; ++t) s.add(t, {5, 9}, max);
+  auto pts = s.points(false);
+  REQUIRE(pts.size() == 2);  // the first sample, and the latest (pending) one
+  CHECK(pts[0].t == 1000);
+  CHECK(pts[1].t == 1009);
+  s.add(1010, {7, 9}, max);
+  pts = s.points(false);
+  REQUIRE(pts.size() == 3);  // 1000 (5), 1009 (5: the value held until the change), 1010 (7)
+  CHECK(pts[1].v[0] == 5);
+  CHECK(pts[2].t == 1010);
+  CHECK(pts[2].v[0] == 7);
+}
+
+TEST_CASE("series: the hour keeps the value at its start, the day takes each minute's largest", "[http][series]") {
+  Series<2> s;
+  const std::array<bool, 2> max{true, false};
+  s.add(60, {1, 0}, max);
+  s.add(61, {50, 0}, max);
+  s.add(62, {2, 0}, max);
+  for (uint32_t t = 63; t < 60 + 3 * 3600; ++t) s.add(t, {3, 0}, max);
+  const auto hour = s.points(false);
+  REQUIRE(!hour.empty());
+  CHECK(hour.back().t == 60 + 3 * 3600 - 1);
+  CHECK(hour.back().t - hour.front().t == 3600);  // clamped to the range's start
+  CHECK(hour.front().v[0] == 3);
+  CHECK(hour.size() <= 3);  // idle for hours: the start, the pending sample
+  const auto day = s.points(true);
+  REQUIRE(day.size() >= 2);
+  CHECK(day.front().t == 60);
+  CHECK(day.front().v[0] == 50);  // the minute's peak, not its last sample
+  CHECK(day.back().v[0] == 3);
+  CHECK(s.bytes() < 10 * sizeof(Series<2>::Point));
+}
+
+TEST_CASE("series: a value that changes every second is bounded by the hour", "[http][series]") {
+  Series<4> s;
+  const std::array<bool, 4> max{true, true, false, false};
+  for (uint32_t t = 1; t <= 7200; ++t) s.add(t, {t, t, t, t}, max);
+  const auto hour = s.points(false);
+  CHECK(hour.size() >= 3600);
+  CHECK(hour.size() <= 3602);
+  CHECK(s.points(true).size() == 121);  // 7200 s: minutes 0..120
+}
+
+TEST_CASE("metrics: label values are escaped", "[http]") {
+  CHECK(escape_label("a\"b\\c\nd") == "a\\\"b\\\\c\\nd");
+  CHECK(escape_label("plain") == "plain");
+}
+
+namespace {
+
+/// A server on 127.0.0.1:<free port> with small limits, answering "/slow" after a wait and
+/// every other path at once, run on its own thread until the fixture goes.
+struct TestServer {
+  HttpServer server;
+  int stop_fd = eventfd(0, EFD_CLOEXEC);
+  std::thread thread;
+  explicit TestServer(HttpServer::Limits lim)
+      : server(
+            [](const HttpRequest& r) {
+              HttpResponse resp;
+              if (r.path == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(300));
+              if (r.path == "/stream") resp.stream = true;
+              resp.body = "{\"path\":\"" + r.path + "\"}";
+              return resp;
+            },
+            [](const HttpRequest& r) { return r.path == "/slow"; },
+            [](StreamCursor& c, uint64_t) {
+              if (c.last_seq >= 3) return std::string();
+              ++c.last_seq;
+              return "data: " + std::to_string(c.last_seq) + "\n\n";
+            },
+            lim) {
+    std::string err;
+    REQUIRE(server.listen("127.0.0.1:0", &err));
+    thread = std::thread([this] { server.run(stop_fd); });
+  }
+  ~TestServer() {
+    const uint64_t one = 1;
+    (void)!write(stop_fd, &one, sizeof one);
+    thread.join();
+    close(stop_fd);
+  }
+  int connect_client() const {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(server.port());
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+  }
+  /// Send `req` on a new connection and read until the server closes it (or 5 s pass).
+  std::string exchange(const std::string& req) const {
+    const int fd = connect_client();
+    (void)!send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<std::size_t>(n));
+    close(fd);
+    return out;
+  }
+};
+
+HttpServer::Limits small_limits() {
+  HttpServer::Limits l;
+  l.max_connections = 8;
+  l.max_streams = 2;
+  l.max_head = 1024;
+  l.head_timeout_ns = 1'500'000'000;
+  l.idle_timeout_ns = 400'000'000;
+  l.tick_ns = 20'000'000;
+  l.max_workers = 1;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("http server: answers, keeps alive, and refuses what it does not serve", "[http][server]") {
+  TestServer ts(small_limits());
+  const std::string r = ts.exchange("GET /a HTTP/1.1\r\nConnection: close\r\n\r\n");
+  CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(r.find("{\"path\":\"/a\"}") != std::string::npos);
+  // Two pipelined requests on one connection: two answers, in order.
+  const std::string two = ts.exchange("GET /one HTTP/1.1\r\n\r\nGET /two HTTP/1.1\r\nConnection: close\r\n\r\n");
+  const auto one_at = two.find("/one"), two_at = two.find("/two");
+  CHECK(one_at != std::string::npos);
+  CHECK(two_at != std::string::npos);
+  CHECK(one_at < two_at);
+  CHECK(ts.exchange("POST /a HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0) == 0);
+  CHECK(ts.exchange("GET /a HTTP/1.1\r\nX: " + std::string(2000, 'x') + "\r\n\r\n").rfind("HTTP/1.1 431", 0) == 0);
+  const std::string head = ts.exchange("HEAD /a HTTP/1.1\r\nConnection: close\r\n\r\n");
+  CHECK(head.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(head.find("Content-Length: 13") != std::string::npos);
+  CHECK(head.find("{\"path\"") == std::string::npos);  // no body for HEAD
+}
+
+TEST_CASE("http server: slow, silent and surplus clients do not keep others from an answer", "[http][server]") {
+  TestServer ts(small_limits());
+  // Six clients that send half a head and stop (slowloris), taking 6 of the 8 slots.
+  std::vector<int> slow;
+  for (int i = 0; i < 6; ++i) {
+    slow.push_back(ts.connect_client());
+    (void)!send(slow.back(), "GET / HTTP/1.1\r\nX-", 18, MSG_NOSIGNAL);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(ts.exchange("GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n").find("/ok") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1000));  // not after their deadline
+  // Past the cap, a new client is told why, at once.
+  std::vector<int> more;
+  for (int i = 0; i < 4; ++i) more.push_back(ts.connect_client());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::string refused = ts.exchange("GET /x HTTP/1.1\r\n\r\n");
+  CHECK(refused.rfind("HTTP/1.1 503", 0) == 0);
+  CHECK(refused.find("too many connections") != std::string::npos);
+  // The slow ones are cut off at the head deadline (408), which frees their slots.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+  char buf[512];
+  const ssize_t n = recv(slow[0], buf, sizeof buf, 0);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, static_cast<std::size_t>(n)).rfind("HTTP/1.1 408", 0) == 0);
+  CHECK(ts.exchange("GET /after HTTP/1.1\r\nConnection: close\r\n\r\n").find("/after") != std::string::npos);
+  for (int fd : slow) close(fd);
+  for (int fd : more) close(fd);
+}
+
+TEST_CASE("http server: a slow request runs beside the others; past the workers, 503", "[http][server]") {
+  TestServer ts(small_limits());
+  std::string slow_reply;
+  std::thread t([&] { slow_reply = ts.exchange("GET /slow HTTP/1.1\r\nConnection: close\r\n\r\n"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(ts.exchange("GET /fast HTTP/1.1\r\nConnection: close\r\n\r\n").find("/fast") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(250));  // the slow one takes 300
+  CHECK(ts.exchange("GET /slow HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 503", 0) == 0);
+  t.join();
+  CHECK(slow_reply.find("/slow") != std::string::npos);
+}
+
+TEST_CASE("http server: event streams get what the source gives; past the cap, 503", "[http][server]") {
+  TestServer ts(small_limits());
+  const int a = ts.connect_client(), b = ts.connect_client();
+  const std::string req = "GET /stream HTTP/1.1\r\n\r\n";
+  (void)!send(a, req.data(), req.size(), MSG_NOSIGNAL);
+  (void)!send(b, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string got;
+  char buf[4096];
+  while (got.find("data: 3") == std::string::npos) {
+    const ssize_t n = recv(a, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  CHECK(got.find("Content-Length") == std::string::npos);  // a stream has no length: it ends when the client goes
+  CHECK(got.find("data: 1\n\ndata: 2\n\ndata: 3\n\n") != std::string::npos);
+  const std::string third = ts.exchange("GET /stream HTTP/1.1\r\n\r\n");
+  CHECK(third.rfind("HTTP/1.1 503", 0) == 0);
+  CHECK(third.find("event-stream clients") != std::string::npos);
+  close(a);
+  close(b);
+}
