@@ -14,7 +14,9 @@ seconds to start still sees the whole recording; `--no-hold` starts it at once).
 
 - /api/v1/state: the last recorded state document at or before the clock (the first before that);
 - /api/v1/history?range=hour|day and /api/v1/processes/PID/history: the recorded history (taken
-  at the end) cut to the clock: points, out-of-memory records and processes after it left out;
+  at the end) cut to the clock: points, out-of-memory records and processes after it left out
+  (the history's times are the daemon's: the clock is moved by how far the state documents'
+  time_ns lie from their receive times, should the recorder's clock differ);
 - /api/v1/events: the recorded messages after the clock, each sent when the clock reaches its
   receive time (`pid=` and `state=0` filter as the daemon does; a client that reconnects with
   Last-Event-ID first gets the memory events after that id up to the clock); `: keep-alive`
@@ -106,11 +108,18 @@ class Recording:
             raise SystemExit(f"{root}: no state document answered 200 (states.tsv)")
         self.state_times = [t for t, _ in self.states]
         self.pids = set()
-        for _, body in self.states:
+        # The daemon's clock less the recorder's (0 when both ran on one machine): the history's
+        # times are the daemon's, the receive times the recorder's.
+        offsets = []
+        for t, body in self.states:
             try:
-                self.pids.update(p["pid"] for p in json.loads(body).get("processes", []))
+                doc = json.loads(body)
             except ValueError:
-                pass
+                continue
+            self.pids.update(p["pid"] for p in doc.get("processes", []))
+            if isinstance(doc.get("time_ns"), int):
+                offsets.append(doc["time_ns"] / 1e9 - t)
+        self.offset = sorted(offsets)[len(offsets) // 2] if offsets else 0.0
         self.history = {}
         for rng in ("hour", "day"):
             f = self.root / f"history-{rng}.json"
@@ -157,6 +166,7 @@ class Recording:
         return self.states[max(i, 0)][1]
 
     def history_at(self, rng, now):
+        now += self.offset  # in the daemon's time
         h = copy.deepcopy(self.history[rng])
         h["time_ns"] = int(now * 1e9)
 
