@@ -674,8 +674,9 @@ function render() {
   drawTimelines();
   drawJobs();
   drawEvents();
+  // The call sites are drawn when their answer comes (redrawing them each time would undo a
+  // user's text selection in them).
   if (model.snapshot.pid !== model.selected && model.selected != null) fetchSnapshot(model.selected);
-  else drawCallsites();
 }
 
 /** Draw soon: at once for a click, else at most every RENDER_EVERY_MS. */
