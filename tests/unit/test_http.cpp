@@ -93,6 +93,9 @@ TEST_CASE("http: malformed requests get their status and a reason", "[http]") {
     CHECK_FALSE(p.why.empty());
   }
   CHECK(parse("GET / HTTP/1.1\r\nContent-Length: 0\r\n\r\n").result == HttpParse::ok);
+  // A wrong request line is answered at once, not after the head's deadline.
+  CHECK(parse("\x01\x02 garbage\n\x03").status == 400);
+  CHECK(parse("GET / HTTP/1.1\r\nHost: x").result == HttpParse::incomplete);
   CHECK(parse("GET /" + std::string(kMaxRequestTarget, 'a') + " HTTP/1.1\r\n\r\n").status == 414);
 }
 

@@ -17,6 +17,7 @@
 #include "cuw/live.hpp"
 #include "cuw/paths.hpp"
 #include "model/detail/registry_process.hpp"
+#include "model/gpus.hpp"
 
 namespace cuw::daemon {
 
@@ -202,7 +203,27 @@ void Registry::drop_faulted(const std::string& name, const char* what) {
     pr.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   }
   problems_[name] = pr;
+  if (auto it = procs_.find(name); it != procs_.end()) retire(*it->second);
   procs_.erase(name);
+}
+
+void Registry::retire(const Process& p) {
+  if (!p.last_header) return;  // never published: nobody saw its counters rise
+  const RingSnapshot& h = *p.last_header;
+  const std::string job = field_text(h.job, sizeof h.job);
+  const auto last = store_.load();
+  const auto index_of = gpu_index_of(gpu_rows(*last));
+  for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+    const DeviceSnapshot& ds = h.devices[d];
+    if (!ds.present) continue;
+    const std::string uuid = format_uuid(ds.uuid);
+    RetiredCounters::Row& row = retired_.by_gpu[{uuid, job, p.user}];
+    if (auto it = index_of.find(uuid); it != index_of.end()) row.gpu_index = it->second;
+    const auto values = ds.values();
+    for (std::size_t i = 0; i < counters::kDeviceCount; ++i)
+      if (counters::kDevice[i].type == counters::Type::counter) row.values[i] += values[i];
+  }
+  retired_.events_dropped[{job, p.user}] += h.events_dropped;
 }
 
 void Registry::forget(const std::string& name, bool unlink_file) {
@@ -226,6 +247,7 @@ void Registry::forget(const std::string& name, bool unlink_file) {
     }
   }
   spdlog::info("forgot pid {} ({})", p.pid, name);
+  retire(p);
   procs_.erase(name);
 }
 
@@ -330,6 +352,8 @@ void Registry::publish() {
     ps.events_readable = p->ring->writable();
     ps.history = p->history.view();
     ps.samples.assign(p->samples.begin(), p->samples.end());
+    if (!p->last_header) p->last_header = std::make_unique<RingSnapshot>();
+    *p->last_header = ps.header;
     st->processes.push_back(std::move(ps));
   }
   for (const auto& name : faulted) drop_faulted(name, "faulted while reading its header");
@@ -353,6 +377,7 @@ void Registry::publish() {
   if (policy_) st->policy_file = policy_->file;
   st->limit_changes.assign(limit_log_.begin(), limit_log_.end());
   st->ooms.assign(oom_log_.begin(), oom_log_.end());
+  st->retired = retired_;
   st->events_seq = seq_;
   st->time_ns = now_ns();
   store_.publish(std::move(st));

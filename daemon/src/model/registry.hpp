@@ -111,6 +111,8 @@ class Registry {
   bool drain_one(Process& p, uint64_t now, bool* more, bool* busy);
   void drop_faulted(const std::string& name, const char* what);
   void forget(const std::string& name, bool unlink_file);
+  /// Add the counters `p` last published to retired_ (before it is erased).
+  void retire(const Process& p);
   void apply_policy(Process& p);
   Process* find_running(uint32_t pid);
   void record_change(Process* p, int device, uint64_t old_limit, uint64_t new_limit, uint64_t used, uint32_t by_uid,
@@ -136,6 +138,7 @@ class Registry {
   static constexpr std::size_t kOomLog = 32;
   std::deque<std::shared_ptr<const OomReport>> oom_log_;
   void take_oom_report(Process& p, const StoredEvent& ev);
+  RetiredCounters retired_;
   StateStore store_;
   std::vector<NvmlGpu> nvml_gpus_;     ///< last NVML reading
   std::optional<uint64_t> nvml_read_mono_;  ///< when it was taken

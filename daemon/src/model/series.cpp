@@ -21,18 +21,6 @@ bool is_oom(const ring::Event& e) {
 
 }  // namespace
 
-void SeriesStore::retire(const ProcessEntry& p) {
-  for (const auto& [ordinal, values] : p.last_values) {
-    auto dit = p.devices.find(ordinal);
-    if (dit == p.devices.end()) continue;
-    RetiredCounters::Row& row = retired_.by_gpu[{dit->second.uuid, p.job, p.user}];
-    row.gpu_index = dit->second.gpu_index;
-    for (std::size_t i = 0; i < counters::kDeviceCount; ++i)
-      if (counters::kDevice[i].type == counters::Type::counter) row.values[i] += values[i];
-  }
-  retired_.events_dropped[{p.job, p.user}] += p.events_dropped;
-}
-
 void SeriesStore::record(const State& st) {
   const uint32_t t = static_cast<uint32_t>(st.time_ns / 1'000'000'000ULL);
   const std::vector<GpuRow> rows = gpu_rows(st);
@@ -55,14 +43,12 @@ void SeriesStore::record(const State& st) {
     e.user = p.user;
     e.job = field_text(p.header.job, sizeof p.header.job);
     e.exited = p.exited;
-    e.events_dropped = p.header.events_dropped;
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const DeviceSnapshot& ds = p.header.devices[d];
       if (!ds.present) continue;
       DeviceSeries& dsr = e.devices[d];
       dsr.uuid = format_uuid(ds.uuid);
       if (auto it = index_of.find(dsr.uuid); it != index_of.end()) dsr.gpu_index = it->second;
-      e.last_values[d] = ds.values();
       // An exited process holds nothing (the driver freed it), whatever its counters said.
       const uint64_t used = p.exited ? 0 : ds.used, reserved = p.exited ? 0 : ds.reserved;
       dsr.series.add(t, {used, reserved, ds.peak, ds.limit}, kProcessMax);
@@ -79,7 +65,6 @@ void SeriesStore::record(const State& st) {
       ++it;
       continue;
     }
-    retire(it->second);
     it = procs_.erase(it);
   }
 
@@ -138,11 +123,6 @@ std::optional<HistoryCopy> SeriesStore::copy(bool day, std::optional<uint32_t> p
   for (const auto& [uuid, gp] : gpus_) out.gpus.push_back({gp.index, uuid, gp.name, gp.total, gp.series.points(day)});
   std::sort(out.gpus.begin(), out.gpus.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
   return out;
-}
-
-RetiredCounters SeriesStore::retired() const {
-  std::lock_guard<std::mutex> g(mu_);
-  return retired_;
 }
 
 std::pair<std::size_t, std::size_t> SeriesStore::footprint() const {

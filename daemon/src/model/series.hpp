@@ -1,6 +1,4 @@
-// cuwarden daemon model: memory over time (the HTTP API's history, the web page's charts)
-// and the counters of processes that are gone (a Prometheus counter must not fall when the
-// process that counted exits: an OOM-rate alert has to see the process that died of it).
+// cuwarden daemon model: memory over time (the HTTP API's history, the web page's charts).
 //
 // Fed once a second by the loop thread with the State it just published; read by the HTTP
 // thread. One mutex: record() holds it for the length of one pass over the State, readers
@@ -19,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "cuw/counters.hpp"
 #include "model/state.hpp"
 
 namespace cuw::daemon {
@@ -98,21 +95,6 @@ struct OomMark {
   uint8_t kind = 0;      ///< ring::EventKind: refuse, job_refuse or driver_error
 };
 
-/// Counter rows of counters.hpp summed over processes that are gone, per GPU, job and user.
-struct RetiredCounters {
-  struct Key {
-    std::string uuid, job, user;
-    auto operator<=>(const Key&) const = default;
-  };
-  struct Row {
-    int gpu_index = -1;  ///< the GPU's index when its last process went
-    std::array<uint64_t, counters::kDeviceCount> values{};  ///< only Type::counter rows are summed
-  };
-  std::map<Key, Row> by_gpu;
-  /// Events the rings dropped, per (job, user): a ring's count is per process, not per GPU.
-  std::map<std::pair<std::string, std::string>, uint64_t> events_dropped;
-};
-
 /// What a reader copies out of the store for one range.
 struct HistoryCopy {
   using ProcessSeries = Series<4>;  ///< used, reserved, peak, cap (ring::kNoLimit: none)
@@ -163,13 +145,11 @@ class SeriesStore {
 
   /// Sample `st` (the loop thread calls it after each scan's publish, about once a second;
   /// samples less than a second after the previous one are ignored). Processes and jobs
-  /// that are no longer in `st` are forgotten, their counters added to the retired ones.
+  /// that are no longer in `st` are forgotten.
   void record(const State& st);
   /// A copy of one range (day: the minute series). `pid`: that running (or lingering)
   /// process only, and no jobs or GPUs; nullopt when the store has no such process.
   std::optional<HistoryCopy> copy(bool day, std::optional<uint32_t> pid) const;
-  /// The counters of processes gone from the State (see RetiredCounters).
-  RetiredCounters retired() const;
   /// Bytes the series hold now (points only), and how many series there are.
   std::pair<std::size_t, std::size_t> footprint() const;
 
@@ -187,9 +167,6 @@ class SeriesStore {
     std::map<uint32_t, DeviceSeries> devices;  ///< by CUDA ordinal
     std::deque<OomMark> ooms;
     uint64_t oom_seq = 0;  ///< events up to this global seq were looked at
-    /// Last counters seen, per ordinal: added to the retired ones when the process goes.
-    std::map<uint32_t, std::array<uint64_t, counters::kDeviceCount>> last_values;
-    uint64_t events_dropped = 0;
   };
   struct JobEntry {
     std::string name, user;
@@ -202,15 +179,12 @@ class SeriesStore {
     HistoryCopy::PairSeries series;
   };
 
-  void retire(const ProcessEntry& p);
-
   mutable std::mutex mu_;
   uint32_t last_t_ = 0;
   uint64_t time_ns_ = 0;
   std::map<std::string, ProcessEntry> procs_;  ///< by ring file name
   std::map<std::string, JobEntry> jobs_;       ///< by job file name
   std::map<std::string, GpuEntry> gpus_;       ///< by UUID
-  RetiredCounters retired_;
 };
 
 }  // namespace cuw::daemon

@@ -6,7 +6,9 @@
 // Nothing here knows JSON or sockets: views/ turn a State into replies.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuw/counters.hpp"
 #include "model/history.hpp"
 #include "model/jobs.hpp"
 #include "model/nvml.hpp"
@@ -85,6 +88,23 @@ struct OomReport {
   TakenSnapshot snapshot;     ///< not symbolized: named when asked for
 };
 
+/// Counter rows of counters.hpp summed over the processes the daemon has forgotten, per GPU,
+/// job and user: a Prometheus counter must not fall when the process that counted goes (an
+/// OOM-rate alert has to see the process that died of its OOM between two scrapes).
+struct RetiredCounters {
+  struct Key {
+    std::string uuid, job, user;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Row {
+    int gpu_index = -1;  ///< the GPU's index when its last process went
+    std::array<uint64_t, counters::kDeviceCount> values{};  ///< only Type::counter rows are summed
+  };
+  std::map<Key, Row> by_gpu;
+  /// Events the rings dropped, per (job, user): a ring's count is per process, not per GPU.
+  std::map<std::pair<std::string, std::string>, uint64_t> events_dropped;
+};
+
 /// Everything the daemon knows at one instant. Immutable once published.
 struct State {
   std::string hostname;
@@ -99,6 +119,7 @@ struct State {
   std::optional<std::string> policy_file;  ///< none: no policy
   std::vector<LimitChange> limit_changes;  ///< oldest first
   std::vector<std::shared_ptr<const OomReport>> ooms;  ///< the newest kOomLog, oldest first
+  RetiredCounters retired;  ///< what forgotten processes counted (not those in `processes`)
 };
 
 /// The latest published State. publish() and load() may be called from any thread; a

@@ -40,6 +40,31 @@ HttpParse fail(int code, const char* what, int* status, std::string* why) {
   return HttpParse::bad;
 }
 
+/// Check the request line (METHOD SP TARGET SP HTTP/x.y) and fill method, keep_alive and
+/// *target; HttpParse::ok or bad.
+HttpParse request_line(std::string_view line, HttpRequest* out, std::string_view* target_out, int* status,
+                       std::string* why) {
+  const std::size_t sp1 = line.find(' ');
+  const std::size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos)
+    return fail(400, "malformed request line", status, why);
+  const std::string_view method = line.substr(0, sp1), target = line.substr(sp1 + 1, sp2 - sp1 - 1),
+                         version = line.substr(sp2 + 1);
+  if (!is_token(method)) return fail(400, "malformed method", status, why);
+  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
+    if (version.substr(0, 5) == "HTTP/") return fail(505, "only HTTP/1.0 and HTTP/1.1 are served", status, why);
+    return fail(400, "malformed HTTP version", status, why);
+  }
+  if (target.size() > kMaxRequestTarget) return fail(414, "request target too long", status, why);
+  if (target.empty() || target.front() != '/') return fail(400, "the request target must be a path", status, why);
+  for (char c : target)
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return fail(400, "control character in the target", status, why);
+  out->method = std::string(method);
+  out->keep_alive = version == "HTTP/1.1";
+  *target_out = target;
+  return HttpParse::ok;
+}
+
 }  // namespace
 
 bool percent_decode(std::string_view in, bool plus_is_space, std::string* out) {
@@ -78,8 +103,17 @@ HttpParse parse_http_request(std::string_view in, HttpRequest* out, std::size_t*
     }
   }
   if (end == std::string_view::npos) {
-    // A client that starts with an empty line (allowed before the request line) or sends
-    // nothing yet: wait; the caller bounds the size and the time.
+    // No blank line yet: wait (the caller bounds the size and the time), unless the request
+    // line is complete and already wrong, which is answered at once.
+    std::string_view rest = in;
+    while (!rest.empty() && (rest.front() == '\r' || rest.front() == '\n')) rest.remove_prefix(1);
+    const std::size_t nl = rest.find('\n');
+    if (nl == std::string_view::npos) return HttpParse::incomplete;
+    std::string_view first = rest.substr(0, nl);
+    if (!first.empty() && first.back() == '\r') first.remove_suffix(1);
+    HttpRequest probe;
+    std::string_view target;
+    if (request_line(first, &probe, &target, status, why) == HttpParse::bad) return HttpParse::bad;
     return HttpParse::incomplete;
   }
   *out = HttpRequest{};
@@ -95,24 +129,8 @@ HttpParse parse_http_request(std::string_view in, HttpRequest* out, std::size_t*
   std::string_view line = next_line();
   while (line.empty() && !head.empty()) line = next_line();  // leading empty lines
 
-  // Request line: METHOD SP TARGET SP HTTP/x.y
-  const std::size_t sp1 = line.find(' ');
-  const std::size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos)
-    return fail(400, "malformed request line", status, why);
-  const std::string_view method = line.substr(0, sp1), target = line.substr(sp1 + 1, sp2 - sp1 - 1),
-                         version = line.substr(sp2 + 1);
-  if (!is_token(method)) return fail(400, "malformed method", status, why);
-  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
-    if (version.substr(0, 5) == "HTTP/") return fail(505, "only HTTP/1.0 and HTTP/1.1 are served", status, why);
-    return fail(400, "malformed HTTP version", status, why);
-  }
-  if (target.size() > kMaxRequestTarget) return fail(414, "request target too long", status, why);
-  if (target.empty() || target.front() != '/') return fail(400, "the request target must be a path", status, why);
-  for (char c : target)
-    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return fail(400, "control character in the target", status, why);
-  out->method = std::string(method);
-  out->keep_alive = version == "HTTP/1.1";
+  std::string_view target;
+  if (request_line(line, out, &target, status, why) == HttpParse::bad) return HttpParse::bad;
 
   const std::size_t q = target.find('?');
   std::string_view path = target.substr(0, q), query = q == std::string_view::npos ? std::string_view{} : target.substr(q + 1);

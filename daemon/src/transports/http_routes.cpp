@@ -185,7 +185,7 @@ HttpResponse HttpApi::handle(const HttpRequest& req) const {
   if (path == "/metrics") {
     HttpResponse r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_text(*store_->load(), series_->retired());
+    r.body = metrics_text(*store_->load());
     return r;
   }
   if (path == "/api/v1/state") return json_response(dump(state_json(*store_->load())));

@@ -41,7 +41,8 @@ std::string escape_label(const std::string& v) {
   return out;
 }
 
-std::string metrics_text(const State& st, const RetiredCounters& retired) {
+std::string metrics_text(const State& st) {
+  const RetiredCounters& retired = st.retired;
   const std::vector<GpuRow> gpus = gpu_rows(st);
   const std::map<std::string, int> index_of = gpu_index_of(gpus);
   const std::string host = escape_label(st.hostname);

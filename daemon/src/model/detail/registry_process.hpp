@@ -34,6 +34,8 @@ struct Registry::Process {
   uint64_t oom_taken_mono = 0; ///< when its last out-of-memory snapshot was taken (0: never)
   uint64_t sampled_mono = 0;   ///< when its last site sample was taken (0: never)
   std::deque<std::shared_ptr<const Snapshot>> samples;  ///< site_sample()s, oldest first
+  /// The header as last published: its counters go to the retired ones when it is forgotten.
+  std::unique_ptr<RingSnapshot> last_header;
 };
 
 }  // namespace cuw::daemon
