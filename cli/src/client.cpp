@@ -9,12 +9,16 @@ std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Comm
                                           AskError* error) {
   std::string why;
   auto reply = proto::request(socket, cmd, body.dump(), 10000, &why);
+  // Every failure's text is made once: printed, or handed back to a caller that draws it.
+  const auto fail = [error](const std::string& msg, bool quiet_too) {
+    if (error) error->message = msg;
+    if (!error || !(error->quiet || quiet_too)) std::fprintf(stderr, "cuwarden: %s\n", msg.c_str());
+    return std::nullopt;
+  };
   if (!reply) {
     if (error) error->no_daemon = true;
-    if (!error || !error->quiet_no_daemon)
-      std::fprintf(stderr, "cuwarden: no daemon is running (no answer at %s: %s). Start it with: cuwardend &\n",
-                   socket.c_str(), why.c_str());
-    return std::nullopt;
+    return fail("no daemon is running (no answer at " + socket + ": " + why + "). Start it with: cuwardend &",
+                error && error->quiet_no_daemon);
   }
   auto j = nlohmann::ordered_json::parse(reply->body, nullptr, false);
   if (reply->header.command == static_cast<uint16_t>(proto::Command::error)) {
@@ -23,14 +27,10 @@ std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Comm
                                 : reply->body;
     const bool refused = j.is_object() && j.value("refused", false);
     if (error) error->refused = refused;
-    if (refused) std::fprintf(stderr, "cuwarden: %s\n", msg.c_str());  // "refused: ..."
-    else std::fprintf(stderr, "cuwarden: the daemon refused the request: %s\n", msg.c_str());
-    return std::nullopt;
+    return fail(refused ? msg : "the daemon refused the request: " + msg, false);  // refused: "refused: ..."
   }
-  if (j.is_discarded() || !j.is_object()) {
-    std::fprintf(stderr, "cuwarden: the daemon at %s sent a reply that is not a JSON object\n", socket.c_str());
-    return std::nullopt;
-  }
+  if (j.is_discarded() || !j.is_object())
+    return fail("the daemon at " + socket + " sent a reply that is not a JSON object", false);
   return j;
 }
 

@@ -20,6 +20,9 @@ struct AskError {
   bool refused = false;     ///< the daemon's authorization rules said no
   bool no_daemon = false;   ///< nothing answered at the socket
   bool quiet_no_daemon = false;  ///< in: print nothing when nothing answers (the caller waits)
+  /// in: print nothing at all (a full-screen view shows `message` in its own lines instead).
+  bool quiet = false;
+  std::string message;  ///< out: the reason, as it would have been printed (without "cuwarden: ")
 };
 
 /// Send one request. On success returns the reply body; otherwise prints the reason to

@@ -7,6 +7,7 @@
 #include "client.hpp"
 #include "commands.hpp"
 #include "cuw/size.hpp"
+#include "events.hpp"
 #include "json_access.hpp"
 #include "table.hpp"
 
@@ -14,11 +15,6 @@ namespace cuw::cli {
 
 using json = nlohmann::ordered_json;
 
-namespace {
-
-volatile std::sig_atomic_t g_stop = 0;
-
-/// The columns of `cuwarden events`: fixed widths, since lines print as events come.
 Table events_table() {
   Table t;
   t.columns = {{"TIME", false, false, 0, 12},         {"PID", false, true, 0, 8},
@@ -51,6 +47,10 @@ std::vector<Cell> event_row(const json& e) {
           Cell::bytes(jnum(e, "used_after")),
           Cell::str(by)};
 }
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
 
 /// Whether the daemon knows process `pid` (running, or exited and still shown).
 bool known_process(const std::string& socket, long long pid, bool* asked) {
