@@ -25,6 +25,17 @@ struct EventsOptions {
 };
 int cmd_events(const EventsOptions& o);
 
+struct TopOptions {
+  std::string socket;
+  bool once = false;      ///< one frame as plain text on standard output, then exit
+  double interval_s = 1;  ///< -d: seconds between refreshes (each one sample of every sparkline)
+};
+/// `cuwarden top`: the live terminal view (GPUs' bars, processes with a sparkline of their
+/// used bytes, a detail view of one process's counters, call sites and events), until `q`.
+/// Returns kExitOk, or kExitFailure when no daemon answers at the start (the message
+/// `cuwarden` prints) or the terminal cannot be used.
+int cmd_top(const TopOptions& o);
+
 struct LimitOptions {
   std::string socket;
   std::string target;  ///< "PID", "job:NAME" or "job:USER/NAME"

@@ -1,7 +1,7 @@
 // cuwarden: the command users type. Without a subcommand it prints the nvidia-smi-like
 // table (or --json, or --query-compute-apps CSV); `run` launches a program under the
 // interposer; `fit` searches for the largest value of a parameter that fits under a cap;
-// `events` prints what the daemon collected.
+// `events` prints what the daemon collected; `top` shows it live.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
@@ -118,6 +118,18 @@ int main(int argc, char** argv) {
   fit->prefix_command();
   fit->fallthrough(false);
 
+  auto* top = app.add_subcommand("top", "a live view of GPUs and processes, with each process's memory over time");
+  TopOptions to;
+  top->add_flag("--once", to.once, "print one frame as plain text and exit (as top -b -n 1)");
+  top->add_option("-d,--delay", to.interval_s, "seconds between refreshes (default 1)")->check(CLI::Range(0.1, 3600.0));
+  top->add_option("--socket", socket, "daemon socket");
+  top->footer(
+      "Keys: s cycles the sort key; u, p, c, n, P sort by used, peak, cap, name, pid; r reverses;\n"
+      "up/down (or j/k) select a process; Enter shows its counters, top call sites and last events;\n"
+      "Esc or Backspace goes back; q quits. A process's sparkline is its used bytes at the last 60\n"
+      "refreshes this cuwarden made (it starts empty; --once has none).\n"
+      "Exit status: 0, or 1 when no daemon answers or there is no terminal.");
+
   auto* events = app.add_subcommand("events", "print allocation events the daemon collected");
   EventsOptions eo;
   events->add_option("--pid", eo.pid, "only this process");
@@ -219,6 +231,10 @@ int main(int argc, char** argv) {
   if (*limit) {
     lo.socket = socket;
     return cmd_limit(lo);
+  }
+  if (*top) {
+    to.socket = socket;
+    return cmd_top(to);
   }
   if (*events) {
     eo.socket = socket;

@@ -1,0 +1,296 @@
+// Unit tests for `cuwarden top`'s frames without a terminal (cli/src/top_view.cpp): rows
+// from a hand-made state, sorting, the client-side history and its sparklines, the GPU bar,
+// text from processes made harmless, and the list and detail frames.
+#include <catch2/catch.hpp>
+
+#include "top_view.hpp"
+
+using json = nlohmann::ordered_json;
+using namespace cuw::cli::top;
+
+namespace {
+
+constexpr uint64_t kMiB = 1ULL << 20;
+
+json device(uint64_t index, uint64_t used, uint64_t peak, json cap, const char* uuid = "GPU-0") {
+  return {{"ordinal", index}, {"uuid", uuid},       {"name", "NVIDIA H200"}, {"used_bytes", used},
+          {"peak_bytes", peak}, {"limit_bytes", cap}, {"reserved_bytes", used}, {"allocations", 1u},
+          {"ooms", 0u},        {"gpu_index", index}};
+}
+
+json process(uint64_t pid, const char* name, json devices, const char* state = "running", const char* job = "") {
+  return {{"pid", pid},     {"user", "alice"},        {"process_name", name}, {"cmdline", std::string(name) + " -x"},
+          {"job", job},     {"pool", "off"},          {"state", state},       {"created_ns", 1000 + pid},
+          {"devices", devices}};
+}
+
+/// Two GPUs; a capped process on GPU 0, an uncapped one on both, an exited one.
+json scene() {
+  return {{"version", "0.1.0"},
+          {"hostname", "node"},
+          {"time_ns", 1700000000000000000ULL},
+          {"gpus",
+           json::array({{{"index", 0u}, {"uuid", "GPU-0"}, {"name", "NVIDIA H200"}, {"memory_total_bytes", 1000 * kMiB},
+                         {"used_bytes", 300 * kMiB}},
+                        {{"index", 1u}, {"uuid", "GPU-1"}, {"name", "NVIDIA H200"}, {"memory_total_bytes", 1000 * kMiB},
+                         {"used_bytes", 0u}}})},
+          {"processes",
+           json::array({process(200, "train", json::array({device(0, 100 * kMiB, 150 * kMiB, 500 * kMiB)})),
+                        process(100, "etl",
+                                json::array({device(0, 200 * kMiB, 200 * kMiB, nullptr),
+                                             device(1, 0, 10 * kMiB, nullptr, "GPU-1")}),
+                                "running", "nightly"),
+                        process(300, "old", json::array({device(0, 0, 900 * kMiB, 800 * kMiB)}), "exited")})}};
+}
+
+std::vector<uint64_t> pids(const std::vector<ProcRow>& rows) {
+  std::vector<uint64_t> v;
+  for (const ProcRow& r : rows) v.push_back(r.pid);
+  return v;
+}
+
+std::string text(const std::vector<Line>& lines) {
+  std::string s;
+  for (const Line& l : lines) s += l.plain() + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("top.rows_are_the_tables_one_per_process_and_gpu") {
+  const auto rows = process_rows(scene());
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0].key == "200:1200:GPU-0");
+  CHECK(rows[1].key == "100:1100:GPU-0");
+  CHECK(rows[2].key == "100:1100:GPU-1");
+  CHECK(rows[1].gpu == 0u);
+  CHECK(rows[2].gpu == 1u);
+  CHECK(rows[0].cap == 500 * kMiB);
+  CHECK_FALSE(rows[1].cap.has_value());
+  CHECK(rows[1].job == "nightly");
+  CHECK(rows[3].state == "exited");
+
+  json no_gpu = scene();
+  no_gpu["processes"] = json::array({process(7, "init", json::array())});
+  const auto one = process_rows(no_gpu);
+  REQUIRE(one.size() == 1);
+  CHECK_FALSE(one[0].gpu.has_value());
+  CHECK(one[0].device.is_null());
+}
+
+TEST_CASE("top.gpu_caps_add_up_the_running_processes_caps") {
+  const auto gpus = gpu_rows(scene());
+  REQUIRE(gpus.size() == 2);
+  CHECK(gpus[0].caps == 500 * kMiB);  // the exited process's 800 MiB cap holds nothing
+  CHECK(gpus[0].capped == 1);
+  CHECK(gpus[0].processes == 2);
+  CHECK(gpus[1].capped == 0);
+  CHECK(gpus[1].processes == 1);
+}
+
+TEST_CASE("top.sorting_by_each_key_and_reversed") {
+  auto rows = process_rows(scene());
+  sort_rows(rows, SortKey::used, false);
+  CHECK(pids(rows) == std::vector<uint64_t>{100, 200, 100, 300});  // 200, 100, 0 (GPU 1 before the exited)
+  sort_rows(rows, SortKey::used, true);
+  CHECK(pids(rows) == std::vector<uint64_t>{100, 300, 200, 100});
+  sort_rows(rows, SortKey::peak, false);
+  CHECK(pids(rows) == std::vector<uint64_t>{300, 100, 200, 100});
+  sort_rows(rows, SortKey::pid, false);
+  CHECK(pids(rows) == std::vector<uint64_t>{100, 100, 200, 300});
+  CHECK(rows[0].gpu == 0u);  // ties by GPU
+  sort_rows(rows, SortKey::name, false);
+  CHECK(pids(rows) == std::vector<uint64_t>{100, 100, 300, 200});  // etl, old, train
+  sort_rows(rows, SortKey::name, true);
+  CHECK(pids(rows) == std::vector<uint64_t>{200, 300, 100, 100});
+  // Uncapped rows come last whichever way caps sort.
+  sort_rows(rows, SortKey::cap, false);
+  CHECK(pids(rows) == std::vector<uint64_t>{300, 200, 100, 100});
+  sort_rows(rows, SortKey::cap, true);
+  CHECK(pids(rows) == std::vector<uint64_t>{200, 300, 100, 100});
+
+  CHECK(next_sort(SortKey::used) == SortKey::peak);
+  CHECK(next_sort(SortKey::pid) == SortKey::used);
+  CHECK(sort_order(SortKey::used, false) == "largest first");
+  CHECK(sort_order(SortKey::name, true) == "Z to A");
+}
+
+TEST_CASE("top.history_keeps_sixty_samples_per_row_and_forgets_rows_gone") {
+  json st = scene();
+  History h;
+  for (int i = 0; i < 70; ++i) {
+    st["processes"][0]["devices"][0]["used_bytes"] = static_cast<uint64_t>(i);
+    h.record(process_rows(st));
+  }
+  const auto& s = h.samples("200:1200:GPU-0");
+  REQUIRE(s.size() == History::kSamples);
+  CHECK(s.front() == 10);
+  CHECK(s.back() == 69);
+  st["processes"].erase(0);
+  h.record(process_rows(st));
+  CHECK(h.samples("200:1200:GPU-0").empty());
+  CHECK(h.samples("100:1100:GPU-0").size() == History::kSamples);
+}
+
+TEST_CASE("top.sparkline_scales_to_the_largest_sample_shown") {
+  const std::deque<uint64_t> s = {0, 1, 50, 100};
+  CHECK(sparkline(s, 6, true) == "  ▁▂▅█");
+  CHECK(sparkline(s, 6, false) == "  _.=#");
+  CHECK(sparkline(s, 2, true) == "▅█");    // the newest samples
+  CHECK(sparkline(s, 3, false) == ".=#");  // the newest samples
+  CHECK(sparkline({0, 0}, 2, true) == "▁▁");
+  CHECK(sparkline({7, 7}, 3, false) == " ##");
+  CHECK(sparkline({}, 2, true) == "  ");
+}
+
+TEST_CASE("top.gpu_bar_shows_used_and_where_the_caps_end") {
+  GpuRow g;
+  g.total = 1000;
+  g.used = 300;
+  g.caps = 500;
+  g.capped = 1;
+  std::string plain;
+  for (const Span& s : gpu_bar(g, 10, false)) plain += s.text;
+  CHECK(plain == "[###..|....]");
+  plain.clear();
+  for (const Span& s : gpu_bar(g, 10, true)) plain += s.text;
+  CHECK(plain == "[███░░│░░░░]");
+  g.caps = 5000;  // more caps than memory: no mark
+  g.used = 1;     // a byte used shows
+  plain.clear();
+  for (const Span& s : gpu_bar(g, 4, false)) plain += s.text;
+  CHECK(plain == "[#...]");
+  g.used = 950;
+  bool high = false;
+  for (const Span& s : gpu_bar(g, 4, false)) high = high || s.style == Style::bar_high;
+  CHECK(high);
+}
+
+TEST_CASE("top.text_from_processes_cannot_drive_the_terminal") {
+  CHECK(printable("a\x1b[31mb\x07") == "a?[31mb?");
+  CHECK(printable("x\xc2\x9b" "1m") == "x?1m");  // C1 CSI
+  CHECK(printable("caf\xc3\xa9 \xe2\x96\x88") == "caf\xc3\xa9 \xe2\x96\x88");
+  CHECK(columns("é█x") == 3);
+  const Line l{{{"ab█", Style::normal}, {"cd", Style::dim}}};
+  CHECK(clip(l, 4).plain() == "ab█c");
+  CHECK(clip(l, 2).spans.size() == 1);
+  CHECK(clip(l, 10).plain() == "ab█cd");
+
+  json st = scene();
+  st["processes"][0]["process_name"] = "evil\x1b]0;title\x07";
+  const auto rows = process_rows(st);
+  CHECK(rows[0].name == "evil?]0;title?");
+}
+
+TEST_CASE("top.list_frame_once_and_interactive") {
+  const json st = scene();
+  auto rows = process_rows(st);
+  History h;
+  h.record(rows);
+  sort_rows(rows, SortKey::used, false);
+  ViewOptions v;
+  v.utf8 = false;
+  v.interactive = false;
+  const std::string once = text(list_frame(st, rows, h, v, 0, 0, nullptr));
+  INFO(once);
+  CHECK(once.rfind("cuwarden top  ", 0) == 0);
+  CHECK(once.find("2 processes running") != std::string::npos);
+  CHECK(once.find("GPU 0  NVIDIA H200") != std::string::npos);
+  CHECK(once.find("caps 500.00 MiB (1 of 2 processes)") != std::string::npos);
+  CHECK(once.find("Usedv") != std::string::npos);
+  CHECK(once.find("Used, last") == std::string::npos);
+  CHECK(once.find("Sort:") == std::string::npos);
+  CHECK(once.find("nightly") != std::string::npos);
+  CHECK(once.find("exited") != std::string::npos);
+  CHECK(once.find("200.00 MiB") < once.find("100.00 MiB"));
+
+  // Interactive on a 4-row list area: the selection scrolls into view; the key line last.
+  v.interactive = true;
+  v.interval_s = 2;
+  v.selected = rows.back().key;
+  std::size_t first = 0;
+  const auto lines = list_frame(st, rows, h, v, 160, 9, &first);
+  const std::string shown = text(lines);
+  INFO(shown);
+  REQUIRE(lines.size() == 9);
+  CHECK(first == 1);
+  CHECK(shown.find("Used, last 120 s") != std::string::npos);
+  CHECK(lines.back().plain().rfind("Sort: used, largest first (3 of 4 shown)", 0) == 0);
+  CHECK(lines[7].spans[0].style == Style::selected);
+  CHECK(lines[7].plain().find("old") != std::string::npos);
+  std::size_t w = 0;
+  for (const Span& s : lines[7].spans) w += columns(s.text);
+  CHECK(w == 160);  // the highlight spans the screen
+  v.selected = rows.front().key;
+  list_frame(st, rows, h, v, 160, 9, &first);
+  CHECK(first == 0);
+  // Narrow: no room for the sparkline.
+  CHECK(text(list_frame(st, rows, h, v, 90, 0, &first)).find("Used, last") == std::string::npos);
+}
+
+TEST_CASE("top.top_sites_from_a_snapshot") {
+  const json snap = {
+      {"exact", true},
+      {"callsite_frames", 16u},
+      {"allocations", json::array({{{"site", 0}, {"kind", "device"}, {"bytes", 3 * kMiB}},
+                                   {{"site", 0}, {"kind", "host"}, {"bytes", 99 * kMiB}}})},
+      {"sites", json::array({{{"id", 1}, {"live_bytes", kMiB}, {"live_allocations", 2u},
+                              {"frames", json::array({{{"python", false}, {"function", "cudaMalloc"},
+                                                       {"module", "/usr/lib/libcudart.so"}, {"offset", 0x10u}},
+                                                      {{"python", true}, {"function", "train"},
+                                                       {"file", "/home/a/train.py"}, {"line", 12u}}})}},
+                             {{"id", 2}, {"live_bytes", 8 * kMiB}, {"live_allocations", 1u},
+                              {"frames", json::array({{{"function", "big"}, {"file", "a.cpp"}, {"line", 3u}}})}},
+                             {{"id", 3}, {"live_bytes", 0}, {"live_allocations", 0}, {"frames", json::array()}}})}};
+  const auto lines = top_sites(snap, 5);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == "   8.00 MiB    1 allocation  big (a.cpp:3)");
+  CHECK(lines[1] == "   3.00 MiB    1 allocation  (no call site captured)");
+  CHECK(lines[2] == "   1.00 MiB   2 allocations  train (train.py:12) < cudaMalloc (libcudart.so+0x10)");
+  CHECK(top_sites(snap, 1).size() == 1);
+  json off = snap;
+  off["callsite_frames"] = 0u;
+  off["sites"] = json::array();
+  CHECK(top_sites(off, 5) == std::vector<std::string>{
+                                 "   3.00 MiB    1 allocation  (call sites off: cuwarden run --callsites 16 records them)"});
+  CHECK(top_sites({{"exact", false}}, 5).front().find("could not be read") != std::string::npos);
+  CHECK(top_sites(json::object(), 5) == std::vector<std::string>{"(no live device allocation)"});
+}
+
+TEST_CASE("top.detail_frame_shows_a_refusal_and_the_newest_events") {
+  const json st = scene();
+  const auto rows = process_rows(st);
+  History h;
+  h.record(rows);
+  Detail d;
+  d.pid = 100;
+  d.start = "1100";
+  d.snapshot_error = "refused: pid 100 is another user's process";
+  json evs = json::array();
+  for (uint64_t i = 0; i < 30; ++i)
+    evs.push_back({{"seq", i}, {"pid", 100u}, {"time_ns", 1700000000000000000ULL + i}, {"api", "cuMemAlloc"},
+                   {"kind", "alloc"}, {"device", 0u}, {"bytes", (i + 1) * kMiB}, {"address", 0x1000 * i},
+                   {"used_after", (i + 1) * kMiB}});
+  d.events = json{{"events", evs}};
+  ViewOptions v;
+  const auto lines = detail_frame(st, rows, h, d, v, 120, 30);
+  const std::string shown = text(lines);
+  INFO(shown);
+  REQUIRE(lines.size() == 30);
+  CHECK(lines[0].plain().find("pid 100  etl  user alice  job nightly  pool off  running") != std::string::npos);
+  CHECK(shown.find("command: etl -x") != std::string::npos);
+  CHECK(shown.find("refused: pid 100 is another user's process") != std::string::npos);
+  CHECK(shown.find("GPU 1 Used, last 60 s") != std::string::npos);  // both of its GPUs
+  CHECK(shown.find("30.00 MiB") != std::string::npos);              // the newest event shows
+  CHECK(shown.find(" 1.00 MiB ") == std::string::npos);             // the oldest did not fit
+  CHECK(lines.back().plain() == "Esc/Backspace: back to the list  q: quit");
+
+  d.pid = 999;
+  d.events.reset();
+  d.events_error = "no daemon is running";
+  d.snapshot_error.clear();
+  const std::string gone = text(detail_frame(st, rows, h, d, v, 120, 0));
+  CHECK(gone.find("pid 999 is no longer known to the daemon") != std::string::npos);
+  CHECK(gone.find("no daemon is running") != std::string::npos);
+  CHECK(gone.find("(asking the daemon)") != std::string::npos);  // no snapshot yet, no error
+}
