@@ -13,6 +13,7 @@ PACKAGES=(
   libdw-dev pkgconf   # the daemon's symbolizer: elfutils' libdw, found through pkg-config
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
   help2man lintian bash-completion   # man pages; scripts/package.sh and its test
+  libncurses-dev tmux   # `cuwarden top` (wide-character ncurses); its test drives it in tmux
   prometheus   # promtool checks dashboards/prometheus and the Grafana queries (tests/dashboards)
   nodejs chromium   # the web dashboard: npm packages (below); its test drives a headless Chromium
 )

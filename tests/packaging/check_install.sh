@@ -119,9 +119,10 @@ if [[ -r /usr/share/bash-completion/bash_completion ]]; then
     c "cuwarden --query-compute-apps=pid,peak" _cuwarden
     c "cuwarden run --cap" _cuwarden
     c "cuwarden fit --pl" _cuwarden
+    c "cuwarden top --o" _cuwarden
     c "cuwarden --query-compute-apps=pool_w" _cuwarden
     c "cuwardend --log-level w" _cuwardend' _ "$P/share/bash-completion/completions/cuwarden")
-  want=$'run\noff cache vmm\npid,peak_memory\n--cap-scope\n--plot\npool_waits\nwarn'
+  want=$'run\noff cache vmm\npid,peak_memory\n--cap-scope\n--plot\n--once\npool_waits\nwarn'
   [[ $got == "$want" ]] || fail "completion: got [$got], want [$want]"
   echo "ok: bash completion"
 fi
