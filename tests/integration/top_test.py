@@ -12,8 +12,9 @@ with no daemon, the message `cuwarden` prints and exit status 1.
 tmux: `top` in a 160x40 tmux pane, read back with capture-pane: both rows, a new
 allocation's bytes within seconds, the sparklines, each sort key and `r` changing the sort
 line and the order, the selection and Enter opening a process's detail (its events, its call
-sites), Esc and Backspace going back, and `q` ending the program with status 0. As root, a
-second `top` run as nobody shows the daemon's refusal of another user's snapshot.
+sites), Esc and Backspace going back, the daemon stopping (said in the title line), and `q`
+ending the program with status 0. As root, a second `top` run as nobody shows the daemon's
+refusal of another user's snapshot.
 """
 import argparse
 import json
@@ -146,7 +147,7 @@ def main():
             run_once(args, env, sock, a, b)
         else:
             tmux = Tmux(tmp, env)
-            run_tmux(args, tmp, sock, tmux, a, b)
+            run_tmux(args, tmp, sock, tmux, a, b, daemon)
     finally:
         if tmux:
             tmux.kill()
@@ -221,9 +222,10 @@ class Tmux:
         self("kill-server", check_rc=False)
 
 
-def run_tmux(args, tmp, sock, tmux, a, b):
-    cmd = f"exec env LANG=C.UTF-8 LC_ALL= {args.cli} top --socket {sock}"
-    tmux("-u", "new-session", "-d", "-x", "160", "-y", "40", "-s", "top", cmd)
+def run_tmux(args, tmp, sock, tmux, a, b, daemon):
+    cmd = f"env LANG=C.UTF-8 LC_ALL= {args.cli} top --socket {sock}"
+    status_file = os.path.join(tmp, "top.status")
+    tmux("-u", "new-session", "-d", "-x", "160", "-y", "40", "-s", "top", f"{cmd}; echo $? > {status_file}")
 
     def until(pred, what, timeout=5.0):
         last = [""]
@@ -287,7 +289,7 @@ def run_tmux(args, tmp, sock, tmux, a, b):
         os.chmod(tmp, 0o755)
         os.chmod(os.path.dirname(sock), 0o755)
         tmux("new-window", "-t", "top", "-n", "nobody",
-             f"exec setpriv --reuid=65534 --regid=65534 --clear-groups {cmd[5:]}")
+             f"exec setpriv --reuid=65534 --regid=65534 --clear-groups {cmd}")
         t = "top:nobody"
         wait_for(lambda: str(a.pid) in tmux.screen(t))
         tmux("send-keys", "-t", t, "Enter")
@@ -299,11 +301,19 @@ def run_tmux(args, tmp, sock, tmux, a, b):
     else:
         print("skipped: the refusal of another user's snapshot (needs root to run as nobody)")
 
+    # The daemon goes away: the view stays, and says so.
+    daemon.terminate()
+    daemon.wait(timeout=10)
+    until(lambda s: "no daemon is running" in s.splitlines()[0] and str(a.pid) in s,
+          "the daemon stopped: the title line says so, the last rows stay")
+
+    # The exit status comes through the shell around the program: tmux may leave a pane's
+    # process unreaped (then it reports the pane dead without a status).
     tmux("send-keys", "-t", "top", "q")
-    dead = wait_for(lambda: tmux("list-panes", "-t", "top", "-F", "#{pane_dead} #{pane_dead_status}").strip() == "1 0",
-                    3)
-    check(dead, "q: the program ended, status 0",
-          tmux("list-panes", "-t", "top", "-F", "#{pane_dead} #{pane_dead_status}"))
+    status = wait_for(lambda: open(status_file).read().strip() if os.path.exists(status_file) else "", 3)
+    check(status == "0", f"q: the program ended, status 0 ({status!r})", tmux.screen("top"))
+    dead = wait_for(lambda: tmux("list-panes", "-t", "top", "-F", "#{pane_dead}").strip() == "1", 3)
+    check(dead, "and its pane with it")
 
 
 if __name__ == "__main__":
