@@ -273,11 +273,15 @@ const TIME_VALUES = [
   [1, '{HH}:{mm}:{ss}', '\n{YYYY}-{MM}-{DD}', null, '\n{MM}-{DD}', null, null, null, 1],
 ];
 
+// Time ticks: whole seconds at least (the data has a point a second at most).
+const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+                    86400, 2 * 86400, 7 * 86400, 28 * 86400];
+
 function axes() {
   const fg = cssVar('--fg-muted', '#555');
   const grid = { stroke: cssVar('--grid', '#e5e5e5'), width: 1 };
   return [
-    { stroke: fg, grid, ticks: grid, values: TIME_VALUES },
+    { stroke: fg, grid, ticks: grid, values: TIME_VALUES, incrs: TIME_INCRS },
     { stroke: fg, grid, ticks: grid, size: 64, incrs: BYTE_INCRS, values: (u, splits) => splits.map(fmtAxisBytes) },
   ];
 }
@@ -511,6 +515,7 @@ function drawTable() {
     }
   }
   tbody.replaceChildren(...rows);
+  document.getElementById('proc-table').hidden = rows.length === 0;
   document.getElementById('no-procs').hidden = rows.length > 0;
 }
 
@@ -566,6 +571,7 @@ function drawJobs() {
     }
   }
   tbody.replaceChildren(...rows);
+  document.getElementById('job-table').hidden = rows.length === 0;
   document.getElementById('no-jobs').hidden = rows.length > 0;
 }
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# browser.dashboard_live: the web dashboard in headless Chromium against a real
+# `cuwardend --http --http-snapshots`, with two programs on the simulated driver (tests/fakecuda)
+# under the interposer: A capped at 1 GiB (call sites on) holds 256 MiB, B capped at 256 MiB
+# holds 128 MiB. The test's trigger makes A allocate 256 MiB more and B ask for 200 MiB, which
+# its cap refuses; the page must show both without reloading.
+#
+#   run_dashboard_live.sh REPO WEB_ROOT ARTEFACT_DIR CUWARDEND LIBCUWARDEN ALLOC_LOOP FAKECUDA_DIR
+#
+# Exit 77 (skip) when node, the npm packages or chromium are missing.
+set -euo pipefail
+REPO=$1 WEB=$2 ART=$3 DAEMON=$4 LIB=$5 ALLOC=$6 FAKECUDA=$7
+HERE=$REPO/tests/browser
+CHROMIUM=${CUWARDEN_CHROMIUM:-/usr/bin/chromium}
+
+command -v node >/dev/null || { echo "skip: node not found (scripts/setup.sh)"; exit 77; }
+[[ -d $REPO/node_modules/playwright-core ]] || { echo "skip: no node_modules/playwright-core (run npm ci in $REPO)"; exit 77; }
+[[ -x $CHROMIUM ]] || { echo "skip: $CHROMIUM not found (scripts/setup.sh installs chromium)"; exit 77; }
+[[ -f $WEB/index.html && -f $WEB/uPlot.iife.min.js ]] || { echo "FAIL: $WEB is not a staged web root (build the cuwarden_web target)"; exit 1; }
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/cuwt-browser-live.XXXXXX")
+pids=()
+cleanup() {
+  exec 3>&- 4>&-   # EOF: the programs exit
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$T"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$T"/*.log "$T"/*.out; do [[ -e $f ]] && { echo "--- $f"; tail -20 "$f"; }; done; exit 1; }
+
+unset LD_PRELOAD CUWARDEN_LIMIT CUWARDEN_POOL CUWARDEN_JOB CUWARDEN_JOB_LIMIT CUWARDEN_CALLSITES
+export CUWARDEN_RUN_DIR=$T/run
+mkdir -p "$CUWARDEN_RUN_DIR"
+"$DAEMON" --run-dir "$CUWARDEN_RUN_DIR" --socket "$CUWARDEN_RUN_DIR/cuwardend.sock" \
+  --http 127.0.0.1:0 --http-snapshots --web-root "$WEB" >"$T/cuwardend.log" 2>&1 &
+pids+=($!)
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's/.*serving HTTP on .* (port \([0-9]*\)).*/\1/p' "$T/cuwardend.log" | head -1)
+  [[ -n $port ]] && break
+  kill -0 "${pids[0]}" 2>/dev/null || fail "cuwardend exited"
+  sleep 0.05
+done
+[[ -n $port ]] || fail "cuwardend did not say its HTTP port within 5 s"
+BASE=http://127.0.0.1:$port
+
+# The programs read commands from FIFOs this script holds open (fd 3: A, fd 4: B).
+mkfifo "$T/a.in" "$T/b.in"
+start() {  # start NAME LIMIT [ENV...]
+  local name=$1 limit=$2
+  shift 2
+  env LD_LIBRARY_PATH="$FAKECUDA" CUWARDEN_FAKE_DEVICES=1 CUWARDEN_FAKE_MEMORY=16G LD_PRELOAD="$LIB" \
+    CUWARDEN_LIMIT="$limit" "$@" "$ALLOC" <"$T/$name.in" >"$T/$name.out" 2>&1 &
+  pids+=($!)
+}
+answers() { grep -c "$2" "$T/$1.out" 2>/dev/null || true; }
+wait_for() {  # wait_for NAME PATTERN COUNT
+  for _ in $(seq 100); do (( $(answers "$1" "$2") >= $3 )) && return 0; sleep 0.05; done
+  fail "$1 did not answer '$2' ($3) within 5 s"
+}
+start a 1G CUWARDEN_CALLSITES=8
+exec 3>"$T/a.in"
+start b 256M
+exec 4>"$T/b.in"
+wait_for a '^ready' 1
+wait_for b '^ready' 1
+echo "alloc 256" >&3
+echo "alloc 128" >&4
+wait_for a '^ok' 1
+wait_for b '^ok' 1
+
+# Both seen by the daemon with what they hold before the page opens.
+for _ in $(seq 100); do
+  curl -fsS -m 2 "$BASE/api/v1/state" 2>/dev/null | python3 -c '
+import json, sys
+st = json.load(sys.stdin)
+used = sorted(d["used_bytes"] for p in st["processes"] for d in p["devices"])
+sys.exit(0 if used == [128 << 20, 256 << 20] else 1)' && break
+  sleep 0.1
+done
+
+trigger="echo 'alloc 256' >'$T/a.in'; echo 'alloc 200' >'$T/b.in'"
+rc=0
+node "$HERE/dashboard_test.mjs" --url "$BASE/" --artefacts "$ART" --trigger "$trigger" --expect-ooms || rc=$?
+[[ $(answers a '^ok') == 2 && $(answers b '^refused') == 1 ]] || { echo "the trigger's allocations: A $(answers a '^ok') ok, B $(answers b '^refused') refused"; rc=1; }
+(( rc == 0 )) || fail "dashboard_test.mjs"
+echo PASS
