@@ -182,9 +182,12 @@ def mode_api(args):
         check(e.ask(refused, "alloc 16") == "refused", "the second program is refused 16 MiB over its 8 MiB cap")
         pid, rpid = capped.pid_seen, refused.pid_seen
 
+        # /metrics reads the State the daemon last published (every scan): wait for the one
+        # that has both programs' doings.
         text = e.wait_for("both processes in /metrics", lambda: (lambda t: t if metric(
             t, "cuwarden_process_memory_used_bytes", pid=rpid) is not None and metric(
-            t, "cuwarden_process_memory_used_bytes", pid=pid) else None)(e.get("/metrics")[2].decode()))
+            t, "cuwarden_process_memory_used_bytes", pid=pid) and metric(
+            t, "cuwarden_ooms_total", cuwarden_job="") else None)(e.get("/metrics")[2].decode()))
         status, headers, _ = e.get("/metrics")
         check(headers.get("Content-Type", "").startswith("text/plain; version=0.0.4"), "/metrics is Prometheus text 0.0.4")
         check(metric(text, "cuwarden_process_memory_used_bytes", pid=pid, gpu=0, cuwarden_job="etl") == 16 << 20,
@@ -192,7 +195,8 @@ def mode_api(args):
         check(metric(text, "cuwarden_process_memory_limit_bytes", pid=pid) == 64 << 20, "its cap")
         check(metric(text, "cuwarden_process_memory_peak_bytes", pid=pid) == 16 << 20, "its peak")
         check(metric(text, "cuwarden_process_allocations", pid=pid) == 1, "its live allocations")
-        check(metric(text, "cuwarden_ooms_total", cuwarden_job="") == 1, "one refusal counted for the unjobbed user")
+        check(metric(text, "cuwarden_ooms_total", cuwarden_job="") == 1, "one refusal counted for the unjobbed user: "
+              + " ".join(l for l in text.splitlines() if l.startswith("cuwarden_ooms_total")))
         check(metric(text, "cuwarden_allocations_total", cuwarden_job="etl") == 1, "allocations counted per job")
         check(metric(text, "cuwarden_job_memory_used_bytes", cuwarden_job="etl") == 16 << 20, "the job's used bytes")
         check(metric(text, "cuwarden_device_memory_total_bytes", gpu=0) is not None, "the device's total")
@@ -280,6 +284,16 @@ def mode_api(args):
         check(metric(text, "cuwarden_ooms_total", cuwarden_job="") == 1,
               "cuwarden_ooms_total still counts the refusal of the process that is gone")
         check(metric(text, "cuwarden_processes") == 1, "one process running")
+
+        # One refused that exits at once, before any scan publishes its refusal: still counted.
+        quick = e.workload("8M", job="quick")
+        check(e.ask(quick, "alloc 16") == "refused", "a third program is refused and exits at once")
+        quick.stdin.close()
+        quick.wait(timeout=5)
+        e.wait_for("its refusal in cuwarden_ooms_total", lambda: metric(
+            e.get("/metrics")[2].decode(), "cuwarden_ooms_total", cuwarden_job="quick") == 1, timeout=8)
+        check(metric(e.get("/metrics")[2].decode(), "cuwarden_process_memory_used_bytes", pid=quick.pid_seen) is None,
+              "its refusal is counted though its series are gone")
     finally:
         e.close()
         shutil.rmtree(web, ignore_errors=True)

@@ -46,7 +46,7 @@
     "Successful allocations")                                                                                          \
   X(free_count, "free_count", "free_count", "Frees", "frees_total", counter, count, plain, "Frees")                    \
   X(refusals, "ooms", "ooms", "OOMs", "ooms_total", counter, count, plain,                                             \
-    "Allocations refused by the cap (out-of-memory errors cuwarden caused)")                                           \
+    "Allocations refused by a process or job cap (out-of-memory errors cuwarden caused)")                                           \
   X(driver_errors, "driver_errors", "driver_errors", "Driver errors", "driver_errors_total", counter, count,           \
     plain, "Allocations the driver itself failed")                                                                     \
   X(host_bytes, "host_bytes", "host_memory", "Host", "process_host_memory_bytes", gauge, bytes, plain,                 \

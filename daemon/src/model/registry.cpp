@@ -208,8 +208,12 @@ void Registry::drop_faulted(const std::string& name, const char* what) {
 }
 
 void Registry::retire(const Process& p) {
-  if (!p.last_header) return;  // never published: nobody saw its counters rise
-  const RingSnapshot& h = *p.last_header;
+  // Its header as it is now (a refusal just before it exited may never have been
+  // published), else as last published (the ring faulted).
+  RingSnapshot fresh;
+  const bool read = p.ring && p.ring->snapshot(fresh);
+  if (!read && !p.last_header) return;
+  const RingSnapshot& h = read ? fresh : *p.last_header;
   const std::string job = field_text(h.job, sizeof h.job);
   const auto last = store_.load();
   const auto index_of = gpu_index_of(gpu_rows(*last));
