@@ -269,6 +269,9 @@ def mode_api(args):
         check(status == 200 and b"cuwarden test page" in body and headers["Content-Type"].startswith("text/html"),
               "/ serves the dashboard's index.html from --web-root")
         check(e.get("/nope.js")[0] == 404, "a missing file: 404")
+        status, _, body = e.get("/api/v1/%97%ff")
+        check(status == 404 and json.loads(body)["error"].startswith("no such path"),
+              "a path that is not UTF-8: 404 with a JSON error")
         check(e.get("/../etc/passwd")[0] == 404, "no way out of the web root")
         c = http.client.HTTPConnection("127.0.0.1", e.port, timeout=5)
         c.request("POST", "/metrics", body=b"")

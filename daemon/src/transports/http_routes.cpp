@@ -33,7 +33,7 @@ std::string dump(const J& j, int indent = -1) {
 HttpResponse error(int status, const std::string& what) {
   HttpResponse r;
   r.status = status;
-  r.body = json{{"error", what}}.dump() + "\n";
+  r.body = dump(json{{"error", what}}) + "\n";  // `what` may quote the request's bytes
   return r;
 }
 

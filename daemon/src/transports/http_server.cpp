@@ -22,7 +22,9 @@ namespace cuw::daemon {
 
 namespace {
 
-std::string error_json(const std::string& what) { return nlohmann::json{{"error", what}}.dump() + "\n"; }
+std::string error_json(const std::string& what) {
+  return nlohmann::json{{"error", what}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
 
 HttpResponse error_response(int status, const std::string& what) {
   HttpResponse r;
