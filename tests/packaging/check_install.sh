@@ -26,11 +26,14 @@ lib=$(find "$P/lib" -name libcuwarden.so -path '*/cuwarden/*')
 for f in bin/cuwarden bin/cuwardend lib/systemd/system/cuwardend.service lib/tmpfiles.d/cuwarden.conf \
          etc/cuwarden/cuwarden.toml share/doc/cuwarden/examples/cuwarden.toml \
          share/man/man1/cuwarden.1 share/man/man1/cuwardend.1 \
-         share/bash-completion/completions/cuwarden share/bash-completion/completions/cuwardend; do
+         share/bash-completion/completions/cuwarden share/bash-completion/completions/cuwardend \
+         share/cuwarden/web/index.html share/cuwarden/web/uPlot.iife.min.js share/cuwarden/web/LICENSE \
+         share/cuwarden/grafana/cuwarden.json share/cuwarden/prometheus/prometheus.yml \
+         share/cuwarden/prometheus/cuwarden.rules.yml; do
   [[ -e $P/$f ]] || fail "not installed: $f"
 done
 [[ $(stat -c %a "$lib") == 644 ]] || fail "library mode $(stat -c %a "$lib"), want 644"
-grep -qx "ExecStart=\"$P/bin/cuwardend\" --config \"$P/etc/cuwarden/cuwarden.toml\"" "$P/lib/systemd/system/cuwardend.service" \
+grep -qx "ExecStart=\"$P/bin/cuwardend\" --config \"$P/etc/cuwarden/cuwarden.toml\" --http 127.0.0.1:9477" "$P/lib/systemd/system/cuwardend.service" \
   || fail "unit's ExecStart does not name this prefix: $(grep ExecStart "$P/lib/systemd/system/cuwardend.service")"
 for bad in RuntimeDirectory PrivateDevices DynamicUser ProtectProc; do
   ! grep -q "^$bad=" "$P/lib/systemd/system/cuwardend.service" || fail "unit sets $bad="
@@ -76,6 +79,21 @@ start_daemon() {  # policy file
 }
 stop_daemon() { kill "$DAEMON_PID"; wait "$DAEMON_PID" || true; DAEMON_PID=""; }
 start_daemon "$P/etc/cuwarden/cuwarden.toml"; stop_daemon
+# The moved prefix's daemon serves its own web page (share/cuwarden/web beside bin/).
+"$P/bin/cuwardend" --run-dir "$T/run-http" --no-nvml --http 127.0.0.1:0 >"$T/http.log" 2>&1 &
+HTTP_PID=$!
+port=""
+for _ in $(seq 1 100); do
+  port=$(sed -n 's/.*serving HTTP on .* (port \([0-9]*\)).*/\1/p' "$T/http.log")
+  [[ -n $port ]] && break
+  sleep 0.05
+done
+[[ -n $port ]] || { cat "$T/http.log"; fail "cuwardend --http did not listen"; }
+page=$(python3 -c "import sys, urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/').read().decode())") || page=""
+js=$(python3 -c "import urllib.request as u; print(len(u.urlopen('http://127.0.0.1:$port/uPlot.iife.min.js').read()))") || js=0
+kill "$HTTP_PID"; wait "$HTTP_PID" || true
+[[ $page == *uPlot.iife.min.js* && $js -gt 10000 ]] || fail "the installed daemon's / and /uPlot.iife.min.js (page: ${page:0:80}, js: $js bytes)"
+echo "ok: the installed daemon serves the web page and uPlot from share/cuwarden/web"
 sed -E 's/^# (\[|[a-z_]+ = )/\1/' "$P/share/doc/cuwarden/examples/cuwarden.toml" >"$T/all.toml"
 grep -q '^max_limit = ' "$T/all.toml" || fail "uncommenting the example found no key"
 start_daemon "$T/all.toml"

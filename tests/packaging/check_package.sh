@@ -23,18 +23,23 @@ dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|; s|/$||' >"$T/files"
 for f in /usr/bin/cuwarden /usr/bin/cuwardend '/usr/lib/[^/]+/cuwarden/libcuwarden.so' \
          /etc/cuwarden/cuwarden.toml /usr/share/doc/cuwarden/copyright /usr/share/doc/cuwarden/changelog.Debian.gz \
          /usr/share/doc/cuwarden/examples/cuwarden.toml /usr/share/man/man1/cuwarden.1.gz /usr/share/man/man1/cuwardend.1.gz \
-         /usr/share/bash-completion/completions/cuwarden /usr/lib/tmpfiles.d/cuwarden.conf '(/usr)?/lib/systemd/system/cuwardend.service'; do
+         /usr/share/bash-completion/completions/cuwarden /usr/lib/tmpfiles.d/cuwarden.conf '(/usr)?/lib/systemd/system/cuwardend.service' \
+         /usr/share/cuwarden/web/index.html /usr/share/cuwarden/web/uPlot.iife.min.js \
+         /usr/share/cuwarden/grafana/cuwarden.json /usr/share/cuwarden/prometheus/cuwarden.rules.yml; do
   grep -Eqx -- "$f" "$T/files" || fail "not in the package: $f"
 done
 ! grep -q '^/dev' "$T/files" || fail "the package ships files under /dev"
 unit=$(grep 'systemd/system/cuwardend.service$' "$T/files")
-dpkg-deb --fsys-tarfile "$deb" | tar -xO ".$unit" | grep -qx 'ExecStart="/usr/bin/cuwardend" --config "/etc/cuwarden/cuwarden.toml"' \
+dpkg-deb --fsys-tarfile "$deb" | tar -xO ".$unit" | grep -qx 'ExecStart="/usr/bin/cuwardend" --config "/etc/cuwarden/cuwarden.toml" --http 127.0.0.1:9477' \
   || fail "the unit's ExecStart is not /usr/bin/cuwardend"
 [[ $(dpkg-deb -f "$deb" Package) == cuwarden ]] || fail "Package field"
 [[ $(dpkg-deb -f "$deb" Depends) == *libc6* ]] || fail "Depends lacks libc6: $(dpkg-deb -f "$deb" Depends)"
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/cuwarden/cuwarden.toml || fail "conffiles"
+# Listed once into a file: `grep -q` on the pipe would exit at its first match and, under
+# pipefail, fail the pipeline through tar's SIGPIPE.
+dpkg-deb --ctrl-tarfile "$deb" | tar -t >"$T/control"
 for s in postinst prerm postrm md5sums; do
-  dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -qx "./$s" || fail "no $s in the control archive"
+  grep -qx "./$s" "$T/control" || fail "no $s in the control archive"
 done
 # Stripped: no debug sections in what is installed on every node.
 dpkg-deb -x "$deb" "$T/root"
