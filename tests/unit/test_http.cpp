@@ -40,7 +40,7 @@ Parsed parse(std::string_view in) {
 
 }  // namespace
 
-TEST_CASE("http: a GET with a query and headers parses; the query is decoded", "[http]") {
+TEST_CASE("http: a GET with a query and headers parses and its query is decoded", "[http]") {
   const std::string in =
       "GET /api/v1/processes/42/history?range=day&x=a%20b+c HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 17\r\n\r\nGET /";
   const Parsed p = parse(in);
@@ -54,7 +54,7 @@ TEST_CASE("http: a GET with a query and headers parses; the query is decoded", "
   CHECK(p.consumed == in.size() - 5);  // the next request's bytes are left
 }
 
-TEST_CASE("http: an unfinished head asks for more; bare LF line ends are accepted", "[http]") {
+TEST_CASE("http: an unfinished head asks for more and bare LF line ends are accepted", "[http]") {
   CHECK(parse("GET / HTTP/1.1\r\nHost: x\r\n").result == HttpParse::incomplete);
   CHECK(parse("").result == HttpParse::incomplete);
   const Parsed p = parse("GET /metrics HTTP/1.0\nConnection: keep-alive\n\n");
@@ -99,7 +99,7 @@ TEST_CASE("http: malformed requests get their status and a reason", "[http]") {
   CHECK(parse("GET /" + std::string(kMaxRequestTarget, 'a') + " HTTP/1.1\r\n\r\n").status == 414);
 }
 
-TEST_CASE("series: a point only when a value changes, with the last sample before the change", "[http][series]") {
+TEST_CASE("series: a point only when a value changes and the last sample before the change", "[http][series]") {
   Series<2> s;
   const std::array<bool, 2> max{true, false};
   for (uint32_t t = 1000; t < 1010; ++t) s.add(t, {5, 9}, max);
@@ -115,7 +115,7 @@ TEST_CASE("series: a point only when a value changes, with the last sample befor
   CHECK(pts[2].v[0] == 7);
 }
 
-TEST_CASE("series: the hour keeps the value at its start, the day takes each minute's largest", "[http][series]") {
+TEST_CASE("series: the hour keeps the value at its start and the day takes each minute's largest", "[http][series]") {
   Series<2> s;
   const std::array<bool, 2> max{true, false};
   s.add(60, {1, 0}, max);
@@ -223,7 +223,7 @@ HttpServer::Limits small_limits() {
 
 }  // namespace
 
-TEST_CASE("http server: answers, keeps alive, and refuses what it does not serve", "[http][server]") {
+TEST_CASE("http server: answers and keeps alive and refuses what it does not serve", "[http][server]") {
   TestServer ts(small_limits());
   const std::string r = ts.exchange("GET /a HTTP/1.1\r\nConnection: close\r\n\r\n");
   CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
@@ -242,7 +242,7 @@ TEST_CASE("http server: answers, keeps alive, and refuses what it does not serve
   CHECK(head.find("{\"path\"") == std::string::npos);  // no body for HEAD
 }
 
-TEST_CASE("http server: slow, silent and surplus clients do not keep others from an answer", "[http][server]") {
+TEST_CASE("http server: slow and silent and surplus clients do not keep others from an answer", "[http][server]") {
   TestServer ts(small_limits());
   // Six clients that send half a head and stop (slowloris), taking 6 of the 8 slots.
   std::vector<int> slow;
@@ -260,10 +260,14 @@ TEST_CASE("http server: slow, silent and surplus clients do not keep others from
   const std::string refused = ts.exchange("GET /x HTTP/1.1\r\n\r\n");
   CHECK(refused.rfind("HTTP/1.1 503", 0) == 0);
   CHECK(refused.find("too many connections") != std::string::npos);
-  // The slow ones are cut off at the head deadline (408), which frees their slots.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1700));
+  // Once a slow client has spent a second on its head, a newcomer takes its slot.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  CHECK(ts.exchange("GET /late HTTP/1.1\r\nConnection: close\r\n\r\n").find("/late") != std::string::npos);
   char buf[512];
-  const ssize_t n = recv(slow[0], buf, sizeof buf, 0);
+  CHECK(recv(slow[0], buf, sizeof buf, 0) == 0);  // the oldest one, closed
+  // The others are cut off at the head deadline (408), which frees their slots.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  const ssize_t n = recv(slow[5], buf, sizeof buf, 0);
   REQUIRE(n > 0);
   CHECK(std::string(buf, static_cast<std::size_t>(n)).rfind("HTTP/1.1 408", 0) == 0);
   CHECK(ts.exchange("GET /after HTTP/1.1\r\nConnection: close\r\n\r\n").find("/after") != std::string::npos);
@@ -271,7 +275,7 @@ TEST_CASE("http server: slow, silent and surplus clients do not keep others from
   for (int fd : more) close(fd);
 }
 
-TEST_CASE("http server: a slow request runs beside the others; past the workers, 503", "[http][server]") {
+TEST_CASE("http server: a slow request runs beside the others and past the workers gets 503", "[http][server]") {
   TestServer ts(small_limits());
   std::string slow_reply;
   std::thread t([&] { slow_reply = ts.exchange("GET /slow HTTP/1.1\r\nConnection: close\r\n\r\n"); });
@@ -284,7 +288,7 @@ TEST_CASE("http server: a slow request runs beside the others; past the workers,
   CHECK(slow_reply.find("/slow") != std::string::npos);
 }
 
-TEST_CASE("http server: event streams get what the source gives; past the cap, 503", "[http][server]") {
+TEST_CASE("http server: event streams get what the source gives and past the cap get 503", "[http][server]") {
   TestServer ts(small_limits());
   const int a = ts.connect_client(), b = ts.connect_client();
   const std::string req = "GET /stream HTTP/1.1\r\n\r\n";

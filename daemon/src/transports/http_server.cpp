@@ -154,6 +154,13 @@ void HttpServer::accept_all(uint64_t now) {
       Conn* oldest = nullptr;
       for (auto& [id, c] : conns_)
         if (!c.dead && c.idle && (!oldest || c.deadline < oldest->deadline)) oldest = &c;
+      // No idle one: the connection that has spent longest on an unfinished head, if a
+      // second at least (a client that sends slowly on purpose loses its slot first).
+      if (!oldest)
+        for (auto& [id, c] : conns_)
+          if (!c.dead && c.phase == Phase::reading && !c.idle && now - c.since >= 1'000'000'000ULL &&
+              (!oldest || c.since < oldest->since))
+            oldest = &c;
       if (oldest) {
         close_conn(*oldest);
       } else {
@@ -170,6 +177,7 @@ void HttpServer::accept_all(uint64_t now) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     Conn c;
     c.fd = fd;
+    c.since = now;
     c.deadline = now + lim_.head_timeout_ns;
     conns_.emplace(next_id_++, std::move(c));
   }
@@ -287,6 +295,7 @@ void HttpServer::on_readable(uint64_t id, Conn& c, uint64_t now) {
         c.in.append(buf, static_cast<std::size_t>(n));
         if (c.idle) {
           c.idle = false;
+          c.since = now;
           c.deadline = now + lim_.head_timeout_ns;
         }
         if (c.in.size() > lim_.max_head + sizeof buf) break;  // enough to answer 431
@@ -333,6 +342,7 @@ void HttpServer::on_writable(Conn& c, uint64_t now) {
   c.phase = Phase::reading;
   c.idle = c.in.empty();
   c.reparse = !c.idle;
+  c.since = now;
   c.deadline = now + (c.idle ? lim_.idle_timeout_ns : lim_.head_timeout_ns);
 }
 

@@ -5,8 +5,8 @@
 // thousands of connections holds a buffer and a slot here, never a thread, so the daemon's
 // other clients are still served. Each connection has a bounded head, a deadline to send it,
 // an idle deadline between keep-alive requests and a write deadline; past the connection
-// cap the longest idle keep-alive connection is closed, or, when none is idle, the new one
-// gets a 503 that says so. Event streams are capped the same way. Requests that may take
+// cap the longest idle keep-alive connection is closed, else the oldest one still sending
+// its head after a second (a slow client's), else the new one gets a 503 that says so. Event streams are capped the same way. Requests that may take
 // long (snapshots: symbolizing) run on a few worker threads, past which they get a 503.
 #pragma once
 
@@ -100,6 +100,7 @@ class HttpServer {
     bool keep_alive = false;  ///< after this reply
     bool dead = false;
     bool reparse = false;     ///< a pipelined request is waiting in `in`
+    uint64_t since = 0;       ///< monotonic ns its current request began (accept or first byte)
     StreamCursor cursor;
     uint64_t last_write_ns = 0;
   };
