@@ -1,6 +1,7 @@
 // Interposer tests: a small driver-API program the tests run as a child process under
 // LD_PRELOAD, to check what a whole process sees (exit codes, files, threads, the daemon).
 //   cuw_itest_probe alloc MIB   allocate MIB MiB, print "ok", free, exit 0 (2 if refused)
+//   cuw_itest_probe bytes N     as alloc, of exactly N bytes (caps are exact to the byte)
 //   cuw_itest_probe hold MIB    allocate, print "ready", wait for stdin EOF, free, exit 0
 //   cuw_itest_probe meminfo MIB allocate MIB MiB, print "free F total T" (cuMemGetInfo, bytes)
 //   cuw_itest_probe nocuda      touch no CUDA; print the process's thread count
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
+  const size_t bytes = mode == "bytes" ? mib : mib << 20;
   if (mode == "lookup") {
     for (const char* name : {"cuMemAlloc", "cuMemFree", "cuDeviceTotalMem", "cuCtxGetDevice"}) {
       void* fn = nullptr;
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
   }
   if (context()) return 1;
   CUdeviceptr p = 0;
-  const CUresult r = cuMemAlloc(&p, mib << 20);
+  const CUresult r = cuMemAlloc(&p, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     std::printf("refused\n");
     return 2;

@@ -205,6 +205,48 @@ TEST_CASE("the cap refuses a whole process's allocation; without the library it 
   CHECK(run({kProbe, "alloc", "64"}, {"CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=32M"}, &out) == 0);
 }
 
+/// A file holding `text` in `dir`; its path.
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST_CASE("a cap from the config file alone is enforced to the byte; the environment wins", "[process][config]") {
+  const std::string dir = make_run_dir();
+  const std::string conf = write_file(dir, "process.conf", "# per-container caps\nCUWARDEN_LIMIT=64M\n");
+  const std::vector<std::string> env = {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=" + conf};
+  std::string out;
+  CHECK(run({kProbe, "bytes", std::to_string(64ULL << 20)}, env, &out) == 0);
+  INFO(out);
+  CHECK(run({kProbe, "bytes", std::to_string((64ULL << 20) + 1)}, env, &out) == 2);
+  CHECK_THAT(out, Catch::Contains("refused"));
+  // The environment's cap wins over the file's, both ways.
+  auto with = env;
+  with.push_back("CUWARDEN_LIMIT=128M");
+  CHECK(run({kProbe, "bytes", std::to_string(128ULL << 20)}, with, &out) == 0);
+  CHECK(run({kProbe, "bytes", std::to_string((128ULL << 20) + 1)}, with, &out) == 2);
+  with.back() = "CUWARDEN_LIMIT=32M";
+  CHECK(run({kProbe, "bytes", std::to_string((32ULL << 20) + 1)}, with, &out) == 2);
+  // `off` ignores the file.
+  CHECK(run({kProbe, "alloc", "256"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=off"}, &out) == 0);
+}
+
+TEST_CASE("a bad config file is one clear line and exit status 78", "[process][config]") {
+  const std::string dir = make_run_dir();
+  const std::string conf = write_file(dir, "bad.conf", "CUWARDEN_LIMIT=lots\n");
+  std::string out;
+  CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=" + conf}, &out) == 78);
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("CUWARDEN_LIMIT='lots' (" + conf + " line 1): "));
+  CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  CHECK(run({kProbe, "alloc", "1"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=" + dir + "/none"}, &out) ==
+        78);
+  CHECK_THAT(out, Catch::Contains("CUWARDEN_CONFIG='" + dir + "/none': cannot open: No such file or directory"));
+  // A program that never touches CUDA never reads it.
+  CHECK(run({kProbe, "nocuda"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=" + dir + "/none"}, &out) == 0);
+}
+
 TEST_CASE("preloaded into a process that never uses CUDA: no thread, no file", "[process][harmless]") {
   const std::string dir = make_run_dir() + "/run";  // does not exist yet
   std::string out;

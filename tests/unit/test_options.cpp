@@ -3,6 +3,7 @@
 // every documented value is accepted, and refusals keep their wording. (A row without a
 // binding does not compile: config.cpp's static_asserts.)
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -89,7 +90,8 @@ TEST_CASE("options: every value the table documents is accepted", "[options]") {
       vars.emplace_back(o.variable, value);
       const Config c = config_with(vars);
       CHECK(c.errors.empty());
-      if (value != o.default_value) CHECK_FALSE(c == without);  // it changed something
+      // It changed something (CUWARDEN_CONFIG=off changes what is read, not a field).
+      if (value != o.default_value && std::string(o.variable) != "CUWARDEN_CONFIG") CHECK_FALSE(c == without);
       ++checked;
     }
   }
@@ -194,4 +196,104 @@ TEST_CASE("options: pool budgets take sizes, shares and durations", "[options]")
   CHECK(b.pool_idle_ms == 0);
   CHECK(std::string(b.pool) == "vmm");
   CHECK(config_with({{"CUWARDEN_POOL_IDLE", "2m"}}).pool_idle_ms == 120000);
+}
+
+namespace {
+
+/// A file holding `text` in a fresh temporary directory; its path.
+std::string write_temp(const std::string& text) {
+  char tmpl[] = "/tmp/cuw-conf-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  const std::string path = std::string(tmpl) + "/process.conf";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f);
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("config file: lines, comments, quotes and blanks", "[options][config_file]") {
+  std::vector<std::string> errors;
+  const auto f = cuw::core::parse_config_text(
+      "# a comment\n\n  CUWARDEN_LIMIT = 8G  \r\nCUWARDEN_JOB=\"train\"\nCUWARDEN_LOG='info'\n   # indented\n", &errors);
+  CHECK(errors.empty());
+  CHECK(f.value[static_cast<size_t>(opt::Id::CUWARDEN_LIMIT)] == "8G");
+  CHECK(f.line[static_cast<size_t>(opt::Id::CUWARDEN_LIMIT)] == 3);
+  CHECK(f.value[static_cast<size_t>(opt::Id::CUWARDEN_JOB)] == "train");
+  CHECK(f.value[static_cast<size_t>(opt::Id::CUWARDEN_LOG)] == "info");
+  CHECK(f.line[static_cast<size_t>(opt::Id::CUWARDEN_POOL)] == 0);
+  // No final newline, an empty text.
+  CHECK(cuw::core::parse_config_text("CUWARDEN_POOL=vmm", &errors).value[static_cast<size_t>(opt::Id::CUWARDEN_POOL)] ==
+        "vmm");
+  CHECK(cuw::core::parse_config_text("", &errors).line[0] == 0);
+  CHECK(errors.empty());
+}
+
+TEST_CASE("config file: malformed lines keep their messages word for word", "[options][config_file]") {
+  std::vector<std::string> errors;
+  using namespace std::string_literals;
+  cuw::core::parse_config_text(
+      "CUWARDEN_LIMIT\nLIMIT=8G\nCUWARDEN_CONFIG=/x\nCUWARDEN_LIMIT=1G\nCUWARDEN_LIMIT=2G\nCUWARDEN_JOB=a\0b\n"s, &errors);
+  REQUIRE(errors.size() == 5);
+  CHECK(errors[0] == "line 1: expected CUWARDEN_NAME=value");
+  CHECK(errors[1] == "line 2: 'LIMIT' is not a CUWARDEN_ variable");
+  CHECK(errors[2] == "line 3: CUWARDEN_CONFIG names the file; it cannot be set inside it");
+  CHECK(errors[3] == "line 5: CUWARDEN_LIMIT is already set on line 4");
+  CHECK(errors[4] == "line 6: holds a NUL byte");
+}
+
+TEST_CASE("config file: fills what the environment leaves unset; the environment wins", "[options][config_file]") {
+  const std::string path =
+      write_temp("CUWARDEN_LIMIT=64M\nCUWARDEN_JOB=from-file\nCUWARDEN_JOB_LIMIT=1G\nCUWARDEN_POOL=cache\n");
+  const Config file_only = config_with({{"CUWARDEN_CONFIG", path}});
+  CHECK(file_only.errors.empty());
+  REQUIRE(file_only.limit.all);
+  CHECK(file_only.limit.all->bytes == 64ULL << 20);
+  CHECK(file_only.job == "from-file");
+  CHECK(file_only.job_limit == 1ULL << 30);
+  CHECK(std::string(file_only.pool) == "cache");
+
+  const Config both = config_with({{"CUWARDEN_CONFIG", path}, {"CUWARDEN_LIMIT", "2G"}, {"CUWARDEN_POOL", "off"}});
+  CHECK(both.errors.empty());
+  REQUIRE(both.limit.all);
+  CHECK(both.limit.all->bytes == 2ULL << 30);
+  CHECK(std::string(both.pool) == "off");
+  CHECK(both.job == "from-file");  // not in the environment: the file's
+
+  // A job cap from the environment for a job named in the file.
+  const std::string job_only = write_temp("CUWARDEN_JOB=j\n");
+  const Config mixed = config_with({{"CUWARDEN_CONFIG", job_only}, {"CUWARDEN_JOB_LIMIT", "2G"}});
+  CHECK(mixed.errors.empty());
+  CHECK(mixed.job_limit == 2ULL << 30);
+
+  // `off` reads nothing; the default path, missing, is no error (this test's machine has none).
+  CHECK(config_with({{"CUWARDEN_CONFIG", "off"}}) == config_with({}));
+}
+
+TEST_CASE("config file: a bad file is one clear line each", "[options][config_file]") {
+  const std::string missing = "/tmp/cuw-no-such-dir/process.conf";
+  Config c = config_with({{"CUWARDEN_CONFIG", missing}});
+  REQUIRE(c.errors.size() == 1);
+  CHECK(c.errors[0] == "CUWARDEN_CONFIG='" + missing + "': cannot open: No such file or directory");
+
+  c = config_with({{"CUWARDEN_CONFIG", "/tmp"}});
+  REQUIRE(c.errors.size() == 1);
+  CHECK(c.errors[0] == "CUWARDEN_CONFIG='/tmp': not a regular file");
+
+  const std::string big = write_temp(std::string(cuw::core::kMaxConfigFile + 1, '#'));
+  c = config_with({{"CUWARDEN_CONFIG", big}});
+  REQUIRE(c.errors.size() == 1);
+  CHECK(c.errors[0] == "CUWARDEN_CONFIG='" + big + "': larger than 64 KiB");
+
+  const std::string bad = write_temp("CUWARDEN_LIMIT=lots\nCUWARDEN_POOL fast\n");
+  c = config_with({{"CUWARDEN_CONFIG", bad}});
+  REQUIRE(c.errors.size() == 2);
+  CHECK(c.errors[0] == "CUWARDEN_CONFIG='" + bad + "': line 2: expected CUWARDEN_NAME=value");
+  CHECK(c.errors[1].rfind("CUWARDEN_LIMIT='lots' (" + bad + " line 1): ", 0) == 0);
+  CHECK(c.limit.empty());
+
+  // A bad value in the file is no error when the environment sets the variable.
+  CHECK(config_with({{"CUWARDEN_CONFIG", bad}, {"CUWARDEN_LIMIT", "1G"}}).errors.size() == 1);
 }

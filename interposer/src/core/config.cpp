@@ -2,6 +2,8 @@
 // defaults and doc lines are the options table (cuw/options.hpp); here each row is bound to
 // one of a few typed parsers and the Config field it fills, and load_config() is one loop
 // over the bindings. A row without a binding does not compile (the static_asserts below).
+// The per-container file (CUWARDEN_CONFIG) holds the same variables as lines, so that a cap
+// survives what resets the environment (su, sudo, ssh); it is read once, before the loop.
 #include "core/config.hpp"
 
 #include "base/log.hpp"
@@ -9,11 +11,16 @@
 #include "cuw/options.hpp"
 #include "cuw/paths.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <iterator>
+#include <string_view>
 
 namespace cuw::core {
 
@@ -63,7 +70,11 @@ bool job_cap(const char* v, Config& c, std::string* why) {
     return false;
   }
   c.*Field = spec->bytes;
-  if (!env(options::get(Id::CUWARDEN_JOB).variable)) {
+  // CUWARDEN_JOB comes earlier in the table: it either filled c.job or added its own error.
+  const std::string job_error = std::string(options::get(Id::CUWARDEN_JOB).variable) + "='";
+  bool job_refused = false;
+  for (const std::string& e : c.errors) job_refused = job_refused || e.rfind(job_error, 0) == 0;
+  if (c.job.empty() && !job_refused) {
     *why = "needs CUWARDEN_JOB (the job it caps)";
     return false;
   }
@@ -167,6 +178,9 @@ bool text(const char* v, Config& c, std::string*) {
   return true;
 }
 
+/// Any value: load_config() reads the option itself, before the loop (see there).
+bool read_before(const char*, Config&, std::string*) { return true; }
+
 /// A directory, without trailing slashes (cuw/paths.hpp: run_dir_from, as the daemon reads it).
 template <std::string Config::*Field>
 bool directory(const char* v, Config& c, std::string*) {
@@ -198,6 +212,7 @@ struct Binding {
 // One binding per row of CUW_OPTIONS, in its order.
 constexpr Binding kBindings[] = {
     {Id::CUWARDEN_ON_ERROR, choice<&Config::fail_open, kOnError>},
+    {Id::CUWARDEN_CONFIG, read_before},
     {Id::CUWARDEN_LIMIT, limit_spec<&Config::limit>},
     {Id::CUWARDEN_JOB, job_name<&Config::job>},
     {Id::CUWARDEN_JOB_LIMIT, job_cap<&Config::job_limit>},
@@ -226,10 +241,111 @@ static_assert(std::size(kBindings) == options::kCount,
               "every row of CUW_OPTIONS (cuw/options.hpp) needs a binding in kBindings, and only those");
 static_assert(bindings_in_table_order(), "kBindings must list the rows of CUW_OPTIONS in the table's order");
 
+constexpr std::string_view kBlanks = " \t\r";
+
+std::string_view trim(std::string_view s) {
+  const std::size_t a = s.find_first_not_of(kBlanks);
+  if (a == std::string_view::npos) return {};
+  return s.substr(a, s.find_last_not_of(kBlanks) - a + 1);
+}
+
+/// The file's text, or false with *why set. Never blocks on a FIFO or a device: only a
+/// regular file is read.
+bool read_small_file(const char* path, bool missing_ok, std::string* text, std::string* why) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    if (errno == ENOENT && missing_ok) return true;
+    *why = std::string("cannot open: ") + std::strerror(errno);
+    return false;
+  }
+  struct stat st {};
+  bool ok = false;
+  if (::fstat(fd, &st) != 0) *why = std::string("cannot stat: ") + std::strerror(errno);
+  else if (!S_ISREG(st.st_mode)) *why = "not a regular file";
+  else if (static_cast<std::size_t>(st.st_size) > kMaxConfigFile)
+    *why = "larger than " + std::to_string(kMaxConfigFile / 1024) + " KiB";
+  else {
+    text->resize(kMaxConfigFile + 1);
+    std::size_t n = 0;
+    for (ssize_t r; n < text->size(); n += static_cast<std::size_t>(r)) {
+      r = ::read(fd, text->data() + n, text->size() - n);
+      if (r < 0 && errno == EINTR) r = 0;
+      else if (r <= 0) {
+        if (r < 0) *why = std::string("cannot read: ") + std::strerror(errno);
+        ok = r == 0;
+        break;
+      }
+    }
+    text->resize(n);
+    if (ok && n > kMaxConfigFile) {  // grew since fstat
+      *why = "larger than " + std::to_string(kMaxConfigFile / 1024) + " KiB";
+      ok = false;
+    }
+  }
+  ::close(fd);
+  return ok;
+}
+
 }  // namespace
+
+FileValues parse_config_text(std::string_view text, std::vector<std::string>* errors) {
+  FileValues f;
+  f.value.resize(options::kCount);
+  f.line.resize(options::kCount);
+  int number = 0;
+  while (!text.empty()) {
+    const std::size_t nl = text.find('\n');
+    const std::string_view raw = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
+    ++number;
+    const std::string at = "line " + std::to_string(number) + ": ";
+    const std::string_view line = trim(raw);
+    if (line.empty() || line.front() == '#') continue;
+    if (line.find('\0') != std::string_view::npos) {
+      errors->push_back(at + "holds a NUL byte");
+      continue;
+    }
+    const std::size_t eq = line.find('=');
+    if (eq == std::string_view::npos) {
+      errors->push_back(at + "expected CUWARDEN_NAME=value");
+      continue;
+    }
+    const std::string_view name = trim(line.substr(0, eq));
+    std::string_view value = trim(line.substr(eq + 1));
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      value = value.substr(1, value.size() - 2);
+    std::size_t id = options::kCount;
+    for (std::size_t i = 0; i < options::kCount; ++i)
+      if (name == options::kOptions[i].variable) id = i;
+    if (id == options::kCount) {
+      errors->push_back(at + "'" + std::string(name) + "' is not a CUWARDEN_ variable");
+    } else if (id == static_cast<std::size_t>(Id::CUWARDEN_CONFIG)) {
+      errors->push_back(at + "CUWARDEN_CONFIG names the file; it cannot be set inside it");
+    } else if (f.line[id]) {
+      errors->push_back(at + std::string(name) + " is already set on line " + std::to_string(f.line[id]));
+    } else {
+      f.value[id] = value;
+      f.line[id] = number;
+    }
+  }
+  return f;
+}
 
 Config load_config() {
   Config c;
+  // The file first: every other row may fall back to it. Its own errors come first.
+  FileValues file;
+  file.value.resize(options::kCount);
+  file.line.resize(options::kCount);
+  const options::Option& co = options::get(Id::CUWARDEN_CONFIG);
+  const char* path = env(co.variable) ? env(co.variable) : co.default_value;
+  if (std::strcmp(path, "off") != 0) {
+    std::string text, why;
+    std::vector<std::string> lines;
+    if (!read_small_file(path, std::strcmp(path, co.default_value) == 0, &text, &why)) lines.push_back(why);
+    else file = parse_config_text(text, &lines);
+    for (const std::string& l : lines) c.errors.push_back(quoted(co.variable, path) + ": " + l);
+  }
   for (const Binding& b : kBindings) {
     const options::Option& o = options::get(b.id);
     std::string why;
@@ -237,8 +353,15 @@ Config load_config() {
     // is refused leaves the default in place. Without one the field keeps its "nothing".
     if (*o.default_value && !b.parse(o.default_value, c, &why))
       c.errors.push_back(quoted(o.variable, o.default_value) + ": " + why + " (the built-in default)");
-    if (const char* v = env(o.variable))
+    const std::size_t i = static_cast<std::size_t>(b.id);
+    if (const char* v = env(o.variable)) {
       if (!b.parse(v, c, &why)) c.errors.push_back(quoted(o.variable, v) + ": " + why);
+    } else if (!file.value[i].empty()) {
+      const char* fv = file.value[i].c_str();
+      if (!b.parse(fv, c, &why))
+        c.errors.push_back(quoted(o.variable, fv) + " (" + path + " line " + std::to_string(file.line[i]) +
+                           "): " + why);
+    }
   }
   return c;
 }

@@ -1,10 +1,12 @@
-// cuwarden interposer: configuration from CUWARDEN_* variables, read once at the first
-// CUDA call. The variables, their defaults and doc lines are one table (cuw/options.hpp);
+// cuwarden interposer: configuration from CUWARDEN_* variables and the per-container file
+// (CUWARDEN_CONFIG), read once at the first CUDA call. The variables, their defaults and doc lines are one table (cuw/options.hpp);
 // config.cpp binds each row to the parser that fills its field here.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuw/size.hpp"
@@ -15,7 +17,8 @@ namespace cuw::core {
 /// Exit status for bad configuration (EX_CONFIG from sysexits.h).
 inline constexpr int kExitConfig = 78;
 
-/// The parsed configuration. Immutable once built. Only load_config() makes one: it applies
+/// The parsed configuration (CUWARDEN_CONFIG, the file, is read into the other fields and has
+/// none of its own: the tracker holding this must fit in one page). Immutable once built. Only load_config() makes one: it applies
 /// every option's default from the table; the initialisers here are only "nothing parsed".
 struct Config {
   LimitSpec limit;                ///< CUWARDEN_LIMIT; empty = uncapped
@@ -40,9 +43,31 @@ struct Config {
 };
 
 /// Read every CUWARDEN_* variable of the options table (secure_getenv; one that is unset,
-/// empty or refused leaves the table's default). Never exits or throws on a bad value: each
-/// adds one line to `errors` ("CUWARDEN_X='value': why"), in table order. Allocates: call at
-/// the first CUDA call, never on a hook's hot path. Not safe against a concurrent setenv.
+/// empty or refused leaves the table's default). A variable the environment leaves unset or
+/// empty is taken from the file CUWARDEN_CONFIG names, when that file gives it: the
+/// environment wins. Never exits or throws on a bad value: each adds one line to `errors`
+/// ("CUWARDEN_X='value': why"; from the file "CUWARDEN_X='value' (FILE line N): why"), the
+/// file's own errors first ("CUWARDEN_CONFIG='FILE': ..."), then in table order. Opens and
+/// reads the file (at most kMaxConfigFile bytes, a regular file only; a missing file at the
+/// default path is no error). Allocates: call at the first CUDA call, never on a hook's hot
+/// path. Not safe against a concurrent setenv.
 Config load_config();
+
+/// The largest config file read, in bytes; a larger one is an error.
+inline constexpr std::size_t kMaxConfigFile = 64 * 1024;
+
+/// The values of a config file's text, by options::Id index ("" = not given), and the line
+/// each came from (1-based; 0 = not given).
+struct FileValues {
+  std::vector<std::string> value;
+  std::vector<int> line;
+};
+
+/// Parse a config file's text: lines `CUWARDEN_NAME=value`, blank lines and `#` comments;
+/// blanks around the name and the value are dropped, and one pair of matching quotes ('' or
+/// "") around the value. Each malformed line (no `=`, a name not in the options table,
+/// CUWARDEN_CONFIG itself, a name given twice, a NUL byte) adds one error ("line N: why").
+/// Allocates; thread-safe (no global state).
+FileValues parse_config_text(std::string_view text, std::vector<std::string>* errors);
 
 }  // namespace cuw::core

@@ -148,7 +148,9 @@ Tracker::Tracker() : config_(load_config()) {
   create_ring();
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
             ring_is_file_ ? ring_path_.c_str() : "(private)",
-            config_.limit.empty() ? "none" : secure_getenv("CUWARDEN_LIMIT"));
+            config_.limit.empty()                 ? "none"
+            : secure_getenv("CUWARDEN_LIMIT") != nullptr ? secure_getenv("CUWARDEN_LIMIT")
+                                                         : "from the config file (CUWARDEN_CONFIG)");
 }
 
 void Tracker::create_ring() {
