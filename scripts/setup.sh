@@ -11,6 +11,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libtomlplusplus-dev
   libunwind-dev libbenchmark-dev valgrind python3
   python3-yaml   # tests/cluster: the Kubernetes manifests parsed and checked
+  libslurm-dev slurmctld slurmd slurm-client munge   # cluster/slurm's SPANK plugin; cluster.slurm runs a local Slurm
   libdw-dev pkgconf   # the daemon's symbolizer: elfutils' libdw, found through pkg-config
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
   help2man lintian bash-completion   # man pages; scripts/package.sh and its test

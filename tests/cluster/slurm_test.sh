@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# cuwarden test: the SPANK plugin (cluster/slurm) in a real Slurm on this machine. Starts
+# munged, slurmctld and slurmd as root, without systemd, on a configuration of their own (own
+# munge key and socket, ports, spool; proctrack/linuxproc, task/none, no accounting), and
+# cuwardend on a run directory of its own; the tasks run on the simulated driver.
+#   slurm_test.sh PLUGIN LIB PROBE DAEMON CLI
+# Checks: `srun --gpu-mem-limit=64M` caps at the byte; two tasks of one job share
+# --gpu-mem-job-limit; `cuwarden` shows the job as slurm-<id>; a cap past the site's maximum
+# is refused by srun before the job starts; scancel of a running job leaves no ring behind;
+# the TaskProlog alternative prints the same variables. Exit 77 (skipped) when not root or
+# Slurm is absent.
+set -euo pipefail
+PLUGIN=$1 LIB=$2 PROBE=$3 DAEMON=$4 CLI=$5
+
+if [[ $(id -u) -ne 0 ]]; then echo "slurm_test: needs root (slurmd starts tasks as their user)"; exit 77; fi
+for tool in munged slurmctld slurmd srun sinfo; do
+  command -v "$tool" >/dev/null || { echo "slurm_test: $tool not installed (scripts/setup.sh)"; exit 77; }
+done
+
+T=$(mktemp -d /tmp/cuw-slurm-XXXXXX)
+PIDS=()
+cleanup() {
+  scancel --quiet --full --signal=KILL --partition=test 2>/dev/null || true
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [[ ${KEEP:-0} != 1 ]]; then rm -rf "$T"; fi
+}
+trap cleanup EXIT
+fail() {
+  echo "slurm_test: FAIL: $*"
+  for f in "$T"/*.log; do echo "---- $f"; tail -n 20 "$f"; done
+  exit 1
+}
+
+mkdir -p "$T/run" "$T/spool/ctld" "$T/spool/d" "$T/munge"
+chmod 755 "$T/munge"   # munged wants its socket directory reachable by all
+dd if=/dev/urandom of="$T/munge/munge.key" bs=1024 count=1 status=none
+chmod 400 "$T/munge/munge.key"
+MUNGE_SOCK=$T/munge/munge.sock
+munged -F --force --key-file="$T/munge/munge.key" --socket="$MUNGE_SOCK" --pid-file="$T/munge/munged.pid" \
+  --log-file="$T/munged.log" --seed-file="$T/munge/seed" >"$T/munged.out.log" 2>&1 &
+PIDS+=($!)
+
+# Ports of our own, away from a site's 6817/6818.
+PORT=$((20000 + RANDOM % 20000))
+NODE=cuwtest
+cat >"$T/plugstack.conf" <<EOC
+required $PLUGIN lib=$LIB run_dir=$T/run max=1G
+EOC
+cat >"$T/slurm.conf" <<EOC
+ClusterName=cuwtest
+SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldPort=$PORT
+SlurmdPort=$((PORT + 1))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$MUNGE_SOCK
+CredType=cred/munge
+StateSaveLocation=$T/spool/ctld
+SlurmdSpoolDir=$T/spool/d
+SlurmctldPidFile=$T/slurmctld.pid
+SlurmdPidFile=$T/slurmd.pid
+SlurmctldLogFile=$T/slurmctld.log
+SlurmdLogFile=$T/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/builtin
+SelectType=select/linear
+MpiDefault=none
+ReturnToService=2
+PlugStackConfig=$T/plugstack.conf
+SlurmdParameters=config_overrides
+NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$(hostname -s) CPUs=2 State=UNKNOWN
+PartitionName=test Nodes=$NODE Default=YES MaxTime=5 State=UP OverSubscribe=FORCE:2
+EOC
+export SLURM_CONF=$T/slurm.conf
+for i in $(seq 50); do [[ -S $MUNGE_SOCK ]] && break; sleep 0.1; done
+[[ -S $MUNGE_SOCK ]] || fail "munged did not start"
+
+slurmctld -D -i -f "$SLURM_CONF" >"$T/slurmctld.out.log" 2>&1 &
+PIDS+=($!)
+slurmd -D -N "$NODE" -f "$SLURM_CONF" >"$T/slurmd.out.log" 2>&1 &
+PIDS+=($!)
+# --exited-linger 0: the daemon forgets an exited process, and removes its files, at once.
+"$DAEMON" --run-dir "$T/run" --no-nvml --drain-interval-ms 50 --scan-interval-ms 100 --exited-linger 0 \
+  >"$T/cuwardend.log" 2>&1 &
+PIDS+=($!)
+for i in $(seq 100); do
+  state=$(sinfo -h -N -o %t 2>/dev/null || true)
+  [[ $state == idle ]] && break
+  sleep 0.2
+done
+[[ ${state:-} == idle ]] || fail "the node did not come up (state '${state:-}')"
+
+SRUN=(srun --quiet -N1 -t 1)
+# 1. The cap at the byte: 64 MiB fits, one byte more is refused.
+out=$("${SRUN[@]}" --gpu-mem-limit=64M "$PROBE" bytes $((64 << 20)) 2>&1) || fail "64 MiB under a 64M cap: $out"
+[[ $out == ok ]] || fail "64 MiB under a 64M cap printed '$out'"
+if out=$("${SRUN[@]}" --gpu-mem-limit=64M "$PROBE" bytes $(((64 << 20) + 1)) 2>&1); then
+  fail "64 MiB + 1 byte under a 64M cap was not refused: $out"
+fi
+[[ $out == *refused* ]] || fail "64 MiB + 1 byte: expected a refusal, got '$out'"
+echo "slurm_test: --gpu-mem-limit=64M holds at the byte"
+
+# 2. Two tasks of one job share its cap, and cuwarden shows the job as slurm-<id>. Task 0
+# holds 60 MiB for 3 s; task 1 asks for 60 MiB a second later: 120 MiB > the job's 100M.
+"${SRUN[@]}" -n2 --gpu-mem-job-limit=100M bash -c '
+  if [[ $SLURM_PROCID == 0 ]]; then sleep 3 | "$0" hold 60; echo "task0 $?"
+  else sleep 1; "$0" alloc 60; echo "task1 $?"; fi' "$PROBE" >"$T/job.out" 2>&1 &
+JOB_PID=$!
+job=""
+for i in $(seq 40); do
+  job=$(squeue -h -o %i 2>/dev/null | head -n1)
+  [[ -n $job ]] && break
+  sleep 0.1
+done
+[[ -n $job ]] || fail "the two-task job did not start"
+seen=""
+for i in $(seq 40); do
+  seen=$(CUWARDEN_RUN_DIR=$T/run "$CLI" --query-compute-apps=pid,job,used_memory --format=csv,noheader 2>&1 || true)
+  [[ $seen == *"slurm-$job"* ]] && break
+  sleep 0.1
+done
+[[ $seen == *"slurm-$job"* ]] || fail "cuwarden did not show job slurm-$job: $seen"
+wait "$JOB_PID" || true
+grep -q "task0 0" "$T/job.out" || fail "task 0 did not hold 60 MiB: $(cat "$T/job.out")"
+grep -q "task1 2" "$T/job.out" || fail "task 1 was not refused past the job's cap: $(cat "$T/job.out")"
+echo "slurm_test: two tasks of job $job share --gpu-mem-job-limit=100M; cuwarden shows slurm-$job"
+
+# 3. The site's maximum (max=1G in plugstack.conf): srun refuses before the job starts.
+if out=$("${SRUN[@]}" --gpu-mem-limit=2G true 2>&1); then fail "a cap past the site's maximum was accepted"; fi
+[[ $out == *"more than this site's maximum"* ]] || fail "past the maximum: expected the plugin's message, got '$out'"
+echo "slurm_test: a cap past the site's maximum is refused by srun"
+
+# 4. scancel of a running job: its process is killed, and its ring and live segment go with it.
+# The task holds its memory until its stdin closes: a FIFO this script keeps open.
+mkfifo "$T/hold.fifo"
+"${SRUN[@]}" --gpu-mem-limit=64M "$PROBE" hold 16 <"$T/hold.fifo" >"$T/cancel.out" 2>&1 &
+PIDS+=($!)
+exec 3>"$T/hold.fifo"
+for i in $(seq 50); do compgen -G "$T/run/ring-*" >/dev/null && break; sleep 0.1; done
+compgen -G "$T/run/ring-*" >/dev/null || fail "the job to cancel made no ring"
+scancel "$(squeue -h -o %i | head -n1)"
+left() { compgen -G "$T/run/ring-*" || compgen -G "$T/run/live-*"; }
+for i in $(seq 50); do left >/dev/null || break; sleep 0.1; done
+if left >/dev/null; then fail "files left after scancel: $(ls "$T/run")"; fi
+echo "slurm_test: scancel leaves no ring in the run directory (left: $(ls "$T/run" | tr '\n' ' '))"
+
+# 5. The TaskProlog alternative, as slurmstepd runs it: the job's variables, the user's cap kept.
+PROLOG=$(dirname "$0")/../../cluster/slurm/cuwarden-taskprolog.sh
+out=$(env -i SLURM_JOB_ID=42 CUWARDEN_SLURM_LIB="$LIB" CUWARDEN_SLURM_DEFAULT=16G sh "$PROLOG")
+want="export LD_PRELOAD=$LIB
+export CUWARDEN_JOB=slurm-42
+export CUWARDEN_LIMIT=16G"
+[[ $out == "$want" ]] || fail "TaskProlog printed '$out'"
+out=$(env -i SLURM_JOB_ID=42 CUWARDEN_SLURM_LIB="$LIB" CUWARDEN_SLURM_DEFAULT=16G CUWARDEN_LIMIT=8G sh "$PROLOG")
+[[ $out != *CUWARDEN_LIMIT* ]] || fail "TaskProlog overrode the user's cap: '$out'"
+echo "slurm_test: the TaskProlog prints the job's variables"
+echo "slurm_test: PASS"
