@@ -4,7 +4,7 @@
 # munge key and socket, ports, spool; proctrack/linuxproc, task/none, no accounting), and
 # cuwardend on a run directory of its own; the tasks run on the simulated driver.
 #   slurm_test.sh PLUGIN LIB PROBE DAEMON CLI
-# Checks: `srun --gpu-mem-limit=64M` caps at the byte; two tasks of one job share
+# Checks: `srun --gpu-mem-limit=64M` caps at the byte (and from sbatch); two tasks of one job share
 # --gpu-mem-job-limit; `cuwarden` shows the job as slurm-<id>; a cap past the site's maximum
 # is refused by srun before the job starts; scancel of a running job leaves no ring behind;
 # the TaskProlog alternative prints the same variables. Exit 77 (skipped) when not root or
@@ -104,6 +104,12 @@ if out=$("${SRUN[@]}" --gpu-mem-limit=64M "$PROBE" bytes $(((64 << 20) + 1)) 2>&
 fi
 [[ $out == *refused* ]] || fail "64 MiB + 1 byte: expected a refusal, got '$out'"
 echo "slurm_test: --gpu-mem-limit=64M holds at the byte"
+
+# The same from sbatch: the option reaches the batch script's processes.
+sbatch --quiet -W -t 1 -o "$T/sbatch.out" --gpu-mem-limit=64M \
+  --wrap "$PROBE bytes $(((64 << 20) + 1)); echo rc=\$?" >/dev/null 2>&1 || true
+grep -q "rc=2" "$T/sbatch.out" || fail "sbatch --gpu-mem-limit=64M: expected a refusal, got '$(cat "$T/sbatch.out")'"
+echo "slurm_test: sbatch --gpu-mem-limit=64M holds too"
 
 # 2. Two tasks of one job share its cap, and cuwarden shows the job as slurm-<id>. Task 0
 # holds 60 MiB for 3 s; task 1 asks for 60 MiB a second later: 120 MiB > the job's 100M.
