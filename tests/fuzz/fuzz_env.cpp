@@ -2,11 +2,14 @@
 // compiled in). The input is split at NUL bytes into the values of the CUWARDEN_*
 // variables, in the order of the options table (cuw/options.hpp); an empty piece unsets the
 // variable.
-// Invariants: load_config() never crashes or throws; every accepted value is in range.
+// The whole input is also parsed as a config file's text (CUWARDEN_CONFIG).
+// Invariants: load_config() and parse_config_text() never crash or throw; every accepted value
+// is in range; a value kept from the file came from a line the text has.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/config.hpp"
 #include "cuw/job.hpp"
@@ -35,5 +38,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c.job_limit != ~0ULL && c.job.empty() && c.errors.empty()) std::abort();  // a job cap needs a job
   for (const auto& [ordinal, spec] : c.limit.per_device)
     if (ordinal < 0 || ordinal > 63) std::abort();
+  std::vector<std::string> errors;
+  const cuw::core::FileValues f = cuw::core::parse_config_text(in, &errors);
+  if (f.value.size() != cuw::options::kCount || f.line.size() != cuw::options::kCount) std::abort();
+  for (std::size_t i = 0; i < cuw::options::kCount; ++i) {
+    if (f.line[i] < 0 || (f.line[i] == 0 && !f.value[i].empty())) std::abort();
+    if (f.value[i].find('\n') != std::string::npos || f.value[i].size() > in.size()) std::abort();
+  }
   return 0;
 }
