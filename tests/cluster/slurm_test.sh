@@ -20,14 +20,25 @@ done
 T=$(mktemp -d /tmp/cuw-slurm-XXXXXX)
 PIDS=()
 cleanup() {
-  scancel --quiet --full --signal=KILL --partition=test 2>/dev/null || true
+  exec 3>&- 2>/dev/null || true
+  if [[ -n ${SLURM_CONF:-} ]]; then
+    scancel --quiet --full --signal=KILL 2>/dev/null || true
+    for i in $(seq 30); do [[ -z $(squeue -h 2>/dev/null) ]] && break; sleep 0.1; done
+    # Everything this test started after exporting SLURM_CONF carries it, steps and tasks
+    # that would outlive slurmd included; nothing else does.
+    for d in /proc/[0-9]*; do
+      p=${d#/proc/}
+      [[ $p == "$$" || $p == "$BASHPID" ]] && continue
+      if grep -qzx "SLURM_CONF=$SLURM_CONF" "$d/environ" 2>/dev/null; then kill -9 "$p" 2>/dev/null || true; fi
+    done
+  fi
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   if [[ ${KEEP:-0} != 1 ]]; then rm -rf "$T"; fi
 }
 trap cleanup EXIT
 fail() {
-  echo "slurm_test: FAIL: $*"
+  echo "slurm_test: FAIL (after ${SECONDS}s): $*"
   for f in "$T"/*.log; do echo "---- $f"; tail -n 20 "$f"; done
   exit 1
 }
@@ -103,23 +114,25 @@ if out=$("${SRUN[@]}" --gpu-mem-limit=64M "$PROBE" bytes $(((64 << 20) + 1)) 2>&
   fail "64 MiB + 1 byte under a 64M cap was not refused: $out"
 fi
 [[ $out == *refused* ]] || fail "64 MiB + 1 byte: expected a refusal, got '$out'"
-echo "slurm_test: --gpu-mem-limit=64M holds at the byte"
+echo "slurm_test: [${SECONDS}s] --gpu-mem-limit=64M holds at the byte"
 
 # The same from sbatch: the option reaches the batch script's processes.
-sbatch --quiet -W -t 1 -o "$T/sbatch.out" --gpu-mem-limit=64M \
-  --wrap "$PROBE bytes $(((64 << 20) + 1)); echo rc=\$?" >/dev/null 2>&1 || true
+# (Polled here: sbatch -W polls at intervals of up to 10 s.)
+sbatch --quiet -t 1 -o "$T/sbatch.out" --gpu-mem-limit=64M \
+  --wrap "$PROBE bytes $(((64 << 20) + 1)); echo rc=\$?" >/dev/null 2>&1 || fail "sbatch failed"
+for i in $(seq 100); do grep -q "rc=" "$T/sbatch.out" 2>/dev/null && break; sleep 0.1; done
 grep -q "rc=2" "$T/sbatch.out" || fail "sbatch --gpu-mem-limit=64M: expected a refusal, got '$(cat "$T/sbatch.out")'"
-echo "slurm_test: sbatch --gpu-mem-limit=64M holds too"
+echo "slurm_test: [${SECONDS}s] sbatch --gpu-mem-limit=64M holds too"
 
 # 2. Two tasks of one job share its cap, and cuwarden shows the job as slurm-<id>. Task 0
 # holds 60 MiB for 3 s; task 1 asks for 60 MiB a second later: 120 MiB > the job's 100M.
-"${SRUN[@]}" -n2 --gpu-mem-job-limit=100M bash -c '
+"${SRUN[@]}" -n2 -J cuwshare --gpu-mem-job-limit=100M bash -c '
   if [[ $SLURM_PROCID == 0 ]]; then sleep 3 | "$0" hold 60; echo "task0 $?"
   else sleep 1; "$0" alloc 60; echo "task1 $?"; fi' "$PROBE" >"$T/job.out" 2>&1 &
 JOB_PID=$!
 job=""
 for i in $(seq 40); do
-  job=$(squeue -h -o %i 2>/dev/null | head -n1)
+  job=$(squeue -h -n cuwshare -o %i 2>/dev/null | head -n1)
   [[ -n $job ]] && break
   sleep 0.1
 done
@@ -134,26 +147,28 @@ done
 wait "$JOB_PID" || true
 grep -q "task0 0" "$T/job.out" || fail "task 0 did not hold 60 MiB: $(cat "$T/job.out")"
 grep -q "task1 2" "$T/job.out" || fail "task 1 was not refused past the job's cap: $(cat "$T/job.out")"
-echo "slurm_test: two tasks of job $job share --gpu-mem-job-limit=100M; cuwarden shows slurm-$job"
+echo "slurm_test: [${SECONDS}s] two tasks of job $job share --gpu-mem-job-limit=100M; cuwarden shows slurm-$job"
 
 # 3. The site's maximum (max=1G in plugstack.conf): srun refuses before the job starts.
 if out=$("${SRUN[@]}" --gpu-mem-limit=2G true 2>&1); then fail "a cap past the site's maximum was accepted"; fi
 [[ $out == *"more than this site's maximum"* ]] || fail "past the maximum: expected the plugin's message, got '$out'"
-echo "slurm_test: a cap past the site's maximum is refused by srun"
+echo "slurm_test: [${SECONDS}s] a cap past the site's maximum is refused by srun"
 
 # 4. scancel of a running job: its process is killed, and its ring and live segment go with it.
 # The task holds its memory until its stdin closes: a FIFO this script keeps open.
 mkfifo "$T/hold.fifo"
-"${SRUN[@]}" --gpu-mem-limit=64M "$PROBE" hold 16 <"$T/hold.fifo" >"$T/cancel.out" 2>&1 &
-PIDS+=($!)
+"${SRUN[@]}" -J cuwcancel --gpu-mem-limit=64M "$PROBE" hold 16 <"$T/hold.fifo" >"$T/cancel.out" 2>&1 &
+HOLD_PID=$!
 exec 3>"$T/hold.fifo"
 for i in $(seq 50); do compgen -G "$T/run/ring-*" >/dev/null && break; sleep 0.1; done
 compgen -G "$T/run/ring-*" >/dev/null || fail "the job to cancel made no ring"
-scancel "$(squeue -h -o %i | head -n1)"
+scancel -n cuwcancel
+wait "$HOLD_PID" || true  # srun returns once the step has ended
+exec 3>&-
 left() { compgen -G "$T/run/ring-*" || compgen -G "$T/run/live-*"; }
 for i in $(seq 50); do left >/dev/null || break; sleep 0.1; done
 if left >/dev/null; then fail "files left after scancel: $(ls "$T/run")"; fi
-echo "slurm_test: scancel leaves no ring in the run directory (left: $(ls "$T/run" | tr '\n' ' '))"
+echo "slurm_test: [${SECONDS}s] scancel leaves no ring in the run directory (left: $(ls "$T/run" | tr '\n' ' '))"
 
 # 5. The TaskProlog alternative, as slurmstepd runs it: the job's variables, the user's cap kept.
 PROLOG=$(dirname "$0")/../../cluster/slurm/cuwarden-taskprolog.sh
@@ -164,5 +179,5 @@ export CUWARDEN_LIMIT=16G"
 [[ $out == "$want" ]] || fail "TaskProlog printed '$out'"
 out=$(env -i SLURM_JOB_ID=42 CUWARDEN_SLURM_LIB="$LIB" CUWARDEN_SLURM_DEFAULT=16G CUWARDEN_LIMIT=8G sh "$PROLOG")
 [[ $out != *CUWARDEN_LIMIT* ]] || fail "TaskProlog overrode the user's cap: '$out'"
-echo "slurm_test: the TaskProlog prints the job's variables"
-echo "slurm_test: PASS"
+echo "slurm_test: [${SECONDS}s] the TaskProlog prints the job's variables"
+echo "slurm_test: PASS in ${SECONDS}s"
