@@ -217,7 +217,8 @@ std::string write_temp(const std::string& text) {
 TEST_CASE("config file: lines, comments, quotes and blanks", "[options][config_file]") {
   std::vector<std::string> errors;
   const auto f = cuw::core::parse_config_text(
-      "# a comment\n\n  CUWARDEN_LIMIT = 8G  \r\nCUWARDEN_JOB=\"train\"\nCUWARDEN_LOG='info'\n   # indented\n", &errors);
+      "# a comment\n\n  CUWARDEN_LIMIT = 8G  \r\nCUWARDEN_JOB=\"train\"\nCUWARDEN_LOG='info'\n   # indented\n",
+      &errors);
   CHECK(errors.empty());
   CHECK(f.value[static_cast<size_t>(opt::Id::CUWARDEN_LIMIT)] == "8G");
   CHECK(f.line[static_cast<size_t>(opt::Id::CUWARDEN_LIMIT)] == 3);
@@ -235,7 +236,8 @@ TEST_CASE("config file: malformed lines keep their messages word for word", "[op
   std::vector<std::string> errors;
   using namespace std::string_literals;
   cuw::core::parse_config_text(
-      "CUWARDEN_LIMIT\nLIMIT=8G\nCUWARDEN_CONFIG=/x\nCUWARDEN_LIMIT=1G\nCUWARDEN_LIMIT=2G\nCUWARDEN_JOB=a\0b\n"s, &errors);
+      "CUWARDEN_LIMIT\nLIMIT=8G\nCUWARDEN_CONFIG=/x\nCUWARDEN_LIMIT=1G\nCUWARDEN_LIMIT=2G\nCUWARDEN_JOB=a\0b\n"s,
+      &errors);
   REQUIRE(errors.size() == 5);
   CHECK(errors[0] == "line 1: expected CUWARDEN_NAME=value");
   CHECK(errors[1] == "line 2: 'LIMIT' is not a CUWARDEN_ variable");

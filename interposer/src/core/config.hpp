@@ -1,6 +1,7 @@
 // cuwarden interposer: configuration from CUWARDEN_* variables and the per-container file
-// (CUWARDEN_CONFIG), read once at the first CUDA call. The variables, their defaults and doc lines are one table (cuw/options.hpp);
-// config.cpp binds each row to the parser that fills its field here.
+// (CUWARDEN_CONFIG), read once at the first CUDA call. The variables, their defaults and doc
+// lines are one table (cuw/options.hpp); config.cpp binds each row to the parser that fills
+// its field here.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +19,9 @@ namespace cuw::core {
 inline constexpr int kExitConfig = 78;
 
 /// The parsed configuration (CUWARDEN_CONFIG, the file, is read into the other fields and has
-/// none of its own: the tracker holding this must fit in one page). Immutable once built. Only load_config() makes one: it applies
-/// every option's default from the table; the initialisers here are only "nothing parsed".
+/// none of its own: the tracker holding this must fit in one page). Immutable once built.
+/// Only load_config() makes one: it applies every option's default from the table; the
+/// initialisers here are only "nothing parsed".
 struct Config {
   LimitSpec limit;                ///< CUWARDEN_LIMIT; empty = uncapped
   std::string job;                ///< CUWARDEN_JOB, validated (empty = no job)
