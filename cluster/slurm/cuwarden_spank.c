@@ -135,6 +135,8 @@ static const char *effective(const char *asked, const char *dflt, uint64_t max, 
   return v;
 }
 
+/* In every process that loads the plugin: reads plugstack.conf's arguments and registers
+ * the options. */
 int slurm_spank_init(spank_t sp, int ac, char **av) {
   if (read_arguments(ac, av)) return -1;
   /* Options exist where a user types them and where tasks start; slurmd and the job
@@ -156,7 +158,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
   return 0;
 }
 
-/* In each task, before it runs the user's program. */
+/* In each task, before it runs the user's program: the preload, the job and its caps. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   (void)ac;
   (void)av;
