@@ -214,7 +214,7 @@ std::string write_temp(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("config file: lines, comments, quotes and blanks", "[options][config_file]") {
+TEST_CASE("config file: lines and comments and quotes and blanks", "[options][config_file]") {
   std::vector<std::string> errors;
   const auto f = cuw::core::parse_config_text(
       "# a comment\n\n  CUWARDEN_LIMIT = 8G  \r\nCUWARDEN_JOB=\"train\"\nCUWARDEN_LOG='info'\n   # indented\n",
@@ -246,7 +246,7 @@ TEST_CASE("config file: malformed lines keep their messages word for word", "[op
   CHECK(errors[4] == "line 6: holds a NUL byte");
 }
 
-TEST_CASE("config file: fills what the environment leaves unset, and the environment wins", "[options][config_file]") {
+TEST_CASE("config file: fills what the environment leaves unset and the environment wins", "[options][config_file]") {
   const std::string path =
       write_temp("CUWARDEN_LIMIT=64M\nCUWARDEN_JOB=from-file\nCUWARDEN_JOB_LIMIT=1G\nCUWARDEN_POOL=cache\n");
   const Config file_only = config_with({{"CUWARDEN_CONFIG", path}});
