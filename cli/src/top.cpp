@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,16 @@ int cmd_top(const TopOptions& o) {
   std::vector<top::ProcRow> rows = top::process_rows(state);
   top::History history;
   history.record(rows);
+  // Sparklines start from the daemon's history, asked for once per new row.
+  std::set<std::string> seeded;
+  auto seed_new_rows = [&] {
+    bool ask_now = false;
+    for (const std::string& k : history.unseeded(rows)) ask_now |= seeded.insert(k).second;
+    if (!ask_now) return;
+    std::string ignored;  // a daemon without history: the sparklines start empty
+    if (auto h = ask_quietly(o.socket, proto::Command::get_history, {{"range", "hour"}}, &ignored))
+      history.seed(rows, *h, o.interval_s);
+  };
 
   if (o.once) {
     view.interactive = false;
@@ -178,6 +189,7 @@ int cmd_top(const TopOptions& o) {
     std::fprintf(stderr, "cuwarden top: needs a terminal (--once prints one frame as text)\n");
     return kExitFailure;
   }
+  seed_new_rows();
 
   // Ctrl-C and the like end the loop, so that the terminal is given back as it was. No
   // SA_RESTART: the wait for a key returns at once.
@@ -207,6 +219,7 @@ int cmd_top(const TopOptions& o) {
         state = std::move(*st);
         rows = top::process_rows(state);
         history.record(rows);
+        seed_new_rows();
         view.status.clear();
       } else {
         view.status = fail;  // the last frame stays, without new samples, until the daemon answers

@@ -223,6 +223,45 @@ void History::record(const std::vector<ProcRow>& rows) {
   samples_ = std::move(next);
 }
 
+std::vector<std::string> History::unseeded(const std::vector<ProcRow>& rows) const {
+  std::vector<std::string> out;
+  for (const ProcRow& r : rows) {
+    auto it = samples_.find(r.key);
+    if (it != samples_.end() && it->second.size() == 1 && !r.device.is_null()) out.push_back(r.key);
+  }
+  return out;
+}
+
+void History::seed(const std::vector<ProcRow>& rows, const json& history, double interval_s) {
+  const double step = interval_s > 0 ? interval_s : 1;
+  const double now_s = static_cast<double>(jnum(history, "time_ns")) / 1e9;
+  for (const ProcRow& r : rows) {
+    auto it = samples_.find(r.key);
+    if (it == samples_.end() || it->second.size() != 1 || r.device.is_null()) continue;
+    for (const json& p : jarr(history, "processes")) {
+      if (jnum(p, "pid") != r.pid || jnum(p, "start_time") != jnum(r.process, "start_time")) continue;
+      for (const json& d : jarr(p, "devices")) {
+        if (jstr(d, "uuid") != jstr(r.device, "uuid")) continue;
+        const json& t = jarr(d, "t");
+        const json& used = jarr(d, "used_bytes");
+        if (t.empty() || t.size() != used.size()) continue;
+        // The value at each earlier refresh: that of the last point at or before it (the
+        // daemon keeps a point only when a value changes).
+        std::deque<uint64_t> s;
+        for (std::size_t k = kSamples - 1; k >= 1; --k) {
+          const double when = now_s - static_cast<double>(k) * step;
+          std::size_t i = 0;
+          while (i < t.size() && t[i].is_number() && t[i].get<double>() <= when) ++i;
+          if (i == 0) continue;  // before the process's first point
+          s.push_back(used[i - 1].is_number_unsigned() ? used[i - 1].get<uint64_t>() : 0);
+        }
+        s.push_back(it->second.back());
+        it->second = std::move(s);
+      }
+    }
+  }
+}
+
 const std::deque<uint64_t>& History::samples(const std::string& key) const {
   static const std::deque<uint64_t> none;
   auto it = samples_.find(key);

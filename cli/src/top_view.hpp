@@ -1,6 +1,6 @@
 // cuwarden CLI: `cuwarden top` without a terminal. Rows come from the daemon's state (the
 // document `cuwarden --json` prints); each row's used bytes over the last refreshes are kept
-// here, in the client, since the protocol has no history request; frames are lines of
+// here, in the client, started from the daemon's history (get_history); frames are lines of
 // styled spans that the curses loop (top.cpp) draws and `--once` prints as plain text.
 // Nothing here does I/O, so the unit tests drive it with hand-made states.
 #pragma once
@@ -96,6 +96,12 @@ class History {
   void record(const std::vector<ProcRow>& rows);
   /// The samples of row `key`, oldest first (empty when unknown).
   const std::deque<uint64_t>& samples(const std::string& key) const;
+  /// Rows of `rows` with no samples yet besides the one record() took: those seed() may fill.
+  std::vector<std::string> unseeded(const std::vector<ProcRow>& rows) const;
+  /// Fill those rows' samples from the daemon's history (`get_history`, range hour: points
+  /// in unix seconds, kept only when a value changed): one sample per `interval_s` up to
+  /// `now_s`, the newest kSamples, before the sample record() took.
+  void seed(const std::vector<ProcRow>& rows, const nlohmann::ordered_json& history, double interval_s);
 
  private:
   std::map<std::string, std::deque<uint64_t>> samples_;

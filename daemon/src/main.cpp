@@ -237,6 +237,7 @@ int run(const Options& o) {
   backend.store = &reg.store();
   cuw::daemon::Symbolizer symbolizer;  // names snapshot frames, on the thread that asked
   backend.symbolizer = &symbolizer;
+  backend.series = &series;
   // Ring headers are authoritative and a query promises them as they are now: the loop
   // publishes a State read after the query came (the socket thread serves one request at a
   // time, so one publish per query). Building the reply and sending it stay on the socket

@@ -294,3 +294,31 @@ TEST_CASE("top.detail_frame_shows_a_refusal_and_the_newest_events") {
   CHECK(gone.find("no daemon is running") != std::string::npos);
   CHECK(gone.find("(asking the daemon)") != std::string::npos);  // no snapshot yet, no error
 }
+
+TEST_CASE("top.sparklines_start_from_the_daemons_history") {
+  const std::vector<ProcRow> rows = process_rows(scene());
+  History h;
+  h.record(rows);
+  const std::string key = rows[0].key;  // pid 200 on GPU-0, 100 MiB now
+  REQUIRE(rows[0].pid == 200);
+  CHECK(h.unseeded(rows).size() == rows.size());  // every row has a device and one sample
+  const uint64_t now_s = 1700000000;
+  json hist = {{"range", "hour"},
+               {"time_ns", now_s * 1000000000ULL},
+               {"processes",
+                json::array({{{"pid", 200u},
+                              {"start_time", 0u},
+                              {"devices", json::array({{{"uuid", "GPU-0"},
+                                                        {"t", json::array({now_s - 100, now_s - 10})},
+                                                        {"used_bytes", json::array({10 * kMiB, 50 * kMiB})}}})}}})}};
+  h.seed(rows, hist, 1.0);
+  const auto& s = h.samples(key);
+  REQUIRE(s.size() == History::kSamples);
+  CHECK(s.front() == 10 * kMiB);     // 59 s ago: the value since 100 s ago
+  CHECK(s[s.size() - 11] == 50 * kMiB);  // 10 s ago: the change
+  CHECK(s[s.size() - 12] == 10 * kMiB);  // 11 s ago: before it
+  CHECK(s.back() == 100 * kMiB);     // the sample record() took
+  // Seeded rows are not asked for again; a process the history does not have stays as it was.
+  for (const std::string& k : h.unseeded(rows)) CHECK(k != key);
+  CHECK(h.samples(rows[1].key).size() == 1);
+}

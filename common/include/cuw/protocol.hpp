@@ -45,6 +45,7 @@ enum class Command : uint16_t {
   set_limit = 3,
   get_snapshot = 4,
   get_ooms = 5,
+  get_history = 6,
   error = 0xffff,
 };
 
@@ -145,6 +146,13 @@ inline constexpr RequestKey kGetOomsKeys[] = {
     {"pid", "uint|null", false, "\"pid\" must be a non-negative integer"},
 };
 
+inline constexpr RequestKey kGetHistoryKeys[] = {
+    // one process only (its running ring, else its newest)
+    {"pid", "uint|null", false, "\"pid\" must be a process id"},
+    // "hour" (default: a point a second) or "day" (a point a minute)
+    {"range", "string|null", false, "\"range\" must be hour or day"},
+};
+
 /// Every command, in number order. The daemon dispatches through this table: a number not
 /// in it gets {"error":"unknown command N"}.
 inline constexpr CommandInfo kCommands[] = {
@@ -171,6 +179,12 @@ inline constexpr CommandInfo kCommands[] = {
      R"({"reports":[{pid,process_name,user,time_ns,kind,api,device,bytes,cap_bytes,used_after,result,asked_at,)"
      R"(exact,sites:[{live_bytes,live_allocations,frame}],index}]} oldest first)",
      "bad request: <why>"},
+    {Command::get_history, "get_history", false, kGetHistoryKeys, {}, "",
+     R"(the HTTP API's history document (docs/http.md): {range, interval_s, time_ns, processes:[{pid,start_time,)"
+     R"(process_name,user,job,state,devices:[{ordinal,uuid,gpu_index,t[],used_bytes[],reserved_bytes[],)"
+     R"(peak_bytes[],limit_bytes[]}],ooms[]}], jobs[], gpus[]}; with pid: that process's object with range, )"
+     R"(interval_s and time_ns)",
+     "bad request: <why>; no such process: PID; no history (a daemon without one)"},
 };
 
 /// The row of command number `number`, or null when there is none.

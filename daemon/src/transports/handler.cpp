@@ -10,6 +10,7 @@
 #include "views/events_json.hpp"
 #include "views/limit_json.hpp"
 #include "views/oom_json.hpp"
+#include "views/history_json.hpp"
 #include "views/snapshot_views.hpp"
 #include "views/state_json.hpp"
 
@@ -183,6 +184,24 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       }
       return reply(j);
     }
+    case Command::get_history: {
+      if (!backend.series) return error("no history (a daemon without one)");
+      std::optional<uint32_t> pid;
+      if (req.contains("pid") && !req["pid"].is_null()) {
+        const auto v = req["pid"].get<uint64_t>();
+        if (v == 0 || v > 0x7fffffffULL) return error("bad request: \"pid\" must be a process id");
+        pid = static_cast<uint32_t>(v);
+      }
+      bool day = false;
+      if (req.contains("range") && req["range"].is_string()) {
+        const std::string r = req["range"].get<std::string>();
+        if (r != "hour" && r != "day") return error("bad request: \"range\" must be hour or day");
+        day = r == "day";
+      }
+      const auto h = backend.series->copy(day, pid);
+      if (!h) return error("no such process: " + std::to_string(*pid));
+      return reply(pid ? process_history_json(*h) : history_json(*h));
+    }
     case Command::get_ooms: {
       const auto st = backend.store->load();
       std::optional<uint32_t> pid;
@@ -214,6 +233,10 @@ Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, 
   b.set_limit = [&reg](const Peer& p, const LimitRequest& req) { return reg.set_limit_and_publish(p, req); };
   static Symbolizer symbolizer;  // tests and fuzzers: one for the process
   b.symbolizer = &symbolizer;
+  // A history of this one sample, as the daemon's loop would have taken at a scan.
+  SeriesStore series;
+  if (command == static_cast<uint16_t>(proto::Command::get_history)) series.record(*reg.store().load());
+  b.series = &series;
   return handle_request(b, peer, command, body);
 }
 

@@ -18,6 +18,7 @@
 #include "model/control.hpp"
 #include "model/peer.hpp"
 #include "model/registry.hpp"
+#include "model/series.hpp"
 #include "model/state.hpp"
 #include "model/symbolizer.hpp"
 #include "transports/server.hpp"
@@ -36,6 +37,8 @@ struct Backend {
   std::function<LimitResult(const Peer&, const LimitRequest&)> set_limit;
   /// Names snapshots' native frames (thread-safe). Null: frames keep their addresses.
   Symbolizer* symbolizer = nullptr;
+  /// The history (thread-safe). Null: get_history says there is none.
+  const SeriesStore* series = nullptr;
 };
 
 /// Whether `v` is one of `type`'s JSON types, a RequestKey::type of protocol.hpp ("uint",
@@ -58,7 +61,7 @@ std::string check_request(const proto::CommandInfo& info, const nlohmann::json& 
 Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t command, const std::string& body);
 
 /// The same, single-threaded, straight on `reg` (tests, fuzzers): a query publishes first,
-/// so that it sees the rings as they are now.
+/// so that it sees the rings as they are now; get_history answers from that one State.
 Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body);
 
 }  // namespace cuw::daemon
