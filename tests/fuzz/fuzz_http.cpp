@@ -130,6 +130,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c < 0 || connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) std::abort();
   timeval tv{1, 0};
   setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  // Closed with a reset, not into TIME_WAIT: a connection per input would use up the
+  // ephemeral ports within a minute (connect() then fails with EADDRNOTAVAIL).
+  const linger reset{1, 0};
+  setsockopt(c, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
   std::size_t sent = 0;
   while (sent < size) {
     const ssize_t n = send(c, data + sent, size - sent, MSG_NOSIGNAL);
