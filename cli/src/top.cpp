@@ -2,6 +2,7 @@
 // as plain text. The frames are made by top_view.cpp; this file asks the daemon, keeps the
 // refresh clock, reads keys and draws.
 #include <langinfo.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -48,9 +49,11 @@ class Screen {
   Screen& operator=(const Screen&) = delete;
   ~Screen() {
     if (!term_) return;
-    endwin();
+    if (!lost_) endwin();  // nothing to give back to a terminal that is gone
     delscreen(term_);
   }
+  /// The terminal hung up: leave without writing to it.
+  void lose() noexcept { lost_ = true; }
 
   /// Enters curses mode; false (with *why) when the terminal cannot be used.
   bool open(std::string* why) {
@@ -115,6 +118,7 @@ class Screen {
 
   SCREEN* term_ = nullptr;
   bool colors_ = false;
+  bool lost_ = false;
 };
 
 /// A request whose failure is drawn, not printed: *message gets the reason.
@@ -244,7 +248,16 @@ int cmd_top(const TopOptions& o) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - clock::now()).count();
     wtimeout(stdscr, static_cast<int>(std::clamp<long long>(left, 0, 250)));
     const int ch = wgetch(stdscr);
-    if (ch == ERR) continue;
+    if (ch == ERR) {
+      // A terminal that went away (its tmux or ssh session closed) fails every read at once:
+      // stop, rather than spin until someone kills the process.
+      pollfd in{STDIN_FILENO, POLLIN, 0};
+      if (::poll(&in, 1, 0) > 0 && (in.revents & (POLLHUP | POLLERR | POLLNVAL))) {
+        screen.lose();
+        break;
+      }
+      continue;
+    }
     dirty = true;
     if (ch == 'q' || ch == 'Q') break;
     if (ch == KEY_RESIZE) continue;

@@ -138,11 +138,13 @@ static const char *effective(const char *asked, const char *dflt, uint64_t max, 
 /* In every process that loads the plugin: reads plugstack.conf's arguments and registers
  * the options. */
 int slurm_spank_init(spank_t sp, int ac, char **av) {
-  if (read_arguments(ac, av)) return -1;
   /* Options exist where a user types them and where tasks start; slurmd and the job
-   * prolog/epilog load the plugin too, and a failure there would drain the node. */
+   * prolog/epilog load the plugin too, and a failure there (a typo in plugstack.conf
+   * included) would drain the node: there it only says what is wrong. */
   const spank_context_t ctx = spank_context();
-  if (ctx != S_CTX_LOCAL && ctx != S_CTX_REMOTE && ctx != S_CTX_ALLOCATOR) return 0;
+  const int user_side = ctx == S_CTX_LOCAL || ctx == S_CTX_REMOTE || ctx == S_CTX_ALLOCATOR;
+  if (read_arguments(ac, av)) return user_side ? -1 : 0;
+  if (!user_side) return 0;
   for (struct spank_option *o = options; o->name; ++o)
     if (spank_option_register(sp, o) != ESPANK_SUCCESS) return -1;
   return 0;

@@ -149,6 +149,9 @@ TEST_CASE("series: a value that changes every second is bounded by the hour", "[
 TEST_CASE("metrics: label values are escaped", "[http]") {
   CHECK(escape_label("a\"b\\c\nd") == "a\\\"b\\\\c\\nd");
   CHECK(escape_label("plain") == "plain");
+  CHECK(escape_label("caf\xc3\xa9") == "caf\xc3\xa9");                 // UTF-8 kept
+  CHECK(escape_label("cut\xc3") == "cut\xef\xbf\xbd");                  // a character cut at the field's end
+  CHECK(escape_label("\xff\xc0\x80x") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdx");  // never UTF-8, overlong
 }
 
 namespace {

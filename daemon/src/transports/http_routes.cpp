@@ -90,7 +90,7 @@ bool HttpApi::slow(const HttpRequest& req) {
 HttpResponse HttpApi::static_file(const std::string& name) const {
   if (opt_.web_root.empty()) return error(404, "the web dashboard is not served (cuwardend --web-root DIR)");
   const std::string path = opt_.web_root + "/" + name;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);  // a FIFO never blocks
   if (fd < 0) {
     if (name == "index.html")
       return error(404, "the web dashboard is not installed in " + opt_.web_root + " (cuwardend --web-root DIR)");

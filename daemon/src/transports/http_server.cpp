@@ -14,7 +14,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <set>
 #include <stdexcept>
+#include <system_error>
 
 #include "base/util.hpp"
 
@@ -55,15 +57,30 @@ const char* http_reason(int status) {
 }
 
 HttpServer::HttpServer(Handler handler, SlowTest slow, StreamSource source, Limits limits)
-    : handler_(std::move(handler)), slow_(std::move(slow)), source_(std::move(source)), lim_(limits) {}
+    : handler_(std::move(handler)), slow_(std::move(slow)), source_(std::move(source)), lim_(limits) {
+  shared_->handler = handler_;
+}
+
+HttpServer::WorkerShared::~WorkerShared() {
+  if (wake_fd >= 0) ::close(wake_fd);
+}
 
 HttpServer::~HttpServer() {
-  for (auto& [id, t] : workers_)
-    if (t.joinable()) t.join();
+  // Workers that finished are joined; one still running (blocked in a file that never
+  // answers) is detached: it holds the shared state, and the daemon is exiting.
+  std::set<uint64_t> finished;
+  {
+    std::lock_guard<std::mutex> g(shared_->mu);
+    for (const Done& d : shared_->done) finished.insert(d.id);
+  }
+  for (auto& [id, t] : workers_) {
+    if (!t.joinable()) continue;
+    if (finished.count(id)) t.join();
+    else t.detach();
+  }
   for (auto& [id, c] : conns_)
     if (c.fd >= 0) ::close(c.fd);
   if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 bool HttpServer::listen(const std::string& address, std::string* error) {
@@ -124,8 +141,8 @@ bool HttpServer::listen(const std::string& address, std::string* error) {
     *error = "--http " + address + ": cannot listen: " + last;
     return false;
   }
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) {
+  shared_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (shared_->wake_fd < 0) {
     *error = std::string("eventfd: ") + std::strerror(errno);
     return false;
   }
@@ -144,8 +161,14 @@ void HttpServer::accept_all(uint64_t now) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED)
-        spdlog::warn("HTTP accept: {}", std::strerror(errno));  // EMFILE and the like: the next poll retries
+      if (errno == EMFILE || errno == ENFILE) {
+        // The listening socket stays readable until a descriptor frees: rest it a tick
+        // rather than spin.
+        accept_paused_until_ = now + lim_.tick_ns;
+        spdlog::warn("HTTP accept: {}; pausing new connections", std::strerror(errno));
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED) {
+        spdlog::warn("HTTP accept: {}", std::strerror(errno));
+      }
       return;
     }
     if (conns_.size() >= lim_.max_connections) {
@@ -255,24 +278,32 @@ void HttpServer::try_parse(uint64_t id, Conn& c, uint64_t now) {
               head_only, req.keep_alive, now);
       return;
     }
+    const bool keep = req.keep_alive;
+    try {
+      workers_[id] = std::thread([shared = shared_, id, head_only, keep, req] {
+        Done d{id, head_only, keep, {}};
+        try {
+          d.response = shared->handler(req);
+        } catch (const std::exception& e) {
+          d.response = error_response(500, e.what());
+        } catch (...) {
+          d.response = error_response(500, "internal error");
+        }
+        {
+          std::lock_guard<std::mutex> g(shared->mu);
+          shared->done.push_back(std::move(d));
+        }
+        const uint64_t one = 1;
+        (void)!::write(shared->wake_fd, &one, sizeof one);
+      });
+    } catch (const std::system_error&) {  // no thread to be had: say so, keep serving
+      workers_.erase(id);
+      respond(c, error_response(503, "busy: cannot start a worker; try again"), head_only, keep, now);
+      return;
+    }
     ++workers_busy_;
     c.phase = Phase::working;
     c.deadline = UINT64_MAX;
-    const bool keep = req.keep_alive;
-    workers_[id] = std::thread([this, id, head_only, keep, req = std::move(req)] {
-      Done d{id, head_only, keep, {}};
-      try {
-        d.response = handler_(req);
-      } catch (const std::exception& e) {
-        d.response = error_response(500, e.what());
-      }
-      {
-        std::lock_guard<std::mutex> g(done_mu_);
-        done_.push_back(std::move(d));
-      }
-      const uint64_t one = 1;
-      (void)!::write(wake_fd_, &one, sizeof one);
-    });
     return;
   }
   HttpResponse r;
@@ -280,6 +311,8 @@ void HttpServer::try_parse(uint64_t id, Conn& c, uint64_t now) {
     r = handler_(req);
   } catch (const std::exception& e) {
     r = error_response(500, e.what());
+  } catch (...) {
+    r = error_response(500, "internal error");
   }
   respond(c, r, head_only, req.keep_alive, now);
 }
@@ -321,6 +354,7 @@ void HttpServer::on_writable(Conn& c, uint64_t now) {
     const ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
     if (n > 0) {
       c.out_off += static_cast<std::size_t>(n);
+      c.last_write_ns = now;
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -348,11 +382,11 @@ void HttpServer::on_writable(Conn& c, uint64_t now) {
 
 void HttpServer::collect_done(uint64_t now) {
   uint64_t v;
-  (void)!::read(wake_fd_, &v, sizeof v);
+  (void)!::read(shared_->wake_fd, &v, sizeof v);
   std::deque<Done> done;
   {
-    std::lock_guard<std::mutex> g(done_mu_);
-    done.swap(done_);
+    std::lock_guard<std::mutex> g(shared_->mu);
+    done.swap(shared_->done);
   }
   for (Done& d : done) {
     if (auto w = workers_.find(d.id); w != workers_.end()) {
@@ -370,6 +404,10 @@ void HttpServer::collect_done(uint64_t now) {
 void HttpServer::feed_streams(uint64_t now) {
   for (auto& [id, c] : conns_) {
     if (c.dead || c.phase != Phase::streaming) continue;
+    if (c.out_off < c.out.size() && now - c.last_write_ns >= lim_.write_timeout_ns) {
+      close_conn(c);  // reads nothing at all: its slot goes back
+      continue;
+    }
     std::string more = source_(c.cursor, now);
     if (more.empty() && c.out.empty() && now - c.last_write_ns >= lim_.keepalive_comment_ns) more = ": keep-alive\n\n";
     if (more.empty()) continue;
@@ -394,8 +432,8 @@ void HttpServer::run(int stop_fd) {
     fds.clear();
     ids.clear();
     fds.push_back({stop_fd, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
-    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, static_cast<short>(mono_ns() >= accept_paused_until_ ? POLLIN : 0), 0});
+    fds.push_back({shared_->wake_fd, POLLIN, 0});
     bool pending = false;  // a pipelined request to answer: do not sleep in poll
     for (auto& [id, c] : conns_) {
       pending = pending || c.reparse;

@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -109,6 +110,15 @@ class HttpServer {
     bool head_only, keep_alive;
     HttpResponse response;
   };
+  /// What worker threads share with the server, owned by both: a worker still blocked when
+  /// the server goes (a snapshot's file that never answers) is left behind, not joined.
+  struct WorkerShared {
+    Handler handler;
+    std::mutex mu;
+    std::deque<Done> done;
+    int wake_fd = -1;  ///< eventfd: a worker finished
+    ~WorkerShared();
+  };
 
   void accept_all(uint64_t now);
   void on_readable(uint64_t id, Conn& c, uint64_t now);
@@ -124,7 +134,7 @@ class HttpServer {
   StreamSource source_;
   Limits lim_;
   int listen_fd_ = -1;
-  int wake_fd_ = -1;  ///< eventfd: a worker finished
+  uint64_t accept_paused_until_ = 0;  ///< out of descriptors: the listening socket rests a tick
   uint16_t port_ = 0;
   bool loopback_ = true;
   uint64_t next_id_ = 1;
@@ -132,8 +142,7 @@ class HttpServer {
   std::atomic<std::size_t> streams_{0};
   std::size_t workers_busy_ = 0;
   std::map<uint64_t, std::thread> workers_;  ///< by connection id
-  std::mutex done_mu_;
-  std::deque<Done> done_;
+  std::shared_ptr<WorkerShared> shared_ = std::make_shared<WorkerShared>();
   uint64_t next_feed_ = 0;
 };
 

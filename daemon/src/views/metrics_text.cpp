@@ -30,12 +30,38 @@ void sample(Buf& b, std::string_view name, std::string_view labels, uint64_t v) 
 std::string escape_label(const std::string& v) {
   std::string out;
   out.reserve(v.size());
-  for (char c : v) {
-    switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+  for (std::size_t i = 0; i < v.size();) {
+    const auto c = static_cast<unsigned char>(v[i]);
+    if (c < 0x80) {
+      switch (c) {
+        case '\\': out += "\\\\"; break;
+        case '"': out += "\\\""; break;
+        case '\n': out += "\\n"; break;
+        default: out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // Prometheus refuses a whole scrape over one invalid UTF-8 byte, and process names,
+    // job names and cmdlines are cut at fixed widths (or chosen by any user): a sequence
+    // that is not well-formed UTF-8 becomes U+FFFD.
+    const std::size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    bool ok = len != 0 && i + len <= v.size();
+    for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(v[i + k]) & 0xc0) == 0x80;
+    if (ok && len == 3) {
+      const auto c1 = static_cast<unsigned char>(v[i + 1]);
+      ok = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);  // overlong, surrogates
+    }
+    if (ok && len == 4) {
+      const auto c1 = static_cast<unsigned char>(v[i + 1]);
+      ok = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);  // overlong, past U+10FFFF
+    }
+    if (ok) {
+      out.append(v, i, len);
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
     }
   }
   return out;

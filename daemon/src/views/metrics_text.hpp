@@ -17,7 +17,8 @@ namespace cuw::daemon {
 /// Base units (bytes). Pure; any thread.
 std::string metrics_text(const State& st);
 
-/// `v` escaped for a label value: backslash, double quote and line feed. Pure.
+/// `v` escaped for a label value: backslash, double quote and line feed; bytes that are not
+/// well-formed UTF-8 become U+FFFD. Pure.
 std::string escape_label(const std::string& v);
 
 }  // namespace cuw::daemon

@@ -252,6 +252,11 @@ std::string_view trim(std::string_view s) {
 /// The file's text, or false with *why set. Never blocks on a FIFO or a device: only a
 /// regular file is read.
 bool read_small_file(const char* path, bool missing_ok, std::string* text, std::string* why) {
+  // The default path is read by every CUDA program on the machine: that it cannot be read
+  // (absent, not a file, another user's mode 0600) leaves the environment alone in charge,
+  // rather than stopping them all. A path the user named must be readable.
+  struct stat pre {};
+  if (missing_ok && (::stat(path, &pre) != 0 || !S_ISREG(pre.st_mode) || ::access(path, R_OK) != 0)) return true;
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     if (errno == ENOENT && missing_ok) return true;
