@@ -1,6 +1,8 @@
 // cuwarden daemon: SIGBUS/SIGSEGV guard for ring accesses (see fault_guard.hpp).
 #include "model/fault_guard.hpp"
 
+#include <pthread.h>
+
 #include <csetjmp>
 #include <csignal>
 
@@ -9,6 +11,8 @@ namespace cuw::daemon {
 namespace {
 
 thread_local sigjmp_buf* t_jump = nullptr;
+thread_local sigset_t t_mask;  ///< the thread's signal mask, read at its first guarded()
+thread_local bool t_mask_read = false;
 
 void on_fault(int sig, siginfo_t*, void*) {
   if (sigjmp_buf* j = t_jump) {
@@ -37,10 +41,17 @@ void install_fault_guard() {
 bool guarded(void (*fn)(void*), void* arg) noexcept {
   sigjmp_buf jump;
   sigjmp_buf* const previous = t_jump;
-  // No signal mask saved (0): the handler runs with SA_NODEFER and an empty sa_mask, so a
-  // fault leaves the mask as it was, and saving it costs a system call per guarded access
-  // (every ring at every drain tick).
+  // The mask is not saved at each call (sigsetjmp's 1 costs a system call per guarded
+  // access: every ring at every drain tick) but read once per thread, and put back only
+  // after a fault: the handler runs with SA_NODEFER and an empty sa_mask, but a runtime
+  // that wraps handlers (TSan does) may block signals while it runs, and a SIGBUS left
+  // blocked would kill the daemon at the next fault.
+  if (!t_mask_read) {
+    pthread_sigmask(SIG_SETMASK, nullptr, &t_mask);
+    t_mask_read = true;
+  }
   if (sigsetjmp(jump, 0) != 0) {
+    pthread_sigmask(SIG_SETMASK, &t_mask, nullptr);
     t_jump = previous;
     return false;
   }
