@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "fuzz_support.hpp"
+#include "fuzz_daemon_support.hpp"
 #include "transports/handler.hpp"
 #include "model/registry.hpp"
 #include "transports/server.hpp"
@@ -36,24 +36,12 @@ struct World {
 World& world() {
   static World* w = [] {
     auto* nw = new World;
-    const std::string& dir = fuzz::scratch_dir();
-    const auto pid = static_cast<uint32_t>(getpid());
-    const uint64_t start = paths::process_start_time(pid);
-    const auto img = fuzz::make_ring(64, 40, pid, start);
-    const std::string path = dir + "/" + paths::ring_file_name(pid, start);
-    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || write(fd, img.data(), img.size()) != static_cast<ssize_t>(img.size())) std::abort();
-    close(fd);
-    daemon::RegistryOptions o;
-    o.run_dir = dir;
-    nw->reg = std::make_unique<daemon::Registry>(o, open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), nullptr);
-    nw->reg->scan();
-    nw->reg->drain_all();
+    nw->reg = fuzz::registry_with_one_ring();
     nw->server = std::make_unique<daemon::Server>(
         [r = nw->reg.get()](const daemon::Peer& peer, uint16_t cmd, const std::string& body) {
           return daemon::handle_request(*r, peer, cmd, body);
         });
-    nw->sock = dir + "/cuwardend.sock";
+    nw->sock = fuzz::scratch_dir() + "/cuwardend.sock";
     std::string err;
     if (!nw->server->listen(nw->sock, &err)) std::abort();
     return nw;
