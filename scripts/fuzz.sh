@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # cuwarden: build the libFuzzer targets (CMake preset `fuzz`: clang, ASan + UBSan) and run
-# each for SECONDS (default 10, the CI smoke run; pass more for a real campaign).
+# each for SECONDS (default 10, the CI smoke run; pass more for a real campaign), FUZZ_JOBS
+# (default: the number of CPUs) at a time.
 #   scripts/fuzz.sh [SECONDS] [TARGET ...]
 # Seeds: tests/fuzz/corpus/<target>/ (committed, read only). What the fuzzer finds is kept
 # in build-fuzz/fuzz/corpus/<target>/; crashes in build-fuzz/fuzz/artifacts/<target>/.
@@ -34,16 +35,29 @@ max_len() {
   esac
 }
 
-status=0
-printf '%-20s %10s %8s %s\n' target executions corpus result
-for t in "${targets[@]}"; do
-  mkdir -p "$out/corpus/$t" "$out/artifacts/$t" "$out/logs"
-  log="$out/logs/$t.log"
-  rc=0
+run_one() {
+  local t=$1 log="$out/logs/$1.log" rc=0
   TMPDIR="$scratch" ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
     "$out/bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len="$(max_len "$t")" \
     -print_final_stats=1 -artifact_prefix="$out/artifacts/$t/" \
     "$out/corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+  echo "$rc" >"$out/logs/$t.rc"
+}
+
+jobs=${FUZZ_JOBS:-$(nproc)}
+for t in "${targets[@]}"; do
+  mkdir -p "$out/corpus/$t" "$out/artifacts/$t" "$out/logs"
+  rm -f "$out/logs/$t.rc"
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  run_one "$t" &
+done
+wait
+
+status=0
+printf '%-20s %10s %8s %s\n' target executions corpus result
+for t in "${targets[@]}"; do
+  log="$out/logs/$t.log"
+  rc=$(cat "$out/logs/$t.rc" 2>/dev/null || echo 1)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   corpus=$(ls "$out/corpus/$t" | wc -l)
   if [ "$rc" -eq 0 ]; then

@@ -291,6 +291,14 @@ TEST_CASE("memory the driver frees with a destroyed context stops counting again
 }
 
 namespace {
+/// Busy-waits until `v` holds `want`, giving the CPU away between looks once it has spun a
+/// little: the race tests below run more busy threads than a CI machine has cores, and a
+/// waiter that spins out its time slice only delays the thread it waits for.
+void await_value(const std::atomic<int>& v, int want) {
+  for (int looks = 0; v.load() != want; ++looks)
+    if (looks >= 64) std::this_thread::yield();
+}
+
 /// Every event published since the last call (the ring drained as a daemon would), but a
 /// pool's segment_alloc / segment_free (what the driver holds for the pool, not what the
 /// program allocated: those tests run with and without a pool).
@@ -666,8 +674,7 @@ TEST_CASE("an array created in a primary context another thread made active agai
   std::atomic<uint64_t> swept_live{0}, created{0}, unexpected{0};
   std::thread b([&] {
     for (int i = 1; i <= kIters; ++i) {
-      while (go.load() != i) {
-      }
+      await_value(go, i);
       for (int s = 0; s < (i % 64) * 8; ++s) __asm__ volatile("" ::: "memory");  // sweep the window
       CUcontext p = nullptr;
       if (cuDevicePrimaryCtxRetain(&p, dev) != CUDA_SUCCESS || p != primary) ++unexpected;
@@ -675,8 +682,7 @@ TEST_CASE("an array created in a primary context another thread made active agai
       CUarray h = nullptr;
       const CUresult r = cuArrayCreate(&h, &small);
       made.store(i);
-      while (check.load() != i) {
-      }
+      await_value(check, i);
       if (r == CUDA_SUCCESS) {
         ++created;
         // The array is the driver's (its destroy below succeeds): it must be counted.
@@ -694,11 +700,9 @@ TEST_CASE("an array created in a primary context another thread made active agai
     REQUIRE(cuDevicePrimaryCtxRetain(&p, dev) == CUDA_SUCCESS);  // active, refs 1
     go.store(i);
     REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // destroys it unless B retained first
-    while (made.load() != i) {
-    }
+    await_value(made, i);
     check.store(i);  // A's release (and its sweep) is over
-    while (done.load() != i) {
-    }
+    await_value(done, i);
   }
   b.join();
   REQUIRE(cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS);
@@ -726,8 +730,7 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
   std::atomic<uint64_t> lost_to_ctx{0}, unexpected{0};
   std::thread a([&] {
     for (int i = 1; i <= kIters; ++i) {
-      while (go.load() != i) {
-      }
+      await_value(go, i);
       for (int s = 0; s < (i % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
       const CUresult r = cuArrayDestroy(arr.load());
       if (r == CUDA_ERROR_INVALID_HANDLE) ++lost_to_ctx;
@@ -737,8 +740,7 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
   });
   std::thread b([&] {
     for (int i = 1; i <= kIters; ++i) {
-      while (go.load() != i) {
-      }
+      await_value(go, i);
       for (int s = 0; s < ((i / 32) % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
       if (cuCtxDestroy(ctx.load()) != CUDA_SUCCESS) ++unexpected;
       b_done.store(i);
@@ -754,8 +756,8 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
     ctx.store(x);
     arr.store(h);
     go.store(i);
-    while (a_done.load() != i || b_done.load() != i) {
-    }
+    await_value(a_done, i);
+    await_value(b_done, i);
     if (!drift_at && d.live_allocations.load() != live0) drift_at = static_cast<uint64_t>(i);
   }
   a.join();
