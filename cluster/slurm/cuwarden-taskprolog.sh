@@ -13,6 +13,7 @@
 CUWARDEN_SLURM_LIB=${CUWARDEN_SLURM_LIB:-/usr/lib/x86_64-linux-gnu/cuwarden/libcuwarden.so}
 CUWARDEN_SLURM_DEFAULT=${CUWARDEN_SLURM_DEFAULT:-}          # e.g. 16G; empty: no cap unless asked
 CUWARDEN_SLURM_JOB_DEFAULT=${CUWARDEN_SLURM_JOB_DEFAULT:-}  # e.g. 64G
+CUWARDEN_SLURM_SHARD_SIZE=${CUWARDEN_SLURM_SHARD_SIZE:-}    # GPU memory of one gres/shard, e.g. 10G
 
 [ -n "${SLURM_JOB_ID:-}" ] || exit 0
 case ":${LD_PRELOAD:-}:" in
@@ -23,7 +24,14 @@ echo "export CUWARDEN_JOB=slurm-$SLURM_JOB_ID"
 if [ -z "${CUWARDEN_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_DEFAULT" ]; then
   echo "export CUWARDEN_LIMIT=$CUWARDEN_SLURM_DEFAULT"
 fi
-if [ -z "${CUWARDEN_JOB_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_JOB_DEFAULT" ]; then
+# A job holding gres/shards gets their memory as its job cap (per GPU), when it gave none.
+if [ -z "${CUWARDEN_JOB_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_SHARD_SIZE" ] && [ -n "${SLURM_SHARDS_ON_NODE:-}" ]; then
+  n=${CUWARDEN_SLURM_SHARD_SIZE%[KMGT]}
+  case $CUWARDEN_SLURM_SHARD_SIZE in
+    *K) n=$((n << 10)) ;; *M) n=$((n << 20)) ;; *G) n=$((n << 30)) ;; *T) n=$((n << 40)) ;;
+  esac
+  echo "export CUWARDEN_JOB_LIMIT=$((SLURM_SHARDS_ON_NODE * n))"
+elif [ -z "${CUWARDEN_JOB_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_JOB_DEFAULT" ]; then
   echo "export CUWARDEN_JOB_LIMIT=$CUWARDEN_SLURM_JOB_DEFAULT"
 fi
 exit 0

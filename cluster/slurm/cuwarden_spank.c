@@ -6,7 +6,11 @@
  * plugstack.conf (arguments are optional; sizes as the interposer reads them):
  *   required /usr/lib/x86_64-linux-gnu/cuwarden/cuwarden_spank.so \
  *       lib=/usr/lib/x86_64-linux-gnu/cuwarden/libcuwarden.so default=16G max=80G \
- *       job_default=80G job_max=320G run_dir=/dev/shm/cuwarden
+ *       job_default=80G job_max=320G shard_size=10G run_dir=/dev/shm/cuwarden
+ *
+ * A maximum without a default is also the default: a job that asks for nothing is held to
+ * the site's maximum, not left uncapped. shard_size is the GPU memory of one gres/shard: a
+ * task that sees SLURM_SHARDS_ON_NODE=N gets a job cap of at most N * shard_size per GPU.
  *
  * Sizes are checked here only as far as a site maximum needs (bytes, K M G T, KiB MiB GiB
  * TiB, kB MB GB TB); the interposer checks every value again and names a bad one at the
@@ -29,6 +33,7 @@ SPANK_PLUGIN(cuwarden, 1)
 static char opt_limit[SIZE_TEXT], opt_job_limit[SIZE_TEXT];
 static char def_limit[SIZE_TEXT], def_job_limit[SIZE_TEXT];
 static uint64_t max_limit, max_job_limit; /* bytes; 0 = none */
+static uint64_t shard_size;                /* bytes of GPU memory per gres/shard; 0 = not used */
 static char lib[1024] = "/usr/lib/x86_64-linux-gnu/cuwarden/libcuwarden.so";
 static char run_dir[1024];
 
@@ -81,7 +86,8 @@ static struct spank_option options[] = {
      on_job_limit},
     SPANK_OPTIONS_TABLE_END};
 
-/* Reads plugstack.conf's arguments: lib= default= max= job_default= job_max= run_dir=. */
+/* Reads plugstack.conf's arguments: lib= default= max= job_default= job_max= shard_size=
+ * run_dir=. */
 static int read_arguments(int ac, char **av) {
   for (int i = 0; i < ac; ++i) {
     const char *a = av[i];
@@ -101,38 +107,65 @@ static int read_arguments(int ac, char **av) {
       max = &max_limit;
     else if (klen == 7 && !strncmp(a, "job_max", 7))
       max = &max_job_limit;
+    else if (klen == 10 && !strncmp(a, "shard_size", 10))
+      max = &shard_size;
     else {
-      slurm_error("cuwarden: plugstack.conf: unknown argument '%s' (lib= default= max= job_default= job_max= run_dir=)",
+      slurm_error("cuwarden: plugstack.conf: unknown argument '%s' (lib= default= max= job_default= job_max= "
+                  "shard_size= run_dir=)",
                   a);
       return -1;
     }
-    if (max && (*max = size_bytes(v)) == UINT64_MAX) {
-      slurm_error("cuwarden: plugstack.conf: '%s': a maximum is a size such as 80G", a);
+    if (max && ((*max = size_bytes(v)) == UINT64_MAX || *max == 0)) {
+      slurm_error("cuwarden: plugstack.conf: '%s': expected a size such as 80G", a);
       return -1;
     }
   }
+  /* A maximum with no default is the default (see the top of this file). */
+  if (max_limit && !*def_limit) snprintf(def_limit, sizeof def_limit, "%llu", (unsigned long long)max_limit);
+  if (max_job_limit && !*def_job_limit)
+    snprintf(def_job_limit, sizeof def_job_limit, "%llu", (unsigned long long)max_job_limit);
   return 0;
 }
 
-/* The cap to give: the user's, else the site's default; refused past the site's maximum.
- * Returns "" for none, or NULL after saying why. */
-static const char *effective(const char *asked, const char *dflt, uint64_t max, const char *option) {
+/* The cap to give: the user's, else the site's default; past the site's maximum it is
+ * refused where the user types the command (`clamp` = 0: srun, sbatch, salloc). Where the
+ * task starts (`clamp` = 1) the job was accepted against the maximum of its submission: a
+ * maximum lowered since then holds the task to the new one and says so, rather than failing
+ * a job that waited in the queue. Writes the cap to `out` (SIZE_TEXT bytes; "" for none);
+ * -1 after saying why it refused. */
+static int effective(const char *asked, const char *dflt, uint64_t max, const char *option, int clamp, char *out) {
   const char *v = *asked ? asked : dflt;
-  if (!*v) return v;
-  if (max) {
-    const uint64_t b = size_bytes(v);
-    if (b == UINT64_MAX) {
-      slurm_error("cuwarden: %s=%s: this site caps it at %llu bytes: give a size (bytes, K M G T)", option, v,
-                  (unsigned long long)max);
-      return NULL;
-    }
-    if (b > max) {
-      slurm_error("cuwarden: %s=%s is more than this site's maximum of %llu bytes", option, v,
-                  (unsigned long long)max);
-      return NULL;
-    }
+  snprintf(out, SIZE_TEXT, "%s", v);
+  if (!*v || !max) return 0;
+  const uint64_t b = size_bytes(v);
+  if (b != UINT64_MAX && b <= max) return 0;
+  if (clamp) {
+    slurm_error("cuwarden: %s=%s is more than this site's maximum of %llu bytes; the task is capped at the maximum",
+                option, v, (unsigned long long)max);
+    snprintf(out, SIZE_TEXT, "%llu", (unsigned long long)max);
+    return 0;
   }
-  return v;
+  if (b == UINT64_MAX)
+    slurm_error("cuwarden: %s=%s: this site caps it at %llu bytes: give a size (bytes, K M G T)", option, v,
+                (unsigned long long)max);
+  else
+    slurm_error("cuwarden: %s=%s is more than this site's maximum of %llu bytes", option, v, (unsigned long long)max);
+  return -1;
+}
+
+/* The job cap of a task that holds gres/shards: at most SLURM_SHARDS_ON_NODE * shard_size
+ * bytes per GPU (all of them, in case the shards span GPUs). Lowers `job_limit` (SIZE_TEXT
+ * bytes) to that, or sets it when it is empty or a share; leaves it alone without shards. */
+static void shard_cap(spank_t sp, char *job_limit) {
+  char text[32] = "";
+  if (!shard_size || spank_getenv(sp, "SLURM_SHARDS_ON_NODE", text, sizeof text) != ESPANK_SUCCESS) return;
+  char *end = NULL;
+  errno = 0;
+  const unsigned long long shards = strtoull(text, &end, 10);
+  if (errno || end == text || *end || shards == 0) return;
+  const uint64_t cap = shards > UINT64_MAX / shard_size ? UINT64_MAX : shards * shard_size;
+  const uint64_t asked = *job_limit ? size_bytes(job_limit) : UINT64_MAX;
+  if (asked > cap) snprintf(job_limit, SIZE_TEXT, "%llu", (unsigned long long)cap);
 }
 
 /* In every process that loads the plugin: reads plugstack.conf's arguments and registers
@@ -150,13 +183,16 @@ int slurm_spank_init(spank_t sp, int ac, char **av) {
   return 0;
 }
 
-/* In srun, sbatch and salloc: refuse a cap past the site's maximum before anything starts. */
+/* In srun, sbatch and salloc: refuse a cap past the site's maximum before anything starts.
+ * slurmstepd calls this too, when the job was accepted long ago: there task_init holds the
+ * task to the maximum of the day instead. */
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
-  (void)sp;
   (void)ac;
   (void)av;
-  if (!effective(opt_limit, def_limit, max_limit, "--gpu-mem-limit")) return -1;
-  if (!effective(opt_job_limit, def_job_limit, max_job_limit, "--gpu-mem-job-limit")) return -1;
+  if (spank_remote(sp)) return 0;
+  char limit[SIZE_TEXT], job_limit[SIZE_TEXT];
+  if (effective(opt_limit, def_limit, max_limit, "--gpu-mem-limit", 0, limit)) return -1;
+  if (effective(opt_job_limit, def_job_limit, max_job_limit, "--gpu-mem-job-limit", 0, job_limit)) return -1;
   return 0;
 }
 
@@ -166,15 +202,32 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   (void)av;
   uint32_t job = 0;
   if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return -1;
-  const char *limit = effective(opt_limit, def_limit, max_limit, "--gpu-mem-limit");
-  const char *job_limit = effective(opt_job_limit, def_job_limit, max_job_limit, "--gpu-mem-job-limit");
-  if (!limit || !job_limit) return -1;
+  /* A cap the user set in the environment (CUWARDEN_LIMIT=8G srun ...) counts as asked for,
+   * within the site's maximum, when no option was given. */
+  char env_limit[SIZE_TEXT] = "", env_job_limit[SIZE_TEXT] = "";
+  if (!*opt_limit && spank_getenv(sp, "CUWARDEN_LIMIT", env_limit, sizeof env_limit) != ESPANK_SUCCESS)
+    env_limit[0] = 0;
+  if (!*opt_job_limit && spank_getenv(sp, "CUWARDEN_JOB_LIMIT", env_job_limit, sizeof env_job_limit) != ESPANK_SUCCESS)
+    env_job_limit[0] = 0;
+  char limit[SIZE_TEXT], job_limit[SIZE_TEXT];
+  effective(*opt_limit ? opt_limit : env_limit, def_limit, max_limit, "--gpu-mem-limit", 1, limit);
+  effective(*opt_job_limit ? opt_job_limit : env_job_limit, def_job_limit, max_job_limit, "--gpu-mem-job-limit", 1,
+            job_limit);
+  shard_cap(sp, job_limit);
 
-  char preload[4096], old[3072] = "";
-  if (spank_getenv(sp, "LD_PRELOAD", old, sizeof old) == ESPANK_SUCCESS && *old && !strstr(old, lib))
+  /* The user's own preloads stay, after ours; one too long to read is an error, not dropped. */
+  static char preload[65536], old[sizeof preload - 2048];
+  old[0] = 0;
+  const spank_err_t got = spank_getenv(sp, "LD_PRELOAD", old, sizeof old);
+  if (got != ESPANK_SUCCESS && got != ESPANK_ENV_NOEXIST) {
+    slurm_error("cuwarden: cannot read the task's LD_PRELOAD: %s", spank_strerror(got));
+    return -1;
+  }
+  if (got != ESPANK_SUCCESS) old[0] = 0;
+  if (*old && !strstr(old, lib))
     snprintf(preload, sizeof preload, "%s:%s", lib, old);
   else
-    snprintf(preload, sizeof preload, "%s", *old && strstr(old, lib) ? old : lib);
+    snprintf(preload, sizeof preload, "%s", *old ? old : lib);
   char name[32];
   snprintf(name, sizeof name, "slurm-%u", job);
   if (spank_setenv(sp, "LD_PRELOAD", preload, 1) != ESPANK_SUCCESS ||

@@ -21,6 +21,7 @@ echo "ok: $(basename "$deb"), lintian: no error or warning"
 
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|; s|/$||' >"$T/files"
 for f in /usr/bin/cuwarden /usr/bin/cuwardend '/usr/lib/[^/]+/cuwarden/libcuwarden.so' \
+         '/usr/lib/[^/]+/cuwarden/cuwarden_spank.so' /usr/share/cuwarden/slurm/cuwarden-taskprolog.sh \
          /etc/cuwarden/cuwarden.toml /usr/share/doc/cuwarden/copyright /usr/share/doc/cuwarden/changelog.Debian.gz \
          /usr/share/doc/cuwarden/examples/cuwarden.toml /usr/share/man/man1/cuwarden.1.gz /usr/share/man/man1/cuwardend.1.gz \
          /usr/share/bash-completion/completions/cuwarden /usr/lib/tmpfiles.d/cuwarden.conf '(/usr)?/lib/systemd/system/cuwardend.service' \
