@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -32,6 +33,8 @@ constexpr uint64_t kForcedSweepGapNs = 10'000'000;
 /// A slot found alive this recently is not re-read from /proc by a join (kill(pid, 0)
 /// still runs, so a member that has exited is always seen).
 constexpr uint64_t kRecheckNs = 100'000'000;
+// Opening a job file waits this many times for its shared lock (job.hpp, "End of a job").
+constexpr int kLockAttempts = 150;
 
 }  // namespace
 
@@ -137,7 +140,10 @@ Segment::Segment(void* base) noexcept
     : header_(static_cast<Header*>(base)),
       members_(reinterpret_cast<Member*>(static_cast<char*>(base) + kHeaderBytes)) {}
 
-Segment::~Segment() { ::munmap(header_, file_size()); }
+Segment::~Segment() {
+  ::munmap(header_, file_size());
+  if (fd_ >= 0) ::close(fd_);
+}
 
 Segment* Segment::map_fd(int fd, std::string* error) {
   struct stat st {};
@@ -183,28 +189,52 @@ Segment* Segment::open(const std::string& dir, uint32_t uid, const std::string& 
   const std::string path = dir + "/" + file_name(uid, name);
   int flags = O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
   if (create) flags |= O_CREAT;
-  const int fd = ::open(path.c_str(), flags, 0600);
-  if (fd < 0) {
-    *error = path + ": " + std::strerror(errno);
-    return nullptr;
+  // The file may be removed between our open and our lock (its last member gone, see the
+  // top of job.hpp): then the name is opened again. Someone holds the exclusive lock only
+  // while checking and removing, so the wait is short; it is bounded all the same.
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(path.c_str(), flags, 0600);
+    if (fd < 0) {
+      *error = path + ": " + std::strerror(errno);
+      return nullptr;
+    }
+    if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK && attempt < kLockAttempts) {
+        const timespec pause{0, attempt < 50 ? 1'000'000 : 10'000'000};  // 1 ms, then 10 ms: about 1 s in all
+        ::nanosleep(&pause, nullptr);
+        continue;
+      }
+      *error = path + ": flock: " + std::strerror(err);
+      return nullptr;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != uid || (st.st_mode & 077) != 0) {
+      ::close(fd);
+      *error = path + ": not a regular file of uid " + std::to_string(uid) + " with mode 0600; refusing to use it";
+      return nullptr;
+    }
+    if (st.st_nlink == 0 && attempt < kLockAttempts) {  // removed before we locked it
+      ::close(fd);
+      continue;
+    }
+    // Every member grows a new file to the same size: the race between them is harmless,
+    // and all-zero content is an empty job.
+    if (create && st.st_size == 0 && ::ftruncate(fd, static_cast<off_t>(file_size())) != 0) {
+      *error = path + ": ftruncate: " + std::strerror(errno);
+      ::close(fd);
+      return nullptr;
+    }
+    Segment* s = map_fd(fd, &why);
+    if (!s) {
+      ::close(fd);
+      *error = path + ": " + why;
+      return nullptr;
+    }
+    s->fd_ = fd;
+    return s;
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != uid || (st.st_mode & 077) != 0) {
-    ::close(fd);
-    *error = path + ": not a regular file of uid " + std::to_string(uid) + " with mode 0600; refusing to use it";
-    return nullptr;
-  }
-  // Every member grows a new file to the same size: the race between them is harmless,
-  // and all-zero content is an empty job.
-  if (create && st.st_size == 0 && ::ftruncate(fd, static_cast<off_t>(file_size())) != 0) {
-    *error = path + ": ftruncate: " + std::strerror(errno);
-    ::close(fd);
-    return nullptr;
-  }
-  Segment* s = map_fd(fd, &why);
-  ::close(fd);
-  if (!s) *error = path + ": " + why;
-  return s;
 }
 
 int Segment::gpu_index(const uint8_t uuid[16], uint64_t physical_total) noexcept {
@@ -314,6 +344,7 @@ bool Segment::charge(int slot, int g, uint64_t bytes, uint64_t* cap_out, uint64_
       if (l < cap) cap = l;
     }
     if (sum <= cap) {
+      raise_peak(g, sum);
       // Liveness of the others, at most every kSweepIntervalNs across the whole job.
       sweep(false, slot);
       return true;
@@ -346,6 +377,14 @@ void Segment::force_charge(int slot, int g, uint64_t bytes) noexcept {
   if (slot < 0 || static_cast<uint32_t>(slot) >= kMaxMembers || g < 0 || static_cast<uint32_t>(g) >= kMaxGpus)
     return;
   members_[slot].charged[g].fetch_add(bytes, std::memory_order_seq_cst);
+  raise_peak(g, used(g));
+}
+
+void Segment::raise_peak(int g, uint64_t sum) noexcept {
+  std::atomic<uint64_t>& peak = header_->gpus[g].peak;
+  uint64_t cur = peak.load(std::memory_order_relaxed);
+  while (sum > cur && !peak.compare_exchange_weak(cur, sum, std::memory_order_relaxed)) {
+  }
 }
 
 void Segment::uncharge(int slot, int g, uint64_t bytes) noexcept {
@@ -354,7 +393,7 @@ void Segment::uncharge(int slot, int g, uint64_t bytes) noexcept {
   members_[slot].charged[g].fetch_sub(bytes, std::memory_order_seq_cst);
 }
 
-uint32_t Segment::sweep(bool force, int skip_slot) noexcept {
+uint32_t Segment::sweep(bool force, int skip_slot, uint64_t recheck_ns) noexcept {
   const uint64_t now = mono_coarse_ns();
   if (!force) {
     uint64_t last = header_->last_sweep_ns.load(std::memory_order_relaxed);
@@ -371,7 +410,14 @@ uint32_t Segment::sweep(bool force, int skip_slot) noexcept {
     uint64_t o = m.owner.load(std::memory_order_acquire);
     if (o == 0) continue;
     const uint64_t ns = m.pidns.load(std::memory_order_relaxed);
-    if ((ns != 0 && ns != self_pidns()) || owner_alive(o)) {
+    if (ns != 0 && ns != self_pidns()) {  // not ours to judge
+      m.checked_ns.store(now, std::memory_order_relaxed);
+      continue;
+    }
+    if (recheck_ns && now - m.checked_ns.load(std::memory_order_relaxed) < recheck_ns &&
+        (::kill(static_cast<pid_t>(owner_pid(o)), 0) == 0 || errno != ESRCH))
+      continue;  // found alive lately, and its pid is still there
+    if (owner_alive(o)) {
       m.checked_ns.store(now, std::memory_order_relaxed);
       continue;
     }
@@ -432,6 +478,7 @@ std::vector<Segment::GpuInfo> Segment::gpus() const {
     std::memcpy(gi.uuid, e.uuid, sizeof gi.uuid);
     if (uuid_key(gi.uuid) != k) std::memset(gi.uuid, 0, sizeof gi.uuid);  // not written yet, or garbage
     gi.physical_total = e.physical_total.load(std::memory_order_relaxed);
+    gi.peak = e.peak.load(std::memory_order_relaxed);
     out.push_back(gi);
   }
   return out;

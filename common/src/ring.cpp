@@ -112,7 +112,11 @@ std::size_t drain(RingHeader& h, EventSlot* slots, uint32_t slot_count, Event* o
   const uint32_t sc = slot_count;
   if (!is_pow2(sc) || sc < kMinSlotCount || sc > kMaxSlotCount) return 0;
   const uint64_t mask = sc - 1;
-  uint64_t pos = h.read_pos.load(std::memory_order_relaxed);
+  const uint64_t start = h.read_pos.load(std::memory_order_relaxed);
+  // Nothing claimed past the read position: empty, seen without touching a slot (a daemon
+  // visits every ring of every process this way, most of them idle).
+  if (h.write_pos.load(std::memory_order_acquire) == start) return 0;
+  uint64_t pos = start;
   std::size_t n = 0;
   while (n < max) {
     EventSlot& s = slots[pos & mask];
@@ -146,7 +150,7 @@ std::size_t drain(RingHeader& h, EventSlot* slots, uint32_t slot_count, Event* o
     }
     break;
   }
-  h.read_pos.store(pos, std::memory_order_release);
+  if (pos != start) h.read_pos.store(pos, std::memory_order_release);
   return n;
 }
 

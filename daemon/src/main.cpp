@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -443,6 +444,12 @@ int main(int argc, char** argv) {
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(o.log_level == "warning" ? "warn" : o.log_level));
+  // A pidfd per watched process (model/registry.cpp) beside the clients' sockets: the usual
+  // soft limit of 1024 descriptors would be short with a few hundred processes.
+  if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
   try {
     return run(o);
   } catch (const std::exception& e) {

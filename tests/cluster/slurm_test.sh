@@ -5,10 +5,13 @@
 # cuwardend on a run directory of its own; the tasks run on the simulated driver.
 #   slurm_test.sh PLUGIN LIB PROBE DAEMON CLI
 # Checks: `srun --gpu-mem-limit=64M` caps at the byte (and from sbatch); two tasks of one job share
-# --gpu-mem-job-limit; `cuwarden` shows the job as slurm-<id>; a cap past the site's maximum
-# is refused by srun before the job starts; scancel of a running job leaves no ring behind;
-# the TaskProlog alternative prints the same variables. Exit 77 (skipped) when not root or
-# Slurm is absent.
+# --gpu-mem-job-limit; `cuwarden` shows the job as slurm-<id>; at the job's end the daemon logs
+# its peak per GPU and removes its job file; a cap past the site's maximum is refused by srun
+# before the job starts, the maximum is the default of a job that asks for none, and a
+# maximum lowered while a job waits holds that job at launch; a long LD_PRELOAD of the user's
+# is kept; a job with gres/shards gets their memory as its job cap; scancel of a running job
+# leaves no ring behind; the TaskProlog alternative prints the same variables. Exit 77
+# (skipped) when not root or Slurm is absent.
 set -euo pipefail
 PLUGIN=$1 LIB=$2 PROBE=$3 DAEMON=$4 CLI=$5
 
@@ -56,7 +59,7 @@ PIDS+=($!)
 PORT=$((20000 + RANDOM % 20000))
 NODE=cuwtest
 cat >"$T/plugstack.conf" <<EOC
-required $PLUGIN lib=$LIB run_dir=$T/run max=1G
+required $PLUGIN lib=$LIB run_dir=$T/run max=1G shard_size=16M
 EOC
 cat >"$T/slurm.conf" <<EOC
 ClusterName=cuwtest
@@ -79,13 +82,21 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/builtin
-SelectType=select/linear
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
 MpiDefault=none
 ReturnToService=2
 PlugStackConfig=$T/plugstack.conf
+GresTypes=gpu,shard
 SlurmdParameters=config_overrides
-NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$(hostname -s) CPUs=2 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$(hostname -s) CPUs=2 Gres=gpu:1,shard:4 State=UNKNOWN
 PartitionName=test Nodes=$NODE Default=YES MaxTime=5 State=UP OverSubscribe=FORCE:2
+EOC
+# One GPU cut into 4 shards; /dev/null stands in for its device file (slurmd wants a
+# character device; task/none fences nothing).
+cat >"$T/gres.conf" <<EOC
+NodeName=$NODE Name=gpu File=/dev/null
+NodeName=$NODE Name=shard Count=4 File=/dev/null
 EOC
 export SLURM_CONF=$T/slurm.conf
 for i in $(seq 50); do [[ -S $MUNGE_SOCK ]] && break; sleep 0.1; done
@@ -100,7 +111,8 @@ PIDS+=($!)
   >"$T/cuwardend.log" 2>&1 &
 PIDS+=($!)
 for i in $(seq 100); do
-  state=$(sinfo -h -N -o %t 2>/dev/null || true)
+  kill -0 "${PIDS[1]}" 2>/dev/null || fail "slurmctld exited"
+  state=$(timeout 5 sinfo -h -N -o %t 2>/dev/null || true)
   [[ $state == idle ]] && break
   sleep 0.2
 done
@@ -148,11 +160,45 @@ wait "$JOB_PID" || true
 grep -q "task0 0" "$T/job.out" || fail "task 0 did not hold 60 MiB: $(cat "$T/job.out")"
 grep -q "task1 2" "$T/job.out" || fail "task 1 was not refused past the job's cap: $(cat "$T/job.out")"
 echo "slurm_test: [${SECONDS}s] two tasks of job $job share --gpu-mem-job-limit=100M; cuwarden shows slurm-$job"
+# Its end: the daemon logs the job's peak per GPU (task 0's 60 MiB) and removes its job file.
+for i in $(seq 50); do grep -q "slurm-$job ended" "$T/cuwardend.log" && break; sleep 0.1; done
+grep -q "job root/slurm-$job ended (no member left): GPU-[0-9a-f-]* peak 60.00 MiB (62914560 bytes); cap 100.00 MiB" \
+  "$T/cuwardend.log" || fail "no end-of-job line with the peak: $(grep "slurm-$job" "$T/cuwardend.log")"
+! compgen -G "$T/run/job-*-slurm-$job.cwj" >/dev/null || fail "the job file of slurm-$job is left: $(ls "$T/run")"
+echo "slurm_test: [${SECONDS}s] at its end: $(grep -o "job root/slurm-$job ended.*" "$T/cuwardend.log")"
 
 # 3. The site's maximum (max=1G in plugstack.conf): srun refuses before the job starts.
 if out=$("${SRUN[@]}" --gpu-mem-limit=2G true 2>&1); then fail "a cap past the site's maximum was accepted"; fi
 [[ $out == *"more than this site's maximum"* ]] || fail "past the maximum: expected the plugin's message, got '$out'"
 echo "slurm_test: [${SECONDS}s] a cap past the site's maximum is refused by srun"
+out=$("${SRUN[@]}" printenv CUWARDEN_LIMIT 2>&1) || fail "srun printenv: $out"
+[[ $out == 1073741824 ]] || fail "a job that asked for no cap got CUWARDEN_LIMIT='$out', not the site's maximum"
+echo "slurm_test: [${SECONDS}s] the site's maximum is the cap of a job that asks for none"
+
+# A user's own preloads stay after ours, however long (here past 4 KiB).
+long=$(printf '/lib/x86_64-linux-gnu/libc.so.6:%.0s' $(seq 150))
+out=$(LD_PRELOAD=${long%:} "${SRUN[@]}" printenv LD_PRELOAD 2>/dev/null) || fail "srun with a long LD_PRELOAD failed"
+[[ $out == "$LIB:${long%:}" ]] || fail "LD_PRELOAD of ${#long} bytes came back as ${#out} bytes: ${out:0:200}"
+echo "slurm_test: [${SECONDS}s] a ${#long}-byte LD_PRELOAD of the user's is kept behind ours"
+
+# A maximum lowered while a job waits: the job runs, held to the new maximum.
+held=$(sbatch --parsable -H -t 1 -o "$T/held.out" --gpu-mem-limit=1G --wrap 'echo "limit=$CUWARDEN_LIMIT"' 2>&1) ||
+  fail "sbatch -H failed: $held"
+sed -i 's/max=1G/max=512M/' "$T/plugstack.conf"
+scontrol release "$held"
+for i in $(seq 150); do grep -q "limit=" "$T/held.out" 2>/dev/null && break; sleep 0.1; done
+grep -qx "limit=536870912" "$T/held.out" || fail "the held job after the maximum went down: '$(cat "$T/held.out" 2>&1)'"
+sed -i 's/max=512M/max=1G/' "$T/plugstack.conf"
+echo "slurm_test: [${SECONDS}s] a job queued under max=1G and started under max=512M runs capped at 512M"
+
+# gres/shard: a job holding 2 of the GPU's 4 shards gets 2 * shard_size (16M) as its job cap,
+# and a job cap asked above that is lowered to it.
+out=$("${SRUN[@]}" --gres=shard:2 printenv SLURM_SHARDS_ON_NODE CUWARDEN_JOB_LIMIT 2>&1) || fail "srun --gres=shard:2: $out"
+[[ $out == $'2\n33554432' ]] || fail "with 2 shards of 16M: '$out'"
+out=$("${SRUN[@]}" --gres=shard:2 --gpu-mem-job-limit=100M printenv CUWARDEN_JOB_LIMIT 2>&1) || fail "$out"
+[[ $out == 33554432 ]] || fail "a job cap above the shards' memory: '$out'"
+out=$("${SRUN[@]}" --gres=shard:2 "$PROBE" bytes $(((32 << 20) + 1)) 2>&1) && fail "32 MiB + 1 under 2 shards: $out"
+echo "slurm_test: [${SECONDS}s] 2 of 4 shards at shard_size=16M: the job's cap is 32 MiB"
 
 # 4. scancel of a running job: its process is killed, and its ring and live segment go with it.
 # The task holds its memory until its stdin closes: a FIFO this script keeps open.

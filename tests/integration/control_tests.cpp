@@ -676,6 +676,51 @@ TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
   CHECK(log_has(d, "reclaimed the share of 1 dead member(s)"));
 }
 
+TEST_CASE("control.job_end_is_logged_with_its_peak_and_its_file_removed") {
+  SharedDir dir;
+  const std::string run = dir / "run";
+  const std::string file = run + "/" + cuw::job::file_name(geteuid(), "slurm-42");
+  Child a, b;
+  auto seg = make_job(run, geteuid(), "slurm-42");
+  const int sa = join(*seg, a.pid, a.start_time(), 100 * kMiB);
+  const int sb = join(*seg, b.pid, b.start_time(), 100 * kMiB);
+  uint8_t uuid[16];
+  for (int i = 0; i < 16; ++i) uuid[i] = static_cast<uint8_t>(0xa0 + i);
+  const int g = seg->gpu_index(uuid, 143771ULL * kMiB);
+  REQUIRE(g >= 0);
+  // 40 + 20 MiB held together is the peak; a release and a smaller charge leave it.
+  REQUIRE(seg->charge(sa, g, 40 * kMiB));
+  REQUIRE(seg->charge(sb, g, 20 * kMiB));
+  seg->uncharge(sa, g, 40 * kMiB);
+  REQUIRE(seg->charge(sa, g, 10 * kMiB));
+  Daemon d(dir, {"--exited-linger", "0", "--scan-interval-ms", "50"});
+  REQUIRE(wait_until([&] { return d.state()["jobs"].size() == 1; }));
+  const json st = d.state();
+  CHECK(st["jobs"][0]["gpus"][0]["peak_bytes"] == 60 * kMiB);
+  CHECK(st["jobs"][0]["gpus"][0]["used_bytes"] == 30 * kMiB);
+
+  // Its members gone, the job is empty, but this process still holds the file's shared lock
+  // (as a member does from before it joins): the file stays.
+  a.kill_and_reap();
+  b.kill_and_reap();
+  REQUIRE(wait_until([&] { return d.state()["jobs"].empty(); }, 3000));
+  ::usleep(300'000);  // several scans
+  CHECK(::access(file.c_str(), F_OK) == 0);
+  CHECK_FALSE(log_has(d, "ended (no member left)"));
+
+  // The lock released, the next scan logs the job's peak and removes its file.
+  seg.reset();
+  CHECK(wait_until([&] { return ::access(file.c_str(), F_OK) != 0; }, 3000));
+  CHECK(log_has(d, "job " + who_am_i() + "/slurm-42 ended (no member left): " + uuid_for(0xa0) +
+                       " peak 60.00 MiB (62914560 bytes); cap 100.00 MiB; file removed"));
+
+  // A new member of the same name starts a new, empty job.
+  Child c;
+  auto again = make_job(run, geteuid(), "slurm-42");
+  join(*again, c.pid, c.start_time(), 100 * kMiB);
+  CHECK(again->gpus().empty());
+}
+
 TEST_CASE("control.job_limit_rules_for_other_users") {
   SharedDir dir;
   const std::string run = dir / "run";

@@ -176,7 +176,7 @@ def mode_api(args):
         f.write("<!doctype html><title>cuwarden test page</title>\n")
     e = Env(args, ["--http-snapshots", "--web-root", web])
     try:
-        capped = e.workload("64M", job="etl")
+        capped = e.workload("64M", job="slurm-4242")  # named as the Slurm plugin names jobs
         check(e.ask(capped, "alloc 16") == "ok", "the capped program allocates 16 MiB")
         refused = e.workload("8M")
         check(e.ask(refused, "alloc 16") == "refused", "the second program is refused 16 MiB over its 8 MiB cap")
@@ -190,20 +190,26 @@ def mode_api(args):
             t, "cuwarden_ooms_total", cuwarden_job="") else None)(e.get("/metrics")[2].decode()))
         status, headers, _ = e.get("/metrics")
         check(headers.get("Content-Type", "").startswith("text/plain; version=0.0.4"), "/metrics is Prometheus text 0.0.4")
-        check(metric(text, "cuwarden_process_memory_used_bytes", pid=pid, gpu=0, cuwarden_job="etl") == 16 << 20,
-              "used bytes of the capped program, labelled with its GPU and job")
+        check(metric(text, "cuwarden_process_memory_used_bytes", pid=pid, gpu=0, cuwarden_job="slurm-4242",
+                     slurm_job_id="4242") == 16 << 20,
+              "used bytes of the capped program, labelled with its GPU, its job and the Slurm job id")
+        check(metric(text, "cuwarden_process_memory_used_bytes", pid=rpid, slurm_job_id="") is None,
+              "no Slurm job id on a process outside a Slurm job")
         check(metric(text, "cuwarden_process_memory_limit_bytes", pid=pid) == 64 << 20, "its cap")
         check(metric(text, "cuwarden_process_memory_peak_bytes", pid=pid) == 16 << 20, "its peak")
         check(metric(text, "cuwarden_process_allocations", pid=pid) == 1, "its live allocations")
         check(metric(text, "cuwarden_ooms_total", cuwarden_job="") == 1, "one refusal counted for the unjobbed user: "
               + " ".join(l for l in text.splitlines() if l.startswith("cuwarden_ooms_total")))
-        check(metric(text, "cuwarden_allocations_total", cuwarden_job="etl") == 1, "allocations counted per job")
-        check(metric(text, "cuwarden_job_memory_used_bytes", cuwarden_job="etl") == 16 << 20, "the job's used bytes")
+        check(metric(text, "cuwarden_allocations_total", cuwarden_job="slurm-4242", slurm_job_id="4242") == 1,
+              "allocations counted per job")
+        check(metric(text, "cuwarden_job_memory_used_bytes", cuwarden_job="slurm-4242", slurm_job_id="4242") == 16 << 20,
+              "the job's used bytes")
+        check(metric(text, "cuwarden_job_memory_peak_bytes", cuwarden_job="slurm-4242") == 16 << 20, "the job's peak")
         check(metric(text, "cuwarden_device_memory_total_bytes", gpu=0) is not None, "the device's total")
         check(metric(text, "cuwarden_processes") == 2, "two processes running")
         for fam in ("process_memory_used_bytes", "process_memory_peak_bytes", "process_memory_limit_bytes",
                     "process_memory_reserved_bytes", "process_allocations", "allocations_total", "ooms_total",
-                    "events_dropped_total", "job_memory_used_bytes", "job_memory_limit_bytes",
+                    "events_dropped_total", "job_memory_used_bytes", "job_memory_peak_bytes", "job_memory_limit_bytes",
                     "device_memory_total_bytes"):
             check(f"# TYPE cuwarden_{fam} " in text, f"family cuwarden_{fam} is declared")
         if shutil.which("promtool"):
@@ -227,7 +233,7 @@ def mode_api(args):
         check(len(dev["t"]) == len(dev["used_bytes"]) == len(dev["peak_bytes"]), "parallel arrays")
         oom = next(p for p in hist["processes"] if p["pid"] == rpid)["ooms"][0]
         check(oom["kind"] == "refuse" and oom["bytes"] == 16 << 20, "the OOM mark: a refusal of 16 MiB")
-        check(any(j["name"] == "etl" for j in hist["jobs"]), "the job has a series")
+        check(any(j["name"] == "slurm-4242" for j in hist["jobs"]), "the job has a series")
         check(hist["gpus"] and hist["gpus"][0]["used_bytes"][-1] >= 16 << 20, "the GPU has a series")
         one = e.get_json(f"/api/v1/processes/{pid}/history?range=day")
         check(one["pid"] == pid and one["range"] == "day" and one["interval_s"] == 60, "one process's day history")

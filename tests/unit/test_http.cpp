@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/util.hpp"
+#include "model/gpus.hpp"
 #include "model/series.hpp"
 #include "transports/http_request.hpp"
 #include "transports/http_server.hpp"
@@ -146,12 +149,101 @@ TEST_CASE("series: a value that changes every second is bounded by the hour", "[
   CHECK(s.points(true).size() == 121);  // 7200 s: minutes 0..120
 }
 
+TEST_CASE("series: a wall clock set back restarts the history instead of stopping it", "[http][series]") {
+  SeriesStore store;
+  State st;
+  NvmlGpu g;
+  g.uuid = "GPU-00000000-0000-0000-0000-000000000001";
+  g.memory_total = 1000;
+  st.gpus = {g};
+  auto at = [&](uint64_t s, uint64_t used) {
+    st.time_ns = s * 1'000'000'000ULL;
+    st.gpus[0].memory_used = used;
+    store.record(st);
+  };
+  at(10'000, 1);
+  at(10'001, 2);
+  at(10'001, 3);  // the same second again: ignored
+  at(9'998, 4);   // 3 s back: jitter, ignored
+  auto h = store.copy(false, std::nullopt);
+  REQUIRE(h);
+  REQUIRE(h->gpus.size() == 1);
+  CHECK(h->gpus[0].points.back().t == 10'001);
+  CHECK(h->gpus[0].points.back().v[1] == 2);
+  at(6'400, 5);  // an hour back: the history starts again, and goes on from there
+  at(6'401, 6);
+  h = store.copy(false, std::nullopt);
+  REQUIRE(h);
+  REQUIRE(h->gpus.size() == 1);
+  const auto& pts = h->gpus[0].points;
+  REQUIRE(pts.size() == 2);
+  CHECK(pts.front().t == 6'400);
+  CHECK(pts.back().t == 6'401);
+  CHECK(pts.back().v[1] == 6);
+}
+
+TEST_CASE("gpus: without NVML a GPU keeps the index it was first given", "[http][series]") {
+  State st;
+  ProcessState p;
+  p.header.devices[0].present = true;
+  for (uint8_t i = 0; i < 16; ++i) p.header.devices[0].uuid[i] = static_cast<uint8_t>(0xa0 + i);
+  st.processes.push_back(p);
+  auto rows = gpu_rows(st);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].index == 0);  // the first GPU seen
+  // Another GPU was given 0 before (its processes have gone): this one does not take it.
+  st.gpu_index_kept = {{"GPU-00000000-0000-0000-0000-000000000000", 0}};
+  rows = gpu_rows(st);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].index == 1);
+  st.gpu_index_kept[rows[0].uuid] = 3;  // its own index, from before
+  rows = gpu_rows(st);
+  CHECK(rows[0].index == 3);
+}
+
 TEST_CASE("metrics: label values are escaped", "[http]") {
   CHECK(escape_label("a\"b\\c\nd") == "a\\\"b\\\\c\\nd");
   CHECK(escape_label("plain") == "plain");
   CHECK(escape_label("caf\xc3\xa9") == "caf\xc3\xa9");                 // UTF-8 kept
   CHECK(escape_label("cut\xc3") == "cut\xef\xbf\xbd");                  // a character cut at the field's end
   CHECK(escape_label("\xff\xc0\x80x") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdx");  // never UTF-8, overlong
+}
+
+TEST_CASE("metrics: a job named by the Slurm plugin or a pod manifest carries its id as a label", "[http]") {
+  State st;
+  st.hostname = "node1";
+  auto proc = [&](uint32_t pid, const char* job) {
+    ProcessState p;
+    p.pid = pid;
+    p.user = "alice";
+    std::snprintf(p.header.job, sizeof p.header.job, "%s", job);
+    p.header.devices[0].present = true;
+    p.header.devices[0].used = 1;
+    p.header.devices[0].limit = cuw::ring::kNoLimit;
+    for (uint8_t i = 0; i < 16; ++i) p.header.devices[0].uuid[i] = i;
+    st.processes.push_back(p);
+  };
+  proc(1, "slurm-4242");
+  proc(2, "pod-train-7d9f");
+  proc(3, "slurm-x1");  // not a Slurm job id
+  proc(4, "");
+  const std::string text = metrics_text(st);
+  auto line_of = [&](const std::string& pid) {
+    const std::string key = "cuwarden_process_memory_used_bytes{";
+    for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) {
+      const std::string line = text.substr(at, text.find('\n', at) - at);
+      if (line.find("pid=\"" + pid + "\"") != std::string::npos) return line;
+    }
+    return std::string();
+  };
+  CHECK(line_of("1").find("cuwarden_job=\"slurm-4242\",slurm_job_id=\"4242\"") != std::string::npos);
+  CHECK(line_of("2").find("cuwarden_job=\"pod-train-7d9f\",pod=\"train-7d9f\"") != std::string::npos);
+  CHECK(line_of("3").find("slurm_job_id") == std::string::npos);
+  CHECK(line_of("4").find("cuwarden_job=\"\"") != std::string::npos);
+  CHECK(line_of("4").find("pod=") == std::string::npos);
+  // The counters per job carry the same labels.
+  CHECK(text.find("cuwarden_allocations_total{hostname=\"node1\",gpu=\"0\",uuid=\"GPU-00010203-0405-0607-0809-0a0b0c0d0e0f\","
+                  "user=\"alice\",cuwarden_job=\"slurm-4242\",slurm_job_id=\"4242\"}") != std::string::npos);
 }
 
 namespace {
@@ -169,6 +261,7 @@ struct TestServer {
               if (r.path == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(300));
               if (r.path == "/stream") resp.stream = true;
               resp.body = "{\"path\":\"" + r.path + "\"}";
+              if (r.path == "/big") resp.body.append(32u << 20, ' ');
               return resp;
             },
             [](const HttpRequest& r) { return r.path == "/slow"; },
@@ -250,6 +343,71 @@ TEST_CASE("http server: answers and keeps alive and refuses what it does not ser
   CHECK(head.rfind("HTTP/1.1 200", 0) == 0);
   CHECK(head.find("Content-Length: 13") != std::string::npos);
   CHECK(head.find("{\"path\"") == std::string::npos);  // no body for HEAD
+}
+
+/// Everything `fd` receives until the server closes it (or 5 s pass).
+std::string read_all(int fd) {
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+
+TEST_CASE("http server: a client that shuts its side is answered, and requests sent during a reply are kept",
+          "[http][server]") {
+  TestServer ts(small_limits());
+  // Request, then shutdown(SHUT_WR) at once: the reply comes, then the close.
+  int fd = ts.connect_client();
+  REQUIRE(fd >= 0);
+  const std::string two = "GET /half HTTP/1.1\r\n\r\nGET /half2 HTTP/1.1\r\n\r\n";
+  REQUIRE(send(fd, two.data(), two.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(two.size()));
+  REQUIRE(shutdown(fd, SHUT_WR) == 0);
+  std::string r = read_all(fd);
+  close(fd);
+  CHECK(r.find("/half\"") != std::string::npos);
+  CHECK(r.find("/half2\"") != std::string::npos);  // both pipelined requests
+  CHECK(r.find("Connection: close") != std::string::npos);
+  // A request sent while the one before is worked on (a slow one, on a worker) is answered next.
+  fd = ts.connect_client();
+  REQUIRE(fd >= 0);
+  const std::string first = "GET /slow HTTP/1.1\r\n\r\n", second = "GET /next HTTP/1.1\r\nConnection: close\r\n\r\n";
+  REQUIRE(send(fd, first.data(), first.size(), MSG_NOSIGNAL) > 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(send(fd, second.data(), second.size(), MSG_NOSIGNAL) > 0);
+  r = read_all(fd);
+  close(fd);
+  const auto slow_at = r.find("/slow\""), next_at = r.find("/next\"");
+  CHECK(slow_at != std::string::npos);
+  CHECK(next_at != std::string::npos);
+  CHECK(slow_at < next_at);
+}
+
+TEST_CASE("http server: replies waiting for clients that do not read are bounded", "[http][server]") {
+  HttpServer::Limits lim = small_limits();
+  lim.max_unsent = 4u << 20;
+  TestServer ts(lim);
+  // A client asks for 32 MiB and reads none of it: what the kernel does not take waits.
+  const int hog = ts.connect_client();
+  REQUIRE(hog >= 0);
+  const std::string big = "GET /big HTTP/1.1\r\n\r\n";
+  REQUIRE(send(hog, big.data(), big.size(), MSG_NOSIGNAL) > 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Another large reply would pass the bound: 503, at once. Small replies are still served.
+  const std::string refused = ts.exchange("GET /big HTTP/1.1\r\nConnection: close\r\n\r\n");
+  CHECK(refused.rfind("HTTP/1.1 503", 0) == 0);
+  CHECK(refused.find("wait for slow clients") != std::string::npos);
+  CHECK(ts.exchange("GET /small HTTP/1.1\r\nConnection: close\r\n\r\n").find("/small") != std::string::npos);
+  // The hog reads it all after all: the whole reply arrives (a slow reader is not cut off).
+  std::string got;
+  char buf[65536];
+  while (got.size() < (32u << 20)) {
+    const ssize_t n = recv(hog, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  close(hog);
+  CHECK(got.size() > (32u << 20));
 }
 
 TEST_CASE("http server: slow and silent and surplus clients do not keep others from an answer", "[http][server]") {

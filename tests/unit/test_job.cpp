@@ -2,6 +2,7 @@
 // caps, liveness (dead, zombie, pid reused, exec'd) with real child processes.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <ftw.h>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "cuw/job.hpp"
 #include "cuw/paths.hpp"
@@ -361,4 +363,59 @@ TEST_CASE("members of another pid namespace are not judged, users only lower cap
   CHECK(s->member(static_cast<uint32_t>(sa)).limit.load() == 40 * kMiB);
   CHECK(s->member(static_cast<uint32_t>(sb)).limit.load() == 10 * kMiB);
   CHECK(s->cap() == 10 * kMiB);
+}
+
+TEST_CASE("the peak per GPU is the most the members held together and a release does not lower it", "[job]") {
+  Dir d;
+  auto s = open_job(d);
+  Sleeper a, b;
+  const int sa = s->join(static_cast<uint32_t>(a.pid), a.start(), 100 * kMiB, 1);
+  const int sb = s->join(static_cast<uint32_t>(b.pid), b.start(), 100 * kMiB, 1);
+  const int g0 = s->gpu_index(kUuidA, 0), g1 = s->gpu_index(kUuidB, 0);
+  REQUIRE(s->charge(sa, g0, 30 * kMiB));
+  REQUIRE(s->charge(sb, g0, 50 * kMiB));
+  s->uncharge(sa, g0, 30 * kMiB);
+  REQUIRE(s->charge(sa, g0, 10 * kMiB));
+  CHECK_FALSE(s->charge(sa, g0, 60 * kMiB));  // refused: not a peak
+  REQUIRE(s->charge(sb, g1, 5 * kMiB));
+  s->force_charge(sb, g1, 7 * kMiB);  // counted, cap or not
+  const auto gpus = s->gpus();
+  REQUIRE(gpus.size() == 2);
+  CHECK(gpus[0].peak == 80 * kMiB);
+  CHECK(gpus[1].peak == 12 * kMiB);
+  CHECK(s->used(g0) == 60 * kMiB);
+}
+
+TEST_CASE("a member holds its job file's shared lock, and an opener of a removed file opens the name again",
+          "[job]") {
+  Dir d;
+  const std::string path = d.file("j");
+  Sleeper member;
+  {
+    auto s = open_job(d);
+    REQUIRE(s->join(static_cast<uint32_t>(member.pid), member.start(), job::kNoLimit, 1) >= 0);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    CHECK(::flock(fd, LOCK_EX | LOCK_NB) != 0);  // a member is there: the file may not go
+    s.reset();
+    CHECK(::flock(fd, LOCK_EX | LOCK_NB) == 0);  // its segment gone, the lock is free
+    ::close(fd);
+  }
+  // Someone holds the exclusive lock and removes the file while an opener waits for it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  std::unique_ptr<job::Segment> opened;
+  std::string err;
+  std::thread opener([&] { opened.reset(job::Segment::open(d.path, static_cast<uint32_t>(geteuid()), "j", true, &err)); });
+  ::usleep(20'000);
+  REQUIRE(::unlink(path.c_str()) == 0);
+  ::close(fd);
+  opener.join();
+  INFO(err);
+  REQUIRE(opened);
+  struct stat now {};
+  REQUIRE(::stat(path.c_str(), &now) == 0);
+  CHECK(static_cast<uint64_t>(now.st_size) == job::file_size());
+  CHECK(opened->members().empty());  // a new file under the name: the old one had a member
 }

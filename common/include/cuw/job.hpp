@@ -29,6 +29,13 @@
 // Stale caps: the job's cap is the lowest `limit` among occupied slots, so it lives and
 // dies with the members; a process joining an empty job sets it afresh.
 //
+// End of a job: every member holds a shared flock(2) on the file from before it joins until
+// it exits or execs (the kernel drops it, whatever killed the process). Whoever gets an
+// exclusive lock without waiting and then finds no member left (the daemon, on its scans)
+// may remove the file: nothing can join meanwhile, since joining needs the shared lock, and
+// an opener that locks a file already removed (st_nlink 0) opens the name again. So a job's
+// file goes with its last member and one name never means two segments.
+//
 // Trust: the file is writable by its user only. The daemon (which may run as root) treats
 // every byte as hostile: bounded loops, no lengths taken from the file.
 #pragma once
@@ -60,7 +67,10 @@ struct GpuEntry {
   std::atomic<uint64_t> key;  ///< 0: free; else uuid_key(uuid), never 0. Claimed by CAS.
   uint8_t uuid[16];           ///< CUuuid bytes, written right after key is claimed
   std::atomic<uint64_t> physical_total;  ///< device memory in bytes, 0 until known
-  uint64_t reserved_words[4];
+  /// Highest sum held on this GPU by the job's members seen by a successful charge (bytes);
+  /// raised by CAS, never lowered.
+  std::atomic<uint64_t> peak;
+  uint64_t reserved_words[3];
 };
 static_assert(sizeof(GpuEntry) == 64);
 
@@ -127,14 +137,17 @@ uint64_t self_pidns() noexcept;
 class Segment {
  public:
   /// Open (and with `create`, create) the job file `dir`/file_name(uid, name) and map it
-  /// read-write. Refuses (nullptr, *error set) when: the name is invalid, the file is not a
-  /// regular file owned by `uid` with no group/other access, its size is neither 0 nor
-  /// file_size(), its magic is another layout version, or mmap fails. Never follows a
-  /// symlink. Lock-free with respect to other openers.
+  /// read-write, as a member: takes the shared lock that keeps the file from being removed
+  /// and keeps its descriptor (close-on-exec) for the Segment's life. Refuses (nullptr,
+  /// *error set) when: the name is invalid, the file is not a regular file owned by `uid`
+  /// with no group/other access, its size is neither 0 nor file_size(), its magic is another
+  /// layout version, mmap fails, or the shared lock stays held exclusively (someone removing
+  /// the file) past about a second. Never follows a symlink.
   static Segment* open(const std::string& dir, uint32_t uid, const std::string& name, bool create,
                        std::string* error);
   /// Map an already open descriptor (the daemon opens files relative to its dirfd). Same
-  /// checks as open() except ownership, which the caller checks. Does not take `fd`.
+  /// checks as open() except ownership, which the caller checks. Does not take `fd` and
+  /// takes no lock.
   static Segment* map_fd(int fd, std::string* error);
   ~Segment();
   Segment(const Segment&) = delete;
@@ -174,8 +187,12 @@ class Segment {
 
   /// Free the slots of dead members. `force` = false does it at most every
   /// kSweepIntervalNs across all members (one CAS on header.last_sweep_ns decides who).
-  /// `skip_slot` is the caller's own slot (never checked). Returns how many were freed.
-  uint32_t sweep(bool force, int skip_slot = -1) noexcept;
+  /// `skip_slot` is the caller's own slot (never checked). With `recheck_ns`, a member whose
+  /// pid still exists (kill 0) and that /proc found alive less than `recheck_ns` ago is taken
+  /// as alive without reading /proc again (the daemon's sweep of every job every second):
+  /// an exited and reaped member is still freed at once; a zombie, or a pid reused by
+  /// another process, within `recheck_ns`. Returns how many were freed.
+  uint32_t sweep(bool force, int skip_slot = -1, uint64_t recheck_ns = 0) noexcept;
 
   /// Set every occupied slot's `limit` to `bytes` (live limit changes). With `lower_only`
   /// a slot whose limit is already below `bytes` keeps it (a CAS loop: a member joining
@@ -193,14 +210,17 @@ class Segment {
     int index = 0;
     uint8_t uuid[16] = {};
     uint64_t physical_total = 0;
+    uint64_t peak = 0;  ///< GpuEntry::peak, bytes
   };
   std::vector<MemberInfo> members() const;
   std::vector<GpuInfo> gpus() const;
 
  private:
   Segment(void* base) noexcept;
+  void raise_peak(int g, uint64_t sum) noexcept;
   Header* header_;
   Member* members_;
+  int fd_ = -1;  ///< a member's descriptor, holding the shared lock; -1 in the daemon
   std::atomic<uint64_t> last_forced_sweep_ns_{0};  ///< CLOCK_MONOTONIC, this process's forced sweeps
 };
 

@@ -149,8 +149,8 @@ void Registry::apply_policy(Process& p) {
 Registry::Process* Registry::find_running(uint32_t pid) {
   for (auto& [name, p] : procs_)
     if (p->pid == pid && !p->exited) {
-      check_exit(*p, mono_ns());
-      if (!p->exited) return p.get();
+      // A header that faults is dropped at the next scan; until then it is not running.
+      if (check_exit(*p, mono_ns()) && !p->exited) return p.get();
     }
   return nullptr;
 }

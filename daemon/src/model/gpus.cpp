@@ -42,6 +42,10 @@ std::vector<GpuRow> gpu_rows(const State& st) {
       if (ds.limit != ring::kNoLimit) ++a.row.capped;
     }
   }
+  // A GPU NVML does not number keeps the index it was first given; new ones come after.
+  for (auto& [uuid, a] : gpus)
+    if (a.row.index < 0)
+      if (auto it = st.gpu_index_kept.find(uuid); it != st.gpu_index_kept.end()) a.row.index = it->second;
   std::vector<Acc*> order;
   for (auto& [uuid, a] : gpus) order.push_back(&a);
   std::sort(order.begin(), order.end(), [](const Acc* a, const Acc* b) {
@@ -53,6 +57,7 @@ std::vector<GpuRow> gpu_rows(const State& st) {
   });
   int next_index = 0;
   for (const Acc* a : order) next_index = std::max(next_index, a->row.index + 1);
+  for (const auto& [uuid, index] : st.gpu_index_kept) next_index = std::max(next_index, index + 1);
   std::vector<GpuRow> rows;
   rows.reserve(order.size());
   for (Acc* a : order) {

@@ -2,6 +2,7 @@
 #include "model/jobs.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,9 +20,11 @@ namespace {
 
 std::string cap_text(uint64_t v) { return v == job::kNoLimit ? "none" : format_bytes(v); }
 
+constexpr uint64_t kProcRecheckNs = 5'000'000'000;
+
 }  // namespace
 
-void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy* policy) {
+void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns) {
   // Forget jobs whose file went away, was replaced under its name, or faulted.
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     struct stat st{};
@@ -44,17 +47,60 @@ void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy*
     const std::string& file = kv.first;
     Job& j = kv.second;  // not a structured binding: lambdas capture it (clang 14)
     uint32_t freed = 0;
-    auto sweep = [&] { freed = j.seg->sweep(true); };
+    // Every scan: a member gone is freed at once (its pid is gone); /proc, which tells a
+    // zombie or a reused pid, is read for each member every few seconds only.
+    auto sweep = [&] { freed = j.seg->sweep(true, -1, kProcRecheckNs); };
     if (!guarded_call(sweep)) {
       faulted_.insert(file);
       continue;
     }
     if (freed) spdlog::info("job {}/{}: reclaimed the share of {} dead member(s)", j.user, j.name, freed);
-    if (!policy) continue;
     View v;
     if (!view(j, &v)) continue;
-    apply_policy(j, v, *policy);
+    if (!v.members.empty()) {
+      j.last_cap = v.cap;
+      j.empty_since_ns = 0;
+    } else if (j.empty_since_ns == 0) {
+      j.empty_since_ns = now_ns;
+    }
+    if (policy) apply_policy(j, v, *policy);
   }
+  if (!remove_ended_) return;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    Job& j = it->second;
+    if (j.empty_since_ns != 0 && now_ns - j.empty_since_ns >= linger_ns_ && !faulted_.count(it->first) &&
+        try_remove(dirfd, j))
+      it = jobs_.erase(it);
+    else
+      ++it;
+  }
+}
+
+bool JobTable::try_remove(int dirfd, Job& j) {
+  const int fd = openat(dirfd, j.file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return false;
+  struct stat st{};
+  View v;
+  bool removed = false;
+  // Members hold the shared lock from before they join until they exit: with the exclusive
+  // one held, none is alive and none can join until the file is gone.
+  if (fstat(fd, &st) == 0 && st.st_dev == j.dev && st.st_ino == j.ino && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+      view(j, &v) && v.members.empty()) {
+    std::string peaks;
+    for (const auto& g : v.gpus) {
+      if (!peaks.empty()) peaks += ", ";
+      peaks += fmt::format("{} peak {} ({} bytes)", format_uuid(g.uuid), format_bytes(g.peak), g.peak);
+    }
+    if (unlinkat(dirfd, j.file.c_str(), 0) == 0) {
+      removed = true;
+      spdlog::info("job {}/{} ended (no member left): {}; cap {}; file removed", j.user, j.name,
+                   peaks.empty() ? "no GPU memory taken" : peaks, cap_text(j.last_cap));
+    } else {
+      spdlog::warn("job {}/{}: removing {}: {}", j.user, j.name, j.file, std::strerror(errno));
+    }
+  }
+  close(fd);
+  return removed;
 }
 
 void JobTable::try_open(int dirfd, const std::string& file) {

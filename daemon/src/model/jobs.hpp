@@ -1,6 +1,8 @@
 // cuwarden daemon: the job segments in the run directory (job-<uid>-<name>.cwj), opened as
 // untrusted input, swept of dead members on every scan, shown in the state, given the
-// policy, and changed by `cuwarden limit job:NAME`.
+// policy, and changed by `cuwarden limit job:NAME`. A job whose last member has been gone
+// for the linger time is logged with its peak per GPU and its file removed (job.hpp, "End
+// of a job"), so that a node running thousands of jobs keeps no file per finished job.
 //
 // A job file is written by its user's processes, so every access to its mapping runs under
 // the fault guard (the owner may truncate it) and nothing read from it is used as a length.
@@ -38,14 +40,21 @@ class JobTable {
     dev_t dev = 0;
     ino_t ino = 0;
     std::set<uint64_t> policy_done;  ///< owner words that have had the policy applied
+    uint64_t last_cap = job::kNoLimit;  ///< the cap while it last had members, bytes
+    uint64_t empty_since_ns = 0;        ///< CLOCK_MONOTONIC when it was first seen empty; 0 = has members
   };
 
-  explicit JobTable(std::size_t max_jobs = 1024) : max_jobs_(max_jobs) {}
+  /// `max_jobs`: files opened at once. `linger_ns`: how long a job with no member is kept
+  /// before its file is removed (the daemon's --exited-linger); `remove_ended`: false keeps
+  /// every file (the daemon's --keep-exited).
+  explicit JobTable(std::size_t max_jobs = 1024, uint64_t linger_ns = 0, bool remove_ended = true)
+      : max_jobs_(max_jobs), linger_ns_(linger_ns), remove_ended_(remove_ended) {}
 
   /// Open new job files among `names` (file names in `dirfd`), forget vanished or replaced
-  /// ones, sweep dead members of each (their bytes are reclaimed at once) and apply
-  /// `policy` (may be null) to members that have not had it.
-  void scan(int dirfd, const std::set<std::string>& names, const Policy* policy);
+  /// ones, sweep dead members of each (their bytes are reclaimed at once), apply `policy`
+  /// (may be null) to members that have not had it, and remove the files of jobs that have
+  /// had no member for the linger time. `now_ns`: CLOCK_MONOTONIC.
+  void scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns);
   /// Apply the policy to every member again (after a reload).
   void reset_policy() noexcept;
 
@@ -61,9 +70,13 @@ class JobTable {
 
  private:
   void try_open(int dirfd, const std::string& file);
+  /// Remove an empty job's file when no member holds its lock; logs its peaks. True when removed.
+  bool try_remove(int dirfd, Job& j);
   void apply_policy(Job& j, const View& v, const Policy& policy);
 
   std::size_t max_jobs_;
+  uint64_t linger_ns_;
+  bool remove_ended_;
   std::map<std::string, Job> jobs_;               ///< by file name
   std::map<std::string, std::string> problems_;   ///< by file name
   std::set<std::string> faulted_;                 ///< dropped on the next scan

@@ -107,7 +107,9 @@ class Registry {
   };
 
   void try_open(const std::string& name, uint64_t mono);
-  void check_exit(Process& p, uint64_t mono);
+  /// Notice whether `p` exited (its header's mark, else its pidfd or /proc) and mark it so.
+  /// False when its header faulted: the caller drops it, outside any walk of procs_.
+  bool check_exit(Process& p, uint64_t mono);
   bool drain_one(Process& p, uint64_t now, bool* more, bool* busy);
   void drop_faulted(const std::string& name, const char* what);
   void forget(const std::string& name, bool unlink_file);
@@ -130,6 +132,17 @@ class Registry {
   std::map<std::string, Problem> problems_;                 ///< by file name
   std::vector<ring::Event> buffer_;
   uint64_t seq_ = 0;  ///< last global event number handed out
+  uint64_t drain_tick_ = 0;  ///< drain_all() calls, for visiting idle rings in turn
+  /// procs_' values as drain_all() walks them, with what it needs to skip an idle ring;
+  /// emptied whenever procs_ changes.
+  struct DrainSlot {
+    Process* process;
+    uint32_t idle_drains;  ///< Process::idle_drains after its last visit
+    uint32_t pid;
+  };
+  std::vector<DrainSlot> drain_order_;
+  uint64_t fd_limit_ = 1024;  ///< RLIMIT_NOFILE's soft limit when constructed
+  std::map<std::string, int> gpu_index_kept_;  ///< State::gpu_index_kept
   std::string hostname_;
   std::shared_ptr<const Policy> policy_;
   JobTable jobs_;

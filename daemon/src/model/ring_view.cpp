@@ -58,7 +58,18 @@ bool RingView::snapshot(RingSnapshot& out) const noexcept {
   return guarded_call(copy);
 }
 
-DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns) noexcept {
+bool RingView::status(RingStatus& out) const noexcept {
+  const RingHeader* h = header();
+  auto copy = [&] {
+    out.state = h->state.load(std::memory_order_acquire);
+    out.exited_ns = h->exited_ns.load(std::memory_order_relaxed);
+    out.events_dropped = h->events_dropped.load(std::memory_order_relaxed);
+  };
+  return guarded_call(copy);
+}
+
+DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns,
+                            bool beat_idle, bool read_present) noexcept {
   DrainResult r;
   if (!writable_) return r;
   RingHeader* h = header();
@@ -70,11 +81,12 @@ DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, 
       return;
     }
     r.events = ring::drain(*h, slots(), slot_count_, out, max, stuck_skip, &r.lost);
-    h->consumer_heartbeat_ns.store(heartbeat_ns, std::memory_order_relaxed);
+    if (r.events || beat_idle) h->consumer_heartbeat_ns.store(heartbeat_ns, std::memory_order_relaxed);
     r.write_pos = h->write_pos.load(std::memory_order_relaxed);
     r.read_pos = h->read_pos.load(std::memory_order_relaxed);
-    for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
-      if (h->devices[d].present.load(std::memory_order_acquire) == 1) r.present |= 1u << d;
+    if (read_present)
+      for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+        if (h->devices[d].present.load(std::memory_order_acquire) == 1) r.present |= 1u << d;
   };
   if (!guarded_call(body)) r.ok = false;
   return r;

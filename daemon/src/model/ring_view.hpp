@@ -63,6 +63,13 @@ struct RingSnapshot {
   DeviceSnapshot devices[ring::kMaxDevices];
 };
 
+/// The few header words the daemon checks on every scan (RingView::status()).
+struct RingStatus {
+  uint32_t state = 0;           ///< ring::ProcessState
+  uint64_t exited_ns = 0;       ///< the process's own clean-exit time, 0 before
+  uint64_t events_dropped = 0;  ///< events the producer had no room for
+};
+
 /// Result of one drain() call.
 struct DrainResult {
   bool ok = true;            ///< false: the ring faulted or changed geometry; drop it
@@ -70,7 +77,7 @@ struct DrainResult {
   uint64_t lost = 0;         ///< claimed-but-never-published slots skipped
   uint64_t write_pos = 0;    ///< positions after the drain, for diagnostics
   uint64_t read_pos = 0;
-  uint32_t present = 0;      ///< bit d: device slot d is present (read in the same guarded pass)
+  uint32_t present = 0;      ///< bit d: device slot d is present (read only when asked for)
 };
 
 class RingView {
@@ -81,9 +88,16 @@ class RingView {
 
   /// Copy the header. False if the mapping faulted.
   bool snapshot(RingSnapshot& out) const noexcept;
-  /// Copy up to `max` events into `out` and write the consumer heartbeat. Read-only
-  /// mappings drain nothing. See ring::drain for `stuck_skip`.
-  DrainResult drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns) noexcept;
+  /// Read the process state, exit time and drop count only (three words of the header's first
+  /// lines). False if the mapping faulted.
+  bool status(RingStatus& out) const noexcept;
+  /// Copy up to `max` events into `out`. Read-only mappings drain nothing. See ring::drain for
+  /// `stuck_skip`. `heartbeat_ns` (CLOCK_REALTIME) is written as the consumer heartbeat when
+  /// events were drained, or always with `beat_idle` (a write to a line the producer reads,
+  /// so an idle ring gets it only now and then). `read_present` fills DrainResult::present
+  /// (one cache line per device slot, also asked for only now and then).
+  DrainResult drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns, bool beat_idle,
+                    bool read_present) noexcept;
 
   /// Live cap change: replace device `d`'s limit (bytes, ring::kNoLimit = none) with one
   /// CAS from `expected`, so a concurrent writer is never overwritten unseen.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <spdlog/spdlog.h>
 
 #include "base/util.hpp"
 #include "model/gpus.hpp"
@@ -10,6 +11,8 @@
 namespace cuw::daemon {
 
 namespace {
+
+constexpr uint32_t kClockBackS = 5;  ///< a step back of the wall clock past this restarts the history
 
 /// An allocation refused: by a cap, a job's cap, or the driver running out of memory
 /// (CUDA_ERROR_OUT_OF_MEMORY is 2; a failed free is a driver error too, not an OOM).
@@ -26,6 +29,16 @@ void SeriesStore::record(const State& st) {
   const std::vector<GpuRow> rows = gpu_rows(st);
   const std::map<std::string, int> index_of = gpu_index_of(rows);
   std::lock_guard<std::mutex> g(mu_);
+  // The wall clock set back (by hand, or a first NTP sync) past a moment's jitter: points
+  // already kept would lie in the future of every new one, and the series only go forward,
+  // so they start again rather than stand still until the clock passes them.
+  if (last_t_ != 0 && t + kClockBackS < last_t_) {
+    spdlog::warn("history: the clock went back {} s; the history starts again from now", last_t_ - t);
+    procs_.clear();
+    jobs_.clear();
+    gpus_.clear();
+    last_t_ = 0;
+  }
   if (last_t_ != 0 && t <= last_t_) return;  // one sample a second at most, never backwards
   last_t_ = t;
   time_ns_ = st.time_ns;

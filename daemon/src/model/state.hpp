@@ -112,6 +112,10 @@ struct State {
   uint64_t time_ns = 0;        ///< CLOCK_REALTIME ns when it was built
   bool nvml = false;           ///< NVML loaded
   std::vector<NvmlGpu> gpus;   ///< NVML's devices (empty without NVML)
+  /// The index each GPU NVML does not number was given when first seen (by UUID): kept for
+  /// the daemon's life, so that a counter's `gpu` label does not change as processes come
+  /// and go (model/gpus.cpp).
+  std::map<std::string, int> gpu_index_kept;
   uint64_t events_seq = 0;     ///< last global event number handed out
   std::vector<ProcessState> processes;  ///< by ring file name
   std::vector<JobState> jobs;           ///< by job file name

@@ -209,10 +209,24 @@ void HttpServer::accept_all(uint64_t now) {
 void HttpServer::respond(Conn& c, const HttpResponse& r, bool head_only, bool keep_alive, uint64_t now) {
   HttpResponse refused;
   const HttpResponse* resp = &r;
+  // A client that shut its side gets the replies to what it sent; the last one closes.
+  keep_alive = keep_alive && !(c.peer_closed && c.in.empty());
   if (r.stream && streams_.load(std::memory_order_relaxed) >= lim_.max_streams) {
     refused = error_response(503, "too many event-stream clients (the daemon serves " + std::to_string(lim_.max_streams) +
                                       " at once); try again later");
     resp = &refused;
+  } else if (!head_only && r.body.size() > 4096) {
+    // Clients that read slowly, many at once, would each hold a reply in the daemon's
+    // memory: past the bound (one reply alone always goes) a large reply is refused until
+    // they take what they were sent.
+    std::size_t unsent = 0;
+    for (const auto& [id, o] : conns_)
+      if (!o.dead) unsent += o.out.size() - o.out_off;
+    if (unsent > 0 && unsent + r.body.size() > lim_.max_unsent) {
+      refused = error_response(503, "busy: " + std::to_string(unsent) + " bytes of replies wait for slow clients; try again");
+      refused.headers.emplace_back("Retry-After", "1");
+      resp = &refused;
+    }
   }
   std::string head = "HTTP/1.1 " + std::to_string(resp->status) + " " + http_reason(resp->status) + "\r\n";
   head += "Content-Type: " + resp->content_type + "\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n";
@@ -322,22 +336,30 @@ void HttpServer::on_readable(uint64_t id, Conn& c, uint64_t now) {
   for (;;) {
     const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
     if (n > 0) {
-      // While streaming or writing, what the client sends is not read as requests: drop it
-      // (bounded: nothing is kept).
-      if (c.phase == Phase::reading) {
+      // A stream's client has nothing to ask: what it sends is dropped (nothing is kept).
+      // Otherwise bytes are kept, also while a reply is being written or worked on (a
+      // pipelined request, answered in turn), up to what a 431 needs; past that the
+      // connection is not polled for reading until its reply is out (run()).
+      if (c.phase != Phase::streaming) {
         c.in.append(buf, static_cast<std::size_t>(n));
-        if (c.idle) {
+        if (c.phase == Phase::reading && c.idle) {
           c.idle = false;
           c.since = now;
           c.deadline = now + lim_.head_timeout_ns;
         }
-        if (c.in.size() > lim_.max_head + sizeof buf) break;  // enough to answer 431
+        if (c.in.size() > lim_.max_head + sizeof buf) break;
       }
       continue;
     }
-    if (n == 0) {  // the client closed its side; a reply in flight is dropped
-      close_conn(c);
-      return;
+    if (n == 0) {
+      // The client shut its side. A request it sent still gets its reply (then the
+      // connection closes); with nothing to answer it closes now.
+      c.peer_closed = true;
+      if (c.phase == Phase::streaming || (c.phase == Phase::reading && c.in.empty())) {
+        close_conn(c);
+        return;
+      }
+      break;
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -346,7 +368,11 @@ void HttpServer::on_readable(uint64_t id, Conn& c, uint64_t now) {
     }
     break;
   }
-  if (c.phase == Phase::reading) try_parse(id, c, now);
+  if (c.phase == Phase::reading) {
+    try_parse(id, c, now);
+    // Shut and no whole request in what it sent: nothing more can come.
+    if (!c.dead && c.peer_closed && c.phase == Phase::reading) close_conn(c);
+  }
 }
 
 void HttpServer::on_writable(Conn& c, uint64_t now) {
@@ -355,6 +381,7 @@ void HttpServer::on_writable(Conn& c, uint64_t now) {
     if (n > 0) {
       c.out_off += static_cast<std::size_t>(n);
       c.last_write_ns = now;
+      if (c.phase == Phase::writing) c.deadline = now + lim_.write_timeout_ns;  // slow is fine, stalled is not
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -369,7 +396,7 @@ void HttpServer::on_writable(Conn& c, uint64_t now) {
     return;
   }
   if (c.phase != Phase::writing) return;
-  if (!c.keep_alive) {
+  if (!c.keep_alive || (c.peer_closed && c.in.empty())) {
     close_conn(c);
     return;
   }
@@ -437,7 +464,9 @@ void HttpServer::run(int stop_fd) {
     bool pending = false;  // a pipelined request to answer: do not sleep in poll
     for (auto& [id, c] : conns_) {
       pending = pending || c.reparse;
-      short ev = POLLIN;
+      // Not read: a client that shut its side (poll would report it readable for ever), or
+      // one with a full head's worth waiting behind its reply.
+      short ev = c.peer_closed || (c.phase != Phase::streaming && c.in.size() > lim_.max_head) ? 0 : POLLIN;
       if (c.out_off < c.out.size()) ev |= POLLOUT;
       fds.push_back({c.fd, ev, 0});
       ids.push_back(id);

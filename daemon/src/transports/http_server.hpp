@@ -58,7 +58,8 @@ class HttpServer {
     std::size_t max_head = 8192;                  ///< request line and headers, bytes (431 past it)
     uint64_t head_timeout_ns = 5'000'000'000;     ///< to send a whole request head
     uint64_t idle_timeout_ns = 30'000'000'000;    ///< between requests on a kept-alive connection
-    uint64_t write_timeout_ns = 30'000'000'000;   ///< to read a whole reply
+    uint64_t write_timeout_ns = 30'000'000'000;   ///< with no byte of a reply taken by the client
+    std::size_t max_unsent = 256u << 20;          ///< reply bytes waiting for all clients together (503 past it)
     std::size_t max_stream_backlog = 8u << 20;    ///< unsent stream bytes before the client is dropped
     std::size_t max_workers = 2;                  ///< slow requests at once (503 past it)
     uint64_t keepalive_comment_ns = 15'000'000'000;  ///< ": keep-alive" on a quiet stream
@@ -101,6 +102,7 @@ class HttpServer {
     bool keep_alive = false;  ///< after this reply
     bool dead = false;
     bool reparse = false;     ///< a pipelined request is waiting in `in`
+    bool peer_closed = false; ///< the client shut its sending side: answer what it sent, then close
     uint64_t since = 0;       ///< monotonic ns its current request began (accept or first byte)
     StreamCursor cursor;
     uint64_t last_write_ns = 0;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -23,6 +24,21 @@ void family(Buf& b, std::string_view name, std::string_view type, std::string_vi
 
 void sample(Buf& b, std::string_view name, std::string_view labels, uint64_t v) {
   fmt::format_to(std::back_inserter(b), "cuwarden_{}{{{}}} {}\n", name, labels, v);
+}
+
+// The job labels of a series: cuwarden_job, and the job's origin where its name says it:
+// slurm_job_id for the jobs the Slurm plugin names slurm-<jobid>, pod for the pods whose
+// manifest names their job pod-<name> (cluster/kubernetes), so that a site can join
+// cuwarden's series with Slurm's or Kubernetes' own.
+std::string job_labels(const std::string& job) {
+  std::string out = fmt::format("cuwarden_job=\"{}\"", escape_label(job));
+  constexpr std::string_view kSlurm = "slurm-", kPod = "pod-";
+  if (job.size() > kSlurm.size() && job.size() <= kSlurm.size() + 10 && job.starts_with(kSlurm) &&
+      std::all_of(job.begin() + kSlurm.size(), job.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    fmt::format_to(std::back_inserter(out), ",slurm_job_id=\"{}\"", job.substr(kSlurm.size()));
+  else if (job.size() > kPod.size() && job.starts_with(kPod))
+    fmt::format_to(std::back_inserter(out), ",pod=\"{}\"", escape_label(job.substr(kPod.size())));
+  return out;
 }
 
 }  // namespace
@@ -105,9 +121,8 @@ std::string metrics_text(const State& st) {
       if (name.empty())
         name = escape_label(process_name(field_text(p.header.comm, sizeof p.header.comm),
                                          field_text(p.header.cmdline, sizeof p.header.cmdline)));
-      live.push_back({fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",pid=\"{}\",process=\"{}\",user=\"{}\","
-                                  "cuwarden_job=\"{}\"",
-                                  host, index, uuid, p.pid, name, escape_label(p.user), escape_label(job)),
+      live.push_back({fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",pid=\"{}\",process=\"{}\",user=\"{}\",{}",
+                                  host, index, uuid, p.pid, name, escape_label(p.user), job_labels(job)),
                       values});
     }
   }
@@ -135,20 +150,23 @@ std::string metrics_text(const State& st) {
       family(b, row.metric, "counter", row.help);
       for (const auto& [key, s] : sums)
         sample(b, row.metric,
-               fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",user=\"{}\",cuwarden_job=\"{}\"", host, s.gpu_index,
-                           key.uuid, escape_label(key.user), escape_label(key.job)),
+               fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",user=\"{}\",{}", host, s.gpu_index, key.uuid,
+                           escape_label(key.user), job_labels(key.job)),
                s.values[i]);
     }
   }
   family(b, "events_dropped_total", "counter", "Events the rings had no room for (counters stay exact)");
   for (const auto& [key, n] : dropped)
     sample(b, "events_dropped_total",
-           fmt::format("hostname=\"{}\",user=\"{}\",cuwarden_job=\"{}\"", host, escape_label(key.second),
-                       escape_label(key.first)),
+           fmt::format("hostname=\"{}\",user=\"{}\",{}", host, escape_label(key.second), job_labels(key.first)),
            n);
 
-  // Jobs: used bytes per GPU, and the cap when there is one.
-  std::vector<std::tuple<std::string, uint64_t, uint64_t>> job_rows;  // labels, used, cap
+  // Jobs: used and peak bytes per GPU, and the cap when there is one.
+  struct JobRow {
+    std::string labels;
+    uint64_t used, peak, cap;
+  };
+  std::vector<JobRow> job_rows;
   for (const JobState& j : st.jobs) {
     if (j.view.members.empty()) continue;
     for (std::size_t g = 0; g < j.view.gpus.size() && g < j.view.used.size(); ++g) {
@@ -156,17 +174,19 @@ std::string metrics_text(const State& st) {
       std::copy(std::begin(j.view.gpus[g].uuid), std::end(j.view.gpus[g].uuid), raw);
       const std::string uuid = format_uuid(raw);
       auto it = index_of.find(uuid);
-      job_rows.emplace_back(fmt::format("hostname=\"{}\",cuwarden_job=\"{}\",user=\"{}\",gpu=\"{}\",uuid=\"{}\"", host,
-                                        escape_label(j.name), escape_label(j.user),
-                                        it != index_of.end() ? it->second : j.view.gpus[g].index, uuid),
-                            j.view.used[g], j.view.cap);
+      job_rows.push_back({fmt::format("hostname=\"{}\",{},user=\"{}\",gpu=\"{}\",uuid=\"{}\"", host, job_labels(j.name),
+                                      escape_label(j.user), it != index_of.end() ? it->second : j.view.gpus[g].index,
+                                      uuid),
+                          j.view.used[g], j.view.gpus[g].peak, j.view.cap});
     }
   }
   family(b, "job_memory_used_bytes", "gauge", "Bytes a job's members hold on a GPU, together");
-  for (const auto& [labels, used, cap] : job_rows) sample(b, "job_memory_used_bytes", labels, used);
+  for (const JobRow& r : job_rows) sample(b, "job_memory_used_bytes", r.labels, r.used);
+  family(b, "job_memory_peak_bytes", "gauge", "The most a job's members have held on a GPU together since the job began");
+  for (const JobRow& r : job_rows) sample(b, "job_memory_peak_bytes", r.labels, r.peak);
   family(b, "job_memory_limit_bytes", "gauge", "A job's cap on each GPU (absent when it has none)");
-  for (const auto& [labels, used, cap] : job_rows)
-    if (cap != job::kNoLimit) sample(b, "job_memory_limit_bytes", labels, cap);
+  for (const JobRow& r : job_rows)
+    if (r.cap != job::kNoLimit) sample(b, "job_memory_limit_bytes", r.labels, r.cap);
 
   auto gpu_labels = [&](const GpuRow& g) {
     return fmt::format("hostname=\"{}\",gpu=\"{}\",uuid=\"{}\",name=\"{}\"", host, g.index, g.uuid, escape_label(g.name));

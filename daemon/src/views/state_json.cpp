@@ -52,6 +52,7 @@ json jobs_json(const State& st, const std::map<std::string, int>& index_of) {
                       {"gpu_index", it != index_of.end() ? json(it->second) : json(nullptr)},
                       {"memory_total_bytes", g.physical_total},
                       {"used_bytes", v.used[i]},
+                      {"peak_bytes", g.peak},
                       {"limit_bytes", cap_json(v.cap)}});
     }
     json members = json::array();

@@ -16,6 +16,9 @@ namespace cuw::daemon {
 
 struct Registry::Process {
   explicit Process(std::size_t history_capacity) : history(history_capacity) {}
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
   std::string file_name;
   std::unique_ptr<RingView> ring;
   uint32_t pid = 0;
@@ -28,7 +31,12 @@ struct Registry::Process {
   uint64_t events_received = 0;
   uint64_t events_lost = 0;   ///< slots a dead producer claimed but never published
   EventHistory history;
-  uint32_t present = 0;       ///< devices present at the last drain (bit per ordinal)
+  uint32_t present = 0;       ///< devices present when a drain last read them (bit per ordinal)
+  uint32_t idle_drains = 0;   ///< drains in a row that found no event
+  uint32_t visits = 0;        ///< drains that visited the ring
+  uint64_t beat_ns = 0;       ///< when the heartbeat was last written (CLOCK_REALTIME)
+  int pidfd = -1;             ///< pidfd_open() of the process, readable once it has exited; -1: none
+  uint64_t sampled_events = 0;  ///< events_received + events_dropped at the last site sample
   uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once
   uint64_t oom_taken_mono = 0; ///< when its last out-of-memory snapshot was taken (0: never)
