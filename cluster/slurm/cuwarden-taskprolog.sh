@@ -25,12 +25,14 @@ if [ -z "${CUWARDEN_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_DEFAULT" ]; then
   echo "export CUWARDEN_LIMIT=$CUWARDEN_SLURM_DEFAULT"
 fi
 # A job holding gres/shards gets their memory as its job cap (per GPU), when it gave none.
-if [ -z "${CUWARDEN_JOB_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_SHARD_SIZE" ] && [ -n "${SLURM_SHARDS_ON_NODE:-}" ]; then
+shards=${SLURM_SHARDS_ON_NODE:-}
+case $shards in *[!0-9]*) shards= ;; esac  # a count, or nothing (never an expression)
+if [ -z "${CUWARDEN_JOB_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_SHARD_SIZE" ] && [ -n "$shards" ]; then
   n=${CUWARDEN_SLURM_SHARD_SIZE%[KMGT]}
   case $CUWARDEN_SLURM_SHARD_SIZE in
     *K) n=$((n << 10)) ;; *M) n=$((n << 20)) ;; *G) n=$((n << 30)) ;; *T) n=$((n << 40)) ;;
   esac
-  echo "export CUWARDEN_JOB_LIMIT=$((SLURM_SHARDS_ON_NODE * n))"
+  echo "export CUWARDEN_JOB_LIMIT=$((shards * n))"
 elif [ -z "${CUWARDEN_JOB_LIMIT:-}" ] && [ -n "$CUWARDEN_SLURM_JOB_DEFAULT" ]; then
   echo "export CUWARDEN_JOB_LIMIT=$CUWARDEN_SLURM_JOB_DEFAULT"
 fi

@@ -196,6 +196,15 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av) {
   return 0;
 }
 
+/* The task's value of `name` into `out` (SIZE_TEXT bytes), "" when unset; one too long to
+ * be a size is said and taken as unset. */
+static void task_env(spank_t sp, const char *name, char *out) {
+  const spank_err_t got = spank_getenv(sp, name, out, SIZE_TEXT);
+  if (got == ESPANK_NOSPACE)
+    slurm_error("cuwarden: %s in the task's environment is too long to be a size; ignored", name);
+  if (got != ESPANK_SUCCESS) out[0] = 0;
+}
+
 /* In each task, before it runs the user's program: the preload, the job and its caps. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   (void)ac;
@@ -205,10 +214,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   /* A cap the user set in the environment (CUWARDEN_LIMIT=8G srun ...) counts as asked for,
    * within the site's maximum, when no option was given. */
   char env_limit[SIZE_TEXT] = "", env_job_limit[SIZE_TEXT] = "";
-  if (!*opt_limit && spank_getenv(sp, "CUWARDEN_LIMIT", env_limit, sizeof env_limit) != ESPANK_SUCCESS)
-    env_limit[0] = 0;
-  if (!*opt_job_limit && spank_getenv(sp, "CUWARDEN_JOB_LIMIT", env_job_limit, sizeof env_job_limit) != ESPANK_SUCCESS)
-    env_job_limit[0] = 0;
+  if (!*opt_limit) task_env(sp, "CUWARDEN_LIMIT", env_limit);
+  if (!*opt_job_limit) task_env(sp, "CUWARDEN_JOB_LIMIT", env_job_limit);
   char limit[SIZE_TEXT], job_limit[SIZE_TEXT];
   effective(*opt_limit ? opt_limit : env_limit, def_limit, max_limit, "--gpu-mem-limit", 1, limit);
   effective(*opt_job_limit ? opt_job_limit : env_job_limit, def_job_limit, max_job_limit, "--gpu-mem-job-limit", 1,

@@ -198,26 +198,42 @@ Segment* Segment::open(const std::string& dir, uint32_t uid, const std::string& 
       *error = path + ": " + std::strerror(errno);
       return nullptr;
     }
-    if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
-      const int err = errno;
-      ::close(fd);
-      if (err == EWOULDBLOCK && attempt < kLockAttempts) {
-        const timespec pause{0, attempt < 50 ? 1'000'000 : 10'000'000};  // 1 ms, then 10 ms: about 1 s in all
-        ::nanosleep(&pause, nullptr);
-        continue;
-      }
-      *error = path + ": flock: " + std::strerror(err);
-      return nullptr;
-    }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != uid || (st.st_mode & 077) != 0) {
       ::close(fd);
       *error = path + ": not a regular file of uid " + std::to_string(uid) + " with mode 0600; refusing to use it";
       return nullptr;
     }
-    if (st.st_nlink == 0 && attempt < kLockAttempts) {  // removed before we locked it
+    if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK) {
+        ::close(fd);
+        if (attempt < kLockAttempts) {
+          const timespec pause{0, attempt < 50 ? 1'000'000 : 10'000'000};  // 1 ms, then 10 ms: about 1 s in all
+          ::nanosleep(&pause, nullptr);
+          continue;
+        }
+        *error = path + ": held locked (being removed?) for a second; try again";
+        return nullptr;
+      }
+      // A file system without flock (some network and FUSE ones): nobody can lock the file,
+      // so the daemon never removes it either, and the job works as without the lock.
+      if (err != ENOLCK && err != ENOSYS && err != EINVAL && err != EOPNOTSUPP) {
+        ::close(fd);
+        *error = path + ": flock: " + std::strerror(err);
+        return nullptr;
+      }
+    }
+    if (::fstat(fd, &st) != 0) {
+      *error = path + ": fstat: " + std::strerror(errno);
       ::close(fd);
-      continue;
+      return nullptr;
+    }
+    if (st.st_nlink == 0) {  // removed before we locked it: the name is a new file now
+      ::close(fd);
+      if (attempt < kLockAttempts) continue;
+      *error = path + ": removed as often as it was opened; try again";
+      return nullptr;
     }
     // Every member grows a new file to the same size: the race between them is harmless,
     // and all-zero content is an empty job.

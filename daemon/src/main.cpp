@@ -377,6 +377,9 @@ int run(const Options& o) {
         case cuw::daemon::Registry::DrainPace::again: next_drain = t; break;
         case cuw::daemon::Registry::DrainPace::soon: next_drain = t + std::min<uint64_t>(kMs, o.drain_interval_ms * kMs); break;
         case cuw::daemon::Registry::DrainPace::idle: next_drain = t + o.drain_interval_ms * kMs; break;
+        case cuw::daemon::Registry::DrainPace::all_idle:
+          next_drain = t + cuw::daemon::Registry::kIdleStride * o.drain_interval_ms * kMs;
+          break;
       }
       // Event-stream clients see new events within a quarter second, not at the next scan.
       if (http && http->stream_count() > 0 && reg.last_seq() != seq_before && t - last_publish >= 250 * kMs) {

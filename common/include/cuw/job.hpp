@@ -68,7 +68,8 @@ struct GpuEntry {
   uint8_t uuid[16];           ///< CUuuid bytes, written right after key is claimed
   std::atomic<uint64_t> physical_total;  ///< device memory in bytes, 0 until known
   /// Highest sum held on this GPU by the job's members seen by a successful charge (bytes);
-  /// raised by CAS, never lowered.
+  /// raised by CAS, never lowered. Another member's attempt in flight (refused a moment
+  /// later) can count in it: it may be a little high, never above the cap then in force.
   std::atomic<uint64_t> peak;
   uint64_t reserved_words[3];
 };

@@ -91,11 +91,16 @@ bool JobTable::try_remove(int dirfd, Job& j) {
       if (!peaks.empty()) peaks += ", ";
       peaks += fmt::format("{} peak {} ({} bytes)", format_uuid(g.uuid), format_bytes(g.peak), g.peak);
     }
-    if (unlinkat(dirfd, j.file.c_str(), 0) == 0) {
+    // The name still the file we locked (its user may have replaced it meanwhile).
+    struct stat now{};
+    const bool same = fstatat(dirfd, j.file.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == j.dev &&
+                      now.st_ino == j.ino;
+    if (same && unlinkat(dirfd, j.file.c_str(), 0) == 0) {
       removed = true;
       spdlog::info("job {}/{} ended (no member left): {}; cap {}; file removed", j.user, j.name,
                    peaks.empty() ? "no GPU memory taken" : peaks, cap_text(j.last_cap));
-    } else {
+    } else if (same && !j.remove_warned) {
+      j.remove_warned = true;
       spdlog::warn("job {}/{}: removing {}: {}", j.user, j.name, j.file, std::strerror(errno));
     }
   }

@@ -42,6 +42,7 @@ class JobTable {
     std::set<uint64_t> policy_done;  ///< owner words that have had the policy applied
     uint64_t last_cap = job::kNoLimit;  ///< the cap while it last had members, bytes
     uint64_t empty_since_ns = 0;        ///< CLOCK_MONOTONIC when it was first seen empty; 0 = has members
+    bool remove_warned = false;         ///< a failed removal said once
   };
 
   /// `max_jobs`: files opened at once. `linger_ns`: how long a job with no member is kept

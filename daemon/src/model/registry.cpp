@@ -35,12 +35,12 @@ constexpr std::size_t kMaxProblems = 1024;
 // most kIdleStride ticks (80 ms), which a ring of 16 Ki events absorbs at 200 K events/s
 // (past that, events are dropped and counted; the counters stay exact).
 constexpr uint32_t kIdleAfterDrains = 100;
-constexpr uint32_t kIdleStride = 8;
 // The heartbeat of a ring with no event is rewritten this often (the process reads it only
 // at exit, and counts 5 s of silence as no daemon); device presence (for the policy) is read
-// every kPresentEvery-th visit and after any visit that drained events.
+// on every visit that drains events and every kPresentEvery-th visit besides.
 constexpr uint64_t kIdleBeatNs = 250'000'000;
 constexpr uint32_t kPresentEvery = 16;
+constexpr std::size_t kGpuIndexKept = 64;  // GPUs whose index is kept (State::gpu_index_kept)
 
 /// Whether the process behind `pidfd` has exited (the pidfd polls readable).
 bool pidfd_exited(int pidfd) noexcept {
@@ -143,12 +143,12 @@ void Registry::scan() {
       while (p->samples.size() > kSamplesKept) p->samples.pop_front();
       continue;
     }
-    p->sampled_events = events;
     RingSnapshot header;
     if (!p->ring->snapshot(header)) continue;
     const ProcessIdentity who{opt_.run_dir, p->pid, p->uid, p->start_time, p->user, false};
     TakenSnapshot t = take_snapshot(who, header, nullptr);
     if (!t.snap.exact) continue;
+    p->sampled_events = events;  // only once a sample holds what these events did
     p->samples.push_back(std::make_shared<const Snapshot>(site_sample(t.snap)));
     while (p->samples.size() > kSamplesKept) p->samples.pop_front();
   }
@@ -327,7 +327,7 @@ bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
     DrainResult r = p.ring->drain(buffer_.data(), buffer_.size(), p.exited, now, round == 0 && beat,
                                   round == 0 && read_present);
     if (!r.ok) return false;
-    if (round == 0 && read_present) p.present = r.present;
+    if ((round == 0 && read_present) || r.events) p.present = r.present;
     if (r.events || (round == 0 && beat)) p.beat_ns = now;
     p.events_lost += r.lost;
     p.events_received += r.events;
@@ -388,17 +388,25 @@ Registry::DrainPace Registry::drain_all() {
     drain_order_.clear();
     for (auto& [name, p] : procs_) drain_order_.push_back({p.get(), p->idle_drains, p->pid});
   }
+  // Every ring idle: all are visited now and the next drain is kIdleStride ticks away
+  // (the same wait for each ring, an eighth of the wake-ups).
+  bool all_idle = !drain_order_.empty();
+  for (const DrainSlot& s : drain_order_) all_idle = all_idle && s.idle_drains >= kIdleAfterDrains;
   for (DrainSlot& s : drain_order_) {
     // Idle rings in kIdleStride groups (by pid), one group a tick; decided from the list
     // alone, without touching the process's own memory.
-    if (s.idle_drains >= kIdleAfterDrains && (drain_tick_ + s.pid) % kIdleStride != 0) continue;
+    if (!all_idle && s.idle_drains >= kIdleAfterDrains && (drain_tick_ + s.pid) % kIdleStride != 0) continue;
     Process& p = *s.process;
     if (!drain_one(p, now, &more, &busy)) faulted.push_back(p.file_name);
     else if (policy_ && !p.exited) apply_policy(p);
     s.idle_drains = p.idle_drains;
   }
   for (const auto& name : faulted) drop_faulted(name, "faulted while draining events");
-  return more ? DrainPace::again : busy ? DrainPace::soon : DrainPace::idle;
+  if (more) return DrainPace::again;
+  if (busy) return DrainPace::soon;
+  bool still_idle = all_idle;
+  for (const DrainSlot& s : drain_order_) still_idle = still_idle && s.idle_drains >= kIdleAfterDrains;
+  return still_idle ? DrainPace::all_idle : DrainPace::idle;
 }
 
 void Registry::publish() {
@@ -464,7 +472,15 @@ void Registry::publish() {
   st->events_seq = seq_;
   st->time_ns = now_ns();
   st->gpu_index_kept = gpu_index_kept_;
-  for (const GpuRow& row : gpu_rows(*st)) gpu_index_kept_.emplace(row.uuid, row.index);
+  // Rings are any user's to write: UUIDs of GPUs NVML does not know count only while a
+  // process that still runs reports them, and the kept list is bounded.
+  std::set<std::string> running;
+  for (const ProcessState& ps : st->processes)
+    if (!ps.exited)
+      for (const DeviceSnapshot& ds : ps.header.devices)
+        if (ds.present) running.insert(format_uuid(ds.uuid));
+  for (const GpuRow& row : gpu_rows(*st))
+    if (gpu_index_kept_.size() < kGpuIndexKept && running.count(row.uuid)) gpu_index_kept_.emplace(row.uuid, row.index);
   st->gpu_index_kept = gpu_index_kept_;
   store_.publish(std::move(st));
 }

@@ -56,9 +56,12 @@ class Registry {
   /// Drain every ring once. Returns true if some ring had more events than one round takes
   /// (the caller should drain again soon).
   /// How soon the next drain should come: at once (a ring still had events after this
-  /// tick's budget), soon (a ring filled an eighth of itself since the last tick), or after
-  /// the idle interval.
-  enum class DrainPace { again, soon, idle };
+  /// tick's budget), soon (a ring filled an eighth of itself since the last tick), after the
+  /// idle interval, or, when every ring has been idle a while (each was visited this time),
+  /// after kIdleStride idle intervals.
+  enum class DrainPace { again, soon, idle, all_idle };
+  /// A ring with no event for a second is visited every kIdleStride-th drain (registry.cpp).
+  static constexpr uint32_t kIdleStride = 8;
   DrainPace drain_all();
 
   /// Build a State from every ring header, job segment and the histories, and publish it

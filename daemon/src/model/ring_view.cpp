@@ -84,7 +84,7 @@ DrainResult RingView::drain(ring::Event* out, std::size_t max, bool stuck_skip, 
     if (r.events || beat_idle) h->consumer_heartbeat_ns.store(heartbeat_ns, std::memory_order_relaxed);
     r.write_pos = h->write_pos.load(std::memory_order_relaxed);
     r.read_pos = h->read_pos.load(std::memory_order_relaxed);
-    if (read_present)
+    if (read_present || r.events)
       for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
         if (h->devices[d].present.load(std::memory_order_acquire) == 1) r.present |= 1u << d;
   };

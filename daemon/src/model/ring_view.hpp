@@ -94,8 +94,9 @@ class RingView {
   /// Copy up to `max` events into `out`. Read-only mappings drain nothing. See ring::drain for
   /// `stuck_skip`. `heartbeat_ns` (CLOCK_REALTIME) is written as the consumer heartbeat when
   /// events were drained, or always with `beat_idle` (a write to a line the producer reads,
-  /// so an idle ring gets it only now and then). `read_present` fills DrainResult::present
-  /// (one cache line per device slot, also asked for only now and then).
+  /// so an idle ring gets it only now and then). DrainResult::present is filled with
+  /// `read_present` or when events were drained (one cache line per device slot: an idle
+  /// ring's are read only now and then).
   DrainResult drain(ring::Event* out, std::size_t max, bool stuck_skip, uint64_t heartbeat_ns, bool beat_idle,
                     bool read_present) noexcept;
 

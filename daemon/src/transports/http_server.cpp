@@ -488,6 +488,8 @@ void HttpServer::run(int stop_fd) {
       if (c.dead || !c.reparse) continue;
       c.reparse = false;
       if (c.phase == Phase::reading) try_parse(id, c, now);
+      // Shut, and what is left is no whole request: nothing more can come.
+      if (!c.dead && c.peer_closed && c.phase == Phase::reading) close_conn(c);
       if (!c.dead && c.out_off < c.out.size()) on_writable(c, now);
     }
     if (fds[1].revents & POLLIN) accept_all(now);
