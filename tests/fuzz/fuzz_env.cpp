@@ -15,18 +15,28 @@
 #include "cuw/job.hpp"
 #include "cuw/options.hpp"
 
+extern char** environ;
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
+  // The environment is this input's variables only, in arrays the harness owns: setenv()
+  // keeps every value it was ever given (getenv's pointers must stay valid), which grew a
+  // 30-minute run past 2 GB.
+  static std::vector<std::string> vars;
+  static std::vector<char*> env;
+  vars.clear();
   size_t pos = 0;
   for (const cuw::options::Option& o : cuw::options::kOptions) {
-    const char* var = o.variable;
     size_t end = in.find('\0', pos);
     if (end == std::string::npos) end = in.size();
     const std::string value = pos < in.size() ? in.substr(pos, end - pos) : std::string();
-    if (value.empty()) unsetenv(var);
-    else setenv(var, value.c_str(), 1);
+    if (!value.empty()) vars.push_back(std::string(o.variable) + "=" + value);
     pos = end + 1;
   }
+  env.clear();
+  for (std::string& v : vars) env.push_back(v.data());
+  env.push_back(nullptr);
+  environ = env.data();
   const cuw::core::Config c = cuw::core::load_config();
   if (c.run_dir.empty()) std::abort();  // an unset variable takes the table's default
   if (c.callsites < 0 || c.callsites > 64) std::abort();
