@@ -7,11 +7,13 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -118,12 +120,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sockaddr_in src{};
   src.sin_family = AF_INET;
   src.sin_addr.s_addr = htonl(0x7f010000u | (1 + next_source++ % 65000));
-  if (c >= 0 && bind(c, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) std::abort();
+  auto harness_failed = [](const char* what) {
+    std::fprintf(stderr, "fuzz_http harness: %s: %s\n", what, std::strerror(errno));
+    std::abort();
+  };
+  if (c < 0) harness_failed("socket");
+  if (bind(c, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) harness_failed("bind");
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(w.server->port());
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (c < 0 || connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) std::abort();
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    // libFuzzer's timer signal can interrupt a connect the server is slow to accept: the
+    // connection goes on; wait for it.
+    if (errno != EINTR) harness_failed("connect");
+    pollfd p{c, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (poll(&p, 1, 10000) != 1 || getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      errno = err;
+      harness_failed("connect (after EINTR)");
+    }
+  }
   timeval tv{1, 0};
   setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   std::size_t sent = 0;
