@@ -13,7 +13,6 @@ share of one core. Prints a Markdown table and writes the figures to --out/daemo
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -38,10 +37,7 @@ def main():
     ap.add_argument("--window-s", type=float, default=60)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 2 * a.procs + 64
-    if soft < need:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+    hm.raise_fd_limit(a.procs)
 
     bench = hm.Bench(argparse.Namespace(build=a.a, out=a.out, procs=a.procs, batch=a.batch))
     daemons = {}

@@ -70,6 +70,16 @@ def now():
     return time.monotonic()
 
 
+def raise_fd_limit(procs):
+    """Enough open files for `procs` programs with two pipes each, or exit saying why."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 2 * procs + 64
+    if soft < need:
+        if hard < need:
+            sys.exit(f"need {need} open files (two pipes a process); the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -751,12 +761,7 @@ def main():
     ap.add_argument("--churn-s", type=float, default=180)
     ap.add_argument("--churn-warm-s", type=float, default=20)
     a = ap.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 2 * a.procs + 64
-    if soft < need:
-        if hard < need:
-            sys.exit(f"need {need} open files (two pipes a process); the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    raise_fd_limit(a.procs)
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")

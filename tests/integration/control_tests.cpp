@@ -555,6 +555,15 @@ int join(cuw::job::Segment& seg, pid_t pid, uint64_t start_time, uint64_t limit)
   return slot;
 }
 
+/// The job's GPU of UUID 0xa0..0xaf (uuid_for(0xa0)), an H200's memory; its index in the job.
+int add_h200(cuw::job::Segment& seg) {
+  uint8_t uuid[16];
+  for (int i = 0; i < 16; ++i) uuid[i] = static_cast<uint8_t>(0xa0 + i);
+  const int g = seg.gpu_index(uuid, 143771ULL * kMiB);
+  REQUIRE(g >= 0);
+  return g;
+}
+
 std::vector<uint64_t> member_limits(cuw::job::Segment& seg) {
   std::vector<uint64_t> out;
   for (const auto& m : seg.members()) out.push_back(m.limit);
@@ -576,10 +585,7 @@ TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
   const int sb = join(*seg, b.pid, b.start_time(), 16 * kGiB);
   const int sc = join(*seg, c.pid, c.start_time(), 16 * kGiB);
   join(*seg, e.pid, e.start_time(), 8 * kGiB);
-  uint8_t uuid[16];
-  for (int i = 0; i < 16; ++i) uuid[i] = static_cast<uint8_t>(0xa0 + i);
-  const int g = seg->gpu_index(uuid, 143771ULL * kMiB);
-  REQUIRE(g >= 0);
+  const int g = add_h200(*seg);
   REQUIRE(seg->charge(sa, g, 4 * kGiB));
   REQUIRE(seg->charge(sb, g, 2 * kGiB));
   Daemon d(dir);
@@ -684,10 +690,7 @@ TEST_CASE("control.job_end_is_logged_with_its_peak_and_its_file_removed") {
   auto seg = make_job(run, geteuid(), "slurm-42");
   const int sa = join(*seg, a.pid, a.start_time(), 100 * kMiB);
   const int sb = join(*seg, b.pid, b.start_time(), 100 * kMiB);
-  uint8_t uuid[16];
-  for (int i = 0; i < 16; ++i) uuid[i] = static_cast<uint8_t>(0xa0 + i);
-  const int g = seg->gpu_index(uuid, 143771ULL * kMiB);
-  REQUIRE(g >= 0);
+  const int g = add_h200(*seg);
   // 40 + 20 MiB held together is the peak; a release and a smaller charge leave it.
   REQUIRE(seg->charge(sa, g, 40 * kMiB));
   REQUIRE(seg->charge(sb, g, 20 * kMiB));

@@ -400,13 +400,12 @@ Registry::DrainPace Registry::drain_all() {
     if (!drain_one(p, now, &more, &busy)) faulted.push_back(p.file_name);
     else if (policy_ && !p.exited) apply_policy(p);
     s.idle_drains = p.idle_drains;
+    all_idle = all_idle && s.idle_drains >= kIdleAfterDrains;  // each was visited: still idle after it
   }
   for (const auto& name : faulted) drop_faulted(name, "faulted while draining events");
   if (more) return DrainPace::again;
   if (busy) return DrainPace::soon;
-  bool still_idle = all_idle;
-  for (const DrainSlot& s : drain_order_) still_idle = still_idle && s.idle_drains >= kIdleAfterDrains;
-  return still_idle ? DrainPace::all_idle : DrainPace::idle;
+  return all_idle ? DrainPace::all_idle : DrainPace::idle;
 }
 
 void Registry::publish() {

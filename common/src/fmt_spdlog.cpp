@@ -6,7 +6,7 @@
 // fmt's src/format.cc and spdlog's src/spdlog.cpp and src/color_sinks.cpp are in the
 // versions Debian 12 ships (fmt 9, spdlog 1.10): the non-template code of their -inl.h
 // headers, and the explicit instantiations their headers declare extern. Every other file
-// sees SPDLOG_COMPILED_LIB and no FMT_HEADER_ONLY (daemon/CMakeLists.txt, cuw_fmt).
+// sees SPDLOG_COMPILED_LIB and no FMT_HEADER_ONLY (common/CMakeLists.txt, cuw_fmt).
 #if !defined(SPDLOG_COMPILED_LIB) || defined(FMT_HEADER_ONLY)
 #error "compile with SPDLOG_COMPILED_LIB and without FMT_HEADER_ONLY (target cuw_fmt)"
 #endif
