@@ -1,0 +1,392 @@
+// Unit tests: the call sites' stack walk (interposer/src/core/unwind.hpp) returns exactly the
+// return addresses glibc's backtrace() returns, through code without frame pointers, with
+// them, alloca'ed frames, a shared library's PLT, libc, another thread; and falls back
+// (kFallback, never a wrong stack or a fault) where its rules do not reach: a CFA given by an
+// expression, a signal frame, a signal's alternate stack.
+#include <catch2/catch.hpp>
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/unwind.hpp"
+#include "unwind_chains.hpp"
+
+namespace unwind = cuw::core::unwind;
+
+// An assembler frame whose CFA rule is DW_CFA_def_cfa_expression (DW_OP_breg6 16: RBP + 16),
+// as PLT entries and realigned frames have: the walk must refuse it.
+__asm__(R"(
+  .text
+  .globl cuwt_expr_frame
+  .type cuwt_expr_frame, @function
+cuwt_expr_frame:
+  .cfi_startproc
+  pushq %rbp
+  .cfi_def_cfa_offset 16
+  .cfi_offset %rbp, -16
+  movq %rsp, %rbp
+  .cfi_escape 0x0f, 0x02, 0x76, 0x10
+  movq %rdi, %rax
+  movq %rsi, %rdi
+  call *%rax
+  popq %rbp
+  .cfi_def_cfa %rsp, 8
+  ret
+  .cfi_endproc
+  .size cuwt_expr_frame, .-cuwt_expr_frame
+
+# Frames whose CFI lies, as a stale rule would: the CFA 1 GiB above RSP (past any stack's top),
+# the CFA at RSP (the stack would not go up), a return address slot holding an unmapped address.
+  .globl cuwt_lie_high
+  .type cuwt_lie_high, @function
+cuwt_lie_high:
+  .cfi_startproc
+  subq $8, %rsp
+  .cfi_def_cfa_offset 0x40000000
+  movq %rdi, %rax
+  movq %rsi, %rdi
+  call *%rax
+  addq $8, %rsp
+  .cfi_def_cfa_offset 8
+  ret
+  .cfi_endproc
+  .size cuwt_lie_high, .-cuwt_lie_high
+
+  .globl cuwt_lie_flat
+  .type cuwt_lie_flat, @function
+cuwt_lie_flat:
+  .cfi_startproc
+  subq $8, %rsp
+  .cfi_def_cfa_offset 0
+  movq %rdi, %rax
+  movq %rsi, %rdi
+  call *%rax
+  addq $8, %rsp
+  .cfi_def_cfa_offset 8
+  ret
+  .cfi_endproc
+  .size cuwt_lie_flat, .-cuwt_lie_flat
+
+  .globl cuwt_lie_ra
+  .type cuwt_lie_ra, @function
+cuwt_lie_ra:
+  .cfi_startproc
+  pushq $0x1234560
+  .cfi_def_cfa_offset 16
+  .cfi_offset %rip, -16
+  movq %rdi, %rax
+  movq %rsi, %rdi
+  call *%rax
+  addq $8, %rsp
+  .cfi_def_cfa_offset 8
+  .cfi_offset %rip, -8
+  ret
+  .cfi_endproc
+  .size cuwt_lie_ra, .-cuwt_lie_ra
+)");
+
+extern "C" {
+int cuwt_lie_high(int (*cb)(void*), void* arg);
+int cuwt_lie_flat(int (*cb)(void*), void* arg);
+int cuwt_lie_ra(int (*cb)(void*), void* arg);
+}
+
+__attribute__((noinline)) int take(Job* job) {
+  const int n = job->fn(job->out->frames, Capture::kMax);
+  job->out->n = n;
+  __asm__ volatile("" ::: "memory");  // not a tail call: this frame is the same for both
+  return n < 0 ? 0 : 1;
+}
+
+namespace {
+
+/// The walk, then backtrace() if it fell back: what CallSites::capture() does.
+__attribute__((noinline)) int walk_or_backtrace(void** out, int max) {
+  int n = unwind::walk(out, max);
+  if (n == unwind::kFallback) n = backtrace(out, max);
+  __asm__ volatile("" ::: "memory");  // not a tail call: backtrace() sees this frame
+  return n;
+}
+
+std::vector<void*> frames_of(const Capture& c) {
+  if (c.n <= 0) return {};
+  return std::vector<void*>(c.frames, c.frames + c.n);
+}
+
+/// backtrace()'s frames less those of a sanitizer's interceptor of it, which the ASan and
+/// TSan builds put on top.
+std::vector<void*> reference(const Capture& c) {
+  std::vector<void*> v = frames_of(c);
+  while (!v.empty()) {
+    Dl_info info{};
+    if (!dladdr(v.front(), &info) || !info.dli_fname || !std::strstr(info.dli_fname, "san.so")) break;
+    v.erase(v.begin());
+  }
+  return v;
+}
+
+std::string describe(const std::vector<void*>& v) {
+  std::string s;
+  for (void* p : v) {
+    Dl_info info{};
+    char line[256];
+    if (dladdr(p, &info) && info.dli_sname)
+      std::snprintf(line, sizeof line, "  %p %s+%#lx\n", p, info.dli_sname,
+                    static_cast<unsigned long>(static_cast<char*>(p) - static_cast<char*>(info.dli_saddr)));
+    else
+      std::snprintf(line, sizeof line, "  %p (%s)\n", p, info.dli_fname ? info.dli_fname : "?");
+    s += line;
+  }
+  return s;
+}
+
+/// Runs `run(job)` twice from one call instruction (the loop's count is read at run time, so
+/// it is not unrolled): once with the walk, once with backtrace(). [0] walk, [1] backtrace.
+template <class Run>
+__attribute__((noinline)) void both(Run run, Capture* out) {
+  static volatile int rounds = 2;
+  for (int i = 0; i < rounds; ++i) {
+    Job job{i == 0 ? &unwind::walk : &backtrace, &out[i]};
+    run(&job);
+    __asm__ volatile("" ::: "memory");
+  }
+}
+
+void require_same(const Capture* c) {
+  const std::vector<void*> fast = frames_of(c[0]), slow = reference(c[1]);
+  INFO("walk (" << c[0].n << "):\n" << describe(fast) << "backtrace:\n" << describe(slow));
+  REQUIRE(c[0].n != unwind::kFallback);
+  REQUIRE(fast.size() >= 4);
+  REQUIRE(fast == slow);
+}
+
+}  // namespace
+
+TEST_CASE("unwind: equal to backtrace() through code without frame pointers, to _start", "[unwind]") {
+  Capture c[2];
+  both([](Job* j) { chain_nofp(j); }, c);
+  require_same(c);
+  REQUIRE(c[0].n < Capture::kMax);  // the whole stack: both end at the same outermost frame
+}
+
+TEST_CASE("unwind: equal to backtrace() through code with frame pointers", "[unwind]") {
+  Capture c[2];
+  both([](Job* j) { chain_fp(j); }, c);
+  require_same(c);
+}
+
+TEST_CASE("unwind: equal to backtrace() through alloca'ed frames (CFA from RBP)", "[unwind]") {
+  for (int bytes : {16, 1000, 40000}) {
+    Capture c[2];
+    both([bytes](Job* j) { chain_alloca(j, bytes); }, c);
+    require_same(c);
+  }
+}
+
+TEST_CASE("unwind: equal to backtrace() through a shared library's PLT", "[unwind]") {
+  Capture c[2];
+  both([](Job* j) { cuwt_lib_outer([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, j); }, c);
+  require_same(c);
+  Dl_info info{};
+  bool through_lib = false;
+  for (int i = 0; i < c[0].n; ++i)
+    through_lib |= dladdr(c[0].frames[i], &info) && info.dli_sname &&
+                   std::strcmp(info.dli_sname, "cuwt_lib_outer") == 0;
+  REQUIRE(through_lib);
+}
+
+namespace {
+Job* g_sort_job = nullptr;
+int compare_and_take(const void* a, const void* b) {
+  if (g_sort_job) {
+    take(g_sort_job);
+    g_sort_job = nullptr;
+  }
+  return *static_cast<const int*>(a) - *static_cast<const int*>(b);
+}
+}  // namespace
+
+TEST_CASE("unwind: equal to backtrace() from a callback inside libc (qsort)", "[unwind]") {
+  Capture c[2];
+  both(
+      [](Job* j) {
+        int v[32];
+        for (int i = 0; i < 32; ++i) v[i] = (i * 7919) % 32;
+        g_sort_job = j;
+        qsort(v, 32, sizeof v[0], compare_and_take);
+      },
+      c);
+  require_same(c);
+  bool through_libc = false;
+  for (int i = 0; i < c[0].n; ++i) {
+    Dl_info info{};
+    through_libc |= dladdr(c[0].frames[i], &info) && info.dli_fname && std::strstr(info.dli_fname, "libc.so");
+  }
+  REQUIRE(through_libc);
+}
+
+TEST_CASE("unwind: equal to backtrace() on another thread, to the thread's start", "[unwind]") {
+  Capture c[2];
+  std::thread t([&c] { both([](Job* j) { chain_nofp(j); }, c); });
+  t.join();
+  require_same(c);
+  REQUIRE(c[0].n < Capture::kMax);
+}
+
+TEST_CASE("unwind: a return address seen before is not looked up again", "[unwind]") {
+  std::vector<Capture> c(2 * 100);
+  std::vector<uint64_t> cold(100);
+  for (int i = 0; i < 100; ++i) {  // one call instruction: the same frames every time
+    both([](Job* j) { chain_nofp(j); }, &c[2 * i]);
+    cold[i] = unwind::stats().cold;
+  }
+  REQUIRE(cold[0] > 0);
+  REQUIRE(cold[99] == cold[0]);
+  require_same(&c[2 * 99]);
+}
+
+TEST_CASE("unwind: a CFA given by an expression falls back, and backtrace() gives the frames", "[unwind]") {
+  const uint64_t before = unwind::stats().fallback_rule;
+  Capture c[2];
+  both([](Job* j) { cuwt_expr_frame([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, j); }, c);
+  REQUIRE(c[0].n == unwind::kFallback);
+  REQUIRE(unwind::stats().fallback_rule == before + 1);
+  // What the caller gets then: backtrace()'s frames (one more on top: walk_or_backtrace's own).
+  Capture d[2];
+  static volatile int rounds = 2;
+  for (int i = 0; i < rounds; ++i) {
+    Job job{i == 0 ? &walk_or_backtrace : &backtrace, &d[i]};
+    cuwt_expr_frame([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, &job);
+  }
+  std::vector<void*> fast = reference(d[0]);
+  REQUIRE(!fast.empty());
+  fast.erase(fast.begin());
+  REQUIRE(fast == reference(d[1]));
+}
+
+TEST_CASE("unwind: a frame whose rule is wrong ends the walk there, without a fault", "[unwind]") {
+  using Frame = int (*)(int (*)(void*), void*);
+  for (Frame frame : {&cuwt_lie_high, &cuwt_lie_flat, &cuwt_lie_ra}) {
+    Capture c;
+    Job job{&unwind::walk, &c};
+    frame([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, &job);
+    INFO("walk (" << c.n << "):\n" << describe(frames_of(c)));
+    REQUIRE(c.n >= 6);  // take, the chain's four frames, the lying one
+    // It ends at the return address into the lying frame (or at the one it lies about), once:
+    // no frame read from below the stack pointer or beyond the stack's top after it.
+    auto in_frame = [frame](void* pc) {
+      return reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(frame) < 32;
+    };
+    if (frame == &cuwt_lie_ra) {
+      REQUIRE(c.frames[c.n - 1] == reinterpret_cast<void*>(0x1234560));
+      REQUIRE(in_frame(c.frames[c.n - 2]));
+    } else {
+      REQUIRE(in_frame(c.frames[c.n - 1]));
+      REQUIRE(!in_frame(c.frames[c.n - 2]));
+    }
+  }
+}
+
+namespace {
+Capture g_sig[2];
+void take_in_handler(int) { both([](Job* j) { chain_nofp(j); }, g_sig); }
+/// A thread's first walk looks its stack up (pthread_getattr_np, which allocates), and the
+/// first backtrace() loads libgcc_s: not in a signal handler (neither is async-signal-safe;
+/// the test is what the walk does in one afterwards).
+void first_walk_outside_handlers() {
+  void* frames[4];
+  (void)unwind::walk(frames, 4);
+  (void)backtrace(frames, 4);
+}
+}  // namespace
+
+TEST_CASE("unwind: in a signal handler it falls back (the signal frame's rule is not kept)", "[unwind]") {
+  struct sigaction sa{}, old{};
+  sa.sa_handler = take_in_handler;
+  sigemptyset(&sa.sa_mask);
+  REQUIRE(sigaction(SIGUSR1, &sa, &old) == 0);
+  first_walk_outside_handlers();
+  const uint64_t before = unwind::stats().fallback_rule;
+  raise(SIGUSR1);
+  sigaction(SIGUSR1, &old, nullptr);
+  REQUIRE(g_sig[0].n == unwind::kFallback);
+  REQUIRE(unwind::stats().fallback_rule == before + 1);
+  REQUIRE(g_sig[1].n > 4);
+}
+
+TEST_CASE("unwind: on a signal's alternate stack it falls back (not the thread's stack)", "[unwind]") {
+  std::vector<char> alt(1 << 16);
+  stack_t ss{}, old_ss{};
+  ss.ss_sp = alt.data();
+  ss.ss_size = alt.size();
+  REQUIRE(sigaltstack(&ss, &old_ss) == 0);
+  struct sigaction sa{}, old{};
+  sa.sa_handler = take_in_handler;
+  sa.sa_flags = SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  REQUIRE(sigaction(SIGUSR1, &sa, &old) == 0);
+  first_walk_outside_handlers();
+  const uint64_t before = unwind::stats().fallback_stack;
+  raise(SIGUSR1);
+  sigaction(SIGUSR1, &old, nullptr);
+  ss.ss_flags = SS_DISABLE;
+  sigaltstack(&ss, nullptr);
+  REQUIRE(g_sig[0].n == unwind::kFallback);
+  REQUIRE(unwind::stats().fallback_stack == before + 1);
+}
+
+TEST_CASE("unwind: many threads walk at once while the table is emptied", "[unwind]") {
+  constexpr int kThreads = 6, kWalks = 2000;
+  std::atomic<int> mismatches{0}, fallbacks{0};
+  std::atomic<bool> done{false};
+  std::thread eraser([&done] {
+    while (!done.load()) {
+      unwind::forget();
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&] {
+      std::vector<Capture> c(2 * kWalks);
+      for (int i = 0; i < kWalks; ++i) both([](Job* j) { chain_fp(j); }, &c[2 * i]);  // one call instruction
+      const std::vector<void*> first = frames_of(c[0]);
+      if (first != reference(c[1])) mismatches.fetch_add(1);
+      for (int i = 0; i < kWalks; ++i) {
+        if (c[2 * i].n == unwind::kFallback) fallbacks.fetch_add(1);
+        else if (frames_of(c[2 * i]) != first) mismatches.fetch_add(1);
+      }
+    });
+  for (auto& t : ts) t.join();
+  done.store(true);
+  eraser.join();
+  REQUIRE(mismatches.load() == 0);
+  REQUIRE(fallbacks.load() == 0);
+}
+
+TEST_CASE("unwind: unloading a library empties the table", "[unwind]") {
+  void* h = dlopen(CUWT_UNWIND_DL, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(h != nullptr);
+  using call_fn = int (*)(int (*)(void*), void*);
+  auto call = reinterpret_cast<call_fn>(dlsym(h, "cuwt_dl_call"));
+  REQUIRE(call != nullptr);
+  Capture c[2];
+  both([call](Job* j) { call([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, j); }, c);
+  require_same(c);
+  const unwind::Stats before = unwind::stats();
+  REQUIRE(dlclose(h) == 0);
+  // The next return address not in the table sees the loader's unload count move, and every
+  // frame after it is looked up again, those seen before the unload (Catch2's, main's) too.
+  both([](Job* j) { cuwt_lib_outer([](void* a) { return chain_fp(static_cast<Job*>(a)); }, j); }, c);
+  require_same(c);
+  const unwind::Stats after = unwind::stats();
+  REQUIRE(after.invalidations == before.invalidations + 1);
+  REQUIRE(after.cold - before.cold >= static_cast<uint64_t>(c[0].n - 1));
+}
