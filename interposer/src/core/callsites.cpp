@@ -16,6 +16,7 @@
 
 #include "base/log.hpp"
 #include "core/pyframes.hpp"
+#include "core/unwind.hpp"
 
 namespace cuw::core {
 
@@ -143,7 +144,8 @@ uint32_t CallSites::capture() noexcept {
   // first and are skipped below; the unwind's cost grows with every frame asked for, so ask
   // for just those more.
   void* raw[kMaxNative + kOwnFrames];
-  const int got = backtrace(raw, native_ + kOwnFrames);
+  int got = unwind::walk(raw, native_ + kOwnFrames);
+  if (__builtin_expect(got == unwind::kFallback, 0)) got = backtrace(raw, native_ + kOwnFrames);
   uint64_t frames[kMaxNative + kMaxPython];
   // Up to the last of our frames among the first few: a runtime that intercepts
   // backtrace() itself (a sanitizer's) puts its own frame on top of ours.
@@ -264,6 +266,22 @@ void CallSites::publish_codes_locked() noexcept {
     std::memcpy(rec + sizeof head + fl, c->function, nl);
     segment_->append(live::Log::codes, rec, head.size);
   }
+}
+
+void CallSites::log_stats() const noexcept {
+  if (native_ <= 0) return;
+  uint32_t stored = 0;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stored = count_;
+  }
+  const unwind::Stats s = unwind::stats();
+  log::debug("cuwarden: call sites: %u stored; %llu return addresses looked up in .eh_frame, %llu rule tables emptied; "
+             "walks left to backtrace(): %llu by a frame's rule, %llu by code outside every object, %llu by another "
+             "stack, %llu by a full table",
+             stored, static_cast<unsigned long long>(s.cold), static_cast<unsigned long long>(s.invalidations),
+             static_cast<unsigned long long>(s.fallback_rule), static_cast<unsigned long long>(s.fallback_code),
+             static_cast<unsigned long long>(s.fallback_stack), static_cast<unsigned long long>(s.fallback_full));
 }
 
 bool CallSites::frames(uint32_t id, std::vector<uint64_t>* native, std::vector<uint64_t>* python) const {

@@ -8,11 +8,15 @@
 // to the codes log. In the process itself, only dladdr names frames (the OOM paragraph and
 // the leak report).
 //
-// Why glibc's backtrace() and not a frame-pointer walk: the libraries a CUDA program's
-// allocations come through (libtorch, libcudart, the interpreter) are mostly built without
-// frame pointers, where a walk stops after a frame or two, or follows a register holding
-// anything; backtrace() unwinds from .eh_frame, which every one of them has. Its cost is
-// measured in bench/ (callsites_cost).
+// The native frames come from core/unwind.hpp's walk: .eh_frame's rules, compiled once per
+// return address and cached, because the libraries a CUDA program's allocations come through
+// (libtorch, libcudart, the interpreter) are mostly built without frame pointers, where a
+// frame-pointer walk stops after a frame or two or follows a register holding anything, and
+// because glibc's backtrace(), which reads .eh_frame as well, interprets every frame's rules
+// again on each call. Where the walk's rules do not reach (a signal frame, a CFA given by an
+// expression, JIT code, a stack other than the thread's own) it answers "fall back" and the
+// capture is backtrace()'s: the frames are the same either way. Both costs are measured in
+// bench/ (callsites_cost).
 #pragma once
 
 #include <cstdint>
@@ -29,14 +33,15 @@ class CallSites {
  public:
   static constexpr int kMaxNative = 64;
   static constexpr int kMaxPython = 64;
-  /// Frames asked of backtrace() beyond those kept: this library's own (the hook,
-  /// SiteScope's constructor, capture()) and a runtime's interceptor above them (ASan's).
+  /// Frames asked of the unwinder beyond those kept: this library's own (the hook,
+  /// SiteScope's constructor, capture()) and, when backtrace() answers, a runtime's
+  /// interceptor of it above them (ASan's).
   static constexpr int kOwnFrames = 4;
 
   /// Start capturing `native` frames (1..kMaxNative) per allocation, and Python frames when
   /// `python` and an interpreter the reader knows is in the process, into `segment`.
-  /// Warms backtrace() up (its first call loads libgcc_s). Cold; not thread-safe (the
-  /// tracker's constructor).
+  /// Warms backtrace(), the fallback, up (its first call loads libgcc_s). Cold; not
+  /// thread-safe (the tracker's constructor).
   void init(LiveSegment* segment, int native, bool python) noexcept;
   bool enabled() const noexcept { return native_ > 0; }
 
@@ -55,6 +60,11 @@ class CallSites {
   /// outside the CUDA libraries, named by dladdr ("forward+0x1c (libtorch_cuda.so)").
   /// Allocates; not for a hook's hot path. Thread-safe.
   std::string describe(uint32_t id) const;
+
+  /// One debug line (CUWARDEN_LOG=debug): the sites stored and how the native walks went
+  /// (unwind::stats(): return addresses looked up, walks left to backtrace() and why). Cold;
+  /// thread-safe.
+  void log_stats() const noexcept;
 
  private:
   struct Entry {

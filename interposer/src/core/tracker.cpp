@@ -489,6 +489,7 @@ __attribute__((destructor)) static void cuw_on_unload() {
 
 void Tracker::on_exit() noexcept {
   if (config_.leaks_report) report_leaks();
+  live_->sites.log_stats();
   header_->exited_ns.store(fast_clock::realtime_ns_slow(), std::memory_order_relaxed);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::exited), std::memory_order_release);
   if (!ring_is_file_) return;
