@@ -8,8 +8,11 @@
 #   native off / on      bin/cuw_bench_callsites pairs, CUWARDEN_CALLSITES unset / 16
 #   python off / on-native / on-python   bench/callsites_py.py (ctypes), CUWARDEN_CALLSITES
 #                        unset, 16 with CUWARDEN_PYFRAMES=0, 16 with Python frames
-# and the unwinders alone (bin/cuw_bench_callsites unwind): glibc's backtrace() and a bounded
-# frame-pointer walk, 16 frames, warm and with the caches cold.
+# and the unwinders alone (bin/cuw_bench_callsites unwind): glibc's backtrace(), the call sites'
+# walk (interposer/src/core/unwind.hpp) and a bounded frame-pointer walk, 16 frames, warm and
+# with the caches cold, and the walk with its rule table emptied; then one more native-on and
+# python-on-native run each with CUWARDEN_LOG=debug, whose last line says how the walks went
+# (return addresses looked up, walks left to backtrace() and why).
 # Writes ${OUT:-./bench-out}/callsites-cost.md; prints it.
 set -euo pipefail
 START_CWD=$(pwd)
@@ -35,7 +38,12 @@ for r in $(seq "$ROUNDS"); do
   echo "python-on-python $(LD_PRELOAD=$BUILD/lib/libcuwarden.so CUWARDEN_CALLSITES=16 python3 "$PY" --pairs "$PAIRS" | awk '{print $2}')" >>"$raw"
 done
 $B unwind --reps 2000 >"$OUT/callsites-unwind.txt"
-python3 - "$raw" "$OUT/callsites-unwind.txt" "$ROUNDS" "$PAIRS" >"$OUT/callsites-cost.md" <<'PY'
+walks=$OUT/callsites-walks.txt
+{
+  echo "native-on: $(LD_PRELOAD=$BUILD/lib/libcuwarden.so CUWARDEN_CALLSITES=16 CUWARDEN_LOG=debug $B pairs --pairs "$PAIRS" 2>&1 >/dev/null | grep -o 'call sites:.*')"
+  echo "python-on-native: $(LD_PRELOAD=$BUILD/lib/libcuwarden.so CUWARDEN_CALLSITES=16 CUWARDEN_PYFRAMES=0 CUWARDEN_LOG=debug python3 "$PY" --pairs "$PAIRS" 2>&1 >/dev/null | grep -o 'call sites:.*')"
+} >"$walks"
+python3 - "$raw" "$OUT/callsites-unwind.txt" "$ROUNDS" "$PAIRS" "$walks" >"$OUT/callsites-cost.md" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -53,6 +61,9 @@ for k in ("native-off", "native-on", "python-off", "python-on-native", "python-o
 print(f"\nPython frames alone (python-on-python less python-on-native): {med['python-on-python'] - med['python-on-native']:.0f} ns\n")
 print("Unwinders alone, 16 frames (bin/cuw_bench_callsites unwind, median of 2000):\n")
 for line in open(sys.argv[2]):
+    print(f"    {line.rstrip()}")
+print(f"\nThe walks of one more run each (CUWARDEN_LOG=debug, {sys.argv[4]} pairs):\n")
+for line in open(sys.argv[5]):
     print(f"    {line.rstrip()}")
 PY
 cat "$OUT/callsites-cost.md"

@@ -5,10 +5,14 @@
 //       16-frame capture has 16 frames to take); prints "ns_per_pair X". Run with and without
 //       CUWARDEN_CALLSITES by bench/callsites_cost.sh, interleaved.
 //   cuw_bench_callsites unwind [--reps N] [--depth D]
-//       glibc's backtrace() against a frame-pointer walk bounded by the thread's stack, 16
-//       frames each, warm and with the caches cold (64 MiB written between two captures);
-//       prints "backtrace_warm_ns X", "fpwalk_warm_ns X", "backtrace_cold_ns X",
-//       "fpwalk_cold_ns X", and the frames each found.
+//       glibc's backtrace(), the call sites' walk (interposer/src/core/unwind.hpp: .eh_frame
+//       rules cached per return address) and a frame-pointer walk bounded by the thread's
+//       stack, 16 frames each, warm and with the CPU caches cold (64 MiB written between two
+//       captures), and the walk with its rule table emptied before each capture (each distinct
+//       return address through its cold path: dl_iterate_phdr, .eh_frame_hdr, the FDE); prints
+//       "backtrace_warm_ns X", "walk_warm_ns X", "fpwalk_warm_ns X", the same _cold_ns,
+//       "walk_uncached_ns X" and the return addresses it looked up, the frames each found and
+//       how many of the walks fell back to backtrace().
 #include <execinfo.h>
 #include <pthread.h>
 
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/unwind.hpp"
 #include "driver_api.hpp"
 
 namespace {
@@ -66,9 +71,13 @@ void flush_caches() {
 struct Unwind {
   int reps;
   uintptr_t lo, hi;
-  double bt_warm = 0, fp_warm = 0, bt_cold = 0, fp_cold = 0;
-  int bt_frames = 0, fp_frames = 0;
+  double bt_warm = 0, walk_warm = 0, fp_warm = 0, bt_cold = 0, walk_cold = 0, fp_cold = 0, walk_uncached = 0;
+  int bt_frames = 0, walk_frames = 0, fp_frames = 0;
+  int walk_fallbacks = 0;
+  double walk_uncached_lookups = 0;  ///< return addresses each uncached walk looked up (distinct ones)
 };
+
+namespace unwind = cuw::core::unwind;
 
 __attribute__((noinline)) void unwind_at(int depth, Unwind& u) {
   if (depth > 0) {
@@ -77,10 +86,12 @@ __attribute__((noinline)) void unwind_at(int depth, Unwind& u) {
     return;
   }
   void* buf[16];
-  auto time = [&](auto&& f, bool cold) {
+  enum Prep { warm, cold, uncached };
+  auto time = [&](auto&& f, Prep prep) {
     std::vector<double> v;
     for (int i = 0; i < u.reps; ++i) {
-      if (cold) flush_caches();
+      if (prep == cold) flush_caches();
+      if (prep == uncached) unwind::forget();
       const auto t0 = Clock::now();
       f();
       v.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
@@ -88,10 +99,20 @@ __attribute__((noinline)) void unwind_at(int depth, Unwind& u) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  u.bt_warm = time([&] { u.bt_frames = backtrace(buf, 16); }, false);
-  u.fp_warm = time([&] { u.fp_frames = fp_walk(buf, 16, u.lo, u.hi); }, false);
-  u.bt_cold = time([&] { backtrace(buf, 16); }, true);
-  u.fp_cold = time([&] { fp_walk(buf, 16, u.lo, u.hi); }, true);
+  auto walk = [&] {
+    const int n = unwind::walk(buf, 16);
+    u.walk_fallbacks += n == unwind::kFallback;
+    return n;
+  };
+  u.bt_warm = time([&] { u.bt_frames = backtrace(buf, 16); }, warm);
+  u.walk_warm = time([&] { u.walk_frames = walk(); }, warm);
+  u.fp_warm = time([&] { u.fp_frames = fp_walk(buf, 16, u.lo, u.hi); }, warm);
+  u.bt_cold = time([&] { backtrace(buf, 16); }, cold);
+  u.walk_cold = time([&] { walk(); }, cold);
+  u.fp_cold = time([&] { fp_walk(buf, 16, u.lo, u.hi); }, cold);
+  const uint64_t looked_up = unwind::stats().cold;
+  u.walk_uncached = time([&] { walk(); }, uncached);
+  u.walk_uncached_lookups = static_cast<double>(unwind::stats().cold - looked_up) / u.reps;
 }
 
 }  // namespace
@@ -132,9 +153,15 @@ int main(int argc, char** argv) {
     void* warm[4];
     backtrace(warm, 4);  // its first call loads libgcc_s
     unwind_at(depth, u);
-    std::printf("backtrace_warm_ns %.0f\nfpwalk_warm_ns %.0f\nbacktrace_cold_ns %.0f\nfpwalk_cold_ns %.0f\n", u.bt_warm,
-                u.fp_warm, u.bt_cold, u.fp_cold);
-    std::printf("backtrace_frames %d\nfpwalk_frames %d\n", u.bt_frames, u.fp_frames);
+    std::printf("backtrace_warm_ns %.0f\nwalk_warm_ns %.0f\nfpwalk_warm_ns %.0f\n", u.bt_warm, u.walk_warm, u.fp_warm);
+    std::printf("backtrace_cold_ns %.0f\nwalk_cold_ns %.0f\nfpwalk_cold_ns %.0f\n", u.bt_cold, u.walk_cold, u.fp_cold);
+    std::printf("walk_uncached_ns %.0f\nwalk_uncached_lookups %.1f\n", u.walk_uncached, u.walk_uncached_lookups);
+    std::printf("backtrace_frames %d\nwalk_frames %d\nfpwalk_frames %d\n", u.bt_frames, u.walk_frames, u.fp_frames);
+    const unwind::Stats st = unwind::stats();
+    std::printf("walk_fallbacks %d of %d (frame rule %llu, code %llu, stack %llu, table full %llu)\n", u.walk_fallbacks,
+                4 * u.reps, static_cast<unsigned long long>(st.fallback_rule),
+                static_cast<unsigned long long>(st.fallback_code), static_cast<unsigned long long>(st.fallback_stack),
+                static_cast<unsigned long long>(st.fallback_full));
     return 0;
   }
   return 1;
