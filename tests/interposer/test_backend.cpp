@@ -150,14 +150,15 @@ TEST_CASE("backend: IPC imports and closes reach the driver, by every ABI varian
   CUdeviceptr p = 0, q = 0;
   REQUIRE(cuMemAlloc(&p, 4 * kMiB) == CUDA_SUCCESS);  // a whole block under the cache: exportable
   CUipcMemHandle h{};
-  if (vmm_pool()) {  // mapped granules: no legacy handle names them
-    CHECK(cuIpcGetMemHandle(&h, p) == CUDA_ERROR_NOT_SUPPORTED);
-    REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
-    return;
-  }
   REQUIRE(cuIpcGetMemHandle(&h, p) == CUDA_SUCCESS);
   CUdeviceptr base = 0;
   size_t size = 0;
+  if (vmm_pool()) {  // mapped granules: a handle of ours, which this process cannot open either
+    CHECK(fakecuda_ipc_handle_range(&h, &base, &size) != 0);
+    CHECK(cuIpcOpenMemHandle(&q, h, 0) == CUDA_ERROR_INVALID_CONTEXT);
+    REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+    return;
+  }
   REQUIRE(fakecuda_ipc_handle_range(&h, &base, &size) == 0);
   CHECK(base == p);
   CHECK(size == 4 * kMiB);

@@ -63,6 +63,18 @@ struct pool_stats {
   uint64_t largest_free = 0;  ///< the largest request the pool serves now without the driver
 };
 
+/// What another process maps for one exported pooled block (backend::ipc_describe; see
+/// backends/ipc.hpp).
+struct ipc_span {
+  enum class kind : uint32_t { legacy = 1, granules = 2 };
+  kind how = kind::legacy;
+  CUdeviceptr base = 0;        ///< the exporter's address of the span (granules: granule-aligned)
+  uint64_t bytes = 0;          ///< the span's bytes (granules: a multiple of granule_bytes)
+  uint64_t offset = 0;         ///< the block's first byte, from base
+  uint64_t granule_bytes = 0;  ///< granules: bytes of each
+  CUipcMemHandle legacy{};     ///< legacy: the handle of the driver allocation at base
+};
+
 // The driver entry points a backend is handed (REAL(x) of the hook that calls it).
 using alloc_fn = CUresult (*)(CUdeviceptr*, size_t);
 using free_fn = CUresult (*)(CUdeviceptr);
@@ -130,6 +142,13 @@ class backend : public core::backend_base {
   }
   /// cuIpcCloseMemHandle through `real`.
   CUresult ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) { return do_ipc_close(t, p, real); }
+  /// For another process importing the block at `p` that ipc_export handed out a handle of
+  /// ours for: what maps it, if it is still live with `bytes` requested. CUDA_SUCCESS and
+  /// *out, or CUDA_ERROR_INVALID_HANDLE (no such live block), or the driver's error. Called
+  /// from the IPC listener's thread.
+  CUresult ipc_describe(core::Tracker& t, CUdeviceptr p, uint64_t bytes, ipc_span* out) {
+    return do_ipc_describe(t, p, bytes, out);
+  }
   /// Calls `visit` for every block the backend holds (not for passthrough's allocations:
   /// those are the core's live records); false when memory ran out and some were left out.
   /// Allocates, and holds the tracker's lock while it copies a pool's blocks: for snapshots
@@ -162,6 +181,7 @@ class backend : public core::backend_base {
   virtual CUresult do_ipc_import(core::Tracker& t, CUdeviceptr* p, CUipcMemHandle handle, unsigned flags,
                                  ipc_import_fn real) = 0;
   virtual CUresult do_ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) = 0;
+  virtual CUresult do_ipc_describe(core::Tracker& t, CUdeviceptr p, uint64_t bytes, ipc_span* out) = 0;
   virtual bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) = 0;
   virtual pool_stats do_stats(core::Tracker& t, int ordinal) = 0;
 };

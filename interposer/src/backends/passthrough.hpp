@@ -97,6 +97,10 @@ class passthrough final : public backend {
     return ipc_import(t, p, handle, flags, real);
   }
   CUresult do_ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) override { return ipc_close(t, p, real); }
+  /// Passthrough pools nothing: its exports are the driver's own handles.
+  CUresult do_ipc_describe(core::Tracker&, CUdeviceptr, uint64_t, ipc_span*) override {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override {
     return for_each_block(t, visit);
   }

@@ -60,12 +60,16 @@ class Arena {
   size_t release(uintptr_t addr);
   uintptr_t base() const { return base_; }
   size_t capacity() const { return capacity_; }
+  // The memfd the arena maps (another process maps an IPC-exported block from it), or -1
+  // in a forked child.
+  int fd() const { return fd_; }
   size_t largest_free() const;
   size_t free_block_count() const;
 
  private:
   uintptr_t base_ = 0;
   size_t capacity_ = 0;
+  int fd_ = -1;
   mutable std::mutex mu_;
   std::map<size_t, size_t> free_;  // offset -> length, address order
   std::map<size_t, size_t> used_;  // offset -> length
@@ -138,7 +142,7 @@ CUresult context_synchronize(Context* ctx);
 CUresult primary_retain(CUcontext* pctx, CUdevice dev);
 
 // ---------------------------------------------------------------- memory.cpp
-enum class AllocKind { device, managed, host, registered, pool, graph, vmm };
+enum class AllocKind { device, managed, host, registered, pool, graph, vmm, ipc };
 
 struct Allocation {
   uintptr_t base = 0;

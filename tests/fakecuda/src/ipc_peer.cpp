@@ -3,14 +3,19 @@
 // IPC: a handle names the driver allocation that contains the address (like the driver,
 // an interior pointer exports the whole allocation, from its base) and the exporting
 // process. Opening one in the process that exported it fails, as on the driver
-// (CUDA_ERROR_INVALID_CONTEXT); another process cannot map this simulated device memory
-// (a private mapping), so opening answers CUDA_ERROR_NOT_SUPPORTED there.
+// (CUDA_ERROR_INVALID_CONTEXT); another process maps the allocation's bytes from the
+// exporter's arena (a memfd, reached through /proc/PID/fd), shared both ways, until
+// cuIpcCloseMemHandle (which waits for the context's work first, as cuMemFree does). A handle whose exporter is gone, or a forked child's (its arena is
+// private), answers CUDA_ERROR_INVALID_HANDLE / CUDA_ERROR_NOT_SUPPORTED.
 // fakecuda_ipc_handle_range() decodes a handle for tests.
 //
 // Peer access: cuCtxEnablePeerAccess / cuCtxDisablePeerAccess keep the driver's state
 // machine (already enabled, not enabled, same device); every device can reach every other.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -28,6 +33,9 @@ struct IpcPayload {
   uint64_t pid;
   uint64_t base;
   uint64_t size;
+  int64_t arena_fd;      // the exporter's arena memfd, -1 if it cannot be shared
+  uint64_t arena_off;    // the allocation's offset in it
+  uint64_t ordinal;
 };
 static_assert(sizeof(IpcPayload) <= sizeof(CUipcMemHandle));
 
@@ -46,7 +54,9 @@ FC_API CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
   Allocation a;
   if (!table_find(dptr, &a) || a.kind != AllocKind::device) return CUDA_ERROR_INVALID_VALUE;
-  IpcPayload p{kIpcMagic, static_cast<uint64_t>(getpid()), a.base, a.size};
+  Arena& arena = device(a.ordinal)->arena();
+  IpcPayload p{kIpcMagic, static_cast<uint64_t>(getpid()), a.base, a.size, arena.fd(), a.base - arena.base(),
+               static_cast<uint64_t>(a.ordinal)};
   std::memset(pHandle, 0, sizeof *pHandle);
   std::memcpy(pHandle->reserved, &p, sizeof p);
   return CUDA_SUCCESS;
@@ -61,7 +71,27 @@ FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
   std::memcpy(&p, handle.reserved, sizeof p);
   if (p.magic != kIpcMagic) return CUDA_ERROR_INVALID_VALUE;
   if (p.pid == static_cast<uint64_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
-  return CUDA_ERROR_NOT_SUPPORTED;
+  if (p.arena_fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%llu/fd/%lld", static_cast<unsigned long long>(p.pid),
+                static_cast<long long>(p.arena_fd));
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;  // the exporter is gone
+  // The allocation's pages, at a page-aligned offset of the memfd (blocks are 512-aligned).
+  const uint64_t page = 4096, lo = p.arena_off / page * page, skew = p.arena_off - lo;
+  void* m = mmap(nullptr, p.size + skew, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(lo));
+  close(fd);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  Allocation a;
+  a.base = reinterpret_cast<uintptr_t>(m) + skew;
+  a.size = p.size;
+  a.block = p.size + skew;
+  a.kind = AllocKind::ipc;
+  a.ordinal = static_cast<int>(p.ordinal);
+  a.ctx = ctx;
+  table_insert(a);
+  *pdptr = a.base;
+  return CUDA_SUCCESS;
 }
 
 // CUDA 4.1's ABI of the same call (cuda.h maps the name to _v2; the driver exports both).
@@ -71,9 +101,15 @@ FC_API CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, un
 
 FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   FC_ENTER();
-  (void)dptr;
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  return CUDA_ERROR_INVALID_VALUE;  // nothing is ever opened here
+  Allocation a;
+  if (!table_find(dptr, &a) || a.base != dptr || a.kind != AllocKind::ipc) return CUDA_ERROR_INVALID_VALUE;
+  // Like cuMemFree, the close waits for work that may still use the mapping.
+  if (a.ctx) context_synchronize(a.ctx);
+  table_erase(dptr, &a);
+  const uintptr_t skew = a.block - a.size;
+  munmap(reinterpret_cast<void*>(a.base - skew), a.block);
+  return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {

@@ -6,7 +6,9 @@
 // cuMemSetAccess makes it readable and writable. A handle's memory is freed once it has been
 // released and is no longer mapped, as with the driver. Granularity: 2 MiB (minimum and
 // recommended), sizes and offsets must be multiples of it.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <set>
@@ -334,5 +336,33 @@ FC_API CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGeneric
       !(h->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     return CUDA_ERROR_NOT_SUPPORTED;
   *static_cast<int*>(shareableHandle) = dup(h->fd);
+  return CUDA_SUCCESS;
+}
+
+// The receiving side of cuMemExportToShareableHandle: a handle of the same memory (the memfd,
+// duplicated). It counts against no device of this process: the exporter's device holds it.
+FC_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                               CUmemAllocationHandleType shHandleType) {
+  FC_ENTER();
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  const int from = static_cast<int>(reinterpret_cast<intptr_t>(osHandle));
+  struct stat st {};
+  if (from < 0 || fstat(from, &st) != 0 || st.st_size <= 0 || st.st_size % kGranularity) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = fcntl(from, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto* h = new PhysHandle;
+  h->fd = fd;
+  h->size = static_cast<size_t>(st.st_size);
+  h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  h->prop.location.id = 0;
+  h->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  h->ordinal = -1;
+  h->id = g_next_handle_id.fetch_add(1);
+  std::lock_guard lock(g_vmm_mu);
+  g_handles.insert(h);
+  *handle = reinterpret_cast<CUmemGenericAllocationHandle>(h);
   return CUDA_SUCCESS;
 }

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "backends/cache/detail/internal.hpp"
+#include "backends/ipc.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/log.hpp"
 #include "base/work_epoch.hpp"
@@ -267,10 +268,19 @@ CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, 
   bool live = false;
   if (cache_resource* c = owner_of(p, nullptr, &live)) {
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
-    const CUresult r = c->ipc_handle(handle, p);
+    uint64_t requested = 0;
+    const CUresult r = c->ipc_handle(handle, p, &requested);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) return ipc::make_handle(handle, p, requested, this);
     if (r != CUDA_ERROR_NOT_FOUND) return r;
   }
   return passthrough_.ipc_export(t, handle, p, real);
+}
+
+CUresult cache_backend::do_ipc_describe(core::Tracker&, CUdeviceptr p, uint64_t bytes, ipc_span* out) {
+  bool live = false;
+  cache_resource* c = owner_of(p, nullptr, &live);
+  if (!c || !live) return CUDA_ERROR_INVALID_HANDLE;
+  return c->ipc_describe(p, bytes, out);
 }
 
 bool cache_backend::do_for_each_block(core::Tracker&, call_ref<void(const block_info&)> visit) {

@@ -78,8 +78,11 @@ class cache_backend final : public backend {
   /// (disabling takes nothing away: the program's own access rules still apply).
   void do_peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) override;
   bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) override;
+  /// A whole driver allocation: the driver's handle. A block no legacy handle names: one of
+  /// ours (backends/ipc.hpp), which importers under cuwarden open.
   CUresult do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) override;
-  /// A handle of a pooled block maps a whole driver allocation: the driver opens it.
+  /// Handles of ours are opened by the hook before it reaches a backend (backends/ipc.hpp):
+  /// the driver opens the rest.
   CUresult do_ipc_import(core::Tracker& t, CUdeviceptr* p, CUipcMemHandle handle, unsigned flags,
                          ipc_import_fn real) override {
     return passthrough_.ipc_import(t, p, handle, flags, real);
@@ -87,6 +90,7 @@ class cache_backend final : public backend {
   CUresult do_ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) override {
     return passthrough_.ipc_close(t, p, real);
   }
+  CUresult do_ipc_describe(core::Tracker& t, CUdeviceptr p, uint64_t bytes, ipc_span* out) override;
   bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override;
   pool_stats do_stats(core::Tracker& t, int ordinal) override;
 

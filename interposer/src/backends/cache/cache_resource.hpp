@@ -139,9 +139,14 @@ class cache_resource final {
   pool_stats stats();
   /// cuIpcGetMemHandle for the live block at `p`: a handle of its whole driver allocation (a
   /// large block is one), which the cache then never hands out again; CUDA_ERROR_NOT_SUPPORTED
-  /// for a block packed into a slab with others (logged once); CUDA_ERROR_INVALID_VALUE for a
-  /// freed block; CUDA_ERROR_NOT_FOUND when `p` is not this cache's memory.
-  CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p);
+  /// and *requested (its size) for a block no legacy handle names (packed into a slab with
+  /// others, or mapped from granules); CUDA_ERROR_INVALID_VALUE for a freed block;
+  /// CUDA_ERROR_NOT_FOUND when `p` is not this cache's memory.
+  CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, uint64_t* requested);
+  /// What another process maps for the live block at `p` of `bytes` requested (see
+  /// backend::ipc_describe): its slab or its granules. CUDA_ERROR_INVALID_HANDLE when no such
+  /// block is live. Takes the slow path's lock; makes the context current for its driver call.
+  CUresult ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out);
   /// Give back to the driver every segment no block of which is in use, after waiting for
   /// pending frees (not during a capture, nor while the context is being destroyed); the bytes.
   std::size_t release();

@@ -306,7 +306,7 @@ pool_stats cache_resource::stats() {
   return st;
 }
 
-CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
+CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, uint64_t* requested) {
   mu_.lock();
   auto it = segments_.upper_bound(p);
   if (it == segments_.begin() || p >= std::prev(it)->second->base + std::prev(it)->second->bytes) {
@@ -321,18 +321,9 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   }
   if (granules_ || s->cls >= 0) {
     // Mapped granules, or a block packed into a slab with others: no legacy handle names
-    // exactly its bytes. Said once per process (its backend is one or the other).
-    const uint64_t req = b->requested;
+    // exactly its bytes (backends/ipc.hpp hands out one of ours).
+    *requested = b->requested;
     mu_.unlock();
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true))
-      log::always("cuwarden: cuIpcGetMemHandle(%#llx): this %llu-byte allocation %s; returning "
-                  "CUDA_ERROR_NOT_SUPPORTED. Run with CUWARDEN_POOL=off to export it.",
-                  static_cast<unsigned long long>(p), static_cast<unsigned long long>(req),
-                  granules_ ? "is mapped from granules of its own (CUWARDEN_POOL=vmm), which a legacy IPC handle "
-                              "cannot name"
-                            : "shares a driver allocation with others (CUWARDEN_POOL=cache packs requests up to "
-                              "1 MiB), so no IPC handle can describe exactly its bytes");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   // A whole driver allocation: the handle maps exactly this block. It will not be reused
@@ -341,6 +332,32 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p) {
   const CUdeviceptr base = s->base;
   mu_.unlock();
   return upstream_->ipc_handle(handle, base);
+}
+
+CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
+  std::lock_guard<std::mutex> g(slow_);  // no range unmapped, no segment given back meanwhile
+  if (dead_ || dying_) return CUDA_ERROR_INVALID_HANDLE;
+  mu_.lock();
+  Block* b = lookup_locked(p);
+  if (!b || b->state != kLive || b->requested != bytes) {
+    mu_.unlock();
+    return CUDA_ERROR_INVALID_HANDLE;  // freed since it was exported
+  }
+  const Segment* s = b->seg;
+  // A large vmm block is granule-aligned in its arena; a small block lies in its slab (one
+  // driver allocation, or one range of granules).
+  out->base = s->split ? b->ptr : s->base;
+  out->bytes = s->split ? b->size : s->bytes;
+  out->offset = p - out->base;
+  mu_.unlock();
+  if (granules_) {
+    out->how = ipc_span::kind::granules;
+    out->granule_bytes = large_round_;
+    return CUDA_SUCCESS;
+  }
+  out->how = ipc_span::kind::legacy;
+  CtxScope scope(ctx_);
+  return upstream_->ipc_handle(&out->legacy, out->base);
 }
 
 }  // namespace cuw::backends
