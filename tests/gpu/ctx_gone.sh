@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # cuwarden GPU test: memory the driver frees with a context stops counting against the cap
 # (cudaDeviceReset, cuCtxDestroy, the last cuDevicePrimaryCtxRelease; device memory and CUDA
-# arrays; a primary context made active again keeps counting its new arrays), under --pool
-# off and --pool cache, with a 4 GiB cap. One call on a CUDA machine with 8 GiB free on device 0;
+# arrays; a primary context made active again keeps counting its new arrays), under each
+# backend of POOLS (default: off cache vmm), with a 4 GiB cap. One call on a CUDA machine with 8 GiB free on device 0;
 # builds tests/gpu/ctx_gone/ctx_gone.cu with the machine's nvcc into a temporary directory.
 #
-#   BUILD_DIR=<dir> OUT=<dir> bash tests/gpu/ctx_gone.sh
+#   BUILD_DIR=<dir> OUT=<dir> [POOLS="off cache vmm"] bash tests/gpu/ctx_gone.sh
 #
 # Writes $OUT/ctx-gone.md and ctx-gone.jsonl. Exit 0 when every case is ok.
 set -u -o pipefail
@@ -34,7 +34,7 @@ fail=0
   echo "| --- | --- | --- |"
 } >"$OUT_DIR/ctx-gone.md"
 for mode in reset destroy release array_reset array_destroy array_release; do
-  for pool in off cache; do
+  for pool in ${POOLS:-off cache vmm}; do
     line=$(timeout 120 env LD_PRELOAD="$LIB" CUWARDEN_LIMIT=4G CUWARDEN_POOL=$pool "$WORK/ctx_gone" "$mode" 2>"$WORK/err" | tail -1)
     rc=$?
     [[ -n $line ]] || line="{\"mode\":\"$mode\",\"error\":\"exit $rc: $(tail -1 "$WORK/err" | tr '"' ' ')\",\"ok\":false}"
