@@ -48,7 +48,8 @@ class CallSites {
   /// The calling thread's call site now: its id (>= 1), storing it first if new; 0 when
   /// off or the stack could not be stored. Thread-safe; never blocks on anything but the
   /// table's own mutex (held for a hash lookup, or an append to the log when new). Cost:
-  /// the unwind (about 1 us for 16 frames, warm), a hash and a lookup.
+  /// the unwind (about 0.1 us for 16 frames seen before; backtrace()'s 2-4 us where the walk
+  /// falls back), a hash and a lookup: about 0.25 us in all (bench/ callsites_cost).
   uint32_t capture() noexcept;
 
   /// The frames of site `id`: native return addresses and Python frames (code << 32 | line),
