@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backends/ipc.hpp"
 #include "backends/start.hpp"
 #include "base/real.hpp"
 #include "core/meminfo.hpp"
@@ -45,6 +46,10 @@ size_t attribute_bytes(CUpointer_attribute attr) {
 /// Whether `p` lies in memory the backend holds (see backends::backend::locate); never
 /// creates the tracker or a backend (none: nothing is pooled).
 bool pooled(CUdeviceptr p, backends::range* out, bool* live) {
+  if (backends::ipc::imported(p, out)) {  // another process's pooled block, mapped here
+    *live = true;
+    return true;
+  }
   Tracker* t = Tracker::instance_if_created();
   backends::backend* b = backends::started(t);
   return b && b->locate(*t, p, out, live);
@@ -120,10 +125,12 @@ CUW_EXPORT CUresult hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d
 
 // cuda.h maps cuIpcOpenMemHandle to its _v2; both ABI variants are hooked (hook_table.hpp).
 // An import creates no tracker: a process whose first CUDA call is an import (a worker that
-// receives tensors) is left as it was before the call was hooked.
+// receives tensors) is left as it was before the call was hooked. A handle of ours (another
+// process's pooled block) is opened whatever this process's backend.
 #define CUW_IPC_OPEN(name)                                                                      \
   CUW_EXPORT CUresult hook_##name(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) { \
     CUW_PROLOGUE(name, pdptr, handle, flags);                                                   \
+    if (backends::ipc::is_ours(handle)) return backends::ipc::open(pdptr, handle, flags);       \
     Tracker* t = Tracker::instance_if_created();                                                \
     if (backends::backend* b = backends::started(t)) return b->ipc_import(*t, pdptr, handle, flags, real); \
     return real(pdptr, handle, flags);                                                          \
@@ -134,6 +141,7 @@ CUW_IPC_OPEN(cuIpcOpenMemHandle)
 
 CUW_EXPORT CUresult hook_cuIpcCloseMemHandle(CUdeviceptr dptr) {
   CUW_PROLOGUE(cuIpcCloseMemHandle, dptr);
+  if (CUresult r; backends::ipc::close(dptr, &r)) return r;
   Tracker* t = Tracker::instance_if_created();
   if (backends::backend* b = backends::started(t)) return b->ipc_close(*t, dptr, real);
   return real(dptr);
