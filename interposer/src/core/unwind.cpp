@@ -440,7 +440,8 @@ bool run(Reader r, const Cie& cie, uint64_t loc, uint64_t target, Machine& m) no
           case gnu_args_size: (void)r.uleb(); break;
           case gnu_negative_offset_extended: {
             const uint64_t n = r.uleb();
-            m.set_factored(n, -static_cast<int64_t>(r.uleb()), cie.data_align);
+            // Negated as unsigned: a garbage operand of 2^63 must not overflow a signed negation.
+            m.set_factored(n, static_cast<int64_t>(0 - r.uleb()), cie.data_align);
             break;
           }
           default: return false;  // DW_CFA_GNU_window_save (SPARC, AArch64's negate_ra_state), vendor ones
@@ -662,11 +663,14 @@ __attribute__((noinline, no_sanitize("address", "thread"))) int walk(void** out,
     if (cfa <= sp || cfa > hi) return n;  // the stack does not go up: stop rather than loop or stray
     const uintptr_t ra_at = cfa + static_cast<uintptr_t>(intptr_t{r.ra_off});
     if (ra_at < lo || ra_at > hi - 8) return n;
-    const uintptr_t ra = *reinterpret_cast<const uintptr_t*>(ra_at);
+    // Loaded by memcpy: a wrong rule's offsets can point anywhere in the stack, misaligned too
+    // (a typed load there is undefined behaviour, which UBSan's CI build aborts on).
+    uintptr_t ra;
+    __builtin_memcpy(&ra, reinterpret_cast<const void*>(ra_at), sizeof ra);
     if (r.bits & kRbpSaved) {
       const uintptr_t bp_at = cfa + static_cast<uintptr_t>(intptr_t{r.rbp_off});
       if (bp_at < lo || bp_at > hi - 8) return n;
-      bp = *reinterpret_cast<const uintptr_t*>(bp_at);
+      __builtin_memcpy(&bp, reinterpret_cast<const void*>(bp_at), sizeof bp);
     }
     sp = cfa;
     // 0 ends the stack (libgcc's test too); below the first page nothing is code, and 1 would
