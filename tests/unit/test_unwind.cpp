@@ -7,8 +7,11 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -43,7 +46,8 @@ cuwt_expr_frame:
   .size cuwt_expr_frame, .-cuwt_expr_frame
 
 # Frames whose CFI lies, as a stale rule would: the CFA 1 GiB above RSP (past any stack's top),
-# the CFA at RSP (the stack would not go up), a return address slot holding an unmapped address.
+# the CFA at RSP (the stack would not go up), a return address slot holding cuwt_lie_ra_value
+# (an address the test unmapped).
   .globl cuwt_lie_high
   .type cuwt_lie_high, @function
 cuwt_lie_high:
@@ -78,7 +82,7 @@ cuwt_lie_flat:
   .type cuwt_lie_ra, @function
 cuwt_lie_ra:
   .cfi_startproc
-  pushq $0x1234560
+  pushq cuwt_lie_ra_value(%rip)
   .cfi_def_cfa_offset 16
   .cfi_offset %rip, -16
   movq %rdi, %rax
@@ -96,6 +100,7 @@ extern "C" {
 int cuwt_lie_high(int (*cb)(void*), void* arg);
 int cuwt_lie_flat(int (*cb)(void*), void* arg);
 int cuwt_lie_ra(int (*cb)(void*), void* arg);
+uintptr_t cuwt_lie_ra_value = 0;
 }
 
 __attribute__((noinline)) int take(Job* job) {
@@ -273,6 +278,13 @@ TEST_CASE("unwind: a CFA given by an expression falls back, and backtrace() give
 
 TEST_CASE("unwind: a frame whose rule is wrong ends the walk there, without a fault", "[unwind]") {
   using Frame = int (*)(int (*)(void*), void*);
+  // An address certainly unmapped: the middle page of three just mapped, unmapped again (a
+  // one-page hole that nothing else maps before the walk).
+  const long page = sysconf(_SC_PAGESIZE);
+  char* const pages = static_cast<char*>(mmap(nullptr, 3 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(pages != MAP_FAILED);
+  REQUIRE(munmap(pages + page, page) == 0);
+  cuwt_lie_ra_value = reinterpret_cast<uintptr_t>(pages + page + 0x560);
   for (Frame frame : {&cuwt_lie_high, &cuwt_lie_flat, &cuwt_lie_ra}) {
     Capture c;
     Job job{&unwind::walk, &c};
@@ -285,13 +297,15 @@ TEST_CASE("unwind: a frame whose rule is wrong ends the walk there, without a fa
       return reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(frame) < 32;
     };
     if (frame == &cuwt_lie_ra) {
-      REQUIRE(c.frames[c.n - 1] == reinterpret_cast<void*>(0x1234560));
+      REQUIRE(c.frames[c.n - 1] == reinterpret_cast<void*>(cuwt_lie_ra_value));
       REQUIRE(in_frame(c.frames[c.n - 2]));
     } else {
       REQUIRE(in_frame(c.frames[c.n - 1]));
       REQUIRE(!in_frame(c.frames[c.n - 2]));
     }
   }
+  munmap(pages, page);
+  munmap(pages + 2 * page, page);
 }
 
 namespace {
