@@ -2,7 +2,10 @@
 // torch.multiprocessing shares tensors (parent to child and child to parent). Run under
 // LD_PRELOAD=libcuwarden.so with the simulated driver, under each CUWARDEN_POOL.
 //
-//   cuwt_ipc_share both BYTES        parent exports to a child, then a child exports to the parent
+//   cuwt_ipc_share both BYTES        parent exports to a child, then a child exports to the parent;
+//                                    then two blocks of one exporter imported together (one
+//                                    opened twice: the same address, counted closes), and a
+//                                    handle whose exporter exited
 //   cuwt_ipc_share plain BYTES CODE  the importer runs without cuwarden (its LD_PRELOAD
 //                                    dropped); its open must answer CUresult CODE, or any
 //                                    error for CODE `fail` (a real driver's answer to a handle
@@ -170,6 +173,41 @@ void parent_exports(const char* self, size_t bytes) {
     CHECK_EQ(wait_exit(spawn(self, {"import-fails", hex(h), sz}, false)), 0);
 }
 
+/// Two blocks of one exporter in one importer: each opened, one twice, closed in turn.
+void two_blocks(const char* self, size_t bytes) {
+  CUdeviceptr a = 0, b = 0;
+  CHECK_EQ(cuMemAlloc(&a, bytes), CUDA_SUCCESS);
+  CHECK_EQ(cuMemAlloc(&b, bytes), CUDA_SUCCESS);
+  CHECK_EQ(cuMemsetD8(a, 0x11, bytes), CUDA_SUCCESS);
+  CHECK_EQ(cuMemsetD8(b, 0x22, bytes), CUDA_SUCCESS);
+  CHECK_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  CUipcMemHandle ha{}, hb{};
+  CHECK_EQ(cuIpcGetMemHandle(&ha, a), CUDA_SUCCESS);
+  CHECK_EQ(cuIpcGetMemHandle(&hb, b), CUDA_SUCCESS);
+  CHECK_EQ(wait_exit(spawn(self, {"import-two", hex(ha), hex(hb), std::to_string(bytes)}, false)), 0);
+  CHECK_EQ(cuMemFree(a), CUDA_SUCCESS);
+  CHECK_EQ(cuMemFree(b), CUDA_SUCCESS);
+}
+
+/// A handle whose exporter has exited opens nothing, and says so without waiting long.
+void exporter_gone(const char* self, size_t bytes) {
+  int from_child[2];
+  if (pipe(from_child) != 0) std::exit(2);
+  const pid_t pid = spawn(self, {"export-exit", std::to_string(bytes)}, false, -1, from_child[1]);
+  close(from_child[1]);
+  char line[256] = {};
+  FILE* in = fdopen(from_child[0], "r");
+  const bool said = in && std::fgets(line, sizeof line, in);
+  CHECK_EQ(said, true);
+  CHECK_EQ(wait_exit(pid), 0);
+  if (said) {
+    CUdeviceptr p = 0;
+    const CUresult r = cuIpcOpenMemHandle(&p, unhex(line), 0);
+    CHECK_EQ(r != CUDA_SUCCESS, true);
+  }
+  if (in) std::fclose(in);
+}
+
 /// Child to parent: the child allocates and exports, the parent imports and writes, the child
 /// sees it.
 void child_exports(const char* self, size_t bytes) {
@@ -208,6 +246,41 @@ int main(int argc, char** argv) {
     CHECK_EQ(r, CUDA_SUCCESS);
     return failures ? 1 : 0;
   }
+  if (mode == "import-two" && argc == 5) {  // HANDLE_A HANDLE_B BYTES: blocks holding 0x11 and 0x22
+    const size_t n = std::strtoull(argv[4], nullptr, 10);
+    const CUipcMemHandle ha = unhex(argv[2]), hb = unhex(argv[3]);
+    CUdeviceptr a = 0, a2 = 0, b = 0;
+    CHECK_EQ(cuIpcOpenMemHandle(&a, ha, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuIpcOpenMemHandle(&b, hb, 0), CUDA_SUCCESS);
+    // Again: the same address, counted (a driver may also refuse a second open; then once).
+    const CUresult again = cuIpcOpenMemHandle(&a2, ha, 0);
+    std::printf("second open of one handle: %d\n", static_cast<int>(again));
+    if (again != CUDA_ERROR_ALREADY_MAPPED) {
+      CHECK_EQ(again, CUDA_SUCCESS);
+      CHECK_EQ(a2, a);
+    }
+    CHECK_EQ(holds(a, n, 0x11), true);
+    CHECK_EQ(holds(b, n, 0x22), true);
+    CHECK_EQ(cuIpcCloseMemHandle(a + 16) != CUDA_SUCCESS, true);  // no open returned it
+    if (again == CUDA_SUCCESS) {
+      CHECK_EQ(cuIpcCloseMemHandle(a), CUDA_SUCCESS);
+      CHECK_EQ(holds(a, n, 0x11), true);  // still open once
+      CHECK_EQ(holds(b, n, 0x22), true);
+    }
+    CHECK_EQ(cuIpcCloseMemHandle(a), CUDA_SUCCESS);
+    CHECK_EQ(holds(b, n, 0x22), true);  // b's mapping (the same slab, maybe) stays
+    CHECK_EQ(cuIpcCloseMemHandle(b), CUDA_SUCCESS);
+    CHECK_EQ(cuIpcCloseMemHandle(b) != CUDA_SUCCESS, true);
+    return failures ? 1 : 0;
+  }
+  if (mode == "export-exit" && argc == 3) {  // export a block, say its handle, exit at once
+    CUdeviceptr q = 0;
+    CHECK_EQ(cuMemAlloc(&q, std::strtoull(argv[2], nullptr, 10)), CUDA_SUCCESS);
+    CUipcMemHandle h{};
+    CHECK_EQ(cuIpcGetMemHandle(&h, q), CUDA_SUCCESS);
+    std::printf("%s\n", hex(h).c_str());
+    return failures ? 1 : 0;
+  }
   if (mode == "import-fails" && argc == 4) {
     CUdeviceptr p = 0;
     const CUresult r = cuIpcOpenMemHandle(&p, unhex(argv[2]), 0);
@@ -242,6 +315,8 @@ int main(int argc, char** argv) {
   if (mode == "both") {
     parent_exports(argv[0], bytes);
     child_exports(argv[0], bytes);
+    two_blocks(argv[0], bytes);
+    exporter_gone(argv[0], bytes);
   } else if (mode == "plain" && argc == 4) {
     CUdeviceptr p = 0;
     CHECK_EQ(cuMemAlloc(&p, bytes), CUDA_SUCCESS);

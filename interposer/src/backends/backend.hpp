@@ -63,15 +63,19 @@ struct pool_stats {
   uint64_t largest_free = 0;  ///< the largest request the pool serves now without the driver
 };
 
-/// What another process maps for one exported pooled block (backend::ipc_describe; see
-/// backends/ipc.hpp).
+/// What another process maps for one exported pooled block (backend::ipc_export and
+/// ipc_describe; see backends/ipc.hpp).
 struct ipc_span {
   enum class kind : uint32_t { legacy = 1, granules = 2 };
   kind how = kind::legacy;
+  CUdeviceptr block = 0;       ///< the block's first byte
+  uint64_t requested = 0;      ///< the program's request
+  uint64_t generation = 0;     ///< changes when the block is freed and handed out again
   CUdeviceptr base = 0;        ///< the exporter's address of the span (granules: granule-aligned)
   uint64_t bytes = 0;          ///< the span's bytes (granules: a multiple of granule_bytes)
   uint64_t offset = 0;         ///< the block's first byte, from base
   uint64_t granule_bytes = 0;  ///< granules: bytes of each
+  bool exportable = true;      ///< granules: created exportable as file descriptors
   CUipcMemHandle legacy{};     ///< legacy: the handle of the driver allocation at base
 };
 
@@ -143,9 +147,10 @@ class backend : public core::backend_base {
   /// cuIpcCloseMemHandle through `real`.
   CUresult ipc_close(core::Tracker& t, CUdeviceptr p, ipc_close_fn real) { return do_ipc_close(t, p, real); }
   /// For another process importing the block at `p` that ipc_export handed out a handle of
-  /// ours for: what maps it, if it is still live with `bytes` requested. CUDA_SUCCESS and
-  /// *out, or CUDA_ERROR_INVALID_HANDLE (no such live block), or the driver's error. Called
-  /// from the IPC listener's thread.
+  /// ours for: where it lies now, if it is still live with `bytes` requested (`legacy` not
+  /// filled in). CUDA_SUCCESS and *out, or CUDA_ERROR_INVALID_HANDLE (no such live block).
+  /// Called from the IPC listener's thread: takes no lock held across a driver call, makes
+  /// no driver call.
   CUresult ipc_describe(core::Tracker& t, CUdeviceptr p, uint64_t bytes, ipc_span* out) {
     return do_ipc_describe(t, p, bytes, out);
   }

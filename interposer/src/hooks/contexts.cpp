@@ -4,6 +4,7 @@
 // its memory with it, which the counters and the pool both let go of).
 #include <cuda.h>
 
+#include "backends/ipc.hpp"
 #include "backends/start.hpp"
 #include "base/real.hpp"
 #include "base/work_epoch.hpp"
@@ -89,7 +90,11 @@ CUW_END_CAPTURE(cuStreamEndCapture_ptsz, true)
 CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
   CUW_PROLOGUE(cuCtxDestroy_v2, ctx);
   Tracker* t = ctx ? Tracker::instance_if_created() : nullptr;
-  if (!t) return real(ctx);  // nothing counted yet
+  if (!t) {  // nothing counted yet (an importer may have mapped other processes' blocks)
+    const CUresult r0 = real(ctx);
+    if (r0 == CUDA_SUCCESS) backends::ipc::context_gone(ctx);
+    return r0;
+  }
   CUresult r = CUDA_SUCCESS;
   ArrayOwners::Snapshot arrays;  // ctx's arrays, taken just before the driver call
   auto destroy = [&] {
@@ -97,6 +102,7 @@ CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
     return (r = real(ctx)) == CUDA_SUCCESS;
   };
   if (backends::chosen(*t).context_destroy(*t, [ctx] { return ctx; }, destroy)) {
+    backends::ipc::context_gone(ctx);
     core::forget_driver_freed(*t, arrays);
     // CUWARDEN_CAP_SCOPE=process: its memory went with it (on whichever device it was).
     for (int d = 0; d < static_cast<int>(cuw::ring::kMaxDevices); ++d) t->measure_context(d, true);
@@ -114,7 +120,12 @@ namespace {
 template <class Call>
 CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
   Tracker* t = Tracker::instance_if_created();
-  if (!t) return call();
+  if (!t) {  // nothing counted yet (an importer may have mapped other processes' blocks)
+    CUcontext was = backends::ipc::has_imports() ? core::active_primary(dev) : nullptr;
+    const CUresult r0 = call();
+    if (r0 == CUDA_SUCCESS && was && (reset || core::primary_gone(dev))) backends::ipc::context_gone(was);
+    return r0;
+  }
   CUresult r = CUDA_SUCCESS;
   CUcontext primary = nullptr;   // the context destroyed, if the call destroys it
   ArrayOwners::Snapshot arrays;  // its arrays, taken just before the call
@@ -134,6 +145,7 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
     return r == CUDA_SUCCESS && primary != nullptr && (reset || core::primary_gone(dev) || again());
   };
   if (backends::chosen(*t).context_destroy(*t, which, run)) {
+    backends::ipc::context_gone(primary);
     core::forget_driver_freed(*t, arrays);
     t->measure_context(dev, true);  // CUWARDEN_CAP_SCOPE=process: its memory went with it
   }

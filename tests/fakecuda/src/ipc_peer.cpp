@@ -5,7 +5,8 @@
 // process. Opening one in the process that exported it fails, as on the driver
 // (CUDA_ERROR_INVALID_CONTEXT); another process maps the allocation's bytes from the
 // exporter's arena (a memfd, reached through /proc/PID/fd), shared both ways, until
-// cuIpcCloseMemHandle (which waits for the context's work first, as cuMemFree does). A handle whose exporter is gone, or a forked child's (its arena is
+// cuIpcCloseMemHandle (which waits for the context's work first, as cuMemFree does). The same
+// handle opened again in a context answers the same address, counted. A handle whose exporter is gone, or a forked child's (its arena is
 // private), answers CUDA_ERROR_INVALID_HANDLE / CUDA_ERROR_NOT_SUPPORTED.
 // fakecuda_ipc_handle_range() decodes a handle for tests.
 //
@@ -17,6 +18,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -38,6 +40,17 @@ struct IpcPayload {
   uint64_t ordinal;
 };
 static_assert(sizeof(IpcPayload) <= sizeof(CUipcMemHandle));
+
+// Open IPC mappings of this process, by address: the same handle opened again in a context
+// gets the same address, and each close drops one reference.
+struct Opened {
+  Context* ctx;
+  uint64_t pid;
+  uint64_t base;
+  int refs;
+};
+std::mutex g_open_mu;
+auto& g_open = *new std::map<uintptr_t, Opened>;
 
 std::mutex g_peer_mu;
 auto& g_peer = *new std::set<std::pair<Context*, Context*>>;  // (from, to); never destroyed
@@ -72,6 +85,16 @@ FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
   if (p.magic != kIpcMagic) return CUDA_ERROR_INVALID_VALUE;
   if (p.pid == static_cast<uint64_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
   if (p.arena_fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
+  {
+    // The same handle opened again in this context: the same address, counted.
+    std::lock_guard lk(g_open_mu);
+    for (auto& [addr, o] : g_open)
+      if (o.ctx == ctx && o.pid == p.pid && o.base == p.base) {
+        ++o.refs;
+        *pdptr = addr;
+        return CUDA_SUCCESS;
+      }
+  }
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%llu/fd/%lld", static_cast<unsigned long long>(p.pid),
                 static_cast<long long>(p.arena_fd));
@@ -90,6 +113,10 @@ FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
   a.ordinal = static_cast<int>(p.ordinal);
   a.ctx = ctx;
   table_insert(a);
+  {
+    std::lock_guard lk(g_open_mu);
+    g_open[a.base] = Opened{ctx, p.pid, p.base, 1};
+  }
   *pdptr = a.base;
   return CUDA_SUCCESS;
 }
@@ -104,6 +131,12 @@ FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
   Allocation a;
   if (!table_find(dptr, &a) || a.base != dptr || a.kind != AllocKind::ipc) return CUDA_ERROR_INVALID_VALUE;
+  {
+    std::lock_guard lk(g_open_mu);
+    auto it = g_open.find(dptr);
+    if (it != g_open.end() && --it->second.refs > 0) return CUDA_SUCCESS;
+    if (it != g_open.end()) g_open.erase(it);
+  }
   // Like cuMemFree, the close waits for work that may still use the mapping.
   if (a.ctx) context_synchronize(a.ctx);
   table_erase(dptr, &a);

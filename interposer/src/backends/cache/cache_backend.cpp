@@ -268,9 +268,9 @@ CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, 
   bool live = false;
   if (cache_resource* c = owner_of(p, nullptr, &live)) {
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t requested = 0;
-    const CUresult r = c->ipc_handle(handle, p, &requested);
-    if (r == CUDA_ERROR_NOT_SUPPORTED) return ipc::make_handle(handle, p, requested, this);
+    ipc_span span;
+    const CUresult r = c->ipc_handle(handle, p, &span);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) return ipc::make_handle(handle, span, this);
     if (r != CUDA_ERROR_NOT_FOUND) return r;
   }
   return passthrough_.ipc_export(t, handle, p, real);

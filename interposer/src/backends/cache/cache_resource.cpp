@@ -312,6 +312,7 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
 CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
   b->state = kLive;
   b->requested = requested;
+  ++b->generation;
   ++b->seg->busy;
   core::locked_add(slot_.live_allocations, 1);
   core::locked_add(slot_.alloc_count, 1);

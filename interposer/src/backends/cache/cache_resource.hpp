@@ -137,15 +137,16 @@ class cache_resource final {
   bool blocks(std::vector<block_info>& out);
   /// Reserved and cached bytes, and the largest request served without the driver now.
   pool_stats stats();
-  /// cuIpcGetMemHandle for the live block at `p`: a handle of its whole driver allocation (a
-  /// large block is one), which the cache then never hands out again; CUDA_ERROR_NOT_SUPPORTED
-  /// and *requested (its size) for a block no legacy handle names (packed into a slab with
-  /// others, or mapped from granules); CUDA_ERROR_INVALID_VALUE for a freed block;
-  /// CUDA_ERROR_NOT_FOUND when `p` is not this cache's memory.
-  CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, uint64_t* requested);
-  /// What another process maps for the live block at `p` of `bytes` requested (see
-  /// backend::ipc_describe): its slab or its granules. CUDA_ERROR_INVALID_HANDLE when no such
-  /// block is live. Takes the slow path's lock; makes the context current for its driver call.
+  /// cuIpcGetMemHandle for the live block at (or containing) `p`: a handle of its whole driver
+  /// allocation (a large block is one), which the cache then never hands out again;
+  /// CUDA_ERROR_NOT_SUPPORTED and *pooled (the block's span; for a slab, with its legacy
+  /// handle) for a block no legacy handle names (packed into a slab with others, or mapped
+  /// from granules); CUDA_ERROR_INVALID_VALUE for a freed block; CUDA_ERROR_NOT_FOUND when
+  /// `p` is not this cache's memory; or the driver's error for the slab's handle.
+  CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled);
+  /// The live block at `p` of `bytes` requested, as another process maps it (see
+  /// backend::ipc_describe; no legacy handle filled in). CUDA_ERROR_INVALID_HANDLE when no
+  /// such block is live. Takes the pool's lock only; no driver call.
   CUresult ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out);
   /// Give back to the driver every segment no block of which is in use, after waiting for
   /// pending frees (not during a capture, nor while the context is being destroyed); the bytes.
@@ -193,6 +194,7 @@ class cache_resource final {
     Block* hi = nullptr;
     uint8_t state = 0;       ///< kFree, kLive, kPending, kHole
     bool exported = false;   ///< an IPC handle was handed out for it
+    uint32_t generation = 0; ///< hand-outs so far: an exported block is still the one exported
   };
   struct Segment {
     CUdeviceptr base = 0;
@@ -237,6 +239,8 @@ class cache_resource final {
   /// The block as the seam describes it (an exported block whose free waits for the driver
   /// is still live).
   block_info describe_locked(const Block& b) const noexcept;
+  /// The span another process maps for the live block `b` (ipc_handle, ipc_describe).
+  void describe_span_locked(const Block& b, ipc_span* out) const noexcept;
   Block* take_locked(int cls, uint64_t rounded) noexcept;
   void push_free_locked(Block* b) noexcept;
   void unlink_free_locked(Block* b) noexcept;

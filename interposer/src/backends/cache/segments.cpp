@@ -306,7 +306,7 @@ pool_stats cache_resource::stats() {
   return st;
 }
 
-CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, uint64_t* requested) {
+CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
   mu_.lock();
   auto it = segments_.upper_bound(p);
   if (it == segments_.begin() || p >= std::prev(it)->second->base + std::prev(it)->second->bytes) {
@@ -321,10 +321,14 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, uint6
   }
   if (granules_ || s->cls >= 0) {
     // Mapped granules, or a block packed into a slab with others: no legacy handle names
-    // exactly its bytes (backends/ipc.hpp hands out one of ours).
-    *requested = b->requested;
+    // exactly its bytes (backends/ipc.hpp hands out one of ours). An interior pointer
+    // exports its block, as the driver exports a whole allocation.
+    describe_span_locked(*b, pooled);
     mu_.unlock();
-    return CUDA_ERROR_NOT_SUPPORTED;
+    if (granules_) return CUDA_ERROR_NOT_SUPPORTED;
+    // The slab's own handle, which the importer opens: a live block keeps its slab.
+    const CUresult r = upstream_->ipc_handle(&pooled->legacy, pooled->base);
+    return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_SUPPORTED : r;
   }
   // A whole driver allocation: the handle maps exactly this block. It will not be reused
   // by the cache once freed (see free_block).
@@ -334,30 +338,33 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, uint6
   return upstream_->ipc_handle(handle, base);
 }
 
+void cache_resource::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
+  const Segment* s = b.seg;
+  // A large vmm block is granule-aligned in its arena; a small block lies in its slab (one
+  // driver allocation, or one range of granules).
+  out->block = b.ptr;
+  out->requested = b.requested;
+  out->generation = b.generation;
+  out->base = s->split ? b.ptr : s->base;
+  out->bytes = s->split ? b.size : s->bytes;
+  out->offset = b.ptr - out->base;
+  out->how = granules_ ? ipc_span::kind::granules : ipc_span::kind::legacy;
+  out->granule_bytes = granules_ ? granules_->granularity() : 0;
+  out->exportable = !granules_ || granules_->exportable();
+}
+
 CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
-  std::lock_guard<std::mutex> g(slow_);  // no range unmapped, no segment given back meanwhile
-  if (dead_ || dying_) return CUDA_ERROR_INVALID_HANDLE;
+  // The pool's lock only (no driver call): the slow path may hold its own across a wait for
+  // the GPU, and an importer must not wait for that.
   mu_.lock();
-  Block* b = lookup_locked(p);
+  Block* b = dead_ ? nullptr : lookup_locked(p);
   if (!b || b->state != kLive || b->requested != bytes) {
     mu_.unlock();
     return CUDA_ERROR_INVALID_HANDLE;  // freed since it was exported
   }
-  const Segment* s = b->seg;
-  // A large vmm block is granule-aligned in its arena; a small block lies in its slab (one
-  // driver allocation, or one range of granules).
-  out->base = s->split ? b->ptr : s->base;
-  out->bytes = s->split ? b->size : s->bytes;
-  out->offset = p - out->base;
+  describe_span_locked(*b, out);
   mu_.unlock();
-  if (granules_) {
-    out->how = ipc_span::kind::granules;
-    out->granule_bytes = large_round_;
-    return CUDA_SUCCESS;
-  }
-  out->how = ipc_span::kind::legacy;
-  CtxScope scope(ctx_);
-  return upstream_->ipc_handle(&out->legacy, out->base);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace cuw::backends

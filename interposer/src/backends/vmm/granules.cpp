@@ -52,9 +52,6 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
   prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop_.location.id = device;
-  // Exportable as file descriptors: IPC of pooled blocks hands granules to another process
-  // (backends/ipc.hpp).
-  prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   size_t g = 0;
   if (complete(vmm()) && vmm().granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) == CUDA_SUCCESS && g &&
       (g & (g - 1)) == 0)
@@ -65,6 +62,12 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
   CUresult (*attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
   resolve(attribute, "cuDeviceGetAttribute");
   int vmm_ok = 0;
+  // Exportable as file descriptors where the device supports it: IPC of pooled blocks hands
+  // granules to another process (backends/ipc.hpp).
+  int fd_ok = 0;
+  if (attribute &&
+      attribute(&fd_ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device) == CUDA_SUCCESS && fd_ok)
+    prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   supported_ = complete(vmm()) && attribute &&
                attribute(&vmm_ok, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == CUDA_SUCCESS &&
                vmm_ok == 1;
@@ -154,10 +157,6 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
       r = v.create(&h, granularity_, &prop_, 0);
       if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop_.allocFlags.gpuDirectRDMACapable) {
         prop_.allocFlags.gpuDirectRDMACapable = 0;  // refused with it (some platforms): without from now on
-        r = v.create(&h, granularity_, &prop_, 0);
-      }
-      if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop_.requestedHandleTypes) {
-        prop_.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;  // likewise: blocks are then not exportable
         r = v.create(&h, granularity_, &prop_, 0);
       }
       if (r != CUDA_SUCCESS) break;

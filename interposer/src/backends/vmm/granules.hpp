@@ -49,6 +49,10 @@ class granule_resource final : public memory_resource {
   /// Bytes of one granule (cuMemGetAllocationGranularity, recommended; 2 MiB if it fails).
   uint64_t granularity() const noexcept { return granularity_; }
 
+  /// Whether granules are created exportable as file descriptors (the device says it
+  /// supports them): IPC of pooled blocks needs it.
+  bool exportable() const noexcept { return prop_.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE; }
+
   /// Bytes of device memory (cuDeviceTotalMem; 64 GiB if it fails): sizes an arena.
   uint64_t device_bytes() const noexcept { return device_bytes_; }
 
