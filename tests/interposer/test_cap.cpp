@@ -723,15 +723,19 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
   auto& d = dev_counters();
   const uint64_t live0 = d.live_allocations.load(), used0 = d.used.load(), frees0 = d.free_count.load();
   const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
-  constexpr int kIters = 2000;
-  std::atomic<int> go{0}, a_done{0}, b_done{0};
+  // Up to kIters rounds, more while one side has always won (a loaded machine can keep one
+  // thread ahead): the side that always wins waits longer in the next rounds.
+  constexpr int kIters = 2000, kMaxIters = 8000;
+  std::atomic<int> go{0}, a_done{0}, b_done{0}, rounds{kMaxIters};
+  std::atomic<int> delay_a{0}, delay_b{0};
   std::atomic<CUarray> arr{nullptr};
   std::atomic<CUcontext> ctx{nullptr};
   std::atomic<uint64_t> lost_to_ctx{0}, unexpected{0};
   std::thread a([&] {
-    for (int i = 1; i <= kIters; ++i) {
+    for (int i = 1; i <= rounds.load(); ++i) {
       await_value(go, i);
-      for (int s = 0; s < (i % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
+      if (i > rounds.load()) break;
+      for (int s = 0; s < (i % 32) * 16 + delay_a.load(); ++s) __asm__ volatile("" ::: "memory");
       const CUresult r = cuArrayDestroy(arr.load());
       if (r == CUDA_ERROR_INVALID_HANDLE) ++lost_to_ctx;
       else if (r != CUDA_SUCCESS) ++unexpected;
@@ -739,15 +743,22 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
     }
   });
   std::thread b([&] {
-    for (int i = 1; i <= kIters; ++i) {
+    for (int i = 1; i <= rounds.load(); ++i) {
       await_value(go, i);
-      for (int s = 0; s < ((i / 32) % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
+      if (i > rounds.load()) break;
+      for (int s = 0; s < ((i / 32) % 32) * 16 + delay_b.load(); ++s) __asm__ volatile("" ::: "memory");
       if (cuCtxDestroy(ctx.load()) != CUDA_SUCCESS) ++unexpected;
       b_done.store(i);
     }
   });
   uint64_t drift_at = 0;
-  for (int i = 1; i <= kIters; ++i) {
+  int done = 0;
+  for (int i = 1; i <= kMaxIters; ++i) {
+    if (i > kIters && lost_to_ctx.load() > 0 && lost_to_ctx.load() < static_cast<uint64_t>(i - 1)) break;
+    if (i > 1 && (i - 1) % 500 == 0) {
+      if (lost_to_ctx.load() == static_cast<uint64_t>(i - 1)) delay_b += 2000;  // the context always won
+      if (lost_to_ctx.load() == 0) delay_a += 2000;                              // the array destroy did
+    }
     CUcontext x = nullptr;
     REQUIRE(cuCtxCreate(&x, nullptr, 0, dev) == CUDA_SUCCESS);
     CUarray h = nullptr;
@@ -758,15 +769,19 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
     go.store(i);
     await_value(a_done, i);
     await_value(b_done, i);
+    done = i;
     if (!drift_at && d.live_allocations.load() != live0) drift_at = static_cast<uint64_t>(i);
   }
+  rounds.store(done);
+  go.store(done + 1);  // releases both threads from their wait for a round that does not come
   a.join();
   b.join();
-  INFO("array destroys that lost to the context: " << lost_to_ctx.load() << "; first drift at iteration " << drift_at);
+  INFO("array destroys that lost to the context: " << lost_to_ctx.load() << " of " << done
+                                                    << "; first drift at iteration " << drift_at);
   CHECK(lost_to_ctx.load() > 0);  // the race was run both ways
-  CHECK(lost_to_ctx.load() < static_cast<uint64_t>(kIters));
+  CHECK(lost_to_ctx.load() < static_cast<uint64_t>(done));
   CHECK(unexpected.load() == 0);
   CHECK(d.live_allocations.load() == live0);
   CHECK(d.used.load() == used0);
-  CHECK(d.free_count.load() == frees0 + kIters);  // each array counted freed once, whoever freed it
+  CHECK(d.free_count.load() == frees0 + static_cast<uint64_t>(done));  // each array counted freed once
 }
