@@ -215,8 +215,11 @@ int run(const Options& o) {
   cuw::daemon::install_fault_guard();
 
   const int infd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  if (infd < 0 || inotify_add_watch(infd, run_dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE |
-                                                                  IN_MOVED_FROM | IN_ATTRIB | IN_ONLYDIR) < 0)
+  // Watching: a scan without an event since the last one need not list the directory.
+  const bool watching = infd >= 0 && inotify_add_watch(infd, run_dir.c_str(), IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE |
+                                                                                   IN_DELETE | IN_MOVED_FROM | IN_ATTRIB |
+                                                                                   IN_ONLYDIR) >= 0;
+  if (!watching)
     spdlog::warn("inotify on {} unavailable ({}); rescanning every {} ms only", run_dir, std::strerror(errno),
                  o.scan_interval_ms);
 
@@ -388,7 +391,7 @@ int run(const Options& o) {
       }
     }
     if (scan_now || t >= next_scan) {
-      reg.scan();
+      reg.scan(scan_now || !watching);
       reg.publish();
       series.record(*reg.store().load());
       last_publish = mono_ns();

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -63,38 +64,47 @@ Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)
       jobs_(opt_.max_jobs, opt_.exited_linger_ns, opt_.unlink_exited) {
   rlimit rl{};
   fd_limit_ = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
+  exit_ep_ = epoll_create1(EPOLL_CLOEXEC);  // -1: each pidfd is polled alone
 }
 
 Registry::~Registry() {
   procs_.clear();
+  if (exit_ep_ >= 0) close(exit_ep_);
   if (dirfd_ >= 0) close(dirfd_);
 }
 
-void Registry::scan() {
+void Registry::scan(bool listing_changed) {
   const uint64_t mono = mono_ns();
-  std::set<std::string> present, job_files;
-  const int fd = dup(dirfd_);
-  if (fd < 0) {
-    spdlog::warn("scan: dup: {}", std::strerror(errno));
-    return;
-  }
-  DIR* d = fdopendir(fd);
-  if (!d) {
-    close(fd);
-    return;
-  }
-  rewinddir(d);
-  while (dirent* ent = readdir(d)) {
-    const std::string name = ent->d_name;
-    if (name.rfind(job::kFilePrefix, 0) == 0) {
-      if (job_files.size() < opt_.max_jobs + kMaxProblems) job_files.insert(name);
-      continue;
+  if (listing_changed || listed_mono_ == 0 || mono - listed_mono_ >= kFullScanNs) {
+    std::set<std::string> present, job_files;
+    const int fd = dup(dirfd_);
+    if (fd < 0) {
+      spdlog::warn("scan: dup: {}", std::strerror(errno));
+      return;
     }
-    if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, temporary files, ...
-    present.insert(name);
-    if (present.size() > opt_.max_rings + kMaxProblems) break;
+    DIR* d = fdopendir(fd);
+    if (!d) {
+      close(fd);
+      return;
+    }
+    rewinddir(d);
+    while (dirent* ent = readdir(d)) {
+      const std::string name = ent->d_name;
+      if (name.rfind(job::kFilePrefix, 0) == 0) {
+        if (job_files.size() < opt_.max_jobs + kMaxProblems) job_files.insert(name);
+        continue;
+      }
+      if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, temporary files, ...
+      present.insert(name);
+      if (present.size() > opt_.max_rings + kMaxProblems) break;
+    }
+    closedir(d);
+    listed_rings_.swap(present);
+    listed_jobs_.swap(job_files);
+    listed_mono_ = mono;
+    listing_changed = true;
   }
-  closedir(d);
+  const std::set<std::string>& present = listed_rings_;
 
   // A name that now refers to another file than the one we mapped (replaced by a new
   // file, a symlink, a FIFO...) is examined afresh: the old mapping no longer speaks for
@@ -102,7 +112,7 @@ void Registry::scan() {
   std::vector<std::string> replaced;
   for (const auto& [name, p] : procs_) {
     struct stat st{};
-    if (present.count(name) && fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+    if (listing_changed && present.count(name) && fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         (st.st_dev != p->ring->dev() || st.st_ino != p->ring->ino()))
       replaced.push_back(name);
   }
@@ -116,9 +126,19 @@ void Registry::scan() {
   for (auto it = problems_.begin(); it != problems_.end();)
     it = present.count(it->first) ? std::next(it) : problems_.erase(it);
 
+  // Exits of the pidfds watched: one call for all of them.
+  std::set<int> ready;
+  if (exit_ep_ >= 0) {
+    epoll_event evs[256];
+    for (;;) {
+      const int n = epoll_wait(exit_ep_, evs, 256, 0);
+      for (int i = 0; i < n; ++i) ready.insert(evs[i].data.fd);
+      if (n < 256) break;
+    }
+  }
   std::vector<std::string> expired, faulted;
   for (auto& [name, p] : procs_) {
-    if (!p->exited && !check_exit(*p, mono)) {
+    if (!p->exited && !check_exit(*p, mono, &ready)) {
       faulted.push_back(name);
       continue;
     }
@@ -154,7 +174,7 @@ void Registry::scan() {
   }
   // Every scan sweeps every job: a killed member's share is back within a scan interval
   // even when no other member allocates.
-  jobs_.scan(dirfd_, job_files, policy_.get(), mono);
+  jobs_.scan(dirfd_, listed_jobs_, policy_.get(), mono);
 }
 
 void Registry::try_open(const std::string& name, uint64_t mono) {
@@ -219,6 +239,12 @@ void Registry::try_open(const std::string& name, uint64_t mono) {
     ::close(p->pidfd);
     p->pidfd = -1;
   }
+  if (p->pidfd >= 0 && exit_ep_ >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = p->pidfd;
+    p->pidfd_watched = epoll_ctl(exit_ep_, EPOLL_CTL_ADD, p->pidfd, &ev) == 0;
+  }
   spdlog::info("ring {}: pid {} ({}) user {}{}", name, pid, field_text(snap.comm, sizeof snap.comm), p->user,
                p->ring->writable() ? "" : " [read-only: counters only, no events]");
   auto& ref = *p;
@@ -227,13 +253,17 @@ void Registry::try_open(const std::string& name, uint64_t mono) {
   if (!check_exit(ref, mono)) drop_faulted(name, "faulted while reading its header");
 }
 
-bool Registry::check_exit(Process& p, uint64_t mono) {
+bool Registry::check_exit(Process& p, uint64_t mono, const std::set<int>* ready) {
   RingStatus st;
   if (!p.ring->status(st)) return false;
+  const auto pidfd_says = [&] {
+    if (ready && p.pidfd_watched) return ready->count(p.pidfd) != 0;
+    return pidfd_exited(p.pidfd);
+  };
   if (st.state == static_cast<uint32_t>(ring::ProcessState::exited)) {
     p.exited = true;
     p.exited_ns = st.exited_ns ? st.exited_ns : now_ns();
-  } else if (p.pidfd >= 0 ? pidfd_exited(p.pidfd) : paths::process_gone(p.pid, p.start_time)) {
+  } else if (p.pidfd >= 0 ? pidfd_says() : paths::process_gone(p.pid, p.start_time)) {
     p.exited = true;
     p.exited_ns = now_ns();
   }
@@ -241,8 +271,9 @@ bool Registry::check_exit(Process& p, uint64_t mono) {
     p.exited_mono = mono;
     spdlog::info("pid {} exited ({})", p.pid, p.file_name);
     if (p.pidfd >= 0) {
-      ::close(p.pidfd);
+      ::close(p.pidfd);  // (which takes it out of the epoll set)
       p.pidfd = -1;
+      p.pidfd_watched = false;
     }
   }
   return true;

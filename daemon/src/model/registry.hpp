@@ -1,7 +1,8 @@
 // cuwarden daemon model: the set of interposed processes it knows, discovered from ring files.
 //
-// scan() lists the run directory (on inotify events and every second), opens new rings,
-// notices exits and forgets exited processes after a linger time. drain_all() copies events
+// scan() lists the run directory (on inotify events, and every second unless the caller
+// knows the listing did not change), opens new rings, notices exits (pidfds in one epoll set)
+// and forgets exited processes after a linger time. drain_all() copies events
 // out of every ring into a bounded per-process history, numbered by one global sequence.
 // publish() reads every ring header afresh (they, not the event stream, are authoritative)
 // and swaps a new State into store(), which views on any thread read.
@@ -18,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,7 +54,12 @@ class Registry {
   Registry& operator=(const Registry&) = delete;
 
   /// List the run directory: open new rings, retry broken ones, detect exits, forget old ones.
-  void scan();
+  /// `listing_changed` false (inotify saw nothing since the last scan): the names of the last
+  /// listing stand, and neither the directory is read nor each name stat'ed (a thousand idle
+  /// processes made that a quarter of an idle daemon's time); still listed afresh at least
+  /// every kFullScanNs.
+  void scan(bool listing_changed = true);
+  static constexpr uint64_t kFullScanNs = 30'000'000'000ULL;
   /// Drain every ring once. Returns true if some ring had more events than one round takes
   /// (the caller should drain again soon).
   /// How soon the next drain should come: at once (a ring still had events after this
@@ -111,8 +118,10 @@ class Registry {
 
   void try_open(const std::string& name, uint64_t mono);
   /// Notice whether `p` exited (its header's mark, else its pidfd or /proc) and mark it so.
-  /// False when its header faulted: the caller drops it, outside any walk of procs_.
-  bool check_exit(Process& p, uint64_t mono);
+  /// A pidfd in the epoll set counts as exited when `ready` holds it (the scan's one
+  /// epoll_wait); nullptr: the pidfd is polled alone. False when its header faulted: the
+  /// caller drops it, outside any walk of procs_.
+  bool check_exit(Process& p, uint64_t mono, const std::set<int>* ready = nullptr);
   bool drain_one(Process& p, uint64_t now, bool* more, bool* busy);
   void drop_faulted(const std::string& name, const char* what);
   void forget(const std::string& name, bool unlink_file);
@@ -130,6 +139,9 @@ class Registry {
 
   RegistryOptions opt_;
   int dirfd_;
+  int exit_ep_ = -1;  ///< epoll set of the processes' pidfds (readable at exit)
+  std::set<std::string> listed_rings_, listed_jobs_;  ///< the last listing's names
+  uint64_t listed_mono_ = 0;                          ///< when it was read (0: never)
   const Nvml* nvml_;
   std::map<std::string, std::unique_ptr<Process>> procs_;  ///< by ring file name
   std::map<std::string, Problem> problems_;                 ///< by file name

@@ -36,6 +36,7 @@ struct Registry::Process {
   uint32_t visits = 0;        ///< drains that visited the ring
   uint64_t beat_ns = 0;       ///< when the heartbeat was last written (CLOCK_REALTIME)
   int pidfd = -1;             ///< pidfd_open() of the process, readable once it has exited; -1: none
+  bool pidfd_watched = false; ///< pidfd is in the registry's epoll set (its exit comes from there)
   uint64_t sampled_events = 0;  ///< events_received + events_dropped at the last site sample
   uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once
