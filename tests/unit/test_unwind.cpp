@@ -2,12 +2,15 @@
 // return addresses glibc's backtrace() returns, through code without frame pointers, with
 // them, alloca'ed frames, a shared library's PLT, libc, another thread; and falls back
 // (kFallback, never a wrong stack or a fault) where its rules do not reach: a CFA given by an
-// expression, a signal frame, a signal's alternate stack.
+// expression, a signal frame, a signal's alternate stack. A fork's child whose parent had a
+// thread inside the table's lock still inserts and empties.
 #include <catch2/catch.hpp>
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -354,6 +357,44 @@ TEST_CASE("unwind: on a signal's alternate stack it falls back (not the thread's
   sigaltstack(&ss, nullptr);
   REQUIRE(g_sig[0].n == unwind::kFallback);
   REQUIRE(unwind::stats().fallback_stack == before + 1);
+}
+
+TEST_CASE("unwind: a fork's child inserts and empties though a thread held the table's lock at the fork",
+          "[unwind]") {
+  // What the tracker's atfork child handler does.
+  static const int registered = pthread_atfork(nullptr, nullptr, &unwind::after_fork_child);
+  REQUIRE(registered == 0);
+  first_walk_outside_handlers();  // libgcc_s loaded before the fork, not in each child
+  // forget() in a loop holds the lock most of the time: most forks below catch it held.
+  std::atomic<bool> done{false};
+  std::thread eraser([&done] {
+    while (!done.load(std::memory_order_relaxed)) unwind::forget();
+  });
+  int failed = 0;
+  for (int i = 0; i < 20; ++i) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      alarm(20);  // a child that waits on its parent's thread is killed, and counted below
+      std::vector<Capture> c(4);
+      uint64_t cold[2];
+      static volatile int rounds = 2;  // read at run time: not unrolled, one call instruction
+      for (int k = 0; k < rounds; ++k) {  // the second walk's frames are all in the table
+        both([](Job* j) { chain_nofp(j); }, &c[2 * k]);
+        cold[k] = unwind::stats().cold;
+      }
+      const bool inserted = cold[1] == cold[0];
+      const bool same = c[2].n != unwind::kFallback && frames_of(c[2]) == reference(c[3]);
+      unwind::forget();
+      _exit(inserted && same ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  done.store(true);
+  eraser.join();
+  REQUIRE(failed == 0);
 }
 
 TEST_CASE("unwind: many threads walk at once while the table is emptied", "[unwind]") {

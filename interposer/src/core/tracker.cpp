@@ -23,6 +23,7 @@
 #include "base/log.hpp"
 #include "base/nvml_process.hpp"
 #include "base/real.hpp"
+#include "core/unwind.hpp"
 
 namespace cuw::core {
 
@@ -65,6 +66,7 @@ void atfork_child() {
   // are leaked in the child on purpose).
   g_hot.instance.store(nullptr, std::memory_order_release);
   fast_clock::detail::t_state.tid = 0;  // the child's thread has an id of its own
+  unwind::after_fork_child();
   pthread_mutex_unlock(&g_create_mu);
 }
 

@@ -11,13 +11,13 @@
 #include <elf.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstring>
-#include <mutex>
 
 namespace cuw::core::unwind {
 
@@ -31,7 +31,7 @@ namespace {
 constexpr int kTableBits = 13;
 constexpr std::size_t kSlots = std::size_t{1} << kTableBits;
 
-/// Written only under g_mu (a rule, then its key into an empty slot, both release; or every
+/// Written only under g_busy (a rule, then its key into an empty slot, both release; or every
 /// key to 0); read without a lock: key, rule (both acquire), then key again; a reader keeps
 /// the rule only if both keys are its own (a rule stored after the slot was emptied makes the
 /// second load see the emptying). A slot emptied and given the same key again between a
@@ -43,8 +43,11 @@ struct Slot {
 };
 constinit Slot g_slots[kSlots];
 
-std::mutex g_mu;                   ///< inserts and emptying; only tried by walks (see rule_cold)
-uint32_t g_fill = 0;               ///< keys in the table (under g_mu)
+/// The lock of inserts and emptying: a flag rather than a std::mutex, because walks only try it
+/// (never wait in a hook), forget() spins on it, and a fork's child clears it when a thread the
+/// child does not have held it at the fork (after_fork_child), which a mutex does not allow.
+std::atomic<bool> g_busy{false};
+uint32_t g_fill = 0;               ///< keys in the table (under g_busy)
 std::atomic<bool> g_full{false};   ///< g_fill reached kMaxFill: walks meeting a new address fall back
 
 struct Counters {
@@ -52,6 +55,11 @@ struct Counters {
       fallback_full{0};
 };
 Counters g_count;
+
+bool try_lock() noexcept {
+  return !g_busy.load(std::memory_order_relaxed) && !g_busy.exchange(true, std::memory_order_acquire);
+}
+void unlock() noexcept { g_busy.store(false, std::memory_order_release); }
 
 void empty_locked() noexcept {
   // Keys only: a rule word is written before its key (release), so a reader that finds its
@@ -113,8 +121,8 @@ inline uint64_t lookup(uint64_t key) noexcept {
 }
 
 /// The loader's unload count (dl_phdr_info::dlpi_subs) the table's rules were made under.
-unsigned long long g_subs = 0;  ///< (under g_mu)
-bool g_subs_known = false;      ///< (under g_mu)
+unsigned long long g_subs = 0;  ///< (under g_busy)
+bool g_subs_known = false;      ///< (under g_busy)
 
 void insert_locked(uint64_t key, uint64_t rule) noexcept {
   if (g_fill >= kMaxFill) {
@@ -580,16 +588,14 @@ bool mapped(uint64_t pc) noexcept {
 }
 
 /// The cold path: the rule for `key` (a return address - 1), inserted into the table if its
-/// lock is free (never waited for: a thread that forked while another held it leaves it held in
-/// the child, and a walk must not wait on that). 0 when the table is full.
+/// lock is free (never waited for: a walk runs inside a hook). 0 when the table is full.
 __attribute__((cold, noinline)) uint64_t rule_cold(uint64_t key) noexcept {
   if (g_full.load(std::memory_order_relaxed)) return 0;
   g_count.cold.fetch_add(1, std::memory_order_relaxed);
   Search s{key};
   dl_iterate_phdr(search_object, &s);
   if (s.rule == kEmpty) s.rule = mapped(key + 1) ? refused(kWhyCode) : kEndRule;
-  std::unique_lock<std::mutex> lk(g_mu, std::try_to_lock);
-  if (!lk.owns_lock()) return s.rule;
+  if (!try_lock()) return s.rule;
   // Unload counts only grow; one seen before another thread's newer one changes nothing.
   if (s.subs_known && (!g_subs_known || s.subs > g_subs)) {
     if (g_subs_known) {
@@ -600,6 +606,7 @@ __attribute__((cold, noinline)) uint64_t rule_cold(uint64_t key) noexcept {
     g_subs_known = true;
   }
   insert_locked(key, s.rule);
+  unlock();
   return s.rule;
 }
 
@@ -699,8 +706,17 @@ Stats stats() noexcept {
 }
 
 void forget() noexcept {
-  std::lock_guard<std::mutex> lk(g_mu);
+  while (!try_lock()) sched_yield();
   empty_locked();
+  unlock();
+}
+
+void after_fork_child() noexcept {
+  if (!g_busy.load(std::memory_order_relaxed)) return;
+  // The thread that held it is not in the child: its insert or emptying stopped part way.
+  // Every key left has its own rule (a rule is stored before its key), but g_fill may be off.
+  empty_locked();
+  unlock();
 }
 
 }  // namespace cuw::core::unwind

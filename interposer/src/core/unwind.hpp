@@ -52,7 +52,14 @@ struct Stats {
 Stats stats() noexcept;
 
 /// Empty the rule table, as if no walk had run (benchmarks: the cost of the cold path).
-/// Thread-safe: concurrent walks see each rule or none.
+/// Thread-safe: concurrent walks see each rule or none. Waits (spinning, yielding) while a
+/// walk inserts; not for a hook.
 void forget() noexcept;
+
+/// In a fork's child, before anything else there (the tracker's atfork child handler): frees
+/// the table's lock if a thread of the parent held it at the fork (the child has no such
+/// thread: walks would never insert again and forget() would never return), emptying the
+/// table, which that thread may have left part-written. Async-signal-safe.
+void after_fork_child() noexcept;
 
 }  // namespace cuw::core::unwind
