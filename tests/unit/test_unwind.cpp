@@ -23,6 +23,7 @@
 
 #include "core/unwind.hpp"
 #include "unwind_chains.hpp"
+#include "unwind_check.hpp"
 
 namespace unwind = cuw::core::unwind;
 
@@ -105,77 +106,6 @@ int cuwt_lie_flat(int (*cb)(void*), void* arg);
 int cuwt_lie_ra(int (*cb)(void*), void* arg);
 uintptr_t cuwt_lie_ra_value = 0;
 }
-
-__attribute__((noinline)) int take(Job* job) {
-  const int n = job->fn(job->out->frames, Capture::kMax);
-  job->out->n = n;
-  __asm__ volatile("" ::: "memory");  // not a tail call: this frame is the same for both
-  return n < 0 ? 0 : 1;
-}
-
-namespace {
-
-/// The walk, then backtrace() if it fell back: what CallSites::capture() does.
-__attribute__((noinline)) int walk_or_backtrace(void** out, int max) {
-  int n = unwind::walk(out, max);
-  if (n == unwind::kFallback) n = backtrace(out, max);
-  __asm__ volatile("" ::: "memory");  // not a tail call: backtrace() sees this frame
-  return n;
-}
-
-std::vector<void*> frames_of(const Capture& c) {
-  if (c.n <= 0) return {};
-  return std::vector<void*>(c.frames, c.frames + c.n);
-}
-
-/// backtrace()'s frames less those of a sanitizer's interceptor of it, which the ASan and
-/// TSan builds put on top.
-std::vector<void*> reference(const Capture& c) {
-  std::vector<void*> v = frames_of(c);
-  while (!v.empty()) {
-    Dl_info info{};
-    if (!dladdr(v.front(), &info) || !info.dli_fname || !std::strstr(info.dli_fname, "san.so")) break;
-    v.erase(v.begin());
-  }
-  return v;
-}
-
-std::string describe(const std::vector<void*>& v) {
-  std::string s;
-  for (void* p : v) {
-    Dl_info info{};
-    char line[256];
-    if (dladdr(p, &info) && info.dli_sname)
-      std::snprintf(line, sizeof line, "  %p %s+%#lx\n", p, info.dli_sname,
-                    static_cast<unsigned long>(static_cast<char*>(p) - static_cast<char*>(info.dli_saddr)));
-    else
-      std::snprintf(line, sizeof line, "  %p (%s)\n", p, info.dli_fname ? info.dli_fname : "?");
-    s += line;
-  }
-  return s;
-}
-
-/// Runs `run(job)` twice from one call instruction (the loop's count is read at run time, so
-/// it is not unrolled): once with the walk, once with backtrace(). [0] walk, [1] backtrace.
-template <class Run>
-__attribute__((noinline)) void both(Run run, Capture* out) {
-  static volatile int rounds = 2;
-  for (int i = 0; i < rounds; ++i) {
-    Job job{i == 0 ? &unwind::walk : &backtrace, &out[i]};
-    run(&job);
-    __asm__ volatile("" ::: "memory");
-  }
-}
-
-void require_same(const Capture* c) {
-  const std::vector<void*> fast = frames_of(c[0]), slow = reference(c[1]);
-  INFO("walk (" << c[0].n << "):\n" << describe(fast) << "backtrace:\n" << describe(slow));
-  REQUIRE(c[0].n != unwind::kFallback);
-  REQUIRE(fast.size() >= 4);
-  REQUIRE(fast == slow);
-}
-
-}  // namespace
 
 TEST_CASE("unwind: equal to backtrace() through code without frame pointers, to _start", "[unwind]") {
   Capture c[2];
