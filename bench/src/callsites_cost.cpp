@@ -158,10 +158,9 @@ int main(int argc, char** argv) {
     std::printf("walk_uncached_ns %.0f\nwalk_uncached_lookups %.1f\n", u.walk_uncached, u.walk_uncached_lookups);
     std::printf("backtrace_frames %d\nwalk_frames %d\nfpwalk_frames %d\n", u.bt_frames, u.walk_frames, u.fp_frames);
     const unwind::Stats st = unwind::stats();
-    std::printf("walk_fallbacks %d of %d (frame rule %llu, code %llu, stack %llu, table full %llu)\n", u.walk_fallbacks,
-                4 * u.reps, static_cast<unsigned long long>(st.fallback_rule),
-                static_cast<unsigned long long>(st.fallback_code), static_cast<unsigned long long>(st.fallback_stack),
-                static_cast<unsigned long long>(st.fallback_full));
+    std::printf("walk_fallbacks %d of %d (frame rule %llu, code %llu, stack %llu)\n", u.walk_fallbacks, 4 * u.reps,
+                static_cast<unsigned long long>(st.fallback_rule), static_cast<unsigned long long>(st.fallback_code),
+                static_cast<unsigned long long>(st.fallback_stack));
     return 0;
   }
   return 1;

@@ -276,12 +276,14 @@ void CallSites::log_stats() const noexcept {
     stored = count_;
   }
   const unwind::Stats s = unwind::stats();
-  log::debug("cuwarden: call sites: %u stored; %llu return addresses looked up in .eh_frame, %llu rule tables emptied; "
-             "walks left to backtrace(): %llu by a frame's rule, %llu by code outside every object, %llu by another "
-             "stack, %llu by a full table",
-             stored, static_cast<unsigned long long>(s.cold), static_cast<unsigned long long>(s.invalidations),
-             static_cast<unsigned long long>(s.fallback_rule), static_cast<unsigned long long>(s.fallback_code),
-             static_cast<unsigned long long>(s.fallback_stack), static_cast<unsigned long long>(s.fallback_full));
+  using ull = unsigned long long;
+  log::debug("cuwarden: call sites: %u stored; %llu return addresses looked up in .eh_frame, rule table emptied "
+             "%llu times by an unload and %llu full, %llu rules not kept (%llu no free slot, %llu lock busy); walks "
+             "left to backtrace(): %llu by a frame's rule, %llu by code outside every object, %llu by another stack",
+             stored, static_cast<ull>(s.cold), static_cast<ull>(s.invalidations), static_cast<ull>(s.resets),
+             static_cast<ull>(s.not_stored_probes + s.not_stored_busy), static_cast<ull>(s.not_stored_probes),
+             static_cast<ull>(s.not_stored_busy), static_cast<ull>(s.fallback_rule),
+             static_cast<ull>(s.fallback_code), static_cast<ull>(s.fallback_stack));
 }
 
 bool CallSites::frames(uint32_t id, std::vector<uint64_t>* native, std::vector<uint64_t>* python) const {

@@ -27,8 +27,14 @@ namespace {
 
 // 8192 slots of 16 bytes (128 KiB of .bss, touched only where rules land), at most half of
 // them used so that probes stay short. A PyTorch training's allocations come from a few
-// thousand distinct return addresses; past that, walks that meet a new one fall back.
-constexpr int kTableBits = 13;
+// thousand distinct return addresses; past that, the table is emptied and fills again with
+// those still met (a cache: a reset costs a cold lookup per address met afterwards). Tests
+// build it smaller (CUW_UNWIND_TABLE_BITS) to reach that.
+#ifndef CUW_UNWIND_TABLE_BITS
+#define CUW_UNWIND_TABLE_BITS 13
+#endif
+constexpr int kTableBits = CUW_UNWIND_TABLE_BITS;
+static_assert(kTableBits >= 3 && kTableBits <= 20);
 constexpr std::size_t kSlots = std::size_t{1} << kTableBits;
 
 /// Written only under g_busy (a rule, then its key into an empty slot, both release; or every
@@ -47,12 +53,11 @@ constinit Slot g_slots[kSlots];
 /// (never wait in a hook), forget() spins on it, and a fork's child clears it when a thread the
 /// child does not have held it at the fork (after_fork_child), which a mutex does not allow.
 std::atomic<bool> g_busy{false};
-uint32_t g_fill = 0;               ///< keys in the table (under g_busy)
-std::atomic<bool> g_full{false};   ///< g_fill reached kMaxFill: walks meeting a new address fall back
+uint32_t g_fill = 0;  ///< keys in the table (under g_busy)
 
 struct Counters {
-  std::atomic<uint64_t> cold{0}, invalidations{0}, fallback_rule{0}, fallback_code{0}, fallback_stack{0},
-      fallback_full{0};
+  std::atomic<uint64_t> cold{0}, invalidations{0}, resets{0}, not_stored_probes{0}, not_stored_busy{0},
+      fallback_rule{0}, fallback_code{0}, fallback_stack{0};
 };
 Counters g_count;
 
@@ -66,7 +71,6 @@ void empty_locked() noexcept {
   // key finds its rule; a stale rule word behind an empty key is never read.
   for (Slot& s : g_slots) s.key.store(0, std::memory_order_relaxed);
   g_fill = 0;
-  g_full.store(false, std::memory_order_relaxed);
 }
 
 // From here to walk(): x86-64 only (elsewhere walk() falls back at once).
@@ -100,7 +104,7 @@ constexpr uint64_t kEndRule = std::bit_cast<uint64_t>(Rule{0, 0, 0, kEnd});
 // ---- the table's reads and inserts ----------------------------------------------------------
 
 constexpr uint32_t kMaxFill = kSlots / 2;
-constexpr int kProbes = 32;
+constexpr int kProbes = kSlots < 32 ? static_cast<int>(kSlots) : 32;
 
 inline std::size_t slot_of(uint64_t key) {
   return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> (64 - kTableBits));
@@ -124,22 +128,24 @@ inline uint64_t lookup(uint64_t key) noexcept {
 unsigned long long g_subs = 0;  ///< (under g_busy)
 bool g_subs_known = false;      ///< (under g_busy)
 
-void insert_locked(uint64_t key, uint64_t rule) noexcept {
+/// False when no slot within kProbes of key's is empty: the address stays out (its walks take
+/// the cold path) until the table is next emptied.
+bool insert_locked(uint64_t key, uint64_t rule) noexcept {
   if (g_fill >= kMaxFill) {
-    g_full.store(true, std::memory_order_relaxed);
-    return;
+    empty_locked();
+    g_count.resets.fetch_add(1, std::memory_order_relaxed);
   }
   std::size_t i = slot_of(key);
   for (int p = 0; p < kProbes; ++p, i = (i + 1) & (kSlots - 1)) {
     const uint64_t k = g_slots[i].key.load(std::memory_order_relaxed);
-    if (k == key) return;  // another thread's insert
+    if (k == key) return true;  // another thread's insert
     if (k != 0) continue;
     g_slots[i].rule.store(rule, std::memory_order_release);
     g_slots[i].key.store(key, std::memory_order_release);
     ++g_fill;
-    return;
+    return true;
   }
-  // No empty slot within kProbes: this address stays out (its walks take the cold path).
+  return false;
 }
 
 // ---- reading .eh_frame_hdr, CIEs and FDEs ---------------------------------------------------
@@ -588,14 +594,17 @@ bool mapped(uint64_t pc) noexcept {
 }
 
 /// The cold path: the rule for `key` (a return address - 1), inserted into the table if its
-/// lock is free (never waited for: a walk runs inside a hook). 0 when the table is full.
+/// lock is free (never waited for: a walk runs inside a hook). Every call looks at the
+/// loader's unload count, whatever the table holds: the only place it is looked at.
 __attribute__((cold, noinline)) uint64_t rule_cold(uint64_t key) noexcept {
-  if (g_full.load(std::memory_order_relaxed)) return 0;
   g_count.cold.fetch_add(1, std::memory_order_relaxed);
   Search s{key};
   dl_iterate_phdr(search_object, &s);
   if (s.rule == kEmpty) s.rule = mapped(key + 1) ? refused(kWhyCode) : kEndRule;
-  if (!try_lock()) return s.rule;
+  if (!try_lock()) {
+    g_count.not_stored_busy.fetch_add(1, std::memory_order_relaxed);
+    return s.rule;
+  }
   // Unload counts only grow; one seen before another thread's newer one changes nothing.
   if (s.subs_known && (!g_subs_known || s.subs > g_subs)) {
     if (g_subs_known) {
@@ -605,7 +614,12 @@ __attribute__((cold, noinline)) uint64_t rule_cold(uint64_t key) noexcept {
     g_subs = s.subs;
     g_subs_known = true;
   }
-  insert_locked(key, s.rule);
+  // A rule made before an unload that another thread has since seen (and emptied the table
+  // for) may be the unloaded object's: it serves this walk, whose frame keeps its object
+  // loaded, but is not kept.
+  if (!s.subs_known || s.subs == g_subs) {
+    if (!insert_locked(key, s.rule)) g_count.not_stored_probes.fetch_add(1, std::memory_order_relaxed);
+  }
   unlock();
   return s.rule;
 }
@@ -634,8 +648,7 @@ __attribute__((cold, noinline)) void find_bounds(Bounds& b) noexcept {
 
 __attribute__((cold, noinline)) int fall_back(uint64_t rule) noexcept {
   const Rule r = std::bit_cast<Rule>(rule);
-  if (rule == 0) g_count.fallback_full.fetch_add(1, std::memory_order_relaxed);
-  else if ((r.bits >> kWhyShift) == kWhyCode) g_count.fallback_code.fetch_add(1, std::memory_order_relaxed);
+  if ((r.bits >> kWhyShift) == kWhyCode) g_count.fallback_code.fetch_add(1, std::memory_order_relaxed);
   else g_count.fallback_rule.fetch_add(1, std::memory_order_relaxed);
   return kFallback;
 }
@@ -698,10 +711,12 @@ Stats stats() noexcept {
   Stats s;
   s.cold = g_count.cold.load(std::memory_order_relaxed);
   s.invalidations = g_count.invalidations.load(std::memory_order_relaxed);
+  s.resets = g_count.resets.load(std::memory_order_relaxed);
+  s.not_stored_probes = g_count.not_stored_probes.load(std::memory_order_relaxed);
+  s.not_stored_busy = g_count.not_stored_busy.load(std::memory_order_relaxed);
   s.fallback_rule = g_count.fallback_rule.load(std::memory_order_relaxed);
   s.fallback_code = g_count.fallback_code.load(std::memory_order_relaxed);
   s.fallback_stack = g_count.fallback_stack.load(std::memory_order_relaxed);
-  s.fallback_full = g_count.fallback_full.load(std::memory_order_relaxed);
   return s;
 }
 

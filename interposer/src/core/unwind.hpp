@@ -31,8 +31,8 @@ inline constexpr int kFallback = -1;
 /// The calling thread's return addresses, innermost first, at most `max` into `out`: the
 /// frames glibc's backtrace() would return if called in place of walk() (out[0] is the return
 /// address into walk()'s caller). Returns how many (0..max), or kFallback when this walk cannot
-/// tell them (see the file's comment; also the rule table full, or the thread running on a
-/// stack other than its own, e.g. a signal's alternate stack or a coroutine's). Not
+/// tell them (see the file's comment; also the thread running on a stack other than its own,
+/// e.g. a signal's alternate stack or a coroutine's). Not
 /// async-signal-safe (a return address seen for the first time takes the cold path:
 /// dl_iterate_phdr and a lock that is only tried). Thread-safe, lock-free and allocation-free
 /// when every return address is in the table; always kFallback on other architectures.
@@ -42,12 +42,14 @@ int walk(void** out, int max) noexcept;
 /// Why walks fell back, and how often the cold path ran. Counted with relaxed atomics, only
 /// on those rare paths; a snapshot, for benchmarks and tests. Thread-safe.
 struct Stats {
-  uint64_t cold = 0;             ///< return addresses looked up in the loaded objects' .eh_frame
-  uint64_t invalidations = 0;    ///< the table emptied: an object was unloaded
-  uint64_t fallback_rule = 0;    ///< a frame whose rule is not one kept (expression, signal frame)
-  uint64_t fallback_code = 0;    ///< a return address outside every loaded object (JIT code)
-  uint64_t fallback_stack = 0;   ///< the thread's stack unknown, or another stack in use
-  uint64_t fallback_full = 0;    ///< the table full and a return address not in it
+  uint64_t cold = 0;               ///< return addresses looked up in the loaded objects' .eh_frame
+  uint64_t invalidations = 0;      ///< the table emptied: an object was unloaded
+  uint64_t resets = 0;             ///< the table emptied: it was full (a cache's reset)
+  uint64_t not_stored_probes = 0;  ///< rules not kept: no free slot near their key's
+  uint64_t not_stored_busy = 0;    ///< rules not kept: another thread held the table's lock
+  uint64_t fallback_rule = 0;      ///< a frame whose rule is not one kept (expression, signal frame)
+  uint64_t fallback_code = 0;      ///< a return address outside every loaded object (JIT code)
+  uint64_t fallback_stack = 0;     ///< the thread's stack unknown, or another stack in use
 };
 Stats stats() noexcept;
 
