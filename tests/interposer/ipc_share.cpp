@@ -32,6 +32,9 @@ namespace {
 
 int failures = 0;
 
+// The one flag the driver accepts (it refuses 0: measured on the H200).
+constexpr unsigned kFlags = CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
+
 #define CHECK_EQ(a, b)                                                                                   \
   do {                                                                                                   \
     const auto va = (a);                                                                                 \
@@ -86,7 +89,7 @@ bool holds(CUdeviceptr p, size_t bytes, unsigned char v) {
 /// Returns the open's result.
 CUresult import_check_write(const CUipcMemHandle& h, size_t bytes, unsigned char expect, unsigned char write) {
   CUdeviceptr p = 0;
-  const CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  const CUresult r = cuIpcOpenMemHandle(&p, h, kFlags);
   if (r != CUDA_SUCCESS) return r;
   CHECK_EQ(holds(p, bytes, expect), true);
   CUdeviceptr base = 0;
@@ -202,7 +205,7 @@ void exporter_gone(const char* self, size_t bytes) {
   CHECK_EQ(wait_exit(pid), 0);
   if (said) {
     CUdeviceptr p = 0;
-    const CUresult r = cuIpcOpenMemHandle(&p, unhex(line), 0);
+    const CUresult r = cuIpcOpenMemHandle(&p, unhex(line), kFlags);
     CHECK_EQ(r != CUDA_SUCCESS, true);
   }
   if (in) std::fclose(in);
@@ -250,10 +253,10 @@ int main(int argc, char** argv) {
     const size_t n = std::strtoull(argv[4], nullptr, 10);
     const CUipcMemHandle ha = unhex(argv[2]), hb = unhex(argv[3]);
     CUdeviceptr a = 0, a2 = 0, b = 0;
-    CHECK_EQ(cuIpcOpenMemHandle(&a, ha, 0), CUDA_SUCCESS);
-    CHECK_EQ(cuIpcOpenMemHandle(&b, hb, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuIpcOpenMemHandle(&a, ha, kFlags), CUDA_SUCCESS);
+    CHECK_EQ(cuIpcOpenMemHandle(&b, hb, kFlags), CUDA_SUCCESS);
     // Again: the same address, counted (a driver may also refuse a second open; then once).
-    const CUresult again = cuIpcOpenMemHandle(&a2, ha, 0);
+    const CUresult again = cuIpcOpenMemHandle(&a2, ha, kFlags);
     std::printf("second open of one handle: %d\n", static_cast<int>(again));
     if (again != CUDA_ERROR_ALREADY_MAPPED) {
       CHECK_EQ(again, CUDA_SUCCESS);
@@ -283,7 +286,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "import-fails" && argc == 4) {
     CUdeviceptr p = 0;
-    const CUresult r = cuIpcOpenMemHandle(&p, unhex(argv[2]), 0);
+    const CUresult r = cuIpcOpenMemHandle(&p, unhex(argv[2]), kFlags);
     if (r == CUDA_SUCCESS) {
       std::fprintf(stderr, "a freed block's handle opened\n");
       return 1;
@@ -292,7 +295,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "import-plain" && argc == 4) {
     CUdeviceptr p = 0;
-    const CUresult r = cuIpcOpenMemHandle(&p, unhex(argv[2]), 0);
+    const CUresult r = cuIpcOpenMemHandle(&p, unhex(argv[2]), kFlags);
     if (r == CUDA_SUCCESS) cuIpcCloseMemHandle(p);
     return static_cast<int>(r) & 0x7f;
   }

@@ -155,7 +155,8 @@ TEST_CASE("backend: IPC imports and closes reach the driver, by every ABI varian
   size_t size = 0;
   if (vmm_pool()) {  // mapped granules: a handle of ours, which this process cannot open either
     CHECK(fakecuda_ipc_handle_range(&h, &base, &size) != 0);
-    CHECK(cuIpcOpenMemHandle(&q, h, 0) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(cuIpcOpenMemHandle(&q, h, 0) == CUDA_ERROR_INVALID_VALUE);  // the one flag is required
+    CHECK(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_CONTEXT);
     REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
     return;
   }
@@ -171,7 +172,8 @@ TEST_CASE("backend: IPC imports and closes reach the driver, by every ABI varian
     INFO(variant);
     auto open = reinterpret_cast<open_fn>(dlsym(libcuda, variant));
     REQUIRE(open);
-    CHECK(open(&q, h, 0) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(open(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(open(&q, h, 0) == CUDA_ERROR_INVALID_VALUE);     // the driver takes exactly the one flag
     CHECK(open(&q, h, 0x80) == CUDA_ERROR_INVALID_VALUE);  // an unknown flag
   }
   CHECK(cuIpcCloseMemHandle(p) == CUDA_ERROR_INVALID_VALUE);

@@ -481,7 +481,7 @@ TEST_CASE("cache: IPC export is the driver's for whole blocks and ours for packe
   // answers a process opening its own export). Other processes do: interposer.ipc.*.
   REQUIRE(cuIpcGetMemHandle(&h, small) == CUDA_SUCCESS);
   CHECK(fakecuda_ipc_handle_range(&h, &hb, &hs) != 0);
-  CHECK(cuIpcOpenMemHandle(&q, h, 0) == CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_ERROR_INVALID_CONTEXT);
   if (vmm_pool()) {
     REQUIRE(cuIpcGetMemHandle(&h, big) == CUDA_SUCCESS);
     CHECK(fakecuda_ipc_handle_range(&h, &hb, &hs) != 0);

@@ -481,10 +481,10 @@ bool start_listener_locked(Exporter& ex) {
 
 // ---- the importer ----------------------------------------------------------------------
 
-/// Access to imported granules for the current device and, with
-/// CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, every device that can reach the memory's own (mapped
-/// memory is not covered by peer access the program enables).
-std::vector<CUmemAccessDesc> access_for(CUdevice current, int owner, unsigned flags) {
+/// Access to imported granules for the current device and every device that can reach the
+/// memory's own, as CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (the only flag the driver takes) asks
+/// (mapped memory is not covered by peer access the program enables).
+std::vector<CUmemAccessDesc> access_for(CUdevice current, int owner) {
   std::vector<CUmemAccessDesc> d;
   const auto add = [&](int dev) {
     for (const CUmemAccessDesc& x : d)
@@ -497,7 +497,7 @@ std::vector<CUmemAccessDesc> access_for(CUdevice current, int owner, unsigned fl
   };
   add(current);
   int n = 0;
-  if ((flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) && owner >= 0 && calls().device_count &&
+  if (owner >= 0 && calls().device_count &&
       calls().device_count(&n) == CUDA_SUCCESS) {
     for (int dev = 0; dev < n && dev < 64; ++dev) {
       int can = dev == owner ? 1 : 0;
@@ -513,7 +513,7 @@ void unmap_granules(CUdeviceptr base, uint64_t bytes, uint64_t granule, uint64_t
   calls().address_free(base, bytes);
 }
 
-CUresult map_granules(int sock, const Reply& rp, unsigned flags, uint64_t deadline, CUdeviceptr* out) {
+CUresult map_granules(int sock, const Reply& rp, uint64_t deadline, CUdeviceptr* out) {
   const Calls& c = calls();
   if (!c.import_fd || !c.reserve || !c.map || !c.set_access || !c.unmap || !c.address_free || !c.release)
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -552,7 +552,7 @@ CUresult map_granules(int sock, const Reply& rp, unsigned flags, uint64_t deadli
   }
   if (r == CUDA_SUCCESS) {
     try {
-      const std::vector<CUmemAccessDesc> d = access_for(dev, owner, flags);
+      const std::vector<CUmemAccessDesc> d = access_for(dev, owner);
       r = c.set_access(base, rp.bytes, d.data(), d.size());
     } catch (...) {
       r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -687,7 +687,8 @@ bool is_ours(const CUipcMemHandle& h) noexcept {
 }
 
 CUresult open(CUdeviceptr* p, const CUipcMemHandle& handle, unsigned flags) {
-  if (!p || (flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) return CUDA_ERROR_INVALID_VALUE;
+  // As the driver: exactly CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (it refuses 0: measured on the H200).
+  if (!p || flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
   CUcontext ctx = nullptr;
   if (!drv().ctx_get_current || drv().ctx_get_current(&ctx) != CUDA_SUCCESS || !ctx) return CUDA_ERROR_INVALID_CONTEXT;
   Handle h;
@@ -745,7 +746,7 @@ CUresult open(CUdeviceptr* p, const CUipcMemHandle& handle, unsigned flags) {
   m.how = static_cast<ipc_span::kind>(rp.how);
   m.span_bytes = rp.bytes;
   m.granule_bytes = rp.granule_bytes;
-  CUresult r = granules ? map_granules(sock, rp, flags, deadline, &m.span_base)
+  CUresult r = granules ? map_granules(sock, rp, deadline, &m.span_base)
                         : open_slab(ctx, rp, flags, h.bytes, &m.legacy_key, &m.span_base);
   ::close(sock);
   if (r != CUDA_SUCCESS) return r;

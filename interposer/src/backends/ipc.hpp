@@ -45,7 +45,7 @@ bool is_ours(const CUipcMemHandle& h) noexcept;
 /// cuIpcOpenMemHandle of one of our handles, in the calling thread's current context: the
 /// same handle opened again in the same context answers the same address (counted, as the
 /// driver does). CUDA_SUCCESS and *p (the block's first byte), or CUDA_ERROR_INVALID_VALUE
-/// (bad arguments), CUDA_ERROR_INVALID_CONTEXT (no current context, or the handle is this
+/// (bad arguments; `flags` other than CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, as the driver), CUDA_ERROR_INVALID_CONTEXT (no current context, or the handle is this
 /// process's own), CUDA_ERROR_INVALID_HANDLE (the exporter is gone, does not answer within
 /// 10 s, answers wrongly, or the block is no longer the one exported), CUDA_ERROR_MAP_FAILED,
 /// CUDA_ERROR_OUT_OF_MEMORY, or the driver's error. Thread-safe; waits for the exporter's

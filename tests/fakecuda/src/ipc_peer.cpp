@@ -79,7 +79,8 @@ FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
   FC_ENTER();
   Context* ctx;
   if (CUresult rc = require_context(&ctx)) return rc;
-  if (!pdptr || (Flags & ~static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))) return CUDA_ERROR_INVALID_VALUE;
+  // The driver takes exactly CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (it refuses 0: measured on the H200).
+  if (!pdptr || Flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
   IpcPayload p;
   std::memcpy(&p, handle.reserved, sizeof p);
   if (p.magic != kIpcMagic) return CUDA_ERROR_INVALID_VALUE;
