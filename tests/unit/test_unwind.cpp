@@ -2,8 +2,10 @@
 // return addresses glibc's backtrace() returns, through code without frame pointers, with
 // them, alloca'ed frames, a shared library's PLT, libc, another thread; and falls back
 // (kFallback, never a wrong stack or a fault) where its rules do not reach: a CFA given by an
-// expression, a signal frame, a signal's alternate stack. A fork's child whose parent had a
-// thread inside the table's lock still inserts and empties.
+// expression, a signal frame, a signal's alternate stack, code outside every object (a JIT's),
+// a frame whose CFA leaves the stack; and ends at a return address that cannot be read
+// (backtrace() would fault there). A fork's child whose parent had a thread inside the table's
+// lock still inserts and empties.
 #include <catch2/catch.hpp>
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -209,36 +211,91 @@ TEST_CASE("unwind: a CFA given by an expression falls back, and backtrace() give
   REQUIRE(fast == reference(d[1]));
 }
 
-TEST_CASE("unwind: a frame whose rule is wrong ends the walk there, without a fault", "[unwind]") {
+TEST_CASE("unwind: a frame whose CFA leaves the stack falls back, without a fault", "[unwind]") {
   using Frame = int (*)(int (*)(void*), void*);
-  // An address certainly unmapped: the middle page of three just mapped, unmapped again (a
-  // one-page hole that nothing else maps before the walk).
-  const long page = sysconf(_SC_PAGESIZE);
-  char* const pages = static_cast<char*>(mmap(nullptr, 3 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(pages != MAP_FAILED);
-  REQUIRE(munmap(pages + page, page) == 0);
-  cuwt_lie_ra_value = reinterpret_cast<uintptr_t>(pages + page + 0x560);
-  for (Frame frame : {&cuwt_lie_high, &cuwt_lie_flat, &cuwt_lie_ra}) {
+  // backtrace() is not asked here: these frames' CFI itself lies, and libgcc would follow it.
+  for (Frame frame : {&cuwt_lie_high, &cuwt_lie_flat}) {
+    const uint64_t before = unwind::stats().fallback_frame;
     Capture c;
     Job job{&unwind::walk, &c};
     frame([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, &job);
-    INFO("walk (" << c.n << "):\n" << describe(frames_of(c)));
-    REQUIRE(c.n >= 6);  // take, the chain's four frames, the lying one
-    // It ends at the return address into the lying frame (or at the one it lies about), once:
-    // no frame read from below the stack pointer or beyond the stack's top after it.
-    auto in_frame = [frame](void* pc) {
-      return reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(frame) < 32;
-    };
-    if (frame == &cuwt_lie_ra) {
-      REQUIRE(c.frames[c.n - 1] == reinterpret_cast<void*>(cuwt_lie_ra_value));
-      REQUIRE(in_frame(c.frames[c.n - 2]));
-    } else {
-      REQUIRE(in_frame(c.frames[c.n - 1]));
-      REQUIRE(!in_frame(c.frames[c.n - 2]));
+    REQUIRE(c.n == unwind::kFallback);
+    REQUIRE(unwind::stats().fallback_frame == before + 1);
+  }
+}
+
+namespace {
+/// `n` pages of address space, PROT_NONE, given back at the end of the test.
+struct Pages {
+  const long size = sysconf(_SC_PAGESIZE);
+  const int n;
+  char* const at;
+  explicit Pages(int count)
+      : n(count),
+        at(static_cast<char*>(mmap(nullptr, count * size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {}
+  ~Pages() {
+    for (int i = 0; i < n; ++i) munmap(at + i * size, size);  // those still mapped
+  }
+  char* page(int i) const { return at + i * size; }
+};
+}  // namespace
+
+TEST_CASE("unwind: a return address that cannot be read ends the walk there, unmapped or PROT_NONE",
+          "[unwind]") {
+  // Unmapped: the middle page of three just mapped, unmapped again (a one-page hole that
+  // nothing else maps before the walk). PROT_NONE: mapped, as CUDA reserves address ranges,
+  // where libgcc's read of the return address's code would fault too.
+  Pages pages(3);
+  REQUIRE(pages.at != MAP_FAILED);
+  REQUIRE(munmap(pages.page(1), pages.size) == 0);
+  for (char* bad : {pages.page(1) + 0x560, pages.page(2) + 0x560}) {
+    cuwt_lie_ra_value = reinterpret_cast<uintptr_t>(bad);
+    static volatile int rounds = 2;
+    for (int i = 0; i < rounds; ++i) {  // twice from one call: an address with nothing there is not kept
+      const unwind::Stats before = unwind::stats();
+      Capture c;
+      Job job{&unwind::walk, &c};
+      cuwt_lie_ra([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, &job);
+      INFO("walk (" << c.n << "):\n" << describe(frames_of(c)));
+      REQUIRE(c.n >= 6);  // take, the chain's four frames, the lying one
+      REQUIRE(c.frames[c.n - 1] == static_cast<void*>(bad));
+      REQUIRE(reinterpret_cast<uintptr_t>(c.frames[c.n - 2]) - reinterpret_cast<uintptr_t>(&cuwt_lie_ra) < 32);
+      const unwind::Stats after = unwind::stats();
+      REQUIRE(after.ended_early == before.ended_early + 1);
+      REQUIRE(after.cold > before.cold);
     }
   }
-  munmap(pages, page);
-  munmap(pages + 2 * page, page);
+}
+
+TEST_CASE("unwind: a return address into code outside every object (a JIT's) falls back, near an unmapped page too",
+          "[unwind]") {
+  // A trampoline in an anonymous executable page, its return address 12 bytes before the end
+  // of the page and the next page unmapped: libgcc reads 9 bytes there, which it can.
+  //   sub $8,%rsp; mov %rdi,%rax; mov %rsi,%rdi; call *%rax; add $8,%rsp; ret
+  static const unsigned char code[] = {0x48, 0x83, 0xec, 0x08, 0x48, 0x89, 0xf8, 0x48, 0x89, 0xf7,
+                                       0xff, 0xd0, 0x48, 0x83, 0xc4, 0x08, 0xc3};
+  Pages pages(2);
+  REQUIRE(pages.at != MAP_FAILED);
+  REQUIRE(munmap(pages.page(1), pages.size) == 0);
+  REQUIRE(mprotect(pages.page(0), pages.size, PROT_READ | PROT_WRITE) == 0);
+  char* const entry = pages.page(1) - 24;
+  std::memcpy(entry, code, sizeof code);
+  REQUIRE(mprotect(pages.page(0), pages.size, PROT_READ | PROT_EXEC) == 0);
+  using Jit = int (*)(int (*)(void*), void*);
+  const auto jit = reinterpret_cast<Jit>(entry);
+  const uint64_t before = unwind::stats().fallback_code;
+  Capture c[2];
+  for (int i = 0; i < 2; ++i) {
+    Job job{i == 0 ? &unwind::walk : &walk_or_backtrace, &c[i]};
+    jit([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, &job);
+  }
+  REQUIRE(c[0].n == unwind::kFallback);
+  REQUIRE(unwind::stats().fallback_code == before + 2);
+  // backtrace() reaches the trampoline's return address and, finding no FDE, ends there.
+  const std::vector<void*> slow = reference(c[1]);
+  INFO("backtrace:\n" << describe(slow));
+  REQUIRE(!slow.empty());
+  REQUIRE(slow.back() == static_cast<void*>(entry + 12));
 }
 
 namespace {

@@ -279,11 +279,13 @@ void CallSites::log_stats() const noexcept {
   using ull = unsigned long long;
   log::debug("cuwarden: call sites: %u stored; %llu return addresses looked up in .eh_frame, rule table emptied "
              "%llu times by an unload and %llu full, %llu rules not kept (%llu no free slot, %llu lock busy); walks "
-             "left to backtrace(): %llu by a frame's rule, %llu by code outside every object, %llu by another stack",
+             "left to backtrace(): %llu by a frame's rule, %llu by code outside every object, %llu by another stack, "
+             "%llu by a frame leaving the stack; %llu walks ended early at a return address that cannot be read",
              stored, static_cast<ull>(s.cold), static_cast<ull>(s.invalidations), static_cast<ull>(s.resets),
              static_cast<ull>(s.not_stored_probes + s.not_stored_busy), static_cast<ull>(s.not_stored_probes),
              static_cast<ull>(s.not_stored_busy), static_cast<ull>(s.fallback_rule),
-             static_cast<ull>(s.fallback_code), static_cast<ull>(s.fallback_stack));
+             static_cast<ull>(s.fallback_code), static_cast<ull>(s.fallback_stack),
+             static_cast<ull>(s.fallback_frame), static_cast<ull>(s.ended_early));
 }
 
 bool CallSites::frames(uint32_t id, std::vector<uint64_t>* native, std::vector<uint64_t>* python) const {

@@ -12,7 +12,8 @@
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
-#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <bit>
@@ -57,7 +58,7 @@ uint32_t g_fill = 0;  ///< keys in the table (under g_busy)
 
 struct Counters {
   std::atomic<uint64_t> cold{0}, invalidations{0}, resets{0}, not_stored_probes{0}, not_stored_busy{0},
-      fallback_rule{0}, fallback_code{0}, fallback_stack{0};
+      fallback_rule{0}, fallback_code{0}, fallback_stack{0}, fallback_frame{0}, ended_early{0};
 };
 Counters g_count;
 
@@ -80,7 +81,7 @@ void empty_locked() noexcept {
 enum Kind : uint8_t {
   kEmpty = 0,   ///< never stored: a slot's value before its first insert
   kStep = 1,    ///< go to the caller with the offsets below
-  kEnd = 2,     ///< the outermost frame (return address undefined: _start, clone) or no FDE
+  kEnd = 2,     ///< the outermost frame (return address undefined: _start, clone) or no FDE in its object
   kRefuse = 3,  ///< not a rule kept here: the walk falls back to backtrace()
 };
 enum Why : uint8_t { kWhyRule = 0, kWhyCode = 1 };  ///< of a kRefuse, for the statistics
@@ -584,13 +585,18 @@ int search_object(dl_phdr_info* info, size_t size, void* arg) {
   return 1;
 }
 
-/// Whether the bytes libgcc reads at a return address outside every object (it looks for a
-/// signal trampoline there) are mapped: JIT code is; a return address read through a wrong
-/// rule mostly is not, and backtrace() would fault on it.
-bool mapped(uint64_t pc) noexcept {
-  const uint64_t page = pc & ~uint64_t{4095};
-  unsigned char v[2];
-  return ::mincore(reinterpret_cast<void*>(page), pc + 16 - page, v) == 0;
+/// Whether backtrace() may be left a return address outside every loaded object: libgcc reads
+/// the 9 bytes there (its test for the signal trampoline's code) unless an FDE registered with
+/// __register_frame covers it (a JIT's: numba's, llvmlite's). JIT code can be read; a return
+/// address read through a wrong rule mostly cannot, and backtrace() would fault on it.
+/// process_vm_readv on our own pid fails (EFAULT) where a load would fault, PROT_NONE mappings
+/// too (CUDA reserves its address ranges so), where mincore succeeds. Any other failure (a
+/// seccomp filter refusing the call) says no as well: a walk ended short, never a fault.
+bool readable(uint64_t pc) noexcept {
+  constexpr std::size_t kRead = 9;
+  unsigned char buf[kRead];
+  iovec here{buf, kRead}, there{reinterpret_cast<void*>(pc), kRead};
+  return ::process_vm_readv(::getpid(), &here, 1, &there, 1, 0) == static_cast<ssize_t>(kRead);
 }
 
 /// The cold path: the rule for `key` (a return address - 1), inserted into the table if its
@@ -600,7 +606,16 @@ __attribute__((cold, noinline)) uint64_t rule_cold(uint64_t key) noexcept {
   g_count.cold.fetch_add(1, std::memory_order_relaxed);
   Search s{key};
   dl_iterate_phdr(search_object, &s);
-  if (s.rule == kEmpty) s.rule = mapped(key + 1) ? refused(kWhyCode) : kEndRule;
+  if (s.rule == kEmpty) {
+    // Outside every object. Code there now (JIT) may stay: backtrace() is asked each time.
+    // Nothing readable there: the walk ends, and the answer is not kept, since a library may
+    // be loaded at that address later.
+    if (!readable(key + 1)) {
+      g_count.ended_early.fetch_add(1, std::memory_order_relaxed);
+      return kEndRule;
+    }
+    s.rule = refused(kWhyCode);
+  }
   if (!try_lock()) {
     g_count.not_stored_busy.fetch_add(1, std::memory_order_relaxed);
     return s.rule;
@@ -646,6 +661,22 @@ __attribute__((cold, noinline)) void find_bounds(Bounds& b) noexcept {
   pthread_attr_destroy(&attr);
 }
 
+/// A frame whose CFA is not above the stack pointer, or whose CFA, return address or RBP slot
+/// lies past the stack's top: a rule gone stale (an object unloaded and another loaded at its
+/// address, not yet noticed), CFI that lies, or a stack deeper than its bounds say. backtrace()
+/// redoes the capture from the frames' own CFI.
+__attribute__((cold, noinline)) int stray() noexcept {
+  g_count.fallback_frame.fetch_add(1, std::memory_order_relaxed);
+  return kFallback;
+}
+
+/// A return address below the first page but not 0 (0 ends the stack for libgcc too): nothing
+/// is code there, and libgcc would fault reading it.
+__attribute__((cold, noinline)) int ended(int n) noexcept {
+  g_count.ended_early.fetch_add(1, std::memory_order_relaxed);
+  return n;
+}
+
 __attribute__((cold, noinline)) int fall_back(uint64_t rule) noexcept {
   const Rule r = std::bit_cast<Rule>(rule);
   if ((r.bits >> kWhyShift) == kWhyCode) g_count.fallback_code.fetch_add(1, std::memory_order_relaxed);
@@ -680,22 +711,22 @@ __attribute__((noinline, no_sanitize("address", "thread"))) int walk(void** out,
     if (kind == kEnd) return n;
     if (__builtin_expect(kind != kStep, 0)) return fall_back(word);
     const uintptr_t cfa = ((r.bits & kCfaRbp) ? bp : sp) + static_cast<uintptr_t>(intptr_t{r.cfa_off});
-    if (cfa <= sp || cfa > hi) return n;  // the stack does not go up: stop rather than loop or stray
+    if (__builtin_expect(cfa <= sp || cfa > hi, 0)) return stray();  // never loop, never leave the stack
     const uintptr_t ra_at = cfa + static_cast<uintptr_t>(intptr_t{r.ra_off});
-    if (ra_at < lo || ra_at > hi - 8) return n;
+    if (__builtin_expect(ra_at < lo || ra_at > hi - 8, 0)) return stray();
     // Loaded by memcpy: a wrong rule's offsets can point anywhere in the stack, misaligned too
     // (a typed load there is undefined behaviour, which UBSan's CI build aborts on).
     uintptr_t ra;
     __builtin_memcpy(&ra, reinterpret_cast<const void*>(ra_at), sizeof ra);
     if (r.bits & kRbpSaved) {
       const uintptr_t bp_at = cfa + static_cast<uintptr_t>(intptr_t{r.rbp_off});
-      if (bp_at < lo || bp_at > hi - 8) return n;
+      if (__builtin_expect(bp_at < lo || bp_at > hi - 8, 0)) return stray();
       __builtin_memcpy(&bp, reinterpret_cast<const void*>(bp_at), sizeof bp);
     }
     sp = cfa;
     // 0 ends the stack (libgcc's test too); below the first page nothing is code, and 1 would
     // be the table's empty key.
-    if (ra < 4096) return n;
+    if (__builtin_expect(ra < 4096, 0)) return ra == 0 ? n : ended(n);
     out[n++] = reinterpret_cast<void*>(ra);
     pc = ra;
   }
@@ -717,6 +748,8 @@ Stats stats() noexcept {
   s.fallback_rule = g_count.fallback_rule.load(std::memory_order_relaxed);
   s.fallback_code = g_count.fallback_code.load(std::memory_order_relaxed);
   s.fallback_stack = g_count.fallback_stack.load(std::memory_order_relaxed);
+  s.fallback_frame = g_count.fallback_frame.load(std::memory_order_relaxed);
+  s.ended_early = g_count.ended_early.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -15,10 +15,13 @@
 // always backtrace()'s own. Other registers' rules are not needed and not kept.
 //
 // Safety: every read of the stack lies within the calling thread's stack, [the walk's own
-// stack pointer, the stack's top), so a wrong rule gives a wrong frame, never a fault. A
-// rule can only be wrong after a library is unloaded and another loaded at its address: the
-// table is emptied when the loader's count of unloads changes, which is looked at only when a
-// return address is not in the table (not on every walk: that is a dl_iterate_phdr call).
+// stack pointer, the stack's top), so a wrong rule gives a wrong frame, never a fault; a rule
+// that would lead off the stack makes the walk fall back. A rule can only be wrong after a
+// library is unloaded and another loaded at its address: the table is emptied when the
+// loader's count of unloads changes, which is looked at only when a return address is not in
+// the table (not on every walk: that is a dl_iterate_phdr call). A return address that cannot
+// be read (outside every object and unmapped or PROT_NONE) ends the walk there: backtrace()
+// would fault on it.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +53,8 @@ struct Stats {
   uint64_t fallback_rule = 0;      ///< a frame whose rule is not one kept (expression, signal frame)
   uint64_t fallback_code = 0;      ///< a return address outside every loaded object (JIT code)
   uint64_t fallback_stack = 0;     ///< the thread's stack unknown, or another stack in use
+  uint64_t fallback_frame = 0;     ///< a frame's CFA or saved registers outside the stack (a stale rule)
+  uint64_t ended_early = 0;        ///< walks ended at a return address that cannot be read
 };
 Stats stats() noexcept;
 
