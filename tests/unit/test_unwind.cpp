@@ -12,10 +12,12 @@
 #include <signal.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +30,31 @@
 #include "unwind_check.hpp"
 
 namespace unwind = cuw::core::unwind;
+
+// The walk's lookups of a thread's stack, counted on each thread, and failed there on demand:
+// this program's pthread_getattr_np comes before libc's (unwind.cpp is linked into it).
+namespace {
+thread_local int t_getattr_calls = 0;
+thread_local int t_getattr_fail = 0;
+}  // namespace
+extern "C" int pthread_getattr_np(pthread_t thread, pthread_attr_t* attr) noexcept {
+  ++t_getattr_calls;
+  if (t_getattr_fail > 0) {
+    --t_getattr_fail;
+    return ENOMEM;
+  }
+  using Fn = int (*)(pthread_t, pthread_attr_t*);
+  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_getattr_np"));
+  return real(thread, attr);
+}
+
+namespace {
+/// What the tracker's atfork child handler does.
+void register_fork_handler() {
+  static const int registered = pthread_atfork(nullptr, nullptr, &unwind::after_fork_child);
+  REQUIRE(registered == 0);
+}
+}  // namespace
 
 // An assembler frame whose CFA rule is DW_CFA_def_cfa_expression (DW_OP_breg6 16: RBP + 16),
 // as PLT entries and realigned frames have: the walk must refuse it.
@@ -348,9 +375,7 @@ TEST_CASE("unwind: on a signal's alternate stack it falls back (not the thread's
 
 TEST_CASE("unwind: a fork's child inserts and empties though a thread held the table's lock at the fork",
           "[unwind]") {
-  // What the tracker's atfork child handler does.
-  static const int registered = pthread_atfork(nullptr, nullptr, &unwind::after_fork_child);
-  REQUIRE(registered == 0);
+  register_fork_handler();
   first_walk_outside_handlers();  // libgcc_s loaded before the fork, not in each child
   // forget() in a loop holds the lock most of the time: most forks below catch it held.
   std::atomic<bool> done{false};
@@ -382,6 +407,75 @@ TEST_CASE("unwind: a fork's child inserts and empties though a thread held the t
   done.store(true);
   eraser.join();
   REQUIRE(failed == 0);
+}
+
+TEST_CASE("unwind: the main thread's stack is found without pthread_getattr_np (no /proc, no allocation)",
+          "[unwind]") {
+  REQUIRE(syscall(SYS_gettid) == getpid());
+  const int before = t_getattr_calls;
+  Capture c[2];
+  both([](Job* j) { chain_nofp(j); }, c);  // the first walk on this thread
+  REQUIRE(t_getattr_calls == before);
+  require_same(c);
+  REQUIRE(c[0].n < Capture::kMax);  // to _start: the bounds hold every frame
+}
+
+TEST_CASE("unwind: prepare() finds the calling thread's stack, and its walks then look nothing up", "[unwind]") {
+  Capture c[2];
+  int in_prepare = 0, in_walk = 0;
+  std::thread t([&] {
+    const int start = t_getattr_calls;
+    unwind::prepare();
+    in_prepare = t_getattr_calls - start;
+    both([](Job* j) { chain_nofp(j); }, c);
+    in_walk = t_getattr_calls - start - in_prepare;
+  });
+  t.join();
+  REQUIRE(in_prepare == 1);
+  REQUIRE(in_walk == 0);
+  require_same(c);
+}
+
+TEST_CASE("unwind: a thread whose stack is not found falls back, and the lookup is tried again 1,024 walks later",
+          "[unwind]") {
+  int walks = 0, calls = 0;
+  uint64_t counted = 0;
+  Capture c;
+  std::thread t([&] {
+    const uint64_t before = unwind::stats().fallback_bounds;
+    const int start = t_getattr_calls;
+    t_getattr_fail = 1;
+    do {
+      c.n = unwind::walk(c.frames, Capture::kMax);
+      ++walks;
+    } while (c.n == unwind::kFallback && walks < 5000);
+    calls = t_getattr_calls - start;
+    counted = unwind::stats().fallback_bounds - before;
+  });
+  t.join();
+  REQUIRE(c.n > 0);
+  REQUIRE(walks == 1025);  // the first fails; 1,023 fall back without a lookup; then it succeeds
+  REQUIRE(calls == 2);
+  REQUIRE(counted == 1024);
+}
+
+TEST_CASE("unwind: a fork's child of a thread other than the main one walks its stack", "[unwind]") {
+  register_fork_handler();
+  first_walk_outside_handlers();
+  int status = -1;
+  std::thread t([&status] {  // no walk on this thread before the fork
+    const pid_t pid = fork();
+    if (pid == 0) {
+      alarm(20);
+      Capture c[2];
+      both([](Job* j) { chain_nofp(j); }, c);
+      _exit(c[0].n != unwind::kFallback && frames_of(c[0]) == reference(c[1]) ? 0 : 1);
+    }
+    if (pid > 0) waitpid(pid, &status, 0);
+  });
+  t.join();
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("unwind: many threads walk at once while the table is emptied", "[unwind]") {

@@ -130,10 +130,12 @@ void CallSites::init(LiveSegment* segment, int native, bool python) noexcept {
   } catch (...) {
     return;
   }
-  // The first backtrace() loads libgcc_s (dlopen, malloc): done here, at the first CUDA
-  // call, rather than inside some later allocation.
+  // The first backtrace() loads libgcc_s (dlopen, malloc), and a thread's first walk looks its
+  // stack up (pthread_getattr_np, which allocates): done here, at the first CUDA call, rather
+  // than inside some later allocation, for this thread and the main one.
   void* warm[4];
   (void)backtrace(warm, 4);
+  unwind::prepare();
   python_ = python && pyframes::available();
   native_ = std::clamp(native, 1, kMaxNative);
 }
@@ -280,12 +282,14 @@ void CallSites::log_stats() const noexcept {
   log::debug("cuwarden: call sites: %u stored; %llu return addresses looked up in .eh_frame, rule table emptied "
              "%llu times by an unload and %llu full, %llu rules not kept (%llu no free slot, %llu lock busy); walks "
              "left to backtrace(): %llu by a frame's rule, %llu by code outside every object, %llu by another stack, "
-             "%llu by a frame leaving the stack; %llu walks ended early at a return address that cannot be read",
+             "%llu by a thread's stack not found, %llu by a frame leaving the stack; %llu walks ended early at a "
+             "return address that cannot be read",
              stored, static_cast<ull>(s.cold), static_cast<ull>(s.invalidations), static_cast<ull>(s.resets),
              static_cast<ull>(s.not_stored_probes + s.not_stored_busy), static_cast<ull>(s.not_stored_probes),
              static_cast<ull>(s.not_stored_busy), static_cast<ull>(s.fallback_rule),
              static_cast<ull>(s.fallback_code), static_cast<ull>(s.fallback_stack),
-             static_cast<ull>(s.fallback_frame), static_cast<ull>(s.ended_early));
+             static_cast<ull>(s.fallback_bounds), static_cast<ull>(s.fallback_frame),
+             static_cast<ull>(s.ended_early));
 }
 
 bool CallSites::frames(uint32_t id, std::vector<uint64_t>* native, std::vector<uint64_t>* python) const {

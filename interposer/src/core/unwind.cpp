@@ -12,6 +12,8 @@
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -19,6 +21,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstring>
+
+/// ld.so's: the stack pointer the program started with (weak: absent outside glibc).
+extern "C" void* __libc_stack_end __attribute__((weak));
 
 namespace cuw::core::unwind {
 
@@ -58,7 +63,7 @@ uint32_t g_fill = 0;  ///< keys in the table (under g_busy)
 
 struct Counters {
   std::atomic<uint64_t> cold{0}, invalidations{0}, resets{0}, not_stored_probes{0}, not_stored_busy{0},
-      fallback_rule{0}, fallback_code{0}, fallback_stack{0}, fallback_frame{0}, ended_early{0};
+      fallback_rule{0}, fallback_code{0}, fallback_stack{0}, fallback_bounds{0}, fallback_frame{0}, ended_early{0};
 };
 Counters g_count;
 
@@ -641,24 +646,95 @@ __attribute__((cold, noinline)) uint64_t rule_cold(uint64_t key) noexcept {
 
 // ---- the thread's stack ---------------------------------------------------------------------
 
+enum BoundsState : uint8_t { kNotLooked = 0, kKnown = 1, kFailed = 2 };
 struct Bounds {
   uintptr_t lo = 0, hi = 0;
-  uint8_t state = 0;  ///< 0 not looked up yet, 1 known, 2 unknown
+  uint8_t state = kNotLooked;
+  uint16_t retry_in = 0;  ///< kFailed: walks left before the lookup is tried again
 };
 constinit thread_local Bounds t_bounds __attribute__((tls_model("initial-exec")));
 
-__attribute__((cold, noinline)) void find_bounds(Bounds& b) noexcept {
-  b.state = 2;
-  pthread_attr_t attr;
-  if (pthread_getattr_np(pthread_self(), &attr) != 0) return;
-  void* addr = nullptr;
-  size_t size = 0;
-  if (pthread_attr_getstack(&attr, &addr, &size) == 0 && size > 0) {
-    b.lo = reinterpret_cast<uintptr_t>(addr);
-    b.hi = b.lo + size;
-    b.state = 1;
+/// A failed lookup of a thread's stack (pthread_getattr_np out of memory) is tried again after
+/// this many walks, each left to backtrace() meanwhile: seldom enough that a lasting failure
+/// costs nothing next to those, often enough that a passing one is soon over.
+constexpr uint16_t kRetryWalks = 1024;
+
+/// The main thread's stack, computed once (prepare(), or its first walk): hi 0 when unknown.
+std::atomic<uintptr_t> g_main_lo{0}, g_main_hi{0};
+/// In a fork's child whose parent forked from a thread other than its main one: the child's
+/// main thread runs on that thread's stack, not the one __libc_stack_end lies in.
+std::atomic<bool> g_main_moved{false};
+
+/// The main thread's stack as glibc's pthread_getattr_np gives it, without what that does for
+/// the main thread (read /proc/self/maps through stdio, which allocates): the top is the end
+/// of the page holding __libc_stack_end (the stack pointer the program started with, above
+/// every frame), the bottom the stack's rlimit below it. The kernel keeps other mappings below
+/// that bottom (mmap_base leaves the rlimit and a guard gap under the stack), so a stack
+/// pointer in the range is on this stack. An unlimited rlimit (no such gap is left then, but
+/// mappings grow up from far below) counts as 1 GiB: deeper walks fall back.
+bool main_stack(uintptr_t* lo, uintptr_t* hi) noexcept {
+  if (&__libc_stack_end == nullptr || __libc_stack_end == nullptr) return false;
+  const uintptr_t top = (reinterpret_cast<uintptr_t>(__libc_stack_end) | 4095) + 1;
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_STACK, &rl) != 0) return false;
+  constexpr uintptr_t kUnlimited = uintptr_t{1} << 30;
+  uintptr_t size = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > kUnlimited ? kUnlimited : rl.rlim_cur;
+  size &= ~uintptr_t{4095};
+  if (size == 0 || size >= top) return false;
+  *lo = top - size;
+  *hi = top;
+  return true;
+}
+
+bool main_stack_known(uintptr_t* lo, uintptr_t* hi) noexcept {
+  *hi = g_main_hi.load(std::memory_order_acquire);
+  *lo = g_main_lo.load(std::memory_order_relaxed);
+  if (*hi != 0) return true;
+  if (!main_stack(lo, hi)) return false;
+  g_main_lo.store(*lo, std::memory_order_relaxed);
+  g_main_hi.store(*hi, std::memory_order_release);
+  return true;
+}
+
+bool is_main_thread() noexcept {
+  return static_cast<pid_t>(::syscall(SYS_gettid)) == ::getpid() && !g_main_moved.load(std::memory_order_relaxed);
+}
+
+/// The calling thread's stack into `b` (kKnown), or kFailed. Allocates (pthread_getattr_np
+/// copies the thread's CPU affinity) except on the main thread.
+void find_bounds(Bounds& b) noexcept {
+  uintptr_t lo = 0, hi = 0;
+  b.state = kFailed;
+  if (is_main_thread()) {
+    if (!main_stack_known(&lo, &hi)) return;
+  } else {
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return;
+    void* addr = nullptr;
+    size_t size = 0;
+    const bool got = pthread_attr_getstack(&attr, &addr, &size) == 0 && size > 0;
+    pthread_attr_destroy(&attr);
+    if (!got) return;
+    lo = reinterpret_cast<uintptr_t>(addr);
+    hi = lo + size;
   }
-  pthread_attr_destroy(&attr);
+  b.lo = lo;
+  b.hi = hi;
+  b.state = kKnown;
+}
+
+/// A walk on a thread whose stack is not known yet: looks it up on the first walk and, after a
+/// failure, on every kRetryWalks-th. False (counted) when the walk must fall back.
+__attribute__((cold, noinline)) bool bounds_cold(Bounds& b) noexcept {
+  if (b.state == kFailed && --b.retry_in != 0) {
+    g_count.fallback_bounds.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  find_bounds(b);
+  if (b.state == kKnown) return true;
+  b.retry_in = kRetryWalks;
+  g_count.fallback_bounds.fetch_add(1, std::memory_order_relaxed);
+  return false;
 }
 
 /// A frame whose CFA is not above the stack pointer, or whose CFA, return address or RBP slot
@@ -696,8 +772,8 @@ __attribute__((noinline, no_sanitize("address", "thread"))) int walk(void** out,
   uintptr_t bp, sp, pc;
   __asm__ volatile("movq %%rbp, %0\n\tmovq %%rsp, %1\n\tleaq 0(%%rip), %2" : "=&r"(bp), "=&r"(sp), "=&r"(pc));
   Bounds& b = t_bounds;
-  if (__builtin_expect(b.state == 0, 0)) find_bounds(b);
-  if (b.state != 1 || sp < b.lo || sp >= b.hi) {
+  if (__builtin_expect(b.state != kKnown, 0) && !bounds_cold(b)) return kFallback;
+  if (__builtin_expect(sp < b.lo || sp >= b.hi, 0)) {
     g_count.fallback_stack.fetch_add(1, std::memory_order_relaxed);
     return kFallback;
   }
@@ -748,6 +824,7 @@ Stats stats() noexcept {
   s.fallback_rule = g_count.fallback_rule.load(std::memory_order_relaxed);
   s.fallback_code = g_count.fallback_code.load(std::memory_order_relaxed);
   s.fallback_stack = g_count.fallback_stack.load(std::memory_order_relaxed);
+  s.fallback_bounds = g_count.fallback_bounds.load(std::memory_order_relaxed);
   s.fallback_frame = g_count.fallback_frame.load(std::memory_order_relaxed);
   s.ended_early = g_count.ended_early.load(std::memory_order_relaxed);
   return s;
@@ -759,7 +836,25 @@ void forget() noexcept {
   unlock();
 }
 
+void prepare() noexcept {
+#if defined(__x86_64__)
+  uintptr_t lo, hi;
+  (void)main_stack_known(&lo, &hi);
+  Bounds& b = t_bounds;
+  if (b.state != kNotLooked) return;
+  find_bounds(b);
+  if (b.state != kKnown) b.state = kNotLooked;  // the first walk tries again
+#endif
+}
+
 void after_fork_child() noexcept {
+#if defined(__x86_64__)
+  // The forking thread is the child's main thread: the program's main thread if it runs on
+  // that stack, else a thread whose stack pthread_getattr_np knows without /proc.
+  uintptr_t lo, hi;
+  const auto sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  g_main_moved.store(!main_stack_known(&lo, &hi) || sp < lo || sp >= hi, std::memory_order_relaxed);
+#endif
   if (!g_busy.load(std::memory_order_relaxed)) return;
   // The thread that held it is not in the child: its insert or emptying stopped part way.
   // Every key left has its own rule (a rule is stored before its key), but g_fill may be off.

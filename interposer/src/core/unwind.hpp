@@ -52,11 +52,18 @@ struct Stats {
   uint64_t not_stored_busy = 0;    ///< rules not kept: another thread held the table's lock
   uint64_t fallback_rule = 0;      ///< a frame whose rule is not one kept (expression, signal frame)
   uint64_t fallback_code = 0;      ///< a return address outside every loaded object (JIT code)
-  uint64_t fallback_stack = 0;     ///< the thread's stack unknown, or another stack in use
+  uint64_t fallback_stack = 0;     ///< another stack in use (a signal's, a coroutine's)
+  uint64_t fallback_bounds = 0;    ///< the thread's stack not found (tried again every 1,024 walks)
   uint64_t fallback_frame = 0;     ///< a frame's CFA or saved registers outside the stack (a stale rule)
   uint64_t ended_early = 0;        ///< walks ended at a return address that cannot be read
 };
 Stats stats() noexcept;
+
+/// Find the main thread's stack, and the calling thread's, now rather than in their first
+/// walks: a thread's lookup allocates (pthread_getattr_np), which a hook had better not do
+/// (the main thread's needs neither that nor /proc: __libc_stack_end and the stack's rlimit).
+/// Cold; thread-safe; call outside any allocation (CallSites::init, at the first CUDA call).
+void prepare() noexcept;
 
 /// Empty the rule table, as if no walk had run (benchmarks: the cost of the cold path).
 /// Thread-safe: concurrent walks see each rule or none. Waits (spinning, yielding) while a
@@ -66,7 +73,9 @@ void forget() noexcept;
 /// In a fork's child, before anything else there (the tracker's atfork child handler): frees
 /// the table's lock if a thread of the parent held it at the fork (the child has no such
 /// thread: walks would never insert again and forget() would never return), emptying the
-/// table, which that thread may have left part-written. Async-signal-safe.
+/// table, which that thread may have left part-written; and notes whether the child's main
+/// thread is the program's (forked from it) or another's (whose stack is found otherwise).
+/// Async-signal-safe.
 void after_fork_child() noexcept;
 
 }  // namespace cuw::core::unwind
