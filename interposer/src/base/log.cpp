@@ -96,6 +96,8 @@ void init(int lvl, const std::string& file) {
   settle(file.c_str());
 }
 
+bool debug_enabled() noexcept { return level() <= 1; }
+
 #define CUW_LOG_FN(name, lvl)        \
   void name(const char* fmt, ...) {  \
     if (level() > (lvl)) return;     \

@@ -17,6 +17,10 @@ int parse_level(const char* name) noexcept;
 /// the process id; lines to stderr are the message alone.
 void init(int level, const std::string& file);
 
+/// Whether debug() writes lines (CUWARDEN_LOG=debug or trace): for a caller whose line takes
+/// work to gather (a lock, counters). No allocation; thread-safe.
+bool debug_enabled() noexcept;
+
 void debug(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void info(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

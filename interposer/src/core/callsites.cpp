@@ -271,7 +271,8 @@ void CallSites::publish_codes_locked() noexcept {
 }
 
 void CallSites::log_stats() const noexcept {
-  if (native_ <= 0) return;
+  // At exit, where another thread may still hold the table's lock: not taken for nothing.
+  if (native_ <= 0 || !log::debug_enabled()) return;
   uint32_t stored = 0;
   {
     std::lock_guard<std::mutex> g(mu_);

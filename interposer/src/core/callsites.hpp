@@ -63,7 +63,8 @@ class CallSites {
   std::string describe(uint32_t id) const;
 
   /// One debug line (CUWARDEN_LOG=debug): the sites stored and how the native walks went
-  /// (unwind::stats(): return addresses looked up, walks left to backtrace() and why). Cold;
+  /// (unwind::stats(): return addresses looked up, walks left to backtrace() and why, walks
+  /// ended early). Below debug it returns at once, without the table's lock. Cold;
   /// thread-safe.
   void log_stats() const noexcept;
 
