@@ -45,22 +45,27 @@ void SeriesStore::record(const State& st) {
 
   constexpr std::array<bool, 4> kProcessMax{true, true, false, false};  // used, reserved: max; peak, cap: last
   constexpr std::array<bool, 2> kPairMax{true, false};
-  std::set<std::string> seen;
+  // A thousand idle processes recorded every second: what does not change is not made again
+  // (their names are read afresh every kRenameS, a device's UUID once).
+  constexpr uint32_t kRenameS = 30;
   for (const ProcessState& p : st.processes) {
-    seen.insert(p.file_name);
     ProcessEntry& e = procs_[p.file_name];
+    e.seen_t = t;
     e.pid = p.pid;
     e.start_time = p.start_time;
-    e.name = process_name(field_text(p.header.comm, sizeof p.header.comm),
-                          field_text(p.header.cmdline, sizeof p.header.cmdline));
-    e.user = p.user;
-    e.job = field_text(p.header.job, sizeof p.header.job);
+    if (e.named_t == 0 || t - e.named_t >= kRenameS) {
+      e.name = process_name(field_text(p.header.comm, sizeof p.header.comm),
+                            field_text(p.header.cmdline, sizeof p.header.cmdline));
+      e.user = p.user;
+      e.job = field_text(p.header.job, sizeof p.header.job);
+      e.named_t = t;
+    }
     e.exited = p.exited;
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const DeviceSnapshot& ds = p.header.devices[d];
       if (!ds.present) continue;
       DeviceSeries& dsr = e.devices[d];
-      dsr.uuid = format_uuid(ds.uuid);
+      if (dsr.uuid.empty()) dsr.uuid = format_uuid(ds.uuid);
       if (auto it = index_of.find(dsr.uuid); it != index_of.end()) dsr.gpu_index = it->second;
       // An exited process holds nothing (the driver freed it), whatever its counters said.
       const uint64_t used = p.exited ? 0 : ds.used, reserved = p.exited ? 0 : ds.reserved;
@@ -73,13 +78,7 @@ void SeriesStore::record(const State& st) {
     });
     e.oom_seq = st.events_seq;
   }
-  for (auto it = procs_.begin(); it != procs_.end();) {
-    if (seen.count(it->first)) {
-      ++it;
-      continue;
-    }
-    it = procs_.erase(it);
-  }
+  for (auto it = procs_.begin(); it != procs_.end();) it = it->second.seen_t == t ? std::next(it) : procs_.erase(it);
 
   std::set<std::string> jobs_seen;
   for (const JobState& j : st.jobs) {

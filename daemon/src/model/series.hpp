@@ -163,6 +163,8 @@ class SeriesStore {
     uint32_t pid = 0;
     uint64_t start_time = 0;
     std::string name, user, job;
+    uint32_t named_t = 0;  ///< when name, user and job were last read from the header (seconds)
+    uint32_t seen_t = 0;   ///< the last record() whose State held the process
     bool exited = false;
     std::map<uint32_t, DeviceSeries> devices;  ///< by CUDA ordinal
     std::deque<OomMark> ooms;
