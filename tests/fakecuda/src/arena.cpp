@@ -38,7 +38,7 @@ Arena::Arena(size_t capacity) : capacity_(capacity) {
   base_ = reinterpret_cast<uintptr_t>(p);
   free_[0] = capacity - capacity % kAlign;
   static const bool handler = [] {
-    pthread_atfork(nullptr, nullptr, [] {
+    pthread_atfork([] { g_arenas_mu.lock(); }, [] { g_arenas_mu.unlock(); }, [] {
       // The child: the same addresses, private and empty, so that neither process writes
       // into the other's allocations. Its memory cannot be exported any more.
       for (Arena* a : g_arenas) {
@@ -47,6 +47,7 @@ Arena::Arena(size_t capacity) : capacity_(capacity) {
         close(a->fd_);
         a->fd_ = -1;
       }
+      g_arenas_mu.unlock();
     });
     return true;
   }();
