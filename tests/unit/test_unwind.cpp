@@ -32,20 +32,21 @@
 namespace unwind = cuw::core::unwind;
 
 // The walk's lookups of a thread's stack, counted on each thread, and failed there on demand:
-// this program's pthread_getattr_np comes before libc's (unwind.cpp is linked into it).
+// this program links with --wrap=pthread_getattr_np, which sends the calls of its own objects
+// (unwind.cpp's among them) here and leaves those of the sanitizers' runtimes, which look a new
+// thread's stack up before it runs, to libc.
 namespace {
 thread_local int t_getattr_calls = 0;
 thread_local int t_getattr_fail = 0;
 }  // namespace
-extern "C" int pthread_getattr_np(pthread_t thread, pthread_attr_t* attr) noexcept {
+extern "C" int __real_pthread_getattr_np(pthread_t thread, pthread_attr_t* attr);
+extern "C" int __wrap_pthread_getattr_np(pthread_t thread, pthread_attr_t* attr) {
   ++t_getattr_calls;
   if (t_getattr_fail > 0) {
     --t_getattr_fail;
     return ENOMEM;
   }
-  using Fn = int (*)(pthread_t, pthread_attr_t*);
-  static const Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_getattr_np"));
-  return real(thread, attr);
+  return __real_pthread_getattr_np(thread, attr);
 }
 
 namespace {
@@ -252,16 +253,27 @@ TEST_CASE("unwind: a frame whose CFA leaves the stack falls back, without a faul
 }
 
 namespace {
-/// `n` pages of address space, PROT_NONE, given back at the end of the test.
+/// `n` pages of address space, PROT_NONE; those not unmapped before are given back at the end.
 struct Pages {
+  static constexpr int kMax = 4;
   const long size = sysconf(_SC_PAGESIZE);
   const int n;
   char* const at;
+  bool mapped[kMax] = {};
   explicit Pages(int count)
-      : n(count),
-        at(static_cast<char*>(mmap(nullptr, count * size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {}
+      : n(count), at(static_cast<char*>(mmap(nullptr, count * size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {
+    REQUIRE(count <= kMax);
+    REQUIRE(at != MAP_FAILED);
+    for (int i = 0; i < n; ++i) mapped[i] = true;
+  }
   ~Pages() {
-    for (int i = 0; i < n; ++i) munmap(at + i * size, size);  // those still mapped
+    for (int i = 0; i < n; ++i)
+      if (mapped[i]) munmap(page(i), size);
+  }
+  /// Leaves a hole at page i, which any later mmap may fill (the allocator's, a sanitizer's).
+  void unmap(int i) {
+    REQUIRE(munmap(page(i), size) == 0);
+    mapped[i] = false;
   }
   char* page(int i) const { return at + i * size; }
 };
@@ -269,25 +281,27 @@ struct Pages {
 
 TEST_CASE("unwind: a return address that cannot be read ends the walk there, unmapped or PROT_NONE",
           "[unwind]") {
-  // Unmapped: the middle page of three just mapped, unmapped again (a one-page hole that
-  // nothing else maps before the walk). PROT_NONE: mapped, as CUDA reserves address ranges,
-  // where libgcc's read of the return address's code would fault too.
-  Pages pages(3);
-  REQUIRE(pages.at != MAP_FAILED);
-  REQUIRE(munmap(pages.page(1), pages.size) == 0);
-  for (char* bad : {pages.page(1) + 0x560, pages.page(2) + 0x560}) {
-    cuwt_lie_ra_value = reinterpret_cast<uintptr_t>(bad);
-    static volatile int rounds = 2;
+  // PROT_NONE: mapped, as CUDA reserves address ranges, where libgcc's read of the return
+  // address's code would fault as where nothing is mapped.
+  Pages reserved(1);
+  static volatile int rounds = 2;
+  for (const bool unmapped : {true, false}) {
     for (int i = 0; i < rounds; ++i) {  // twice from one call: an address with nothing there is not kept
+      // Unmapped: the middle page of three just mapped, unmapped right before the walk, which
+      // allocates nothing (a hole left longer may be mapped again).
+      Pages pages(3);
+      pages.unmap(1);
+      char* const bad = (unmapped ? pages.page(1) : reserved.page(0)) + 0x560;
+      cuwt_lie_ra_value = reinterpret_cast<uintptr_t>(bad);
       const unwind::Stats before = unwind::stats();
       Capture c;
       Job job{&unwind::walk, &c};
       cuwt_lie_ra([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, &job);
+      const unwind::Stats after = unwind::stats();
       INFO("walk (" << c.n << "):\n" << describe(frames_of(c)));
       REQUIRE(c.n >= 6);  // take, the chain's four frames, the lying one
       REQUIRE(c.frames[c.n - 1] == static_cast<void*>(bad));
       REQUIRE(reinterpret_cast<uintptr_t>(c.frames[c.n - 2]) - reinterpret_cast<uintptr_t>(&cuwt_lie_ra) < 32);
-      const unwind::Stats after = unwind::stats();
       REQUIRE(after.ended_early == before.ended_early + 1);
       REQUIRE(after.cold > before.cold);
     }
@@ -302,8 +316,7 @@ TEST_CASE("unwind: a return address into code outside every object (a JIT's) fal
   static const unsigned char code[] = {0x48, 0x83, 0xec, 0x08, 0x48, 0x89, 0xf8, 0x48, 0x89, 0xf7,
                                        0xff, 0xd0, 0x48, 0x83, 0xc4, 0x08, 0xc3};
   Pages pages(2);
-  REQUIRE(pages.at != MAP_FAILED);
-  REQUIRE(munmap(pages.page(1), pages.size) == 0);
+  pages.unmap(1);
   REQUIRE(mprotect(pages.page(0), pages.size, PROT_READ | PROT_WRITE) == 0);
   char* const entry = pages.page(1) - 24;
   std::memcpy(entry, code, sizeof code);
