@@ -2,7 +2,9 @@
 // torch.multiprocessing shares tensors (parent to child and child to parent). Run under
 // LD_PRELOAD=libcuwarden.so with the simulated driver, under each CUWARDEN_POOL.
 //
-//   cuwt_ipc_share both BYTES        parent exports to a child, then a child exports to the parent;
+//   cuwt_ipc_share both BYTES        parent exports to a child (which also opens it from another
+//                                    device's context, and in a context it destroys with the
+//                                    import open), then a child exports to the parent;
 //                                    then two blocks of one exporter imported together (one
 //                                    opened twice: the same address, counted closes), and a
 //                                    handle whose exporter exited
@@ -169,6 +171,8 @@ void parent_exports(const char* self, size_t bytes) {
   const std::string sz = std::to_string(bytes);
   CHECK_EQ(wait_exit(spawn(self, {"import", hex(h), sz, "90", "165"}, false)), 0);  // 0x5a, then 0xa5
   CHECK_EQ(holds(p, bytes, 0xa5), true);
+  // Other contexts of the importer: another device's, and one destroyed with the import open.
+  CHECK_EQ(wait_exit(spawn(self, {"import-contexts", hex(h), sz}, false)), 0);
   CHECK_EQ(cuMemFree(p), CUDA_SUCCESS);
   // The freed block: a handle of ours opens nothing (CUWT_FREED_FAILS=1: the driver's own
   // handles, which the simulated driver cannot check across processes, are not asked).
@@ -274,6 +278,45 @@ int main(int argc, char** argv) {
     CHECK_EQ(holds(b, n, 0x22), true);  // b's mapping (the same slab, maybe) stays
     CHECK_EQ(cuIpcCloseMemHandle(b), CUDA_SUCCESS);
     CHECK_EQ(cuIpcCloseMemHandle(b) != CUDA_SUCCESS, true);
+    return failures ? 1 : 0;
+  }
+  if (mode == "import-contexts" && argc == 4) {  // HANDLE BYTES: a block holding 0xa5
+    const CUipcMemHandle h = unhex(argv[2]);
+    const size_t n = std::strtoull(argv[3], nullptr, 10);
+    int devices = 0;
+    CHECK_EQ(cuDeviceGetCount(&devices), CUDA_SUCCESS);
+    if (devices > 1) {  // opened from device 1's context: readable there (peer, or mapped for it)
+      CUdevice d1 = 0;
+      CUcontext c1 = nullptr, c0 = nullptr;
+      CHECK_EQ(cuCtxGetCurrent(&c0), CUDA_SUCCESS);
+      CHECK_EQ(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
+      CHECK_EQ(cuDevicePrimaryCtxRetain(&c1, d1), CUDA_SUCCESS);
+      CHECK_EQ(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+      CUdeviceptr q = 0;
+      CHECK_EQ(cuIpcOpenMemHandle(&q, h, kFlags), CUDA_SUCCESS);
+      CHECK_EQ(holds(q, n, 0xa5), true);
+      CHECK_EQ(cuIpcCloseMemHandle(q), CUDA_SUCCESS);
+      CHECK_EQ(cuCtxSetCurrent(c0), CUDA_SUCCESS);
+    }
+    // A context of its own, destroyed with the import open: the import goes with it.
+    CUdevice d0 = 0;
+    CUcontext mine = nullptr;
+    CHECK_EQ(cuDeviceGet(&d0, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuCtxCreate(&mine, nullptr, 0, d0), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    CHECK_EQ(cuIpcOpenMemHandle(&q, h, kFlags), CUDA_SUCCESS);
+    CHECK_EQ(holds(q, n, 0xa5), true);
+    CHECK_EQ(cuCtxDestroy(mine), CUDA_SUCCESS);
+    CUdevice dev = 0;
+    CUcontext primary = nullptr;
+    CHECK_EQ(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+    CHECK_EQ(cuDevicePrimaryCtxRetain(&primary, dev), CUDA_SUCCESS);
+    CHECK_EQ(cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_EQ(cuIpcCloseMemHandle(q) != CUDA_SUCCESS, true);  // nothing left to close
+    CUdeviceptr again = 0;
+    CHECK_EQ(cuIpcOpenMemHandle(&again, h, kFlags), CUDA_SUCCESS);  // opened afresh here
+    CHECK_EQ(holds(again, n, 0xa5), true);
+    CHECK_EQ(cuIpcCloseMemHandle(again), CUDA_SUCCESS);
     return failures ? 1 : 0;
   }
   if (mode == "export-exit" && argc == 3) {  // export a block, say its handle, exit at once

@@ -160,6 +160,8 @@ struct Allocation {
 void table_insert(const Allocation& a);
 bool table_erase(uintptr_t base, Allocation* out);  // exact start address
 bool table_find(uintptr_t addr, Allocation* out);   // any address inside
+// ipc_peer.cpp: unmaps an IPC import already out of the table (its context went away).
+void ipc_unmap(const Allocation& a);
 bool table_find_range(uintptr_t addr, size_t bytes, Allocation* out);
 bool table_overlaps(uintptr_t addr, size_t bytes);
 /// The VMM granularity (minimum and recommended), as on the H200.

@@ -5,8 +5,9 @@
 // process. Opening one in the process that exported it fails, as on the driver
 // (CUDA_ERROR_INVALID_CONTEXT); another process maps the allocation's bytes from the
 // exporter's arena (a memfd, reached through /proc/PID/fd), shared both ways, until
-// cuIpcCloseMemHandle (which waits for the context's work first, as cuMemFree does). The same
-// handle opened again in a context answers the same address, counted. A handle whose exporter is gone, or a forked child's (its arena is
+// cuIpcCloseMemHandle (which waits for the context's work first, as cuMemFree does) or the
+// destruction of the context that opened it. The same handle opened again in a context answers
+// the same address, counted. A handle whose exporter is gone, or a forked child's (its arena is
 // private), answers CUDA_ERROR_INVALID_HANDLE / CUDA_ERROR_NOT_SUPPORTED.
 // fakecuda_ipc_handle_range() decodes a handle for tests.
 //
@@ -141,9 +142,17 @@ FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   // Like cuMemFree, the close waits for work that may still use the mapping.
   if (a.ctx) context_synchronize(a.ctx);
   table_erase(dptr, &a);
+  ipc_unmap(a);
+  return CUDA_SUCCESS;
+}
+
+void fc::ipc_unmap(const Allocation& a) {
+  {
+    std::lock_guard lk(g_open_mu);
+    g_open.erase(a.base);
+  }
   const uintptr_t skew = a.block - a.size;
   munmap(reinterpret_cast<void*>(a.base - skew), a.block);
-  return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {

@@ -39,7 +39,7 @@ void table_free_context(Context* ctx) {
     std::unique_lock lock(g_table_mu);
     for (auto it = g_table.begin(); it != g_table.end();) {
       const Allocation& a = it->second;
-      if (a.ctx == ctx && (a.kind == AllocKind::device || a.kind == AllocKind::managed)) {
+      if (a.ctx == ctx && (a.kind == AllocKind::device || a.kind == AllocKind::managed || a.kind == AllocKind::ipc)) {
         gone.push_back(a);
         it = g_table.erase(it);
       } else {
@@ -47,7 +47,10 @@ void table_free_context(Context* ctx) {
       }
     }
   }
-  for (const Allocation& a : gone) device_free_block(device(a.ordinal), a.base);
+  for (const Allocation& a : gone) {
+    if (a.kind == AllocKind::ipc) ipc_unmap(a);  // the driver unmaps a context's IPC imports with it
+    else device_free_block(device(a.ordinal), a.base);
+  }
   arrays_free_context(ctx);
 }
 
