@@ -128,6 +128,19 @@ cuwt_lie_ra:
   ret
   .cfi_endproc
   .size cuwt_lie_ra, .-cuwt_lie_ra
+
+# A frame without CFI (no FDE covers it): backtrace() ends at its return address, and so does
+# the walk.
+  .globl cuwt_no_cfi
+  .type cuwt_no_cfi, @function
+cuwt_no_cfi:
+  subq $8, %rsp
+  movq %rdi, %rax
+  movq %rsi, %rdi
+  call *%rax
+  addq $8, %rsp
+  ret
+  .size cuwt_no_cfi, .-cuwt_no_cfi
 )");
 
 extern "C" {
@@ -135,13 +148,25 @@ int cuwt_lie_high(int (*cb)(void*), void* arg);
 int cuwt_lie_flat(int (*cb)(void*), void* arg);
 int cuwt_lie_ra(int (*cb)(void*), void* arg);
 uintptr_t cuwt_lie_ra_value = 0;
+int cuwt_no_cfi(int (*cb)(void*), void* arg);
 }
 
 TEST_CASE("unwind: equal to backtrace() through code without frame pointers, to _start", "[unwind]") {
+  const uint64_t ended = unwind::stats().ended_early;
   Capture c[2];
   both([](Job* j) { chain_nofp(j); }, c);
   require_same(c);
   REQUIRE(c[0].n < Capture::kMax);  // the whole stack: both end at the same outermost frame
+  REQUIRE(unwind::stats().ended_early == ended);  // that frame's return address is undefined
+}
+
+TEST_CASE("unwind: at code without an FDE it ends where backtrace() does, and counts it", "[unwind]") {
+  const uint64_t ended = unwind::stats().ended_early;
+  Capture c[2];
+  both([](Job* j) { cuwt_no_cfi([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, j); }, c);
+  require_same(c);
+  REQUIRE(reinterpret_cast<uintptr_t>(c[0].frames[c[0].n - 1]) - reinterpret_cast<uintptr_t>(&cuwt_no_cfi) < 32);
+  REQUIRE(unwind::stats().ended_early == ended + 1);
 }
 
 TEST_CASE("unwind: equal to backtrace() through code with frame pointers", "[unwind]") {
@@ -202,10 +227,12 @@ TEST_CASE("unwind: equal to backtrace() from a callback inside libc (qsort)", "[
 
 TEST_CASE("unwind: equal to backtrace() on another thread, to the thread's start", "[unwind]") {
   Capture c[2];
+  const uint64_t ended = unwind::stats().ended_early;
   std::thread t([&c] { both([](Job* j) { chain_nofp(j); }, c); });
   t.join();
   require_same(c);
   REQUIRE(c[0].n < Capture::kMax);
+  REQUIRE(unwind::stats().ended_early == ended);
 }
 
 TEST_CASE("unwind: a return address seen before is not looked up again", "[unwind]") {

@@ -283,8 +283,8 @@ void CallSites::log_stats() const noexcept {
   log::debug("cuwarden: call sites: %u stored; %llu return addresses looked up in .eh_frame, rule table emptied "
              "%llu times by an unload and %llu full, %llu rules not kept (%llu no free slot, %llu lock busy); walks "
              "left to backtrace(): %llu by a frame's rule, %llu by code outside every object, %llu by another stack, "
-             "%llu by a thread's stack not found, %llu by a frame leaving the stack; %llu walks ended early at a "
-             "return address that cannot be read",
+             "%llu by a thread's stack not found, %llu by a frame leaving the stack; %llu walks ended before the "
+             "outermost frame (at code without unwind info or a return address that cannot be read)",
              stored, static_cast<ull>(s.cold), static_cast<ull>(s.invalidations), static_cast<ull>(s.resets),
              static_cast<ull>(s.not_stored_probes + s.not_stored_busy), static_cast<ull>(s.not_stored_probes),
              static_cast<ull>(s.not_stored_busy), static_cast<ull>(s.fallback_rule),

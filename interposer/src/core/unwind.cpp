@@ -86,10 +86,16 @@ void empty_locked() noexcept {
 enum Kind : uint8_t {
   kEmpty = 0,   ///< never stored: a slot's value before its first insert
   kStep = 1,    ///< go to the caller with the offsets below
-  kEnd = 2,     ///< the outermost frame (return address undefined: _start, clone) or no FDE in its object
+  kEnd = 2,     ///< the walk ends here, as backtrace() would (see EndWhy)
   kRefuse = 3,  ///< not a rule kept here: the walk falls back to backtrace()
 };
 enum Why : uint8_t { kWhyRule = 0, kWhyCode = 1 };  ///< of a kRefuse, for the statistics
+/// Of a kEnd: only the first is the stack's true end; the others are counted as walks ended early.
+enum EndWhy : uint8_t {
+  kEndOutermost = 0,  ///< the return address undefined (_start, clone): libgcc's end of the stack
+  kEndNoFde = 1,      ///< code in a loaded object without an FDE: libgcc finds none and ends too
+  kEndUnreadable = 2, ///< outside every object and unreadable: libgcc would fault (never kept)
+};
 constexpr uint8_t kKindMask = 3, kCfaRbp = 4, kRbpSaved = 8, kWhyShift = 4;
 
 /// The CFA is RSP (or RBP, kCfaRbp) + cfa_off; the return address is at CFA + ra_off; RBP,
@@ -105,7 +111,9 @@ static_assert(sizeof(Rule) == sizeof(uint64_t));
 constexpr uint64_t refused(Why why) {
   return std::bit_cast<uint64_t>(Rule{0, 0, 0, static_cast<uint8_t>(kRefuse | why << kWhyShift)});
 }
-constexpr uint64_t kEndRule = std::bit_cast<uint64_t>(Rule{0, 0, 0, kEnd});
+constexpr uint64_t ends(EndWhy why) {
+  return std::bit_cast<uint64_t>(Rule{0, 0, 0, static_cast<uint8_t>(kEnd | why << kWhyShift)});
+}
 
 // ---- the table's reads and inserts ----------------------------------------------------------
 
@@ -478,7 +486,7 @@ bool run(Reader r, const Cie& cie, uint64_t loc, uint64_t target, Machine& m) no
 
 /// The rule a walk keeps for the row `m` ended on.
 uint64_t compile(const Row& row) noexcept {
-  if (row.ra.how == How::undefined) return kEndRule;
+  if (row.ra.how == How::undefined) return ends(kEndOutermost);
   if (row.cfa_expr || (row.cfa_reg != kRegRsp && row.cfa_reg != kRegRbp)) return refused(kWhyRule);
   if (row.ra.how != How::offset || row.ra.off < INT8_MIN || row.ra.off > INT8_MAX) return refused(kWhyRule);
   if (row.rsp.how != How::same) return refused(kWhyRule);
@@ -516,7 +524,7 @@ uint64_t rule_from(uint64_t key, const uint8_t* hdr, const uint8_t* lo, const ui
     std::memcpy(&v, table + 8 * i, 4);
     return base + static_cast<uint64_t>(int64_t{v});
   };
-  if (key < initial(0)) return kEndRule;
+  if (key < initial(0)) return ends(kEndNoFde);
   uint64_t a = 0, b = count;  // the last entry whose start is <= key: in [a, b)
   while (b - a > 1) {
     const uint64_t mid = a + (b - a) / 2;
@@ -540,7 +548,7 @@ uint64_t rule_from(uint64_t key, const uint8_t* hdr, const uint8_t* lo, const ui
   uint64_t start = 0, range = 0;
   if (!read_encoded(f, cie.fde_enc, 0, true, &start) || !read_encoded(f, cie.fde_enc & 0x0f, 0, false, &range))
     return refused(kWhyRule);
-  if (key < start || key - start >= range) return kEndRule;  // in a gap between FDEs
+  if (key < start || key - start >= range) return ends(kEndNoFde);  // in a gap between FDEs
   if (cie.z) f.skip(f.uleb());
   if (!f.ok) return refused(kWhyRule);
   Machine m;
@@ -574,7 +582,9 @@ int search_object(dl_phdr_info* info, size_t size, void* arg) {
     else if (ph.p_type == PT_GNU_EH_FRAME) eh = &ph;
   }
   if (!holds) return 0;
-  s->rule = kEndRule;  // an object without .eh_frame_hdr: libgcc finds no FDE there either
+  // An object without .eh_frame_hdr: its FDEs, if any, are found only by libgcc's search of
+  // frames registered with __register_frame_info, which this walk does not see.
+  s->rule = refused(kWhyRule);
   if (!eh) return 1;
   const uint64_t hdr = info->dlpi_addr + eh->p_vaddr;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
@@ -612,13 +622,10 @@ __attribute__((cold, noinline)) uint64_t rule_cold(uint64_t key) noexcept {
   Search s{key};
   dl_iterate_phdr(search_object, &s);
   if (s.rule == kEmpty) {
-    // Outside every object. Code there now (JIT) may stay: backtrace() is asked each time.
-    // Nothing readable there: the walk ends, and the answer is not kept, since a library may
-    // be loaded at that address later.
-    if (!readable(key + 1)) {
-      g_count.ended_early.fetch_add(1, std::memory_order_relaxed);
-      return kEndRule;
-    }
+    // Outside every object. Readable (a JIT's code): its walks ask backtrace(), which finds
+    // FDEs registered with __register_frame; kept. Unreadable: the walk ends, as backtrace()
+    // would fault there; not kept, since a library may be loaded at that address later.
+    if (!readable(key + 1)) return ends(kEndUnreadable);
     s.rule = refused(kWhyCode);
   }
   if (!try_lock()) {
@@ -746,8 +753,9 @@ __attribute__((cold, noinline)) int stray() noexcept {
   return kFallback;
 }
 
-/// A return address below the first page but not 0 (0 ends the stack for libgcc too): nothing
-/// is code there, and libgcc would fault reading it.
+/// A walk that ends before the stack's outermost frame: at code without an FDE, at a return
+/// address that cannot be read, or at one below the first page but not 0 (0 ends the stack for
+/// libgcc too; nothing is code below 4096, and libgcc would fault reading it).
 __attribute__((cold, noinline)) int ended(int n) noexcept {
   g_count.ended_early.fetch_add(1, std::memory_order_relaxed);
   return n;
@@ -784,7 +792,7 @@ __attribute__((noinline, no_sanitize("address", "thread"))) int walk(void** out,
     if (__builtin_expect(word == kEmpty, 0)) word = rule_cold(pc - 1);
     const Rule r = std::bit_cast<Rule>(word);
     const uint8_t kind = r.bits & kKindMask;
-    if (kind == kEnd) return n;
+    if (kind == kEnd) return __builtin_expect((r.bits >> kWhyShift) == kEndOutermost, 1) ? n : ended(n);
     if (__builtin_expect(kind != kStep, 0)) return fall_back(word);
     const uintptr_t cfa = ((r.bits & kCfaRbp) ? bp : sp) + static_cast<uintptr_t>(intptr_t{r.cfa_off});
     if (__builtin_expect(cfa <= sp || cfa > hi, 0)) return stray();  // never loop, never leave the stack

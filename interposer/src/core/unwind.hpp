@@ -55,7 +55,7 @@ struct Stats {
   uint64_t fallback_stack = 0;     ///< another stack in use (a signal's, a coroutine's)
   uint64_t fallback_bounds = 0;    ///< the thread's stack not found (tried again every 1,024 walks)
   uint64_t fallback_frame = 0;     ///< a frame's CFA or saved registers outside the stack (a stale rule)
-  uint64_t ended_early = 0;        ///< walks ended at a return address that cannot be read
+  uint64_t ended_early = 0;        ///< walks ended before the outermost frame (code without FDE, unreadable)
 };
 Stats stats() noexcept;
 
