@@ -38,7 +38,9 @@ inline constexpr int kFallback = -1;
 /// e.g. a signal's alternate stack or a coroutine's). Not
 /// async-signal-safe (a return address seen for the first time takes the cold path:
 /// dl_iterate_phdr and a lock that is only tried). Thread-safe, lock-free and allocation-free
-/// when every return address is in the table; always kFallback on other architectures.
+/// when every return address is in the table and the thread's stack is known (prepare() or an
+/// earlier walk on it; otherwise a thread other than the main one looks it up with
+/// pthread_getattr_np, which allocates); always kFallback on other architectures.
 /// Cost: about 5-10 ns a frame warm; a return address seen for the first time, 1-3 us.
 int walk(void** out, int max) noexcept;
 
