@@ -133,6 +133,11 @@ class Workload {
 
   // Allocates `bytes` into `into`. On refusal prints the refusal line and returns false.
   bool alloc(uint64_t bytes, const char* what, std::vector<Buffer>* into) {
+    // What the cap leaves, read just before the request: read after a refusal, another job
+    // member may have freed or exited meanwhile, and the line would say "64 MiB requested >
+    // 800 MiB free".
+    size_t free_before = 0, total_before = 0;
+    cudaMemGetInfo(&free_before, &total_before);
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes);
     if (e == cudaSuccess) {
@@ -152,11 +157,10 @@ class Workload {
                 cudaGetErrorString(e), cuwarden_ ? "cap reached" : "device out of memory");
     // What is free is what the cap leaves: under a job cap, the other members' use is
     // already taken out of it, so it is named (total - free - this process's use).
-    size_t free_now = 0, total_now = 0;
-    cudaMemGetInfo(&free_now, &total_now);
-    const uint64_t others = total_now > free_now + in_use_ ? total_now - free_now - in_use_ : 0;
+    const uint64_t others = total_before > free_before + in_use_ ? total_before - free_before - in_use_ : 0;
     std::printf("         (%s: %s requested > %s free of %s by cudaMemGetInfo; this process holds %s", what,
-                human(bytes).c_str(), human(free_now).c_str(), human(total_now).c_str(), human(in_use_).c_str());
+                human(bytes).c_str(), human(free_before).c_str(), human(total_before).c_str(),
+                human(in_use_).c_str());
     if (others >= (1u << 20)) std::printf(", others sharing it %s", human(others).c_str());
     std::printf(")\n");
     return false;
