@@ -1,5 +1,5 @@
 // cuwarden interposer: driver entry points the pools call without hooking them (events,
-// contexts, streams), resolved once, and a scope that makes a pool's context current. For
+// contexts, streams, virtual memory), resolved once, and a scope that makes a pool's context current. For
 // backends/ only: the hooks call REAL(x).
 #pragma once
 
@@ -48,6 +48,44 @@ inline const Drv& drv() {
     return x;
   }();
   return d;
+}
+
+/// The virtual memory management entry points (the vmm backend's granules, IPC of mapped
+/// memory), called unhooked: the pools' own physical memory is counted by the pools, not as
+/// the program's cuMemCreate. Resolved once; an entry point the driver lacks is nullptr.
+struct Vmm {
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
+  CUresult (*export_fd)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  CUresult (*import_fd)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
+  CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
+};
+
+inline const Vmm& vmm() {
+  static const Vmm v = [] {
+    Vmm x;
+    resolve(x.granularity, "cuMemGetAllocationGranularity");
+    resolve(x.create, "cuMemCreate");
+    resolve(x.release, "cuMemRelease");
+    resolve(x.reserve, "cuMemAddressReserve");
+    resolve(x.address_free, "cuMemAddressFree");
+    resolve(x.map, "cuMemMap");
+    resolve(x.unmap, "cuMemUnmap");
+    resolve(x.set_access, "cuMemSetAccess");
+    resolve(x.retain, "cuMemRetainAllocationHandle");
+    resolve(x.export_fd, "cuMemExportToShareableHandle");
+    resolve(x.import_fd, "cuMemImportFromShareableHandle");
+    resolve(x.properties, "cuMemGetAllocationPropertiesFromHandle");
+    return x;
+  }();
+  return v;
 }
 
 /// Makes `ctx` current for the scope when it is not already (a free made from a thread

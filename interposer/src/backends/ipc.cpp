@@ -66,18 +66,9 @@ struct Reply {
   CUipcMemHandle legacy;
 };
 
-// The entry points used here, unhooked: an import is not the program's allocation.
+// The entry points used here besides vmm()'s, unhooked: an import is not the program's
+// allocation.
 struct Calls {
-  CUresult (*retain)(CUmemGenericAllocationHandle*, void*) = nullptr;
-  CUresult (*export_fd)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
-  CUresult (*import_fd)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
-  CUresult (*properties)(CUmemAllocationProp*, CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
   CUresult (*legacy_open)(CUdeviceptr*, CUipcMemHandle, unsigned int) = nullptr;
   CUresult (*legacy_close)(CUdeviceptr) = nullptr;
   CUresult (*address_range)(CUdeviceptr*, size_t*, CUdeviceptr) = nullptr;
@@ -88,16 +79,6 @@ struct Calls {
 const Calls& calls() {
   static const Calls c = [] {
     Calls x;
-    resolve(x.retain, "cuMemRetainAllocationHandle");
-    resolve(x.export_fd, "cuMemExportToShareableHandle");
-    resolve(x.import_fd, "cuMemImportFromShareableHandle");
-    resolve(x.properties, "cuMemGetAllocationPropertiesFromHandle");
-    resolve(x.release, "cuMemRelease");
-    resolve(x.reserve, "cuMemAddressReserve");
-    resolve(x.address_free, "cuMemAddressFree");
-    resolve(x.map, "cuMemMap");
-    resolve(x.unmap, "cuMemUnmap");
-    resolve(x.set_access, "cuMemSetAccess");
     resolve(x.legacy_open, "cuIpcOpenMemHandle_v2");
     if (!x.legacy_open) resolve(x.legacy_open, "cuIpcOpenMemHandle");
     resolve(x.legacy_close, "cuIpcCloseMemHandle");
@@ -367,7 +348,7 @@ void serve(int conn) {
   if (known && e.how == ipc_span::kind::legacy) {
     rp.status = CUDA_SUCCESS;
     rp.legacy = e.legacy;
-  } else if (known && (!calls().retain || !calls().export_fd || !now.exportable || !now.granule_bytes)) {
+  } else if (known && (!vmm().retain || !vmm().export_fd || !now.exportable || !now.granule_bytes)) {
     rp.status = CUDA_ERROR_NOT_SUPPORTED;
   } else if (known) {
     // References of our own to the granules (the pool may unmap them meanwhile), then the
@@ -381,13 +362,13 @@ void serve(int conn) {
     }
     for (uint64_t off = 0; all && off < first.bytes; off += first.granule_bytes) {
       CUmemGenericAllocationHandle h = 0;
-      all = calls().retain(&h, reinterpret_cast<void*>(first.base + off)) == CUDA_SUCCESS;
+      all = vmm().retain(&h, reinterpret_cast<void*>(first.base + off)) == CUDA_SUCCESS;
       if (all) held.push_back(h);
     }
     if (all && still() && now.base == first.base && now.bytes == first.bytes) rp.status = CUDA_SUCCESS;
   }
   const auto drop = [&] {
-    for (CUmemGenericAllocationHandle h : held) calls().release(h);
+    for (CUmemGenericAllocationHandle h : held) vmm().release(h);
   };
   if (rp.status == CUDA_SUCCESS) {
     rp.how = static_cast<uint32_t>(now.how);
@@ -404,7 +385,7 @@ void serve(int conn) {
     uint32_t n = 0;
     for (; n < kChunk && i < held.size(); ++n, ++i) {
       fds[n] = -1;
-      if (calls().export_fd(&fds[n], held[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS) {
+      if (vmm().export_fd(&fds[n], held[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != CUDA_SUCCESS) {
         for (uint32_t k = 0; k < n; ++k) ::close(fds[k]);
         drop();
         return;  // the importer sees a short answer
@@ -509,12 +490,12 @@ std::vector<CUmemAccessDesc> access_for(CUdevice current, int owner) {
 }
 
 void unmap_granules(CUdeviceptr base, uint64_t bytes, uint64_t granule, uint64_t mapped) {
-  for (uint64_t i = 0; i < mapped; ++i) calls().unmap(base + i * granule, granule);
-  calls().address_free(base, bytes);
+  for (uint64_t i = 0; i < mapped; ++i) vmm().unmap(base + i * granule, granule);
+  vmm().address_free(base, bytes);
 }
 
 CUresult map_granules(int sock, const Reply& rp, uint64_t deadline, CUdeviceptr* out) {
-  const Calls& c = calls();
+  const Vmm& c = vmm();
   if (!c.import_fd || !c.reserve || !c.map || !c.set_access || !c.unmap || !c.address_free || !c.release)
     return CUDA_ERROR_NOT_SUPPORTED;
   CUdevice dev = 0;

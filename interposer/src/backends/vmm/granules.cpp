@@ -12,35 +12,6 @@ namespace cuw::backends {
 
 namespace {
 
-// The virtual memory entry points, called unhooked: the pool's own physical memory is
-// counted by the pool, not as the program's cuMemCreate.
-struct Vmm {
-  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
-  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
-  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
-  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
-  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
-  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
-};
-
-const Vmm& vmm() {
-  static const Vmm v = [] {
-    Vmm x;
-    resolve(x.granularity, "cuMemGetAllocationGranularity");
-    resolve(x.create, "cuMemCreate");
-    resolve(x.release, "cuMemRelease");
-    resolve(x.reserve, "cuMemAddressReserve");
-    resolve(x.address_free, "cuMemAddressFree");
-    resolve(x.map, "cuMemMap");
-    resolve(x.unmap, "cuMemUnmap");
-    resolve(x.set_access, "cuMemSetAccess");
-    return x;
-  }();
-  return v;
-}
-
 bool complete(const Vmm& v) {
   return v.granularity && v.create && v.release && v.reserve && v.address_free && v.map && v.unmap && v.set_access;
 }
