@@ -724,7 +724,7 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
   const uint64_t live0 = d.live_allocations.load(), used0 = d.used.load(), frees0 = d.free_count.load();
   const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
   // Up to kIters rounds, more while one side has always won (a loaded machine can keep one
-  // thread ahead): the side that always wins waits longer in the next rounds.
+  // thread ahead): the side that always wins sleeps in the next rounds.
   constexpr int kIters = 2000, kMaxIters = 8000;
   std::atomic<int> go{0}, a_done{0}, b_done{0}, rounds{kMaxIters};
   std::atomic<int> delay_a{0}, delay_b{0};
@@ -735,7 +735,8 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
     for (int i = 1; i <= rounds.load(); ++i) {
       await_value(go, i);
       if (i > rounds.load()) break;
-      for (int s = 0; s < (i % 32) * 16 + delay_a.load(); ++s) __asm__ volatile("" ::: "memory");
+      for (int s = 0; s < (i % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
+      if (const int us = delay_a.load()) std::this_thread::sleep_for(std::chrono::microseconds(us));
       const CUresult r = cuArrayDestroy(arr.load());
       if (r == CUDA_ERROR_INVALID_HANDLE) ++lost_to_ctx;
       else if (r != CUDA_SUCCESS) ++unexpected;
@@ -746,7 +747,8 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
     for (int i = 1; i <= rounds.load(); ++i) {
       await_value(go, i);
       if (i > rounds.load()) break;
-      for (int s = 0; s < ((i / 32) % 32) * 16 + delay_b.load(); ++s) __asm__ volatile("" ::: "memory");
+      for (int s = 0; s < ((i / 32) % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
+      if (const int us = delay_b.load()) std::this_thread::sleep_for(std::chrono::microseconds(us));
       if (cuCtxDestroy(ctx.load()) != CUDA_SUCCESS) ++unexpected;
       b_done.store(i);
     }
@@ -755,9 +757,13 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
   int done = 0;
   for (int i = 1; i <= kMaxIters; ++i) {
     if (i > kIters && lost_to_ctx.load() > 0 && lost_to_ctx.load() < static_cast<uint64_t>(i - 1)) break;
+    // On a loaded machine one thread can run its whole turn before the other is scheduled:
+    // the side that always won sleeps, a little longer each 500 rounds (50 us to 12.8 ms),
+    // and some rounds of each are spread by the sleep's own jitter.
     if (i > 1 && (i - 1) % 500 == 0) {
-      if (lost_to_ctx.load() == static_cast<uint64_t>(i - 1)) delay_b += 2000;  // the context always won
-      if (lost_to_ctx.load() == 0) delay_a += 2000;                              // the array destroy did
+      const auto grow = [](std::atomic<int>& us) { us.store(us.load() ? std::min(us.load() * 2, 12800) : 50); };
+      if (lost_to_ctx.load() == static_cast<uint64_t>(i - 1)) grow(delay_b);  // the context always won
+      if (lost_to_ctx.load() == 0) grow(delay_a);                              // the array destroy did
     }
     CUcontext x = nullptr;
     REQUIRE(cuCtxCreate(&x, nullptr, 0, dev) == CUDA_SUCCESS);
