@@ -26,17 +26,6 @@ TEST_CASE("unwind: a full table is emptied and walks go on giving backtrace()'s 
 }
 
 TEST_CASE("unwind: with the table full, unloading a library still empties it", "[unwind]") {
-  void* h = dlopen(CUWT_UNWIND_DL, RTLD_NOW | RTLD_LOCAL);
-  REQUIRE(h != nullptr);
-  using call_fn = int (*)(int (*)(void*), void*);
-  auto call = reinterpret_cast<call_fn>(dlsym(h, "cuwt_dl_call"));
-  REQUIRE(call != nullptr);
-  Capture c[2];
-  both([call](Job* j) { call([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, j); }, c);
-  require_same(c);
-  const unwind::Stats before = unwind::stats();
-  REQUIRE(dlclose(h) == 0);
-  both([](Job* j) { cuwt_lib_outer([](void* a) { return chain_fp(static_cast<Job*>(a)); }, j); }, c);
-  require_same(c);
+  const unwind::Stats before = walk_across_an_unload();
   REQUIRE(unwind::stats().invalidations == before.invalidations + 1);
 }

@@ -59,3 +59,20 @@ void require_same(const Capture* c) {
   REQUIRE(fast.size() >= 4);
   REQUIRE(fast == slow);
 }
+
+cuw::core::unwind::Stats walk_across_an_unload(int* frames_after) {
+  void* h = dlopen(CUWT_UNWIND_DL, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(h != nullptr);
+  using call_fn = int (*)(int (*)(void*), void*);
+  auto call = reinterpret_cast<call_fn>(dlsym(h, "cuwt_dl_call"));
+  REQUIRE(call != nullptr);
+  Capture c[2];
+  both([call](Job* j) { call([](void* a) { return chain_nofp(static_cast<Job*>(a)); }, j); }, c);
+  require_same(c);
+  const cuw::core::unwind::Stats before = cuw::core::unwind::stats();
+  REQUIRE(dlclose(h) == 0);
+  both([](Job* j) { cuwt_lib_outer([](void* a) { return chain_fp(static_cast<Job*>(a)); }, j); }, c);
+  require_same(c);
+  if (frames_after) *frames_after = c[0].n;
+  return before;
+}

@@ -38,3 +38,8 @@ __attribute__((noinline)) void both(Run run, Capture* out) {
 
 /// The walk did not fall back, and gave backtrace()'s frames, at least four.
 void require_same(const Capture* c);
+
+/// Walks through a library loaded for it (CUWT_UNWIND_DL), unloads it, and walks again
+/// through another; each walk must equal backtrace()'s. Returns the walk's statistics from
+/// just before the unload; *frames_after (if given): the frames of the walk after it.
+cuw::core::unwind::Stats walk_across_an_unload(int* frames_after = nullptr);
