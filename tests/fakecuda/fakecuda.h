@@ -73,8 +73,9 @@ CUresult fakecuda_free_unseen(CUdeviceptr dptr);
  *  "cuArrayDestroy" (on entry, before the array is looked up), "cuArrayDestroy refused"
  *  (the handle names no array: before it returns CUDA_ERROR_INVALID_HANDLE),
  *  "cuDevicePrimaryCtxRelease" (after the last release destroyed the primary context,
- *  before it returns) or "cuDevicePrimaryCtxGetState" (after it found the primary context
- *  inactive, before it returns). A primary context made active again after its last
+ *  before it returns), "cuDevicePrimaryCtxGetState" (after it found the primary context
+ *  inactive, before it returns) or "cuMemFree freed" (cuMemFree of a cuMemAlloc or managed
+ *  block: after its addresses went back to the arena, before it returns). A primary context made active again after its last
  *  release keeps its handle and gets a new cuCtxGetId, as on the real driver. Lets a test run another thread's calls at an exact moment of a driver call
  *  (for races between an interposer's bookkeeping and the driver). `fn` NULL disarms.
  *  One point is armed at a time; arming another replaces it (`fn` may arm the next). */

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,5 +123,29 @@ inline bool reach_idle(size_t bytes, int tries = 50) {
   }
   return false;
 }
+
+/// Runs `work` on another thread from inside a paused driver call (fakecuda_pause_in) and
+/// waits for it: to the end, or, when `may_block` (the work may wait on a lock the paused
+/// call's caller holds), for at most half a second, after which it finishes after the call
+/// instead. join() waits for it either way.
+struct Meanwhile {
+  std::function<void()> work;
+  bool may_block = false;
+  std::thread thread;
+  std::atomic<bool> started{false}, done{false};
+  static void run(void* self) {
+    auto* m = static_cast<Meanwhile*>(self);
+    m->started.store(true);
+    m->thread = std::thread([m] {
+      m->work();
+      m->done.store(true);
+    });
+    for (int i = 0; !m->done.load() && (!m->may_block || i < 500); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+};
 
 }  // namespace cuwtest

@@ -582,6 +582,83 @@ TEST_CASE("cadv: a reused whole block answers range queries with the new request
   REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
 }
 
+// ---- addresses given back while other threads allocate -----------------------------------
+
+// The cache gives a free slab back (the cap wants room) and, between the driver's free and the
+// cache's forgetting the slab, other threads get its addresses from the driver: a managed
+// allocation, then another context's slab. Their frees and range queries are theirs, also
+// from a thread whose cache is the one giving the slab back (which once refused such a free
+// as a bad free of its own memory, leaking the allocation).
+TEST_CASE("cadv: a slab's addresses handed out again while the cache gives it back belong to their new owner",
+          "[cadv_release_reuse]") {
+  make_context();
+  touch_interposer();
+  CUcontext a = nullptr, b = nullptr;
+  REQUIRE(cuCtxGetCurrent(&a) == CUDA_SUCCESS);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCtxCreate(&b, nullptr, 0, dev) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(a) == CUDA_SUCCESS);
+  const Snap s0 = snap();
+  CUdeviceptr small = 0;
+  REQUIRE(cuMemAlloc(&small, 512) == CUDA_SUCCESS);  // touch_interposer's block: the first of the only slab
+  const CUdeviceptr slab = small;
+  REQUIRE(cuMemFree(small) == CUDA_SUCCESS);
+
+  CUdeviceptr managed = 0, other = 0, range_base = 0;
+  size_t range_bytes = 0;
+  CUresult managed_free = CUDA_ERROR_UNKNOWN, other_alloc = CUDA_ERROR_UNKNOWN, other_free = CUDA_ERROR_UNKNOWN,
+           other_range = CUDA_ERROR_UNKNOWN, managed_range = CUDA_ERROR_UNKNOWN;
+  CUdeviceptr managed_base = 0;
+  size_t managed_bytes = 0;
+  Meanwhile m;
+  m.work = [&] {
+    // In context a: the driver hands the slab's first addresses to a managed allocation.
+    std::thread([&] {
+      if (cuCtxSetCurrent(a) != CUDA_SUCCESS || cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS)
+        return;
+      managed_range = cuMemGetAddressRange(&managed_base, &managed_bytes, managed);
+      managed_free = cuMemFree(managed);
+    }).join();
+    // Context b's cache makes a slab of its own there.
+    std::thread([&] {
+      if (cuCtxSetCurrent(b) == CUDA_SUCCESS) other_alloc = cuMemAlloc(&other, 4096);
+    }).join();
+    if (other_alloc != CUDA_SUCCESS) return;
+    // A fresh thread in context a, whose cache is asked first.
+    std::thread([&] {
+      if (cuCtxSetCurrent(a) != CUDA_SUCCESS) return;
+      other_range = cuMemGetAddressRange(&range_base, &range_bytes, other);
+      other_free = cuMemFree(other);
+    }).join();
+  };
+  fakecuda_pause_in("cuMemFree freed", &Meanwhile::run, &m);
+  // Past the 5 MiB cap with the free slab kept: the cache gives the slab back first.
+  CUdeviceptr big = 0;
+  const CUresult big_alloc = cuMemAlloc(&big, 3 * kMiB + kMiB / 2);
+  m.join();
+  fakecuda_pause_in(nullptr, nullptr, nullptr);
+  REQUIRE(m.started.load());
+  CHECK(big_alloc == CUDA_SUCCESS);
+  // The simulated driver's arena is first-fit: the slab's addresses are the next handed out.
+  CHECK(managed == slab);
+  CHECK(managed_range == CUDA_SUCCESS);
+  CHECK(managed_base == managed);
+  CHECK(managed_bytes == 4096);
+  CHECK(managed_free == CUDA_SUCCESS);
+  REQUIRE(other_alloc == CUDA_SUCCESS);
+  CHECK(other == slab);
+  CHECK(other_range == CUDA_SUCCESS);
+  CHECK(range_base == other);
+  CHECK(range_bytes == 4096);
+  CHECK(other_free == CUDA_SUCCESS);
+  if (big_alloc == CUDA_SUCCESS) REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
+  const Snap s1 = snap();
+  CHECK(s1.live == s0.live);
+  CHECK(s1.used - s1.cached == s0.used - s0.cached);
+  REQUIRE(cuCtxDestroy(b) == CUDA_SUCCESS);
+}
+
 // ---- churn with every API, threads and contexts ---------------------------------------------
 
 TEST_CASE("cadv: no two live allocations overlap and data survives churn mixing every allocation API",

@@ -448,30 +448,6 @@ TEST_CASE("a primary context's reset stops counting what the driver freed with i
 // ---- races between a context's destruction and its arrays ----------------------------------
 
 namespace {
-/// Runs `work` on another thread from inside a paused driver call (fakecuda_pause_in) and
-/// waits for it: to the end, or, when `may_block` (the work may wait on a lock the paused
-/// call's caller holds), for at most half a second, after which it finishes after the call
-/// instead. join() waits for it either way.
-struct Meanwhile {
-  std::function<void()> work;
-  bool may_block = false;
-  std::thread thread;
-  std::atomic<bool> started{false}, done{false};
-  static void run(void* self) {
-    auto* m = static_cast<Meanwhile*>(self);
-    m->started.store(true);
-    m->thread = std::thread([m] {
-      m->work();
-      m->done.store(true);
-    });
-    for (int i = 0; !m->done.load() && (!m->may_block || i < 500); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  void join() {
-    if (thread.joinable()) thread.join();
-  }
-};
-
 /// The test's setup: device 0's primary context current (make_context), the interposer
 /// loaded; returns device 0, and the primary in `*primary` if given.
 CUdevice on_primary(CUcontext* primary = nullptr) {

@@ -68,6 +68,8 @@ class LiveTable {
   bool insert(uint64_t key, LiveRecord rec, std::optional<LiveRecord>* replaced = nullptr) noexcept;
   /// Remove and return the record; false if `key` is not live. Inline.
   bool take(uint64_t key, LiveRecord* out) noexcept;
+  /// Whether `key` is live (the caller's lock held).
+  bool contains(uint64_t key) const noexcept;
   /// Ask the CPU for the line `key` probes first (no effect on the table; callable without
   /// the caller's lock: it reads two words, and a stale read only prefetches a wrong line).
   CUW_INLINE void prefetch(uint64_t key) const noexcept {
@@ -176,6 +178,16 @@ CUW_INLINE bool LiveTable::take(uint64_t key, LiveRecord* out) noexcept {
       __atomic_store_n(&live_, live_ - 1, __ATOMIC_RELAXED);
       return true;
     }
+    if (k == kEmpty) return false;
+  }
+}
+
+inline bool LiveTable::contains(uint64_t key) const noexcept {
+  if (key == kEmpty || key == kTomb || capacity_ == 0) return false;
+  const uint32_t mask = capacity_ - 1;
+  for (uint32_t i = home(key);; i = (i + 1) & mask) {
+    const uint64_t k = slots_[i].key;
+    if (k == key) return true;
     if (k == kEmpty) return false;
   }
 }

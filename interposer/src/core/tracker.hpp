@@ -360,6 +360,11 @@ class Tracker {
   LiveTable& pool_blocks() noexcept { return live_->pool_blocks; }
   LiveTable& pool_segments() noexcept { return live_->pool_segments; }
   LiveSegment& live_segment() noexcept { return live_->segment; }
+  /// Whether a live allocation the hooks count starts at `ptr`: the driver's (pointers())
+  /// or a pooling backend's block (pool_blocks()). lock() held.
+  bool counts_live_locked(uint64_t ptr) const noexcept {
+    return pointers_.contains(ptr) || live_->pool_blocks.contains(ptr);
+  }
   CallSites& call_sites() noexcept { return live_->sites; }
 
   /// Whether allocations capture their call site (CUWARDEN_CALLSITES > 0 and it could be

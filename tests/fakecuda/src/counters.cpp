@@ -171,6 +171,7 @@ FC_API uint64_t fakecuda_call_count(const char* name) {
 namespace fc {
 namespace {
 struct PausePoint {
+  std::atomic<bool> armed{false};  // checked first: the points lie on the frees' path
   std::mutex mu;
   std::string name;
   void (*fn)(void*) = nullptr;
@@ -187,11 +188,13 @@ void pause_point(const char* name) {
   void* arg = nullptr;
   {
     PausePoint& p = pause_state();
+    if (!p.armed.load(std::memory_order_acquire)) return;
     std::lock_guard lock(p.mu);
     if (!p.fn || p.name != name) return;
     fn = p.fn;
     arg = p.arg;
     p.fn = nullptr;
+    p.armed.store(false, std::memory_order_release);
   }
   fn(arg);
 }
@@ -203,4 +206,5 @@ FC_API void fakecuda_pause_in(const char* name, void (*fn)(void*), void* arg) {
   p.name = name ? name : "";
   p.fn = name ? fn : nullptr;
   p.arg = arg;
+  p.armed.store(p.fn != nullptr, std::memory_order_release);
 }

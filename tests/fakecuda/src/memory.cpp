@@ -184,6 +184,7 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   }
   if (!table_erase(dptr, &a)) return CUDA_ERROR_INVALID_VALUE;  // lost a race with another free
   device_free_block(device(a.ordinal), a.base);
+  pause_point("cuMemFree freed");
   return CUDA_SUCCESS;
 }
 

@@ -86,9 +86,22 @@ CUW_HOT cache_resource::Block* cache_resource::lookup_locked(CUdeviceptr p) cons
   }
 }
 
-bool cache_resource::holds_locked(CUdeviceptr p) const noexcept {
+cache_resource::Segment* cache_resource::segment_at_locked(CUdeviceptr p) const noexcept {
   auto it = segments_.upper_bound(p);
-  return it != segments_.begin() && p - std::prev(it)->second->base < std::prev(it)->second->bytes;
+  if (it == segments_.begin()) return nullptr;
+  Segment* s = std::prev(it)->second;
+  return p - s->base < s->bytes ? s : nullptr;
+}
+
+bool cache_resource::holds_locked(CUdeviceptr p) const noexcept {
+  const Segment* s = segment_at_locked(p);
+  return s && !(s->leaving && tracker_.counts_live_locked(p));
+}
+
+void cache_resource::drop_locked(Segment* s) noexcept {
+  if (auto it = segments_.find(s->base); it != segments_.end() && it->second == s) segments_.erase(it);
+  each_block(s, [&](Block* b) { map_erase_locked(b); });
+  if (s == arena_) arena_ = nullptr;
 }
 
 void cache_resource::map_insert_locked(Block* b) {
@@ -130,7 +143,18 @@ void cache_resource::map_erase_locked(CUdeviceptr p) noexcept {
   const uint64_t mask = map_.size() - 1;
   uint64_t i = ptr_hash(p) >> 20 & mask;
   while (map_[i] && map_[i]->ptr != p) i = (i + 1) & mask;
-  if (!map_[i]) return;
+  if (map_[i]) map_erase_slot_locked(i);
+}
+
+void cache_resource::map_erase_locked(const Block* b) noexcept {
+  const uint64_t mask = map_.size() - 1;
+  uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
+  while (map_[i] && map_[i] != b) i = (i + 1) & mask;
+  if (map_[i]) map_erase_slot_locked(i);
+}
+
+void cache_resource::map_erase_slot_locked(uint64_t i) noexcept {
+  const uint64_t mask = map_.size() - 1;
   map_[i] = nullptr;
   --map_used_;
   for (uint64_t j = (i + 1) & mask; map_[j]; j = (j + 1) & mask) {
@@ -508,6 +532,19 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   core::LiveRecord stale;
   const bool reused = tracker_.pointers().take(base, &stale);
   if (__builtin_expect(reused, 0)) tracker_.count_freed_unseen_locked(base, stale, ring::Api::reused, core::now_ns());
+  // The driver handed out this range: a segment of ours that lay there was given back a
+  // moment ago by another thread, which has not dropped it yet (it would shadow this one).
+  for (auto it = segments_.upper_bound(base); it != segments_.begin();) {
+    Segment* old = (--it)->second;
+    if (old->base + old->bytes <= base) break;
+    if (!old->leaving) break;  // cannot be: the driver does not hand out what we hold
+    drop_locked(old);
+    it = segments_.upper_bound(base);
+  }
+  for (auto it = segments_.lower_bound(base); it != segments_.end() && it->first < base + seg_bytes;) {
+    Segment* old = (it++)->second;
+    if (old->leaving) drop_locked(old);
+  }
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
@@ -856,6 +893,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
   const uint64_t size = b->size;
   if (__builtin_expect(b->exported, 0)) {
     b->state = kPending;  // claimed: a second free of it is refused while the driver's runs
+    b->seg->leaving = true;
     mu_.unlock();
     return free_exported(b, api, aux, now);
   }
@@ -905,22 +943,23 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   // The context was destroyed (forget_all deleted b with its segment) or is being destroyed
   // (its memory goes with it): no driver call on an address that may be someone else's.
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  Segment* s = b->seg;  // b is ours (kPending and leaving, set by free_traced), its segment busy
   if (dying_) {
     mu_.lock();
     b->state = kLive;
+    s->leaving = false;
     mu_.unlock();
     return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   }
-  Segment* s = b->seg;  // b is ours (kPending, set by free_traced), its segment busy
   const CUresult r = upstream_->deallocate(s->base, s->bytes);
   mu_.lock();
   if (r != CUDA_SUCCESS) {
     b->state = kLive;
+    s->leaving = false;
     mu_.unlock();
     return r;
   }
-  segments_.erase(s->base);
-  map_rebuild_locked();
+  drop_locked(s);
   core::locked_sub(slot_.live_allocations, 1);
   core::locked_add(slot_.free_count, 1);
   core::locked_sub(slot_.reserved, s->bytes);

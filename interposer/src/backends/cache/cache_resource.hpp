@@ -203,6 +203,9 @@ class cache_resource final {
     uint32_t capacity = 0;   ///< blocks it can hold
     uint32_t carved = 0;     ///< blocks made so far (a slab is carved on demand)
     uint32_t busy = 0;       ///< blocks live or pending
+    bool leaving = false;    ///< being given back to the driver (release_slow, free_exported):
+                             ///< nothing in it is live, and once the driver's free returns its
+                             ///< range may be handed to anyone (drop_locked)
     bool split = false;      ///< vmm arena: blocks[0] heads an address list (lo/hi) of
                              ///< blocks split and merged as needed; `carved` counts them
     uint64_t top = 0;        ///< vmm arena: bytes from base that blocks cover (mapped or holes)
@@ -247,11 +250,23 @@ class cache_resource final {
   void publish_free_locked() noexcept;
   void largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept;
   Block* lookup_locked(CUdeviceptr p) const noexcept;
-  bool holds_locked(CUdeviceptr p) const noexcept;  ///< p inside one of segments_
+  /// The segment whose range holds `p`, or nullptr.
+  Segment* segment_at_locked(CUdeviceptr p) const noexcept;
+  /// A free of `p`, which is no live block's start, is refused (CUDA_ERROR_INVALID_VALUE)
+  /// rather than passed on: p lies in memory this cache holds. Not so in a segment being
+  /// given back where the hooks count a live allocation at p (the driver's, or another
+  /// cache's block): the driver handed the address out again before the segment was dropped.
+  bool holds_locked(CUdeviceptr p) const noexcept;
+  /// `s` was given back to the driver: out of segments_ (unless a newer segment at its base
+  /// replaced it there) and the block map, so its addresses answer as someone else's.
+  /// Idempotent.
+  void drop_locked(Segment* s) noexcept;
   void map_insert_locked(Block* b);
   void map_rebuild_locked();
   Block* carve_locked(Segment* s) noexcept;
   void map_erase_locked(CUdeviceptr p) noexcept;
+  void map_erase_locked(const Block* b) noexcept;  ///< this very block's entry, if any
+  void map_erase_slot_locked(uint64_t i) noexcept;
   /// vmm: cut `b` (free, split segment) to `bytes`; the rest becomes a free block (a spare).
   void split_locked(Block* b, uint64_t bytes) noexcept;
   /// vmm: `a` takes over its higher neighbour `h` (a free or hole pair), which becomes a spare.

@@ -44,43 +44,41 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
     });
     if (s->cls >= 0 && carving_[s->cls] == s) carving_[s->cls] = nullptr;
     ++s->busy;
+    s->leaving = true;
     gone.push_back(s);
     planned += s->bytes;
   }
   mu_.unlock();
   if (gone.empty()) return 0;
-  std::vector<bool> freed(gone.size());
-  for (size_t i = 0; i < gone.size(); ++i) freed[i] = upstream_->deallocate(gone[i]->base, gone[i]->bytes) == CUDA_SUCCESS;
+  // Each segment is dropped as soon as the driver's free returns: from then on the driver
+  // may hand its addresses to anyone (another thread's allocation, a cache's new segment).
   uint64_t total = 0;
-  mu_.lock();
-  for (size_t i = 0; i < gone.size(); ++i) {
-    Segment* s = gone[i];
+  for (Segment* s : gone) {
+    const bool freed = upstream_->deallocate(s->base, s->bytes) == CUDA_SUCCESS;
+    mu_.lock();
     --s->busy;
-    if (freed[i]) {
-      segments_.erase(s->base);
-      total += s->bytes;
-      if (s == arena_) arena_ = nullptr;
-      if (s->split)
-        for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);  // room: see refill_spares_slow
+    if (!freed) {
+      // The driver refused to free it: still ours, still counted, usable again.
+      s->leaving = false;
+      each_block(s, [&](Block* b) {
+        if (b->state == kFree) push_free_locked(b);
+      });
+      if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
+      mu_.unlock();
       continue;
     }
-    // The driver refused to free it: still ours, still counted, usable again.
-    each_block(s, [&](Block* b) {
-      if (b->state == kFree) push_free_locked(b);
-    });
-    if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
-  }
-  if (total) map_rebuild_locked();
-  if (!granules_) {
-    // (vmm: the granules went idle, still reserved and cached: trim() gives them back.)
-    core::locked_sub(slot_.reserved, total);
-    core::locked_sub(slot_.cached, total);
-  }
-  mu_.unlock();
-  for (size_t i = 0; i < gone.size(); ++i) {
-    if (!freed[i]) continue;
-    if (!granules_) tracker_.uncharge(slot_, gone[i]->bytes);
-    delete gone[i];
+    drop_locked(s);
+    total += s->bytes;
+    if (s->split)
+      for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);  // room: see refill_spares_slow
+    if (!granules_) {
+      // (vmm: the granules went idle, still reserved and cached: trim() gives them back.)
+      core::locked_sub(slot_.reserved, s->bytes);
+      core::locked_sub(slot_.cached, s->bytes);
+    }
+    mu_.unlock();
+    if (!granules_) tracker_.uncharge(slot_, s->bytes);
+    delete s;
   }
   return total;
 }
@@ -215,14 +213,9 @@ void cache_resource::forget_all() noexcept {
 
 bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
   mu_.lock();
-  auto it = segments_.upper_bound(p);
-  if (it == segments_.begin()) {
-    mu_.unlock();
-    return false;
-  }
-  --it;
-  Segment* s = it->second;
-  if (p >= s->base + s->bytes) {
+  // A segment being given back holds nothing live; its addresses may be the driver's again.
+  Segment* s = segment_at_locked(p);
+  if (!s || s->leaving) {
     mu_.unlock();
     return false;
   }
@@ -308,12 +301,11 @@ pool_stats cache_resource::stats() {
 
 CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
   mu_.lock();
-  auto it = segments_.upper_bound(p);
-  if (it == segments_.begin() || p >= std::prev(it)->second->base + std::prev(it)->second->bytes) {
+  Segment* s = segment_at_locked(p);
+  if (!s || s->leaving) {  // (being given back: nothing live in it, the address may be the driver's)
     mu_.unlock();
     return CUDA_ERROR_NOT_FOUND;
   }
-  Segment* s = std::prev(it)->second;
   Block* b = block_at_locked(s, p);
   if (!b || b->state != kLive) {
     mu_.unlock();
