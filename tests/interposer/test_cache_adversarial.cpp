@@ -659,6 +659,46 @@ TEST_CASE("cadv: a slab's addresses handed out again while the cache gives it ba
   REQUIRE(cuCtxDestroy(b) == CUDA_SUCCESS);
 }
 
+// The same while a context is destroyed: between the driver's destroy (which frees the
+// context's memory) and the cache's forgetting that memory, another context's allocation at
+// those addresses is freed from a thread that asks the dying cache too.
+TEST_CASE("cadv: addresses of a context being destroyed handed out again belong to their new owner",
+          "[cadv_destroy_reuse]") {
+  make_context();
+  touch_interposer();
+  CUcontext a = nullptr, b = nullptr;
+  REQUIRE(cuCtxGetCurrent(&a) == CUDA_SUCCESS);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  REQUIRE(cuCtxCreate(&b, nullptr, 0, dev) == CUDA_SUCCESS);  // current now
+  CUdeviceptr in_b = 0;
+  REQUIRE(cuMemAlloc(&in_b, 4096) == CUDA_SUCCESS);  // b's cache makes a slab: the arena's next addresses
+  const CUdeviceptr slab = in_b;
+  REQUIRE(cuMemFree(in_b) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(a) == CUDA_SUCCESS);
+  const Snap s0 = snap();
+
+  CUdeviceptr managed = 0;
+  CUresult made = CUDA_ERROR_UNKNOWN, freed = CUDA_ERROR_UNKNOWN;
+  Meanwhile m;
+  m.work = [&] {
+    if (cuCtxSetCurrent(a) != CUDA_SUCCESS) return;
+    made = cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL);
+    if (made == CUDA_SUCCESS) freed = cuMemFree(managed);
+  };
+  fakecuda_pause_in("cuCtxDestroy destroyed", &Meanwhile::run, &m);
+  REQUIRE(cuCtxDestroy(b) == CUDA_SUCCESS);
+  m.join();
+  fakecuda_pause_in(nullptr, nullptr, nullptr);
+  REQUIRE(m.started.load());
+  REQUIRE(made == CUDA_SUCCESS);
+  CHECK(managed == slab);  // first-fit: the destroyed context's slab was the lowest hole
+  CHECK(freed == CUDA_SUCCESS);
+  const Snap s1 = snap();
+  CHECK(s1.live == s0.live);
+  CHECK(s1.used - s1.cached == s0.used - s0.cached);
+}
+
 // ---- churn with every API, threads and contexts ---------------------------------------------
 
 TEST_CASE("cadv: no two live allocations overlap and data survives churn mixing every allocation API",

@@ -205,7 +205,9 @@ FC_API CUresult cuCtxDestroy(CUcontext ctx) {
 }
 FC_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
   FC_ENTER();
-  return destroy_context(ctx);
+  const CUresult r = destroy_context(ctx);
+  if (r == CUDA_SUCCESS) pause_point("cuCtxDestroy destroyed");
+  return r;
 }
 
 FC_API CUresult cuCtxSetCurrent(CUcontext ctx) {

@@ -95,7 +95,7 @@ cache_resource::Segment* cache_resource::segment_at_locked(CUdeviceptr p) const 
 
 bool cache_resource::holds_locked(CUdeviceptr p) const noexcept {
   const Segment* s = segment_at_locked(p);
-  return s && !(s->leaving && tracker_.counts_live_locked(p));
+  return s && !((s->leaving || ctx_going_) && tracker_.counts_live_locked(p));
 }
 
 void cache_resource::drop_locked(Segment* s) noexcept {

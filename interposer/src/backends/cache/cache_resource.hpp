@@ -254,8 +254,9 @@ class cache_resource final {
   Segment* segment_at_locked(CUdeviceptr p) const noexcept;
   /// A free of `p`, which is no live block's start, is refused (CUDA_ERROR_INVALID_VALUE)
   /// rather than passed on: p lies in memory this cache holds. Not so in a segment being
-  /// given back where the hooks count a live allocation at p (the driver's, or another
-  /// cache's block): the driver handed the address out again before the segment was dropped.
+  /// given back, or of a context being destroyed, where the hooks count a live allocation at
+  /// p (the driver's, or another cache's block): the driver handed the address out again
+  /// before the segment was dropped.
   bool holds_locked(CUdeviceptr p) const noexcept;
   /// `s` was given back to the driver: out of segments_ (unless a newer segment at its base
   /// replaced it there) and the block map, so its addresses answer as someone else's.
@@ -353,6 +354,8 @@ class cache_resource final {
   uint64_t map_used_ = 0;
   bool dead_ = false;                          ///< context gone (forget_all)
   bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
+  bool ctx_going_ = false;                     ///< dying_, under mu_: once the driver destroyed the
+                                               ///< context, its addresses may be someone else's
   std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
   Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)
   uint64_t peak_live_ = 0;                     ///< live bytes at the remembered peak (under slow_)

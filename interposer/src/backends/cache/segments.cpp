@@ -149,6 +149,9 @@ std::size_t cache_resource::release() {
 void cache_resource::set_dying(bool dying) {
   std::lock_guard<std::mutex> g(slow_);  // after any driver call of the slow path in flight
   dying_ = dying;
+  mu_.lock();
+  ctx_going_ = dying;
+  mu_.unlock();
 }
 
 void cache_resource::forget_all() noexcept {
