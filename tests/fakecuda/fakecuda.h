@@ -73,13 +73,14 @@ CUresult fakecuda_free_unseen(CUdeviceptr dptr);
  *  "cuArrayDestroy" (on entry, before the array is looked up), "cuArrayDestroy refused"
  *  (the handle names no array: before it returns CUDA_ERROR_INVALID_HANDLE),
  *  "cuDevicePrimaryCtxRelease" (after the last release destroyed the primary context,
- *  before it returns), "cuDevicePrimaryCtxGetState" (after it found the primary context
- *  inactive, before it returns), "cuMemFree freed" (cuMemFree of a cuMemAlloc or managed
- *  block: after its addresses went back to the arena, before it returns) or "cuCtxDestroy
- *  destroyed" (cuCtxDestroy_v2: after the context and its memory are gone, before it
- *  returns). A primary context made active again after its last
- *  release keeps its handle and gets a new cuCtxGetId, as on the real driver. Lets a test run another thread's calls at an exact moment of a driver call
- *  (for races between an interposer's bookkeeping and the driver). `fn` NULL disarms.
+ *  before it returns; a primary context made active again after its last release keeps its
+ *  handle and gets a new cuCtxGetId, as on the real driver), "cuDevicePrimaryCtxGetState"
+ *  (after it found the primary context inactive, before it returns), "cuMemFree freed"
+ *  (cuMemFree of a cuMemAlloc or managed block: after its addresses went back to the arena,
+ *  before it returns) or "cuCtxDestroy destroyed" (cuCtxDestroy_v2: after the context and
+ *  its memory are gone, before it returns). Lets a test run another thread's calls at an
+ *  exact moment of a driver call (for races between an interposer's bookkeeping and the
+ *  driver). `fn` NULL disarms.
  *  One point is armed at a time; arming another replaces it (`fn` may arm the next). */
 void fakecuda_pause_in(const char* name, void (*fn)(void*), void* arg);
 

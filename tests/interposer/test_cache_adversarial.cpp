@@ -587,8 +587,8 @@ TEST_CASE("cadv: a reused whole block answers range queries with the new request
 // The cache gives a free slab back (the cap wants room) and, between the driver's free and the
 // cache's forgetting the slab, other threads get its addresses from the driver: a managed
 // allocation, then another context's slab. Their frees and range queries are theirs, also
-// from a thread whose cache is the one giving the slab back (which once refused such a free
-// as a bad free of its own memory, leaking the allocation).
+// from a thread whose cache is the one giving the slab back and is asked first (a refusal
+// there, as a bad free of the cache's own memory, would leak the allocation).
 TEST_CASE("cadv: a slab's addresses handed out again while the cache gives it back belong to their new owner",
           "[cadv_release_reuse]") {
   make_context();
@@ -659,32 +659,36 @@ TEST_CASE("cadv: a slab's addresses handed out again while the cache gives it ba
   REQUIRE(cuCtxDestroy(b) == CUDA_SUCCESS);
 }
 
-// The same while a context is destroyed: between the driver's destroy (which frees the
-// context's memory) and the cache's forgetting that memory, another context's allocation at
-// those addresses is freed from a thread that asks the dying cache too.
-TEST_CASE("cadv: addresses of a context being destroyed handed out again belong to their new owner",
-          "[cadv_destroy_reuse]") {
+namespace {
+// Context b's cache makes a slab (its block `leave_live` or freed), then b is destroyed; the
+// simulated driver pauses after the destroy, and another thread allocates managed memory
+// (the arena's first fit: the slab's addresses) and frees it. The free and the counts must
+// be the new owner's, whether or not a block of b's that was never freed starts there.
+void destroy_reuse(bool leave_live) {
   make_context();
   touch_interposer();
   CUcontext a = nullptr, b = nullptr;
   REQUIRE(cuCtxGetCurrent(&a) == CUDA_SUCCESS);
   CUdevice dev = 0;
   REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  const Snap s0 = snap();
   REQUIRE(cuCtxCreate(&b, nullptr, 0, dev) == CUDA_SUCCESS);  // current now
   CUdeviceptr in_b = 0;
   REQUIRE(cuMemAlloc(&in_b, 4096) == CUDA_SUCCESS);  // b's cache makes a slab: the arena's next addresses
   const CUdeviceptr slab = in_b;
-  REQUIRE(cuMemFree(in_b) == CUDA_SUCCESS);
+  if (!leave_live) REQUIRE(cuMemFree(in_b) == CUDA_SUCCESS);
   REQUIRE(cuCtxSetCurrent(a) == CUDA_SUCCESS);
-  const Snap s0 = snap();
 
-  CUdeviceptr managed = 0;
-  CUresult made = CUDA_ERROR_UNKNOWN, freed = CUDA_ERROR_UNKNOWN;
+  CUdeviceptr managed = 0, range_base = 0;
+  size_t range_bytes = 0;
+  CUresult made = CUDA_ERROR_UNKNOWN, ranged = CUDA_ERROR_UNKNOWN, freed = CUDA_ERROR_UNKNOWN;
   Meanwhile m;
   m.work = [&] {
     if (cuCtxSetCurrent(a) != CUDA_SUCCESS) return;
     made = cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL);
-    if (made == CUDA_SUCCESS) freed = cuMemFree(managed);
+    if (made != CUDA_SUCCESS) return;
+    ranged = cuMemGetAddressRange(&range_base, &range_bytes, managed);
+    freed = cuMemFree(managed);
   };
   fakecuda_pause_in("cuCtxDestroy destroyed", &Meanwhile::run, &m);
   REQUIRE(cuCtxDestroy(b) == CUDA_SUCCESS);
@@ -693,10 +697,30 @@ TEST_CASE("cadv: addresses of a context being destroyed handed out again belong 
   REQUIRE(m.started.load());
   REQUIRE(made == CUDA_SUCCESS);
   CHECK(managed == slab);  // first-fit: the destroyed context's slab was the lowest hole
+  CHECK(ranged == CUDA_SUCCESS);
+  CHECK(range_base == managed);
+  CHECK(range_bytes == 4096);
   CHECK(freed == CUDA_SUCCESS);
+  // b's block, freed by the program or with its context, is counted freed; the managed
+  // allocation too.
   const Snap s1 = snap();
   CHECK(s1.live == s0.live);
   CHECK(s1.used - s1.cached == s0.used - s0.cached);
+}
+}  // namespace
+
+// The same while a context is destroyed: between the driver's destroy (which frees the
+// context's memory) and the cache's forgetting that memory, another context's allocation at
+// those addresses is freed from a thread that asks the dying cache too.
+TEST_CASE("cadv: addresses of a context being destroyed handed out again belong to their new owner",
+          "[cadv_destroy_reuse]") {
+  destroy_reuse(false);
+}
+
+// ... also where a block the program never freed started (the context's destroy frees it).
+TEST_CASE("cadv: addresses of a context being destroyed belong to their new owner over a block never freed",
+          "[cadv_destroy_reuse_live]") {
+  destroy_reuse(true);
 }
 
 // ---- churn with every API, threads and contexts ---------------------------------------------

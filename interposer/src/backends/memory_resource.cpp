@@ -15,8 +15,12 @@ CUresult driver_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
 
 CUresult driver_resource::do_deallocate(CUdeviceptr p, std::size_t bytes) {
   auto real = REAL(cuMemFree_v2);
-  const CUresult r = real ? real(p) : CUDA_ERROR_NOT_INITIALIZED;
-  if (r == CUDA_SUCCESS && tracker_) tracker_->record_segment(ordinal_, p, bytes, false);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  // The record goes first: once the driver's free returns, the address may be another pool's
+  // segment, whose record is not to be taken.
+  if (tracker_) tracker_->record_segment(ordinal_, p, bytes, false);
+  const CUresult r = real(p);
+  if (r != CUDA_SUCCESS && tracker_) tracker_->record_segment(ordinal_, p, bytes, true);  // still ours
   return r;
 }
 

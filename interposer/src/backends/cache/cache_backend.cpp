@@ -142,27 +142,44 @@ cache_resource* cache_backend::create(CUcontext ctx) noexcept {
 
 CUW_HOT CUresult cache_backend::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   // The block map answers whatever the current context is: try the thread's last cache
-  // first without asking the driver (a dropped cache finds nothing and is skipped).
+  // first without asking the driver (a dropped cache finds nothing and is skipped). The
+  // cache of a context being destroyed is asked last: once the driver destroyed it, another
+  // context's cache may hold a block where one of the dying cache's starts.
   cache_resource* first = t_cache;
   if (!first) first = for_current();
+  const CUcontext going = dying_.load(std::memory_order_acquire);
+  cache_resource* last = nullptr;
+  if (__builtin_expect(going != nullptr, 0) && first && first->context() == going) std::swap(first, last);
   if (first)
     if (const CUresult r = first->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c != first)
-      if (const CUresult r = c->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
+    if (!c || c == first || c == last) continue;
+    if (going && c->context() == going) {
+      last = c;
+      continue;
+    }
+    if (const CUresult r = c->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
   }
-  return CUDA_ERROR_NOT_FOUND;
+  return last ? last->free_traced(p, api, aux, now) : CUDA_ERROR_NOT_FOUND;
 }
 
 cache_resource* cache_backend::owner_of(CUdeviceptr p, range* out, bool* live) {
+  // As free_traced: a context being destroyed is asked last.
+  const CUcontext going = dying_.load(std::memory_order_acquire);
+  cache_resource* last = nullptr;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     cache_resource* c = caches_[i].load(std::memory_order_acquire);
-    if (c && c->locate(p, out, live)) return c;
+    if (!c) continue;
+    if (going && c->context() == going) {
+      last = c;
+      continue;
+    }
+    if (c->locate(p, out, live)) return c;
   }
-  return nullptr;
+  return last && last->locate(p, out, live) ? last : nullptr;
 }
 
 uint64_t cache_backend::release_all_except(const cache_resource* skip) {

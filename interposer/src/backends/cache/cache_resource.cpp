@@ -532,19 +532,6 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   core::LiveRecord stale;
   const bool reused = tracker_.pointers().take(base, &stale);
   if (__builtin_expect(reused, 0)) tracker_.count_freed_unseen_locked(base, stale, ring::Api::reused, core::now_ns());
-  // The driver handed out this range: a segment of ours that lay there was given back a
-  // moment ago by another thread, which has not dropped it yet (it would shadow this one).
-  for (auto it = segments_.upper_bound(base); it != segments_.begin();) {
-    Segment* old = (--it)->second;
-    if (old->base + old->bytes <= base) break;
-    if (!old->leaving) break;  // cannot be: the driver does not hand out what we hold
-    drop_locked(old);
-    it = segments_.upper_bound(base);
-  }
-  for (auto it = segments_.lower_bound(base); it != segments_.end() && it->first < base + seg_bytes;) {
-    Segment* old = (it++)->second;
-    if (old->leaving) drop_locked(old);
-  }
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
@@ -881,6 +868,12 @@ bool cache_resource::refill_spares_slow() {
 // event per stream), every kPollEvery-th polls.
 CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   mu_.lock();
+  if (__builtin_expect(ctx_going_, 0) && tracker_.pointers().contains(p)) {
+    // The driver destroyed the context, freeing this cache's memory, and handed p out again:
+    // the free is the new owner's even where a block of ours that was never freed starts.
+    mu_.unlock();
+    return CUDA_ERROR_NOT_FOUND;
+  }
   Block* b = lookup_locked(p);
   if (__builtin_expect(!b || b->state != kLive, 0)) {
     // Inside memory this cache holds but not a live block's start (a second free, an
@@ -893,7 +886,6 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
   const uint64_t size = b->size;
   if (__builtin_expect(b->exported, 0)) {
     b->state = kPending;  // claimed: a second free of it is refused while the driver's runs
-    b->seg->leaving = true;
     mu_.unlock();
     return free_exported(b, api, aux, now);
   }
@@ -943,19 +935,26 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   // The context was destroyed (forget_all deleted b with its segment) or is being destroyed
   // (its memory goes with it): no driver call on an address that may be someone else's.
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-  Segment* s = b->seg;  // b is ours (kPending and leaving, set by free_traced), its segment busy
+  Segment* s = b->seg;  // b is ours (kPending, set by free_traced), its segment busy
   if (dying_) {
     mu_.lock();
     b->state = kLive;
-    s->leaving = false;
     mu_.unlock();
     return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   }
+  // Leaving, and the block's record gone, before the driver's free: from its return on, a
+  // record at this address is a new owner's (holds_locked), never this block's.
+  core::LiveRecord rec;
+  mu_.lock();
+  s->leaving = true;
+  const bool had_record = tracker_.pool_blocks().take(b->ptr, &rec);
+  mu_.unlock();
   const CUresult r = upstream_->deallocate(s->base, s->bytes);
   mu_.lock();
   if (r != CUDA_SUCCESS) {
     b->state = kLive;
     s->leaving = false;
+    if (had_record) tracker_.pool_blocks().insert(b->ptr, rec);
     mu_.unlock();
     return r;
   }
@@ -963,7 +962,6 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   core::locked_sub(slot_.live_allocations, 1);
   core::locked_add(slot_.free_count, 1);
   core::locked_sub(slot_.reserved, s->bytes);
-  tracker_.pooled_erase_locked(b->ptr);
   tracker_.emit_locked(ring::EventKind::free, api, ordinal_, b->ptr, b->requested, aux, CUDA_SUCCESS, now);
   mu_.unlock();
   tracker_.uncharge(slot_, s->bytes);

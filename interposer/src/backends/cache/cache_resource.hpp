@@ -126,7 +126,9 @@ class cache_resource final {
   /// under the same lock. Having done nothing: CUDA_ERROR_INVALID_VALUE
   /// when `p` lies in memory this cache holds but is not the start of a live block (freed
   /// twice, or an interior pointer: the driver's answer), CUDA_ERROR_NOT_FOUND when it is
-  /// not this cache's memory at all (the caller passes it to the driver).
+  /// not this cache's memory at all (the caller passes it to the driver), which includes
+  /// memory this cache is giving back, or whose context is being destroyed, that the driver
+  /// handed out again (holds_locked).
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
 
   /// Whether `p` lies in memory this cache took from the driver; if in a live block, *out
@@ -354,7 +356,8 @@ class cache_resource final {
   uint64_t map_used_ = 0;
   bool dead_ = false;                          ///< context gone (forget_all)
   bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
-  bool ctx_going_ = false;                     ///< dying_, under mu_: once the driver destroyed the
+  bool ctx_going_ = false;                     ///< dying_, under mu_ (the free path holds mu_ only,
+                                               ///< and reads it): once the driver destroyed the
                                                ///< context, its addresses may be someone else's
   std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
   Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)

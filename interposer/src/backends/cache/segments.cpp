@@ -37,8 +37,10 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
       each_block(s, [&](Block* b) { only_holes = only_holes && b->state == kHole; });
       if (!only_holes) continue;
     }
-    // Out of reach while the driver frees it: no block free or carvable; it stays in
-    // segments_ and the block map, so a free of one of its addresses is still refused.
+    // Out of reach while the driver frees it: no block free or carvable. It stays in
+    // segments_ and the block map until the free returns, so a second free of one of its
+    // blocks is refused rather than passed to the driver (which would free the segment
+    // under us); holds_locked lets through only a free of what the driver handed out again.
     each_block(s, [&](Block* b) {
       if (b->state == kFree) unlink_free_locked(b);
     });
@@ -216,9 +218,10 @@ void cache_resource::forget_all() noexcept {
 
 bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
   mu_.lock();
-  // A segment being given back holds nothing live; its addresses may be the driver's again.
+  // A segment being given back holds nothing live, and its addresses may be the driver's
+  // again; so may a destroyed context's, where the hooks count a new allocation.
   Segment* s = segment_at_locked(p);
-  if (!s || s->leaving) {
+  if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {
     mu_.unlock();
     return false;
   }
@@ -305,7 +308,7 @@ pool_stats cache_resource::stats() {
 CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
   mu_.lock();
   Segment* s = segment_at_locked(p);
-  if (!s || s->leaving) {  // (being given back: nothing live in it, the address may be the driver's)
+  if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {  // (as locate)
     mu_.unlock();
     return CUDA_ERROR_NOT_FOUND;
   }
