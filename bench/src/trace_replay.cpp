@@ -14,7 +14,9 @@
 // Prints one JSON object (and writes it to --json FILE). A refused allocation is counted in
 // `refusals` and the replay goes on without it (its free is skipped). Exit status: 0 when
 // replayed (refusals or not: the caller judges), 2 on bad usage or a bad trace, 1 when the
-// driver or its context cannot be brought up.
+// driver or its context cannot be brought up. On the simulated driver it also has the calls
+// made (driver_calls) and the bytes cuMemMap mapped and cuMemUnmap unmapped (driver_bytes);
+// both are null on a GPU.
 //
 // Under LD_PRELOAD=libcuwarden.so with a cap, set CUWARDEN_MEMINFO=physical for --pass held on
 // a GPU: otherwise the interposer answers NVML with its own view of the cap.
@@ -408,6 +410,8 @@ int main(int argc, char** argv) {
     calls = json::object();
     for (const char* name : kCountedCalls) calls[name] = counters.count(name);
   }
+  json bytes = nullptr;  // what the VMM calls moved: their cost on the GPU is per byte
+  if (counters.count) bytes = {{"cuMemMap", counters.count("cuMemMap bytes")}, {"cuMemUnmap", counters.count("cuMemUnmap bytes")}};
 
   uint64_t live_at_end = 0;
   for (CUdeviceptr& p : ptr) {
@@ -442,6 +446,7 @@ int main(int argc, char** argv) {
   out["free_errors"] = free_errors;
   out["live_at_end"] = live_at_end;
   out["driver_calls"] = calls;
+  out["driver_bytes"] = bytes;
   out["pool"] = pool ? pool : "none";
   out["device"] = device_name;
 

@@ -61,7 +61,9 @@ void fakecuda_reset_counters(void);
 
 /** Number of calls since the last reset. An exact exported name ("cuMemAlloc_v2") counts that
  *  entry point only; a base name ("cuMemAlloc") also counts its ABI and per-thread variants
- *  (cuMemAlloc_v2, ..._ptds, ..._ptsz). Calls the driver makes internally are not counted. */
+ *  (cuMemAlloc_v2, ..._ptds, ..._ptsz). Calls the driver makes internally are not counted.
+ *  "cuMemMap bytes" and "cuMemUnmap bytes" answer the bytes mapped and unmapped (on the GPU
+ *  their cost grows with the bytes, not the calls). */
 uint64_t fakecuda_call_count(const char* name);
 
 /** cuMemFree_v2 under a name no interposer hooks: memory freed where cuwarden does not see

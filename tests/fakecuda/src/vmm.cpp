@@ -208,6 +208,8 @@ FC_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
                  static_cast<off_t>(offset));
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   h->refs++;
+  static CallCounter mapped{"cuMemMap bytes"};
+  mapped.count.fetch_add(size, std::memory_order_relaxed);
   g_mappings[ptr] = Mapping{ptr, size, offset, h};
   Allocation a;
   a.base = ptr;
@@ -232,8 +234,10 @@ FC_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     if (m->first + m->second.size > ptr + size) return CUDA_ERROR_INVALID_VALUE;  // partial unmap
     covered.push_back(m->first);
   }
+  static CallCounter unmapped{"cuMemUnmap bytes"};
   for (uintptr_t base : covered) {
     Mapping mp = g_mappings[base];
+    unmapped.count.fetch_add(mp.size, std::memory_order_relaxed);
     // Back to a plain reservation at the same address.
     mmap(reinterpret_cast<void*>(base), mp.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
          -1, 0);
