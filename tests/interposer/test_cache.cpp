@@ -546,7 +546,12 @@ TEST_CASE("cache: counters show reserved vs in use; cuMemGetInfo counts cached b
   CHECK(t == kCap);
   CHECK(f == kCap - (used - cached));
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
-  CHECK(d.cached.load() == cached + 6 * kMiB);
+  // p's whole block moves to cached: 6 MiB, or a cached block of an earlier case within
+  // the cache's slack (2 MiB more) that served the request.
+  const uint64_t freed = d.cached.load() - cached;
+  CHECK(freed >= 6 * kMiB);
+  CHECK(freed <= 8 * kMiB);
+  CHECK(freed % (2 * kMiB) == 0);
   CHECK(d.used.load() == used);  // kept, still counted against the cap
   REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
   CHECK(d.cached.load() == used);  // everything the cache holds is free for the program
