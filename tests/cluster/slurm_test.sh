@@ -55,8 +55,22 @@ munged -F --force --key-file="$T/munge/munge.key" --socket="$MUNGE_SOCK" --pid-f
   --log-file="$T/munged.log" --seed-file="$T/munge/seed" >"$T/munged.out.log" 2>&1 &
 PIDS+=($!)
 
-# Ports of our own, away from a site's 6817/6818.
-PORT=$((20000 + RANDOM % 20000))
+# Ports of our own, away from a site's 6817/6818 and below the kernel's range for ephemeral
+# ports (which other tests' connections take at any moment), both free when chosen.
+read -r EPHEMERAL_LOW _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || EPHEMERAL_LOW=32768
+(( EPHEMERAL_LOW > 12000 )) || EPHEMERAL_LOW=32768
+port_free() {
+  python3 -c 'import socket,sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)' "$1"
+}
+for _ in $(seq 50); do
+  PORT=$((10000 + RANDOM % (EPHEMERAL_LOW - 10002)))
+  port_free "$PORT" && port_free $((PORT + 1)) && break
+done
 NODE=cuwtest
 cat >"$T/plugstack.conf" <<EOC
 required $PLUGIN lib=$LIB run_dir=$T/run max=1G shard_size=16M
