@@ -748,6 +748,15 @@ TEST_CASE("cadv: no two live allocations overlap and data survives churn mixing 
   std::mutex mu;
   std::map<CUdeviceptr, size_t> live_ranges;  // every live device allocation of every thread
   std::atomic<int> overlaps{0}, corrupt{0}, bad{0};
+  std::string failed;  // which calls failed, for the report (under mu)
+  auto fail = [&](const char* call, CUresult r, int kind, size_t n, CUdeviceptr p) {
+    ++bad;
+    std::lock_guard<std::mutex> g(mu);
+    char line[160];
+    std::snprintf(line, sizeof line, "%s -> %d (kind %d, %zu bytes at 0x%llx)\n", call, static_cast<int>(r), kind, n,
+                  static_cast<unsigned long long>(p));
+    if (failed.size() < 2000) failed += line;
+  };
   auto add = [&](CUdeviceptr p, size_t n) {
     std::lock_guard<std::mutex> g(mu);
     auto it = live_ranges.upper_bound(p);
@@ -778,7 +787,7 @@ TEST_CASE("cadv: no two live allocations overlap and data survives churn mixing 
         live.erase(live.begin() + static_cast<long>(k));
         if (l.k != kHost) {
           std::vector<unsigned char> h(l.n);
-          if (cuMemcpyDtoH(h.data(), l.p, l.n) != CUDA_SUCCESS) ++bad;
+          if (const CUresult e = cuMemcpyDtoH(h.data(), l.p, l.n); e != CUDA_SUCCESS) fail("cuMemcpyDtoH", e, l.k, l.n, l.p);
           for (size_t q = 0; q < h.size(); ++q)
             if (h[q] != l.v) {
               ++corrupt;
@@ -803,7 +812,7 @@ TEST_CASE("cadv: no two live allocations overlap and data survives churn mixing 
           case kAsync: r = cuMemFreeAsync(l.p, s); break;
           case kHost: r = cuMemFreeHost(reinterpret_cast<void*>(l.p)); break;
         }
-        if (r != CUDA_SUCCESS) ++bad;
+        if (r != CUDA_SUCCESS) fail("free", r, l.k, l.n, l.p);
       };
       for (int i = 0; i < 1200; ++i) {
         if (live.size() < 20 && (live.empty() || rng() % 2)) {
@@ -833,12 +842,12 @@ TEST_CASE("cadv: no two live allocations overlap and data survives churn mixing 
             }
           }
           if (res != CUDA_SUCCESS) {
-            ++bad;
+            fail("allocation", res, k, n, 0);
             continue;
           }
           if (k != kHost) {
             add(p, span);
-            if (cuMemsetD8(p, v, n) != CUDA_SUCCESS) ++bad;
+            if (const CUresult e = cuMemsetD8(p, v, n); e != CUDA_SUCCESS) fail("cuMemsetD8", e, k, n, p);
           }
           live.push_back({p, n, v, k, my});
         } else {
@@ -859,7 +868,10 @@ TEST_CASE("cadv: no two live allocations overlap and data survives churn mixing 
     });
   }
   for (auto& x : th) x.join();
-  CHECK(bad.load() == 0);
+  {
+    INFO(failed);
+    CHECK(bad.load() == 0);
+  }
   CHECK(overlaps.load() == 0);
   CHECK(corrupt.load() == 0);
   for (int o = 0; o < 2; ++o) {
