@@ -99,8 +99,8 @@ bool cache_resource::holds_locked(CUdeviceptr p) const noexcept {
 }
 
 void cache_resource::drop_locked(Segment* s) noexcept {
-  if (auto it = segments_.find(s->base); it != segments_.end() && it->second == s) segments_.erase(it);
-  each_block(s, [&](Block* b) { map_erase_locked(b); });
+  segments_.erase(s->base);
+  each_block(s, [&](Block* b) { map_erase_locked(b->ptr); });
   if (s == arena_) arena_ = nullptr;
 }
 
@@ -143,18 +143,7 @@ void cache_resource::map_erase_locked(CUdeviceptr p) noexcept {
   const uint64_t mask = map_.size() - 1;
   uint64_t i = ptr_hash(p) >> 20 & mask;
   while (map_[i] && map_[i]->ptr != p) i = (i + 1) & mask;
-  if (map_[i]) map_erase_slot_locked(i);
-}
-
-void cache_resource::map_erase_locked(const Block* b) noexcept {
-  const uint64_t mask = map_.size() - 1;
-  uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
-  while (map_[i] && map_[i] != b) i = (i + 1) & mask;
-  if (map_[i]) map_erase_slot_locked(i);
-}
-
-void cache_resource::map_erase_slot_locked(uint64_t i) noexcept {
-  const uint64_t mask = map_.size() - 1;
+  if (!map_[i]) return;
   map_[i] = nullptr;
   --map_used_;
   for (uint64_t j = (i + 1) & mask; map_[j]; j = (j + 1) & mask) {

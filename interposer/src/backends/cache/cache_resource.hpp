@@ -260,16 +260,14 @@ class cache_resource final {
   /// p (the driver's, or another cache's block): the driver handed the address out again
   /// before the segment was dropped.
   bool holds_locked(CUdeviceptr p) const noexcept;
-  /// `s` was given back to the driver: out of segments_ (unless a newer segment at its base
-  /// replaced it there) and the block map, so its addresses answer as someone else's.
-  /// Idempotent.
+  /// `s` was given back to the driver: out of segments_ and the block map, so its addresses
+  /// answer as someone else's. (Segments are added and given back under slow_: no newer
+  /// segment of this cache can lie at its addresses meanwhile.)
   void drop_locked(Segment* s) noexcept;
   void map_insert_locked(Block* b);
   void map_rebuild_locked();
   Block* carve_locked(Segment* s) noexcept;
   void map_erase_locked(CUdeviceptr p) noexcept;
-  void map_erase_locked(const Block* b) noexcept;  ///< this very block's entry, if any
-  void map_erase_slot_locked(uint64_t i) noexcept;
   /// vmm: cut `b` (free, split segment) to `bytes`; the rest becomes a free block (a spare).
   void split_locked(Block* b, uint64_t bytes) noexcept;
   /// vmm: `a` takes over its higher neighbour `h` (a free or hole pair), which becomes a spare.
