@@ -584,6 +584,31 @@ TEST_CASE("cadv: a reused whole block answers range queries with the new request
 
 // ---- addresses given back while other threads allocate -----------------------------------
 
+namespace {
+/// An allocation another thread got at addresses a pool was letting go of: its result, then
+/// its range query and free (from whichever thread calls query_and_free).
+struct NewOwner {
+  CUdeviceptr p = 0, base = 0;
+  size_t bytes = 0;
+  CUresult made = CUDA_ERROR_UNKNOWN, ranged = CUDA_ERROR_UNKNOWN, freed = CUDA_ERROR_UNKNOWN;
+  void query_and_free() {
+    ranged = cuMemGetAddressRange(&base, &bytes, p);
+    freed = cuMemFree(p);
+  }
+};
+
+/// `o` got `at` (the simulated driver's arena is first-fit) and its query and free were its
+/// own: the range is its `n` bytes, the free succeeded.
+void check_new_owner(const NewOwner& o, CUdeviceptr at, size_t n) {
+  REQUIRE(o.made == CUDA_SUCCESS);
+  CHECK(o.p == at);
+  CHECK(o.ranged == CUDA_SUCCESS);
+  CHECK(o.base == o.p);
+  CHECK(o.bytes == n);
+  CHECK(o.freed == CUDA_SUCCESS);
+}
+}  // namespace
+
 // The cache gives a free slab back (the cap wants room) and, between the driver's free and the
 // cache's forgetting the slab, other threads get its addresses from the driver: a managed
 // allocation, then another context's slab. Their frees and range queries are theirs, also
@@ -605,31 +630,23 @@ TEST_CASE("cadv: a slab's addresses handed out again while the cache gives it ba
   const CUdeviceptr slab = small;
   REQUIRE(cuMemFree(small) == CUDA_SUCCESS);
 
-  CUdeviceptr managed = 0, other = 0, range_base = 0;
-  size_t range_bytes = 0;
-  CUresult managed_free = CUDA_ERROR_UNKNOWN, other_alloc = CUDA_ERROR_UNKNOWN, other_free = CUDA_ERROR_UNKNOWN,
-           other_range = CUDA_ERROR_UNKNOWN, managed_range = CUDA_ERROR_UNKNOWN;
-  CUdeviceptr managed_base = 0;
-  size_t managed_bytes = 0;
+  NewOwner managed, other;
   Meanwhile m;
   m.work = [&] {
     // In context a: the driver hands the slab's first addresses to a managed allocation.
     std::thread([&] {
-      if (cuCtxSetCurrent(a) != CUDA_SUCCESS || cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS)
-        return;
-      managed_range = cuMemGetAddressRange(&managed_base, &managed_bytes, managed);
-      managed_free = cuMemFree(managed);
+      if (cuCtxSetCurrent(a) != CUDA_SUCCESS) return;
+      managed.made = cuMemAllocManaged(&managed.p, 4096, CU_MEM_ATTACH_GLOBAL);
+      if (managed.made == CUDA_SUCCESS) managed.query_and_free();
     }).join();
     // Context b's cache makes a slab of its own there.
     std::thread([&] {
-      if (cuCtxSetCurrent(b) == CUDA_SUCCESS) other_alloc = cuMemAlloc(&other, 4096);
+      if (cuCtxSetCurrent(b) == CUDA_SUCCESS) other.made = cuMemAlloc(&other.p, 4096);
     }).join();
-    if (other_alloc != CUDA_SUCCESS) return;
+    if (other.made != CUDA_SUCCESS) return;
     // A fresh thread in context a, whose cache is asked first.
     std::thread([&] {
-      if (cuCtxSetCurrent(a) != CUDA_SUCCESS) return;
-      other_range = cuMemGetAddressRange(&range_base, &range_bytes, other);
-      other_free = cuMemFree(other);
+      if (cuCtxSetCurrent(a) == CUDA_SUCCESS) other.query_and_free();
     }).join();
   };
   fakecuda_pause_in("cuMemFree freed", &Meanwhile::run, &m);
@@ -640,18 +657,8 @@ TEST_CASE("cadv: a slab's addresses handed out again while the cache gives it ba
   fakecuda_pause_in(nullptr, nullptr, nullptr);
   REQUIRE(m.started.load());
   CHECK(big_alloc == CUDA_SUCCESS);
-  // The simulated driver's arena is first-fit: the slab's addresses are the next handed out.
-  CHECK(managed == slab);
-  CHECK(managed_range == CUDA_SUCCESS);
-  CHECK(managed_base == managed);
-  CHECK(managed_bytes == 4096);
-  CHECK(managed_free == CUDA_SUCCESS);
-  REQUIRE(other_alloc == CUDA_SUCCESS);
-  CHECK(other == slab);
-  CHECK(other_range == CUDA_SUCCESS);
-  CHECK(range_base == other);
-  CHECK(range_bytes == 4096);
-  CHECK(other_free == CUDA_SUCCESS);
+  check_new_owner(managed, slab, 4096);
+  check_new_owner(other, slab, 4096);
   if (big_alloc == CUDA_SUCCESS) REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
   const Snap s1 = snap();
   CHECK(s1.live == s0.live);
@@ -679,28 +686,19 @@ void destroy_reuse(bool leave_live) {
   if (!leave_live) REQUIRE(cuMemFree(in_b) == CUDA_SUCCESS);
   REQUIRE(cuCtxSetCurrent(a) == CUDA_SUCCESS);
 
-  CUdeviceptr managed = 0, range_base = 0;
-  size_t range_bytes = 0;
-  CUresult made = CUDA_ERROR_UNKNOWN, ranged = CUDA_ERROR_UNKNOWN, freed = CUDA_ERROR_UNKNOWN;
+  NewOwner managed;
   Meanwhile m;
   m.work = [&] {
     if (cuCtxSetCurrent(a) != CUDA_SUCCESS) return;
-    made = cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL);
-    if (made != CUDA_SUCCESS) return;
-    ranged = cuMemGetAddressRange(&range_base, &range_bytes, managed);
-    freed = cuMemFree(managed);
+    managed.made = cuMemAllocManaged(&managed.p, 4096, CU_MEM_ATTACH_GLOBAL);
+    if (managed.made == CUDA_SUCCESS) managed.query_and_free();
   };
   fakecuda_pause_in("cuCtxDestroy destroyed", &Meanwhile::run, &m);
   REQUIRE(cuCtxDestroy(b) == CUDA_SUCCESS);
   m.join();
   fakecuda_pause_in(nullptr, nullptr, nullptr);
   REQUIRE(m.started.load());
-  REQUIRE(made == CUDA_SUCCESS);
-  CHECK(managed == slab);  // first-fit: the destroyed context's slab was the lowest hole
-  CHECK(ranged == CUDA_SUCCESS);
-  CHECK(range_base == managed);
-  CHECK(range_bytes == 4096);
-  CHECK(freed == CUDA_SUCCESS);
+  check_new_owner(managed, slab, 4096);  // (the destroyed context's slab was the lowest hole)
   // b's block, freed by the program or with its context, is counted freed; the managed
   // allocation too.
   const Snap s1 = snap();
