@@ -122,13 +122,20 @@ for f in "$LIB" "$DAEMON" "$CLI"; do [[ -e $f ]] || BUILD_OK=0; done
 
 # =========================================================================================
 section "Daemon"
-DAEMON_HELP=$("$DAEMON" --help 2>&1 || true)
+# cuwardend links elfutils' libdw (its symbolizer); where the machine lacks it, a copy carried in
+# BUILD_DIR/lib/fallback serves the daemon alone (the rows' programs keep their own library path).
+DAEMON_LIBS=${LD_LIBRARY_PATH:-}
+if [[ -x $DAEMON ]] && ldd "$DAEMON" | grep -q 'not found' && [[ -d $BUILD/lib/fallback ]]; then
+  DAEMON_LIBS=$BUILD/lib/fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "libdw: the carried copy ($BUILD/lib/fallback), for cuwardend"
+fi
+DAEMON_HELP=$(LD_LIBRARY_PATH=$DAEMON_LIBS "$DAEMON" --help 2>&1 || true)
 DAEMON_ARGS=(--run-dir "$RUN_DIR" --socket "$SOCK")
 grep -q -- '--scan-interval-ms' <<<"$DAEMON_HELP" && DAEMON_ARGS+=(--scan-interval-ms 200)
 grep -q -- '--exited-linger' <<<"$DAEMON_HELP" && DAEMON_ARGS+=(--exited-linger 1800)
 if [[ -x $DAEMON ]]; then
   printf '+ cuwardend %s &\n' "${DAEMON_ARGS[*]}"
-  "$DAEMON" "${DAEMON_ARGS[@]}" >"$WORK/cuwardend.log" 2>&1 &
+  LD_LIBRARY_PATH=$DAEMON_LIBS "$DAEMON" "${DAEMON_ARGS[@]}" >"$WORK/cuwardend.log" 2>&1 &
   DAEMON_PID=$!
   for _ in $(seq 1 100); do
     [[ -S $SOCK ]] && break
