@@ -30,7 +30,7 @@ TRACES = ("gpt2-train", "gpt2-generate", "cupy-grow")
 # The bounds are the figures measured on the simulated driver with some room (about 10%): a
 # change that holds more, or makes more driver calls or maps more (on the H200 mapping is
 # what makes vmm slower than cudaMalloc on cupy-grow, and its cost grows with the bytes:
-# bench/results/2026-12-01-h200-vmm-replay.md, bench/results/2026-12-02-cpu-vmm-mapping.md),
+# bench/results/2026-12-02-h200-vmm-replay.md, bench/results/2026-12-02-cpu-vmm-mapping.md),
 # fails here first.
 POOL_ROWS = [
     # Issue targets: at most 1.25x peak live without a cap.
