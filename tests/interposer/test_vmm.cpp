@@ -4,7 +4,8 @@
 // test_cache_adversarial.cpp's cases, which ctest runs under vmm too.
 //
 // Tags, each in its own process (tests/interposer/CMakeLists.txt): [vmm] (two 1 GiB devices,
-// no cap), [vmm_cap] (a 64 MiB cap), [vmm_keep] (no cap, CUWARDEN_POOL_KEEP=8M),
+// no cap), [vmm_cap] (a 64 MiB cap), [vmm_pack] (a 42 MiB cap), [vmm_keep] (no cap,
+// CUWARDEN_POOL_KEEP=8M),
 // [vmm_fallback] (a device without virtual memory management), [pool_idle] (under both pools,
 // CUWARDEN_POOL_IDLE=1s).
 #include <cstring>
@@ -34,7 +35,7 @@ TEST_CASE("vmm: pointer queries describe the program's block, not the mapped ran
   CUdeviceptr big = 0, small = 0;
   REQUIRE(cuMemAlloc(&big, 5 * kMiB + 3) == CUDA_SUCCESS);
   REQUIRE(cuMemAlloc(&small, 1000) == CUDA_SUCCESS);
-  CHECK(big % (2 * kMiB) == 0);  // a granule-aligned stretch of a range
+  CHECK(big % 512 == 0);         // a stretch of a range (large blocks pack to 512 bytes)
   CHECK(small % 256 == 0);       // cudaMalloc's alignment
   for (CUdeviceptr p : {big, small}) {
     const size_t want = p == big ? 5 * kMiB + 3 : 1000;
@@ -94,6 +95,75 @@ TEST_CASE("vmm: a freed large block is split for smaller requests and merges bac
     CHECK(calls(f) == 0);
   }
   REQUIRE(cuMemFree(c) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: large blocks share granules: under a cap they fit where whole granules would not", "[vmm_pack]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  REQUIRE(d.limit.load() == 42 * kMiB);
+  // Eight blocks of 5 MiB + 1000 bytes side by side: 40 MiB + 8 KiB in 21 granules of 2 MiB,
+  // the cap; blocks of whole granules would need 48 MiB.
+  constexpr size_t kBlock = 5 * kMiB + 1000;
+  constexpr size_t kStep = 5 * kMiB + 1024;  // the next 512-byte boundary
+  std::vector<CUdeviceptr> p(8);
+  for (size_t i = 0; i < p.size(); ++i) {
+    INFO("block " << i);
+    REQUIRE(cuMemAlloc(&p[i], kBlock) == CUDA_SUCCESS);
+    if (i) CHECK(p[i] == p[i - 1] + kStep);
+    fill(p[i], kBlock, static_cast<unsigned char>(0x40 + i));
+  }
+  CHECK(d.used.load() == 42 * kMiB);
+  CHECK(fakecuda_live_bytes(0) == 42 * kMiB);
+  // Each answers for its own bytes, and its neighbours' writes left it as it was.
+  auto live_intact = [&](size_t from) {
+    for (size_t i = from; i < p.size(); i += from ? 2 : 1) {
+      INFO("block " << i);
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      REQUIRE(cuMemGetAddressRange(&base, &size, p[i] + kBlock - 1) == CUDA_SUCCESS);
+      CHECK(base == p[i]);
+      CHECK(size == kBlock);
+      CHECK(all_bytes(p[i], kBlock, static_cast<unsigned char>(0x40 + i)));
+    }
+  };
+  live_intact(0);
+  // Every other one freed: 20 MiB free in four pieces, none next to another. A piece gives
+  // back only the whole granules inside it (its ends are mapped for its live neighbours):
+  // 2 + 1 + 1 + 1 here. 10 MiB at once under the full cap: those five granules, unmapped and
+  // mapped again as one stretch (with what is free at the top).
+  for (size_t i = 0; i < p.size(); i += 2) REQUIRE(cuMemFree(p[i]) == CUDA_SUCCESS);
+  const uint64_t refusals = d.refusals.load();
+  fakecuda_reset_counters();
+  CUdeviceptr stitched = 0;
+  REQUIRE(cuMemAlloc(&stitched, 10 * kMiB) == CUDA_SUCCESS);
+  CHECK(calls("cuMemCreate") == 0);
+  CHECK(calls("cuMemUnmap") == 5);
+  CHECK(calls("cuMemMap") == 5);
+  CHECK(d.refusals.load() == refusals);
+  CHECK(d.used.load() == 42 * kMiB);
+  fill(stitched, 10 * kMiB, 0x77);
+  CHECK(all_bytes(stitched, 10 * kMiB, 0x77));
+  live_intact(1);
+  // What is left free (about 10 MiB in pieces under 2 MiB, no whole granule among them) has
+  // nothing to unmap for 10 MiB more: a refusal, counted once, and nothing lost.
+  CUdeviceptr more = 0;
+  CHECK(cuMemAlloc(&more, 10 * kMiB) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(d.refusals.load() == refusals + 1);
+  CHECK(d.used.load() == 42 * kMiB);
+  live_intact(1);
+  CHECK(all_bytes(stitched, 10 * kMiB, 0x77));
+  REQUIRE(cuMemFree(stitched) == CUDA_SUCCESS);
+  for (size_t i = 1; i < p.size(); i += 2) REQUIRE(cuMemFree(p[i]) == CUDA_SUCCESS);
+  // All free again: the pieces merge into whole granules, and the cap's worth is served in
+  // one request from what the pool holds.
+  fakecuda_reset_counters();
+  REQUIRE(cuMemAlloc(&more, 42 * kMiB) == CUDA_SUCCESS);
+  CHECK(calls("cuMemCreate") == 0);
+  CHECK(d.used.load() == 42 * kMiB);
+  fill(more, 42 * kMiB, 0x11);
+  CHECK(all_bytes(more, 42 * kMiB, 0x11));
+  REQUIRE(cuMemFree(more) == CUDA_SUCCESS);
 }
 
 TEST_CASE("vmm: free every other block, then ask for their sum: stitched, no new physical memory", "[vmm]") {
@@ -187,7 +257,7 @@ TEST_CASE("vmm: the cap counts physical memory, and refuses only what stitching 
   REQUIRE(d.limit.load() == 64 * kMiB);
   REQUIRE(reach_idle(16 * kMiB));
   std::vector<CUdeviceptr> p(4);
-  for (auto& x : p) REQUIRE(cuMemAlloc(&x, 15 * kMiB) == CUDA_SUCCESS);  // 16 MiB each: the cap is full
+  for (auto& x : p) REQUIRE(cuMemAlloc(&x, 16 * kMiB) == CUDA_SUCCESS);  // the cap is full
   CHECK(d.used.load() == 64 * kMiB);
   const uint64_t refusals = d.refusals.load();
   REQUIRE(cuMemFree(p[0]) == CUDA_SUCCESS);

@@ -49,7 +49,8 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
       tracker_(tracker),
       owner_(owner),
       granules_(granules),
-      large_round_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
+      large_round_(granules ? kFineRound : kLargeRound),
+      gran_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
       slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
       keep_(tracker.config().pool_keep),
       idle_ns_(uint64_t{tracker.config().pool_idle_ms} * 1000000),
@@ -507,7 +508,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
 }
 
 void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
-                                 uint64_t first) {
+                                 uint64_t first, uint64_t take) {
   auto* s = new Segment;
   s->base = base;
   s->bytes = seg_bytes;
@@ -537,6 +538,7 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
       s->top = b->size;
       s->last = b;
       arena_ = s;
+      if (take && take < b->size && !spare_blocks_.empty()) split_locked(b, take);  // the rest stays free
     }
   }
   hand_out_locked(b, bytes);
@@ -605,10 +607,13 @@ CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls
 // fit: into the unmapped addresses right above or below it (a hole left by stitching, or the
 // top), so that an array grown step by step maps only its growth, and blocks freed next to
 // each other merge. Past the budget, the granules come from free blocks unmapped for it
-// (reclaim_slow). Without a free block to grow, a new block goes at the top.
+// (reclaim_slow). Without a free block to grow, a new block goes at the top. Growth comes in
+// whole granules: what the request leaves of them stays free, where the next block packs.
 CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
                                       bool* by_cap) {
-  const uint64_t gran = large_round_;
+  const uint64_t gran = gran_;
+  if (rounded > ~uint64_t{0} - gran) return CUDA_ERROR_OUT_OF_MEMORY;  // no granules hold it
+  auto whole = [gran](uint64_t n) { return (n + gran - 1) / gran * gran; };
   // Room to grow `f` (a free block of the arena, or nullptr: a new block at the top).
   auto room = [this](Segment* a, Block* f, uint64_t* above, uint64_t* below) {
     *above = *below = 0;
@@ -616,26 +621,29 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
     if (f && h && h->state == kHole) *above = h->size;
     if (!f || !h || (h->state == kHole && h == a->last)) *above += a->bytes - a->top;
     if (f && f->lo && f->lo->state == kHole)
-      *below = f->lo == &a->blocks[0] ? f->lo->size - std::min(f->lo->size, large_round_) : f->lo->size;
+      *below = f->lo == &a->blocks[0] ? f->lo->size - std::min(f->lo->size, gran_) : f->lo->size;
   };
   mu_.lock();
   Segment* a = arena_;
   Block* f = nullptr;
-  uint64_t need = rounded;
+  uint64_t need = whole(rounded);  // new granules: rooms (holes, the top) are whole granules
   if (a) {
     for (Block* b = &a->blocks[0]; b; b = b->hi) {
-      if (b->state != kFree || rounded - std::min(rounded, b->size) >= need) continue;
+      if (b->state != kFree) continue;
+      const uint64_t more = whole(rounded - std::min(rounded, b->size));
+      // As few as a new block at the top: the free block ending there packs it.
+      if (more > need || (more == need && (f || b != a->last))) continue;
       uint64_t up, down;
       room(a, b, &up, &down);
-      if (b->size >= rounded || b->size + up + down >= rounded) {
+      if (b->size + up + down >= rounded) {
         f = b;
-        need = rounded - std::min(rounded, b->size);
+        need = more;
       }
     }
     if (!f) {
       uint64_t up, down;
       room(a, nullptr, &up, &down);
-      if (up < rounded) a = nullptr;  // this arena's addresses are spent: a new one
+      if (up < need) a = nullptr;  // this arena's addresses are spent: a new one
     }
   }
   if (f) {
@@ -664,22 +672,22 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
       if (a) {
         uint64_t up, down;
         room(a, nullptr, &up, &down);
-        if (up < rounded) a = nullptr;
+        if (up < need) a = nullptr;
       }
       mu_.unlock();
     }
   }
   if (!a) {
     // A new arena: the first, or this one's addresses are spent.
-    const uint64_t span = std::max(rounded, (2 * granules_->device_bytes() + gran - 1) / gran * gran);
+    const uint64_t span = std::max(need, whole(2 * granules_->device_bytes()));
     CUdeviceptr base = 0;
     CUresult r = granules_->reserve(&base, span);
-    if (r == CUDA_SUCCESS) r = granules_->map_at(base, rounded, quiet, by_cap);
+    if (r == CUDA_SUCCESS) r = granules_->map_at(base, need, quiet, by_cap);
     if (r != CUDA_SUCCESS) {
       if (base) upstream_->deallocate(base, span);
       return r;
     }
-    add_segment(out, base, span, bytes, -1, rounded);
+    add_segment(out, base, span, bytes, -1, need, rounded);
     return CUDA_SUCCESS;
   }
   // Where the new granules go: above first (the block keeps its address), then below.
@@ -765,6 +773,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
     b->size += down;
     map_insert_locked(b);
   }
+  if (b->size > rounded && !spare_blocks_.empty()) split_locked(b, rounded);  // the rest stays free
   hand_out_locked(b, bytes);
   core::locked_sub(slot_.cached, b->size);
   *out = b->ptr;

@@ -56,17 +56,20 @@
 // only memory already free).
 //
 // The vmm layout (CUWARDEN_POOL=vmm, backends/vmm/granules.hpp): the same pool over
-// physical granules. Slabs are one granule each. Large requests are rounded to the
-// granularity and live in one arena of addresses (a Segment with split blocks, mapped from its
-// base up to `top`): served from any free large block at least that size, split, the rest
-// staying free (best fit); a freed block merges with its free neighbours. A miss grows the
-// free block that needs the fewest new granules into the unmapped addresses above or below
-// it (extend_arena), else adds a block at the top. A large block is a stretch of the arena,
-// so pointer queries answer from the pool and IPC handles cannot name it. Past the budget,
-// or when the cap or the device refuses, free blocks are unmapped, smallest first (holes:
-// kHole blocks; a hole at the top lowers it) and their granules mapped where the new block
-// goes: stitching, the slow path (on the H200 about 28 ms per GiB unmapped and mapped again,
-// against 1.5 ms for cuMemFree and cuMemAlloc).
+// physical granules. Slabs are one granule each. Large requests are rounded to 512 bytes
+// (not to granules: neighbours share the granule between them, so a block of 9 MiB + 1 byte
+// holds 9 MiB + 512 bytes, not 10 MiB) and live in one arena of addresses (a Segment with split
+// blocks, mapped from its base up to `top`): served from any free large block at least that
+// size, split, the rest staying free (best fit); a freed block merges with its free
+// neighbours. A miss grows the free block that needs the fewest new granules into the
+// unmapped addresses above or below it (extend_arena), else adds a block at the top. A large
+// block is a stretch of the arena, so pointer queries answer from the pool and IPC handles
+// cannot name it. Past the budget, or when the cap or the device refuses, the whole granules
+// inside free blocks are unmapped, smallest blocks first (holes: kHole blocks, granule-aligned;
+// a hole at the top lowers it; the pieces of granules a free block shares with a neighbour
+// stay mapped and free) and mapped where the new block goes: stitching, the slow path (on
+// the H200 about 28 ms per GiB unmapped and mapped again, against 1.5 ms for cuMemFree and
+// cuMemAlloc).
 #pragma once
 
 #include <cuda.h>
@@ -179,6 +182,7 @@ class cache_resource final {
   static constexpr uint64_t kSmallMax = 1ULL << 20;  ///< largest request packed into slabs
   static constexpr uint64_t kSlabBytes = 2ULL << 20;  ///< slab size, bytes
   static constexpr uint64_t kLargeRound = 2ULL << 20;  ///< large requests round to this
+  static constexpr uint64_t kFineRound = 512;  ///< ... in the vmm layout, where blocks share granules
   static constexpr int kClasses = 40;
   /// Size class of a small request (1..kSmallMax bytes): index and rounded size.
   static int small_class(uint64_t bytes, uint64_t* rounded) noexcept;
@@ -301,9 +305,9 @@ class cache_resource final {
   /// A new segment at `base` from the upstream (charged), its first block handed out for a
   /// request of `bytes` (class `cls`, or -1: the whole segment); *out is that block.
   /// vmm: an arena of `seg_bytes` addresses whose first `first` bytes are mapped, the block
-  /// handed out.
+  /// handed out (its first `take` bytes when given: the rest stays free).
   void add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
-                   uint64_t first = 0);
+                   uint64_t first = 0, uint64_t take = 0);
   /// vmm: a large block of `rounded` bytes at the top of the arena (the free block there
   /// extended, or a new one), or the first of a new arena; handed out (*out).
   CUresult extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet, bool* by_cap);
@@ -330,7 +334,8 @@ class cache_resource final {
   core::Tracker& tracker_;
   cache_backend& owner_;  ///< the backend this cache is one of
   granule_resource* const granules_;  ///< the upstream, in the vmm layout; else nullptr
-  const uint64_t large_round_;        ///< large requests round to this (the granularity in vmm)
+  const uint64_t large_round_;        ///< large requests round to this (kFineRound in vmm)
+  const uint64_t gran_;               ///< vmm: what is mapped and unmapped at once (the granularity)
   const uint64_t slab_bytes_;         ///< a slab's bytes
   SizeSpec keep_;                     ///< CUWARDEN_POOL_KEEP
   const uint64_t idle_ns_;            ///< CUWARDEN_POOL_IDLE

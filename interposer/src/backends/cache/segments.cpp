@@ -88,25 +88,49 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
 uint64_t cache_resource::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
   if (!granules_) return release_slow(want);
-  // Free large blocks, smallest first (the pieces least likely to serve a request), the last
-  // one split to what is still wanted; then fully free slabs; then ranges left with nothing
-  // mapped. Only free blocks: their freeing work has completed, and the unmap does not wait.
-  const uint64_t gran = large_round_;
+  // The whole granules inside free large blocks, smallest blocks first (the pieces least
+  // likely to serve a request), the last one cut to what is still wanted; then fully free
+  // slabs; then ranges left with nothing mapped. Only free blocks: their freeing work has
+  // completed, and the unmap does not wait. The pieces of granules a free block shares with
+  // its neighbours stay free (they are mapped as long as the neighbours are).
+  const uint64_t gran = gran_;
   uint64_t idle = granules_->idle_bytes();
   const uint64_t start = idle;
   while (idle < want) {
+    // Three blocks may come of one: its low piece, the hole, its high piece.
+    if (!refill_spares_slow()) break;
     mu_.lock();
-    auto it = free_large_.begin();
-    while (it != free_large_.end() && !it->second) it = free_large_.erase(it);
-    if (it == free_large_.end()) {
+    Block* b = nullptr;
+    uint64_t lo = 0, hi = 0;  // the granules inside b
+    for (auto it = free_large_.begin(); it != free_large_.end() && !b;) {
+      if (!it->second) {
+        it = free_large_.erase(it);
+        continue;
+      }
+      for (Block* c = it->second; c && !b; c = c->next) {
+        lo = (c->ptr + gran - 1) / gran * gran;
+        hi = (c->ptr + c->size) / gran * gran;
+        if (hi > lo) b = c;
+      }
+      ++it;
+    }
+    if (!b || spare_blocks_.size() < 2) {
       mu_.unlock();
       break;
     }
-    Block* b = it->second;
     unlink_free_locked(b);
-    const uint64_t short_by = (want - idle + gran - 1) / gran * gran;
-    if (want != ~uint64_t{0} && short_by < b->size && !spare_blocks_.empty()) split_locked(b, short_by);
+    Block* low = nullptr;
+    if (lo > b->ptr) {
+      split_locked(b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
+      low = b;
+      b = b->hi;
+      unlink_free_locked(b);
+    }
+    uint64_t cut = hi - lo;
+    if (want != ~uint64_t{0}) cut = std::min(cut, (want - idle + gran - 1) / gran * gran);
+    if (cut < b->size) split_locked(b, cut);  // the high piece stays free
     b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
+    if (low) push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
     mu_.unlock();
     const uint64_t size = b->size;
     const CUresult r = granules_->punch(b->ptr, size);
@@ -287,12 +311,12 @@ pool_stats cache_resource::stats() {
     });
   }
   // The largest request served without the driver (take_locked): a large one (rounded to
-  // kLargeRound) from a free whole block at least that size, or a small one from its class's
+  // large_round_) from a free whole block at least that size, or a small one from its class's
   // free list or a slab with room. A whole block made of exactly a request's bytes under a cap
   // may be smaller than kLargeRound, and then serves neither (nothing rounds down to it).
   for (auto it = free_large_.rbegin(); it != free_large_.rend(); ++it) {
     if (!it->second) continue;
-    st.largest_free = it->first / kLargeRound * kLargeRound;  // sizes are sorted: the first is the largest
+    st.largest_free = it->first / large_round_ * large_round_;  // sizes are sorted: the first is the largest
     break;
   }
   for (int cls = kClasses - 1; cls >= 0; --cls) {
@@ -338,13 +362,19 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_s
 
 void cache_resource::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
   const Segment* s = b.seg;
-  // A large vmm block is granule-aligned in its arena; a small block lies in its slab (one
-  // driver allocation, or one range of granules).
+  // A large vmm block lies in the granules that cover it (shared with its neighbours at
+  // either end); a small block lies in its slab (one driver allocation, or one range of
+  // granules).
   out->block = b.ptr;
   out->requested = b.requested;
   out->generation = b.generation;
-  out->base = s->split ? b.ptr : s->base;
-  out->bytes = s->split ? b.size : s->bytes;
+  if (s->split) {
+    out->base = b.ptr / gran_ * gran_;
+    out->bytes = (b.ptr + b.size + gran_ - 1) / gran_ * gran_ - out->base;
+  } else {
+    out->base = s->base;
+    out->bytes = s->bytes;
+  }
   out->offset = b.ptr - out->base;
   out->how = granules_ ? ipc_span::kind::granules : ipc_span::kind::legacy;
   out->granule_bytes = granules_ ? granules_->granularity() : 0;
