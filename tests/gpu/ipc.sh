@@ -5,7 +5,8 @@
 #   BUILD_DIR=<dir> OUT=<dir> [PARTS="share torch numba"] bash tests/gpu/ipc.sh
 #
 # share: tests/interposer/ipc_share.cpp built against the machine's libcuda: parent to child
-#        and child to parent, blocks of 5000 bytes (packed under the cache), 8 MiB and 1 GiB,
+#        and child to parent, blocks of 5000 bytes (packed under the cache), 3 MiB + 1000 bytes
+#        (sharing a granule with its neighbour under vmm; not run under the cache), 8 MiB and 1 GiB,
 #        bare and under --pool off, cache and vmm; and an importer without cuwarden, which
 #        must fail for a pooled block's handle.
 # torch: tests/gpu/ipc/torch_share.py (torch.multiprocessing, both ways, through PyTorch's
@@ -50,10 +51,15 @@ if [[ " $PARTS " == *" share "* ]]; then
   g++ -O2 -std=c++17 -I"$CUDA_HOME/include" -o "$WORK/ipc_share" "$REPO/tests/interposer/ipc_share.cpp" \
     -L"$CUDA_HOME/lib64/stubs" -lcuda || exit 1
   { echo; echo "## Both ways, raw driver API (ipc_share)"; echo
-    echo "| mode | 5000 B | 8 MiB | 1 GiB | importer without cuwarden |"; echo "| --- | --- | --- | --- | --- |"; } >>"$MD"
+    echo "| mode | 5000 B | 3 MiB + 1000 B | 8 MiB | 1 GiB | importer without cuwarden |"
+    echo "| --- | --- | --- | --- | --- | --- |"; } >>"$MD"
   for mode in bare off cache vmm; do
     row="| $mode |"
-    for bytes in 5000 8388608 1073741824; do
+    for bytes in 5000 3146728 8388608 1073741824; do
+      # 3 MiB + 1000 B: under vmm the second of two such blocks starts inside a granule the
+      # first one shares. Not under the cache: a whole 4 MiB driver allocation goes with the
+      # driver's handle, and the importer's range query answers with all of it.
+      if [[ $mode == cache && $bytes == 3146728 ]]; then row+=" (not a case) |"; continue; fi
       # Handles of ours are also checked to open nothing once their block is freed.
       ours=0
       [[ $mode == vmm || ($mode == cache && $bytes == 5000) ]] && ours=1
