@@ -215,6 +215,29 @@ void exporter_gone(const char* self, size_t bytes) {
   if (in) std::fclose(in);
 }
 
+/// A freed block's handle names that block, not the next one handed out at its address and
+/// size (under vmm another Block of the pool's may stand there by then: here the second of
+/// two blocks, merged into the first when both are freed and split off again). Says whether
+/// the address came back; checks the handle only then (CUWT_FREED_FAILS=1).
+void reused_address(const char* self, size_t bytes) {
+  CUdeviceptr a = 0, b = 0, c1 = 0, c2 = 0;
+  CHECK_EQ(cuMemAlloc(&a, bytes), CUDA_SUCCESS);
+  CHECK_EQ(cuMemAlloc(&b, bytes), CUDA_SUCCESS);
+  CUipcMemHandle h{};
+  CHECK_EQ(cuIpcGetMemHandle(&h, b), CUDA_SUCCESS);
+  CHECK_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  CHECK_EQ(cuMemFree(a), CUDA_SUCCESS);
+  CHECK_EQ(cuMemFree(b), CUDA_SUCCESS);
+  CHECK_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  CHECK_EQ(cuMemAlloc(&c1, bytes), CUDA_SUCCESS);
+  CHECK_EQ(cuMemAlloc(&c2, bytes), CUDA_SUCCESS);
+  std::printf("freed block's address handed out again: %d\n", c2 == b ? 1 : 0);
+  if (const char* e = getenv("CUWT_FREED_FAILS"); e && *e == '1' && c2 == b)
+    CHECK_EQ(wait_exit(spawn(self, {"import-fails", hex(h), std::to_string(bytes)}, false)), 0);
+  CHECK_EQ(cuMemFree(c1), CUDA_SUCCESS);
+  CHECK_EQ(cuMemFree(c2), CUDA_SUCCESS);
+}
+
 /// Child to parent: the child allocates and exports, the parent imports and writes, the child
 /// sees it.
 void child_exports(const char* self, size_t bytes) {
@@ -363,6 +386,7 @@ int main(int argc, char** argv) {
     child_exports(argv[0], bytes);
     two_blocks(argv[0], bytes);
     exporter_gone(argv[0], bytes);
+    reused_address(argv[0], bytes);
   } else if (mode == "plain" && argc == 4) {
     CUdeviceptr p = 0;
     CHECK_EQ(cuMemAlloc(&p, bytes), CUDA_SUCCESS);

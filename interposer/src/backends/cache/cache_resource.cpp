@@ -326,7 +326,7 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
 CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
   b->state = kLive;
   b->requested = requested;
-  ++b->generation;
+  b->generation = ++hand_outs_;  // the pool's count: a Block reused from the spares starts no count anew
   ++b->seg->busy;
   core::locked_add(slot_.live_allocations, 1);
   core::locked_add(slot_.alloc_count, 1);

@@ -200,7 +200,8 @@ class cache_resource final {
     Block* hi = nullptr;
     uint8_t state = 0;       ///< kFree, kLive, kPending, kHole
     bool exported = false;   ///< an IPC handle was handed out for it
-    uint32_t generation = 0; ///< hand-outs so far: an exported block is still the one exported
+    uint32_t generation = 0; ///< the pool's hand-out count when it was handed out: an exported
+                             ///< block is still the one exported
   };
   struct Segment {
     CUdeviceptr base = 0;
@@ -350,6 +351,7 @@ class cache_resource final {
   std::map<uint64_t, Block*> free_large_;  ///< size -> list of free large blocks (vmm: no empty list)
   uint64_t free_large_bytes_ = 0;          ///< their bytes
   uint64_t largest_free_ = 0;              ///< the cache layout: the largest size with a free block
+  uint32_t hand_outs_ = 0;                 ///< blocks handed out so far: Block::generation
   Block* open_head_ = nullptr;             ///< freed, not yet behind an event
   uint32_t open_count_ = 0;
   uint64_t open_bytes_ = 0;

@@ -102,7 +102,8 @@ uint64_t cache_resource::reclaim_slow(uint64_t want) {
     mu_.lock();
     Block* b = nullptr;
     uint64_t lo = 0, hi = 0;  // the granules inside b
-    for (auto it = free_large_.begin(); it != free_large_.end() && !b;) {
+    // (A block under a granule holds no whole one: the pieces packing leaves are many.)
+    for (auto it = free_large_.lower_bound(gran); it != free_large_.end() && !b;) {
       if (!it->second) {
         it = free_large_.erase(it);
         continue;
