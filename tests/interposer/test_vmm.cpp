@@ -4,10 +4,9 @@
 // test_cache_adversarial.cpp's cases, which ctest runs under vmm too.
 //
 // Tags, each in its own process (tests/interposer/CMakeLists.txt): [vmm] (two 1 GiB devices,
-// no cap), [vmm_cap] (a 64 MiB cap), [vmm_pack] (a 42 MiB cap), [vmm_keep] (no cap,
-// CUWARDEN_POOL_KEEP=8M),
-// [vmm_fallback] (a device without virtual memory management), [pool_idle] (under both pools,
-// CUWARDEN_POOL_IDLE=1s).
+// no cap), [vmm_cap] (a 64 MiB cap), [vmm_pack] (a 42 MiB cap), [vmm_pack_whole] (a 32 MiB
+// cap), [vmm_keep] (no cap, CUWARDEN_POOL_KEEP=8M), [vmm_fallback] (a device without virtual
+// memory management), [pool_idle] (under both pools, CUWARDEN_POOL_IDLE=1s).
 #include <cstring>
 #include <random>
 #include <vector>
@@ -133,6 +132,9 @@ TEST_CASE("vmm: large blocks share granules: under a cap they fit where whole gr
   // 2 + 1 + 1 + 1 here. 10 MiB at once under the full cap: those five granules, unmapped and
   // mapped again as one stretch (with what is free at the top).
   for (size_t i = 0; i < p.size(); i += 2) REQUIRE(cuMemFree(p[i]) == CUDA_SUCCESS);
+  // The fragmentation gauges: 20 MiB and more free, of which one request gets 10 MiB.
+  CHECK(d.pool_free.load() >= 4 * kStep);
+  CHECK(d.pool_largest_free.load() == 10 * kMiB);
   const uint64_t refusals = d.refusals.load();
   fakecuda_reset_counters();
   CUdeviceptr stitched = 0;
@@ -164,6 +166,36 @@ TEST_CASE("vmm: large blocks share granules: under a cap they fit where whole gr
   fill(more, 42 * kMiB, 0x11);
   CHECK(all_bytes(more, 42 * kMiB, 0x11));
   REQUIRE(cuMemFree(more) == CUDA_SUCCESS);
+}
+
+TEST_CASE("vmm: a request of whole granules gets granules of its own, so its neighbours' come back whole",
+          "[vmm_pack_whole]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  REQUIRE(d.limit.load() == 32 * kMiB);
+  // Eight pairs of 1 MiB + 512 bytes and 2 MiB: the cap.
+  std::vector<CUdeviceptr> odd(8), whole(8);
+  for (size_t i = 0; i < odd.size(); ++i) {
+    INFO("pair " << i);
+    REQUIRE(cuMemAlloc(&odd[i], kMiB + 512) == CUDA_SUCCESS);
+    REQUIRE(cuMemAlloc(&whole[i], 2 * kMiB) == CUDA_SUCCESS);
+    CHECK(whole[i] % (2 * kMiB) == 0);
+    fill(whole[i], 2 * kMiB, static_cast<unsigned char>(0x10 + i));
+  }
+  // The odd ones freed: their granules are theirs alone, and serve 16 MiB at once.
+  for (CUdeviceptr p : odd) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  const uint64_t refusals = d.refusals.load();
+  fakecuda_reset_counters();
+  CUdeviceptr big = 0;
+  REQUIRE(cuMemAlloc(&big, 16 * kMiB) == CUDA_SUCCESS);
+  CHECK(calls("cuMemCreate") == 0);
+  CHECK(d.refusals.load() == refusals);
+  CHECK(d.used.load() == 32 * kMiB);
+  fill(big, 16 * kMiB, 0x77);
+  for (size_t i = 0; i < whole.size(); ++i) CHECK(all_bytes(whole[i], 2 * kMiB, static_cast<unsigned char>(0x10 + i)));
+  REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
+  for (CUdeviceptr p : whole) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
 }
 
 TEST_CASE("vmm: free every other block, then ask for their sum: stitched, no new physical memory", "[vmm]") {

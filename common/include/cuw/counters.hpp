@@ -62,10 +62,10 @@
   X(context_bytes, "context_bytes", "context_memory", "Context", "process_memory_context_bytes", gauge, bytes, plain,  \
     "With CUWARDEN_CAP_SCOPE=process: the driver's memory for the context and modules, part of used bytes")            \
   X(pool_free, "pool_free_bytes", "pool_free_memory", "Pool free", "process_pool_free_bytes", gauge, bytes, plain,      \
-    "Of a pooling backend's cached bytes, its free blocks over 1 MiB (what large requests can use)")                   \
+    "Of a pooling backend's cached bytes, its free blocks for large requests (over 1 MiB; vmm: any piece)")            \
   X(pool_largest_free, "pool_largest_free_bytes", "pool_largest_free_memory", "Largest free",                          \
     "process_pool_largest_free_bytes", gauge, bytes, plain,                                                            \
-    "The largest request a pooling backend serves from its free blocks (vmm: all of them, by stitching)")
+    "The largest request a pooling backend serves from its free blocks (vmm: their whole granules, stitched)")
 
 namespace cuw::counters {
 

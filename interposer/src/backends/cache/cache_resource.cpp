@@ -218,17 +218,20 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
   *head = b;
   if (b->seg->cls < 0) {
     free_large_bytes_ += b->size;
+    if (b->seg->split) free_whole_bytes_ += whole_granules(*b);
     if (b->size > largest_free_) largest_free_ = b->size;
     publish_free_locked();
   }
 }
 
 // The pool's free large blocks in the device's slot (its `fragmentation`): their bytes, and
-// the largest request they serve (vmm: all of them, stitched; the cache: its largest block).
-// Where several contexts share a device, the last pool to change writes them.
+// the largest request they serve (vmm: the whole granules in them, which stitching serves
+// together, a little less than the most when one block's own ends would add to it; the
+// cache: its largest block). Where several contexts share a device, the last pool to change
+// writes them.
 CUW_HOT void cache_resource::publish_free_locked() noexcept {
   slot_.pool_free.store(free_large_bytes_, std::memory_order_relaxed);
-  slot_.pool_largest_free.store(granules_ ? free_large_bytes_ : largest_free_, std::memory_order_relaxed);
+  slot_.pool_largest_free.store(granules_ ? free_whole_bytes_ : largest_free_, std::memory_order_relaxed);
 }
 
 // The cache layout: the list of `it` (the largest size) emptied. The next largest is the
@@ -265,6 +268,7 @@ void cache_resource::unlink_free_locked(Block* b) noexcept {
   b->prev = b->next = nullptr;
   if (b->seg->cls < 0) {
     free_large_bytes_ -= b->size;
+    if (b->seg->split) free_whole_bytes_ -= whole_granules(*b);
     publish_free_locked();
   }
 }
@@ -304,6 +308,18 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
     b->next = nullptr;
     if (!it->second) free_large_.erase(it);
     free_large_bytes_ -= b->size;
+    free_whole_bytes_ -= whole_granules(*b);
+    // A request of whole granules starts on a granule where the block leaves room: its
+    // neighbours then share none of its granules, and its own come back whole when it is freed.
+    if (const uint64_t head = (gran_ - b->ptr % gran_) % gran_;
+        head && rounded % gran_ == 0 && b->size >= head + rounded && spare_blocks_.size() >= 2) {
+      split_locked(b, head);  // b: the head, the rest pushed free
+      Block* rest = b->hi;
+      unlink_free_locked(rest);
+      rest->state = kLive;  // taken: the head must not merge it back
+      push_free_locked(b);  // the head stays free
+      b = rest;
+    }
     if (b->size > rounded) split_locked(b, rounded);  // (pushes the rest: publishes)
     else publish_free_locked();
     return b;
@@ -623,6 +639,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
     if (f && f->lo && f->lo->state == kHole)
       *below = f->lo == &a->blocks[0] ? f->lo->size - std::min(f->lo->size, gran_) : f->lo->size;
   };
+  const bool uncapped = tracker_.uncapped(slot_, ordinal_);
   mu_.lock();
   Segment* a = arena_;
   Block* f = nullptr;
@@ -631,8 +648,11 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
     for (Block* b = &a->blocks[0]; b; b = b->hi) {
       if (b->state != kFree) continue;
       const uint64_t more = whole(rounded - std::min(rounded, b->size));
-      // As few as a new block at the top: the free block ending there packs it.
-      if (more > need || (more == need && (f || b != a->last))) continue;
+      // As few as a new block at the top: the free block ending there packs it. Under a cap,
+      // not a request of whole granules: on granules of its own at the top, it leaves its
+      // neighbours' granules whole for when they are freed (a stranded piece could turn into
+      // a refusal); without one, packing holds less.
+      if (more > need || (more == need && (f || b != a->last || (rounded % gran == 0 && !uncapped)))) continue;
       uint64_t up, down;
       room(a, b, &up, &down);
       if (b->size + up + down >= rounded) {

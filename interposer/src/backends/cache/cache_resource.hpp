@@ -273,6 +273,11 @@ class cache_resource final {
   void map_rebuild_locked();
   Block* carve_locked(Segment* s) noexcept;
   void map_erase_locked(CUdeviceptr p) noexcept;
+  /// vmm: the bytes of the whole granules inside `b` (what unmapping it gives back).
+  uint64_t whole_granules(const Block& b) const noexcept {
+    const uint64_t lo = (b.ptr + gran_ - 1) / gran_ * gran_, hi = (b.ptr + b.size) / gran_ * gran_;
+    return hi > lo ? hi - lo : 0;
+  }
   /// vmm: cut `b` (free, split segment) to `bytes`; the rest becomes a free block (a spare).
   void split_locked(Block* b, uint64_t bytes) noexcept;
   /// vmm: `a` takes over its higher neighbour `h` (a free or hole pair), which becomes a spare.
@@ -350,6 +355,7 @@ class cache_resource final {
   Segment* carving_[kClasses] = {};       ///< a slab of the class with uncarved room
   std::map<uint64_t, Block*> free_large_;  ///< size -> list of free large blocks (vmm: no empty list)
   uint64_t free_large_bytes_ = 0;          ///< their bytes
+  uint64_t free_whole_bytes_ = 0;          ///< vmm: the whole granules inside them (stitchable)
   uint64_t largest_free_ = 0;              ///< the cache layout: the largest size with a free block
   uint32_t hand_outs_ = 0;                 ///< blocks handed out so far: Block::generation
   Block* open_head_ = nullptr;             ///< freed, not yet behind an event
