@@ -701,7 +701,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
     // A new arena: the first, or this one's addresses are spent.
     const uint64_t span = std::max(need, whole(2 * granules_->device_bytes()));
     CUdeviceptr base = 0;
-    CUresult r = granules_->reserve(&base, span);
+    CUresult r = granules_->reserve(&base, span, gran);  // (blocks and holes align to gran in addresses)
     if (r == CUDA_SUCCESS) r = granules_->map_at(base, need, quiet, by_cap);
     if (r != CUDA_SUCCESS) {
       if (base) upstream_->deallocate(base, span);

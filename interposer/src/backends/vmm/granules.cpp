@@ -73,13 +73,13 @@ CUresult granule_resource::set_access_locked(CUdeviceptr base, uint64_t bytes) {
   return vmm().set_access(base, bytes, desc, n);
 }
 
-CUresult granule_resource::reserve(CUdeviceptr* out, std::size_t bytes) {
+CUresult granule_resource::reserve(CUdeviceptr* out, std::size_t bytes, std::size_t align) {
   const Vmm& v = vmm();
   if (!complete(v)) return CUDA_ERROR_NOT_SUPPORTED;
-  if (bytes == 0 || bytes % granularity_) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes == 0 || bytes % granularity_ || align % granularity_) return CUDA_ERROR_INVALID_VALUE;
   CtxScope scope(ctx_);
   CUdeviceptr base = 0;
-  const CUresult r = v.reserve(&base, bytes, granularity_, 0, 0);
+  const CUresult r = v.reserve(&base, bytes, std::max(align, granularity_), 0, 0);
   if (r != CUDA_SUCCESS) return r;
   std::lock_guard<std::mutex> g(mu_);
   Range rg;

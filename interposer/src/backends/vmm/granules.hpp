@@ -56,9 +56,10 @@ class granule_resource final : public memory_resource {
   /// Bytes of device memory (cuDeviceTotalMem; 64 GiB if it fails): sizes an arena.
   uint64_t device_bytes() const noexcept { return device_bytes_; }
 
-  /// Reserves `bytes` (a multiple of granularity()) of addresses, nothing mapped yet:
-  /// CUDA_SUCCESS and *out, or the driver's error.
-  CUresult reserve(CUdeviceptr* out, std::size_t bytes);
+  /// Reserves `bytes` (a multiple of granularity()) of addresses, nothing mapped yet, aligned
+  /// to granularity() or to `align` if larger (a multiple of it): CUDA_SUCCESS and *out, or the
+  /// driver's error.
+  CUresult reserve(CUdeviceptr* out, std::size_t bytes, std::size_t align = 0);
   /// Maps `bytes` (a multiple of granularity()) at `p`, unmapped addresses of a reserved
   /// range, from idle granules first, then new ones: the new ones are charged first
   /// (`quiet`: a refusal is not counted, see Tracker::charge); access for the device and
