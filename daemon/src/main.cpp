@@ -154,8 +154,9 @@ void serve_socket(cuw::daemon::Server& server, int stop_fd) {
     sfds.clear();
     sfds.push_back({stop_fd, POLLIN, 0});
     server.collect(sfds);
-    // 100 ms: the granularity of the connection deadlines (seconds).
-    const int sn = poll(sfds.data(), sfds.size(), 100);
+    // 100 ms: the granularity of the connection deadlines (seconds); with no connection
+    // there is none to keep, and the thread sleeps until a client or the stop comes.
+    const int sn = poll(sfds.data(), sfds.size(), server.connection_count() ? 100 : -1);
     if (sn < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
     if (sfds[0].revents & POLLIN) return;
     if (sn > 0) server.dispatch(sfds, 1);

@@ -1,9 +1,14 @@
 // cuwarden integration tests for cuwardend: discovery, exact counters, event draining,
 // hostile rings and clients, exit detection, socket lifecycle. No GPU, no interposer:
 // the tests write rings themselves with the common API.
+#include <arpa/inet.h>
 #include <catch2/catch.hpp>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+
+#include <map>
 
 #include "daemon_test_support.hpp"
 
@@ -16,6 +21,47 @@ json find_problem(const json& st, const std::string& path) {
   for (const auto& p : st["problems"])
     if (p["path"] == path) return p;
   return nullptr;
+}
+
+/// Context switches of each thread of process `pid` (voluntary and not), by thread id.
+std::map<int, uint64_t> thread_switches(pid_t pid) {
+  std::map<int, uint64_t> out;
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(task.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string status = slurp(task + "/" + e->d_name + "/status");
+    uint64_t n = 0;
+    for (const char* key : {"\nvoluntary_ctxt_switches:", "\nnonvoluntary_ctxt_switches:"})
+      if (const std::size_t at = status.find(key); at != std::string::npos)
+        n += std::strtoull(status.c_str() + at + std::strlen(key), nullptr, 10);
+    out[std::atoi(e->d_name)] = n;
+  }
+  ::closedir(d);
+  return out;
+}
+
+/// Status line of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
+std::string http_status_line(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; got.find("\r\n") == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+        got.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  return got.substr(0, got.find("\r\n"));
 }
 
 }  // namespace
@@ -495,4 +541,41 @@ TEST_CASE("daemon.stuck_clients_do_not_delay_draining") {
   CHECK(json::parse(m->body)["events_seq"] == 6 * 500 + 10 * 500);
   for (int fd : stuck) ::close(fd);
   CHECK(d.alive());
+}
+
+TEST_CASE("daemon.idle_socket_and_http_threads_sleep_until_a_client_comes") {
+  TempDir dir;
+  Daemon d(dir, {"--http", "127.0.0.1:0"});
+  int port = 0;
+  REQUIRE(wait_until([&] {
+    const std::string log = slurp(d.log);
+    const std::size_t at = log.find("(port ");
+    if (at != std::string::npos) port = std::atoi(log.c_str() + at + 6);
+    return port > 0;
+  }));
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time(), 1024);
+  r.device(0, 0x10);
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+  ::usleep(300'000);  // the query's connection closed and gone
+
+  // With no client, the threads that serve them have nothing due: only the loop thread
+  // (drains and scans) wakes, where each used to wake ten times a second.
+  const auto before = thread_switches(d.pid);
+  ::usleep(1'000'000);
+  const auto after = thread_switches(d.pid);
+  REQUIRE(after.size() >= 3);  // the loop, the socket's and HTTP's
+  for (const auto& [tid, n] : after) {
+    if (tid == d.pid) continue;
+    const uint64_t was = before.count(tid) ? before.at(tid) : 0;
+    INFO("thread " << tid << ": " << n - was << " context switches in a second");
+    CHECK(n - was <= 2);
+  }
+  // A client wakes them: both answer at once.
+  CHECK(http_status_line(port, "/metrics") == "HTTP/1.1 200 OK");
+  std::string why;
+  const auto m = cuw::proto::request(d.socket, Command::get_state, "{}", 5000, &why);
+  INFO(why);
+  REQUIRE(m);
+  CHECK(json::parse(m->body)["processes"].size() == 1);
 }
