@@ -409,7 +409,7 @@ void Segment::uncharge(int slot, int g, uint64_t bytes) noexcept {
   members_[slot].charged[g].fetch_sub(bytes, std::memory_order_seq_cst);
 }
 
-uint32_t Segment::sweep(bool force, int skip_slot, uint64_t recheck_ns) noexcept {
+uint32_t Segment::sweep(bool force, int skip_slot, uint64_t recheck_ns, std::span<const uint64_t> running) noexcept {
   const uint64_t now = mono_coarse_ns();
   if (!force) {
     uint64_t last = header_->last_sweep_ns.load(std::memory_order_relaxed);
@@ -430,6 +430,7 @@ uint32_t Segment::sweep(bool force, int skip_slot, uint64_t recheck_ns) noexcept
       m.checked_ns.store(now, std::memory_order_relaxed);
       continue;
     }
+    if (std::binary_search(running.begin(), running.end(), o & ~kClaiming)) continue;
     if (recheck_ns && now - m.checked_ns.load(std::memory_order_relaxed) < recheck_ns &&
         (::kill(static_cast<pid_t>(owner_pid(o)), 0) == 0 || errno != ESRCH))
       continue;  // found alive lately, and its pid is still there

@@ -724,6 +724,43 @@ TEST_CASE("control.job_end_is_logged_with_its_peak_and_its_file_removed") {
   CHECK(again->gpus().empty());
 }
 
+TEST_CASE("control.job_members_the_daemon_watches_are_kept_while_they_run_and_swept_when_they_exit") {
+  SharedDir dir;
+  const std::string run = dir / "run";
+  // Members with rings: the daemon holds a pidfd of each, which its sweep trusts while it is
+  // silent instead of asking the kernel and /proc about the member.
+  Child a, b, c;
+  FakeRing ra(run, a.pid, a.start_time());
+  FakeRing rb(run, b.pid, b.start_time());
+  FakeRing rc(run, c.pid, c.start_time());
+  auto seg = make_job(run, geteuid(), "watched");
+  const int sa = join(*seg, a.pid, a.start_time(), 16 * kGiB);
+  const int sb = join(*seg, b.pid, b.start_time(), 16 * kGiB);
+  const int sc = join(*seg, c.pid, c.start_time(), 16 * kGiB);
+  const int g = add_h200(*seg);
+  REQUIRE(seg->charge(sa, g, 1 * kGiB));
+  REQUIRE(seg->charge(sb, g, 2 * kGiB));
+  REQUIRE(seg->charge(sc, g, 4 * kGiB));
+  Daemon d(dir, {"--scan-interval-ms", "100"});
+  REQUIRE(wait_until([&] {
+    const json st = d.state();
+    return st["processes"].size() == 3 && st["jobs"].size() == 1 && st["jobs"][0]["members"].size() == 3;
+  }));
+  ::usleep(500'000);  // several sweeps: running members keep their shares
+  CHECK(seg->used(g) == 7 * kGiB);
+  CHECK(d.state()["jobs"][0]["members"].size() == 3);
+
+  // Killed and reaped: its share is back at the next scan.
+  b.kill_and_reap();
+  CHECK(wait_until([&] { return seg->used(g) == 5 * kGiB; }, 3000));
+  // Killed and not reaped, a zombie whose pid still takes a signal: back once /proc has been
+  // read again (every 5 s at most).
+  REQUIRE(::kill(c.pid, SIGKILL) == 0);
+  CHECK(wait_until([&] { return seg->used(g) == 1 * kGiB; }, 8000));
+  CHECK(wait_until([&] { return d.state()["jobs"][0]["members"].size() == 1; }, 3000));
+  CHECK(log_has(d, "reclaimed the share of 1 dead member(s)"));
+}
+
 TEST_CASE("control.job_limit_rules_for_other_users") {
   SharedDir dir;
   const std::string run = dir / "run";

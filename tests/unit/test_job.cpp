@@ -253,6 +253,34 @@ TEST_CASE("dead, zombie and reused-pid members are swept, live ones kept", "[job
   CHECK(s->used(0) == 1 * kMiB);
 }
 
+TEST_CASE("a sweep takes the members its caller lists as running for alive, unchecked", "[job]") {
+  Dir d;
+  auto s = open_job(d);
+  Sleeper live, listed, dead;
+  const auto listed_pid = static_cast<uint32_t>(listed.pid);
+  const uint64_t listed_owner = job::owner_word(listed_pid, listed.start());
+  REQUIRE(s->join(static_cast<uint32_t>(live.pid), live.start(), job::kNoLimit, 1) >= 0);
+  REQUIRE(s->join(listed_pid, listed.start(), job::kNoLimit, 1) >= 0);
+  REQUIRE(s->join(static_cast<uint32_t>(dead.pid), dead.start(), job::kNoLimit, 1) >= 0);
+  listed.kill_only();
+  listed.reap();
+  dead.kill_only();
+  dead.reap();
+  // The listed member is gone too, but the list is the caller's word: it is neither
+  // signalled nor read from /proc; the others are checked as without a list.
+  const uint64_t running[] = {listed_owner};
+  CHECK(s->sweep(true, -1, 0, running) == 1);
+  auto ms = s->members();
+  REQUIRE(ms.size() == 2);
+  CHECK(ms[0].pid == static_cast<uint32_t>(live.pid));
+  CHECK(ms[1].pid == listed_pid);
+  // Once no longer listed, it is checked and freed.
+  CHECK(s->sweep(true, -1, 0, {}) == 1);
+  ms = s->members();
+  REQUIRE(ms.size() == 1);
+  CHECK(ms[0].pid == static_cast<uint32_t>(live.pid));
+}
+
 TEST_CASE("a process that execs rejoins under the same identity and its old slot is freed", "[job]") {
   Dir d;
   auto s = open_job(d);

@@ -43,6 +43,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -192,8 +193,12 @@ class Segment {
   /// pid still exists (kill 0) and that /proc found alive less than `recheck_ns` ago is taken
   /// as alive without reading /proc again (the daemon's sweep of every job every second):
   /// an exited and reaped member is still freed at once; a zombie, or a pid reused by
-  /// another process, within `recheck_ns`. Returns how many were freed.
-  uint32_t sweep(bool force, int skip_slot = -1, uint64_t recheck_ns = 0) noexcept;
+  /// another process, within `recheck_ns`. `running`: owner words (without kClaiming, in
+  /// ascending order) of processes the caller knows to run now (the daemon: those whose
+  /// pidfd has not signalled their exit); their members are taken as alive without a signal
+  /// or a read of /proc. Returns how many were freed.
+  uint32_t sweep(bool force, int skip_slot = -1, uint64_t recheck_ns = 0,
+                 std::span<const uint64_t> running = {}) noexcept;
 
   /// Set every occupied slot's `limit` to `bytes` (live limit changes). With `lower_only`
   /// a slot whose limit is already below `bytes` keeps it (a CAS loop: a member joining

@@ -24,7 +24,8 @@ constexpr uint64_t kProcRecheckNs = 5'000'000'000;
 
 }  // namespace
 
-void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns) {
+void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns,
+                    std::span<const uint64_t> running) {
   // Forget jobs whose file went away, was replaced under its name, or faulted.
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     struct stat st{};
@@ -48,8 +49,9 @@ void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy*
     Job& j = kv.second;  // not a structured binding: lambdas capture it (clang 14)
     uint32_t freed = 0;
     // Every scan: a member gone is freed at once (its pid is gone); /proc, which tells a
-    // zombie or a reused pid, is read for each member every few seconds only.
-    auto sweep = [&] { freed = j.seg->sweep(true, -1, kProcRecheckNs); };
+    // zombie or a reused pid, is read for each member every few seconds only, and neither
+    // is asked about a member whose pidfd says it runs.
+    auto sweep = [&] { freed = j.seg->sweep(true, -1, kProcRecheckNs, running); };
     if (!guarded_call(sweep)) {
       faulted_.insert(file);
       continue;

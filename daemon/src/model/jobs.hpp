@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,8 +55,10 @@ class JobTable {
   /// Open new job files among `names` (file names in `dirfd`), forget vanished or replaced
   /// ones, sweep dead members of each (their bytes are reclaimed at once), apply `policy`
   /// (may be null) to members that have not had it, and remove the files of jobs that have
-  /// had no member for the linger time. `now_ns`: CLOCK_MONOTONIC.
-  void scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns);
+  /// had no member for the linger time. `now_ns`: CLOCK_MONOTONIC. `running`: owner words
+  /// of processes known to run now, ascending (Segment::sweep: no liveness check for them).
+  void scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns,
+            std::span<const uint64_t> running = {});
   /// Apply the policy to every member again (after a reload).
   void reset_policy() noexcept;
 

@@ -161,6 +161,7 @@ class Registry {
   std::string hostname_;
   std::shared_ptr<const Policy> policy_;
   JobTable jobs_;
+  std::vector<uint64_t> running_;  ///< job owner words of processes running at the last scan
   std::deque<LimitChange> limit_log_;  ///< recent limit changes and refusals
   /// Out-of-memory reports kept (across processes: they outlive the process).
   static constexpr std::size_t kOomLog = 32;
