@@ -1,5 +1,6 @@
 // cuwarden integration tests for the daemon's model in-process: States published by the
-// loop thread while other threads read them (run under TSan in the sanitizer build).
+// loop thread while other threads read them (run under TSan in the sanitizer build), and
+// what it keeps of a ring that faults.
 #include <catch2/catch.hpp>
 #include <fcntl.h>
 
@@ -100,4 +101,39 @@ TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_lo
   REQUIRE(after["events"].size() == 3);
   CHECK(after["events"][0]["seq"] == 3501);
   CHECK(after["next"] == 3503);
+}
+
+TEST_CASE("daemon.model_a_ring_that_faults_is_retired_with_the_counters_last_published") {
+  cuw::daemon::install_fault_guard();
+  TempDir dir;
+  const std::string run = dir / "run";
+  REQUIRE(::mkdir(run.c_str(), 0700) == 0);
+  Child child;
+  FakeRing r(run, child.pid, child.start_time(), 1024, "fakeproc", "etl");
+  ring::DeviceSlot& dev = r.device(0, 0x20);
+  dev.limit.store(ring::kNoLimit);
+  dev.alloc_count.store(5);
+  dev.refusals.store(2);
+
+  cuw::daemon::RegistryOptions o;
+  o.run_dir = run;
+  o.unlink_exited = false;
+  cuw::daemon::Registry reg(o, ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), nullptr);
+  reg.scan();
+  reg.publish();
+  REQUIRE(reg.store().load()->processes.size() == 1);
+  // Counted on after that State, then the owner truncates its file: the daemon's next read
+  // faults, and what it keeps of the process is what it last published.
+  dev.alloc_count.store(7);
+  REQUIRE(::truncate(r.path.c_str(), 100) == 0);
+  reg.publish();
+  const auto st = reg.store().load();
+  CHECK(st->processes.empty());
+  REQUIRE(st->retired.by_gpu.size() == 1);
+  const auto& [k, row] = *st->retired.by_gpu.begin();
+  CHECK(k.uuid == uuid_for(0x20));
+  CHECK(k.job == "etl");
+  CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::alloc_count)] == 5);
+  CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::refusals)] == 2);
+  CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::used)] == 0);  // a gauge is not summed
 }

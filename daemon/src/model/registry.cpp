@@ -156,21 +156,26 @@ void Registry::scan(bool listing_changed) {
     RingStatus status;
     if (!p->ring->status(status)) continue;
     const uint64_t events = p->events_received + status.events_dropped;
-    if (!p->samples.empty() && events == p->sampled_events) {
-      auto again = std::make_shared<Snapshot>(*p->samples.back());
+    std::shared_ptr<const Snapshot> sample;
+    if (!p->samples->empty() && events == p->sampled_events) {
+      auto again = std::make_shared<Snapshot>(*p->samples->back());
       again->time_ns = now_ns();
-      p->samples.push_back(std::move(again));
-      while (p->samples.size() > kSamplesKept) p->samples.pop_front();
-      continue;
+      sample = std::move(again);
+    } else {
+      RingSnapshot header;
+      if (!p->ring->snapshot(header)) continue;
+      const ProcessIdentity who{opt_.run_dir, p->pid, p->uid, p->start_time, p->user, false};
+      TakenSnapshot t = take_snapshot(who, header, nullptr);
+      if (!t.snap.exact) continue;
+      p->sampled_events = events;  // only once a sample holds what these events did
+      sample = std::make_shared<const Snapshot>(site_sample(t.snap));
     }
-    RingSnapshot header;
-    if (!p->ring->snapshot(header)) continue;
-    const ProcessIdentity who{opt_.run_dir, p->pid, p->uid, p->start_time, p->user, false};
-    TakenSnapshot t = take_snapshot(who, header, nullptr);
-    if (!t.snap.exact) continue;
-    p->sampled_events = events;  // only once a sample holds what these events did
-    p->samples.push_back(std::make_shared<const Snapshot>(site_sample(t.snap)));
-    while (p->samples.size() > kSamplesKept) p->samples.pop_front();
+    auto samples = std::make_shared<SiteSamples>();
+    samples->reserve(kSamplesKept);
+    const std::size_t keep = std::min(p->samples->size(), kSamplesKept - 1);
+    samples->assign(p->samples->end() - static_cast<std::ptrdiff_t>(keep), p->samples->end());
+    samples->push_back(std::move(sample));
+    p->samples = std::move(samples);
   }
   // Every scan sweeps every job: a killed member's share is back within a scan interval
   // even when no other member allocates. A process whose pidfd was found silent just now
@@ -306,12 +311,20 @@ void Registry::drop_faulted(const std::string& name, const char* what) {
 void Registry::retire(const Process& p) {
   // Its header as it is now (a refusal just before it exited may never have been
   // published), else as last published (the ring faulted).
-  RingSnapshot fresh;
-  const bool read = p.ring && p.ring->snapshot(fresh);
-  if (!read && !p.last_header) return;
-  const RingSnapshot& h = read ? fresh : *p.last_header;
-  const std::string job = field_text(h.job, sizeof h.job);
   const auto last = store_.load();
+  RingSnapshot fresh;
+  const RingSnapshot* found = nullptr;
+  if (p.ring && p.ring->snapshot(fresh)) {
+    found = &fresh;
+  } else if (p.published) {
+    // A State lists its processes by ring file name, as procs_ does.
+    const auto it = std::lower_bound(last->processes.begin(), last->processes.end(), p.file_name,
+                                     [](const ProcessState& ps, const std::string& n) { return ps.file_name < n; });
+    if (it != last->processes.end() && it->file_name == p.file_name) found = &it->header;
+  }
+  if (!found) return;
+  const RingSnapshot& h = *found;
+  const std::string job = field_text(h.job, sizeof h.job);
   const auto index_of = gpu_index_of(gpu_rows(*last));
   for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
     const DeviceSnapshot& ds = h.devices[d];
@@ -462,11 +475,14 @@ void Registry::publish() {
   std::vector<std::string> faulted;
   st->processes.reserve(procs_.size());
   for (auto& [name, p] : procs_) {
-    ProcessState ps;
+    // The header is read where the State keeps it: a copy of its 4 KiB fewer per process.
+    ProcessState& ps = st->processes.emplace_back();
     if (!p->ring->snapshot(ps.header)) {
-      faulted.push_back(name);
+      st->processes.pop_back();
+      faulted.push_back(name);  // retired as the last State has it
       continue;
     }
+    p->published = true;
     ps.file_name = name;
     ps.pid = p->pid;
     ps.uid = p->uid;
@@ -478,10 +494,7 @@ void Registry::publish() {
     ps.events_lost = p->events_lost;
     ps.events_readable = p->ring->writable();
     ps.history = p->history.view();
-    ps.samples.assign(p->samples.begin(), p->samples.end());
-    if (!p->last_header) p->last_header = std::make_unique<RingSnapshot>();
-    *p->last_header = ps.header;
-    st->processes.push_back(std::move(ps));
+    ps.samples = p->samples;
   }
   for (const auto& name : faulted) drop_faulted(name, "faulted while reading its header");
 

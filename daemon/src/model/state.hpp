@@ -25,6 +25,9 @@
 
 namespace cuw::daemon {
 
+/// A process's site samples, oldest first: the newest kSamplesKept of them.
+using SiteSamples = std::vector<std::shared_ptr<const Snapshot>>;
+
 /// One interposed process: what the daemon tracks and a copy of its ring header.
 struct ProcessState {
   std::string file_name;  ///< the ring's file name in the run directory
@@ -39,8 +42,9 @@ struct ProcessState {
   bool events_readable = false;  ///< the daemon may drain the ring (false: counters only)
   RingSnapshot header;               ///< the ring header as read when the State was built
   std::shared_ptr<const EventHistory::View> history;  ///< never null
-  /// Per-call-site samples of its live memory, every kSampleEveryNs (snapshot --leaks).
-  std::vector<std::shared_ptr<const Snapshot>> samples;
+  /// Per-call-site samples of its live memory, every kSampleEveryNs (snapshot --leaks);
+  /// shared with the daemon until its next sample. Null: none.
+  std::shared_ptr<const SiteSamples> samples;
 };
 
 /// One job segment with at least one view taken of it.

@@ -155,8 +155,8 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
         if (format != "text" && format != "json") return error("bad request: --leaks takes the text or json format");
         std::vector<Snapshot> window;
         for (const ProcessState& ps : st->processes)
-          if (ps.pid == pid && ps.start_time == taken.start_time)  // not a pid's earlier owner
-            for (const auto& sample : ps.samples) window.push_back(*sample);
+          if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples)  // not a pid's earlier owner
+            for (const auto& sample : *ps.samples) window.push_back(*sample);
         window.push_back(taken.snap);
         nlohmann::ordered_json j;
         j["pid"] = pid;

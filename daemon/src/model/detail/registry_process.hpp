@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 
@@ -42,9 +41,10 @@ struct Registry::Process {
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once
   uint64_t oom_taken_mono = 0; ///< when its last out-of-memory snapshot was taken (0: never)
   uint64_t sampled_mono = 0;   ///< when its last site sample was taken (0: never)
-  std::deque<std::shared_ptr<const Snapshot>> samples;  ///< site_sample()s, oldest first
-  /// The header as last published: its counters go to the retired ones when it is forgotten.
-  std::unique_ptr<RingSnapshot> last_header;
+  /// site_sample()s, oldest first, replaced whole by each new one: every State shares it.
+  std::shared_ptr<const SiteSamples> samples = std::make_shared<const SiteSamples>();
+  /// In the last State published (retire() reads its header there when the ring faults).
+  bool published = false;
 };
 
 }  // namespace cuw::daemon
