@@ -1,12 +1,16 @@
 // cuwarden integration tests for the daemon's model in-process: States published by the
-// loop thread while other threads read them (run under TSan in the sanitizer build), and
-// what it keeps of a ring that faults.
+// loop thread while other threads read them (run under TSan in the sanitizer build), what
+// it keeps of a ring that faults, and the site samples behind `snapshot --leaks`.
 #include <catch2/catch.hpp>
 #include <fcntl.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "core/live_segment.hpp"
+#include "core/live_table.hpp"
 #include "daemon_test_support.hpp"
 #include "model/fault_guard.hpp"
 #include "model/registry.hpp"
@@ -136,4 +140,68 @@ TEST_CASE("daemon.model_a_ring_that_faults_is_retired_with_the_counters_last_pub
   CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::alloc_count)] == 5);
   CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::refusals)] == 2);
   CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::used)] == 0);  // a gauge is not summed
+}
+
+TEST_CASE("daemon.model_a_ring_found_is_drained_before_its_first_site_sample") {
+  cuw::daemon::install_fault_guard();
+  TempDir dir;
+  const std::string run = dir / "run";
+  REQUIRE(::mkdir(run.c_str(), 0700) == 0);
+  Child child;
+  const uint64_t start = child.start_time();
+  FakeRing r(run, child.pid, start, 1024);
+  r.device(0, 0x20).limit.store(ring::kNoLimit);
+  // The live table beside the ring, as the interposer keeps it; one allocation and its event,
+  // written before the daemon looks.
+  cuw::core::LiveSegment seg;
+  REQUIRE(seg.open(run, static_cast<uint32_t>(child.pid), getuid(), start, r.h->created_ns, 0, false));
+  cuw::core::LiveTable table;
+  table.attach(&seg, cuw::live::Table::device);
+  REQUIRE(table.insert(0x7f0000100000, cuw::core::LiveRecord{1 * kMiB, 0, 1, 0, 0}));
+  REQUIRE(r.push(ring::EventKind::alloc, ring::Api::cuMemAlloc, 0, 1 * kMiB, 0x7f0000100000, 1 * kMiB));
+
+  cuw::daemon::RegistryOptions o;
+  o.run_dir = run;
+  o.unlink_exited = false;
+  o.sample_every_ns = 1;  // a sample at every scan
+  cuw::daemon::Registry reg(o, ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), nullptr);
+  // The samples as the State has them: "MiB x allocations" of the one call site.
+  using Samples = std::vector<std::string>;
+  auto samples = [&] {
+    reg.publish();
+    const auto st = reg.store().load();
+    Samples out;
+    REQUIRE(st->processes.size() == 1);
+    REQUIRE(st->processes[0].samples);
+    for (const auto& s : *st->processes[0].samples) {
+      REQUIRE(s->allocations.size() == 1);
+      out.push_back(std::to_string(s->allocations[0].bytes / kMiB) + "x" + std::to_string(s->allocations[0].count));
+    }
+    return out;
+  };
+
+  reg.scan();  // found: its event drained, then its first sample taken
+  CHECK(samples() == Samples{"1x1"});
+  CHECK(reg.store().load()->processes[0].events_received == 1);
+  // A record changed without an event shows whether the table is read: with no event
+  // drained or dropped since the first sample, the sample stands again.
+  REQUIRE(table.insert(0x7f0000300000, cuw::core::LiveRecord{2 * kMiB, 0, 1, 0, 0}));
+  while (reg.drain_all() == cuw::daemon::Registry::DrainPace::again) {
+  }
+  reg.scan();
+  CHECK(samples() == Samples{"1x1", "1x1"});
+  // An event drained since: the table is read again.
+  REQUIRE(r.push(ring::EventKind::alloc, ring::Api::cuMemAlloc, 0, 2 * kMiB, 0x7f0000300000, 3 * kMiB));
+  while (reg.drain_all() == cuw::daemon::Registry::DrainPace::again) {
+  }
+  reg.scan();
+  CHECK(samples() == Samples{"1x1", "1x1", "3x2"});
+  // So is one the ring had no room for (counted as dropped, never drained).
+  REQUIRE(table.take(0x7f0000100000, nullptr));
+  r.h->events_dropped.fetch_add(1);
+  reg.scan();
+  CHECK(samples() == Samples{"1x1", "1x1", "3x2", "2x1"});
+  // The newest kSamplesKept are kept.
+  for (std::size_t i = 0; i < cuw::daemon::kSamplesKept; ++i) reg.scan();
+  CHECK(samples() == Samples(cuw::daemon::kSamplesKept, "2x1"));
 }

@@ -261,7 +261,15 @@ void Registry::try_open(const std::string& name, uint64_t mono) {
   auto& ref = *p;
   procs_.emplace(name, std::move(p));
   drain_order_.clear();
-  if (!check_exit(ref, mono)) drop_faulted(name, "faulted while reading its header");
+  if (!check_exit(ref, mono)) {
+    drop_faulted(name, "faulted while reading its header");
+    return;
+  }
+  // What the ring holds already is drained before the scan takes the first site sample: a
+  // sample counts the events drained before it, and one taken with events still waiting
+  // would be taken again at the next, the live table read twice (with a thousand processes
+  // found at start, a tenth of the daemon's first minute).
+  if (!drain_one(ref, now_ns(), nullptr, nullptr)) drop_faulted(name, "faulted while draining events");
 }
 
 bool Registry::check_exit(Process& p, uint64_t mono, const std::set<int>* ready) {
