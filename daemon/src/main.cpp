@@ -11,6 +11,7 @@
 // draining; set_limit goes through the LoopQueue, run by the model on the loop thread.
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/inotify.h>
@@ -298,6 +299,7 @@ int run(const Options& o) {
   std::thread http_thread;
   if (http)
     http_thread = std::thread([&] {
+      ::pthread_setname_np(::pthread_self(), "cuwardend-http");  // (top -H, /proc/PID/task/*/comm)
       try {
         http->run(stop_fd);
       } catch (const std::exception& e) {
@@ -306,6 +308,7 @@ int run(const Options& o) {
       }
     });
   std::thread socket_thread([&] {
+    ::pthread_setname_np(::pthread_self(), "cuwardend-sock");
     try {
       serve_socket(server, stop_fd);
     } catch (const std::exception& e) {
