@@ -311,9 +311,9 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
     free_whole_bytes_ -= whole_granules(*b);
     // A request of whole granules starts on a granule where the block leaves room: its
     // neighbours then share none of its granules, and its own come back whole when it is freed.
-    if (const uint64_t head = (gran_ - b->ptr % gran_) % gran_;
-        head && rounded % gran_ == 0 && b->size >= head + rounded && spare_blocks_.size() >= 2) {
-      split_locked(b, head);  // b: the head, the rest pushed free
+    if (rounded % gran_ == 0 && b->ptr % gran_ && b->size - rounded >= gran_ - b->ptr % gran_ &&
+        spare_blocks_.size() >= 2) {
+      split_locked(b, gran_ - b->ptr % gran_);  // b: the head, the rest pushed free
       Block* rest = b->hi;
       unlink_free_locked(rest);
       rest->state = kLive;  // taken: the head must not merge it back

@@ -101,24 +101,22 @@ uint64_t cache_resource::reclaim_slow(uint64_t want) {
     if (!refill_spares_slow()) break;
     mu_.lock();
     Block* b = nullptr;
-    uint64_t lo = 0, hi = 0;  // the granules inside b
     // (A block under a granule holds no whole one: the pieces packing leaves are many.)
     for (auto it = free_large_.lower_bound(gran); it != free_large_.end() && !b;) {
       if (!it->second) {
         it = free_large_.erase(it);
         continue;
       }
-      for (Block* c = it->second; c && !b; c = c->next) {
-        lo = (c->ptr + gran - 1) / gran * gran;
-        hi = (c->ptr + c->size) / gran * gran;
-        if (hi > lo) b = c;
-      }
+      for (Block* c = it->second; c && !b; c = c->next)
+        if (whole_granules(*c)) b = c;
       ++it;
     }
     if (!b || spare_blocks_.size() < 2) {
       mu_.unlock();
       break;
     }
+    const uint64_t lo = (b->ptr + gran - 1) / gran * gran;  // the granules inside b
+    const uint64_t hi = lo + whole_granules(*b);
     unlink_free_locked(b);
     Block* low = nullptr;
     if (lo > b->ptr) {
