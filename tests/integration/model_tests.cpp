@@ -19,20 +19,40 @@
 
 using namespace cuwt;
 
-TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_loop_drains") {
-  cuw::daemon::install_fault_guard();
+namespace {
+
+/// A run directory of its own for a Registry in this process (the daemon's fault guard
+/// installed: reading a ring that faults is what some cases do), and the options that use it.
+struct ModelRun {
   TempDir dir;
-  const std::string run = dir / "run";
-  REQUIRE(::mkdir(run.c_str(), 0700) == 0);
+  std::string run = dir / "run";
+  ModelRun() {
+    cuw::daemon::install_fault_guard();
+    REQUIRE(::mkdir(run.c_str(), 0700) == 0);
+  }
+  /// Options for the run directory; exited processes' rings are kept.
+  cuw::daemon::RegistryOptions options() const {
+    cuw::daemon::RegistryOptions o;
+    o.run_dir = run;
+    o.unlink_exited = false;
+    return o;
+  }
+  /// The run directory, opened as the Registry takes it.
+  int dirfd() const { return ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }
+};
+
+}  // namespace
+
+TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_loop_drains") {
+  ModelRun m;
+  const std::string& run = m.run;
   Child child;
   FakeRing r(run, child.pid, child.start_time(), 1024);
   r.device(0, 0x20).limit.store(ring::kNoLimit);
 
-  cuw::daemon::RegistryOptions o;
-  o.run_dir = run;
+  cuw::daemon::RegistryOptions o = m.options();
   o.history_per_process = 700;  // not a multiple of the history's chunk: trimming is exercised
-  o.unlink_exited = false;
-  cuw::daemon::Registry reg(o, ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), nullptr);
+  cuw::daemon::Registry reg(o, m.dirfd(), nullptr);
   reg.scan();
   reg.publish();
 
@@ -108,10 +128,8 @@ TEST_CASE("daemon.model_published_state_is_read_from_another_thread_while_the_lo
 }
 
 TEST_CASE("daemon.model_a_ring_that_faults_is_retired_with_the_counters_last_published") {
-  cuw::daemon::install_fault_guard();
-  TempDir dir;
-  const std::string run = dir / "run";
-  REQUIRE(::mkdir(run.c_str(), 0700) == 0);
+  ModelRun m;
+  const std::string& run = m.run;
   Child child;
   FakeRing r(run, child.pid, child.start_time(), 1024, "fakeproc", "etl");
   ring::DeviceSlot& dev = r.device(0, 0x20);
@@ -119,10 +137,8 @@ TEST_CASE("daemon.model_a_ring_that_faults_is_retired_with_the_counters_last_pub
   dev.alloc_count.store(5);
   dev.refusals.store(2);
 
-  cuw::daemon::RegistryOptions o;
-  o.run_dir = run;
-  o.unlink_exited = false;
-  cuw::daemon::Registry reg(o, ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), nullptr);
+  cuw::daemon::RegistryOptions o = m.options();
+  cuw::daemon::Registry reg(o, m.dirfd(), nullptr);
   reg.scan();
   reg.publish();
   REQUIRE(reg.store().load()->processes.size() == 1);
@@ -143,10 +159,8 @@ TEST_CASE("daemon.model_a_ring_that_faults_is_retired_with_the_counters_last_pub
 }
 
 TEST_CASE("daemon.model_a_ring_found_is_drained_before_its_first_site_sample") {
-  cuw::daemon::install_fault_guard();
-  TempDir dir;
-  const std::string run = dir / "run";
-  REQUIRE(::mkdir(run.c_str(), 0700) == 0);
+  ModelRun m;
+  const std::string& run = m.run;
   Child child;
   const uint64_t start = child.start_time();
   FakeRing r(run, child.pid, start, 1024);
@@ -160,11 +174,9 @@ TEST_CASE("daemon.model_a_ring_found_is_drained_before_its_first_site_sample") {
   REQUIRE(table.insert(0x7f0000100000, cuw::core::LiveRecord{1 * kMiB, 0, 1, 0, 0}));
   REQUIRE(r.push(ring::EventKind::alloc, ring::Api::cuMemAlloc, 0, 1 * kMiB, 0x7f0000100000, 1 * kMiB));
 
-  cuw::daemon::RegistryOptions o;
-  o.run_dir = run;
-  o.unlink_exited = false;
+  cuw::daemon::RegistryOptions o = m.options();
   o.sample_every_ns = 1;  // a sample at every scan
-  cuw::daemon::Registry reg(o, ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), nullptr);
+  cuw::daemon::Registry reg(o, m.dirfd(), nullptr);
   // The samples as the State has them: "MiB x allocations" of the one call site.
   using Samples = std::vector<std::string>;
   auto samples = [&] {
