@@ -168,8 +168,8 @@ DAEMON_ARGS=(--run-dir "$RUN_DIR" --log-level warn)
 record daemon "$DAEMON" "${DAEMON_ARGS[@]}"
 "$DAEMON" "${DAEMON_ARGS[@]}" >"$RAW/daemon.log" 2>&1 &
 DAEMON_PID=$!
-for _ in $(seq 100); do [[ -S $RUN_DIR/cuwardend.sock ]] && break; sleep 0.05; done
-[[ -S $RUN_DIR/cuwardend.sock ]] || { note_error daemon "cuwardend did not start: $(tail -3 "$RAW/daemon.log")"; exit 1; }
+for _ in $(seq 100); do [[ -S $RUN_DIR/daemon/cuwardend.sock ]] && break; sleep 0.05; done
+[[ -S $RUN_DIR/daemon/cuwardend.sock ]] || { note_error daemon "cuwardend did not start: $(tail -3 "$RAW/daemon.log")"; exit 1; }
 CLK_TCK=$(getconf CLK_TCK)
 daemon_ticks() { awk '{ print $14 + $15 }' "/proc/${1:-$DAEMON_PID}/stat" 2>/dev/null || echo 0; }
 
@@ -224,7 +224,7 @@ if [[ -n ${EVENT_RATES_FAST_DRAIN:-"1e7 2e7 0"} ]]; then
   record events "$DAEMON" "${FAST_ARGS[@]}"
   "$DAEMON" "${FAST_ARGS[@]}" >"$RAW/daemon-drain1.log" 2>&1 &
   FAST_PID=$!
-  for _ in $(seq 100); do [[ -S $RUN_FAST/cuwardend.sock ]] && break; sleep 0.05; done
+  for _ in $(seq 100); do [[ -S $RUN_FAST/daemon/cuwardend.sock ]] && break; sleep 0.05; done
   # shellcheck disable=SC2086
   event_sweep "$FAST_PID" "$RUN_FAST" 1 ${EVENT_RATES_FAST_DRAIN:-1e7 2e7 0}
   kill "$FAST_PID" 2>/dev/null; wait "$FAST_PID" 2>/dev/null
@@ -324,8 +324,8 @@ DAEMON_ARGS=(--run-dir "$RUN_DIR" --log-level warn)
 record cli "$DAEMON" "${DAEMON_ARGS[@]}"
 "$DAEMON" "${DAEMON_ARGS[@]}" >"$RAW/daemon-cli.log" 2>&1 &
 DAEMON_PID=$!
-for _ in $(seq 100); do [[ -S $RUN_DIR/cuwardend.sock ]] && break; sleep 0.05; done
-[[ -S $RUN_DIR/cuwardend.sock ]] || note_error cli "cuwardend did not start: $(tail -3 "$RAW/daemon-cli.log")"
+for _ in $(seq 100); do [[ -S $RUN_DIR/daemon/cuwardend.sock ]] && break; sleep 0.05; done
+[[ -S $RUN_DIR/daemon/cuwardend.sock ]] || note_error cli "cuwardend did not start: $(tail -3 "$RAW/daemon-cli.log")"
 WITH=(env LD_PRELOAD="$LIB" CUWARDEN_LIMIT="$LIMIT" CUWARDEN_POOL=off CUWARDEN_RUN_DIR="$RUN_DIR")
 # Real holders: cuw_alloc_probe under the interposer, each holding one 2 MiB allocation.
 # REAL holds their pids in start order; a holder is up once its output says "holding".

@@ -39,7 +39,7 @@ done
 # any other cuwarden on this machine. The interposer, daemon and CLI all read this variable.
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-demo.XXXXXX")
 export CUWARDEN_RUN_DIR="$RUN_DIR"
-SOCK="$RUN_DIR/cuwardend.sock"
+SOCK="$RUN_DIR/daemon/cuwardend.sock"
 DAEMON_PID=""
 WORKLOAD_PID=""
 JOB_PIDS=""
@@ -68,8 +68,8 @@ else
 fi
 
 section "3. Start the daemon"
-say "\$ cuwardend --run-dir $RUN_DIR --socket $SOCK &"
-"$DAEMON" --run-dir "$RUN_DIR" --socket "$SOCK" >"$RUN_DIR/cuwardend.log" 2>&1 &
+say "\$ cuwardend --run-dir $RUN_DIR &"
+"$DAEMON" --run-dir "$RUN_DIR" >"$RUN_DIR/cuwardend.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 1 50); do
   [[ -S $SOCK ]] && break

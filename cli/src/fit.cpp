@@ -207,14 +207,21 @@ class RunDir {
     if (const char* t = std::getenv("TMPDIR"); t && *t == '/') base = paths::run_dir_from(t);
     const std::size_t room = sizeof(sockaddr_un{}.sun_path) - 1;
     const std::string leaf = "/cuwarden-fit-XXXXXX";
-    if (base.size() + leaf.size() + 1 + std::strlen(paths::kSocketName) > room) base = "/tmp";
+    const std::string sock_leaf = std::string("/") + paths::kRunDirSocketDir + "/" + paths::kSocketName;
+    if (base.size() + leaf.size() + sock_leaf.size() > room) base = "/tmp";
     std::string tmpl = base + leaf;
     if (!::mkdtemp(tmpl.data())) {
       *err = "cannot make a directory in " + base + ": " + std::strerror(errno);
       return false;
     }
     path_ = tmpl;
-    const std::string sock = path_ + "/" + paths::kSocketName;
+    // Where the tries' interposer looks for a daemon (paths::socket_path_for with this run
+    // directory): one listening keeps each try's ring for read_rings.
+    const std::string sock = path_ + sock_leaf;
+    if (::mkdir((path_ + "/" + paths::kRunDirSocketDir).c_str(), 0755) != 0) {
+      *err = "cannot make " + path_ + "/" + paths::kRunDirSocketDir + ": " + std::strerror(errno);
+      return false;
+    }
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
@@ -241,7 +248,8 @@ class RunDir {
     const int dfd = ::dirfd(d);
     while (const dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
-      if (name == "." || name == ".." || (!all && name == paths::kSocketName)) continue;
+      if (name == "." || name == ".." || (!all && name == paths::kRunDirSocketDir)) continue;
+      if (name == paths::kRunDirSocketDir) ::unlinkat(dfd, (name + "/" + paths::kSocketName).c_str(), 0);
       if (::unlinkat(dfd, name.c_str(), 0) != 0 && errno == EISDIR) ::unlinkat(dfd, name.c_str(), AT_REMOVEDIR);
     }
     ::closedir(d);

@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
 
   std::string socket = cuw::paths::socket_path();
-  app.add_option("--socket", socket, "daemon socket (default: $CUWARDEN_RUN_DIR/cuwardend.sock)");
+  app.add_option("--socket", socket,
+                 "daemon socket (default: $CUWARDEN_SOCKET, else daemon/cuwardend.sock in $CUWARDEN_RUN_DIR "
+                 "when set, else /run/cuwarden/cuwardend.sock)");
 
   StatusOptions st;
   app.add_flag("--json", st.json, "print the daemon's state as JSON");

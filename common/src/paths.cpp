@@ -3,9 +3,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +23,53 @@ std::string run_dir_from(const char* value) {
 
 std::string run_dir() { return run_dir_from(secure_getenv(options::get(options::Id::CUWARDEN_RUN_DIR).variable)); }
 
-std::string socket_path() { return run_dir() + "/" + kSocketName; }
+std::string socket_path_for(const char* socket, const char* run_dir) {
+  if (socket && *socket) return socket;
+  if (run_dir && *run_dir) {
+    const std::string dir = run_dir_from(run_dir);
+    if (dir != kDefaultRunDir) return dir + "/" + kRunDirSocketDir + "/" + kSocketName;
+  }
+  return std::string(kDefaultSocketDir) + "/" + kSocketName;
+}
+
+std::string socket_path() {
+  return socket_path_for(secure_getenv(options::get(options::Id::CUWARDEN_SOCKET).variable),
+                         secure_getenv(options::get(options::Id::CUWARDEN_RUN_DIR).variable));
+}
+
+bool trusted_socket_dir(const std::string& path, std::string* why) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (why) *why = dir + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    if (why) *why = dir + " is not a directory";
+    return false;
+  }
+  if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+    if (why) *why = dir + " is owned by uid " + std::to_string(st.st_uid) + ", not root or you";
+    return false;
+  }
+  return true;
+}
+
+bool trusted_peer(int fd, std::string* why) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    if (why) *why = std::string("cannot read the server's credentials: ") + std::strerror(errno);
+    return false;
+  }
+  if (cred.uid != 0 && cred.uid != ::geteuid()) {
+    if (why) *why = "it is served by uid " + std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) +
+                    "), not root or you: not believed";
+    return false;
+  }
+  return true;
+}
 
 std::string ring_file_name(uint32_t pid, uint64_t start_time) {
   char buf[96];
@@ -90,6 +138,39 @@ bool process_gone(uint32_t pid, uint64_t start_time) {
   uint64_t start = 0;
   if (!process_stat(pid, &state, &start) || start != start_time) return true;
   return state == 'Z' || state == 'X';
+}
+
+uint64_t pid_namespace(uint32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/ns/pid", pid);
+  struct stat st {};
+  return ::stat(path, &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+uint32_t innermost_pid(uint32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/status", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  const char* line = std::strstr(buf, "\nNSpid:");
+  if (!line) return 0;
+  uint32_t last = 0;
+  for (const char* p = line + 7; *p && *p != '\n';) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(p, &end, 10);
+    if (end == p) {
+      ++p;
+      continue;
+    }
+    last = static_cast<uint32_t>(v);
+    p = end;
+  }
+  return last;
 }
 
 int remove_dead_rings(const std::string& dir, uint32_t uid) {

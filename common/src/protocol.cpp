@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "cuw/paths.hpp"
+
 namespace cuw::proto {
 
 namespace {
@@ -115,6 +117,12 @@ std::optional<Message> request(const std::string& socket_path, Command cmd, cons
   }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     if (why) *why = std::string(std::strerror(errno));
+    ::close(fd);
+    return std::nullopt;
+  }
+  // Nothing is sent to a server that may be another user's impostor: it would read the
+  // request and could answer anything (paths.hpp).
+  if (!paths::trusted_socket_dir(socket_path, why) || !paths::trusted_peer(fd, why)) {
     ::close(fd);
     return std::nullopt;
   }

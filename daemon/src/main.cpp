@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <ctime>
 #include <cstring>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -56,6 +57,7 @@ struct Options {
   std::string socket;
   std::string run_dir;
   std::string http;
+  std::vector<std::string> http_hosts;
   std::string web_root;
   bool http_snapshots = false;
   std::string config;
@@ -136,6 +138,39 @@ bool ensure_run_dir(const std::string& dir) {
   return true;
 }
 
+/// Makes the socket's directory `dir` (paths::socket_path_for: /run/cuwarden, or daemon/ in a
+/// run directory set), mode 0755, owned by the daemon's uid, so that no other user can bind
+/// the socket's name while the daemon is stopped. One that is not a directory of ours (a link,
+/// a file, another user's) is renamed aside by a root daemon and refused by any other.
+bool ensure_socket_dir(const std::string& dir) {
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode) && st.st_uid == geteuid()) {
+      if (st.st_mode & (S_IWGRP | S_IWOTH)) chmod(dir.c_str(), 0755);
+      return true;
+    }
+    const std::string what = S_ISLNK(st.st_mode)   ? "a symbolic link"
+                             : !S_ISDIR(st.st_mode) ? "not a directory"
+                                                    : "owned by uid " + std::to_string(st.st_uid);
+    if (geteuid() != 0) {
+      spdlog::error("socket directory {} is {}: not serving there (remove it, or give --socket)", dir, what);
+      return false;
+    }
+    const std::string aside = dir + ".squatted-" + std::to_string(time(nullptr));
+    if (rename(dir.c_str(), aside.c_str()) != 0) {
+      spdlog::error("socket directory {} is {} and cannot be renamed aside: {}", dir, what, std::strerror(errno));
+      return false;
+    }
+    spdlog::warn("socket directory {} was {}: renamed it to {}", dir, what, aside);
+  }
+  if (mkdir(dir.c_str(), 0755) != 0) {
+    spdlog::error("cannot create socket directory {}: {}", dir, std::strerror(errno));
+    return false;
+  }
+  chmod(dir.c_str(), 0755);  // mkdir's mode went through the umask
+  return true;
+}
+
 /// <dir of this binary>/../share/cuwarden/web: the installed dashboard (/usr/bin ->
 /// /usr/share/cuwarden/web), and the build tree's staged copy.
 std::string default_web_root() {
@@ -169,7 +204,10 @@ int run(const Options& o) {
   cuw::daemon::Registry* reg_ptr = nullptr;
   std::shared_ptr<const cuw::daemon::Policy> loaded;
   const std::string run_dir = o.run_dir.empty() ? cuw::paths::run_dir() : o.run_dir;
-  const std::string socket_path = o.socket.empty() ? run_dir + "/" + cuw::paths::kSocketName : o.socket;
+  const char* socket_env = secure_getenv(cuw::options::get(cuw::options::Id::CUWARDEN_SOCKET).variable);
+  const bool socket_given = !o.socket.empty() || (socket_env && *socket_env);
+  const std::string socket_path =
+      cuw::paths::socket_path_for(o.socket.empty() ? socket_env : o.socket.c_str(), run_dir.c_str());
   // The policy file: refused at start-up when it has errors; on SIGHUP a bad file keeps the
   // old policy (and says why).
   auto load = [&](bool startup) -> bool {
@@ -191,6 +229,7 @@ int run(const Options& o) {
   if (!load(true)) return 78;  // EX_CONFIG, like the interposer's bad configuration
 
   if (!ensure_run_dir(run_dir)) return 1;
+  if (!socket_given && !ensure_socket_dir(socket_path.substr(0, socket_path.rfind('/')))) return 1;
   const int dirfd = open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dirfd < 0) {
     spdlog::error("cannot open run directory {}: {}", run_dir, std::strerror(errno));
@@ -225,6 +264,14 @@ int run(const Options& o) {
     spdlog::warn("inotify on {} unavailable ({}); rescanning every {} ms only", run_dir, std::strerror(errno),
                  o.scan_interval_ms);
 
+  // Empties the inotify queue; whether it held anything (a scan is then due).
+  const auto take_events = [infd] {
+    bool any = false;
+    alignas(inotify_event) char buf[8192];
+    while (infd >= 0 && read(infd, buf, sizeof buf) > 0) any = true;
+    return any;
+  };
+
   cuw::daemon::Nvml nvml(!o.no_nvml);
   spdlog::info("NVML {}", nvml.available() ? "loaded" : "not available (GPU index/name from the rings only)");
 
@@ -248,7 +295,15 @@ int run(const Options& o) {
   // publishes a State read after the query came (the socket thread serves one request at a
   // time, so one publish per query). Building the reply and sending it stay on the socket
   // thread.
-  backend.refresh = [&] { writes.call([&reg] { reg.publish(); }); };
+  // A ring created before the query (its inotify event still queued, or its header not yet
+  // written when the event was handled) is looked at before the answer, so that a program
+  // that has just run is in it.
+  backend.refresh = [&] {
+    writes.call([&reg, &take_events] {
+      if (take_events() || reg.retry_soon()) reg.scan();
+      reg.publish();
+    });
+  };
   backend.set_limit = [&](const cuw::daemon::Peer& peer, const cuw::daemon::LimitRequest& req) {
     return writes.call([&] { return reg.set_limit_and_publish(peer, req); });
   };
@@ -271,9 +326,11 @@ int run(const Options& o) {
     ho.snapshots = o.http_snapshots;
     http_api = std::make_unique<cuw::daemon::HttpApi>(&reg.store(), &series, &symbolizer, ho);
     auto* api = http_api.get();
+    cuw::daemon::HttpServer::Limits limits;
+    limits.host_names = o.http_hosts;
     http = std::make_unique<cuw::daemon::HttpServer>(
         [api](const cuw::daemon::HttpRequest& r) { return api->handle(r); }, &cuw::daemon::HttpApi::slow,
-        [api](cuw::daemon::StreamCursor& c, uint64_t now) { return api->feed(c, now); });
+        [api](cuw::daemon::StreamCursor& c, uint64_t now) { return api->feed(c, now); }, limits);
     if (!http->listen(o.http, &err)) {
       spdlog::error("{}", err);
       return 1;
@@ -340,6 +397,11 @@ int run(const Options& o) {
   uint64_t next_drain = mono_ns();
   uint64_t last_publish = mono_ns();
   uint64_t next_scan = mono_ns() + o.scan_interval_ms * kMs;
+  // inotify wakes a scan at once, but no more often than this: a user who touches files in a
+  // loop must not buy a scan and a publish per touch.
+  constexpr uint64_t kMinEventScanNs = 20 * kMs;
+  constexpr uint64_t kRetryScanNs = 10 * kMs;  // a ring being created: its header comes in a moment
+  uint64_t last_scan = 0;
   bool scan_now = false;
   std::vector<pollfd> fds;
   for (;;) {
@@ -348,7 +410,7 @@ int run(const Options& o) {
     fds.push_back({infd, static_cast<short>(infd >= 0 ? POLLIN : 0), 0});
     fds.push_back({writes.fd(), POLLIN, 0});
     const uint64_t now = mono_ns();
-    const uint64_t wake = std::min(next_drain, next_scan);
+    const uint64_t wake = std::min({next_drain, next_scan, scan_now ? last_scan + kMinEventScanNs : next_scan});
     const int timeout_ms = wake <= now ? 0 : static_cast<int>((wake - now + kMs - 1) / kMs);
     const int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) {
@@ -367,12 +429,7 @@ int run(const Options& o) {
         }
       }
     }
-    if (fds[1].revents & POLLIN) {
-      alignas(inotify_event) char buf[8192];
-      while (read(infd, buf, sizeof buf) > 0) {
-      }
-      scan_now = true;
-    }
+    if ((fds[1].revents & POLLIN) && take_events()) scan_now = true;
     if (fds[2].revents & POLLIN) writes.run_pending();
 
     uint64_t t = mono_ns();
@@ -394,13 +451,15 @@ int run(const Options& o) {
         last_publish = t;
       }
     }
-    if (scan_now || t >= next_scan) {
-      reg.scan(scan_now || !watching);
+    const bool periodic = t >= next_scan;
+    if (periodic || (scan_now && t - last_scan >= kMinEventScanNs)) {
+      reg.scan(scan_now || !watching, periodic || !watching);
+      last_scan = t;
       reg.publish();
       series.record(*reg.store().load());
       last_publish = mono_ns();
       scan_now = false;
-      next_scan = mono_ns() + o.scan_interval_ms * kMs;
+      next_scan = mono_ns() + (reg.retry_soon() ? kRetryScanNs : o.scan_interval_ms * kMs);
     }
   }
   stop_socket_thread.stop();
@@ -418,11 +477,16 @@ int main(int argc, char** argv) {
   CLI::App app{"cuwardend: the cuwarden daemon (collects what interposed processes do; answers `cuwarden`)"};
   Options o;
   app.set_version_flag("--version", std::string("cuwardend ") + CUWARDEN_VERSION);
-  app.add_option("--socket", o.socket, "unix socket to serve (default: <run dir>/cuwardend.sock)");
+  app.add_option("--socket", o.socket,
+                 "unix socket to serve (default: $CUWARDEN_SOCKET, else daemon/cuwardend.sock in a run directory "
+                 "set, else /run/cuwarden/cuwardend.sock)");
   app.add_option("--run-dir", o.run_dir,
                  std::string("where rings live (default: $CUWARDEN_RUN_DIR or ") + cuw::paths::kDefaultRunDir + ")");
   app.add_option("--http", o.http,
                  "serve HTTP (read only) on HOST:PORT, e.g. 127.0.0.1:9477: /metrics, the JSON API, the dashboard");
+  app.add_option("--http-host", o.http_hosts,
+                 "a host name HTTP answers to besides IP addresses and localhost (repeatable): a request naming any "
+                 "other is refused (421), so that a web page cannot rebind its name to this machine");
   app.add_option("--web-root", o.web_root, "the dashboard's files (default: ../share/cuwarden/web beside the binary)");
   app.add_flag("--http-snapshots", o.http_snapshots,
                "serve snapshots (call sites: file and function names) over HTTP, to whoever can reach it");

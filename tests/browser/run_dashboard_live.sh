@@ -32,7 +32,7 @@ fail() { echo "FAIL: $*"; for f in "$T"/*.log "$T"/*.out; do [[ -e $f ]] && { ec
 unset LD_PRELOAD CUWARDEN_LIMIT CUWARDEN_POOL CUWARDEN_JOB CUWARDEN_JOB_LIMIT CUWARDEN_CALLSITES
 export CUWARDEN_RUN_DIR=$T/run
 mkdir -p "$CUWARDEN_RUN_DIR"
-"$DAEMON" --run-dir "$CUWARDEN_RUN_DIR" --socket "$CUWARDEN_RUN_DIR/cuwardend.sock" \
+"$DAEMON" --run-dir "$CUWARDEN_RUN_DIR" \
   --http 127.0.0.1:0 --http-snapshots --web-root "$WEB" >"$T/cuwardend.log" 2>&1 &
 pids+=($!)
 port=""

@@ -47,9 +47,9 @@ if ldd "$DAEMON" | grep -q 'not found' && [[ -d $BUILD/lib/fallback ]]; then
   note "libdw: the carried copy ($BUILD/lib/fallback)"
 fi
 RUN=$(mktemp -d /tmp/cuw-cs-XXXXXX)
-SOCK=$RUN/cuwardend.sock
+SOCK=$RUN/daemon/cuwardend.sock
 export CUWARDEN_RUN_DIR=$RUN
-"$DAEMON" --run-dir "$RUN" --socket "$SOCK" --log-level info >"$OUT/daemon.log" 2>&1 &
+"$DAEMON" --run-dir "$RUN" --log-level info >"$OUT/daemon.log" 2>&1 &
 DPID=$!
 trap 'kill $DPID 2>/dev/null; rm -rf "$RUN"' EXIT
 for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done

@@ -28,7 +28,7 @@ mkdir -p "$CUWARDEN_RUN_DIR"
 "$BUILD/bin/cuwardend" --run-dir "$CUWARDEN_RUN_DIR" >"$OUT_DIR/cuwardend.log" 2>&1 &
 DAEMON=$!
 trap 'kill $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 50); do [[ -S $CUWARDEN_RUN_DIR/cuwardend.sock ]] && break; sleep 0.1; done
+for _ in $(seq 50); do [[ -S $CUWARDEN_RUN_DIR/daemon/cuwardend.sock ]] && break; sleep 0.1; done
 
 CAP_MIB=4096
 fail=0

@@ -59,7 +59,7 @@ TEE_PID=$!
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-compat.XXXXXX")   # logs, snapshots, compiled programs
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-run.XXXXXX")   # private CUWARDEN_RUN_DIR
-SOCK="$RUN_DIR/cuwardend.sock"
+SOCK="$RUN_DIR/daemon/cuwardend.sock"
 CBIN="$WORK/bin"
 mkdir -p "$CBIN"
 export CUWARDEN_RUN_DIR="$RUN_DIR"
@@ -130,7 +130,7 @@ if [[ -x $DAEMON ]] && ldd "$DAEMON" | grep -q 'not found' && [[ -d $BUILD/lib/f
   echo "libdw: the carried copy ($BUILD/lib/fallback), for cuwardend"
 fi
 DAEMON_HELP=$(LD_LIBRARY_PATH=$DAEMON_LIBS "$DAEMON" --help 2>&1 || true)
-DAEMON_ARGS=(--run-dir "$RUN_DIR" --socket "$SOCK")
+DAEMON_ARGS=(--run-dir "$RUN_DIR")
 grep -q -- '--scan-interval-ms' <<<"$DAEMON_HELP" && DAEMON_ARGS+=(--scan-interval-ms 200)
 grep -q -- '--exited-linger' <<<"$DAEMON_HELP" && DAEMON_ARGS+=(--exited-linger 1800)
 if [[ -x $DAEMON ]]; then

@@ -76,7 +76,7 @@ echo "== devices"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
-"$DAEMON" --socket "$RUN_DIR/cuwardend.sock" >"$WORK/daemon.log" 2>&1 &
+"$DAEMON" --run-dir "$RUN_DIR" >"$WORK/daemon.log" 2>&1 &
 DAEMON_PID=$!
 sleep 0.5
 

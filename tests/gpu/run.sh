@@ -38,7 +38,7 @@ TEE_PID=$!
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-gpu.XXXXXX")   # private: logs, captures
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-run.XXXXXX") # private CUWARDEN_RUN_DIR
-SOCK="$RUN_DIR/cuwardend.sock"
+SOCK="$RUN_DIR/daemon/cuwardend.sock"
 export CUWARDEN_RUN_DIR="$RUN_DIR"
 DAEMON_PID=""
 TRAIN_PID=""
@@ -194,8 +194,8 @@ if [[ ! -x $DAEMON || ! -x $CLI || ! -e $LIB ]]; then
 fi
 
 section "Daemon"
-note_cmd "cuwardend --run-dir \$CUWARDEN_RUN_DIR --socket \$CUWARDEN_RUN_DIR/cuwardend.sock &"
-"$DAEMON" --run-dir "$RUN_DIR" --socket "$SOCK" >"$WORK/cuwardend.log" 2>&1 &
+note_cmd "cuwardend --run-dir \$CUWARDEN_RUN_DIR &"
+"$DAEMON" --run-dir "$RUN_DIR" >"$WORK/cuwardend.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 1 100); do
   [[ -S $SOCK ]] && break

@@ -58,7 +58,7 @@ TEST_CASE("cli.no_daemon_prints_a_plain_message_and_exits_1") {
   // The default socket comes from CUWARDEN_RUN_DIR.
   CmdResult r2 = cli({"--json"}, {"CUWARDEN_RUN_DIR=" + dir.path});
   CHECK(r2.status == 1);
-  CHECK(contains(r2.err, dir.path + "/cuwardend.sock"));
+  CHECK(contains(r2.err, dir.path + "/daemon/cuwardend.sock"));
   CmdResult r3 = cli({"events", "--socket", sock});
   CHECK(r3.status == 1);
   CHECK(contains(r3.err, "no daemon is running"));

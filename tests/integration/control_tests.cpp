@@ -989,3 +989,36 @@ TEST_CASE("control.cap_scope_process_counts_the_context_in_the_job") {
   CHECK(d.process(static_cast<uint32_t>(a.pid))["devices"][0]["used_bytes"] == 400 * kMiB);
   CHECK(a.finish() == 0);
 }
+
+TEST_CASE("control.a_flood_of_refused_requests_neither_floods_the_log_nor_hides_roots_changes") {
+  if (!is_root()) {
+    WARN("needs root (an unprivileged client beside root); skipped");
+    return;
+  }
+  SharedDir dir;
+  Child mine;
+  FakeRing rm(dir / "run", mine.pid, mine.start_time());
+  rm.device(0, 0xa0).limit.store(8 * kGiB);
+  Daemon d(dir);
+  REQUIRE(wait_until([&] { return d.state()["processes"].size() == 1u; }));
+  // Root's change first: the flood that follows must not push it out of the state's log.
+  REQUIRE(cli({"limit", std::to_string(mine.pid), "4G", "--socket", d.socket}).status == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string loop = "for i in $(seq 300); do " + std::string(CUWT_CLI) + " limit 999999 1G --socket " + d.socket +
+                           " 2>/dev/null; done";
+  CmdResult flood = run_as(kNobody, {"/bin/sh", "-c", loop}, 120000);
+  REQUIRE(flood.status != -1);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string log = slurp(d.log);
+  int lines = 0;
+  for (std::size_t at = 0; (at = log.find("limit failed: uid 65534", at)) != std::string::npos; ++at) ++lines;
+  INFO(lines << " lines for 300 refused requests in " << seconds << " s");
+  CHECK(lines >= 1);
+  CHECK(lines <= static_cast<int>(seconds) + 2);  // one a second per uid
+  if (seconds > 1.5) CHECK(contains(log, "more from uid 65534 not logged"));
+  const json st = d.state();
+  bool roots = false;
+  for (const auto& c : st["limit_changes"])
+    roots = roots || (c["outcome"] == "changed" && c["by_uid"] == 0);
+  CHECK(roots);
+}

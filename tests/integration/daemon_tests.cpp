@@ -5,11 +5,13 @@
 #include <catch2/catch.hpp>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include <map>
 
+#include "cuw/job.hpp"
 #include "daemon_test_support.hpp"
 
 using namespace cuwt;
@@ -582,4 +584,48 @@ TEST_CASE("daemon.idle_socket_and_http_threads_sleep_until_a_client_comes") {
   INFO(why);
   REQUIRE(m);
   CHECK(json::parse(m->body)["processes"].size() == 1);
+}
+
+TEST_CASE("daemon.a_bad_file_is_not_probed_in_a_loop") {
+  // The daemon's probe of a bad file once opened it for writing; the close raised
+  // IN_CLOSE_WRITE, which woke the next scan and its probe: a core busy for ever. Counted
+  // here by the events themselves: no load can make a loop look like quiet or quiet a loop.
+  TempDir dir;
+  Daemon d(dir);
+  const std::string uid = std::to_string(::getuid());
+  const auto write_file = [&](const std::string& name, const std::string& bytes) {
+    const std::string path = d.run_dir + "/" + name;
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+    ::close(fd);
+  };
+  write_file("job-" + uid + "-empty.cwj", "");                                    // a member killed before sizing it
+  write_file("job-" + uid + "-short.cwj", std::string(100, 'x'));                 // the wrong size
+  write_file("job-" + uid + "-junk.cwj", std::string(cuw::job::file_size(), '\xff'));  // the right size, bad content
+  write_file("ring-999999-1.cwr", std::string(100, 'x'));                         // too small for a ring
+  REQUIRE(wait_until([&] {
+    const json st = d.state();
+    int found = 0;
+    for (const auto& p : st["problems"]) {
+      const std::string path = p["path"].get<std::string>();
+      found += path.find("-short.cwj") != std::string::npos || path.find("-junk.cwj") != std::string::npos;
+    }
+    return found == 2;
+  }));
+  const int in = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  REQUIRE(in >= 0);
+  REQUIRE(::inotify_add_watch(in, d.run_dir.c_str(), IN_CLOSE_WRITE) >= 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ::usleep(2'000'000);
+  const double window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int closes = 0;
+  alignas(inotify_event) char buf[65536];
+  for (ssize_t n; (n = ::read(in, buf, sizeof buf)) > 0;)
+    for (char* p = buf; p < buf + n; p += sizeof(inotify_event) + reinterpret_cast<inotify_event*>(p)->len) ++closes;
+  ::close(in);
+  // Only the job file whose content failed is opened for writing again, once a second.
+  INFO(closes << " closes after writing in " << window_s << " s");
+  CHECK(closes <= static_cast<int>(window_s) + 2);
+  CHECK(d.alive());
 }

@@ -145,7 +145,7 @@ def metric(text, name, **labels):
 def sse_reader(env, path, headers, out, stop):
     """Read server-sent events into `out` (dicts with id/event/data) until `stop` is set."""
     s = socket.create_connection(("127.0.0.1", env.port), timeout=10)
-    req = f"GET {path} HTTP/1.1\r\nHost: x\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{env.port}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     s.sendall(req.encode())
     buf = b""
     s.settimeout(0.2)
@@ -190,6 +190,11 @@ def mode_api(args):
             t, "cuwarden_ooms_total", cuwarden_job="") else None)(e.get("/metrics")[2].decode()))
         status, headers, _ = e.get("/metrics")
         check(headers.get("Content-Type", "").startswith("text/plain; version=0.0.4"), "/metrics is Prometheus text 0.0.4")
+        # DNS rebinding: a page whose name now points here names itself in Host, and is refused.
+        for host, want in (("attacker.example", 421), (f"attacker.example:{e.port}", 421), ("localhost", 200),
+                           (f"127.0.0.1:{e.port}", 200), (f"[::1]:{e.port}", 200)):
+            got = e.get("/api/v1/state", headers={"Host": host})[0]
+            check(got == want, f"Host: {host} is answered {want} (got {got})")
         check(metric(text, "cuwarden_process_memory_used_bytes", pid=pid, gpu=0, cuwarden_job="slurm-4242",
                      slurm_job_id="4242") == 16 << 20,
               "used bytes of the capped program, labelled with its GPU, its job and the Slurm job id")

@@ -53,7 +53,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="cuwt-snap-")
     run = os.path.join(tmp, "run")
     os.makedirs(run)
-    sock = os.path.join(run, "cuwardend.sock")
+    sock = os.path.join(run, "daemon", "cuwardend.sock")
     env = dict(os.environ)
     env.update({"LD_LIBRARY_PATH": args.fakecuda, "CUWARDEN_RUN_DIR": run})
     app_env = dict(env)
@@ -83,7 +83,7 @@ def main():
         ask("churn 20000", "churned")  # 40,000 events, no daemon: the 16,384-slot ring drops
         check("big_buffer" in lines and "small_buffers" in lines, "the program printed its allocation lines")
 
-        daemon = subprocess.Popen([args.daemon, "--run-dir", run, "--socket", sock, "--log-level", "info",
+        daemon = subprocess.Popen([args.daemon, "--run-dir", run, "--log-level", "info",
                                    "--leak-sample", "1"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "d.log"), "w"))
         for _ in range(200):

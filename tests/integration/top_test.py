@@ -90,7 +90,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="cuwt-top-")
     run = os.path.join(tmp, "run")
     os.makedirs(run)
-    sock = os.path.join(run, "cuwardend.sock")
+    sock = os.path.join(run, "daemon", "cuwardend.sock")
     env = dict(os.environ)
     env.update({"LD_LIBRARY_PATH": args.fakecuda, "CUWARDEN_RUN_DIR": run, "CUWARDEN_FAKE_MEMORY": "1G"})
     for k in ("LD_PRELOAD", "CUWARDEN_LIMIT", "CUWARDEN_POOL", "CUWARDEN_JOB", "CUWARDEN_CALLSITES"):
@@ -106,7 +106,7 @@ def main():
             check(r.returncode == 1 and "no daemon is running" in r.stderr and "cuwardend" in r.stderr
                   and r.stdout == "", f"`cuwarden {' '.join(argv)}` without a daemon: the message, exit 1")
 
-        daemon = subprocess.Popen([args.daemon, "--run-dir", run, "--socket", sock, "--no-nvml",
+        daemon = subprocess.Popen([args.daemon, "--run-dir", run, "--no-nvml",
                                    "--scan-interval-ms", "100"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "d.log"), "w"))
 

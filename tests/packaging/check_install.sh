@@ -35,7 +35,9 @@ done
 [[ $(stat -c %a "$lib") == 644 ]] || fail "library mode $(stat -c %a "$lib"), want 644"
 grep -qx "ExecStart=\"$P/bin/cuwardend\" --config \"$P/etc/cuwarden/cuwarden.toml\" --http 127.0.0.1:9477" "$P/lib/systemd/system/cuwardend.service" \
   || fail "unit's ExecStart does not name this prefix: $(grep ExecStart "$P/lib/systemd/system/cuwardend.service")"
-for bad in RuntimeDirectory PrivateDevices DynamicUser ProtectProc; do
+grep -qx 'RuntimeDirectory=cuwarden' "$P/lib/systemd/system/cuwardend.service" \
+  || fail "the unit does not make the socket's directory /run/cuwarden (RuntimeDirectory=cuwarden)"
+for bad in PrivateDevices DynamicUser ProtectProc; do
   ! grep -q "^$bad=" "$P/lib/systemd/system/cuwardend.service" || fail "unit sets $bad="
 done
 echo "ok: layout ($lib)"
@@ -45,6 +47,10 @@ if command -v systemd-analyze >/dev/null; then
     || { cat "$T/verify.log"; fail "systemd-analyze verify"; }
   [[ ! -s $T/verify.log ]] || { cat "$T/verify.log"; fail "systemd-analyze verify warned"; }
   echo "ok: systemd-analyze verify"
+  # The sandbox's exposure, as systemd scores it: at most 3.0 ("OK").
+  systemd-analyze security --offline=yes --threshold=30 "$P/lib/systemd/system/cuwardend.service" >"$T/security.log" 2>&1 \
+    || { cat "$T/security.log"; fail "systemd-analyze security scores the unit over 3.0"; }
+  echo "ok: systemd-analyze security: $(grep -o 'exposure level.*' "$T/security.log")"
 else
   echo "skip: systemd-analyze not installed"
 fi
@@ -71,7 +77,7 @@ start_daemon() {  # policy file
   "$P/bin/cuwardend" --config "$1" --run-dir "$T/run" --no-nvml >>"$T/d.log" 2>&1 &
   DAEMON_PID=$!
   for _ in $(seq 1 100); do
-    [[ -S $T/run/cuwardend.sock ]] && return 0
+    [[ -S $T/run/daemon/cuwardend.sock ]] && return 0
     kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$T/d.log"; fail "cuwardend exited on $1"; }
     sleep 0.05
   done

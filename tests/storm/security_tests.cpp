@@ -1,7 +1,9 @@
 // cuwarden security checks on the daemon: the run directory's mode and type, the socket's
 // mode and no symlink followed, and rings that claim another user's process.
 #include <grp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -107,4 +109,139 @@ TEST_CASE("security.a_ring_named_after_another_users_process_is_never_trusted") 
   Child mine;
   FakeRing ok(d.run_dir, static_cast<uint32_t>(mine.pid), mine.start_time());
   REQUIRE(wait_until([&] { return !d.process(static_cast<uint32_t>(mine.pid)).is_null(); }));
+}
+
+namespace {
+/// A process of uid `uid` that listens on `path` and answers every connection with garbage:
+/// another user's impostor on the daemon's socket name. Killed and reaped on destruction.
+struct Squatter {
+  pid_t pid = -1;
+  Squatter(const std::string& path, uid_t uid) {
+    int ready[2];
+    if (::pipe2(ready, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+    pid = ::fork();
+    if (pid == 0) {
+      // Only system calls from here on: the test process has threads.
+      ::signal(SIGPIPE, SIG_IGN);  // a client that closes first must not end it
+      if (::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0) ::_exit(2);
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+      if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 8) != 0) ::_exit(3);
+      (void)!::write(ready[1], "r", 1);
+      for (;;) {
+        const int c = ::accept(fd, nullptr, nullptr);
+        if (c < 0) continue;
+        char junk[64] = "forged";
+        (void)!::read(c, junk, sizeof junk);
+        (void)!::write(c, junk, sizeof junk);
+        ::close(c);
+      }
+    }
+    ::close(ready[1]);
+    char r = 0;
+    const bool ok = ::read(ready[0], &r, 1) == 1;
+    ::close(ready[0]);
+    if (!ok) throw std::runtime_error("the squatter could not bind " + path);
+  }
+  ~Squatter() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+}  // namespace
+
+TEST_CASE("security.a_squatter_on_the_socket_name_neither_answers_root_nor_blocks_the_daemon") {
+  if (getuid() != 0) {
+    WARN("needs root (a second user's impostor, a root daemon); skipped");
+    return;
+  }
+  TempDir dir;
+  REQUIRE(::chmod(dir.path.c_str(), 0755) == 0);
+  // A sticky world-writable directory such as the run directory: anyone may bind a name there.
+  const std::string shared = dir / "shared", sock = shared + "/cuwardend.sock";
+  REQUIRE(::mkdir(shared.c_str(), 01777) == 0);
+  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  Squatter bob(sock, 65534);
+  // Root's CLI sends nothing to it and says why.
+  auto r = run_cmd({CUWT_CLI, "--socket", sock, "--json"});
+  CHECK(r.status == 1);
+  CHECK(r.err.find("served by uid 65534") != std::string::npos);
+  CHECK(r.err.find("not believed") != std::string::npos);
+  // A root daemon takes the name back and serves.
+  const std::string log = dir / "daemon.log";
+  Child daemon({"/bin/sh", "-c",
+                std::string("exec ") + CUWT_DAEMON + " --run-dir " + (dir / "run") + " --socket " + sock +
+                    " --no-nvml --log-level debug 2>" + log});
+  REQUIRE(wait_until([&] {
+    std::string why;
+    return cuw::proto::request(sock, cuw::proto::Command::get_state, "{}", 1000, &why).has_value();
+  }, 20000));
+  CHECK(slurp(log).find("served by uid 65534") != std::string::npos);
+  CHECK(run_cmd({CUWT_CLI, "--socket", sock, "--json"}).status == 0);
+}
+
+TEST_CASE("security.the_default_socket_lives_in_a_directory_only_the_daemon_writes") {
+  TempDir dir;
+  REQUIRE(::chmod(dir.path.c_str(), 0755) == 0);
+  const std::string run = dir / "run";
+  const std::string sockdir = run + "/daemon";
+  const bool root = getuid() == 0;
+  if (root) {
+    // Another user got there first: their directory is renamed aside, not used.
+    REQUIRE(::mkdir(run.c_str(), 01777) == 0);
+    REQUIRE(::chmod(run.c_str(), 01777) == 0);
+    REQUIRE(::mkdir(sockdir.c_str(), 0777) == 0);
+    REQUIRE(::chown(sockdir.c_str(), 65534, 65534) == 0);
+  }
+  const std::string log = dir / "daemon.log";
+  Child daemon({"/bin/sh", "-c",
+                std::string("exec env -u CUWARDEN_SOCKET CUWARDEN_RUN_DIR=") + run + " " + CUWT_DAEMON +
+                    " --no-nvml --log-level debug 2>" + log});
+  const std::string sock = sockdir + "/cuwardend.sock";
+  REQUIRE(wait_until([&] {
+    std::string why;
+    return cuw::proto::request(sock, cuw::proto::Command::get_state, "{}", 1000, &why).has_value();
+  }, 20000));
+  struct stat st{};
+  REQUIRE(::lstat(sockdir.c_str(), &st) == 0);
+  CHECK(S_ISDIR(st.st_mode));
+  CHECK(st.st_uid == getuid());
+  CHECK((st.st_mode & 0777) == 0755);
+  if (root) CHECK(slurp(log).find("renamed it to") != std::string::npos);
+  // The CLI finds it by the same rule, from CUWARDEN_RUN_DIR alone.
+  auto r = run_cmd({"/usr/bin/env", "-u", "CUWARDEN_SOCKET", CUWT_CLI, "--json"}, {"CUWARDEN_RUN_DIR=" + run});
+  CHECK(r.status == 0);
+  ::kill(daemon.pid, SIGTERM);
+}
+
+TEST_CASE("security.root_in_another_pid_namespace_is_not_root_to_the_daemon") {
+  // A container's root (a pod without hostPID that reaches the socket) is uid 0 too: by uid
+  // alone it could lift any cap on the node.
+  if (getuid() != 0) {
+    WARN("needs root (unshare --pid); skipped");
+    return;
+  }
+  if (run_cmd({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "/bin/true"}).status != 0) {
+    WARN("unshare --pid --fork --mount-proc is not allowed here; skipped");
+    return;
+  }
+  TempDir dir;
+  Daemon d(dir);
+  Child victim;
+  FakeRing ring(d.run_dir, static_cast<uint32_t>(victim.pid), victim.start_time());
+  ring.device(0, 0x40).limit.store(1ull << 30);
+  REQUIRE(wait_until([&] { return !d.process(static_cast<uint32_t>(victim.pid)).is_null(); }));
+  const std::string pid = std::to_string(victim.pid);
+  auto inside = run_cmd({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", CUWT_CLI, "--socket", d.socket, "limit",
+                         pid, "none"});
+  INFO(inside.err);
+  CHECK(inside.status != 0);  // pid N of its own namespace is no process of ours: refused or not found
+  CHECK(ring.h->devices[0].limit.load() == 1ull << 30);
+  // The same request from the daemon's own namespace is root's, and is carried out.
+  auto host = run_cmd({CUWT_CLI, "--socket", d.socket, "limit", pid, "none"});
+  INFO(host.err);
+  CHECK(host.status == 0);
+  CHECK(ring.h->devices[0].limit.load() == cuw::ring::kNoLimit);
 }

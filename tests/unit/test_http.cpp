@@ -102,6 +102,23 @@ TEST_CASE("http: malformed requests get their status and a reason", "[http]") {
   CHECK(parse("GET /" + std::string(kMaxRequestTarget, 'a') + " HTTP/1.1\r\n\r\n").status == 414);
 }
 
+TEST_CASE("http: only addresses, localhost and the names given are served as Host (no DNS rebinding)", "[http]") {
+  const std::vector<std::string> names{"gpu7.example.org"};
+  for (const char* ok : {"", "127.0.0.1", "127.0.0.1:9477", "10.1.2.3:80", "[::1]", "[::1]:9477", "localhost",
+                         "LOCALHOST:9477", "gpu7.example.org", "GPU7.Example.Org:9477"})
+    CHECK(cuw::daemon::host_allowed(ok, names));
+  for (const char* bad : {"attacker.example", "attacker.example:9477", "127.0.0.1.nip.io", "localhost.attacker.example",
+                          "[::1", "[not-an-address]:1", "gpu7.example.org.attacker.example"})
+    CHECK_FALSE(cuw::daemon::host_allowed(bad, names));
+  cuw::daemon::HttpRequest req;
+  std::size_t consumed = 0;
+  int status = 0;
+  std::string why;
+  REQUIRE(cuw::daemon::parse_http_request("GET / HTTP/1.1\r\nHost: attacker.example:9477\r\n\r\n", &req, &consumed,
+                                          &status, &why) == cuw::daemon::HttpParse::ok);
+  CHECK(req.host == "attacker.example:9477");
+}
+
 TEST_CASE("series: a point only when a value changes and the last sample before the change", "[http][series]") {
   Series<2> s;
   const std::array<bool, 2> max{true, false};

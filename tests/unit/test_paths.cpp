@@ -31,7 +31,29 @@ TEST_CASE("process start time is read from /proc and changes with the process", 
 TEST_CASE("run dir honours CUWARDEN_RUN_DIR", "[paths]") {
   ::setenv("CUWARDEN_RUN_DIR", "/tmp/cuw-test-dir//", 1);
   CHECK(cuw::paths::run_dir() == "/tmp/cuw-test-dir");
-  CHECK(cuw::paths::socket_path() == "/tmp/cuw-test-dir/cuwardend.sock");
+  CHECK(cuw::paths::socket_path() == "/tmp/cuw-test-dir/daemon/cuwardend.sock");
+  ::setenv("CUWARDEN_SOCKET", "/tmp/elsewhere.sock", 1);
+  CHECK(cuw::paths::socket_path() == "/tmp/elsewhere.sock");
+  ::unsetenv("CUWARDEN_SOCKET");
   ::unsetenv("CUWARDEN_RUN_DIR");
   CHECK(cuw::paths::run_dir() == cuw::paths::kDefaultRunDir);
+  CHECK(cuw::paths::socket_path() == "/run/cuwarden/cuwardend.sock");
+}
+
+TEST_CASE("the socket's place: one rule for daemon, CLI and interposer", "[paths]") {
+  using cuw::paths::socket_path_for;
+  CHECK(socket_path_for("/x/s.sock", "/r") == "/x/s.sock");
+  CHECK(socket_path_for("", "/r/") == "/r/daemon/cuwardend.sock");
+  CHECK(socket_path_for(nullptr, "/r") == "/r/daemon/cuwardend.sock");
+  // No run directory, or the default one (world-writable): the root-only directory.
+  CHECK(socket_path_for(nullptr, nullptr) == "/run/cuwarden/cuwardend.sock");
+  CHECK(socket_path_for("", "") == "/run/cuwarden/cuwardend.sock");
+  CHECK(socket_path_for(nullptr, cuw::paths::kDefaultRunDir) == "/run/cuwarden/cuwardend.sock");
+}
+
+TEST_CASE("a socket's directory is believed when root or the caller owns it", "[paths]") {
+  std::string why;
+  CHECK(cuw::paths::trusted_socket_dir("/proc/x.sock", &why));  // root's
+  CHECK_FALSE(cuw::paths::trusted_socket_dir("/nonexistent-cuw-dir/x.sock", &why));
+  CHECK(why.find("/nonexistent-cuw-dir") != std::string::npos);
 }

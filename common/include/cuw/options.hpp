@@ -63,7 +63,10 @@ namespace cuw::options {
     "event timestamps: kernel tick, CPU counter, or a system call each", "")                                           \
   X(CUWARDEN_LOG, "warn", "`trace`, `debug`, `info`, `warn`, `error`, `off`", "the library's log level", "")           \
   X(CUWARDEN_LOG_FILE, "", "a path", "the library's log file, appended to (unset: standard error)", "")                \
-  X(CUWARDEN_RUN_DIR, "/dev/shm/cuwarden", "a path", "where rings, job files and the daemon's socket live", "")
+  X(CUWARDEN_RUN_DIR, "/dev/shm/cuwarden", "a path", "where rings, job files and live segments live", "")           \
+  X(CUWARDEN_SOCKET, "", "a path",                                                                                     \
+    "the daemon's socket (unset: `/run/cuwarden/cuwardend.sock`, or `daemon/cuwardend.sock` in a run directory set)",  \
+    "")
 
 /// One row of CUW_OPTIONS. Every field is a NUL-terminated literal with static storage.
 struct Option {

@@ -23,8 +23,31 @@ std::string run_dir();
 /// lone "/" stays), or kDefaultRunDir when `value` is null or empty. Never empty.
 std::string run_dir_from(const char* value);
 
-/// run_dir() + "/cuwardend.sock".
+/// Where a root daemon serves when no run directory is set: a directory only root can write,
+/// apart from the world-writable run directory, so no user can bind the socket's name first.
+inline constexpr const char* kDefaultSocketDir = "/run/cuwarden";
+/// The socket's directory inside a run directory that is set: owned by the daemon's uid, 0755.
+inline constexpr const char* kRunDirSocketDir = "daemon";
+
+/// The daemon's socket by the one rule every part follows (daemon, CLI, interposer, tests):
+/// `socket` when non-empty (CUWARDEN_SOCKET, --socket); else, when `run_dir` is set and is
+/// not kDefaultRunDir, `<run_dir>/daemon/cuwardend.sock`; else
+/// `/run/cuwarden/cuwardend.sock`. `socket` and `run_dir` may be null. Pure; allocates.
+std::string socket_path_for(const char* socket, const char* run_dir);
+
+/// socket_path_for(CUWARDEN_SOCKET, CUWARDEN_RUN_DIR), both read with secure_getenv.
 std::string socket_path();
+
+/// Whether a client may believe what is said at socket `path`: its directory (lstat, no link
+/// followed) belongs to root or to the caller's effective uid. False with *why set
+/// ("/x is owned by uid 1002, not root or you") otherwise; a missing directory is false too.
+/// Thread-safe; one system call.
+bool trusted_socket_dir(const std::string& path, std::string* why);
+
+/// Whether the server on connected unix socket `fd` may be believed: its credentials
+/// (SO_PEERCRED, taken when it listened) name root or the caller's effective uid. False with
+/// *why set otherwise. Thread-safe; one system call.
+bool trusted_peer(int fd, std::string* why);
 
 /// File name (no directory) of a process's ring: "ring-<pid>-<starttime>.cwr".
 std::string ring_file_name(uint32_t pid, uint64_t start_time);
@@ -47,6 +70,16 @@ bool process_stat(uint32_t pid, char* state, uint64_t* start_time);
 /// a file, like process_start_time(). Assumes the writer's pid namespace is ours, as the
 /// daemon does for every ring.
 bool process_gone(uint32_t pid, uint64_t start_time);
+
+/// Inode of the pid namespace process `pid` (as this process numbers it) lives in, from
+/// /proc/<pid>/ns/pid; 0 when the process is gone or its namespace may not be read (another
+/// user's process without CAP_SYS_PTRACE). Opens no file; one stat.
+uint64_t pid_namespace(uint32_t pid);
+
+/// Process `pid`'s number in its own, innermost pid namespace: the last field of the
+/// "NSpid:" line of /proc/<pid>/status (pid itself when it shares ours); 0 when unknown.
+/// Opens a file, like process_start_time().
+uint32_t innermost_pid(uint32_t pid);
 
 /// Removes from run directory `dir` the rings of processes that are gone (process_gone) and
 /// whose files belong to user `uid` (any user's when `uid` is 0): a process killed while

@@ -194,8 +194,6 @@ constexpr const CommandInfo* find_command(uint16_t number) noexcept {
   return nullptr;
 }
 
-/// Default socket path: $CUWARDEN_RUN_DIR/cuwardend.sock (see paths.hpp).
-
 /// Write header + body (at most kMaxReplyBody) to a connected stream socket, retrying on EINTR and short writes.
 /// Returns false on any error (the peer went away). Blocking; `timeout_ms` bounds each poll.
 bool send_message(int fd, Command cmd, uint32_t seq, const std::string& body, int timeout_ms) noexcept;
@@ -211,7 +209,8 @@ struct Message {
 /// (if given) says which, for logs.
 std::optional<Message> recv_message(int fd, int timeout_ms, std::string* why = nullptr, uint32_t max_body = kMaxBody);
 
-/// Client helper: connect to `socket_path`, send one request and wait for the reply.
+/// Client helper: connect to `socket_path`, send one request and wait for the reply. Sends
+/// nothing to a server it may not believe (paths::trusted_socket_dir, paths::trusted_peer).
 /// Returns nullopt and sets *why on failure ("no daemon at PATH: ...").
 std::optional<Message> request(const std::string& socket_path, Command cmd, const std::string& body,
                                int timeout_ms, std::string* why);

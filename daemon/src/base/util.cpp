@@ -9,6 +9,9 @@
 #include <mutex>
 #include <vector>
 
+#include "cuw/ring.hpp"
+#include "cuw/size.hpp"
+
 namespace cuw::daemon {
 
 uint64_t now_ns() noexcept {
@@ -86,5 +89,7 @@ std::string host_name() {
   if (gethostname(buf, sizeof buf - 1) != 0) return "";
   return buf;
 }
+
+std::string cap_text(uint64_t bytes) { return bytes == ring::kNoLimit ? "none" : format_bytes(bytes); }
 
 }  // namespace cuw::daemon

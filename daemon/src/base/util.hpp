@@ -34,6 +34,9 @@ std::string user_name(uint32_t uid);
 /// The uid of login name `name`, if there is such a user.
 std::optional<uint32_t> uid_of(const std::string& name);
 
+/// A cap as a log line says it: "none" for no cap (the ring's all-ones), else its size.
+std::string cap_text(uint64_t bytes);
+
 /// The host name, "" if unknown.
 std::string host_name();
 

@@ -30,8 +30,7 @@ namespace cuw::daemon {
 namespace {
 
 constexpr std::size_t kLimitLog = 256;
-
-std::string cap_text(uint64_t v) { return v == ring::kNoLimit ? "none" : format_bytes(v); }
+constexpr std::size_t kRefusalLog = 64;
 
 /// A refusal or failure, thrown out of the checks and caught by Registry::set_limit.
 struct Stop {
@@ -146,9 +145,9 @@ void Registry::apply_policy(Process& p) {
   }
 }
 
-Registry::Process* Registry::find_running(uint32_t pid) {
+Registry::Process* Registry::find_running(const Peer& peer, uint32_t pid) {
   for (auto& [name, p] : procs_)
-    if (p->pid == pid && !p->exited) {
+    if (!p->exited && peer_means(peer, pid, p->pid)) {
       // A header that faults is dropped at the next scan; until then it is not running.
       if (check_exit(*p, mono_ns()) && !p->exited) return p.get();
     }
@@ -173,8 +172,39 @@ void Registry::record_change(Process* p, int device, uint64_t old_limit, uint64_
 }
 
 void Registry::log_limit(LimitChange entry) {
-  limit_log_.push_back(std::move(entry));
-  while (limit_log_.size() > kLimitLog) limit_log_.pop_front();
+  // Refusals and failures of unprivileged requests go to a log of their own, so that a user
+  // who sends thousands cannot push root's changes and the policy's out of the one kept.
+  const bool noise = entry.outcome != "changed" && entry.by_uid.value_or(0) != 0;
+  auto& log = noise ? refusal_log_ : limit_log_;
+  log.push_back(std::move(entry));
+  while (log.size() > (noise ? kRefusalLog : kLimitLog)) log.pop_front();
+}
+
+void Registry::warn_refusal(const Peer& peer, const std::string& line) {
+  // At most one line a second per uid: the rest are counted and said with the next one.
+  if (peer.root()) return spdlog::warn("{}", line);
+  const uint32_t uid = peer.known ? peer.uid : Peer::kUnknownUid;
+  const uint64_t mono = mono_ns();
+  if (refusal_rate_.size() > 4096) refusal_rate_.clear();
+  auto& [last, suppressed] = refusal_rate_[uid];
+  if (last != 0 && mono - last < 1'000'000'000) {
+    ++suppressed;
+    return;
+  }
+  if (suppressed) spdlog::warn("{} ({} more from uid {} not logged)", line, suppressed, uid);
+  else spdlog::warn("{}", line);
+  last = mono;
+  suppressed = 0;
+}
+
+bool Registry::rescan_for_request() {
+  // A request for a process or job not yet seen rescans the run directory, at most ten times
+  // a second: a client asking about missing pids in a loop must not keep the loop scanning.
+  const uint64_t mono = mono_ns();
+  if (request_scan_mono_ != 0 && mono - request_scan_mono_ < 100'000'000) return false;
+  request_scan_mono_ = mono;
+  scan();
+  return true;
 }
 
 std::string Registry::log_outcome(LimitChange& entry, const char* outcome, const std::string& why) {
@@ -203,24 +233,21 @@ LimitResult Registry::set_process_limit(const Peer& peer, const std::string& who
   if (device >= 0) entry.device = static_cast<uint32_t>(device);
   entry.asked = ask.str();
   auto refuse = [&](const std::string& why) -> Stop {
-    spdlog::warn("limit refused: {} asked {} {}-> {}: {}", who, target, device >= 0 ? fmt::format("device {} ", device) : "",
-                 ask.str(), why);
+    warn_refusal(peer, fmt::format("limit refused: {} asked {} {}-> {}: {}", who, target,
+                                   device >= 0 ? fmt::format("device {} ", device) : "", ask.str(), why));
     return Stop{LimitResult::Outcome::refused, log_outcome(entry, "refused", why)};
   };
   auto fail = [&](const std::string& why) -> Stop {
-    spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    warn_refusal(peer, fmt::format("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why));
     return Stop{LimitResult::Outcome::failed, log_outcome(entry, "failed", why)};
   };
 
-  Process* p = find_running(pid);
-  if (!p) {
-    scan();  // a process that started a moment ago may not have been discovered yet
-    p = find_running(pid);
-  }
+  Process* p = find_running(peer, pid);
+  if (!p && rescan_for_request()) p = find_running(peer, pid);  // one that started a moment ago
   if (!p) throw fail(fmt::format("no running process with pid {} under cuwarden (it has no ring in {})", pid, opt_.run_dir));
-  if (!peer.root() && (!peer.known || peer.uid != p->uid))
-    throw refuse(fmt::format("pid {} belongs to uid {} ({}); only root or its owner may change its cap", pid, p->uid,
-                             p->user));
+  if (!peer_owns(peer, p->uid, p->pid))
+    throw refuse(fmt::format("pid {} belongs to uid {} ({}){}; only root or its owner may change its cap", pid, p->uid,
+                             p->user, peer.same_pidns ? "" : " or to another pid namespace than yours"));
 
   RingSnapshot s;
   if (!p->ring->snapshot(s)) throw fail(fmt::format("pid {}'s ring could not be read", pid));
@@ -329,21 +356,24 @@ LimitResult Registry::set_job_limit(const Peer& peer, const std::string& who, co
   entry.uid = uid;
   entry.asked = ask.str();
   auto refuse = [&](const std::string& why) -> Stop {
-    spdlog::warn("limit refused: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    warn_refusal(peer, fmt::format("limit refused: {} asked {} -> {}: {}", who, target, ask.str(), why));
     return Stop{LimitResult::Outcome::refused, log_outcome(entry, "refused", why)};
   };
   auto fail = [&](const std::string& why) -> Stop {
-    spdlog::warn("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why);
+    warn_refusal(peer, fmt::format("limit failed: {} asked {} -> {}: {}", who, target, ask.str(), why));
     return Stop{LimitResult::Outcome::failed, log_outcome(entry, "failed", why)};
   };
   if (!peer.root() && (!peer.known || peer.uid != uid))
     throw refuse(fmt::format("job '{}' belongs to uid {} ({}); only root or its owner may change its cap", name, uid,
                              user_name(uid)));
+  // A job's members may live in several pid namespaces, and a container's uid is shared by
+  // every container that runs as it: from another namespace than the daemon's, only a
+  // process's own cap may be changed.
+  if (!peer.same_pidns)
+    throw refuse("a job's cap can be changed from the host's pid namespace only (from a container, change a "
+                 "process's cap: cuwarden limit PID SIZE)");
   JobTable::Job* j = jobs_.find(uid, name);
-  if (!j) {
-    scan();  // a job that started a moment ago
-    j = jobs_.find(uid, name);
-  }
+  if (!j && rescan_for_request()) j = jobs_.find(uid, name);  // a job that started a moment ago
   if (!j)
     throw fail(fmt::format("no job '{}' of user {} (no {} in {})", name, user_name(uid), job::file_name(uid, name),
                            opt_.run_dir));

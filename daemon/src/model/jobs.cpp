@@ -18,8 +18,6 @@ namespace cuw::daemon {
 
 namespace {
 
-std::string cap_text(uint64_t v) { return v == job::kNoLimit ? "none" : format_bytes(v); }
-
 constexpr uint64_t kProcRecheckNs = 5'000'000'000;
 
 }  // namespace
@@ -41,8 +39,9 @@ void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy*
   }
   faulted_.clear();
   for (auto it = problems_.begin(); it != problems_.end();) it = names.count(it->first) ? std::next(it) : problems_.erase(it);
+  for (auto it = refused_.begin(); it != refused_.end();) it = names.count(it->first) ? std::next(it) : refused_.erase(it);
   for (const auto& n : names)
-    if (!jobs_.count(n)) try_open(dirfd, n);
+    if (!jobs_.count(n)) try_open(dirfd, n, now_ns);
 
   for (auto& kv : jobs_) {
     const std::string& file = kv.first;
@@ -110,7 +109,26 @@ bool JobTable::try_remove(int dirfd, Job& j) {
   return removed;
 }
 
-void JobTable::try_open(int dirfd, const std::string& file) {
+namespace {
+
+/// Why a job file named for `uid` is refused by what fstat says of it alone, or "".
+std::string refusal_by_stat(const struct stat& st, uint32_t uid) {
+  if (S_ISLNK(st.st_mode)) return "is a symbolic link (refused)";
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  if (st.st_uid != uid)
+    return "named for uid " + std::to_string(uid) + " but belongs to uid " + std::to_string(st.st_uid) + " (refused)";
+  if (st.st_nlink != 1)
+    return "has " + std::to_string(st.st_nlink) + " hard links (refused: it may be another file under a job's name)";
+  if (st.st_mode & 077)
+    return "readable or writable by other users (mode " + fmt::format("{:o}", st.st_mode & 0777) + "; refused)";
+  if (st.st_size != 0 && static_cast<uint64_t>(st.st_size) != job::file_size())
+    return "size " + std::to_string(st.st_size) + " bytes, expected " + std::to_string(job::file_size());
+  return "";
+}
+
+}  // namespace
+
+void JobTable::try_open(int dirfd, const std::string& file, uint64_t now_ns) {
   uint32_t uid = 0;
   std::string name;
   if (!job::parse_file_name(file, &uid, &name)) {
@@ -126,41 +144,44 @@ void JobTable::try_open(int dirfd, const std::string& file) {
     if (slot != why) spdlog::warn("job file {}: {}", file, why);
     slot = why;
   };
+  struct stat st{};
+  if (fstatat(dirfd, file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished
+  const std::array<int64_t, 4> id{static_cast<int64_t>(st.st_dev), static_cast<int64_t>(st.st_ino),
+                                  static_cast<int64_t>(st.st_size),
+                                  int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+  if (auto r = refused_.find(file);
+      r != refused_.end() && r->second.id == id && (r->second.lasting || now_ns - r->second.probed_ns < kRetryNs))
+    return;
+  auto refuse = [&](bool lasting, const std::string& why) {
+    if (refused_.size() < max_jobs_ + kMaxRefused) refused_[file] = {id, now_ns, lasting};
+    if (!why.empty()) problem(why);
+  };
+  // The file's type, owner, links, mode and size decide before any open.
+  if (const std::string why = refusal_by_stat(st, uid); !why.empty()) return refuse(true, why);
+  if (st.st_size == 0) return refuse(false, "");  // being created: its first member sizes it
   const int fd = openat(dirfd, file.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     if (errno == ENOENT) return;
-    if (errno == ELOOP) return problem("is a symbolic link (refused)");
+    if (errno == ELOOP) return refuse(true, "is a symbolic link (refused)");
     if (errno == EACCES || errno == EPERM)
-      return problem("not writable by the daemon (uid " + std::to_string(geteuid()) +
-                     "): run cuwardend as root to see and sweep other users' jobs");
-    return problem(std::string("open: ") + std::strerror(errno));
+      return refuse(true, "not writable by the daemon (uid " + std::to_string(geteuid()) +
+                              "): run cuwardend as root to see and sweep other users' jobs");
+    return refuse(false, std::string("open: ") + std::strerror(errno));
   }
-  struct stat st{};
-  std::string why;
-  if (fstat(fd, &st) != 0) why = std::string("fstat: ") + std::strerror(errno);
-  else if (!S_ISREG(st.st_mode)) why = "not a regular file";
-  else if (st.st_uid != uid)
-    why = "named for uid " + std::to_string(uid) + " but belongs to uid " + std::to_string(st.st_uid) + " (refused)";
-  else if (st.st_nlink != 1)
-    why = "has " + std::to_string(st.st_nlink) + " hard links (refused: it may be another file under a job's name)";
-  else if (st.st_mode & 077) why = "readable or writable by other users (mode " + fmt::format("{:o}", st.st_mode & 0777) + "; refused)";
-  else if (st.st_size == 0) {
-    close(fd);  // being created: its first member truncates it to size in a moment
-    return;
-  } else if (static_cast<uint64_t>(st.st_size) != job::file_size())
-    why = "size " + std::to_string(st.st_size) + " bytes, expected " + std::to_string(job::file_size());
-  if (!why.empty()) {
+  struct stat opened{};
+  if (fstat(fd, &opened) != 0 || opened.st_dev != st.st_dev || opened.st_ino != st.st_ino) {
     close(fd);
-    return problem(why);
+    return;  // replaced since the fstatat: the new file is probed at the next scan
   }
   job::Segment* seg = nullptr;
   std::string err;
   auto map = [&] { seg = job::Segment::map_fd(fd, &err); };
   const bool ok = guarded_call(map);
   close(fd);
-  if (!ok) return problem("file changed size while being mapped");
-  if (!seg) return problem(err);
+  if (!ok) return refuse(false, "file changed size while being mapped");
+  if (!seg) return refuse(false, err);
   problems_.erase(file);
+  refused_.erase(file);
   Job j;
   j.file = file;
   j.name = name;

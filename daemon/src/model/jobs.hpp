@@ -12,6 +12,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -73,7 +74,7 @@ class JobTable {
   const std::map<std::string, std::string>& problems() const noexcept { return problems_; }
 
  private:
-  void try_open(int dirfd, const std::string& file);
+  void try_open(int dirfd, const std::string& file, uint64_t now_ns);
   /// Remove an empty job's file when no member holds its lock; logs its peaks. True when removed.
   bool try_remove(int dirfd, Job& j);
   void apply_policy(Job& j, const View& v, const Policy& policy);
@@ -83,6 +84,17 @@ class JobTable {
   bool remove_ended_;
   std::map<std::string, Job> jobs_;               ///< by file name
   std::map<std::string, std::string> problems_;   ///< by file name
+  /// A file not taken, as it was when last probed: an unchanged one is not opened again (the
+  /// daemon's open for writing raises IN_CLOSE_WRITE, which wakes the scan that would open it
+  /// again, for ever), unless it failed in a way that may pass later, and then once a second.
+  struct Refused {
+    std::array<int64_t, 4> id{};  ///< device, inode, size, mtime (ns)
+    uint64_t probed_ns = 0;       ///< monotonic
+    bool lasting = false;         ///< decided by the file itself: probed again only once it changes
+  };
+  std::map<std::string, Refused> refused_;
+  static constexpr uint64_t kRetryNs = 1'000'000'000;  ///< a refusal that may pass later: retried once a second
+  static constexpr std::size_t kMaxRefused = 64;       ///< beyond max_jobs_ entries
   std::set<std::string> faulted_;                 ///< dropped on the next scan
 };
 

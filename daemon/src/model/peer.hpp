@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuw/paths.hpp"
+
 namespace cuw::daemon {
 
 /// Who is at the other end of a connection: SO_PEERCRED, taken once at accept() (the
@@ -16,7 +18,29 @@ struct Peer {
   uint32_t uid = kUnknownUid;
   uint32_t gid = kUnknownUid;
   int32_t pid = 0;
-  bool root() const noexcept { return known && uid == 0; }
+  /// Inode of the peer's pid namespace (0: unknown), and whether it is the daemon's own. A
+  /// peer from another pid namespace (a container's root included) is never root to the
+  /// daemon, and acts only on processes of its own namespace, which it numbers its own way.
+  uint64_t pidns = 0;
+  bool same_pidns = true;
+  bool root() const noexcept { return known && uid == 0 && same_pidns; }
 };
+
+/// Whether `peer`, naming pid `asked` in its own pid namespace, means the process the daemon
+/// numbers `host_pid`: the same number where the peer shares the daemon's namespace; else a
+/// process of the peer's namespace whose number there is `asked`. Reads /proc for a peer of
+/// another namespace only.
+inline bool peer_means(const Peer& peer, uint32_t asked, uint32_t host_pid) {
+  if (peer.same_pidns) return asked == host_pid;
+  return peer.pidns != 0 && paths::pid_namespace(host_pid) == peer.pidns && paths::innermost_pid(host_pid) == asked;
+}
+
+/// Whether `peer` may act on (see the call sites of, change the cap of) process `host_pid` of
+/// user `uid`: root of the daemon's namespace, or the owner from the process's own namespace.
+inline bool peer_owns(const Peer& peer, uint32_t uid, uint32_t host_pid) {
+  if (peer.root()) return true;
+  if (!peer.known || peer.uid != uid) return false;
+  return peer.same_pidns || (peer.pidns != 0 && paths::pid_namespace(host_pid) == peer.pidns);
+}
 
 }  // namespace cuw::daemon

@@ -73,7 +73,7 @@ Registry::~Registry() {
   if (dirfd_ >= 0) close(dirfd_);
 }
 
-void Registry::scan(bool listing_changed) {
+void Registry::scan(bool listing_changed, bool retry_unchanged) {
   const uint64_t mono = mono_ns();
   if (listing_changed || listed_mono_ == 0 || mono - listed_mono_ >= kFullScanNs) {
     std::set<std::string> present, job_files;
@@ -121,7 +121,7 @@ void Registry::scan(bool listing_changed) {
     forget(name, false);
   }
   for (const auto& name : present)
-    if (!procs_.count(name)) try_open(name, mono);
+    if (!procs_.count(name)) try_open(name, mono, retry_unchanged);
   // Problems whose file went away are solved.
   for (auto it = problems_.begin(); it != problems_.end();)
     it = present.count(it->first) ? std::next(it) : problems_.erase(it);
@@ -188,12 +188,19 @@ void Registry::scan(bool listing_changed) {
   jobs_.scan(dirfd_, listed_jobs_, policy_.get(), mono, running_);
 }
 
-void Registry::try_open(const std::string& name, uint64_t mono) {
+bool Registry::retry_soon() const {
+  const uint64_t mono = mono_ns();
+  for (const auto& [name, pr] : problems_)
+    if (pr.transient && mono - pr.first_seen_mono < opt_.problem_grace_ns) return true;
+  return false;
+}
+
+void Registry::try_open(const std::string& name, uint64_t mono, bool retry_unchanged) {
   struct stat st{};
   if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished
   const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   auto pit = problems_.find(name);
-  if (pit != problems_.end() && !pit->second.transient && pit->second.dev == st.st_dev &&
+  if (pit != problems_.end() && (!pit->second.transient || !retry_unchanged) && pit->second.dev == st.st_dev &&
       pit->second.ino == st.st_ino && pit->second.size == st.st_size && pit->second.mtime_ns == mtime)
     return;  // same broken file as before
 
@@ -212,6 +219,7 @@ void Registry::try_open(const std::string& name, uint64_t mono) {
     pr.size = st.st_size;
     pr.mtime_ns = mtime;
     if (changed && !transient) spdlog::warn("ring {}: {}", name, pr.reason);
+    else spdlog::debug("ring {}: {} (for now)", name, pr.reason);
   };
 
   uint32_t pid = 0;
@@ -524,6 +532,9 @@ void Registry::publish() {
 
   if (policy_) st->policy_file = policy_->file;
   st->limit_changes.assign(limit_log_.begin(), limit_log_.end());
+  st->limit_changes.insert(st->limit_changes.end(), refusal_log_.begin(), refusal_log_.end());
+  std::stable_sort(st->limit_changes.begin(), st->limit_changes.end(),
+                   [](const LimitChange& a, const LimitChange& b) { return a.time_ns < b.time_ns; });
   st->ooms.assign(oom_log_.begin(), oom_log_.end());
   st->retired = retired_;
   st->events_seq = seq_;

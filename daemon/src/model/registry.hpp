@@ -57,8 +57,15 @@ class Registry {
   /// `listing_changed` false (inotify saw nothing since the last scan): the names of the last
   /// listing stand, and neither the directory is read nor each name stat'ed (a thousand idle
   /// processes made that a quarter of an idle daemon's time); still listed afresh at least
-  /// every kFullScanNs.
-  void scan(bool listing_changed = true);
+  /// every kFullScanNs. `retry_unchanged` false (a scan woken by inotify rather than the
+  /// periodic one): a file that failed before and has not changed since (device, inode, size,
+  /// mtime) is not probed again. A file that failed for good is probed again only once it
+  /// changes; one that failed for a moment (a ring being created) also at each periodic scan.
+  void scan(bool listing_changed = true, bool retry_unchanged = true);
+  /// Whether a ring failed for a moment within problem_grace_ns (one being created, whose
+  /// producer writes its header through a mapping, which raises no inotify event): the loop
+  /// then scans again within milliseconds rather than at the next periodic scan.
+  bool retry_soon() const;
   static constexpr uint64_t kFullScanNs = 30'000'000'000ULL;
   /// Drain every ring once. Returns true if some ring had more events than one round takes
   /// (the caller should drain again soon).
@@ -116,7 +123,7 @@ class Registry {
     int64_t mtime_ns = 0;
   };
 
-  void try_open(const std::string& name, uint64_t mono);
+  void try_open(const std::string& name, uint64_t mono, bool retry_unchanged);
   /// Notice whether `p` exited (its header's mark, else its pidfd or /proc) and mark it so.
   /// A pidfd in the epoll set counts as exited when `ready` holds it (the scan's one
   /// epoll_wait); nullptr: the pidfd is polled alone. False when its header faulted: the
@@ -128,7 +135,15 @@ class Registry {
   /// Add the counters `p` last published to retired_ (before it is erased).
   void retire(const Process& p);
   void apply_policy(Process& p);
-  Process* find_running(uint32_t pid);
+  /// Puts back a cap the process raised in its own ring past its ceiling, and counts a
+  /// process the driver (NVML) sees holding more than its ceiling allows (caps_held.cpp).
+  void check_caps_held(Process& p);
+  /// The running process `peer` means by `pid` (peer_means: numbered in the peer's namespace).
+  Process* find_running(const Peer& peer, uint32_t pid);
+  /// Logs a refused or failed request: every one of root's, another user's once a second.
+  void warn_refusal(const Peer& peer, const std::string& line);
+  /// scan(), unless a request made one in the last 100 ms; whether it did.
+  bool rescan_for_request();
   void record_change(Process* p, int device, uint64_t old_limit, uint64_t new_limit, uint64_t used, uint32_t by_uid,
                      int32_t by_pid);
   /// Mark a control request's record refused / failed with `why`, keep it (log_limit), return `why`.
@@ -162,7 +177,10 @@ class Registry {
   std::shared_ptr<const Policy> policy_;
   JobTable jobs_;
   std::vector<uint64_t> running_;  ///< job owner words of processes running at the last scan
-  std::deque<LimitChange> limit_log_;  ///< recent limit changes and refusals
+  std::deque<LimitChange> limit_log_;    ///< recent changes, and root's refusals and failures
+  std::deque<LimitChange> refusal_log_;  ///< recent refusals and failures of other users' requests
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> refusal_rate_;  ///< by uid: last line logged (mono ns), lines not
+  uint64_t request_scan_mono_ = 0;  ///< when a request last rescanned (rescan_for_request)
   /// Out-of-memory reports kept (across processes: they outlive the process).
   static constexpr std::size_t kOomLog = 32;
   std::deque<std::shared_ptr<const OomReport>> oom_log_;

@@ -146,13 +146,11 @@ struct RingOpener {
       res.transient = transient;
       return std::move(res);
     };
-    bool writable = true;
-    int fd = openat(dirfd, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
-      // Another user's ring that we may read but not write: counters yes, events no.
-      writable = false;
-      fd = openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    }
+    // Every check runs on a read-only descriptor and mapping: closing a descriptor opened for
+    // writing raises IN_CLOSE_WRITE on the run directory, which wakes the next scan, so a bad
+    // file probed read-write would be probed again for ever. Only a ring that passed is
+    // reopened read-write (attach_writable, below).
+    int fd = openat(dirfd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
       if (errno == ELOOP) return fail("is a symbolic link (refused)");
       if (errno == ENOENT) return fail("vanished", true);
@@ -177,7 +175,7 @@ struct RingOpener {
       close(fd);
       return fail("file too large for a ring (" + std::to_string(size) + " bytes)");
     }
-    void* base = mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     const int map_errno = errno;
     close(fd);
     if (base == MAP_FAILED) return fail(std::string("mmap: ") + std::strerror(map_errno));
@@ -185,7 +183,7 @@ struct RingOpener {
     std::unique_ptr<RingView> v(new RingView());
     v->base_ = base;
     v->size_ = size;
-    v->writable_ = writable;
+    v->writable_ = false;
     v->dev_ = st.st_dev;
     v->ino_ = st.st_ino;
 
@@ -220,8 +218,27 @@ struct RingOpener {
         paths::process_start_time(expect_pid) == expect_start_time)
       return fail("ring file belongs to uid " + std::to_string(st.st_uid) + " but process " +
                   std::to_string(expect_pid) + " runs as uid " + std::to_string(proc_uid) + " (not its ring; refused)");
+    attach_writable(dirfd, name, st, *v);
     res.view = std::move(v);
     return res;
+  }
+
+  /// Maps the ring that passed read-write in place of the read-only mapping, when the daemon
+  /// may write it (its own or, as root, any user's) and the name still holds the same file.
+  /// Otherwise the view stays read-only: counters yes, events and live cap changes no.
+  static void attach_writable(int dirfd, const std::string& name, const struct stat& checked, RingView& v) {
+    const int fd = openat(dirfd, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return;
+    struct stat st{};
+    void* rw = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_dev == checked.st_dev && st.st_ino == checked.st_ino &&
+        st.st_size == checked.st_size)
+      rw = mmap(nullptr, v.size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (rw == MAP_FAILED) return;
+    munmap(v.base_, v.size_);  // the view is new: nothing else holds its address yet
+    v.base_ = rw;
+    v.writable_ = true;
   }
 };
 

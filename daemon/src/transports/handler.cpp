@@ -62,16 +62,16 @@ std::string base64(const std::string& in) {
   return out;
 }
 
-/// Whether `peer` may see the call sites and allocations of a process of user `uid`: its
+/// Whether `peer` may see the call sites and allocations of process `pid` of user `uid`: its
 /// owner and root only (a snapshot shows code paths, module addresses, file names).
-bool may_see(const Peer& peer, uint32_t uid) { return peer.root() || (peer.known && peer.uid == uid); }
+bool may_see(const Peer& peer, uint32_t uid, uint32_t pid) { return peer_owns(peer, uid, pid); }
 
 /// The reports of `pid` (all when none) that `peer` may see, newest first.
 std::vector<std::shared_ptr<const OomReport>> reports_of(const State& st, std::optional<uint32_t> pid,
                                                          const Peer& peer) {
   std::vector<std::shared_ptr<const OomReport>> v;
   for (auto it = st.ooms.rbegin(); it != st.ooms.rend(); ++it)
-    if ((!pid || (*it)->pid == *pid) && may_see(peer, (*it)->uid)) v.push_back(*it);
+    if ((!pid || peer_means(peer, *pid, (*it)->pid)) && may_see(peer, (*it)->uid, (*it)->pid)) v.push_back(*it);
   return v;
 }
 
@@ -138,9 +138,9 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       } else {
         const ProcessState* p = nullptr;
         for (const ProcessState& ps : st->processes)
-          if (ps.pid == pid && (!p || (p->exited && !ps.exited))) p = &ps;
+          if (peer_means(peer, pid, ps.pid) && (!p || (p->exited && !ps.exited))) p = &ps;
         if (!p) return error("no such process: " + std::to_string(pid));
-        if (!may_see(peer, p->uid))
+        if (!may_see(peer, p->uid, p->pid))
           return Server::Reply{static_cast<uint16_t>(Command::error),
                                json{{"error", "refused: pid " + std::to_string(pid) +
                                                   " is another user's process (its owner or root may take its snapshot)"},

@@ -1,6 +1,8 @@
 // cuwarden daemon transport: HTTP request head parser (see http_request.hpp).
 #include "transports/http_request.hpp"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -172,11 +174,30 @@ HttpParse parse_http_request(std::string_view in, HttpRequest* out, std::size_t*
       if (v.find("keep-alive") != std::string::npos) saw_keep_alive = true;
     } else if (name == "last-event-id") {
       out->last_event_id = std::string(value);
+    } else if (name == "host") {
+      out->host = std::string(value);
     }
   }
   if (saw_connection_close) out->keep_alive = false;
   else if (saw_keep_alive) out->keep_alive = true;
   return HttpParse::ok;
+}
+
+bool host_allowed(std::string_view host, const std::vector<std::string>& names) {
+  if (host.empty()) return true;
+  std::string_view name = host;
+  if (name.front() == '[') {  // [v6]:port
+    const std::size_t close = name.find(']');
+    if (close == std::string_view::npos) return false;
+    const std::string v6(name.substr(1, close - 1));
+    in6_addr a6{};
+    return (close + 1 == name.size() || name[close + 1] == ':') && inet_pton(AF_INET6, v6.c_str(), &a6) == 1;
+  }
+  if (const std::size_t colon = name.rfind(':'); colon != std::string_view::npos) name = name.substr(0, colon);
+  const std::string n = lower(name);
+  in_addr a4{};
+  if (inet_pton(AF_INET, n.c_str(), &a4) == 1 || n == "localhost") return true;
+  return std::any_of(names.begin(), names.end(), [&](const std::string& allowed) { return lower(allowed) == n; });
 }
 
 }  // namespace cuw::daemon

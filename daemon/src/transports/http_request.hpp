@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cuw::daemon {
 
@@ -18,6 +19,7 @@ struct HttpRequest {
   std::string path;                          ///< percent-decoded, without the query
   std::map<std::string, std::string> query;  ///< decoded; a repeated key keeps its last value
   std::string last_event_id;                 ///< Last-Event-ID header ("" if absent)
+  std::string host;                          ///< Host header as sent ("" if absent)
   bool keep_alive = true;                    ///< HTTP/1.1 unless "Connection: close"; 1.0 only with keep-alive
 };
 
@@ -37,6 +39,13 @@ inline constexpr std::size_t kMaxRequestTarget = 4096;
 /// pure.
 HttpParse parse_http_request(std::string_view in, HttpRequest* out, std::size_t* consumed, int* status,
                              std::string* why);
+
+/// Whether a request's Host header may be served: absent (not a browser), an IP address
+/// literal (`127.0.0.1`, `[::1]`, any other: a page can reach those only by that address, so
+/// rebinding a name gains nothing), `localhost`, or one of `names` (`--http-host`); each with or
+/// without a port, compared without case. Any other name is refused: a web page whose name was
+/// rebound to this machine's address would otherwise read the daemon's answers. Pure.
+bool host_allowed(std::string_view host, const std::vector<std::string>& names);
 
 /// Decode %XX escapes (and '+' as a space when `plus_is_space`); false on a bad escape or a
 /// decoded NUL. Pure.

@@ -47,6 +47,7 @@ const char* http_reason(int status) {
     case 408: return "Request Timeout";
     case 413: return "Content Too Large";
     case 414: return "URI Too Long";
+    case 421: return "Misdirected Request";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
@@ -278,6 +279,11 @@ void HttpServer::try_parse(uint64_t id, Conn& c, uint64_t now) {
   c.in.erase(0, consumed);
   c.idle = false;
   const bool head_only = req.method == "HEAD";
+  if (!host_allowed(req.host, lim_.host_names)) {
+    respond(c, error_response(421, "Host '" + req.host + "' is not served here (give it to cuwardend --http-host)"),
+            head_only, false, now);
+    return;
+  }
   if (req.method != "GET" && !head_only) {
     HttpResponse r = error_response(405, "only GET and HEAD: the HTTP interface is read only (caps change with "
                                          "`cuwarden limit`, over the unix socket)");

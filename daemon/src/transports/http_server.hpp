@@ -64,6 +64,7 @@ class HttpServer {
     std::size_t max_workers = 2;                  ///< slow requests at once (503 past it)
     uint64_t keepalive_comment_ns = 15'000'000'000;  ///< ": keep-alive" on a quiet stream
     uint64_t tick_ns = 100'000'000;               ///< how often streams are fed
+    std::vector<std::string> host_names;          ///< Host names served besides addresses and localhost (--http-host)
   };
   /// Answers a request (any thread: worker threads call it for slow requests).
   using Handler = std::function<HttpResponse(const HttpRequest&)>;

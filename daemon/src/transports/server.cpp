@@ -14,6 +14,8 @@
 #include <spdlog/spdlog.h>
 
 #include "base/util.hpp"
+#include "cuw/job.hpp"
+#include "cuw/paths.hpp"
 #include "cuw/protocol.hpp"
 
 namespace cuw::daemon {
@@ -53,16 +55,28 @@ bool Server::listen(const std::string& path, std::string* error) {
     }
     const int rc = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
     const int e = errno;
+    ucred peer{};
+    socklen_t len = sizeof peer;
+    const bool known = rc == 0 && getsockopt(probe, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0;
     close(probe);
-    if (rc == 0) {
+    if (rc == 0 && known && peer.uid != geteuid()) {
+      // Another user's program on our socket's name: an impostor, not a daemon of ours. Root
+      // takes the name back; any other daemon user cannot, and says who holds it.
+      if (geteuid() != 0) {
+        *error = path + " is served by uid " + std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
+                 "), not this daemon's user; remove it or give another --socket";
+        return false;
+      }
+      spdlog::warn("{} was served by uid {} (pid {}), not a daemon: removing it", path, peer.uid, peer.pid);
+    } else if (rc == 0) {
       *error = "another cuwardend is already running (it answers at " + path + ")";
       return false;
-    }
-    if (e != ECONNREFUSED) {
+    } else if (e != ECONNREFUSED) {
       *error = "cannot probe existing socket " + path + ": " + std::strerror(e);
       return false;
+    } else {
+      spdlog::info("removing stale socket {}", path);
     }
-    spdlog::info("removing stale socket {}", path);
     unlink(path.c_str());
   }
   listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -155,6 +169,9 @@ void Server::accept_all() {
       c.peer.uid = cred.uid;
       c.peer.gid = cred.gid;
       c.peer.pid = cred.pid;
+      // The kernel numbers a peer of another namespace in ours (0 when it cannot be seen).
+      c.peer.pidns = cred.pid > 0 ? paths::pid_namespace(static_cast<uint32_t>(cred.pid)) : 0;
+      c.peer.same_pidns = c.peer.pidns != 0 && c.peer.pidns == job::self_pidns();
     }
     c.deadline = mono_ns() + kRequestTimeoutNs;
     conns_.push_back(std::move(c));

@@ -630,7 +630,6 @@ std::string fit(const std::string& s, std::size_t w) {
   return s;
 }
 
-std::string cap_text(uint64_t v) { return v == ring::kNoLimit ? "none" : format_bytes(v); }
 
 }  // namespace
 

@@ -228,6 +228,7 @@ constexpr Binding kBindings[] = {
     {Id::CUWARDEN_LOG, log_level<&Config::log_level>},
     {Id::CUWARDEN_LOG_FILE, text<&Config::log_file>},
     {Id::CUWARDEN_RUN_DIR, directory<&Config::run_dir>},
+    {Id::CUWARDEN_SOCKET, text<&Config::socket>},
 };
 
 // Each binding names its parser, so none is null; comparing the pointer here would not be a

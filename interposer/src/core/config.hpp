@@ -39,6 +39,7 @@ struct Config {
   bool leaks_report{};            ///< CUWARDEN_LEAKS=report
   fast_clock::Mode clock{};       ///< CUWARDEN_CLOCK (fast_clock.hpp)
   std::string run_dir;            ///< CUWARDEN_RUN_DIR, as paths::run_dir_from() gives it
+  std::string socket;             ///< CUWARDEN_SOCKET; empty = paths::socket_path_for's rule
   std::vector<std::string> errors;  ///< one line each, naming the variable, in table order
 
   friend bool operator==(const Config&, const Config&) = default;

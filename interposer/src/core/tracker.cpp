@@ -149,7 +149,7 @@ Tracker::Tracker() : config_(load_config()) {
   fast_clock::init(config_.clock);
   create_ring();
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
-            ring_is_file_ ? ring_path_.c_str() : "(private)",
+            ring_is_file_ ? ring_path().c_str() : "(private)",
             config_.limit.empty()                 ? "none"
             : secure_getenv("CUWARDEN_LIMIT") != nullptr ? secure_getenv("CUWARDEN_LIMIT")
                                                          : "from the config file (CUWARDEN_CONFIG)");
@@ -171,12 +171,12 @@ void Tracker::create_ring() {
     if (!daemon_listening())
       if (const int n = paths::remove_dead_rings(dir, static_cast<uint32_t>(getuid())))
         log::debug("cuwarden: removed %d ring(s) of processes gone from %s", n, dir.c_str());
-    ring_path_ = dir + "/" + paths::ring_file_name(pid, start);
-    int fd = ::open(ring_path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    const std::string path = dir + "/" + paths::ring_file_name(pid, start);
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno == EEXIST) {
       // A leftover of an earlier process with our pid and start time cannot exist unless
       // the clock went back; a file we do not own is not ours to reuse either way.
-      log::warn("cuwarden: %s exists; using a private ring", ring_path_.c_str());
+      log::warn("cuwarden: %s exists; using a private ring", path.c_str());
     }
     if (fd >= 0) {
       ::fchmod(fd, 0644);
@@ -185,7 +185,7 @@ void Tracker::create_ring() {
         if (base != MAP_FAILED) ring_is_file_ = true;
       }
       ::close(fd);
-      if (!ring_is_file_) ::unlink(ring_path_.c_str());
+      if (!ring_is_file_) ::unlink(path.c_str());
     }
   } else {
     log::warn("cuwarden: run directory %s is not usable; using a private ring", dir.c_str());
@@ -503,18 +503,28 @@ void Tracker::on_exit() noexcept {
   // one is listening: it shows the process as exited and removes the file itself.
   if (daemon_listening()) return;
   live_->segment.unlink();
-  ::unlink(ring_path_.c_str());
+  ::unlink(ring_path().c_str());
+}
+
+std::string Tracker::ring_path() const {
+  return config_.run_dir + "/" + paths::ring_file_name(header_->pid, header_->start_time);
 }
 
 bool Tracker::daemon_listening() const noexcept {
-  const std::string sock = config_.run_dir + "/" + paths::kSocketName;
+  // Only a daemon we may believe counts: another user's impostor on the socket's name would
+  // otherwise make every exiting process leave its files for a daemon that never comes.
+  const std::string sock = paths::socket_path_for(config_.socket.c_str(), config_.run_dir.c_str());
   sockaddr_un addr{};
-  if (sock.size() >= sizeof addr.sun_path) return false;
+  if (sock.size() >= sizeof addr.sun_path || !paths::trusted_socket_dir(sock, nullptr)) return false;
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno == EAGAIN;
+  bool ok = false;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
+    ok = paths::trusted_peer(fd, nullptr);
+  else
+    ok = errno == EAGAIN;  // a full backlog: a busy daemon, in a directory we trust
   ::close(fd);
   return ok;
 }

@@ -438,6 +438,9 @@ class Tracker {
   }
   /// True when a daemon accepts connections on the run directory's socket (never blocks).
   bool daemon_listening() const noexcept;
+  /// The ring file's path, from the run directory and the header's pid and start time (not
+  /// kept: the tracker shares one page with g_hot). Allocates; cold paths only.
+  std::string ring_path() const;
   void fill_device(int ordinal, ring::DeviceSlot& d);
   /// Stamp the thread on `e` (time already set) and push it into the ring; lock() held.
   CUW_INLINE void push_locked(ring::Event& e) noexcept {
@@ -486,7 +489,6 @@ class Tracker {
 
   Config config_;
   bool ring_is_file_ = false;
-  std::string ring_path_;
   std::mutex device_mu_;  ///< serializes fill_device_once and start_backend (both cold)
   /// measure_context's state (cap_scope.cpp), off the tracker's page.
   struct ContextMeasures {
