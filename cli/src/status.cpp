@@ -180,7 +180,9 @@ std::string render_table(const json& st, const std::string& filter) {
           row.push_back(d ? jcell(*d, "outside_cap_bytes", CellKind::bytes) : Cell::none());
         }
       }
-      row.push_back(Cell::str(jstr(p, "state")));
+      // A running process whose cap the daemon had to put back says so where people look.
+      const bool tampered = p.value("tampers", uint64_t{0}) > 0 && jstr(p, "state") == "running";
+      row.push_back(Cell::str(tampered ? "tampered" : jstr(p, "state")));
       procs.rows.push_back(std::move(row));
     };
     if (devs.empty()) {

@@ -1022,3 +1022,30 @@ TEST_CASE("control.a_flood_of_refused_requests_neither_floods_the_log_nor_hides_
     roots = roots || (c["outcome"] == "changed" && c["by_uid"] == 0);
   CHECK(roots);
 }
+
+TEST_CASE("control.a_cap_raised_in_the_processs_own_ring_past_the_policy_is_put_back") {
+  // The ring is its owner's own file: writing a higher cap into it is one store away.
+  SharedDir dir;
+  const std::string cfg = dir / "cuwarden.toml";
+  {
+    std::ofstream f(cfg);
+    f << "[default]\nmax_limit = \"2G\"\n";
+  }
+  Child a;
+  FakeRing ra(dir / "run", a.pid, a.start_time());
+  ra.device(0, 0xa0).limit.store(kGiB);
+  Daemon d(dir, {"--config", cfg});
+  REQUIRE(wait_until([&] { return !d.process(a.pid).is_null(); }));
+  CHECK(limit_of(ra, 0) == kGiB);  // under the maximum: kept
+  ra.h->devices[0].limit.store(cuw::ring::kNoLimit);  // the owner removes its cap
+  CHECK(wait_until([&] { return limit_of(ra, 0) == 2 * kGiB; }));
+  ra.h->devices[0].limit.store(3 * kGiB);  // and raises it past the maximum
+  CHECK(wait_until([&] { return limit_of(ra, 0) == 2 * kGiB; }));
+  CHECK(wait_until([&] { return d.process(a.pid).value("tampers", 0) == 2; }));
+  CHECK(log_has(d, "past the 2.00 GiB the daemon allows; put back"));
+  json ev = d.events({{"pid", a.pid}});
+  int by_tamper = 0;
+  for (const auto& e : ev["events"]) by_tamper += e["kind"] == "limit_change" && e["by"] == "tamper";
+  CHECK(by_tamper == 2);
+  CHECK(contains(cli({"--socket", d.socket}).out, "tampered"));
+}

@@ -85,6 +85,7 @@ void Registry::set_policy(std::shared_ptr<const Policy> policy) {
   for (auto& [name, p] : procs_) {
     p->policy_done = 0;
     p->policy_warned = false;
+    p->ceiling = filled_no_limit();  // the new policy's, from apply_policy
   }
   jobs_.reset_policy();  // applied to job members at the next scan
   for (auto& [name, p] : procs_)
@@ -116,7 +117,10 @@ void Registry::apply_policy(Process& p) {
     const uint64_t cur = ds.limit;
     uint64_t target = cur;
     if (cur == ring::kNoLimit && eff.limit) target = eff.limit->resolve(ds.physical_total);
-    if (eff.max_limit) target = std::min(target, eff.max_limit->resolve(ds.physical_total));
+    if (eff.max_limit) {
+      target = std::min(target, eff.max_limit->resolve(ds.physical_total));
+      p.ceiling[d] = eff.max_limit->resolve(ds.physical_total);
+    }
     if (target != cur) {
       uint64_t actual = 0;
       const auto r = p.ring->set_limit(d, cur, target, &actual);
@@ -309,6 +313,9 @@ LimitResult Registry::set_process_limit(const Peer& peer, const std::string& who
     if (r != RingView::SetLimit::ok)
       throw fail(fmt::format("could not write pid {}'s cap on device {} ({})", pid, d,
                              r == RingView::SetLimit::fault ? "its ring faulted" : "it kept changing"));
+    // Root's word is the ceiling from now on; an owner's lowering leaves the ceiling where it
+    // was (the owner may go back up to it, as the policy allows).
+    if (peer.root()) p->ceiling[d] = desired;
     spdlog::info("limit: {} set pid {} ({}, uid {}) device {}: {} -> {}{}", who, pid,
                  field_text(s.comm, sizeof s.comm), p->uid, d, cap_text(cur), cap_text(desired),
                  desired < ds.used ? fmt::format(" (below its use, {})", format_bytes(ds.used)) : "");

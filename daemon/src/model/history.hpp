@@ -17,6 +17,7 @@ namespace cuw::daemon {
 struct StoredEvent {
   static constexpr uint32_t kFromProcess = ~0u;    ///< written by the process itself
   static constexpr uint32_t kFromPolicy = ~0u - 1; ///< the daemon applying its policy file
+  static constexpr uint32_t kFromTamper = ~0u - 2; ///< the daemon putting back a cap its process raised
   uint64_t seq = 0;
   ring::Event e;
   /// Who made a limit change the daemon recorded (Api::control events): the requester's

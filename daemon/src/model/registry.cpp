@@ -145,6 +145,7 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
     if (p->exited && mono - p->exited_mono >= opt_.exited_linger_ns) expired.push_back(name);
   }
   for (const auto& name : faulted) drop_faulted(name, "faulted while reading its header");
+  for (auto& [name, p] : procs_) check_caps_held(*p);
   for (const auto& name : expired) forget(name, opt_.unlink_exited);
   // Site samples for `snapshot --leaks`: the live records by call site, every 30 s.
   for (auto& [name, p] : procs_) {
@@ -509,6 +510,7 @@ void Registry::publish() {
     ps.events_received = p->events_received;
     ps.events_lost = p->events_lost;
     ps.events_readable = p->ring->writable();
+    ps.tampers = p->tampers;
     ps.history = p->history.view();
     ps.samples = p->samples;
   }

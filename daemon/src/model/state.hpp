@@ -40,6 +40,7 @@ struct ProcessState {
   uint64_t events_received = 0;  ///< events the daemon drained from the ring
   uint64_t events_lost = 0;      ///< slots a dead producer claimed but never published
   bool events_readable = false;  ///< the daemon may drain the ring (false: counters only)
+  uint64_t tampers = 0;          ///< caps raised past the daemon's ceiling and put back, and stretches over it by NVML
   RingSnapshot header;               ///< the ring header as read when the State was built
   std::shared_ptr<const EventHistory::View> history;  ///< never null
   /// Per-call-site samples of its live memory, every kSampleEveryNs (snapshot --leaks);

@@ -68,8 +68,11 @@ json events_json(const State& st, const nlohmann::json& request) {
       const uint32_t by = refs[i].ev->by_uid;
       j["new_limit"] = no_cap(e.bytes);
       j["old_limit"] = no_cap(e.aux);
-      j["by"] = by == StoredEvent::kFromPolicy ? json("policy") : json(user_name(by));
-      j["by_uid"] = by == StoredEvent::kFromPolicy ? json(nullptr) : json(by);
+      const bool daemon = by == StoredEvent::kFromPolicy || by == StoredEvent::kFromTamper;
+      j["by"] = by == StoredEvent::kFromPolicy   ? json("policy")
+                : by == StoredEvent::kFromTamper ? json("tamper")
+                                                 : json(user_name(by));
+      j["by_uid"] = daemon ? json(nullptr) : json(by);
       j["by_pid"] = e.tid;
     }
   }

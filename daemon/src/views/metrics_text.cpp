@@ -155,6 +155,17 @@ std::string metrics_text(const State& st) {
                s.values[i]);
     }
   }
+  family(b, "tamper_total", "counter",
+         "Caps a process raised in its own ring past what the daemon allows (put back), and stretches the driver "
+         "saw it hold more than its cap allows");
+  for (const ProcessState& p : st.processes)
+    if (!p.exited)
+      sample(b, "tamper_total",
+             fmt::format("hostname=\"{}\",pid=\"{}\",process=\"{}\",user=\"{}\"", host, p.pid,
+                         escape_label(process_name(field_text(p.header.comm, sizeof p.header.comm),
+                                                   field_text(p.header.cmdline, sizeof p.header.cmdline))),
+                         escape_label(p.user)),
+             p.tampers);
   family(b, "events_dropped_total", "counter", "Events the rings had no room for (counters stay exact)");
   for (const auto& [key, n] : dropped)
     sample(b, "events_dropped_total",

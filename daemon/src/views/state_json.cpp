@@ -175,6 +175,7 @@ json state_json(const State& st) {
         {"events_received", p.events_received},
         {"events_lost", p.events_lost},
         {"events_readable", p.events_readable},
+        {"tampers", p.tampers},
         {"consumer_heartbeat_ns", s.heartbeat_ns},
         {"ring", st.run_dir + "/" + p.file_name},
         {"devices", std::move(devices)},

@@ -2,6 +2,7 @@
 // registry's files (registry.cpp: discovery and draining; control.cpp: limits and policy).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,6 +13,13 @@
 #include "model/snapshots.hpp"
 
 namespace cuw::daemon {
+
+/// An array of ring::kNoLimit, for Process::ceiling.
+inline std::array<uint64_t, ring::kMaxDevices> filled_no_limit() {
+  std::array<uint64_t, ring::kMaxDevices> a;
+  a.fill(ring::kNoLimit);
+  return a;
+}
 
 struct Registry::Process {
   explicit Process(std::size_t history_capacity) : history(history_capacity) {}
@@ -39,6 +47,12 @@ struct Registry::Process {
   uint64_t sampled_events = 0;  ///< events_received + events_dropped at the last site sample
   uint32_t policy_done = 0;   ///< devices the current policy has been applied to (bit per ordinal)
   bool policy_warned = false; ///< "cannot apply: read-only ring" said once
+  /// Per ordinal, the highest cap the daemon allows the process: the policy's maximum, or what
+  /// root last set. A cap in the ring above it is a raise the daemon did not make (the ring is
+  /// the process owner's own file): put back at each scan (caps_held.cpp). kNoLimit: none.
+  std::array<uint64_t, ring::kMaxDevices> ceiling = filled_no_limit();
+  uint64_t tampers = 0;          ///< raises put back, and scans the driver saw it over its ceiling
+  uint32_t over_ceiling = 0;     ///< devices the driver last saw over their ceiling (bit per ordinal)
   uint64_t oom_taken_mono = 0; ///< when its last out-of-memory snapshot was taken (0: never)
   uint64_t sampled_mono = 0;   ///< when its last site sample was taken (0: never)
   /// site_sample()s, oldest first, replaced whole by each new one: every State shares it.

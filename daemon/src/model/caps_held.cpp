@@ -1,0 +1,74 @@
+// cuwarden daemon model: caps that hold against their owner. A process's ring is its owner's
+// own file, so the owner can write a higher cap into it than the daemon allowed; the daemon
+// puts such a raise back at every scan, and compares what the driver (NVML) says the process
+// holds with the same ceiling, which the owner cannot write.
+#include <spdlog/spdlog.h>
+
+#include "base/util.hpp"
+#include "model/detail/registry_process.hpp"
+#include "model/registry.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+
+/// What a process may hold beyond its cap by the driver's count before the daemon calls it
+/// over: the CUDA context and loaded modules, which no allocation call makes (hundreds of
+/// MiB on an H100 with PyTorch's kernels loaded), outside a cap of the default scope.
+constexpr uint64_t kContextAllowance = 1ull << 30;
+
+}  // namespace
+
+void Registry::check_caps_held(Process& p) {
+  if (p.exited) return;
+  bool any = false;
+  for (uint64_t c : p.ceiling) any = any || c != ring::kNoLimit;
+  if (!any) return;
+  RingSnapshot s;
+  if (!p.ring->snapshot(s)) return;
+  uint32_t over = 0;
+  for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+    const uint64_t ceiling = p.ceiling[d];
+    const DeviceSnapshot& ds = s.devices[d];
+    if (ceiling == ring::kNoLimit || !ds.present) continue;
+    if (ds.limit > ceiling && p.ring->writable()) {  // kNoLimit (no cap at all) is above any ceiling
+      uint64_t actual = 0;
+      if (p.ring->set_limit(d, ds.limit, ceiling, &actual) == RingView::SetLimit::ok) {
+        ++p.tampers;
+        spdlog::warn("pid {} ({}) device {}: its cap was raised to {} in its own ring, past the {} the daemon allows; "
+                     "put back",
+                     p.pid, p.user, d, cap_text(ds.limit), cap_text(ceiling));
+        record_change(&p, static_cast<int>(d), ds.limit, ceiling, ds.used, StoredEvent::kFromTamper, 0);
+        LimitChange c;
+        c.time_ns = now_ns();
+        c.by = "daemon";
+        c.target = "pid " + std::to_string(p.pid);
+        c.pid = p.pid;
+        c.device = d;
+        c.has_limits = true;
+        c.old_limit = ds.limit;
+        c.new_limit = ceiling;
+        c.outcome = "restored";
+        c.reason = "the process raised its own cap past what the daemon allows (tamper)";
+        log_limit(std::move(c));
+      }
+    }
+    // The driver's figure: what the process holds however it got it, hooks bypassed included.
+    const std::string uuid = format_uuid(ds.uuid);
+    for (const NvmlGpu& g : nvml_gpus_) {
+      if (g.uuid != uuid) continue;
+      const auto it = g.process_used.find(p.pid);
+      if (it != g.process_used.end() && it->second > ceiling + kContextAllowance) over |= 1u << d;
+    }
+  }
+  // Counted once per stretch over the ceiling, said once.
+  if (const uint32_t fresh = over & ~p.over_ceiling) {
+    ++p.tampers;
+    spdlog::warn("pid {} ({}): the driver reports it holds more than its cap allows (devices {:#x}, beyond a {} "
+                 "allowance for its context): memory taken past cuwarden's hooks",
+                 p.pid, p.user, fresh, format_bytes(kContextAllowance));
+  }
+  p.over_ceiling = over;
+}
+
+}  // namespace cuw::daemon
