@@ -108,3 +108,25 @@ TEST_CASE("security.a_ring_named_after_another_users_process_is_never_trusted") 
   FakeRing ok(d.run_dir, static_cast<uint32_t>(mine.pid), mine.start_time());
   REQUIRE(wait_until([&] { return !d.process(static_cast<uint32_t>(mine.pid)).is_null(); }));
 }
+
+TEST_CASE("security.the_interposer_never_creates_the_shared_run_dir") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  App app(std::vector<std::string>{CUWJ_APP, "hold", std::to_string(1ULL << 20)},
+          {std::string("LD_PRELOAD=") + CUWS_LIB, "CUWARDEN_RUN_DIR=" + run, "CUWARDEN_FAKE_MEMORY=1G",
+           "CUWARDEN_LOG=info"},
+          dir / "app.err", true);
+  REQUIRE(app.line(20000) == "held");
+  struct stat st{};
+  CHECK(::lstat(run.c_str(), &st) != 0);  // left to root (or the daemon) to make
+  // A directory of its own beside it, which no other user can write, holds its ring.
+  const std::string own = run + "-" + std::to_string(geteuid());
+  REQUIRE(::lstat(own.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  bool ring = false;
+  for (const auto& e : dir_entries(own)) ring = ring || e.rfind("ring-", 0) == 0;
+  CHECK(ring);
+  const std::string err = slurp(dir / "app.err");
+  INFO(err);
+  CHECK(err.find("using " + own) != std::string::npos);
+}
