@@ -408,6 +408,10 @@ int run(const Options& o) {
   stop_socket_thread.stop();
   close(stop_fd);
   server.shutdown();
+  // What the linger would have removed: no daemon is left to remove it later. A scan first
+  // notices exits that came since the last one (those processes left their rings to us).
+  reg.scan();
+  if (const std::size_t n = reg.remove_exited()) spdlog::info("removed the rings of {} exited process(es)", n);
   if (infd >= 0) close(infd);
   if (sigfd >= 0) close(sigfd);
   spdlog::info("cuwardend stopped");

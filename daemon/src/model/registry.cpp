@@ -197,6 +197,14 @@ void Registry::scan(bool listing_changed) {
     if (d.fd != dirfd_) close(d.fd);
 }
 
+std::size_t Registry::remove_exited() {
+  std::vector<std::string> exited;
+  for (const auto& [name, p] : procs_)
+    if (p->exited) exited.push_back(name);
+  for (const auto& name : exited) forget(name, opt_.unlink_exited);
+  return exited.size();
+}
+
 void Registry::try_open(const std::string& name, uint64_t mono) {
   struct stat st{};
   if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished

@@ -96,6 +96,11 @@ class Registry {
     }
   }
 
+  /// Forget every process seen to exit, removing its ring and live segment as the linger's
+  /// end would (unless the options keep them): the daemon stops, and none is left to remove
+  /// them later. Returns how many were forgotten. Loop thread only.
+  std::size_t remove_exited();
+
   /// Replace the policy (startup and SIGHUP); it is applied to every ring and job again.
   void set_policy(std::shared_ptr<const Policy> policy);
   const Policy* policy() const noexcept { return policy_.get(); }
