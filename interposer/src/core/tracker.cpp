@@ -179,6 +179,9 @@ void Tracker::create_ring() {
       // A leftover of an earlier process with our pid and start time cannot exist unless
       // the clock went back; a file we do not own is not ours to reuse either way.
       log::warn("cuwarden: %s exists; using a private ring", ring_path_.c_str());
+    } else if (fd < 0) {
+      log::warn("cuwarden: cannot create %s (%s); using a private ring, which no daemon counts", ring_path_.c_str(),
+                std::strerror(errno));
     }
     if (fd >= 0) {
       ::fchmod(fd, 0644);
