@@ -257,7 +257,7 @@ void Tracker::join_job() {
   // Someone else holds a name we would have used: the job still runs, with one cap, in the
   // directory every member of it chooses.
   if (!where.skipped.empty())
-    log::always("cuwarden: %snot using what belongs to someone else: %s; the job's file is in %s", what.c_str(),
+    log::always("cuwarden: %sskipped what it cannot trust: %s; the job's file is in %s", what.c_str(),
                 where.skipped.c_str(), where.path.c_str());
   job_ = job::Segment::open(where.path, static_cast<uint32_t>(geteuid()), config_.job, true, &error);
   if (!job_) {
