@@ -155,7 +155,11 @@ int64_t host_pid(uint64_t pidns, uint32_t ns_pid) {
   while (const dirent* e = ::readdir(d)) {
     if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
     const unsigned long p = std::strtoul(e->d_name, nullptr, 10);
-    // NSpid: the pid in each namespace from ours inward; the last is the process's own.
+    // Its namespace first (one stat, no read); then NSpid: the pid in each namespace from
+    // ours inward, the last being the process's own.
+    std::snprintf(path, sizeof path, "/proc/%lu/ns/pid", p);
+    struct stat st {};
+    if (::stat(path, &st) != 0 || static_cast<uint64_t>(st.st_ino) != pidns) continue;
     std::snprintf(path, sizeof path, "/proc/%lu/status", p);
     if (!read_text(path, buf, sizeof buf)) continue;
     const char* line = std::strstr(buf, "\nNSpid:");
@@ -173,9 +177,6 @@ int64_t host_pid(uint64_t pidns, uint32_t ns_pid) {
       q = after;
     }
     if (fields < 2 || last != ns_pid) continue;
-    std::snprintf(path, sizeof path, "/proc/%lu/ns/pid", p);
-    struct stat st {};
-    if (::stat(path, &st) != 0 || static_cast<uint64_t>(st.st_ino) != pidns) continue;
     found = static_cast<int64_t>(p);
     break;
   }
