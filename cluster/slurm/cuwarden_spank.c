@@ -13,20 +13,39 @@
  * task that sees SLURM_SHARDS_ON_NODE=N gets a job cap of at most N * shard_size per GPU.
  *
  * Sizes are checked here only as far as a site maximum needs (bytes, K M G T, KiB MiB GiB
- * TiB, kB MB GB TB); the interposer checks every value again and names a bad one at the
- * task's first CUDA call. A share ("75%") is passed on when the site sets no maximum. */
+ * TiB, kB MB GB TB), and none under 1 MiB is taken (the interposer refuses those); the
+ * interposer checks every value again and names a bad one at the task's first CUDA call. A
+ * share ("75%") is passed on when the site sets no maximum.
+ *
+ * What decides enforcement is the plugin's, never the task environment's: every task gets
+ * CUWARDEN_ON_ERROR=fail (a bad value stops the task rather than run it uncapped),
+ * CUWARDEN_CONFIG=off (no per-user file of settings) and CUWARDEN_RUN_DIR (run_dir=, else
+ * the interposer's default). A user can still unset LD_PRELOAD in their own program; only a
+ * node-wide /etc/ld.so.preload and the daemon's policy are beyond a job's reach.
+ *
+ * As root, before each task starts (task_init_privileged), the plugin makes the job owner's
+ * job directory <run dir>/jobs/<uid>/ (mode 0700, the user's), so that no other user can
+ * take its name first (cuw/job.hpp in the source). */
+#define _GNU_SOURCE /* renameat2 */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <slurm/spank.h>
 
 SPANK_PLUGIN(cuwarden, 1)
 
 #define SIZE_TEXT 64
+/* The interposer's smallest cap, and its default run directory (common/include/cuw/options.hpp). */
+#define MIN_SIZE (1ULL << 20)
+#define DEFAULT_RUN_DIR "/dev/shm/cuwarden"
 
 /* What the plugin's arguments and the user's options say; one copy per process (srun,
  * sbatch, slurmstepd). */
@@ -35,7 +54,7 @@ static char def_limit[SIZE_TEXT], def_job_limit[SIZE_TEXT];
 static uint64_t max_limit, max_job_limit; /* bytes; 0 = none */
 static uint64_t shard_size;                /* bytes of GPU memory per gres/shard; 0 = not used */
 static char lib[1024] = "/usr/lib/x86_64-linux-gnu/cuwarden/libcuwarden.so";
-static char run_dir[1024];
+static char run_dir[1024] = DEFAULT_RUN_DIR;
 
 /* Bytes of a size, or UINT64_MAX for a share or anything else that is not a size. */
 static uint64_t size_bytes(const char *s) {
@@ -58,10 +77,16 @@ static uint64_t size_bytes(const char *s) {
   return UINT64_MAX;
 }
 
-/* Copies `value` into `dst` (SIZE_TEXT bytes) when it is a plausible size; else says why. */
+/* Copies `value` into `dst` (SIZE_TEXT bytes) when it is a plausible size of at least
+ * MIN_SIZE (or a share, "75%"); else says why. */
 static int take_size(const char *what, const char *value, char *dst) {
   if (!value || !*value || strlen(value) >= SIZE_TEXT || strchr(value, ',') || strchr(value, '=')) {
     slurm_error("cuwarden: %s='%s': expected a size such as 8G or 512MiB", what, value ? value : "");
+    return -1;
+  }
+  const uint64_t b = size_bytes(value);
+  if (b != UINT64_MAX && b < MIN_SIZE) {
+    slurm_error("cuwarden: %s='%s': a cap under 1 MiB is not a cap; give a size such as 8G or 512MiB", what, value);
     return -1;
   }
   snprintf(dst, SIZE_TEXT, "%s", value);
@@ -97,8 +122,13 @@ static int read_arguments(int ac, char **av) {
     uint64_t *max = NULL;
     if (klen == 3 && !strncmp(a, "lib", 3))
       snprintf(lib, sizeof lib, "%s", v);
-    else if (klen == 7 && !strncmp(a, "run_dir", 7))
+    else if (klen == 7 && !strncmp(a, "run_dir", 7)) {
+      if (v[0] != '/') {
+        slurm_error("cuwarden: plugstack.conf: run_dir='%s': expected an absolute path", v);
+        return -1;
+      }
       snprintf(run_dir, sizeof run_dir, "%s", v);
+    }
     else if (klen == 7 && !strncmp(a, "default", 7)) {
       if (take_size("plugstack.conf default", v, def_limit)) return -1;
     } else if (klen == 11 && !strncmp(a, "job_default", 11)) {
@@ -115,8 +145,8 @@ static int read_arguments(int ac, char **av) {
                   a);
       return -1;
     }
-    if (max && ((*max = size_bytes(v)) == UINT64_MAX || *max == 0)) {
-      slurm_error("cuwarden: plugstack.conf: '%s': expected a size such as 80G", a);
+    if (max && ((*max = size_bytes(v)) == UINT64_MAX || *max < MIN_SIZE)) {
+      slurm_error("cuwarden: plugstack.conf: '%s': expected a size of at least 1 MiB, such as 80G", a);
       return -1;
     }
   }
@@ -135,9 +165,21 @@ static int read_arguments(int ac, char **av) {
  * -1 after saying why it refused. */
 static int effective(const char *asked, const char *dflt, uint64_t max, const char *option, int clamp, char *out) {
   const char *v = *asked ? asked : dflt;
+  const uint64_t b = *v ? size_bytes(v) : UINT64_MAX;
+  if (*v && b < MIN_SIZE) {
+    /* From the task's environment (options are checked when given): the site's default
+     * instead, else its maximum, else nothing, which the interposer reads as no cap. */
+    slurm_error("cuwarden: %s=%s: a cap under 1 MiB is not a cap; %s", option, v,
+                *dflt ? "the site's default applies" : max ? "the site's maximum applies" : "ignored");
+    v = *dflt ? dflt : "";
+    if (!*dflt && max) {
+      snprintf(out, SIZE_TEXT, "%llu", (unsigned long long)max);
+      return 0;
+    }
+    return effective("", v, max, option, clamp, out);
+  }
   snprintf(out, SIZE_TEXT, "%s", v);
   if (!*v || !max) return 0;
-  const uint64_t b = size_bytes(v);
   if (b != UINT64_MAX && b <= max) return 0;
   if (clamp) {
     slurm_error("cuwarden: %s=%s is more than this site's maximum of %llu bytes; the task is capped at the maximum",
@@ -205,6 +247,66 @@ static void task_env(spank_t sp, const char *name, char *out) {
   if (got != ESPANK_SUCCESS) out[0] = 0;
 }
 
+/* Whether `lib` is one of the entries of the LD_PRELOAD value `list` (separated by colons
+ * or spaces, as ld.so reads it): a name that merely contains it is another library. */
+static int preload_has(const char *list, const char *want) {
+  const size_t n = strlen(want);
+  for (const char *p = list; *p;) {
+    while (*p == ':' || *p == ' ') ++p;
+    const char *end = p;
+    while (*end && *end != ':' && *end != ' ') ++end;
+    if ((size_t)(end - p) == n && n && !strncmp(p, want, n)) return 1;
+    p = end;
+  }
+  return 0;
+}
+
+/* Makes `parent`/`name`, a 0700 directory of `uid`, unless something is there: made under a
+ * temporary name, given to the user, then renamed into place, so that no member ever sees it
+ * as root's. Returns 0 when it is there and the user's, else -1. */
+static int make_user_dir(const char *parent, const char *name, uid_t uid, gid_t gid) {
+  char path[4096], tmp[4200];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/%s", parent, name);
+  if (lstat(path, &st) == 0) return S_ISDIR(st.st_mode) && st.st_uid == uid && (st.st_mode & 07777) == 0700 ? 0 : -1;
+  snprintf(tmp, sizeof tmp, "%s/.new-%s-%ld", parent, name, (long)getpid());
+  rmdir(tmp);
+  if (mkdir(tmp, 0700) != 0) return -1;
+  if (lchown(tmp, uid, gid) != 0 || chmod(tmp, 0700) != 0 ||
+      renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0) {
+    rmdir(tmp);
+    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == uid && (st.st_mode & 07777) == 0700 ? 0 : -1;
+  }
+  return 0;
+}
+
+/* As root, in each task before it drops to the user: the job owner's job directory, so that
+ * no other user can take its name first. The run directory and its jobs/ folder are made
+ * only where absent (root's, sticky, like /tmp); anything found there is left as it is (the
+ * interposer then falls back, and a root daemon renames what other users put there). A
+ * failure is said, never fatal: the interposer copes without the directory. */
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av) {
+  (void)ac;
+  (void)av;
+  uid_t uid;
+  gid_t gid;
+  if (geteuid() != 0 || spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+    return 0;
+  char jobs[2048], name[32];
+  struct stat st;
+  if (lstat(run_dir, &st) != 0 && mkdir(run_dir, 01777) == 0) chmod(run_dir, 01777);
+  if (lstat(run_dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0) return 0;
+  snprintf(jobs, sizeof jobs, "%s/jobs", run_dir);
+  if (lstat(jobs, &st) != 0 && mkdir(jobs, 01777) == 0) chmod(jobs, 01777);
+  if (lstat(jobs, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0) return 0;
+  snprintf(name, sizeof name, "%u", (unsigned)uid);
+  if (make_user_dir(jobs, name, uid, gid) != 0)
+    slurm_error("cuwarden: %s/%s is not a 0700 directory of uid %u; the job's members will use a fallback", jobs,
+                name, (unsigned)uid);
+  return 0;
+}
+
 /* In each task, before it runs the user's program: the preload, the job and its caps. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   (void)ac;
@@ -231,7 +333,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
     return -1;
   }
   if (got != ESPANK_SUCCESS) old[0] = 0;
-  if (*old && !strstr(old, lib))
+  if (*old && !preload_has(old, lib))
     snprintf(preload, sizeof preload, "%s:%s", lib, old);
   else
     snprintf(preload, sizeof preload, "%s", *old ? old : lib);
@@ -243,6 +345,10 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   /* The plugin's caps win over the task's environment: a site maximum must hold. */
   if (*limit && spank_setenv(sp, "CUWARDEN_LIMIT", limit, 1) != ESPANK_SUCCESS) return -1;
   if (*job_limit && spank_setenv(sp, "CUWARDEN_JOB_LIMIT", job_limit, 1) != ESPANK_SUCCESS) return -1;
-  if (*run_dir && spank_setenv(sp, "CUWARDEN_RUN_DIR", run_dir, 1) != ESPANK_SUCCESS) return -1;
+  /* What decides enforcement, whatever the task's environment says (the top of this file). */
+  if (spank_setenv(sp, "CUWARDEN_ON_ERROR", "fail", 1) != ESPANK_SUCCESS ||
+      spank_setenv(sp, "CUWARDEN_CONFIG", "off", 1) != ESPANK_SUCCESS ||
+      spank_setenv(sp, "CUWARDEN_RUN_DIR", run_dir, 1) != ESPANK_SUCCESS)
+    return -1;
   return 0;
 }

@@ -236,11 +236,14 @@ Segment* Segment::open(const std::string& dir, uint32_t uid, const std::string& 
       return nullptr;
     }
     // Every member grows a new file to the same size: the race between them is harmless,
-    // and all-zero content is an empty job.
-    if (create && st.st_size == 0 && ::ftruncate(fd, static_cast<off_t>(file_size())) != 0) {
-      *error = path + ": ftruncate: " + std::strerror(errno);
-      ::close(fd);
-      return nullptr;
+    // and all-zero content is an empty job. Every page is allocated before it is mapped:
+    // on a full tmpfs the first write to one that is not would be SIGBUS in the program.
+    if (create && (st.st_size == 0 || static_cast<uint64_t>(st.st_size) == file_size())) {
+      if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(file_size())); err != 0) {
+        *error = path + ": cannot allocate " + std::to_string(file_size()) + " bytes: " + std::strerror(err);
+        ::close(fd);
+        return nullptr;
+      }
     }
     Segment* s = map_fd(fd, &why);
     if (!s) {

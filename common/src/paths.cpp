@@ -2,15 +2,21 @@
 #include "cuw/paths.hpp"
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "cuw/job.hpp"
+#include "cuw/ring.hpp"
 
 namespace cuw::paths {
 
@@ -101,9 +107,10 @@ bool parse_ring_file_name(const std::string& name, uint32_t* pid, uint64_t* star
   return true;
 }
 
-bool process_stat(uint32_t pid, char* state, uint64_t* start_time) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
+namespace {
+
+/// State letter and starttime from a /proc/<pid>/stat file.
+bool stat_file(const char* path, char* state, uint64_t* start_time) {
   int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   char buf[1024];
@@ -128,16 +135,60 @@ bool process_stat(uint32_t pid, char* state, uint64_t* start_time) {
   return true;
 }
 
+/// Whether /proc shows our own pid namespace: a process in a pid namespace of its own whose
+/// /proc is still its parent's sees other processes under its pid numbers there.
+bool proc_is_ours() {
+  char buf[32];
+  const ssize_t n = ::readlink("/proc/self", buf, sizeof buf - 1);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  return std::strtoul(buf, nullptr, 10) == static_cast<unsigned long>(::getpid());
+}
+
+/// Whole small file into buf (NUL-terminated); false when unreadable.
+bool read_text(const char* path, char* buf, size_t cap) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const ssize_t n = ::read(fd, buf, cap - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  return true;
+}
+
+}  // namespace
+
+bool process_stat(uint32_t pid, char* state, uint64_t* start_time) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  return stat_file(path, state, start_time);
+}
+
+uint64_t self_start_time() {
+  uint64_t start = 0;
+  return stat_file("/proc/self/stat", nullptr, &start) ? start : 0;
+}
+
 uint64_t process_start_time(uint32_t pid) {
   uint64_t start = 0;
   return process_stat(pid, nullptr, &start) ? start : 0;
 }
 
 bool process_gone(uint32_t pid, uint64_t start_time) {
+  if (pid == 0 || pid > 0x3fffffffU) return false;
+  // No process of that pid in our namespace: proof. pidfd_open needs no permission and
+  // speaks of our own namespace whatever /proc shows.
+  const long fd = ::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
+  if (fd >= 0) ::close(static_cast<int>(fd));
+  else if (errno == ESRCH) return true;
+  else if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  // It exists: only /proc of our own namespace can tell it is another process (a reused pid)
+  // or a zombie; what cannot be read is presumed alive.
+  if (!proc_is_ours()) return false;
   char state = 0;
   uint64_t start = 0;
-  if (!process_stat(pid, &state, &start) || start != start_time) return true;
-  return state == 'Z' || state == 'X';
+  if (!process_stat(pid, &state, &start)) return false;
+  return start != start_time || state == 'Z' || state == 'X';
 }
 
 uint64_t pid_namespace(uint32_t pid) {
@@ -173,6 +224,62 @@ uint32_t innermost_pid(uint32_t pid) {
   return last;
 }
 
+int64_t host_pid(uint64_t pidns, uint32_t ns_pid) {
+  if (ns_pid == 0) return -1;
+  const uint64_t self = job::self_pidns();
+  if (pidns == 0 || pidns == self) return ns_pid;
+  if (!proc_is_ours()) return -1;
+  DIR* d = ::opendir("/proc");
+  if (!d) return -1;
+  int64_t found = -1;
+  char path[64], buf[4096];
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    const unsigned long p = std::strtoul(e->d_name, nullptr, 10);
+    // Its namespace first (one stat, no read); then NSpid: the pid in each namespace from
+    // ours inward, the last being the process's own.
+    std::snprintf(path, sizeof path, "/proc/%lu/ns/pid", p);
+    struct stat st {};
+    if (::stat(path, &st) != 0 || static_cast<uint64_t>(st.st_ino) != pidns) continue;
+    std::snprintf(path, sizeof path, "/proc/%lu/status", p);
+    if (!read_text(path, buf, sizeof buf)) continue;
+    const char* line = std::strstr(buf, "\nNSpid:");
+    if (!line) continue;
+    line += 7;
+    const char* end = std::strchr(line, '\n');
+    unsigned long last = 0;
+    int fields = 0;
+    for (const char* q = line; *q && (!end || q < end);) {
+      while (*q == ' ' || *q == '\t') ++q;
+      if (*q < '0' || *q > '9') break;
+      char* after = nullptr;
+      last = std::strtoul(q, &after, 10);
+      ++fields;
+      q = after;
+    }
+    if (fields < 2 || last != ns_pid) continue;
+    found = static_cast<int64_t>(p);
+    break;
+  }
+  ::closedir(d);
+  return found;
+}
+
+namespace {
+
+/// The pid namespace a ring file's writer recorded (RingHeader::pidns): 0 for a writer that
+/// predates the field, or a file too short to hold it.
+uint64_t ring_pidns(int dfd, const char* name) {
+  const int fd = ::openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  uint64_t ns = 0;
+  if (::pread(fd, &ns, sizeof ns, offsetof(ring::RingHeader, pidns)) != static_cast<ssize_t>(sizeof ns)) ns = 0;
+  ::close(fd);
+  return ns;
+}
+
+}  // namespace
+
 int remove_dead_rings(const std::string& dir, uint32_t uid) {
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) return 0;
@@ -181,6 +288,7 @@ int remove_dead_rings(const std::string& dir, uint32_t uid) {
     ::close(dfd);
     return 0;
   }
+  const uint64_t self_ns = job::self_pidns();
   int removed = 0;
   while (const dirent* e = ::readdir(d)) {
     uint32_t pid = 0;
@@ -188,7 +296,9 @@ int remove_dead_rings(const std::string& dir, uint32_t uid) {
     if (!parse_ring_file_name(e->d_name, &pid, &start)) continue;
     struct stat st {};
     if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (uid != 0 && st.st_uid != uid) continue;
+    if (st.st_uid != uid) continue;  // another user's: the daemon's to clean
+    // Of our own namespace only, where its pid means what it meant to its writer.
+    if (self_ns == 0 || ring_pidns(dfd, e->d_name) != self_ns) continue;
     if (process_gone(pid, start) && ::unlinkat(dfd, e->d_name, 0) == 0) {
       ++removed;
       // Its live segment (cuw/live.hpp) goes with it: same process, same owner.

@@ -98,8 +98,8 @@ bool lock_run_dir(int dirfd, std::string* holder) {
 
 /// Create the run directory if missing, sticky and world-writable like /tmp: every user's
 /// interposed processes create their rings there. An existing one must be a real directory
-/// (not a symlink) and, if anyone may write to it, sticky: otherwise any user could
-/// rename or delete other users' rings and the socket.
+/// (not a symlink), root's or the daemon's user's, and, if anyone may write to it, sticky:
+/// otherwise another user could rename or delete other users' rings and the socket.
 bool ensure_run_dir(const std::string& dir) {
   struct stat st{};
   if (lstat(dir.c_str(), &st) != 0) {
@@ -131,10 +131,12 @@ bool ensure_run_dir(const std::string& dir) {
                   dir);
     return false;
   }
-  if (st.st_uid != 0 && st.st_uid != geteuid())
-    spdlog::warn("run directory {} belongs to uid {}, who may delete or replace any ring and the socket "
-                 "in it; let root (or the daemon's user) create it, e.g. with systemd-tmpfiles",
-                 dir, st.st_uid);
+  if (st.st_uid != 0 && st.st_uid != geteuid()) {
+    spdlog::error("run directory {} belongs to uid {}, who may delete or replace any ring and the socket in it; "
+                  "not using it: let root (or the daemon's user) create it, e.g. with systemd-tmpfiles",
+                  dir, st.st_uid);
+    return false;
+  }
   return true;
 }
 
@@ -465,6 +467,10 @@ int run(const Options& o) {
   stop_socket_thread.stop();
   close(stop_fd);
   server.shutdown();
+  // What the linger would have removed: no daemon is left to remove it later. A scan first
+  // notices exits that came since the last one (those processes left their rings to us).
+  reg.scan();
+  if (const std::size_t n = reg.remove_exited()) spdlog::info("removed the rings of {} exited process(es)", n);
   if (infd >= 0) close(infd);
   if (sigfd >= 0) close(sigfd);
   spdlog::info("cuwardend stopped");

@@ -178,7 +178,7 @@ echo "slurm_test: [${SECONDS}s] two tasks of job $job share --gpu-mem-job-limit=
 for i in $(seq 50); do grep -q "slurm-$job ended" "$T/cuwardend.log" && break; sleep 0.1; done
 grep -q "job root/slurm-$job ended (no member left): GPU-[0-9a-f-]* peak 60.00 MiB (62914560 bytes); cap 100.00 MiB" \
   "$T/cuwardend.log" || fail "no end-of-job line with the peak: $(grep "slurm-$job" "$T/cuwardend.log")"
-! compgen -G "$T/run/job-*-slurm-$job.cwj" >/dev/null || fail "the job file of slurm-$job is left: $(ls "$T/run")"
+! compgen -G "$T/run/jobs/*/job-*-slurm-$job.cwj" >/dev/null || fail "the job file of slurm-$job is left: $(ls -R "$T/run")"
 echo "slurm_test: [${SECONDS}s] at its end: $(grep -o "job root/slurm-$job ended.*" "$T/cuwardend.log")"
 
 # 3. The site's maximum (max=1G in plugstack.conf): srun refuses before the job starts.

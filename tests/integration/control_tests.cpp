@@ -531,10 +531,23 @@ TEST_CASE("control.policy_errors_stop_the_daemon_with_line_numbers") {
 
 namespace {
 
-/// A job segment made with the common API, as the interposer's members would make it.
-/// For another uid (root only) the file is created and handed to that user first.
-std::unique_ptr<cuw::job::Segment> make_job(const std::string& dir, uid_t uid, const std::string& name) {
+/// The job directory of `uid` in run directory `run` (cuw/job.hpp), made 0700 and theirs, as
+/// a root daemon or the user's first member makes it.
+std::string job_dir(const std::string& run, uid_t uid) {
+  const std::string jobs = run + "/" + cuw::job::kJobsDir, own = jobs + "/" + std::to_string(uid);
+  ::mkdir(run.c_str(), 01777);
+  ::mkdir(jobs.c_str(), 01777);
+  ::mkdir(own.c_str(), 0700);
+  REQUIRE(::chown(own.c_str(), uid, static_cast<gid_t>(-1)) == 0);
+  return own;
+}
+
+/// A job segment made with the common API, as the interposer's members would make it, in
+/// `uid`'s job directory of run directory `run`. For another uid (root only) the file is
+/// created and handed to that user first.
+std::unique_ptr<cuw::job::Segment> make_job(const std::string& run, uid_t uid, const std::string& name) {
   std::string err;
+  const std::string dir = job_dir(run, uid);
   if (uid != geteuid()) {
     const std::string path = dir + "/" + cuw::job::file_name(uid, name);
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -685,7 +698,7 @@ TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
 TEST_CASE("control.job_end_is_logged_with_its_peak_and_its_file_removed") {
   SharedDir dir;
   const std::string run = dir / "run";
-  const std::string file = run + "/" + cuw::job::file_name(geteuid(), "slurm-42");
+  const std::string file = run + "/jobs/" + std::to_string(geteuid()) + "/" + cuw::job::file_name(geteuid(), "slurm-42");
   Child a, b;
   auto seg = make_job(run, geteuid(), "slurm-42");
   const int sa = join(*seg, a.pid, a.start_time(), 100 * kMiB);

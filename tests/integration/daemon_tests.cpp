@@ -9,9 +9,11 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <fstream>
 #include <map>
 
 #include "cuw/job.hpp"
+#include "cuw/live.hpp"
 #include "daemon_test_support.hpp"
 
 using namespace cuwt;
@@ -399,6 +401,28 @@ TEST_CASE("daemon.detects_exits_keeps_them_a_while_then_removes_the_ring") {
   // Forgotten after the linger time; its ring file removed.
   REQUIRE(wait_until([&] { return d.process(r.h->pid).is_null(); }, 5000));
   CHECK(::access(r.path.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("daemon.a_ring_left_within_the_linger_is_removed_when_the_daemon_stops") {
+  TempDir dir;
+  Daemon d(dir, {"--exited-linger", "600"});
+  Child child;
+  FakeRing r(d.run_dir, child.pid, child.start_time());
+  // Its live segment beside it, the same owner's (what an interposed process leaves too).
+  const std::string live = d.run_dir + "/" + cuw::live::file_name(static_cast<uint32_t>(child.pid), child.start_time());
+  { std::ofstream(live) << "live"; }
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+  const uint32_t pid = r.h->pid;
+  child.kill_and_reap();
+  REQUIRE(wait_until([&] {
+    const json p = d.process(pid);
+    return !p.is_null() && p["state"] == "exited";
+  }, 3000));
+  CHECK(::access(r.path.c_str(), F_OK) == 0);  // kept for the linger while the daemon runs
+  CHECK(d.stop() == 0);
+  // Stopped within the linger: no daemon is left to remove them later.
+  CHECK(::access(r.path.c_str(), F_OK) != 0);
+  CHECK(::access(live.c_str(), F_OK) != 0);
 }
 
 TEST_CASE("daemon.honours_a_clean_exit_written_in_the_header") {

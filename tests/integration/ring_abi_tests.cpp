@@ -97,7 +97,8 @@ TEST_CASE("ring_abi.the_daemon_reads_a_ring_of_the_previous_library") {
 
   Daemon daemon(dir);
   REQUIRE(wait_until([&] { return daemon.state()["events_seq"] == 1; }));
-  const json p = daemon.process(static_cast<uint32_t>(child.pid));
+  const pid_t pid = child.pid;
+  const json p = daemon.process(static_cast<uint32_t>(pid));
   REQUIRE(p.is_object());
   CHECK(p["process_name"] == "old_trainer");
   CHECK(p["pool"] == "cache");
@@ -125,5 +126,10 @@ TEST_CASE("ring_abi.the_daemon_reads_a_ring_of_the_previous_library") {
   CHECK(ev[0]["kind"] == "alloc");
   CHECK(ev[0]["bytes"] == 1024 * kMiB);
   CHECK(ev[0]["tid"] == 77);
+  // The previous layout recorded no pid namespace (its word at 464 is reserved, zero): its
+  // pid is the daemon's own, so the process's end is still seen, and judged.
+  REQUIRE(b[464] == 0);
+  child.kill_and_reap();
+  CHECK(wait_until([&] { return daemon.process(static_cast<uint32_t>(pid))["state"] == "exited"; }));
   munmap(b, size);
 }

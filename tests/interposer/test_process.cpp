@@ -159,8 +159,12 @@ TEST_CASE("bad job settings are one clear line and exit status 78", "[process][c
     CHECK_THAT(out, Catch::Contains(c.says));
     CHECK(std::count(out.begin(), out.end(), '\n') == 1);
   }
-  // A job file someone else could read or write is not used.
-  const std::string file = dir + "/job-" + std::to_string(geteuid()) + "-shared.cwj";
+  // A job file someone else could read or write is not used, even in the user's own job
+  // directory.
+  const std::string jobs = dir + "/jobs", own = jobs + "/" + std::to_string(geteuid());
+  ::mkdir(jobs.c_str(), 0755);
+  REQUIRE(::mkdir(own.c_str(), 0700) == 0);
+  const std::string file = own + "/job-" + std::to_string(geteuid()) + "-shared.cwj";
   const int fd = ::open(file.c_str(), O_CREAT | O_RDWR, 0666);
   ::fchmod(fd, 0666);
   ::close(fd);

@@ -39,8 +39,10 @@ uint64_t job_used() {
   const char* name = std::getenv("CUWARDEN_JOB");
   if (!name) return 0;
   std::string err;
+  cuw::job::DirChoice where;
+  REQUIRE(cuw::job::choose_dir(cuw::paths::run_dir(), static_cast<uint32_t>(geteuid()), name, &where, &err));
   std::unique_ptr<cuw::job::Segment> seg(
-      cuw::job::Segment::open(cuw::paths::run_dir(), static_cast<uint32_t>(geteuid()), name, false, &err));
+      cuw::job::Segment::open(where.path, static_cast<uint32_t>(geteuid()), name, false, &err));
   INFO("job segment: " << err);
   REQUIRE(seg);
   return seg->used(0);

@@ -68,8 +68,10 @@ struct Witness {
 
 std::unique_ptr<cuw::job::Segment> open_job(const std::string& run_dir) {
   std::string err;
+  cuw::job::DirChoice where;
+  REQUIRE(cuw::job::choose_dir(run_dir, static_cast<uint32_t>(geteuid()), kJob, &where, &err));
   std::unique_ptr<cuw::job::Segment> s(
-      cuw::job::Segment::open(run_dir, static_cast<uint32_t>(geteuid()), kJob, false, &err));
+      cuw::job::Segment::open(where.path, static_cast<uint32_t>(geteuid()), kJob, false, &err));
   INFO(err);
   REQUIRE(s);
   return s;

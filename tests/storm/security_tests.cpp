@@ -245,3 +245,25 @@ TEST_CASE("security.root_in_another_pid_namespace_is_not_root_to_the_daemon") {
   CHECK(host.status == 0);
   CHECK(ring.h->devices[0].limit.load() == cuw::ring::kNoLimit);
 }
+
+TEST_CASE("security.the_interposer_never_creates_the_shared_run_dir") {
+  TempDir dir;
+  const std::string run = dir / "run";
+  App app(std::vector<std::string>{CUWJ_APP, "hold", std::to_string(1ULL << 20)},
+          {std::string("LD_PRELOAD=") + CUWS_LIB, "CUWARDEN_RUN_DIR=" + run, "CUWARDEN_FAKE_MEMORY=1G",
+           "CUWARDEN_LOG=info"},
+          dir / "app.err", true);
+  REQUIRE(app.line(20000) == "held");
+  struct stat st{};
+  CHECK(::lstat(run.c_str(), &st) != 0);  // left to root (or the daemon) to make
+  // A directory of its own beside it, which no other user can write, holds its ring.
+  const std::string own = run + "-" + std::to_string(geteuid());
+  REQUIRE(::lstat(own.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  bool ring = false;
+  for (const auto& e : dir_entries(own)) ring = ring || e.rfind("ring-", 0) == 0;
+  CHECK(ring);
+  const std::string err = slurp(dir / "app.err");
+  INFO(err);
+  CHECK(err.find("using " + own) != std::string::npos);
+}

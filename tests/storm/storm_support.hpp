@@ -170,6 +170,15 @@ inline std::vector<std::string> dir_entries(const std::string& dir) {
   return out;
 }
 
+/// Entries of a run directory that a process or job left: all but the jobs/ folder of
+/// per-user job directories, which stays (a root daemon makes it).
+inline std::vector<std::string> leftovers(const std::string& run_dir) {
+  std::vector<std::string> out;
+  for (auto& e : dir_entries(run_dir))
+    if (e != "jobs") out.push_back(std::move(e));
+  return out;
+}
+
 /// cuwardend's argv as the Daemon fixture builds it, for restarts by hand.
 inline std::vector<std::string> daemon_argv(const Daemon& d, const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {CUWT_DAEMON, "--run-dir", d.run_dir, "--socket", d.socket,

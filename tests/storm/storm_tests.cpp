@@ -146,7 +146,7 @@ TEST_CASE("storm.apps_killed_at_random_while_allocating") {
   const bool drained = wait_until(
       [&] {
         st = d.state();
-        return st["processes"].empty() && dir_entries(d.run_dir).empty();
+        return st["processes"].empty() && leftovers(d.run_dir).empty();
       },
       10000);
   CHECK(drained);
@@ -162,7 +162,7 @@ TEST_CASE("storm.apps_killed_at_random_while_allocating") {
   }
   CHECK(d.alive());
   std::printf("storm random_kills: seconds=%.0f kills=%zu noticed_and_cleaned=%zu files_left=%zu\n", seconds,
-              killed.size(), noticed, dir_entries(d.run_dir).size());
+              killed.size(), noticed, leftovers(d.run_dir).size());
 }
 
 TEST_CASE("storm.ring_files_truncated_scribbled_and_swapped_under_the_daemon") {

@@ -447,3 +447,52 @@ TEST_CASE("a member holds its job file's shared lock, and an opener of a removed
   CHECK(static_cast<uint64_t>(now.st_size) == job::file_size());
   CHECK(opened->members().empty());  // a new file under the name: the old one had a member
 }
+
+TEST_CASE("job directories: names of another user's are skipped, and a job is joined where it began", "[job]") {
+  if (geteuid() != 0) {
+    WARN("skipped: needs root (a directory of another uid)");
+    return;
+  }
+  Dir d;
+  const uint32_t me = 0, other = 65534;
+  const std::string jobs = d.path + "/jobs", primary = jobs + "/0";
+  REQUIRE(::mkdir(jobs.c_str(), 01777) == 0);
+  job::DirChoice c;
+  std::string err;
+  // Nothing taken: the user's own directory, made 0700.
+  REQUIRE(job::choose_dir(d.path, me, "a", &c, &err));
+  CHECK(c.path == primary);
+  CHECK(c.skipped.empty());
+  struct stat st {};
+  REQUIRE(::lstat(primary.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0700);
+  // Taken by another user: the first fallback that is absent or ours with mode 0700.
+  REQUIRE(::rmdir(primary.c_str()) == 0);
+  REQUIRE(::mkdir(primary.c_str(), 0700) == 0);
+  REQUIRE(::chown(primary.c_str(), other, other) == 0);
+  const std::string fb0 = d.path + "/" + job::fallback_dir_name(me, 0);
+  const std::string fb1 = d.path + "/" + job::fallback_dir_name(me, 1);
+  REQUIRE(::mkdir(fb0.c_str(), 0700) == 0);
+  REQUIRE(::chown(fb0.c_str(), other, other) == 0);
+  REQUIRE(job::choose_dir(d.path, me, "a", &c, &err));
+  CHECK(c.path == fb1);
+  CHECK_THAT(c.skipped, Catch::Contains("uid 65534"));
+  // The job began in fb1; the squats gone and the primary ours again, a member still joins it there.
+  {
+    std::unique_ptr<job::Segment> s(job::Segment::open(c.path, me, "a", true, &err));
+    REQUIRE(s);
+  }
+  REQUIRE(::rmdir(primary.c_str()) == 0);
+  REQUIRE(::rmdir(fb0.c_str()) == 0);
+  REQUIRE(job::choose_dir(d.path, me, "a", &c, &err));
+  CHECK(c.path == fb1);
+  // A new job goes to the primary directory.
+  REQUIRE(job::choose_dir(d.path, me, "b", &c, &err));
+  CHECK(c.path == primary);
+  // Fallback names parse back, and only those.
+  uint32_t uid = 0, n = 0;
+  CHECK(job::parse_fallback_dir_name("jobs-1001-63", &uid, &n));
+  CHECK((uid == 1001 && n == 63));
+  for (const char* bad : {"jobs-1001-64", "jobs-1001-07", "jobs--1", "jobs-1001-", "jobs-x-1", "jobs-1001-1-2"})
+    CHECK_FALSE(job::parse_fallback_dir_name(bad, nullptr, nullptr));
+}

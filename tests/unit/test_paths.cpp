@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
+#include "cuw/job.hpp"
 #include "cuw/paths.hpp"
 
 TEST_CASE("ring file names round-trip and reject look-alikes", "[paths]") {
@@ -56,4 +57,19 @@ TEST_CASE("a socket's directory is believed when root or the caller owns it", "[
   CHECK(cuw::paths::trusted_socket_dir("/proc/x.sock", &why));  // root's
   CHECK_FALSE(cuw::paths::trusted_socket_dir("/nonexistent-cuw-dir/x.sock", &why));
   CHECK(why.find("/nonexistent-cuw-dir") != std::string::npos);
+}
+
+TEST_CASE("a process is gone only when proven so in our own namespace", "[paths]") {
+  using namespace cuw::paths;
+  const auto me = static_cast<uint32_t>(getpid());
+  const uint64_t start = self_start_time();
+  CHECK(start == process_start_time(me));
+  CHECK_FALSE(process_gone(me, start));
+  CHECK(process_gone(me, start + 1));       // another process under the pid: proven by /proc
+  CHECK(process_gone(0x3ffffff0u, start));  // no process has that pid: proven by pidfd_open
+  // Ours and the previous library's (no namespace recorded) map to the pid itself.
+  CHECK(host_pid(0, me) == me);
+  CHECK(host_pid(cuw::job::self_pidns(), me) == me);
+  // A namespace nobody here is in: not mapped, so never judged.
+  CHECK(host_pid(1, me) == -1);
 }

@@ -1,10 +1,16 @@
 // cuwarden: the job segment, a shared-memory file through which the processes of one job
 // (one user, one CUWARDEN_JOB name) share a cap per physical GPU.
 //
-// File: <run dir>/job-<uid>-<name>.cwj, mode 0600, owned by the job's user, fixed size
-// file_size(). An all-zero file is a valid empty job, so creating one needs no lock and no
-// initialiser: every member opens it with O_CREAT, ftruncates it to file_size() (the same
-// size from every member, so the race is harmless) and maps it.
+// File: <job dir>/job-<uid>-<name>.cwj, mode 0600, owned by the job's user, fixed size
+// file_size(). The job dir is <run dir>/jobs/<uid>/, a 0700 directory of that user (made by
+// a root daemon for every uid it sees, by the Slurm plugin or a pod's init step, else by the
+// user's first member), or, where that name belongs to someone else, the first of
+// <run dir>/jobs-<uid>-<n>/ (choose_dir() below): nobody else can create, hold or replace a
+// name in it, so no other user can block or split a job by taking its file's name first.
+//
+// An all-zero file is a valid empty job, so creating one needs no lock and no initialiser:
+// every member opens it with O_CREAT, allocates it to file_size() (the same size from every
+// member, so the race is harmless) and maps it.
 //
 // Accounting without a lock (reserve, then validate):
 //   Each member owns one Member slot and is the only writer of its `charged[]` counters.
@@ -123,6 +129,37 @@ bool valid_job_name(const std::string& name, std::string* why);
 
 /// "job-<uid>-<name>.cwj"
 std::string file_name(uint32_t uid, const std::string& name);
+
+/// The run directory's folder of per-user job directories: <run dir>/jobs/<uid>/.
+inline constexpr const char* kJobsDir = "jobs";
+/// Fallback job directories <run dir>/jobs-<uid>-<n>/ tried, n = 0 .. kFallbackDirs - 1.
+inline constexpr uint32_t kFallbackDirs = 64;
+/// "jobs-<uid>-<n>"
+std::string fallback_dir_name(uint32_t uid, uint32_t n);
+/// Parse a fallback directory's name; false if `name` is not one (n out of range included).
+bool parse_fallback_dir_name(const std::string& name, uint32_t* uid, uint32_t* n);
+
+/// Where the members of `uid`'s job `name` keep its file under `run_dir`, and what the
+/// choice had to skip.
+struct DirChoice {
+  std::string path;  ///< the job directory (no trailing slash); empty when none is usable
+  /// Names skipped because they belong to someone else (or are not directories), one
+  /// sentence naming each owner; empty when the primary directory was used.
+  std::string skipped;
+};
+
+/// Choose (creating where needed) the job directory of `uid`'s job `name` under `run_dir`.
+/// A directory is usable when it is a real directory (never a link) owned by `uid` with
+/// mode 0700. The first usable candidate that already holds the job's file wins (so a
+/// member joins its job wherever the job began); else the first usable one, in the order
+/// <run dir>/jobs/<uid> (made 0700 when <run dir>/jobs is a directory of root or `uid`;
+/// <run dir>/jobs itself is made only in a run directory that `uid` owns), then
+/// <run dir>/jobs-<uid>-<n> for n = 0, 1, ... (made 0700 when absent). Every member of a job
+/// sees the same names, so every member chooses the same directory. Call it as `uid` (it
+/// makes directories that must be `uid`'s). Opens and makes files: cold paths only. Never
+/// follows a symlink. False (error set) when no candidate is usable.
+bool choose_dir(const std::string& run_dir, uint32_t uid, const std::string& name, DirChoice* out,
+                std::string* error);
 /// Parse a job file name; false if `file` is not one (or the name is not valid).
 bool parse_file_name(const std::string& file, uint32_t* uid, std::string* name);
 

@@ -65,10 +65,16 @@ uint64_t process_start_time(uint32_t pid);
 /// process_start_time().
 bool process_stat(uint32_t pid, char* state, uint64_t* start_time);
 
-/// True when /proc says the process that wrote a ring as (`pid`, `start_time`) is gone: no
-/// such process, a new one under the same pid, or a zombie (exited, not yet reaped). Opens
-/// a file, like process_start_time(). Assumes the writer's pid namespace is ours, as the
-/// daemon does for every ring.
+/// starttime of the calling process (/proc/self/stat, right whichever pid namespace /proc
+/// was mounted for), or 0 when unreadable. Opens a file, like process_start_time().
+uint64_t self_start_time();
+
+/// True only when it is proven, in the caller's pid namespace, that the process that wrote a
+/// ring as (`pid`, `start_time`) is gone: no process has that pid (pidfd_open), or /proc,
+/// when it shows the caller's own namespace, shows another process under that pid (another
+/// start time) or a zombie. A process that cannot be seen (an unreadable /proc, a /proc of
+/// another namespace) is presumed alive. `pid` is in the caller's namespace: map a ring's
+/// with host_pid() first. Opens files, like process_start_time().
 bool process_gone(uint32_t pid, uint64_t start_time);
 
 /// Inode of the pid namespace process `pid` (as this process numbers it) lives in, from
@@ -81,11 +87,21 @@ uint64_t pid_namespace(uint32_t pid);
 /// Opens a file, like process_start_time().
 uint32_t innermost_pid(uint32_t pid);
 
-/// Removes from run directory `dir` the rings of processes that are gone (process_gone) and
-/// whose files belong to user `uid` (any user's when `uid` is 0): a process killed while
-/// no daemon ran leaves its ring behind (and its live segment, removed with it). Regular files with a ring's name only; never
-/// follows a link. Returns how many were removed. Opens the directory and /proc files:
-/// not for a hook before the first CUDA call.
+/// The pid, in the caller's pid namespace, of the process whose pid is `ns_pid` in the pid
+/// namespace of inode `pidns` (RingHeader::pidns): `ns_pid` itself when `pidns` is 0 (a
+/// writer that predates the field) or the caller's own; else found by a walk of /proc (the
+/// `NSpid:` line of each /proc/PID/status, then /proc/PID/ns/pid). -1 when no process
+/// matches or /proc is not the caller's namespace's: such a process cannot be judged.
+/// Reads all of /proc: not for a hot path.
+int64_t host_pid(uint64_t pidns, uint32_t ns_pid);
+
+/// Removes from run directory `dir` the rings of processes proven gone (process_gone) whose
+/// files belong to user `uid` and whose writers recorded the caller's own pid namespace: a
+/// process killed while no daemon ran leaves its ring behind (and its live segment, removed
+/// with it). Other users' rings, and rings of other namespaces or of writers that predate
+/// the namespace field, are the daemon's to clean. Regular files with a ring's name only;
+/// never follows a link. Returns how many were removed. Opens the directory and /proc
+/// files: not for a hook before the first CUDA call.
 int remove_dead_rings(const std::string& dir, uint32_t uid);
 
 }  // namespace cuw::paths

@@ -187,7 +187,7 @@ struct RingHeader {
   uint32_t header_size;           ///< sizeof(RingHeader) as the writer compiled it
   uint32_t slot_size;             ///< sizeof(EventSlot)
   uint32_t slot_count;            ///< power of two, kMinSlotCount..kMaxSlotCount
-  uint32_t pid;                   ///< process id (in the writer's pid namespace)
+  uint32_t pid;                   ///< process id in the writer's pid namespace (pidns)
   uint32_t uid;                   ///< real uid of the process
   uint64_t start_time;            ///< /proc/<pid>/stat starttime (clock ticks since boot): pid-reuse guard
   uint64_t created_ns;            ///< CLOCK_REALTIME at ring creation
@@ -204,7 +204,12 @@ struct RingHeader {
   char pool[16];                  ///< backend: "off", "cache", "vmm"
   uint32_t cap_scope;             ///< CapScope: what `used` (and so a cap) counts
   uint32_t reserved_word;
-  uint64_t reserved_words[31];
+  /// Inode of the writer's pid namespace (/proc/self/ns/pid), in which `pid` is its pid;
+  /// 0 from a writer that predates it (then the reader's namespace is assumed, as before).
+  /// A reader in another namespace maps (pidns, pid) to its own pid before it judges the
+  /// process (paths.hpp), and never judges one it cannot map.
+  uint64_t pidns;
+  uint64_t reserved_words[30];
   alignas(64) std::atomic<uint64_t> write_pos;  ///< next position producers claim
   alignas(64) std::atomic<uint64_t> read_pos;   ///< next position the consumer reads
   alignas(64) DeviceSlot devices[kMaxDevices];
@@ -212,6 +217,7 @@ struct RingHeader {
 static_assert(sizeof(RingHeader) <= kHeaderBytes);
 static_assert(offsetof(RingHeader, abi_version) == 8);
 static_assert(offsetof(RingHeader, slot_count) == 20);
+static_assert(offsetof(RingHeader, pidns) == 464, "pidns took the first reserved word of the previous layout");
 
 /// Total file size in bytes for `slot_count` slots.
 constexpr uint64_t file_size(uint32_t slot_count) noexcept {

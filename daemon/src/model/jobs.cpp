@@ -22,12 +22,17 @@ constexpr uint64_t kProcRecheckNs = 5'000'000'000;
 
 }  // namespace
 
-void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns,
+void JobTable::scan(const std::vector<Dir>& dirs, const Policy* policy, uint64_t now_ns,
                     std::span<const uint64_t> running) {
+  std::map<std::string, const Dir*> by_rel;
+  for (const Dir& d : dirs) by_rel[d.rel] = &d;
+  auto key_of = [](const Dir& d, const std::string& file) { return d.rel.empty() ? file : d.rel + "/" + file; };
   // Forget jobs whose file went away, was replaced under its name, or faulted.
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     struct stat st{};
-    const bool gone = !names.count(it->first) || fstatat(dirfd, it->first.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+    const auto d = by_rel.find(it->second.dir);
+    const bool gone = d == by_rel.end() || !d->second->names.count(it->second.file) ||
+                      fstatat(d->second->fd, it->second.file.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
                       st.st_dev != it->second.dev || st.st_ino != it->second.ino;
     if (gone || faulted_.count(it->first)) {
       spdlog::info("job {}/{}: {}", it->second.user, it->second.name,
@@ -38,10 +43,14 @@ void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy*
     }
   }
   faulted_.clear();
-  for (auto it = problems_.begin(); it != problems_.end();) it = names.count(it->first) ? std::next(it) : problems_.erase(it);
-  for (auto it = refused_.begin(); it != refused_.end();) it = names.count(it->first) ? std::next(it) : refused_.erase(it);
-  for (const auto& n : names)
-    if (!jobs_.count(n)) try_open(dirfd, n, now_ns);
+  std::set<std::string> present;
+  for (const Dir& d : dirs)
+    for (const auto& n : d.names) present.insert(key_of(d, n));
+  for (auto it = problems_.begin(); it != problems_.end();) it = present.count(it->first) ? std::next(it) : problems_.erase(it);
+  for (auto it = refused_.begin(); it != refused_.end();) it = present.count(it->first) ? std::next(it) : refused_.erase(it);
+  for (const Dir& d : dirs)
+    for (const auto& n : d.names)
+      if (!jobs_.count(key_of(d, n))) try_open(d, n, now_ns);
 
   for (auto& kv : jobs_) {
     const std::string& file = kv.first;
@@ -69,8 +78,9 @@ void JobTable::scan(int dirfd, const std::set<std::string>& names, const Policy*
   if (!remove_ended_) return;
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Job& j = it->second;
+    const auto d = by_rel.find(j.dir);
     if (j.empty_since_ns != 0 && now_ns - j.empty_since_ns >= linger_ns_ && !faulted_.count(it->first) &&
-        try_remove(dirfd, j))
+        d != by_rel.end() && try_remove(d->second->fd, j))
       it = jobs_.erase(it);
     else
       ++it;
@@ -128,20 +138,26 @@ std::string refusal_by_stat(const struct stat& st, uint32_t uid) {
 
 }  // namespace
 
-void JobTable::try_open(int dirfd, const std::string& file, uint64_t now_ns) {
+void JobTable::try_open(const Dir& dir, const std::string& file, uint64_t now_ns) {
+  const std::string key = dir.rel.empty() ? file : dir.rel + "/" + file;
+  const int dirfd = dir.fd;
   uint32_t uid = 0;
   std::string name;
   if (!job::parse_file_name(file, &uid, &name)) {
-    if (file.size() > 4 && file.compare(file.size() - 4, 4, job::kFileSuffix) == 0) problems_[file] = "malformed job file name";
+    if (file.size() > 4 && file.compare(file.size() - 4, 4, job::kFileSuffix) == 0) problems_[key] = "malformed job file name";
+    return;
+  }
+  if (dir.uid >= 0 && uid != static_cast<uint64_t>(dir.uid)) {
+    problems_[key] = "named for uid " + std::to_string(uid) + " in the job directory of uid " + std::to_string(dir.uid);
     return;
   }
   if (jobs_.size() >= max_jobs_) {
-    problems_[file] = "too many jobs (limit " + std::to_string(max_jobs_) + ")";
+    problems_[key] = "too many jobs (limit " + std::to_string(max_jobs_) + ")";
     return;
   }
   auto problem = [&](const std::string& why) {
-    auto& slot = problems_[file];
-    if (slot != why) spdlog::warn("job file {}: {}", file, why);
+    auto& slot = problems_[key];
+    if (slot != why) spdlog::warn("job file {}: {}", key, why);
     slot = why;
   };
   struct stat st{};
@@ -149,11 +165,11 @@ void JobTable::try_open(int dirfd, const std::string& file, uint64_t now_ns) {
   const std::array<int64_t, 4> id{static_cast<int64_t>(st.st_dev), static_cast<int64_t>(st.st_ino),
                                   static_cast<int64_t>(st.st_size),
                                   int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
-  if (auto r = refused_.find(file);
+  if (auto r = refused_.find(key);
       r != refused_.end() && r->second.id == id && (r->second.lasting || now_ns - r->second.probed_ns < kRetryNs))
     return;
   auto refuse = [&](bool lasting, const std::string& why) {
-    if (refused_.size() < max_jobs_ + kMaxRefused) refused_[file] = {id, now_ns, lasting};
+    if (refused_.size() < max_jobs_ + kMaxRefused) refused_[key] = {id, now_ns, lasting};
     if (!why.empty()) problem(why);
   };
   // The file's type, owner, links, mode and size decide before any open.
@@ -180,9 +196,10 @@ void JobTable::try_open(int dirfd, const std::string& file, uint64_t now_ns) {
   close(fd);
   if (!ok) return refuse(false, "file changed size while being mapped");
   if (!seg) return refuse(false, err);
-  problems_.erase(file);
-  refused_.erase(file);
+  problems_.erase(key);
+  refused_.erase(key);
   Job j;
+  j.dir = dir.rel;
   j.file = file;
   j.name = name;
   j.uid = uid;
@@ -190,8 +207,8 @@ void JobTable::try_open(int dirfd, const std::string& file, uint64_t now_ns) {
   j.seg.reset(seg);
   j.dev = st.st_dev;
   j.ino = st.st_ino;
-  spdlog::info("job {}/{}: found ({})", j.user, j.name, file);
-  jobs_.emplace(file, std::move(j));
+  spdlog::info("job {}/{}: found ({})", j.user, j.name, key);
+  jobs_.emplace(key, std::move(j));
 }
 
 void JobTable::reset_policy() noexcept {
@@ -199,8 +216,12 @@ void JobTable::reset_policy() noexcept {
 }
 
 JobTable::Job* JobTable::find(uint32_t uid, const std::string& name) {
-  auto it = jobs_.find(job::file_name(uid, name));
-  return it == jobs_.end() || faulted_.count(it->first) ? nullptr : &it->second;
+  // One job may be found in two places only across an upgrade (the previous layout's file
+  // beside the run directory's): the one whose members are in the current layout wins.
+  Job* found = nullptr;
+  for (auto& [key, j] : jobs_)
+    if (j.uid == uid && j.name == name && !faulted_.count(key) && (!found || found->dir.empty())) found = &j;
+  return found;
 }
 
 bool JobTable::view(Job& j, View* out) noexcept {
@@ -213,7 +234,7 @@ bool JobTable::view(Job& j, View* out) noexcept {
     for (const auto& g : v.gpus) v.used.push_back(j.seg->used(g.index));
   };
   if (!guarded_call(body)) {
-    faulted_.insert(j.file);
+    faulted_.insert(j.dir.empty() ? j.file : j.dir + "/" + j.file);
     return false;
   }
   std::erase_if(v.members, [](const job::Segment::MemberInfo& m) { return m.claiming; });
@@ -224,7 +245,7 @@ int64_t JobTable::set_limit(Job& j, uint64_t bytes, bool lower_only) noexcept {
   uint32_t n = 0;
   auto body = [&] { n = j.seg->set_limit(bytes, lower_only); };
   if (!guarded_call(body)) {
-    faulted_.insert(j.file);
+    faulted_.insert(j.dir.empty() ? j.file : j.dir + "/" + j.file);
     return -1;
   }
   return n;
@@ -254,7 +275,7 @@ void JobTable::apply_policy(Job& j, const View& v, const Policy& policy) {
         changed = slot.limit.compare_exchange_strong(cur, target, std::memory_order_seq_cst);
       };
       if (!guarded_call(body)) {
-        faulted_.insert(j.file);
+        faulted_.insert(j.dir.empty() ? j.file : j.dir + "/" + j.file);
         return;
       }
       if (!changed) continue;  // looked at again on the next scan

@@ -1,4 +1,5 @@
-// cuwarden daemon: the job segments in the run directory (job-<uid>-<name>.cwj), opened as
+// cuwarden daemon: the job segments (job-<uid>-<name>.cwj in each user's job directory,
+// cuw/job.hpp, and in the run directory itself from the previous layout), opened as
 // untrusted input, swept of dead members on every scan, shown in the state, given the
 // policy, and changed by `cuwarden limit job:NAME`. A job whose last member has been gone
 // for the linger time is logged with its peak per GPU and its file removed (job.hpp, "End
@@ -36,6 +37,7 @@ class JobTable {
     std::vector<uint64_t> used;                     ///< per entry of gpus
   };
   struct Job {
+    std::string dir;  ///< its directory, relative to the run directory ("" for the run directory)
     std::string file, name, user;
     uint32_t uid = 0;
     std::unique_ptr<job::Segment> seg;
@@ -53,12 +55,21 @@ class JobTable {
   explicit JobTable(std::size_t max_jobs = 1024, uint64_t linger_ns = 0, bool remove_ended = true)
       : max_jobs_(max_jobs), linger_ns_(linger_ns), remove_ended_(remove_ended) {}
 
-  /// Open new job files among `names` (file names in `dirfd`), forget vanished or replaced
-  /// ones, sweep dead members of each (their bytes are reclaimed at once), apply `policy`
-  /// (may be null) to members that have not had it, and remove the files of jobs that have
-  /// had no member for the linger time. `now_ns`: CLOCK_MONOTONIC. `running`: owner words
-  /// of processes known to run now, ascending (Segment::sweep: no liveness check for them).
-  void scan(int dirfd, const std::set<std::string>& names, const Policy* policy, uint64_t now_ns,
+  /// A directory holding job files, opened by the caller (who closes `fd` after scan()).
+  struct Dir {
+    std::string rel;               ///< relative to the run directory; "" for the run directory itself
+    int fd = -1;                   ///< O_DIRECTORY descriptor
+    int64_t uid = -1;              ///< the user whose files only it may hold; -1: any (the run directory)
+    std::set<std::string> names;   ///< the job file names it holds now
+  };
+
+  /// Open new job files among `dirs`' names, forget vanished or replaced ones (or ones whose
+  /// directory is no longer among `dirs`), sweep dead members of each (their bytes are
+  /// reclaimed at once), apply `policy` (may be null) to members that have not had it, and
+  /// remove the files of jobs that have had no member for the linger time. `now_ns`:
+  /// CLOCK_MONOTONIC. `running`: owner words of processes known to run now, ascending
+  /// (Segment::sweep: no liveness check for them).
+  void scan(const std::vector<Dir>& dirs, const Policy* policy, uint64_t now_ns,
             std::span<const uint64_t> running = {});
   /// Apply the policy to every member again (after a reload).
   void reset_policy() noexcept;
@@ -69,12 +80,13 @@ class JobTable {
   /// Set every member's cap (Segment::set_limit; `lower_only` for non-root callers) under the guard. -1 on a fault.
   int64_t set_limit(Job& j, uint64_t bytes, bool lower_only) noexcept;
 
+  /// By path relative to the run directory.
   std::map<std::string, Job>& jobs() noexcept { return jobs_; }
-  /// Files refused (path -> reason), for the state's "problems".
+  /// Files refused (path relative to the run directory -> reason), for the state's "problems".
   const std::map<std::string, std::string>& problems() const noexcept { return problems_; }
 
  private:
-  void try_open(int dirfd, const std::string& file, uint64_t now_ns);
+  void try_open(const Dir& dir, const std::string& file, uint64_t now_ns);
   /// Remove an empty job's file when no member holds its lock; logs its peaks. True when removed.
   bool try_remove(int dirfd, Job& j);
   void apply_policy(Job& j, const View& v, const Policy& policy);
@@ -82,8 +94,8 @@ class JobTable {
   std::size_t max_jobs_;
   uint64_t linger_ns_;
   bool remove_ended_;
-  std::map<std::string, Job> jobs_;               ///< by file name
-  std::map<std::string, std::string> problems_;   ///< by file name
+  std::map<std::string, Job> jobs_;               ///< by path relative to the run directory
+  std::map<std::string, std::string> problems_;   ///< by path relative to the run directory
   /// A file not taken, as it was when last probed: an unchanged one is not opened again (the
   /// daemon's open for writing raises IN_CLOSE_WRITE, which wakes the scan that would open it
   /// again, for ever), unless it failed in a way that may pass later, and then once a second.

@@ -42,6 +42,7 @@ constexpr uint32_t kIdleAfterDrains = 100;
 constexpr uint64_t kIdleBeatNs = 250'000'000;
 constexpr uint32_t kPresentEvery = 16;
 constexpr std::size_t kGpuIndexKept = 64;  // GPUs whose index is kept (State::gpu_index_kept)
+constexpr uint64_t kUnmappedRetryNs = 5'000'000'000;  // a ring of a pid namespace not seen
 
 /// Whether the process behind `pidfd` has exited (the pidfd polls readable).
 bool pidfd_exited(int pidfd) noexcept {
@@ -76,7 +77,7 @@ Registry::~Registry() {
 void Registry::scan(bool listing_changed, bool retry_unchanged) {
   const uint64_t mono = mono_ns();
   if (listing_changed || listed_mono_ == 0 || mono - listed_mono_ >= kFullScanNs) {
-    std::set<std::string> present, job_files;
+    std::set<std::string> present, job_files, fallbacks;
     const int fd = dup(dirfd_);
     if (fd < 0) {
       spdlog::warn("scan: dup: {}", std::strerror(errno));
@@ -94,6 +95,10 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
         if (job_files.size() < opt_.max_jobs + kMaxProblems) job_files.insert(name);
         continue;
       }
+      if (job::parse_fallback_dir_name(name, nullptr, nullptr)) {
+        if (fallbacks.size() < kMaxProblems) fallbacks.insert(name);
+        continue;
+      }
       if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, temporary files, ...
       present.insert(name);
       if (present.size() > opt_.max_rings + kMaxProblems) break;
@@ -101,6 +106,7 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
     closedir(d);
     listed_rings_.swap(present);
     listed_jobs_.swap(job_files);
+    listed_fallbacks_.swap(fallbacks);
     listed_mono_ = mono;
     listing_changed = true;
   }
@@ -165,7 +171,7 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
     } else {
       RingSnapshot header;
       if (!p->ring->snapshot(header)) continue;
-      const ProcessIdentity who{opt_.run_dir, p->pid, p->uid, p->start_time, p->user, false};
+      const ProcessIdentity who{opt_.run_dir, p->pid, p->uid, p->start_time, p->user, false, p->ns_pid};
       TakenSnapshot t = take_snapshot(who, header, nullptr);
       if (!t.snap.exact) continue;
       p->sampled_events = events;  // only once a sample holds what these events did
@@ -186,7 +192,18 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
   for (const auto& [name, p] : procs_)
     if (!p->exited && p->pidfd >= 0) running_.push_back(job::owner_word(p->pid, p->start_time));
   std::sort(running_.begin(), running_.end());
-  jobs_.scan(dirfd_, listed_jobs_, policy_.get(), mono, running_);
+  std::vector<JobTable::Dir> dirs = job_dirs();
+  jobs_.scan(dirs, policy_.get(), mono, running_);
+  for (const auto& d : dirs)
+    if (d.fd != dirfd_) close(d.fd);
+}
+
+std::size_t Registry::remove_exited() {
+  std::vector<std::string> exited;
+  for (const auto& [name, p] : procs_)
+    if (p->exited) exited.push_back(name);
+  for (const auto& name : exited) forget(name, opt_.unlink_exited);
+  return exited.size();
 }
 
 bool Registry::retry_soon() const {
@@ -201,11 +218,12 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
   if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished
   const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   auto pit = problems_.find(name);
-  if (pit != problems_.end() && (!pit->second.transient || !retry_unchanged) && pit->second.dev == st.st_dev &&
-      pit->second.ino == st.st_ino && pit->second.size == st.st_size && pit->second.mtime_ns == mtime)
+  if (pit != problems_.end() && pit->second.dev == st.st_dev && pit->second.ino == st.st_ino &&
+      pit->second.size == st.st_size && pit->second.mtime_ns == mtime &&
+      (pit->second.transient ? !retry_unchanged : pit->second.retry_mono == 0 || mono < pit->second.retry_mono))
     return;  // same broken file as before
 
-  auto record = [&](std::string reason, bool transient) {
+  auto record = [&](std::string reason, bool transient, uint64_t retry_mono = 0) {
     if (pit == problems_.end()) {
       if (problems_.size() >= kMaxProblems) return;
       pit = problems_.emplace(name, Problem{}).first;
@@ -219,6 +237,7 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
     pr.ino = st.st_ino;
     pr.size = st.st_size;
     pr.mtime_ns = mtime;
+    pr.retry_mono = retry_mono;
     if (changed && !transient) spdlog::warn("ring {}: {}", name, pr.reason);
     else spdlog::debug("ring {}: {} (for now)", name, pr.reason);
   };
@@ -236,7 +255,9 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
   }
   OpenResult r = open_ring(dirfd_, name, pid, start_time);
   if (!r.view) {
-    record(r.error, r.transient);
+    // A process this daemon cannot see is presumed alive: its ring stays, looked at again
+    // every few seconds (its namespace may become visible), never every scan.
+    record(r.error, r.transient, r.unmapped ? mono + kUnmappedRetryNs : 0);
     return;
   }
   if (pit != problems_.end()) problems_.erase(pit);
@@ -245,7 +266,8 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
   RingSnapshot snap;
   if (!r.view->snapshot(snap)) return;
   p->file_name = name;
-  p->pid = pid;
+  p->pid = r.host_pid;
+  p->ns_pid = pid;
   p->start_time = start_time;
   p->uid = snap.uid;
   p->user = user_name(snap.uid);
@@ -254,8 +276,8 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
   // reused pid: checked against the start time after it is opened, so it is this process's.
   // Without one (an old kernel, no descriptor left, another pid namespace) /proc is read.
   // Descriptors are left for clients: pidfds take at most the soft limit less 512.
-  if (procs_.size() + 512 < fd_limit_) p->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (p->pidfd >= 0 && paths::process_gone(pid, start_time)) {
+  if (procs_.size() + 512 < fd_limit_) p->pidfd = static_cast<int>(::syscall(SYS_pidfd_open, p->pid, 0));
+  if (p->pidfd >= 0 && paths::process_gone(p->pid, start_time)) {
     ::close(p->pidfd);
     p->pidfd = -1;
   }
@@ -265,7 +287,9 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
     ev.data.fd = p->pidfd;
     p->pidfd_watched = epoll_ctl(exit_ep_, EPOLL_CTL_ADD, p->pidfd, &ev) == 0;
   }
-  spdlog::info("ring {}: pid {} ({}) user {}{}", name, pid, field_text(snap.comm, sizeof snap.comm), p->user,
+  spdlog::info("ring {}: pid {}{} ({}) user {}{}", name, p->pid,
+               p->pid == pid ? std::string() : fmt::format(" (pid {} in its own namespace)", pid),
+               field_text(snap.comm, sizeof snap.comm), p->user,
                p->ring->writable() ? "" : " [read-only: counters only, no events]");
   auto& ref = *p;
   procs_.emplace(name, std::move(p));
@@ -369,7 +393,7 @@ void Registry::forget(const std::string& name, bool unlink_file) {
     {
       unlinkat(dirfd_, name.c_str(), 0);  // failure is fine: not our file to insist on
       // The live segment beside it, if it is the same owner's.
-      const std::string live_name = live::file_name(p.pid, p.start_time);
+      const std::string live_name = live::file_name(p.ns_pid, p.start_time);
       struct stat ls{};
       if (fstatat(dirfd_, live_name.c_str(), &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(ls.st_mode) &&
           ls.st_uid == st.st_uid)
@@ -435,7 +459,7 @@ void Registry::take_oom_report(Process& p, const StoredEvent& ev) {
   rep->process_name = field_text(header.comm, sizeof header.comm);
   rep->user = p.user;
   rep->event = ev;
-  const ProcessIdentity who{opt_.run_dir, p.pid, p.uid, p.start_time, p.user, p.exited};
+  const ProcessIdentity who{opt_.run_dir, p.pid, p.uid, p.start_time, p.user, p.exited, p.ns_pid};
   const auto history = p.history.view();
   rep->snapshot = take_snapshot(who, header, history.get(), 2000);
   spdlog::info("pid {}: out of memory ({} bytes asked on device {}); report kept{}", p.pid, ev.e.bytes,
@@ -502,6 +526,7 @@ void Registry::publish() {
     p->published = true;
     ps.file_name = name;
     ps.pid = p->pid;
+    ps.ns_pid = p->ns_pid;
     ps.uid = p->uid;
     ps.user = p->user;
     ps.start_time = p->start_time;

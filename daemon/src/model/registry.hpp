@@ -103,6 +103,11 @@ class Registry {
     }
   }
 
+  /// Forget every process seen to exit, removing its ring and live segment as the linger's
+  /// end would (unless the options keep them): the daemon stops, and none is left to remove
+  /// them later. Returns how many were forgotten. Loop thread only.
+  std::size_t remove_exited();
+
   /// Replace the policy (startup and SIGHUP); it is applied to every ring and job again.
   void set_policy(std::shared_ptr<const Policy> policy);
   const Policy* policy() const noexcept { return policy_.get(); }
@@ -121,6 +126,8 @@ class Registry {
     ino_t ino = 0;
     off_t size = 0;
     int64_t mtime_ns = 0;
+    /// CLOCK_MONOTONIC after which an unchanged file is looked at again (0: only once it changes).
+    uint64_t retry_mono = 0;
   };
 
   void try_open(const std::string& name, uint64_t mono, bool retry_unchanged);
@@ -156,6 +163,15 @@ class Registry {
   int dirfd_;
   int exit_ep_ = -1;  ///< epoll set of the processes' pidfds (readable at exit)
   std::set<std::string> listed_rings_, listed_jobs_;  ///< the last listing's names
+  std::set<std::string> listed_fallbacks_;            ///< jobs-<uid>-<n> names of the last listing
+  std::set<uint32_t> job_dirs_made_;                  ///< uids whose jobs/<uid> this daemon has made or seen
+  /// The directories holding job files now (registry_jobs.cpp): the run directory (the
+  /// previous layout), each user's jobs/<uid> and each jobs-<uid>-<n>, each opened without
+  /// following a link and used only when it is its user's and mode 0700. A root daemon
+  /// renames aside what occupies one of those names for another user (and logs it), and
+  /// makes jobs/ and jobs/<uid> for every user whose ring it has seen. The caller closes
+  /// every fd but dirfd_.
+  std::vector<JobTable::Dir> job_dirs();
   uint64_t listed_mono_ = 0;                          ///< when it was read (0: never)
   const Nvml* nvml_;
   std::map<std::string, std::unique_ptr<Process>> procs_;  ///< by ring file name

@@ -44,6 +44,7 @@ bool RingView::snapshot(RingSnapshot& out) const noexcept {
     std::memcpy(out.job, h->job, sizeof out.job);
     std::memcpy(out.pool, h->pool, sizeof out.pool);
     std::memcpy(&out.cap_scope, &h->cap_scope, sizeof out.cap_scope);
+    std::memcpy(&out.pidns, &h->pidns, sizeof out.pidns);
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const ring::DeviceSlot& s = h->devices[d];
       DeviceSnapshot& o = out.devices[d];
@@ -210,15 +211,25 @@ struct RingOpener {
       return fail("ring claims pid " + std::to_string(snap.pid) + " starttime " + std::to_string(snap.start_time) +
                   ", its file name says pid " + std::to_string(expect_pid) + " starttime " +
                   std::to_string(expect_start_time), true);
+    // Its writer's pid as this daemon counts pids: a ring from another pid namespace names
+    // a pid of that namespace, which here may be another process or none.
+    const int64_t host = paths::host_pid(snap.pidns, expect_pid);
+    if (host < 0) {
+      res.unmapped = true;
+      return fail("written in pid namespace " + std::to_string(snap.pidns) + ", where no process this daemon can see has pid " +
+                  std::to_string(expect_pid) + " (not judged; looked at again later)");
+    }
     // The file's owner must be the user the process runs as: anyone may create files in the
     // run directory, and a ring named after another user's process must not speak for it.
     // A process that is gone (or whose pid was reused) is left to the exit detection.
-    const int64_t proc_uid = process_real_uid(expect_pid);
+    const auto hpid = static_cast<uint32_t>(host);
+    const int64_t proc_uid = process_real_uid(hpid);
     if (proc_uid >= 0 && static_cast<uint64_t>(proc_uid) != st.st_uid &&
-        paths::process_start_time(expect_pid) == expect_start_time)
+        paths::process_start_time(hpid) == expect_start_time)
       return fail("ring file belongs to uid " + std::to_string(st.st_uid) + " but process " +
-                  std::to_string(expect_pid) + " runs as uid " + std::to_string(proc_uid) + " (not its ring; refused)");
+                  std::to_string(hpid) + " runs as uid " + std::to_string(proc_uid) + " (not its ring; refused)");
     attach_writable(dirfd, name, st, *v);
+    res.host_pid = hpid;
     res.view = std::move(v);
     return res;
   }

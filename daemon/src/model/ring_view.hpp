@@ -54,6 +54,7 @@ struct DeviceSnapshot {
 struct RingSnapshot {
   uint32_t pid = 0, uid = 0, state = 0, device_count = 0;
   uint32_t cap_scope = 0;  ///< ring::CapScope, unchecked (hostile input)
+  uint64_t pidns = 0;      ///< RingHeader::pidns: the namespace `pid` is counted in (0: unknown)
   uint64_t start_time = 0, created_ns = 0, exited_ns = 0, heartbeat_ns = 0;
   uint64_t events_written = 0, events_dropped = 0, write_pos = 0, read_pos = 0;
   char comm[sizeof(ring::RingHeader::comm)] = {};
@@ -136,10 +137,15 @@ struct OpenResult {
   std::unique_ptr<RingView> view;
   std::string error;
   bool transient = false;
+  /// The ring's writer runs in a pid namespace where no process this daemon sees has its
+  /// pid: not judged (neither taken as exited nor removed), looked at again later.
+  bool unmapped = false;
+  /// The writer's pid in the daemon's own pid namespace (paths::host_pid), with a view.
+  uint32_t host_pid = 0;
 };
 
 /// Open `name` inside the directory `dirfd`. `expect_pid`/`expect_start_time` come from
-/// the file name. Never follows symlinks, never blocks on FIFOs.
+/// the file name (the pid as the writer's namespace counts it). Never follows symlinks, never blocks on FIFOs.
 OpenResult open_ring(int dirfd, const std::string& name, uint32_t expect_pid, uint64_t expect_start_time);
 
 }  // namespace cuw::daemon

@@ -59,10 +59,11 @@ TakenSnapshot take_snapshot(const ProcessIdentity& who, const RingSnapshot& head
 
   // The live records.
   live::Contents c;
-  const std::string path = who.run_dir + "/" + live::file_name(who.pid, who.start_time);
+  const uint32_t file_pid = who.file_pid ? who.file_pid : who.pid;
+  const std::string path = who.run_dir + "/" + live::file_name(file_pid, who.start_time);
   if (!live::read_file(path, static_cast<long>(who.uid), &c, &t.live_error)) {
     s.exact = false;
-  } else if (c.pid != who.pid || c.start_time != who.start_time) {
+  } else if (c.pid != file_pid || c.start_time != who.start_time) {
     s.exact = false;
     t.live_error = path + ": written by another process than the ring's";
   } else {

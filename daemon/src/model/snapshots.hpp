@@ -36,6 +36,8 @@ struct ProcessIdentity {
   uint64_t start_time = 0;
   std::string user;
   bool exited = false;
+  /// The pid its files are named by (its own pid namespace's); 0: `pid`.
+  uint32_t file_pid = 0;
 };
 
 /// Take the process's snapshot now: `header` its ring header as read, `history` the events

@@ -31,7 +31,8 @@ using SiteSamples = std::vector<std::shared_ptr<const Snapshot>>;
 /// One interposed process: what the daemon tracks and a copy of its ring header.
 struct ProcessState {
   std::string file_name;  ///< the ring's file name in the run directory
-  uint32_t pid = 0;
+  uint32_t pid = 0;       ///< in the daemon's pid namespace
+  uint32_t ns_pid = 0;    ///< in the process's own (its files' names; header.pid)
   uint32_t uid = 0;       ///< the ring file's owner (checked against the header at discovery)
   std::string user;       ///< uid's login name, or the number as text
   uint64_t start_time = 0;

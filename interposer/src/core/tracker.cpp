@@ -23,6 +23,7 @@
 #include "base/log.hpp"
 #include "base/nvml_process.hpp"
 #include "base/real.hpp"
+#include "core/run_dir.hpp"
 #include "core/unwind.hpp"
 
 namespace cuw::core {
@@ -84,14 +85,6 @@ void read_small_file(const char* path, char* out, size_t cap, bool nul_to_space)
   while (n > 0 && out[n - 1] == ' ') out[--n] = '\0';
 }
 
-/// The run directory is shared by every user, like /tmp: world-writable and sticky.
-/// Missing parents are created as the user's own (0755).
-void make_run_dir(const std::string& dir) {
-  for (size_t slash = dir.find('/', 1); slash != std::string::npos; slash = dir.find('/', slash + 1))
-    ::mkdir(dir.substr(0, slash).c_str(), 0755);
-  if (::mkdir(dir.c_str(), 01777) == 0) ::chmod(dir.c_str(), 01777);
-}
-
 void copy_str(char* dst, size_t cap, const std::string& s) {
   size_t n = s.size() < cap - 1 ? s.size() : cap - 1;
   std::memcpy(dst, s.data(), n);
@@ -119,6 +112,16 @@ CUW_COLD Tracker& Tracker::create() {
 Tracker::Tracker() : config_(load_config()) {
   for (int8_t& g : job_gpu_) g = -1;
   log::init(config_.log_level, config_.log_file);
+  {
+    // Never the shared directory when another user could delete or replace our files there.
+    std::string note;
+    bool suspicious = false;
+    config_.run_dir = choose_run_dir(config_.run_dir, static_cast<unsigned>(geteuid()), &note, &suspicious);
+    if (!note.empty()) {
+      if (suspicious) log::warn("cuwarden: %s", note.c_str());
+      else log::info("cuwarden: %s", note.c_str());
+    }
+  }
   if (!config_.job.empty() && config_.errors.empty()) join_job();
   if (!config_.errors.empty()) {
     for (const std::string& e : config_.errors) {
@@ -161,15 +164,14 @@ void Tracker::create_ring() {
   void* base = MAP_FAILED;
   const std::string& dir = config_.run_dir;
   const uint32_t pid = static_cast<uint32_t>(getpid());
-  const uint64_t start = paths::process_start_time(pid);
+  const uint64_t start = paths::self_start_time();
 
-  make_run_dir(dir);
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+  if (!dir.empty()) {
     // A process of ours killed while no daemon ran left its ring behind, which nothing else
-    // would remove (a daemon removes what it saw exit).
+    // would remove (a daemon removes what it saw exit). Only our own uid's, of our own pid
+    // namespace, proven gone: the daemon cleans the rest.
     if (!daemon_listening())
-      if (const int n = paths::remove_dead_rings(dir, static_cast<uint32_t>(getuid())))
+      if (const int n = paths::remove_dead_rings(dir, static_cast<uint32_t>(geteuid())))
         log::debug("cuwarden: removed %d ring(s) of processes gone from %s", n, dir.c_str());
     const std::string path = dir + "/" + paths::ring_file_name(pid, start);
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -177,18 +179,25 @@ void Tracker::create_ring() {
       // A leftover of an earlier process with our pid and start time cannot exist unless
       // the clock went back; a file we do not own is not ours to reuse either way.
       log::warn("cuwarden: %s exists; using a private ring", path.c_str());
+    } else if (fd < 0) {
+      log::warn("cuwarden: cannot create %s (%s); using a private ring, which no daemon counts", path.c_str(),
+                std::strerror(errno));
     }
     if (fd >= 0) {
       ::fchmod(fd, 0644);
-      if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+      // Every page allocated before it is mapped: on a full tmpfs the first write to a page
+      // that is not would be SIGBUS in the program.
+      const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+      if (err == 0) {
         base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (base != MAP_FAILED) ring_is_file_ = true;
+      } else {
+        log::warn("cuwarden: cannot allocate %llu bytes for %s (%s); using a private ring, which no daemon counts",
+                  static_cast<unsigned long long>(bytes), path.c_str(), std::strerror(err));
       }
       ::close(fd);
       if (!ring_is_file_) ::unlink(path.c_str());
     }
-  } else {
-    log::warn("cuwarden: run directory %s is not usable; using a private ring", dir.c_str());
   }
   if (base == MAP_FAILED) {
     base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -201,6 +210,7 @@ void Tracker::create_ring() {
   header_ = static_cast<ring::RingHeader*>(base);
 
   header_->pid = pid;
+  header_->pidns = job::self_pidns();
   header_->uid = static_cast<uint32_t>(getuid());
   header_->start_time = start;
   header_->created_ns = fast_clock::realtime_ns_slow();
@@ -233,15 +243,29 @@ void Tracker::create_ring() {
 
 void Tracker::join_job() {
   const std::string& dir = config_.run_dir;
-  make_run_dir(dir);
+  const std::string what = "CUWARDEN_JOB='" + config_.job + "': ";
+  if (dir.empty()) {
+    config_.errors.push_back(what + "no run directory to share the job's file in");
+    return;
+  }
   std::string error;
-  job_ = job::Segment::open(dir, static_cast<uint32_t>(geteuid()), config_.job, true, &error);
+  job::DirChoice where;
+  if (!job::choose_dir(dir, static_cast<uint32_t>(geteuid()), config_.job, &where, &error)) {
+    config_.errors.push_back(what + error);
+    return;
+  }
+  // Someone else holds a name we would have used: the job still runs, with one cap, in the
+  // directory every member of it chooses.
+  if (!where.skipped.empty())
+    log::always("cuwarden: %sskipped what it cannot trust: %s; the job's file is in %s", what.c_str(),
+                where.skipped.c_str(), where.path.c_str());
+  job_ = job::Segment::open(where.path, static_cast<uint32_t>(geteuid()), config_.job, true, &error);
   if (!job_) {
-    config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': cannot use the job segment: " + error);
+    config_.errors.push_back(what + "cannot use the job segment: " + error);
     return;
   }
   const uint32_t pid = static_cast<uint32_t>(getpid());
-  const uint64_t start = paths::process_start_time(pid);
+  const uint64_t start = paths::self_start_time();
   if (start == 0) {  // other members could not tell us from a reused pid
     config_.errors.push_back("CUWARDEN_JOB='" + config_.job + "': cannot read /proc/self/stat (start time)");
     return;
@@ -511,6 +535,7 @@ std::string Tracker::ring_path() const {
 }
 
 bool Tracker::daemon_listening() const noexcept {
+  if (config_.run_dir.empty()) return false;
   // Only a daemon we may believe counts: another user's impostor on the socket's name would
   // otherwise make every exiting process leave its files for a daemon that never comes.
   const std::string sock = paths::socket_path_for(config_.socket.c_str(), config_.run_dir.c_str());

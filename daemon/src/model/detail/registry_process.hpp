@@ -28,7 +28,8 @@ struct Registry::Process {
   Process& operator=(const Process&) = delete;
   std::string file_name;
   std::unique_ptr<RingView> ring;
-  uint32_t pid = 0;
+  uint32_t pid = 0;      ///< in the daemon's pid namespace
+  uint32_t ns_pid = 0;   ///< in the process's own (its ring's and live segment's names)
   uint64_t start_time = 0;
   uint32_t uid = 0;
   std::string user;

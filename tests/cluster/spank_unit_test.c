@@ -1,0 +1,154 @@
+/* cuwarden tests: the SPANK plugin's parsing and what it sets in a task, without slurmd. The
+ * plugin's source is compiled in here, against Slurm's own spank.h, with the few functions
+ * of Slurm it calls played by this file (a task environment in a table). Exit 0 when every
+ * check holds; each failure is one line on stderr. */
+#include "../../cluster/slurm/cuwarden_spank.c"
+
+#include <stdarg.h>
+
+static int failures;
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                       \
+    }                                                                   \
+  } while (0)
+
+/* ---- Slurm, as far as the plugin uses it ------------------------------------------------ */
+
+#define ENV_MAX 32
+static char env_name[ENV_MAX][64], env_value[ENV_MAX][4096];
+static int env_count;
+
+static int env_find(const char *name) {
+  for (int i = 0; i < env_count; ++i)
+    if (!strcmp(env_name[i], name)) return i;
+  return -1;
+}
+static void env_set(const char *name, const char *value) {
+  int i = env_find(name);
+  if (i < 0) i = env_count++;
+  snprintf(env_name[i], sizeof env_name[i], "%s", name);
+  snprintf(env_value[i], sizeof env_value[i], "%s", value);
+}
+static const char *env_get(const char *name) {
+  const int i = env_find(name);
+  return i < 0 ? NULL : env_value[i];
+}
+
+spank_err_t spank_getenv(spank_t sp, const char *var, char *buf, int len) {
+  (void)sp;
+  const char *v = env_get(var);
+  if (!v) return ESPANK_ENV_NOEXIST;
+  if ((int)strlen(v) >= len) return ESPANK_NOSPACE;
+  snprintf(buf, (size_t)len, "%s", v);
+  return ESPANK_SUCCESS;
+}
+spank_err_t spank_setenv(spank_t sp, const char *var, const char *val, int overwrite) {
+  (void)sp;
+  if (!overwrite && env_get(var)) return ESPANK_ENV_EXISTS;
+  env_set(var, val);
+  return ESPANK_SUCCESS;
+}
+spank_err_t spank_get_item(spank_t sp, spank_item_t item, ...) {
+  (void)sp;
+  va_list ap;
+  va_start(ap, item);
+  spank_err_t r = ESPANK_SUCCESS;
+  if (item == S_JOB_ID) *va_arg(ap, uint32_t *) = 77;
+  else r = ESPANK_BAD_ARG;
+  va_end(ap);
+  return r;
+}
+spank_err_t spank_option_register(spank_t sp, struct spank_option *opt) {
+  (void)sp;
+  (void)opt;
+  return ESPANK_SUCCESS;
+}
+spank_context_t spank_context(void) { return S_CTX_REMOTE; }
+int spank_remote(spank_t sp) {
+  (void)sp;
+  return 1;
+}
+const char *spank_strerror(spank_err_t err) {
+  (void)err;
+  return "error";
+}
+void slurm_error(const char *format, ...) {
+  va_list ap;
+  va_start(ap, format);
+  fputs("  (plugin) ", stderr);
+  vfprintf(stderr, format, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* ---- the checks ------------------------------------------------------------------------ */
+
+static int arguments(const char *a, const char *b) {
+  char *av[2] = {(char *)a, (char *)b};
+  max_limit = max_job_limit = shard_size = 0;
+  def_limit[0] = def_job_limit[0] = 0;
+  return read_arguments(b ? 2 : 1, av);
+}
+
+static void sizes_under_one_mib_are_refused(void) {
+  char out[SIZE_TEXT];
+  CHECK(take_size("--gpu-mem-limit", "0", out) == -1);
+  CHECK(take_size("--gpu-mem-limit", "1", out) == -1);
+  CHECK(take_size("--gpu-mem-limit", "5000", out) == -1);
+  CHECK(take_size("--gpu-mem-limit", "1023K", out) == -1);
+  CHECK(take_size("--gpu-mem-limit", "1M", out) == 0);
+  CHECK(take_size("--gpu-mem-limit", "8G", out) == 0 && !strcmp(out, "8G"));
+  CHECK(take_size("--gpu-mem-limit", "75%", out) == 0);
+  CHECK(arguments("max=0", NULL) == -1);
+  CHECK(arguments("max=5000", NULL) == -1);
+  CHECK(arguments("job_max=1K", NULL) == -1);
+  CHECK(arguments("default=0", NULL) == -1);
+  CHECK(arguments("max=80G", NULL) == 0 && max_limit == 80ULL << 30);
+  CHECK(arguments("run_dir=relative", NULL) == -1);
+}
+
+static void the_library_is_matched_entry_by_entry(void) {
+  CHECK(preload_has("/l/libcuwarden.so", "/l/libcuwarden.so"));
+  CHECK(preload_has("/a.so:/l/libcuwarden.so", "/l/libcuwarden.so"));
+  CHECK(preload_has("/a.so /l/libcuwarden.so /b.so", "/l/libcuwarden.so"));
+  CHECK(!preload_has("/l/libcuwarden.so.evil", "/l/libcuwarden.so"));
+  CHECK(!preload_has("/x/l/libcuwarden.so", "/l/libcuwarden.so"));
+  CHECK(!preload_has("", "/l/libcuwarden.so"));
+}
+
+static void the_task_environment_cannot_turn_enforcement_off(void) {
+  CHECK(arguments("lib=/l/libcuwarden.so", "max=8G") == 0);
+  env_count = 0;
+  opt_limit[0] = opt_job_limit[0] = 0;
+  env_set("CUWARDEN_ON_ERROR", "open");
+  env_set("CUWARDEN_CONFIG", "/home/u/mine.conf");
+  env_set("CUWARDEN_RUN_DIR", "/tmp/u");
+  env_set("CUWARDEN_LIMIT", "0");
+  env_set("LD_PRELOAD", "/l/libcuwarden.so.evil");
+  CHECK(slurm_spank_task_init(NULL, 0, NULL) == 0);
+  CHECK(env_get("CUWARDEN_ON_ERROR") && !strcmp(env_get("CUWARDEN_ON_ERROR"), "fail"));
+  CHECK(env_get("CUWARDEN_CONFIG") && !strcmp(env_get("CUWARDEN_CONFIG"), "off"));
+  CHECK(env_get("CUWARDEN_RUN_DIR") && !strcmp(env_get("CUWARDEN_RUN_DIR"), DEFAULT_RUN_DIR));
+  CHECK(env_get("CUWARDEN_LIMIT") && !strcmp(env_get("CUWARDEN_LIMIT"), "8589934592"));
+  CHECK(env_get("LD_PRELOAD") && !strcmp(env_get("LD_PRELOAD"), "/l/libcuwarden.so:/l/libcuwarden.so.evil"));
+  CHECK(env_get("CUWARDEN_JOB") && !strcmp(env_get("CUWARDEN_JOB"), "slurm-77"));
+
+  /* run_dir= wins over the environment too, and a preload already there is not doubled. */
+  CHECK(arguments("lib=/l/libcuwarden.so", "run_dir=/run/cw") == 0);
+  env_set("LD_PRELOAD", "/a.so:/l/libcuwarden.so");
+  CHECK(slurm_spank_task_init(NULL, 0, NULL) == 0);
+  CHECK(!strcmp(env_get("CUWARDEN_RUN_DIR"), "/run/cw"));
+  CHECK(!strcmp(env_get("LD_PRELOAD"), "/a.so:/l/libcuwarden.so"));
+}
+
+int main(void) {
+  sizes_under_one_mib_are_refused();
+  the_library_is_matched_entry_by_entry();
+  the_task_environment_cannot_turn_enforcement_off();
+  if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
+  else printf("all checks passed\n");
+  return failures ? 1 : 0;
+}
