@@ -300,9 +300,10 @@ int run(const Options& o) {
   // A ring created before the query (its inotify event still queued, or its header not yet
   // written when the event was handled) is looked at before the answer, so that a program
   // that has just run is in it.
+  bool scan_now = false;  // an inotify event (or SIGHUP) asks for a scan; the loop's, and queries'
   backend.refresh = [&] {
-    writes.call([&reg, &take_events] {
-      if (take_events() || reg.retry_soon()) reg.scan();
+    writes.call([&reg, &take_events, &scan_now] {
+      if (take_events() || scan_now || reg.retry_soon()) reg.scan();
       reg.publish();
     });
   };
@@ -404,7 +405,6 @@ int run(const Options& o) {
   constexpr uint64_t kMinEventScanNs = 20 * kMs;
   constexpr uint64_t kRetryScanNs = 10 * kMs;  // a ring being created: its header comes in a moment
   uint64_t last_scan = 0;
-  bool scan_now = false;
   std::vector<pollfd> fds;
   for (;;) {
     fds.clear();
