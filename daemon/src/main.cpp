@@ -6,7 +6,7 @@
 // drain every few ms, rescan (then publish a State and sample the history) every second.
 // With --http, a third thread serves HTTP from the published States and the history (it
 // never waits for the loop). The socket thread serves
-// the unix socket: a query has the loop publish a State (or takes one published since it
+// the unix socket (snapshots and reports on its small pool of threads): a query has the loop publish a State (or takes one published since it
 // came) and builds and sends its reply from it, so no client, slow or not, holds up
 // draining; set_limit goes through the LoopQueue, run by the model on the loop thread.
 #include <fcntl.h>
@@ -40,7 +40,7 @@
 #include "model/policy.hpp"
 #include "model/registry.hpp"
 #include "model/series.hpp"
-#include "model/symbolizer.hpp"
+#include "model/symbolize_worker.hpp"
 #include "transports/handler.hpp"
 #include "transports/http_routes.hpp"
 #include "transports/http_server.hpp"
@@ -67,6 +67,7 @@ struct Options {
   double exited_linger_s = 60;
   std::size_t history = 10000;
   unsigned leak_sample_s = 30;  ///< how often live memory is sampled by call site (snapshot --leaks)
+  double symbolize_timeout_s = 5;  ///< a symbolization worker is killed past it
 };
 
 /// Takes the run directory's lock (flock on the directory itself: no file is left behind),
@@ -241,20 +242,23 @@ int run(const Options& o) {
   cuw::daemon::LoopQueue writes;
   cuw::daemon::Backend backend;
   backend.store = &reg.store();
-  cuw::daemon::Symbolizer symbolizer;  // names snapshot frames, on the thread that asked
-  backend.symbolizer = &symbolizer;
+  cuw::daemon::SymbolizeOptions symbolize;  // names snapshot frames, in a worker process
+  symbolize.deadline_ns = static_cast<uint64_t>(o.symbolize_timeout_s * 1e9);
+  backend.symbolize = &symbolize;
   backend.series = &series;
   // Ring headers are authoritative and a query promises them as they are now: the loop
-  // publishes a State read after the query came (the socket thread serves one request at a
-  // time, so one publish per query). Building the reply and sending it stay on the socket
-  // thread.
+  // publishes a State read after the query came (one publish per query). Building the reply
+  // and sending it stay on the socket thread, or on its pool for snapshots and reports.
   backend.refresh = [&] { writes.call([&reg] { reg.publish(); }); };
   backend.set_limit = [&](const cuw::daemon::Peer& peer, const cuw::daemon::LimitRequest& req) {
     return writes.call([&] { return reg.set_limit_and_publish(peer, req); });
   };
-  cuw::daemon::Server server([&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
-    return cuw::daemon::handle_request(backend, peer, cmd, body);
-  });
+  // Snapshots and reports on the server's pool; limits and state at once, never behind them.
+  cuw::daemon::Server server(
+      [&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
+        return cuw::daemon::handle_request(backend, peer, cmd, body);
+      },
+      &cuw::daemon::slow_command);
   std::string err;
   if (!server.listen(socket_path, &err)) {
     spdlog::error("{}", err);
@@ -269,7 +273,7 @@ int run(const Options& o) {
     cuw::daemon::HttpApiOptions ho;
     ho.web_root = o.web_root.empty() ? default_web_root() : o.web_root;
     ho.snapshots = o.http_snapshots;
-    http_api = std::make_unique<cuw::daemon::HttpApi>(&reg.store(), &series, &symbolizer, ho);
+    http_api = std::make_unique<cuw::daemon::HttpApi>(&reg.store(), &series, &symbolize, ho);
     auto* api = http_api.get();
     http = std::make_unique<cuw::daemon::HttpServer>(
         [api](const cuw::daemon::HttpRequest& r) { return api->handle(r); }, &cuw::daemon::HttpApi::slow,
@@ -415,6 +419,9 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The symbolization worker: nothing of the daemon's start-up (model/symbolize_worker.hpp).
+  if (argc == 2 && std::strcmp(argv[1], cuw::daemon::kSymbolizeWorkerFlag) == 0)
+    return cuw::daemon::symbolize_worker_main();
   CLI::App app{"cuwardend: the cuwarden daemon (collects what interposed processes do; answers `cuwarden`)"};
   Options o;
   app.set_version_flag("--version", std::string("cuwardend ") + CUWARDEN_VERSION);
@@ -443,6 +450,9 @@ int main(int argc, char** argv) {
                  "seconds between samples of each process's live memory by call site (cuwarden snapshot --leaks "
                  "looks at the last 20)")
       ->check(CLI::Range(1u, 3600u));
+  app.add_option("--symbolize-timeout", o.symbolize_timeout_s,
+                 "seconds a snapshot's frames may take to name; frames left are shown by module and offset")
+      ->check(CLI::Range(0.1, 600.0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
