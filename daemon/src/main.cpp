@@ -37,6 +37,7 @@
 #include "cuw/protocol.hpp"
 #include "model/fault_guard.hpp"
 #include "model/nvml.hpp"
+#include "model/oom_store.hpp"
 #include "model/policy.hpp"
 #include "model/registry.hpp"
 #include "model/series.hpp"
@@ -68,7 +69,13 @@ struct Options {
   std::size_t history = 10000;
   unsigned leak_sample_s = 30;  ///< how often live memory is sampled by call site (snapshot --leaks)
   double symbolize_timeout_s = 5;  ///< a symbolization worker is killed past it
+  std::string state_dir;           ///< out-of-memory reports across restarts ("": see kDefaultStateDir)
 };
+
+/// Where a daemon on the default run directory keeps its out-of-memory reports (the unit's
+/// StateDirectory=). A daemon given another run directory (a test's, a user's own) keeps
+/// them on disk only with --state-dir: it must not mix its reports with the system's.
+constexpr const char* kDefaultStateDir = "/var/lib/cuwarden";
 
 /// Takes the run directory's lock (flock on the directory itself: no file is left behind),
 /// held for the daemon's life; the kernel drops it when the daemon dies, however it dies.
@@ -238,6 +245,31 @@ int run(const Options& o) {
   reg.set_policy(loaded);
   reg_ptr = &reg;
 
+  // Out-of-memory reports from before this start, read back as untrusted input.
+  const std::string state_dir =
+      !o.state_dir.empty() ? o.state_dir : run_dir == cuw::paths::kDefaultRunDir ? kDefaultStateDir : "";
+  std::unique_ptr<cuw::daemon::OomStore> oom_store;
+  if (!state_dir.empty()) {
+    oom_store = std::make_unique<cuw::daemon::OomStore>(state_dir);
+    std::string why;
+    if (!oom_store->open(&why)) {
+      if (!o.state_dir.empty()) {
+        spdlog::error("--state-dir: {}", why);
+        return 1;
+      }
+      spdlog::warn("{}; out-of-memory reports are kept in memory only", why);
+      oom_store.reset();
+    } else {
+      std::vector<std::string> skipped;
+      const auto reports = oom_store->load(&skipped);
+      for (const std::string& s : skipped) spdlog::warn("not an out-of-memory report, skipped: {}", s);
+      reg.restore_oom_reports(reports);
+      spdlog::info("state directory {}: {} out-of-memory reports read back", state_dir, reports.size());
+    }
+  } else {
+    spdlog::info("no --state-dir: out-of-memory reports are kept in memory only");
+  }
+
   cuw::daemon::SeriesStore series;
   cuw::daemon::LoopQueue writes;
   cuw::daemon::Backend backend;
@@ -292,14 +324,32 @@ int run(const Options& o) {
                    "HTTP");
   }
 
-  reg.scan();
-  reg.publish();
-  series.record(*reg.store().load());
   const int stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (stop_fd < 0) {
     spdlog::error("eventfd: {}", std::strerror(errno));
     return 1;
   }
+  // Reports are named (a worker) and saved (a disk) on the keeper's thread, never the loop's;
+  // the named one then takes the taken one's place. The queue is closed before the keeper is
+  // joined (a keeper waiting on it gives up). Set before the first scan, which may take
+  // reports too.
+  cuw::daemon::OomKeeper oom_keeper(
+      oom_store.get(), &symbolize,
+      [&writes, &reg](const std::shared_ptr<const cuw::daemon::OomReport>& taken,
+                      std::shared_ptr<const cuw::daemon::OomReport> named) {
+        try {
+          writes.call([&] { reg.replace_oom_report(taken.get(), std::move(named)); });
+        } catch (const std::exception&) {  // the daemon is stopping: the file is written already
+        }
+      });
+  reg.set_oom_listener([&oom_keeper](const std::shared_ptr<const cuw::daemon::OomReport>& r) { oom_keeper.submit(r); });
+  struct CloseWrites {  // however run() ends from here, the keeper never waits on a dead loop
+    cuw::daemon::LoopQueue& q;
+    ~CloseWrites() { q.close_queue(); }
+  } close_writes{writes};
+  reg.scan();
+  reg.publish();
+  series.record(*reg.store().load());
   std::thread http_thread;
   if (http)
     http_thread = std::thread([&] {
@@ -450,6 +500,9 @@ int main(int argc, char** argv) {
                  "seconds between samples of each process's live memory by call site (cuwarden snapshot --leaks "
                  "looks at the last 20)")
       ->check(CLI::Range(1u, 3600u));
+  app.add_option("--state-dir", o.state_dir,
+                 std::string("where out-of-memory reports are kept across restarts (mode 0700; default: ") +
+                     kDefaultStateDir + " with the default run directory, else in memory only)");
   app.add_option("--symbolize-timeout", o.symbolize_timeout_s,
                  "seconds a snapshot's frames may take to name; frames left are shown by module and offset")
       ->check(CLI::Range(0.1, 600.0));

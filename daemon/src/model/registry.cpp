@@ -431,8 +431,22 @@ void Registry::take_oom_report(Process& p, const StoredEvent& ev) {
   rep->snapshot = take_snapshot(who, header, history.get(), 2000);
   spdlog::info("pid {}: out of memory ({} bytes asked on device {}); report kept{}", p.pid, ev.e.bytes,
                static_cast<int>(ev.e.device), rep->snapshot.snap.exact ? "" : " without live records");
-  oom_log_.push_back(std::move(rep));
+  std::shared_ptr<const OomReport> kept = std::move(rep);
+  oom_log_.push_back(kept);
   while (oom_log_.size() > kOomLog) oom_log_.pop_front();
+  if (oom_listener_) oom_listener_(kept);
+}
+
+void Registry::restore_oom_reports(const std::vector<std::shared_ptr<const OomReport>>& older) {
+  for (auto it = older.rbegin(); it != older.rend() && oom_log_.size() < kOomLog; ++it) oom_log_.push_front(*it);
+}
+
+void Registry::replace_oom_report(const OomReport* taken, std::shared_ptr<const OomReport> named) {
+  for (auto& r : oom_log_)
+    if (r.get() == taken) {
+      r = std::move(named);
+      return;
+    }
 }
 
 Registry::DrainPace Registry::drain_all() {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -103,6 +104,18 @@ class Registry {
   std::size_t process_count() const noexcept { return procs_.size(); }
   uint64_t last_seq() const noexcept { return seq_; }
 
+  /// Out-of-memory reports: `listener` hears each one as it is taken (the loop thread; it
+  /// must not block: OomKeeper queues it). Empty: none.
+  void set_oom_listener(std::function<void(const std::shared_ptr<const OomReport>&)> listener) {
+    oom_listener_ = std::move(listener);
+  }
+  /// Reports kept from before this daemon started (OomStore::load, oldest first): they come
+  /// before any taken since; the newest kOomLog in all are kept.
+  void restore_oom_reports(const std::vector<std::shared_ptr<const OomReport>>& older);
+  /// Put `named` in the place of `taken` (its frames named since); nothing if `taken` is no
+  /// longer kept. Published at the next publish().
+  void replace_oom_report(const OomReport* taken, std::shared_ptr<const OomReport> named);
+
  private:
   struct Process;
   struct Problem {
@@ -164,8 +177,9 @@ class Registry {
   std::vector<uint64_t> running_;  ///< job owner words of processes running at the last scan
   std::deque<LimitChange> limit_log_;  ///< recent limit changes and refusals
   /// Out-of-memory reports kept (across processes: they outlive the process).
-  static constexpr std::size_t kOomLog = 32;
+  static constexpr std::size_t kOomLog = 64;  ///< as many as OomStore keeps on disk
   std::deque<std::shared_ptr<const OomReport>> oom_log_;
+  std::function<void(const std::shared_ptr<const OomReport>&)> oom_listener_;
   void take_oom_report(Process& p, const StoredEvent& ev);
   RetiredCounters retired_;
   StateStore store_;
