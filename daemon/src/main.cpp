@@ -5,10 +5,12 @@
 // directory changes (inotify), writes other threads ask for (LoopQueue), and two timers —
 // drain every few ms, rescan (then publish a State and sample the history) every second.
 // With --http, a third thread serves HTTP from the published States and the history (it
-// never waits for the loop). The socket thread serves
-// the unix socket (snapshots and reports on its small pool of threads): a query has the loop publish a State (or takes one published since it
-// came) and builds and sends its reply from it, so no client, slow or not, holds up
-// draining; set_limit goes through the LoopQueue, run by the model on the loop thread.
+// never waits for the loop). The socket thread serves the unix socket (snapshots and
+// reports on its small pool of threads): a query has the loop publish a State (or takes one
+// published since it came) and builds and sends its reply from it, so no client, slow or not,
+// holds up draining; set_limit goes through the LoopQueue, run by the model on the loop
+// thread. Snapshot frames are named in a worker process (cuwardend --symbolize-worker), and
+// out-of-memory reports are named and saved to the state directory on a keeper thread.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
