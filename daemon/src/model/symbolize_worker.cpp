@@ -414,14 +414,14 @@ void symbolize(TakenSnapshot& t, const SymbolizeOptions& o) {
     }
     site.frames = std::move(named);
   }
-  std::string note = x.failure;
+  std::string note;
+  if (!x.failure.empty())
+    note = x.failure + " (" + std::to_string(pcs.size() - x.answered) + " of " + std::to_string(pcs.size()) +
+           " distinct frames left unnamed)";
   if (over != 0) {
     if (!note.empty()) note += "; ";
     note += std::to_string(over) + " distinct frames past the first " + std::to_string(o.max_pcs) + " were not named";
   }
-  if (!x.failure.empty())
-    note += " (" + std::to_string(pcs.size() - x.answered) + " of " + std::to_string(pcs.size()) +
-            " distinct frames left unnamed)";
   t.symbols_note = std::move(note);
   t.symbolized = true;
 }

@@ -43,7 +43,8 @@ struct SymbolizeOptions {
 /// Frames it did not name (deadline, worker failure, past max_pcs, a file the owner cannot
 /// read) keep pc, module and offset; `t.symbols_note` then says why ("" when every frame the
 /// worker was given came back). Idempotent. Thread-safe; blocks up to o.deadline_ns plus the
-/// worker's start.
+/// worker's start. The process must ignore SIGPIPE (the daemon does): a worker that dies
+/// before reading its whole request would otherwise take the caller with it.
 void symbolize(TakenSnapshot& t, const SymbolizeOptions& o);
 
 /// The worker: reads its request on stdin, drops its rights as above, answers on stdout, and
