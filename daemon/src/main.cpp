@@ -247,7 +247,9 @@ int run(const Options& o) {
   reg.set_policy(loaded);
   reg_ptr = &reg;
 
-  // Out-of-memory reports from before this start, read back as untrusted input.
+  // Out-of-memory reports and the event history from before this start, read back as
+  // untrusted input.
+  cuw::daemon::EventJournal journal;
   const std::string state_dir =
       !o.state_dir.empty() ? o.state_dir : run_dir == cuw::paths::kDefaultRunDir ? kDefaultStateDir : "";
   std::unique_ptr<cuw::daemon::OomStore> oom_store;
@@ -266,7 +268,18 @@ int run(const Options& o) {
       const auto reports = oom_store->load(&skipped);
       for (const std::string& s : skipped) spdlog::warn("not an out-of-memory report, skipped: {}", s);
       reg.restore_oom_reports(reports);
-      spdlog::info("state directory {}: {} out-of-memory reports read back", state_dir, reports.size());
+      std::size_t events = 0;
+      if (journal.open(state_dir + "/events.journal", &why)) {
+        uint64_t max_seq = 0;
+        auto restored = journal.read_back(&max_seq);
+        for (const auto& [key, v] : restored) events += v.size();
+        reg.restore_history(std::move(restored), max_seq);
+        reg.set_journal(&journal);
+      } else {
+        spdlog::warn("{}; the event history is kept in memory only", why);
+      }
+      spdlog::info("state directory {}: {} out-of-memory reports and {} events read back", state_dir, reports.size(),
+                   events);
     }
   } else {
     spdlog::info("no --state-dir: out-of-memory reports are kept in memory only");

@@ -4,7 +4,7 @@
 // modules chosen by the test; the daemon runs as root. Checked: symbolization never reads a
 // file the process's owner cannot read, never opens a link's target past its owner's rights,
 // a FIFO or a device; a worker that hangs is killed at its deadline; limits and state are
-// answered while a snapshot's worker is stopped; out-of-memory reports survive kill -9.
+// answered while a snapshot's worker is stopped.
 // Root only (ctest label `root`): each test prints "SKIPPED: ..." and returns otherwise.
 #include <dlfcn.h>
 #include <elf.h>
@@ -349,44 +349,4 @@ TEST_CASE("serve.limits_and_state_answered_while_a_snapshot_worker_is_stopped") 
   asker.join();
   CHECK(answered == 20);
   CHECK(v.ring->h->devices[0].limit.load() == (512 + 18) * kMiB);  // the last one, applied
-}
-TEST_CASE("oom.report_survives_kill_9_of_the_daemon") {
-  REQUIRE_ROOT();
-  OpenTempDir dir;
-  const std::string state = dir / "state";
-  Child proc;
-  std::optional<Daemon> d;
-  d.emplace(dir, std::vector<std::string>{"--state-dir", state});
-  const auto pid = static_cast<uint32_t>(proc.pid);
-  FakeRing r(d->run_dir, pid, proc.start_time(), 1024, "oomproc");
-  r.device(0, 0x20).limit.store(256 * kMiB);
-  REQUIRE(wait_until([&] { return !d->process(pid).is_null(); }, 10000));
-  REQUIRE(r.push(ring::EventKind::refuse, ring::Api::cuMemAlloc, 0, 300 * kMiB, 0, 0));
-  auto oom = [&] { return run_cmd({CUWT_CLI, "oom", std::to_string(pid), "--socket", d->socket}); };
-  // Written when taken: the file is in the state directory before the daemon dies.
-  REQUIRE(wait_until([&] { return oom().out.find("300.00 MiB") != std::string::npos; }, 10000));
-  REQUIRE(wait_until(
-      [&] {
-        DIR* s = opendir((state + "/oom").c_str());
-        if (s == nullptr) return false;
-        bool any = false;
-        while (dirent* e = readdir(s)) any = any || std::strncmp(e->d_name, "oom-", 4) == 0;
-        closedir(s);
-        return any;
-      },
-      10000));
-  struct stat st{};
-  REQUIRE(::stat(state.c_str(), &st) == 0);
-  CHECK((st.st_mode & 07777) == 0700);
-
-  ::kill(d->pid, SIGKILL);
-  waitpid(d->pid, nullptr, 0);
-  d->pid = -1;
-  d.reset();
-  d.emplace(dir, std::vector<std::string>{"--state-dir", state});
-  const CmdResult after = oom();
-  std::printf("after the restart:\n%s", after.out.c_str());
-  CHECK(after.status == 0);
-  CHECK(after.out.find("pid " + std::to_string(pid)) != std::string::npos);
-  CHECK(after.out.find("300.00 MiB") != std::string::npos);
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/control.hpp"
+#include "model/event_journal.hpp"
 #include "model/jobs.hpp"
 #include "model/nvml.hpp"
 #include "model/peer.hpp"
@@ -115,6 +116,12 @@ class Registry {
   /// Put `named` in the place of `taken` (its frames named since); nothing if `taken` is no
   /// longer kept. Published at the next publish().
   void replace_oom_report(const OomReport* taken, std::shared_ptr<const OomReport> named);
+  /// Events from before this start (EventJournal::read_back): a process found again (same
+  /// pid and start time) at the next scan gets them back, and new events are numbered after
+  /// `max_seq`. Those of processes not found within three scans are forgotten. Before the first scan.
+  void restore_history(RestoredHistory restored, uint64_t max_seq);
+  /// Copy every event a history gets into `journal` (null: none). Loop thread.
+  void set_journal(EventJournal* journal) noexcept { journal_ = journal; }
 
  private:
   struct Process;
@@ -180,6 +187,9 @@ class Registry {
   static constexpr std::size_t kOomLog = 64;  ///< as many as OomStore keeps on disk
   std::deque<std::shared_ptr<const OomReport>> oom_log_;
   std::function<void(const std::shared_ptr<const OomReport>&)> oom_listener_;
+  EventJournal* journal_ = nullptr;
+  RestoredHistory restored_;  ///< until the first scans have matched them to processes
+  unsigned restore_scans_left_ = 3;
   void take_oom_report(Process& p, const StoredEvent& ev);
   RetiredCounters retired_;
   StateStore store_;
