@@ -485,8 +485,10 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   // The symbolization worker: nothing of the daemon's start-up (model/symbolize_worker.hpp).
+  // _exit: its answer is written already, and a sanitizer's exit-time checks (LeakSanitizer
+  // stops the process with ptrace) would fail under its seccomp filter.
   if (argc == 2 && std::strcmp(argv[1], cuw::daemon::kSymbolizeWorkerFlag) == 0)
-    return cuw::daemon::symbolize_worker_main();
+    ::_exit(cuw::daemon::symbolize_worker_main());
   CLI::App app{"cuwardend: the cuwarden daemon (collects what interposed processes do; answers `cuwarden`)"};
   Options o;
   app.set_version_flag("--version", std::string("cuwardend ") + CUWARDEN_VERSION);

@@ -172,12 +172,12 @@ bool any_named(const std::multimap<std::string, std::string>& m, const std::stri
   return false;
 }
 
-/// The daemon's symbolization worker, if one runs now: a child of `daemon` started with
+/// The daemon's symbolization workers running now: children of `daemon` started with
 /// --symbolize-worker.
-pid_t find_worker(pid_t daemon) {
+std::vector<pid_t> find_workers(pid_t daemon) {
+  std::vector<pid_t> found;
   DIR* d = opendir("/proc");
-  if (d == nullptr) return -1;
-  pid_t found = -1;
+  if (d == nullptr) return found;
   while (dirent* e = readdir(d)) {
     const pid_t p = static_cast<pid_t>(std::atoi(e->d_name));
     if (p <= 0) continue;
@@ -187,10 +187,17 @@ pid_t find_worker(pid_t daemon) {
     int ppid = 0;
     char state = 0;
     if (std::sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) != 2 || ppid != daemon) continue;
-    if (slurp("/proc/" + std::to_string(p) + "/cmdline").find("--symbolize-worker") != std::string::npos) found = p;
+    if (slurp("/proc/" + std::to_string(p) + "/cmdline").find("--symbolize-worker") != std::string::npos)
+      found.push_back(p);
   }
   closedir(d);
   return found;
+}
+
+/// One of them, or -1.
+pid_t find_worker(pid_t daemon) {
+  const auto w = find_workers(daemon);
+  return w.empty() ? -1 : w.front();
 }
 
 /// A TempDir every user may traverse (mkdtemp makes it 0700).
@@ -313,6 +320,7 @@ TEST_CASE("symbolize.hung_worker_is_killed_at_its_deadline_and_frames_come_back_
 }
 
 TEST_CASE("serve.limits_and_state_answered_while_a_snapshot_worker_is_stopped") {
+  // ... and a third snapshot request of one user, while two run, is refused at once.
   REQUIRE_ROOT();
   OpenTempDir dir;
   Daemon d(dir, {"--symbolize-timeout", "60"});
@@ -345,8 +353,23 @@ TEST_CASE("serve.limits_and_state_answered_while_a_snapshot_worker_is_stopped") 
     std::printf("%-9s %2d: %7.1f ms %s\n", limit ? "set_limit" : "get_state", i, ms, m ? "answered" : why.c_str());
     if (m && m->header.command != static_cast<uint16_t>(cuw::proto::Command::error) && ms <= 2000) ++answered;
   }
-  if (worker > 0) ::kill(worker, SIGKILL);
+  // A second snapshot of the same user runs (its own worker); a third is refused at once.
+  std::thread second([&] {
+    try {
+      (void)snapshot(d, pid, 120000);
+    } catch (const std::exception&) {
+    }
+  });
+  const bool two = wait_until([&] { return find_workers(d.pid).size() == 2; }, 10000);
+  std::string why;
+  const auto third = cuw::proto::request(d.socket, cuw::proto::Command::get_snapshot,
+                                         json{{"pid", pid}, {"format", "json"}}.dump(), 2000, &why);
+  for (pid_t w : find_workers(d.pid)) ::kill(w, SIGKILL);
   asker.join();
+  second.join();
   CHECK(answered == 20);
+  CHECK(two);
+  REQUIRE(third.has_value());
+  CHECK(third->body.find("busy") != std::string::npos);
   CHECK(v.ring->h->devices[0].limit.load() == (512 + 18) * kMiB);  // the last one, applied
 }

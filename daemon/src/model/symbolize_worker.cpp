@@ -346,14 +346,17 @@ void run_worker(const SymbolizeOptions& o, const std::string& request, Exchange&
   ::close(from[0]);
   // Done or not, it goes now: a worker that closed its output and lingers, or one stopped by a
   // signal, must not outlive its request (SIGKILL reaches a stopped process too).
-  ::kill(pid, SIGKILL);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (x.failure.empty() && eof && WIFEXITED(status) && WEXITSTATUS(status) != 0)
+  pid_t ended = ::waitpid(pid, &status, WNOHANG);
+  if (ended == 0) {
+    ::kill(pid, SIGKILL);
+    while ((ended = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+    }
+  } else if (x.failure.empty() && WIFEXITED(status) && WEXITSTATUS(status) != 0) {
     x.failure = "the symbolization worker failed (exit " + std::to_string(WEXITSTATUS(status)) + ")";
-  else if (x.failure.empty() && eof && WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL)
+  } else if (x.failure.empty() && WIFSIGNALED(status)) {
     x.failure = "the symbolization worker died (signal " + std::to_string(WTERMSIG(status)) + ")";
+  }
 }
 
 }  // namespace
