@@ -10,18 +10,18 @@
 
 #include "model/oom_store.hpp"
 
-namespace daemon = cuw::daemon;
+namespace cd = cuw::daemon;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > (1u << 20)) return 0;
   std::string why;
-  const auto r = daemon::parse_oom_report_file(std::string_view(reinterpret_cast<const char*>(data), size), &why);
+  const auto r = cd::parse_oom_report_file(std::string_view(reinterpret_cast<const char*>(data), size), &why);
   if (!r) {
     if (why.empty()) std::abort();  // a refusal always says why
     return 0;
   }
-  const std::string again = daemon::oom_report_file_text(*r);
-  const auto r2 = daemon::parse_oom_report_file(again, &why);
+  const std::string again = cd::oom_report_file_text(*r);
+  const auto r2 = cd::parse_oom_report_file(again, &why);
   if (!r2 || r2->pid != r->pid || r2->snapshot.snap.sites.size() != r->snapshot.snap.sites.size() ||
       r2->snapshot.snap.allocations.size() != r->snapshot.snap.allocations.size() ||
       r2->snapshot.snap.trace.size() != r->snapshot.snap.trace.size())
