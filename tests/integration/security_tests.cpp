@@ -306,8 +306,30 @@ TEST_CASE("symbolize.hung_worker_is_killed_at_its_deadline_and_frames_come_back_
   });
   pid_t worker = -1;
   wait_until([&] { return (worker = find_worker(d.pid)) > 0 || done; }, 20000);
+  // Its sandbox, once it has taken it (before it opens a module): the victim's ids, no
+  // capability at all, no new privileges, a seccomp filter, its limits.
+  std::string status, limits;
+  const std::string proc = "/proc/" + std::to_string(worker);
+  const bool sandboxed = worker > 0 && wait_until(
+                                           [&] {
+                                             status = slurp(proc + "/status");
+                                             return status.find("Seccomp:\t2") != std::string::npos;
+                                           },
+                                           20000);
+  limits = slurp(proc + "/limits");
   if (worker > 0) ::kill(worker, SIGSTOP);  // hangs for good from here
   asker.join();
+  INFO(status << limits);
+  CHECK(sandboxed);
+  const std::string u = std::to_string(v.victim.uid), g = std::to_string(v.victim.gid);
+  CHECK(status.find("Uid:\t" + u + "\t" + u + "\t" + u + "\t" + u) != std::string::npos);
+  CHECK(status.find("Gid:\t" + g + "\t" + g + "\t" + g + "\t" + g) != std::string::npos);
+  CHECK(status.find("CapEff:\t0000000000000000") != std::string::npos);
+  CHECK(status.find("CapPrm:\t0000000000000000") != std::string::npos);
+  CHECK(status.find("CapBnd:\t0000000000000000") != std::string::npos);
+  CHECK(status.find("NoNewPrivs:\t1") != std::string::npos);
+  CHECK(limits.find("Max address space         1073741824") != std::string::npos);
+  CHECK(limits.find("Max cpu time              3") != std::string::npos);
   const double took = duration<double>(steady_clock::now() - t0).count();
   std::printf("snapshot answered after %.2f s (deadline 2 s), worker %d\n", took, static_cast<int>(worker));
   REQUIRE(worker > 0);
