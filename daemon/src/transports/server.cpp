@@ -212,7 +212,11 @@ void Server::dispatch(const std::vector<pollfd>& fds, std::size_t first) {
     const short re = fds[at + i].revents;
     if (fds[at + i].fd != c.fd) continue;
     if (c.working) {
-      if (re & (POLLHUP | POLLERR | POLLNVAL)) c.dead = true;  // its request, if still queued, is dropped
+      if (re & (POLLHUP | POLLERR | POLLNVAL)) {  // its request, if still queued, is dropped
+        c.dead = true;
+        std::lock_guard lock(pool_->mu);
+        *c.gone = true;  // now, before any reply this round sends
+      }
       continue;
     }
     if (re & POLLOUT) on_writable(c);
@@ -371,7 +375,7 @@ void Server::collect_done() {
     if (auto it = in_flight_by_uid_.find(d.uid); it != in_flight_by_uid_.end() && --it->second == 0)
       in_flight_by_uid_.erase(it);
     if (d.dropped) {
-      ++dropped_;
+      dropped_.fetch_add(1, std::memory_order_relaxed);
       spdlog::debug("a request (command {}) was dropped unexecuted: its client had gone", d.reply.command);
       continue;
     }

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -71,8 +72,9 @@ class Server {
   void shutdown();
 
   std::size_t connection_count() const noexcept { return conns_.size(); }
-  /// Slow requests dropped because their client went before a pool thread took them.
-  uint64_t dropped_unexecuted() const noexcept { return dropped_; }
+  /// Slow requests dropped because their client went before a pool thread took them. Any
+  /// thread.
+  uint64_t dropped_unexecuted() const noexcept { return dropped_.load(std::memory_order_relaxed); }
 
  private:
   struct Pool;
@@ -110,7 +112,7 @@ class Server {
   uint64_t next_id_ = 1;
   std::size_t in_flight_ = 0;
   std::map<uint32_t, std::size_t> in_flight_by_uid_;
-  uint64_t dropped_ = 0;
+  std::atomic<uint64_t> dropped_{0};
 };
 
 }  // namespace cuw::daemon
