@@ -84,7 +84,7 @@ TEST_CASE("oom_store.what_is_not_a_whole_report_is_refused_with_a_reason") {
   CHECK_FALSE(d::parse_oom_report_file(big_device, &why));
 }
 
-TEST_CASE("oom_store.keeps_the_newest_64_and_skips_what_is_not_a_report") {
+TEST_CASE("oom_store.keeps_the_newest_64_skips_what_is_not_a_report_and_has_one_daemon") {
   Dir dir;
   const std::string state = dir.path + "/state";
   std::string error;
@@ -100,6 +100,9 @@ TEST_CASE("oom_store.keeps_the_newest_64_and_skips_what_is_not_a_report") {
   REQUIRE(::symlink("/etc/passwd", (state + "/oom/oom-99999999999999999999-2.json").c_str()) == 0);
   d::OomStore store(state);
   REQUIRE(store.open(&error));
+  d::OomStore second(state);  // one daemon per state directory
+  CHECK_FALSE(second.open(&error));
+  CHECK(error.find("another cuwardend") != std::string::npos);
   std::vector<std::string> skipped;
   const auto reports = store.load(&skipped);
   CHECK(skipped.size() == 2);

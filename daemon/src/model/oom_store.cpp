@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -354,13 +355,18 @@ std::vector<Entry> list_reports(int fd) {
 
 OomStore::~OomStore() {
   if (fd_ >= 0) ::close(fd_);
+  if (top_fd_ >= 0) ::close(top_fd_);  // and with it the lock
 }
 
 bool OomStore::open(std::string* error) {
-  const int top = own_dir(AT_FDCWD, dir_, error);
-  if (top < 0) return false;
-  fd_ = own_dir(top, "oom", error);
-  ::close(top);
+  top_fd_ = own_dir(AT_FDCWD, dir_, error);
+  if (top_fd_ < 0) return false;
+  // One daemon per state directory, as per run directory: two would write one journal.
+  if (::flock(top_fd_, LOCK_EX | LOCK_NB) != 0) {
+    *error = "another cuwardend uses the state directory " + dir_;
+    return false;
+  }
+  fd_ = own_dir(top_fd_, "oom", error);
   return fd_ >= 0;
 }
 

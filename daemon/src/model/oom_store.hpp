@@ -53,8 +53,9 @@ class OomStore {
   OomStore& operator=(const OomStore&) = delete;
 
   /// Make (mode 0700) or check the state directory and its oom/ subdirectory: real
-  /// directories, not links, owned by this process's user; their mode is set to 0700.
-  /// False with *error when they cannot be used.
+  /// directories, not links, owned by this process's user; their mode is set to 0700. The
+  /// state directory is locked (flock) while this store lives: one daemon per directory.
+  /// False with *error when they cannot be used or another process holds the lock.
   bool open(std::string* error);
   /// The reports on disk, oldest first (the newest kMaxReports); files that are not reports
   /// are skipped, and named in *skipped. After open().
@@ -68,7 +69,8 @@ class OomStore {
 
  private:
   std::string dir_;
-  int fd_ = -1;  ///< the oom/ subdirectory
+  int fd_ = -1;      ///< the oom/ subdirectory
+  int top_fd_ = -1;  ///< the state directory, locked
 };
 
 /// Names and saves reports off the loop thread: submit() queues a report as taken; the
