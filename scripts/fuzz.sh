@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 secs=${1:-10}
 shift || true
-all_targets=(fuzz_ring fuzz_daemon_ring fuzz_server fuzz_http fuzz_recv_message fuzz_size fuzz_env fuzz_live)
+all_targets=(fuzz_ring fuzz_daemon_ring fuzz_server fuzz_http fuzz_recv_message fuzz_size fuzz_env fuzz_live fuzz_oom_store)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 
@@ -30,6 +30,7 @@ max_len() {
   case "$1" in
     fuzz_ring|fuzz_daemon_ring) echo 40000 ;;   # header (16 KiB) + some slots
     fuzz_live) echo 20000 ;;                     # header (4 KiB) + a table and a log
+    fuzz_oom_store) echo 20000 ;;                # a report with a few sites and events
     fuzz_server|fuzz_recv_message|fuzz_http) echo 8192 ;;
     *) echo 512 ;;
   esac

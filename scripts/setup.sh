@@ -13,6 +13,7 @@ PACKAGES=(
   python3-yaml   # tests/cluster: the Kubernetes manifests parsed and checked
   libslurm-dev slurmctld slurmd slurm-client munge   # cluster/slurm's SPANK plugin; cluster.slurm runs a local Slurm
   libdw-dev pkgconf   # the daemon's symbolizer: elfutils' libdw, found through pkg-config
+  libseccomp-dev   # the symbolization worker's system-call filter
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
   help2man lintian bash-completion   # man pages; scripts/package.sh and its test
   libncurses-dev tmux   # `cuwarden top` (wide-character ncurses); its test drives it in tmux

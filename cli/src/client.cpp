@@ -16,6 +16,12 @@ std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Comm
     return std::nullopt;
   };
   if (!reply) {
+    // Connected and asked, but no reply: a daemon runs there and did not answer in time,
+    // which "no daemon is running" would misreport (and the request may still be applied).
+    if (why.rfind("timed out", 0) == 0 || why == "connection closed" || why == "could not send the request")
+      return fail("the daemon at " + socket + " accepted the request but did not answer (timed out: " + why +
+                      "); it may be busy or stuck",
+                  false);
     if (error) error->no_daemon = true;
     return fail("no daemon is running (no answer at " + socket + ": " + why + "). Start it with: cuwardend &",
                 error && error->quiet_no_daemon);

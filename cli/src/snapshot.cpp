@@ -9,6 +9,7 @@
 #include "client.hpp"
 #include "commands.hpp"
 #include "cuw/size.hpp"
+#include "cuw/text.hpp"
 #include "json_access.hpp"
 
 namespace cuw::cli {
@@ -83,6 +84,9 @@ int cmd_snapshot(const SnapshotOptions& o) {
   if (r->contains("exact") && (*r)["exact"].is_boolean() && !(*r)["exact"].get<bool>())
     std::fprintf(stderr, "cuwarden: pid %lld: the live allocations could not be read (%s): counters and events only\n",
                  static_cast<long long>(o.pid), jstr(*r, "why_not_exact").c_str());
+  if (!jstr(*r, "symbols_note").empty())  // frames shown by module and offset only
+    std::fprintf(stderr, "cuwarden: pid %lld: some frames are not named: %s\n", static_cast<long long>(o.pid),
+                 cuw::printable(jstr(*r, "symbols_note")).c_str());
   return write_out(binary ? unbase64(body) : body, o.output, binary);
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cuw/size.hpp"
+#include "cuw/text.hpp"
 #include "events.hpp"
 #include "fields.hpp"
 #include "json_access.hpp"
@@ -22,23 +23,7 @@ std::string Line::plain() const {
   return s;
 }
 
-std::string printable(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
-      out += '?';
-    } else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
-      out += '?';  // C1 controls (U+0080..U+009F): some terminals act on them as on ESC [
-      ++i;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
+std::string printable(std::string_view s) { return cuw::printable(s); }
 
 std::size_t columns(std::string_view s) {
   std::size_t n = 0;

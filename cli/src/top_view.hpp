@@ -34,8 +34,9 @@ struct Line {
   std::string plain() const;
 };
 
-/// `s` with control characters (C0, DEL, C1) replaced by '?': process names, command lines,
-/// job names and call-site frames come from other programs and must not drive the terminal.
+/// `s` with control characters (C0, DEL, C1) and invalid UTF-8 replaced by '?'
+/// (cuw::printable): process names, command lines, job names and call-site frames come from
+/// other programs and must not drive the terminal.
 std::string printable(std::string_view s);
 
 /// Terminal columns of `s`: one per code point (everything top prints is one column wide).

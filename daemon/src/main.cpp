@@ -5,10 +5,12 @@
 // directory changes (inotify), writes other threads ask for (LoopQueue), and two timers —
 // drain every few ms, rescan (then publish a State and sample the history) every second.
 // With --http, a third thread serves HTTP from the published States and the history (it
-// never waits for the loop). The socket thread serves
-// the unix socket: a query has the loop publish a State (or takes one published since it
-// came) and builds and sends its reply from it, so no client, slow or not, holds up
-// draining; set_limit goes through the LoopQueue, run by the model on the loop thread.
+// never waits for the loop). The socket thread serves the unix socket (snapshots and
+// reports on its small pool of threads): a query has the loop publish a State (or takes one
+// published since it came) and builds and sends its reply from it, so no client, slow or not,
+// holds up draining; set_limit goes through the LoopQueue, run by the model on the loop
+// thread. Snapshot frames are named in a worker process (cuwardend --symbolize-worker), and
+// out-of-memory reports are named and saved to the state directory on a keeper thread.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -38,10 +40,11 @@
 #include "cuw/protocol.hpp"
 #include "model/fault_guard.hpp"
 #include "model/nvml.hpp"
+#include "model/oom_store.hpp"
 #include "model/policy.hpp"
 #include "model/registry.hpp"
 #include "model/series.hpp"
-#include "model/symbolizer.hpp"
+#include "model/symbolize_worker.hpp"
 #include "transports/handler.hpp"
 #include "transports/http_routes.hpp"
 #include "transports/http_server.hpp"
@@ -69,7 +72,14 @@ struct Options {
   double exited_linger_s = 60;
   std::size_t history = 10000;
   unsigned leak_sample_s = 30;  ///< how often live memory is sampled by call site (snapshot --leaks)
+  double symbolize_timeout_s = 5;  ///< a symbolization worker is killed past it
+  std::string state_dir;           ///< out-of-memory reports across restarts ("": see kDefaultStateDir)
 };
+
+/// Where a daemon on the default run directory keeps its out-of-memory reports (the unit's
+/// StateDirectory=). A daemon given another run directory (a test's, a user's own) keeps
+/// them on disk only with --state-dir: it must not mix its reports with the system's.
+constexpr const char* kDefaultStateDir = "/var/lib/cuwarden";
 
 /// Takes the run directory's lock (flock on the directory itself: no file is left behind),
 /// held for the daemon's life; the kernel drops it when the daemon dies, however it dies.
@@ -286,17 +296,55 @@ int run(const Options& o) {
   reg.set_policy(loaded);
   reg_ptr = &reg;
 
+  // Out-of-memory reports and the event history from before this start, read back as
+  // untrusted input.
+  cuw::daemon::EventJournal journal;
+  const std::string state_dir =
+      !o.state_dir.empty() ? o.state_dir : run_dir == cuw::paths::kDefaultRunDir ? kDefaultStateDir : "";
+  std::unique_ptr<cuw::daemon::OomStore> oom_store;
+  if (!state_dir.empty()) {
+    oom_store = std::make_unique<cuw::daemon::OomStore>(state_dir);
+    std::string why;
+    if (!oom_store->open(&why)) {
+      if (!o.state_dir.empty()) {
+        spdlog::error("--state-dir: {}", why);
+        return 1;
+      }
+      spdlog::warn("{}; out-of-memory reports are kept in memory only", why);
+      oom_store.reset();
+    } else {
+      std::vector<std::string> skipped;
+      const auto reports = oom_store->load(&skipped);
+      for (const std::string& s : skipped) spdlog::warn("not an out-of-memory report, skipped: {}", s);
+      reg.restore_oom_reports(reports);
+      std::size_t events = 0;
+      if (journal.open(state_dir + "/events.journal", &why)) {
+        uint64_t max_seq = 0;
+        auto restored = journal.read_back(&max_seq);
+        for (const auto& [key, v] : restored) events += v.size();
+        reg.restore_history(std::move(restored), max_seq);
+        reg.set_journal(&journal);
+      } else {
+        spdlog::warn("{}; the event history is kept in memory only", why);
+      }
+      spdlog::info("state directory {}: {} out-of-memory reports and {} events read back", state_dir, reports.size(),
+                   events);
+    }
+  } else {
+    spdlog::info("no --state-dir: out-of-memory reports are kept in memory only");
+  }
+
   cuw::daemon::SeriesStore series;
   cuw::daemon::LoopQueue writes;
   cuw::daemon::Backend backend;
   backend.store = &reg.store();
-  cuw::daemon::Symbolizer symbolizer;  // names snapshot frames, on the thread that asked
-  backend.symbolizer = &symbolizer;
+  cuw::daemon::SymbolizeOptions symbolize;  // names snapshot frames, in a worker process
+  symbolize.deadline_ns = static_cast<uint64_t>(o.symbolize_timeout_s * 1e9);
+  backend.symbolize = &symbolize;
   backend.series = &series;
   // Ring headers are authoritative and a query promises them as they are now: the loop
-  // publishes a State read after the query came (the socket thread serves one request at a
-  // time, so one publish per query). Building the reply and sending it stay on the socket
-  // thread.
+  // publishes a State read after the query came (one publish per query). Building the reply
+  // and sending it stay on the socket thread, or on its pool for snapshots and reports.
   // A ring created before the query (its inotify event still queued, or its header not yet
   // written when the event was handled) is looked at before the answer, so that a program
   // that has just run is in it.
@@ -310,9 +358,12 @@ int run(const Options& o) {
   backend.set_limit = [&](const cuw::daemon::Peer& peer, const cuw::daemon::LimitRequest& req) {
     return writes.call([&] { return reg.set_limit_and_publish(peer, req); });
   };
-  cuw::daemon::Server server([&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
-    return cuw::daemon::handle_request(backend, peer, cmd, body);
-  });
+  // Snapshots and reports on the server's pool; limits and state at once, never behind them.
+  cuw::daemon::Server server(
+      [&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
+        return cuw::daemon::handle_request(backend, peer, cmd, body);
+      },
+      &cuw::daemon::slow_command);
   std::string err;
   if (!server.listen(socket_path, &err)) {
     spdlog::error("{}", err);
@@ -327,7 +378,7 @@ int run(const Options& o) {
     cuw::daemon::HttpApiOptions ho;
     ho.web_root = o.web_root.empty() ? default_web_root() : o.web_root;
     ho.snapshots = o.http_snapshots;
-    http_api = std::make_unique<cuw::daemon::HttpApi>(&reg.store(), &series, &symbolizer, ho);
+    http_api = std::make_unique<cuw::daemon::HttpApi>(&reg.store(), &series, &symbolize, ho);
     auto* api = http_api.get();
     cuw::daemon::HttpServer::Limits limits;
     limits.host_names = o.http_hosts;
@@ -348,14 +399,32 @@ int run(const Options& o) {
                    "HTTP");
   }
 
-  reg.scan();
-  reg.publish();
-  series.record(*reg.store().load());
   const int stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (stop_fd < 0) {
     spdlog::error("eventfd: {}", std::strerror(errno));
     return 1;
   }
+  // Reports are named (a worker) and saved (a disk) on the keeper's thread, never the loop's;
+  // the named one then takes the taken one's place. The queue is closed before the keeper is
+  // joined (a keeper waiting on it gives up). Set before the first scan, which may take
+  // reports too.
+  cuw::daemon::OomKeeper oom_keeper(
+      oom_store.get(), &symbolize,
+      [&writes, &reg](const std::shared_ptr<const cuw::daemon::OomReport>& taken,
+                      std::shared_ptr<const cuw::daemon::OomReport> named) {
+        try {
+          writes.call([&] { reg.replace_oom_report(taken.get(), std::move(named)); });
+        } catch (const std::exception&) {  // the daemon is stopping: the file is written already
+        }
+      });
+  reg.set_oom_listener([&oom_keeper](const std::shared_ptr<const cuw::daemon::OomReport>& r) { oom_keeper.submit(r); });
+  struct CloseWrites {  // however run() ends from here, the keeper never waits on a dead loop
+    cuw::daemon::LoopQueue& q;
+    ~CloseWrites() { q.close_queue(); }
+  } close_writes{writes};
+  reg.scan();
+  reg.publish();
+  series.record(*reg.store().load());
   std::thread http_thread;
   if (http)
     http_thread = std::thread([&] {
@@ -480,6 +549,11 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The symbolization worker: nothing of the daemon's start-up (model/symbolize_worker.hpp).
+  // _exit: its answer is written already, and a sanitizer's exit-time checks (LeakSanitizer
+  // stops the process with ptrace) would fail under its seccomp filter.
+  if (argc == 2 && std::strcmp(argv[1], cuw::daemon::kSymbolizeWorkerFlag) == 0)
+    ::_exit(cuw::daemon::symbolize_worker_main());
   CLI::App app{"cuwardend: the cuwarden daemon (collects what interposed processes do; answers `cuwarden`)"};
   Options o;
   app.set_version_flag("--version", std::string("cuwardend ") + CUWARDEN_VERSION);
@@ -513,6 +587,12 @@ int main(int argc, char** argv) {
                  "seconds between samples of each process's live memory by call site (cuwarden snapshot --leaks "
                  "looks at the last 20)")
       ->check(CLI::Range(1u, 3600u));
+  app.add_option("--state-dir", o.state_dir,
+                 std::string("where out-of-memory reports are kept across restarts (mode 0700; default: ") +
+                     kDefaultStateDir + " with the default run directory, else in memory only)");
+  app.add_option("--symbolize-timeout", o.symbolize_timeout_s,
+                 "seconds a snapshot's frames may take to name; frames left are shown by module and offset")
+      ->check(CLI::Range(0.1, 600.0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,6 +4,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #include "cuw/ring.hpp"
 #include "cuw/size.hpp"
+#include "cuw/text.hpp"
 
 namespace cuw::daemon {
 
@@ -37,14 +39,7 @@ std::string format_uuid(const uint8_t (&uuid)[16]) {
   return s;
 }
 
-std::string field_text(const char* data, std::size_t cap) {
-  std::string s;
-  for (std::size_t i = 0; i < cap && data[i] != '\0'; ++i) {
-    const auto c = static_cast<unsigned char>(data[i]);
-    s += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
-  }
-  return s;
-}
+std::string field_text(const char* data, std::size_t cap) { return cuw::printable(std::string_view(data, strnlen(data, cap))); }
 
 /// The name people know a process by: argv[0]'s base name when the kernel's 15-character
 /// comm is a cut of it ("train_resnet50_" of train_resnet50_with_attention), else the comm (a

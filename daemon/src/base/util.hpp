@@ -18,8 +18,8 @@ uint64_t mono_ns() noexcept;
 std::string format_uuid(const uint8_t (&uuid)[16]);
 
 /// Text from a fixed-size char field of a ring: stops at the first NUL or at `cap`, never
-/// reads past `cap`; control characters become '?'. Invalid UTF-8 is left to the JSON
-/// writer (dumped with replacement characters).
+/// reads past `cap`; control characters (C0, DEL, C1) and bytes of invalid UTF-8 become '?'
+/// (cuw::printable).
 std::string field_text(const char* data, std::size_t cap);
 
 /// The name people know a process by: argv[0]'s base name when the kernel's 15-character

@@ -173,6 +173,7 @@ void Registry::record_change(Process* p, int device, uint64_t old_limit, uint64_
   ev.e.used_after = used;
   ev.e.tid = static_cast<uint32_t>(by_pid);
   p->history.push(ev);
+  if (journal_) journal_->append(p->pid, p->start_time, ev);
 }
 
 void Registry::log_limit(LimitChange entry) {

@@ -76,6 +76,9 @@ Registry::~Registry() {
 
 void Registry::scan(bool listing_changed, bool retry_unchanged) {
   const uint64_t mono = mono_ns();
+  // A ring still being checked (problem_grace_ns) is found a scan or two late; after that,
+  // what no process claimed is of processes gone while no daemon ran.
+  if (!restored_.empty() && restore_scans_left_-- == 0) restored_.clear();
   if (listing_changed || listed_mono_ == 0 || mono - listed_mono_ >= kFullScanNs) {
     std::set<std::string> present, job_files, fallbacks;
     const int fd = dup(dirfd_);
@@ -272,6 +275,10 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
   p->uid = snap.uid;
   p->user = user_name(snap.uid);
   p->ring = std::move(r.view);
+  if (auto it = restored_.find({pid, start_time}); it != restored_.end()) {
+    for (const StoredEvent& ev : it->second) p->history.push(ev);  // numbered before any new one
+    restored_.erase(it);
+  }
   // The process's pidfd shows its exit without a read of /proc and without mistaking a
   // reused pid: checked against the start time after it is opened, so it is this process's.
   // Without one (an old kernel, no descriptor left, another pid namespace) /proc is read.
@@ -426,6 +433,7 @@ bool Registry::drain_one(Process& p, uint64_t now, bool* more, bool* busy) {
     for (std::size_t i = 0; i < r.events; ++i) {
       const StoredEvent ev{++seq_, buffer_[i], StoredEvent::kFromProcess};
       p.history.push(ev);
+      if (journal_) journal_->append(p.pid, p.start_time, ev);
       const auto kind = static_cast<ring::EventKind>(ev.e.kind);
       if (kind == ring::EventKind::refuse || kind == ring::EventKind::job_refuse ||
           (kind == ring::EventKind::driver_error && ev.e.result == 2 /* CUDA_ERROR_OUT_OF_MEMORY */))
@@ -464,8 +472,27 @@ void Registry::take_oom_report(Process& p, const StoredEvent& ev) {
   rep->snapshot = take_snapshot(who, header, history.get(), 2000);
   spdlog::info("pid {}: out of memory ({} bytes asked on device {}); report kept{}", p.pid, ev.e.bytes,
                static_cast<int>(ev.e.device), rep->snapshot.snap.exact ? "" : " without live records");
-  oom_log_.push_back(std::move(rep));
+  std::shared_ptr<const OomReport> kept = std::move(rep);
+  oom_log_.push_back(kept);
   while (oom_log_.size() > kOomLog) oom_log_.pop_front();
+  if (oom_listener_) oom_listener_(kept);
+}
+
+void Registry::restore_history(RestoredHistory restored, uint64_t max_seq) {
+  restored_ = std::move(restored);
+  seq_ = std::max(seq_, max_seq);
+}
+
+void Registry::restore_oom_reports(const std::vector<std::shared_ptr<const OomReport>>& older) {
+  for (auto it = older.rbegin(); it != older.rend() && oom_log_.size() < kOomLog; ++it) oom_log_.push_front(*it);
+}
+
+void Registry::replace_oom_report(const OomReport* taken, std::shared_ptr<const OomReport> named) {
+  for (auto& r : oom_log_)
+    if (r.get() == taken) {
+      r = std::move(named);
+      return;
+    }
 }
 
 Registry::DrainPace Registry::drain_all() {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "model/control.hpp"
+#include "model/event_journal.hpp"
 #include "model/jobs.hpp"
 #include "model/nvml.hpp"
 #include "model/peer.hpp"
@@ -115,6 +117,24 @@ class Registry {
   std::size_t process_count() const noexcept { return procs_.size(); }
   uint64_t last_seq() const noexcept { return seq_; }
 
+  /// Out-of-memory reports: `listener` hears each one as it is taken (the loop thread; it
+  /// must not block: OomKeeper queues it). Empty: none.
+  void set_oom_listener(std::function<void(const std::shared_ptr<const OomReport>&)> listener) {
+    oom_listener_ = std::move(listener);
+  }
+  /// Reports kept from before this daemon started (OomStore::load, oldest first): they come
+  /// before any taken since; the newest kOomLog in all are kept.
+  void restore_oom_reports(const std::vector<std::shared_ptr<const OomReport>>& older);
+  /// Put `named` in the place of `taken` (its frames named since); nothing if `taken` is no
+  /// longer kept. Published at the next publish().
+  void replace_oom_report(const OomReport* taken, std::shared_ptr<const OomReport> named);
+  /// Events from before this start (EventJournal::read_back): a process found again (same
+  /// pid and start time) at the next scan gets them back, and new events are numbered after
+  /// `max_seq`. Those of processes not found within three scans are forgotten. Before the first scan.
+  void restore_history(RestoredHistory restored, uint64_t max_seq);
+  /// Copy every event a history gets into `journal` (null: none). Loop thread.
+  void set_journal(EventJournal* journal) noexcept { journal_ = journal; }
+
  private:
   struct Process;
   struct Problem {
@@ -198,8 +218,12 @@ class Registry {
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> refusal_rate_;  ///< by uid: last line logged (mono ns), lines not
   uint64_t request_scan_mono_ = 0;  ///< when a request last rescanned (rescan_for_request)
   /// Out-of-memory reports kept (across processes: they outlive the process).
-  static constexpr std::size_t kOomLog = 32;
+  static constexpr std::size_t kOomLog = 64;  ///< as many as OomStore keeps on disk
   std::deque<std::shared_ptr<const OomReport>> oom_log_;
+  std::function<void(const std::shared_ptr<const OomReport>&)> oom_listener_;
+  EventJournal* journal_ = nullptr;
+  RestoredHistory restored_;  ///< until the first scans have matched them to processes
+  unsigned restore_scans_left_ = 3;
   void take_oom_report(Process& p, const StoredEvent& ev);
   RetiredCounters retired_;
   StateStore store_;

@@ -1,8 +1,6 @@
 // cuwarden daemon model: taking and naming a process's Snapshot (snapshots.hpp).
 #include "model/snapshots.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <map>
 #include <unordered_map>
@@ -160,37 +158,6 @@ Snapshot site_sample(const Snapshot& s) {
   for (auto& [k, a] : by) out.allocations.push_back(a);
   out.sites = s.sites;  // kept for the frames of the newest; small next to the records
   return out;
-}
-
-void symbolize(TakenSnapshot& t, Symbolizer& sym) {
-  if (t.symbolized) return;
-  // The module list is the process's to write: a daemon running as root would otherwise
-  // read, and name lines from, files the process's owner cannot read. Such a module keeps
-  // its frames' addresses only.
-  for (ModuleInfo& m : t.modules) {
-    struct stat st {};
-    const bool readable = ::stat(m.path.c_str(), &st) == 0 &&
-                          ((st.st_mode & S_IROTH) || (st.st_uid == t.uid && (st.st_mode & S_IRUSR)));
-    if (!readable) m.path.clear();
-  }
-  for (SnapSite& site : t.snap.sites) {
-    std::vector<SnapFrame> named;
-    named.reserve(site.frames.size());
-    for (SnapFrame& f : site.frames) {
-      if (f.python || f.pc == 0) {
-        named.push_back(std::move(f));
-        continue;
-      }
-      std::vector<SnapFrame> r = sym.resolve(t.modules, f.pc, true);
-      if (r.empty()) {
-        named.push_back(std::move(f));
-      } else {
-        for (SnapFrame& x : r) named.push_back(std::move(x));
-      }
-    }
-    site.frames = std::move(named);
-  }
-  t.symbolized = true;
 }
 
 }  // namespace cuw::daemon

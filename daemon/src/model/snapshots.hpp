@@ -24,6 +24,7 @@ struct TakenSnapshot {
   Snapshot snap;
   std::vector<ModuleInfo> modules;
   bool symbolized = false;
+  std::string symbols_note;  ///< why some native frames were left unnamed ("" when none was)
   std::string live_error;  ///< why the live records could not be read ("" when exact)
   uint32_t uid = 0;          ///< the process's owner
   uint64_t start_time = 0;   ///< the process's start time (the pid-reuse guard)
@@ -55,8 +56,7 @@ Snapshot site_sample(const Snapshot& s);
 inline constexpr uint64_t kSampleEveryNs = 30'000'000'000ULL;
 inline constexpr std::size_t kSamplesKept = 20;  ///< 10 minutes of samples
 
-/// Name every native frame of `t` (function, file, line, module) with `sym`. Idempotent.
-/// Thread-safe as `sym` is.
-void symbolize(TakenSnapshot& t, Symbolizer& sym);
+/// Naming the native frames (symbolize()) is in symbolize_worker.hpp: never in the daemon
+/// process itself.
 
 }  // namespace cuw::daemon

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -386,13 +387,24 @@ struct Symbolizer::Impl {
       ++stats.files_refused;
       return;
     }
-    // O_NONBLOCK: a FIFO at that path would block open() forever; O_NOCTTY: a terminal.
-    const int fd = ::open(m.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    // A module is named by the path its loader used, often a soname link
+    // (libstdc++.so.6 -> libstdc++.so.6.0.30): the link is resolved first, with the rights of
+    // whoever runs this (in the daemon, a worker holding only the process owner's rights:
+    // symbolize_worker.hpp), and only a regular file is opened, so a FIFO or a device is never
+    // opened at all. O_NOFOLLOW: a link put in the file's place after that check is refused;
+    // O_NONBLOCK and O_NOCTTY: whatever replaces it between the check and the open neither
+    // blocks open() nor becomes a terminal; the fstat below checks what was opened.
+    char real[PATH_MAX];
+    struct stat st{};
+    if (::realpath(m.path.c_str(), real) == nullptr || ::lstat(real, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ++stats.files_refused;
+      return;
+    }
+    const int fd = ::open(real, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
       ++stats.files_refused;
       return;
     }
-    struct stat st{};
     unsigned char magic[SELFMAG];
     // Only ELF files: libdw would also unpack a gzip/xz/bzip2 image, as large as it says.
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || pread(fd, magic, SELFMAG, 0) != SELFMAG ||

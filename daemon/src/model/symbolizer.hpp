@@ -14,7 +14,8 @@
 // device), debug info is looked for only under root's /usr/lib/debug (not beside the module,
 // where the module's owner could plant a FIFO), never over the network, and every libdw call
 // runs under the fault guard (fault_guard.hpp): a truncated file costs its module's symbols,
-// not the daemon. Whether a process's owner may read the file is the caller's to decide.
+// not the process. The daemon itself never runs it: it runs in a worker process that holds
+// only the process owner's rights, in a sandbox (symbolize_worker.hpp).
 // Not covered: libdw itself opens files that a module's DWARF names (split-DWARF .dwo and .dwp
 // files, a dwz alt file by its path) with a plain open(), which a FIFO planted by the module's
 // owner would block, and with it every resolve() (they share a lock): resolve on a thread

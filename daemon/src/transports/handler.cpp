@@ -77,6 +77,11 @@ std::vector<std::shared_ptr<const OomReport>> reports_of(const State& st, std::o
 
 }  // namespace
 
+bool slow_command(uint16_t command) noexcept {
+  return command == static_cast<uint16_t>(proto::Command::get_snapshot) ||
+         command == static_cast<uint16_t>(proto::Command::get_ooms);
+}
+
 Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t command, const std::string& body) {
   using cuw::proto::Command;
   using nlohmann::json;
@@ -149,7 +154,7 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
         taken = take_snapshot(ProcessIdentity{st->run_dir, p->pid, p->uid, p->start_time, p->user, p->exited, p->ns_pid},
                               p->header, p->history.get());
       }
-      if (backend.symbolizer) symbolize(taken, *backend.symbolizer);
+      if (backend.symbolize) symbolize(taken, *backend.symbolize);
       TextOptions opts;
       if (req.contains("leaks") && req["leaks"].is_number() && req["leaks"].get<uint64_t>() != 0) {
         if (format != "text" && format != "json") return error("bad request: --leaks takes the text or json format");
@@ -172,6 +177,7 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       j["format"] = format;
       j["exact"] = taken.snap.exact;
       if (!taken.live_error.empty()) j["why_not_exact"] = taken.live_error;
+      if (!taken.symbols_note.empty()) j["symbols_note"] = taken.symbols_note;
       if (format == "pytorch") {
         j["encoding"] = "base64";
         j["body"] = base64(snapshot_pytorch(taken.snap));
@@ -212,7 +218,7 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
       std::vector<nlohmann::ordered_json> rows;
       for (const auto& r : reps) {
         TakenSnapshot named = r->snapshot;
-        if (backend.symbolizer) symbolize(named, *backend.symbolizer);
+        if (backend.symbolize) symbolize(named, *backend.symbolize);
         rows.push_back(oom_json(*r, named.snap, index[r->pid]++));
       }
       for (auto it = rows.rbegin(); it != rows.rend(); ++it) list.push_back(std::move(*it));  // oldest first
@@ -226,13 +232,13 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
   return error("unknown command " + std::to_string(command));
 }
 
-Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body) {
+Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body,
+                             const SymbolizeOptions* symbolize) {
   if (command != static_cast<uint16_t>(proto::Command::set_limit)) reg.publish();
   Backend b;
   b.store = &reg.store();
   b.set_limit = [&reg](const Peer& p, const LimitRequest& req) { return reg.set_limit_and_publish(p, req); };
-  static Symbolizer symbolizer;  // tests and fuzzers: one for the process
-  b.symbolizer = &symbolizer;
+  b.symbolize = symbolize;
   // A history of this one sample, as the daemon's loop would have taken at a scan.
   SeriesStore series;
   if (command == static_cast<uint16_t>(proto::Command::get_history)) series.record(*reg.store().load());

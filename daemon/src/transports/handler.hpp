@@ -20,7 +20,7 @@
 #include "model/registry.hpp"
 #include "model/series.hpp"
 #include "model/state.hpp"
-#include "model/symbolizer.hpp"
+#include "model/symbolize_worker.hpp"
 #include "transports/server.hpp"
 
 namespace cuw::daemon {
@@ -35,8 +35,9 @@ struct Backend {
   /// Registry::set_limit run where the model lives (the loop thread); what it throws
   /// becomes an error reply. Empty: this transport carries no privileged command.
   std::function<LimitResult(const Peer&, const LimitRequest&)> set_limit;
-  /// Names snapshots' native frames (thread-safe). Null: frames keep their addresses.
-  Symbolizer* symbolizer = nullptr;
+  /// How snapshots' native frames are named (in a worker process). Null: frames keep their
+  /// addresses.
+  const SymbolizeOptions* symbolize = nullptr;
   /// The history (thread-safe). Null: get_history says there is none.
   const SeriesStore* series = nullptr;
 };
@@ -53,6 +54,11 @@ bool fits_type(std::string_view type, const nlohmann::json& v);
 /// row are ignored (the protocol's version rule). Pure.
 std::string check_request(const proto::CommandInfo& info, const nlohmann::json& body);
 
+/// Whether `command` may take seconds (it names frames in a worker process: get_snapshot,
+/// get_ooms): the transports run it on their pool, never on the thread that answers limits
+/// and state. Pure.
+bool slow_command(uint16_t command) noexcept;
+
 /// Answer `command` (a proto::Command value) with `body` (untrusted JSON, possibly empty)
 /// from `peer` (its SO_PEERCRED credentials decide what set_limit may do).
 /// Never throws for bad input: malformed requests get a Command::error reply; a refusal
@@ -62,6 +68,8 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
 
 /// The same, single-threaded, straight on `reg` (tests, fuzzers): a query publishes first,
 /// so that it sees the rings as they are now; get_history answers from that one State.
-Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body);
+/// `symbolize`: how frames are named (null: they keep their addresses).
+Server::Reply handle_request(Registry& reg, const Peer& peer, uint16_t command, const std::string& body,
+                             const SymbolizeOptions* symbolize = nullptr);
 
 }  // namespace cuw::daemon

@@ -147,12 +147,13 @@ HttpResponse HttpApi::snapshot(const HttpRequest& req, uint32_t pid) const {
   if (!p) return error(404, "no such process: " + std::to_string(pid));
   TakenSnapshot taken = take_snapshot(ProcessIdentity{st->run_dir, p->pid, p->uid, p->start_time, p->user, p->exited, p->ns_pid},
                                       p->header, p->history.get());
-  if (symbolizer_) symbolize(taken, *symbolizer_);
+  if (symbolize_) symbolize(taken, *symbolize_);
   HttpResponse r;
   r.headers.emplace_back("X-Cuwarden-Exact", taken.snap.exact ? "1" : "0");
   if (format == "json") {
     auto j = snapshot_json(taken.snap);
     if (!taken.live_error.empty()) j["why_not_exact"] = taken.live_error;
+    if (!taken.symbols_note.empty()) j["symbols_note"] = taken.symbols_note;
     if (top) {
       // The page's view: the largest call sites and allocations, no trace.
       auto largest = [&](const char* key, const char* by) {

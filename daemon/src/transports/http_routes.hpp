@@ -8,7 +8,7 @@
 
 #include "model/series.hpp"
 #include "model/state.hpp"
-#include "model/symbolizer.hpp"
+#include "model/symbolize_worker.hpp"
 #include "transports/http_server.hpp"
 
 namespace cuw::daemon {
@@ -20,9 +20,10 @@ struct HttpApiOptions {
 
 class HttpApi {
  public:
-  /// `store` and `series` must outlive the HttpApi; `symbolizer` may be null.
-  HttpApi(const StateStore* store, const SeriesStore* series, Symbolizer* symbolizer, HttpApiOptions options)
-      : store_(store), series_(series), symbolizer_(symbolizer), opt_(std::move(options)) {}
+  /// `store`, `series` and `symbolize` must outlive the HttpApi; `symbolize` may be null
+  /// (frames keep their addresses).
+  HttpApi(const StateStore* store, const SeriesStore* series, const SymbolizeOptions* symbolize, HttpApiOptions options)
+      : store_(store), series_(series), symbolize_(symbolize), opt_(std::move(options)) {}
 
   /// The answer to `req` (GET or HEAD; the server has refused the others). Never throws for
   /// bad input: 400/403/404 with a JSON error. Thread-safe.
@@ -43,7 +44,7 @@ class HttpApi {
 
   const StateStore* store_;
   const SeriesStore* series_;
-  Symbolizer* symbolizer_;
+  const SymbolizeOptions* symbolize_;
   HttpApiOptions opt_;
   uint64_t cached_generation_ = 0;  ///< feed()'s cache
   std::shared_ptr<const State> cached_state_;

@@ -2,6 +2,7 @@
 #include "transports/server.hpp"
 
 #include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -9,7 +10,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -37,7 +42,91 @@ std::string error_body(const std::string& what) { return nlohmann::json{{"error"
 
 }  // namespace
 
-Server::~Server() { shutdown(); }
+/// The pool: threads that run slow requests, a queue in, a queue out and an eventfd that
+/// wakes the socket's thread when something came out.
+struct Server::Pool {
+  struct Job {
+    uint64_t conn = 0;
+    uint32_t uid = 0, seq = 0;
+    Peer peer;
+    uint16_t command = 0;
+    std::string body;
+    std::shared_ptr<bool> gone;
+  };
+  struct Done {
+    uint64_t conn = 0;
+    uint32_t uid = 0, seq = 0;
+    bool dropped = false;
+    Reply reply;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Job> jobs;
+  std::deque<Done> done;
+  bool stop = false;
+  int wake_fd = -1;
+  std::vector<std::thread> threads;
+
+  void work(const Handler& handler) {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stop || !jobs.empty(); });
+        if (jobs.empty()) return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+        if (*job.gone) {  // its client gave up while it waited: not run at all
+          done.push_back(Done{job.conn, job.uid, job.seq, true, Reply{job.command, {}}});
+          wake();
+          continue;
+        }
+      }
+      Reply r;
+      try {
+        r = handler(job.peer, job.command, job.body);
+      } catch (const std::exception& e) {
+        r = {static_cast<uint16_t>(proto::Command::error), error_body(std::string("internal error: ") + e.what())};
+      }
+      std::lock_guard lock(mu);
+      done.push_back(Done{job.conn, job.uid, job.seq, false, std::move(r)});
+      wake();
+    }
+  }
+  void wake() {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd, &one, sizeof one);
+  }
+};
+
+namespace {
+constexpr uint32_t kUnknownUid = 0xffffffffU;  ///< a peer without credentials: one more "user"
+}  // namespace
+
+Server::Server(Handler handler, SlowTest slow) : Server(std::move(handler), std::move(slow), PoolLimits{}) {}
+
+Server::Server(Handler handler, SlowTest slow, PoolLimits pool)
+    : handler_(std::move(handler)), slow_(std::move(slow)), limits_(pool) {
+  if (!slow_) return;
+  pool_ = std::make_unique<Pool>();
+  pool_->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (pool_->wake_fd < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+  for (std::size_t i = 0; i < std::max<std::size_t>(limits_.threads, 1); ++i)
+    pool_->threads.emplace_back([this] { pool_->work(handler_); });
+}
+
+Server::~Server() {
+  shutdown();
+  if (!pool_) return;
+  {
+    std::lock_guard lock(pool_->mu);
+    pool_->stop = true;
+    for (Pool::Job& j : pool_->jobs) *j.gone = true;  // not started: not worth starting now
+  }
+  pool_->cv.notify_all();
+  for (std::thread& t : pool_->threads) t.join();
+  ::close(pool_->wake_fd);
+}
 
 bool Server::listen(const std::string& path, std::string* error) {
   sockaddr_un addr;
@@ -112,8 +201,13 @@ bool Server::listen(const std::string& path, std::string* error) {
 
 void Server::collect(std::vector<pollfd>& fds) const {
   fds.push_back({listen_fd_, POLLIN, 0});
+  fds.push_back({pool_ ? pool_->wake_fd : -1, POLLIN, 0});
   for (const Conn& c : conns_) {
     short ev = 0;
+    if (c.working) {  // only a hang-up is of interest (always reported)
+      fds.push_back({c.fd, 0, 0});
+      continue;
+    }
     if (c.out.empty() && !c.close_after_write) ev |= POLLIN;  // one request at a time
     if (!c.out.empty()) ev |= POLLOUT;
     fds.push_back({c.fd, ev, 0});
@@ -123,18 +217,30 @@ void Server::collect(std::vector<pollfd>& fds) const {
 void Server::dispatch(const std::vector<pollfd>& fds, std::size_t first) {
   if (first >= fds.size()) return;
   const bool can_accept = fds[first].revents & POLLIN;
-  // Connections are matched by position: collect() appended them in conns_ order.
-  for (std::size_t i = 0; i < conns_.size() && first + 1 + i < fds.size(); ++i) {
+  const bool pool_done = first + 1 < fds.size() && (fds[first + 1].revents & POLLIN);
+  // Connections are matched by position: collect() appended them in conns_ order, after the
+  // listening socket and the pool's eventfd.
+  const std::size_t at = first + 2;
+  for (std::size_t i = 0; i < conns_.size() && at + i < fds.size(); ++i) {
     Conn& c = conns_[i];
-    const short re = fds[first + 1 + i].revents;
-    if (fds[first + 1 + i].fd != c.fd) continue;
+    const short re = fds[at + i].revents;
+    if (fds[at + i].fd != c.fd) continue;
+    if (c.working) {
+      if (re & (POLLHUP | POLLERR | POLLNVAL)) {  // its request, if still queued, is dropped
+        c.dead = true;
+        std::lock_guard lock(pool_->mu);
+        *c.gone = true;  // now, before any reply this round sends
+      }
+      continue;
+    }
     if (re & POLLOUT) on_writable(c);
     if (!c.dead && (re & (POLLIN | POLLHUP | POLLERR))) on_readable(c);
     if (!c.dead && (re & (POLLERR | POLLNVAL))) c.dead = true;
     if (!c.dead && c.out.empty() && !c.close_after_write && !c.in.empty()) process(c);
   }
+  if (pool_done) collect_done();
   for (Conn& c : conns_)
-    if (c.dead) close(c.fd);
+    if (c.dead) forget(c);
   conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [](const Conn& c) { return c.dead; }), conns_.end());
   if (can_accept) accept_all();
 }
@@ -148,7 +254,8 @@ void Server::accept_all() {
       // flooding us with idle connections must not lock out one that asks something at once.
       auto victim = conns_.end();
       for (auto it = conns_.begin(); it != conns_.end(); ++it)
-        if (it->out.empty() && !it->close_after_write && (victim == conns_.end() || it->deadline < victim->deadline))
+        if (it->out.empty() && !it->close_after_write && !it->working &&
+          (victim == conns_.end() || it->deadline < victim->deadline))
           victim = it;
       if (++evictions_ % 1000 == 1)
         spdlog::warn("too many client connections ({}); {} ({} so far)", conns_.size(),
@@ -157,10 +264,11 @@ void Server::accept_all() {
         close(fd);
         continue;
       }
-      close(victim->fd);
+      forget(*victim);
       conns_.erase(victim);
     }
     Conn c;
+    c.id = next_id_++;
     c.fd = fd;
     ucred cred{};
     socklen_t len = sizeof cred;
@@ -189,7 +297,7 @@ void Server::on_readable(Conn& c) {
         return;
       }
       process(c);
-      if (c.dead || !c.out.empty() || c.close_after_write) return;
+      if (c.dead || !c.out.empty() || c.close_after_write || c.working) return;
       continue;
     }
     if (n == 0) {
@@ -226,6 +334,28 @@ void Server::process(Conn& c) {
   if (c.in.size() < sizeof h + h.length) return;
   const std::string body = c.in.substr(sizeof h, h.length);
   c.in.erase(0, sizeof h + h.length);
+  if (pool_ && slow_(h.command)) {
+    const uint32_t uid = c.peer.known ? c.peer.uid : kUnknownUid;
+    std::size_t& mine = in_flight_by_uid_[uid];
+    if (mine >= limits_.per_uid || in_flight_ >= limits_.in_flight) {
+      if (mine == 0) in_flight_by_uid_.erase(uid);
+      queue(c, static_cast<uint16_t>(proto::Command::error), h.seq,
+            error_body("busy: at most " + std::to_string(limits_.per_uid) +
+                       " snapshot or report requests of one user run at once (and " +
+                       std::to_string(limits_.in_flight) + " in all); try again when one has finished"));
+      return;
+    }
+    ++mine;
+    ++in_flight_;
+    c.working = true;
+    c.gone = std::make_shared<bool>(false);
+    {
+      std::lock_guard lock(pool_->mu);
+      pool_->jobs.push_back(Pool::Job{c.id, uid, h.seq, c.peer, h.command, body, c.gone});
+    }
+    pool_->cv.notify_one();
+    return;
+  }
   Reply r;
   try {
     r = handler_(c.peer, h.command, body);
@@ -247,6 +377,41 @@ void Server::queue(Conn& c, uint16_t command, uint32_t seq, const std::string& b
   c.out_off = 0;
   c.deadline = mono_ns() + kReplyTimeoutNs;
   on_writable(c);  // most replies fit the socket buffer at once
+}
+
+void Server::collect_done() {
+  uint64_t n = 0;
+  (void)!::read(pool_->wake_fd, &n, sizeof n);
+  std::deque<Pool::Done> done;
+  {
+    std::lock_guard lock(pool_->mu);
+    done.swap(pool_->done);
+  }
+  for (Pool::Done& d : done) {
+    --in_flight_;
+    if (auto it = in_flight_by_uid_.find(d.uid); it != in_flight_by_uid_.end() && --it->second == 0)
+      in_flight_by_uid_.erase(it);
+    if (d.dropped) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::debug("a request (command {}) was dropped unexecuted: its client had gone", d.reply.command);
+      continue;
+    }
+    for (Conn& c : conns_)
+      if (c.id == d.conn && c.working && !c.dead) {
+        c.working = false;
+        c.gone.reset();
+        queue(c, d.reply.command, d.seq, d.reply.body);
+        break;
+      }
+  }
+}
+
+void Server::forget(Conn& c) {
+  if (c.working && pool_) {
+    std::lock_guard lock(pool_->mu);
+    *c.gone = true;
+  }
+  close(c.fd);
 }
 
 void Server::on_writable(Conn& c) {
@@ -273,16 +438,16 @@ void Server::on_writable(Conn& c) {
 
 void Server::expire(uint64_t mono_now) {
   for (Conn& c : conns_)
-    if (mono_now > c.deadline) {
+    if (!c.working && mono_now > c.deadline) {  // a pool request is bounded by its own deadline
       spdlog::debug("closing client connection fd {} (timed out)", c.fd);
-      close(c.fd);
+      forget(c);
       c.dead = true;
     }
   conns_.erase(std::remove_if(conns_.begin(), conns_.end(), [](const Conn& c) { return c.dead; }), conns_.end());
 }
 
 void Server::shutdown() {
-  for (Conn& c : conns_) close(c.fd);
+  for (Conn& c : conns_) forget(c);
   conns_.clear();
   if (listen_fd_ >= 0) {
     close(listen_fd_);

@@ -3,14 +3,23 @@
 // Framing is cuw::proto's (16-byte header + JSON body), parsed here incrementally because
 // proto::recv_message blocks: one slow or garbage client must never stall the loop. Each
 // connection gets a bounded request size and a deadline; bad framing closes it.
+//
+// Two lanes: most requests (limits, state, events) are answered on the socket's thread at
+// once; those that may take seconds (snapshots and out-of-memory reports, which name frames
+// in a worker process) go to a small pool of threads, at most PoolLimits::per_uid of one user
+// at once, so that no request of theirs holds up a `cuwarden limit`. A queued request whose
+// client has gone by the time a pool thread takes it is dropped unexecuted.
 #pragma once
 
 #include <poll.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,7 +43,17 @@ class Server {
   static constexpr uint64_t kRequestTimeoutNs = 5'000'000'000;   ///< to send a whole request
   static constexpr uint64_t kReplyTimeoutNs = 30'000'000'000;    ///< to read a whole reply
 
-  explicit Server(Handler handler) : handler_(std::move(handler)) {}
+  /// Whether a command goes to the pool (may take long) rather than being answered at once.
+  using SlowTest = std::function<bool(uint16_t command)>;
+  struct PoolLimits {
+    std::size_t threads = 4;   ///< pool threads
+    std::size_t per_uid = 2;   ///< slow requests of one uid in flight (queued or running); past it: "busy"
+    std::size_t in_flight = 64;  ///< slow requests in flight in all; past it: "busy"
+  };
+
+  /// `slow` empty: every request is answered on the calling thread (tests, fuzzers).
+  Server(Handler handler, SlowTest slow, PoolLimits pool);
+  explicit Server(Handler handler, SlowTest slow = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -53,9 +72,16 @@ class Server {
   void shutdown();
 
   std::size_t connection_count() const noexcept { return conns_.size(); }
+  /// Slow requests dropped because their client went before a pool thread took them. Any
+  /// thread.
+  uint64_t dropped_unexecuted() const noexcept { return dropped_.load(std::memory_order_relaxed); }
 
  private:
+  struct Pool;
   struct Conn {
+    uint64_t id = 0;
+    bool working = false;  ///< its request is in the pool: nothing read or sent until it returns
+    std::shared_ptr<bool> gone;  ///< set (under the pool's lock) when the client went meanwhile
     int fd = -1;
     Peer peer;
     std::string in;
@@ -70,6 +96,8 @@ class Server {
   void on_writable(Conn& c);
   void process(Conn& c);
   void queue(Conn& c, uint16_t command, uint32_t seq, const std::string& body);
+  void collect_done();
+  void forget(Conn& c);
 
   Handler handler_;
   int listen_fd_ = -1;
@@ -78,6 +106,13 @@ class Server {
   ino_t ino_ = 0;
   std::vector<Conn> conns_;
   uint64_t evictions_ = 0;  ///< connections closed or refused because of kMaxConnections
+  SlowTest slow_;
+  PoolLimits limits_;
+  std::unique_ptr<Pool> pool_;  ///< null without a SlowTest
+  uint64_t next_id_ = 1;
+  std::size_t in_flight_ = 0;
+  std::map<uint32_t, std::size_t> in_flight_by_uid_;
+  std::atomic<uint64_t> dropped_{0};
 };
 
 }  // namespace cuw::daemon

@@ -16,6 +16,7 @@
 #include "base/util.hpp"
 #include "cuw/ring.hpp"
 #include "cuw/size.hpp"
+#include "cuw/text.hpp"
 #include "views/counters_json.hpp"
 #include "views/pickle.hpp"
 
@@ -33,13 +34,8 @@ constexpr uint32_t kCudaErrorOutOfMemory = 2;  // CUDA_ERROR_OUT_OF_MEMORY
 
 // ---- shared helpers -------------------------------------------------------------------------
 
-/// Untrusted text for a terminal: valid UTF-8, control characters as '?'.
-std::string printable(std::string_view s) {
-  std::string out = pickle::valid_utf8(s);
-  for (char& c : out)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  return out;
-}
+/// Untrusted text for a terminal (cuw/text.hpp): valid UTF-8, C0 and C1 controls as '?'.
+std::string printable(std::string_view s) { return cuw::printable(s); }
 
 std::string hex(uint64_t v) {
   char buf[24];
