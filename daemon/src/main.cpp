@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -59,6 +60,7 @@ struct Options {
   std::string web_root;
   bool http_snapshots = false;
   std::string config;
+  bool check_config = false;
   std::string log_level = "info";
   bool foreground = false;
   bool no_nvml = false;
@@ -163,6 +165,25 @@ void serve_socket(cuw::daemon::Server& server, int stop_fd) {
     if (sn > 0) server.dispatch(sfds, 1);
     server.expire(mono_ns());
   }
+}
+
+/// cuwardend --check-config: what the daemon would say of the policy at start, on stderr,
+/// without starting it. 0 when it would start, 78 (EX_CONFIG, its exit then) when not.
+int check_config(const std::string& path) {
+  if (path.empty()) {
+    std::fprintf(stderr, "cuwardend: --check-config checks the file given with --config FILE\n");
+    return 2;
+  }
+  std::vector<std::string> errors, warnings;
+  const bool ok = cuw::daemon::load_policy(path, &errors, &warnings).has_value();
+  for (const auto& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  for (const auto& e : errors) std::fprintf(stderr, "error: %s\n", e.c_str());
+  if (!ok) {
+    std::fprintf(stderr, "cuwardend: %s has errors; cuwardend would not start with it (exit 78)\n", path.c_str());
+    return 78;
+  }
+  std::printf("%s: the policy is valid\n", path.c_str());
+  return 0;
 }
 
 int run(const Options& o) {
@@ -443,12 +464,16 @@ int main(int argc, char** argv) {
                  "seconds between samples of each process's live memory by call site (cuwarden snapshot --leaks "
                  "looks at the last 20)")
       ->check(CLI::Range(1u, 3600u));
+  app.add_flag("--check-config", o.check_config,
+               "check the policy file given with --config, print what is wrong with it, and exit: 0 when it is "
+               "good, 78 when the daemon would refuse it");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a bad flag 2, as `cuwarden` (CLI11's own codes are 100+).
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (o.check_config) return check_config(o.config);
 
   auto logger = spdlog::stderr_color_mt("cuwardend");
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "cuw/job.hpp"
+#include "cuw/size.hpp"
 #include "daemon_test_support.hpp"
 
 using namespace cuwt;
@@ -527,6 +528,67 @@ TEST_CASE("control.policy_errors_stop_the_daemon_with_line_numbers") {
   INFO(log);
   CHECK(contains(log, cfg + ":3:1: unknown key 'maxlimit' in [default]"));
   CHECK(contains(log, "has errors; not starting"));
+}
+
+TEST_CASE("control.caps_under_1_MiB_are_refused_by_the_policy_check_and_set_limit") {
+  SharedDir dir;
+  const std::string cfg = dir / "cuwarden.toml";
+  {
+    std::ofstream f(cfg);
+    f << "[default]\nlimit = 5\n";
+  }
+  // --check-config says what the daemon would say, and exits as it would (78).
+  CmdResult r = run_cmd({CUWT_DAEMON, "--check-config", "--config", cfg});
+  CHECK(r.status == 78);
+  CHECK(contains(r.err, cfg + ":2:9: limit = 5 is 5 bytes, under the smallest cap"));
+  CHECK(contains(r.err, "limit = \"5G\""));
+  // The daemon itself refuses to start with it.
+  {
+    Daemon bad(dir, {"--config", cfg}, false);
+    int st = 0;
+    REQUIRE(wait_until([&] { return waitpid(bad.pid, &st, WNOHANG) == bad.pid; }));
+    bad.pid = -1;
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 78);
+    CHECK(contains(slurp(bad.log), cfg + ":2:9: limit = 5 is 5 bytes"));
+  }
+  {
+    std::ofstream f(cfg);
+    f << "[default]\nlimit = \"1G\"\n";
+  }
+  r = run_cmd({CUWT_DAEMON, "--check-config", "--config", cfg});
+  CHECK(r.status == 0);
+  CHECK(contains(r.out, "the policy is valid"));
+  CHECK(run_cmd({CUWT_DAEMON, "--check-config"}).status == 2);  // no file to check
+
+  Child a;
+  FakeRing ra(dir / "run", a.pid, a.start_time());
+  ra.device(0, 0xa0);
+  Daemon d(dir, {"--config", cfg});
+  REQUIRE(wait_until([&] { return limit_of(ra, 0) == kGiB; }));
+  // On SIGHUP, the same mistake keeps the policy loaded before.
+  {
+    std::ofstream f(cfg);
+    f << "[default]\nlimit = 5\n";
+  }
+  ::kill(d.pid, SIGHUP);
+  CHECK(log_has(d, "keeping the policy loaded before"));
+  ra.device(1, 0xb0);
+  CHECK(wait_until([&] { return limit_of(ra, 1) == kGiB; }));
+
+  // set_limit: neither 5 bytes nor a share that comes to under 1 MiB (here 0 bytes).
+  bool err = false;
+  json j = raw_set_limit(d, {{"pid", a.pid}, {"bytes", 5}}, &err);
+  CHECK(err);
+  CHECK(contains(j.value("error", ""), "a cap of 5 B on device 0 is under the smallest cap, 1.00 MiB"));
+  j = raw_set_limit(d, {{"pid", a.pid}, {"share", 1e-12}}, &err);
+  CHECK(err);
+  CHECK(contains(j.value("error", ""), "a cap of 0 B (1e-10%) on device 0 is under the smallest cap"));
+  CHECK(limit_of(ra, 0) == kGiB);
+  CHECK(limit_of(ra, 1) == kGiB);
+  j = raw_set_limit(d, {{"pid", a.pid}, {"bytes", cuw::kMinCap}}, &err);
+  CHECK_FALSE(err);
+  CHECK(limit_of(ra, 0) == cuw::kMinCap);
 }
 
 namespace {
