@@ -167,6 +167,19 @@ void serve_socket(cuw::daemon::Server& server, int stop_fd) {
   }
 }
 
+/// --http's syntax, checked with the other arguments (exit 2) before the daemon takes its run
+/// directory: the resolver takes a port number modulo 65536, so 99999 would serve 34463.
+/// Returns "" when good, else why not.
+std::string http_address_check(const std::string& address) {
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return "expected HOST:PORT (e.g. 127.0.0.1:9477), got '" + address + "'";
+  const std::string port = address.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535)
+    return "port '" + port + "' in '" + address + "' is not a port number (0 to 65535)";
+  return "";
+}
+
 /// cuwardend --check-config: what the daemon would say of the policy at start, on stderr,
 /// without starting it. 0 when it would start, 78 (EX_CONFIG, its exit then) when not.
 int check_config(const std::string& path) {
@@ -443,7 +456,8 @@ int main(int argc, char** argv) {
   app.add_option("--run-dir", o.run_dir,
                  std::string("where rings live (default: $CUWARDEN_RUN_DIR or ") + cuw::paths::kDefaultRunDir + ")");
   app.add_option("--http", o.http,
-                 "serve HTTP (read only) on HOST:PORT, e.g. 127.0.0.1:9477: /metrics, the JSON API, the dashboard");
+                 "serve HTTP (read only) on HOST:PORT, e.g. 127.0.0.1:9477: /metrics, the JSON API, the dashboard")
+      ->check(http_address_check, "HOST:PORT");
   app.add_option("--web-root", o.web_root, "the dashboard's files (default: ../share/cuwarden/web beside the binary)");
   app.add_flag("--http-snapshots", o.http_snapshots,
                "serve snapshots (call sites: file and function names) over HTTP, to whoever can reach it");

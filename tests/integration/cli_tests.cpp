@@ -365,6 +365,15 @@ TEST_CASE("cli.daemon_bad_flags_exit_2_like_the_cli") {
   }
   CHECK(run_cmd({CUWT_DAEMON, "--help"}, {}, 5000).status == 0);
   CHECK(run_cmd({CUWT_CLI, "--bogus"}, {}, 5000).status == 2);
+  // A port the resolver would wrap (99999 serves 34463) or no port at all: refused with the
+  // other bad arguments, before the daemon looks at its run directory.
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:", "nonsense", "127.0.0.1:94x"}) {
+    CmdResult r = run_cmd({CUWT_DAEMON, "--http", bad, "--run-dir", "/nonexistent/cuwt"}, {}, 5000);
+    INFO(bad << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, "--http"));
+    CHECK((contains(r.err, "is not a port number (0 to 65535)") || contains(r.err, "expected HOST:PORT")));
+  }
 }
 
 TEST_CASE("cli.process_names_are_whole_where_the_kernel_cut_them") {
