@@ -4,6 +4,8 @@
 // `events` prints what the daemon collected; `top` shows it live.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fmt/format.h>
+#include <regex>
 #include <string>
 #include <string_view>
 
@@ -45,6 +47,30 @@ std::string environment_help() {
     s += ": " + values_help(o) + "\n      " + plain(o.doc);
   }
   return s;
+}
+
+/// A CLI11 parse error in cuwarden's words: what was wrong, with the value and the range or
+/// the commands, instead of the library's own sentences. Anything unknown keeps its text.
+std::string parse_error_words(const CLI::ParseError& e) {
+  const std::string what = e.what();
+  std::smatch m;
+  // "--loop: Value abc not in range 0.000000 to 86400.000000"
+  static const std::regex range(R"(^(\S+): Value (.*) not in range (\S+) to (\S+)$)");
+  if (std::regex_match(what, m, range))
+    return fmt::format("{} takes a number from {:g} to {:g}, not '{}'", m[1].str(), std::stod(m[3].str()),
+                       std::stod(m[4].str()), m[2].str());
+  // "The following argument was not expected: frobnicate" (or "arguments were ...: a b")
+  static const std::regex extras(R"(^The following arguments? (?:was|were) not expected: (.*)$)");
+  if (std::regex_match(what, m, extras))
+    return fmt::format("unknown command or argument '{}' (commands: run, top, events, snapshot, summary, oom, fit, limit)",
+                       m[1].str());
+  // "Could not convert: --pid = abc"
+  static const std::regex conversion(R"(^Could not convert: (\S+) = (.*)$)");
+  if (std::regex_match(what, m, conversion)) return fmt::format("{}: '{}' is not a number", m[1].str(), m[2].str());
+  // "--socket: 1 required TEXT missing"
+  static const std::regex missing(R"(^(\S+): \d+ required \S+ missing$)");
+  if (std::regex_match(what, m, missing)) return fmt::format("{} needs a value", m[1].str());
+  return what;
 }
 
 }  // namespace
@@ -199,11 +225,29 @@ int main(int argc, char** argv) {
       }
     break;
   }
+  // nvidia-smi's `--query-compute-apps=` with nothing after it: CLI11 would take the next
+  // argument (often --format=csv) as the field list.
+  for (int i = 1; i < parse_argc; ++i)
+    if (std::string_view(argv[i]) == "--query-compute-apps=" || std::string_view(argv[i]) == "--query-gpu=") {
+      const bool gpu = std::string_view(argv[i]) == "--query-gpu=";
+      std::fprintf(stderr, "cuwarden: %s names no field: give some, e.g. %s (cuwarden --help-%s lists them)\n", argv[i],
+                   gpu ? "--query-gpu=index,memory.used" : "--query-compute-apps=pid,used_memory",
+                   gpu ? "query-gpu" : "query-compute-apps");
+      return kExitUsage;
+    }
   try {
     app.parse(parse_argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitUsage;
+    std::string cmd = "cuwarden";
+    for (const CLI::App* sub : app.get_subcommands()) cmd += " " + sub->get_name();
+    std::fprintf(stderr, "%s: %s\nSee '%s --help'.\n", cmd.c_str(), parse_error_words(e).c_str(), cmd.c_str());
+    return kExitUsage;
   }
 
   if (*run) {

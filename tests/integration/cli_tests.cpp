@@ -376,6 +376,37 @@ TEST_CASE("cli.daemon_bad_flags_exit_2_like_the_cli") {
   }
 }
 
+TEST_CASE("cli.usage_errors_say_what_was_wrong_in_the_projects_words") {
+  struct Case {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"-l", "abc"}, "cuwarden: --loop takes a number from 0 to 86400, not 'abc'"},
+           {{"frobnicate"}, "cuwarden: unknown command or argument 'frobnicate' (commands: run,"},
+           {{"--query-compute-apps=", "--format=csv"}, "--query-compute-apps= names no field"},
+           {{"limit", "123", "0=1G,1=2G"}, "is a cap per device"},
+           {{"limit", "123", "0=1G,1=2G"}, "--device N"},
+           {{"limit", "123", "18446744073709551615"}, "is the number that means no cap; to remove a cap, say none"},
+           {{"limit", "123", "0G"}, "a cap of 0 B ('0G') is smaller than any real allocation; the smallest cap is 1 MiB"},
+           {{"events", "--max", "0"}, "cuwarden events: --max takes a number from 1 to 100000, not '0'"},
+       }) {
+    CmdResult r = cli(c.args);
+    INFO(c.args[0] << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, c.says));
+    CHECK(!contains(r.err, "The following argument"));
+    CHECK(!contains(r.err, "GG"));
+  }
+  // A pickle is not written to a terminal, daemon or not (script(1) gives the command one).
+  if (::access("/usr/bin/script", X_OK) == 0) {
+    CmdResult p = run_cmd({"/usr/bin/script", "-qec", std::string(CUWT_CLI) + " snapshot 1 --format pytorch --socket /nonexistent",
+                           "/dev/null"},
+                          {}, 10000);
+    CHECK(contains(p.out, "the pytorch format is a pickle: write it with -o FILE.pickle"));
+  }
+}
+
 TEST_CASE("cli.process_names_are_whole_where_the_kernel_cut_them") {
   TempDir dir;
   ::mkdir((dir / "run").c_str(), 0755);
