@@ -1,6 +1,7 @@
 // cuwarden: size and cap-spec parsing ("8G", "512MiB", "1.5GB", "75%", "0=8G,1=4G").
 #include "cuw/size.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -209,6 +210,25 @@ std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error) 
     rest = rest.substr(comma + 1);
   }
   return spec;
+}
+
+std::optional<std::vector<LimitSpec>> parse_limits(std::string_view text, std::string* error) {
+  std::vector<LimitSpec> out;
+  for (std::string_view rest = text;;) {
+    const std::size_t semi = rest.find(';');
+    auto one = parse_limit(rest.substr(0, semi), error);
+    if (!one) return std::nullopt;
+    out.push_back(std::move(*one));
+    if (semi == std::string_view::npos) return out;
+    rest = rest.substr(semi + 1);
+  }
+}
+
+uint64_t lowest_cap(const std::vector<LimitSpec>& specs, int ordinal, uint64_t physical) noexcept {
+  uint64_t cap = ~0ULL;
+  for (const LimitSpec& l : specs)
+    if (const auto s = l.for_device(ordinal); s && !(s->percent && physical == 0)) cap = std::min(cap, s->resolve(physical));
+  return cap;
 }
 
 std::string format_bytes(uint64_t bytes) {

@@ -407,6 +407,72 @@ TEST_CASE("cli.usage_errors_say_what_was_wrong_in_the_projects_words") {
   }
 }
 
+TEST_CASE("cli.run_never_loosens_what_it_inherits") {
+  const std::string lib = CUWT_PRELOAD;
+  const std::string show = "echo L=$CUWARDEN_LIMIT O=$CUWARDEN_OUTER_LIMIT J=$CUWARDEN_JOB JL=$CUWARDEN_JOB_LIMIT "
+                           "S=$CUWARDEN_CAP_SCOPE E=$CUWARDEN_ON_ERROR";
+  auto run = [&](std::vector<std::string> flags, std::vector<std::string> env) {
+    std::vector<std::string> a = {"run", "--lib", lib};
+    a.insert(a.end(), flags.begin(), flags.end());
+    for (const char* x : {"--", "/bin/sh", "-c"}) a.push_back(x);
+    a.push_back(show);
+    return cli(a, env);
+  };
+  // A higher --limit inside a lower one: both go to the interposer, which takes the lowest.
+  CmdResult r = run({"--limit", "2G"}, {"CUWARDEN_LIMIT=1G"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK(contains(r.out, "L=2G O=1G "));
+  CHECK(contains(r.err, "cuwarden run: --limit 2G applies together with the inherited cap 1G: the lowest applies"));
+  CHECK(contains(r.err, "(cuwarden run never loosens what it inherits)"));
+  // Three deep: every cap is kept.
+  r = run({"--limit", "4G"}, {"CUWARDEN_LIMIT=2G", "CUWARDEN_OUTER_LIMIT=1G"});
+  CHECK(contains(r.out, "L=4G O=1G;2G "));
+  // A lower one is simply lower: nothing to say.
+  r = run({"--limit", "512M"}, {"CUWARDEN_LIMIT=1G"});
+  CHECK(contains(r.out, "L=512M O=1G "));
+  CHECK(r.err.empty());
+  // A share against bytes: the device decides, so it is said too.
+  r = run({"--limit", "0=50%"}, {"CUWARDEN_LIMIT=8G"});
+  CHECK(contains(r.out, "L=0=50% O=8G "));
+  CHECK(contains(r.err, "the lowest applies on each device"));
+  // The job and its cap, the cap scope, and fail-closed.
+  r = run({"--job", "mine", "--job-limit", "2G", "--cap-scope", "allocations"},
+          {"CUWARDEN_JOB=site", "CUWARDEN_JOB_LIMIT=1G", "CUWARDEN_CAP_SCOPE=process"});
+  CHECK(contains(r.out, "J=site JL=1G S=process "));
+  CHECK(contains(r.err, "keeps the job 'site' it inherits (CUWARDEN_JOB), not --job mine"));
+  CHECK(contains(r.err, "keeps the job cap 1G it inherits, not --job-limit 2G"));
+  CHECK(contains(r.err, "keeps the cap scope 'process' it inherits (CUWARDEN_CAP_SCOPE), not --cap-scope allocations"));
+  r = run({"--job-limit", "512M"}, {"CUWARDEN_JOB=site", "CUWARDEN_JOB_LIMIT=1G"});
+  CHECK(contains(r.out, "J=site JL=512M "));
+  r = run({}, {"CUWARDEN_LIMIT=1G", "CUWARDEN_ON_ERROR=open"});
+  CHECK(contains(r.out, "E=fail"));
+  CHECK(contains(r.err, "CUWARDEN_ON_ERROR=open would run without the caps it inherits"));
+  // An inherited value that is not valid is not silently dropped.
+  r = run({"--limit", "2G"}, {"CUWARDEN_LIMIT=lots"});
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "the inherited CUWARDEN_LIMIT='lots' is not valid"));
+  CHECK(contains(cli({"run", "--help"}).out, "cuwarden run never loosens what it inherits"));
+}
+
+TEST_CASE("cli.nested_run_keeps_the_outer_cap_on_the_simulated_driver") {
+  TempDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  const std::string cli_path = CUWT_CLI, lib = CUWT_LIB, loop = CUWT_ALLOC_LOOP;
+  const std::vector<std::string> env = {"LD_LIBRARY_PATH=" + std::string(CUWT_FAKECUDA_DIR), "CUWARDEN_FAKE_DEVICES=1",
+                                        "CUWARDEN_FAKE_MEMORY=8G", "CUWARDEN_RUN_DIR=" + (dir / "run")};
+  // 1500 MiB: above the outer cap, under the inner one; then 600 MiB fits.
+  for (const std::string outer : {"1G", "12.5%"}) {
+    CmdResult r = run_cmd({"/bin/sh", "-c",
+                           "printf 'alloc 1500\\nalloc 600\\n' | " + cli_path + " run --lib " + lib + " --limit " + outer +
+                               " -- " + cli_path + " run --lib " + lib + " --limit 2G -- " + loop},
+                          env, 20000);
+    INFO(outer << ": " << r.out << r.err);
+    CHECK(r.status == 0);
+    CHECK(contains(r.out, "\nrefused\nok\n"));
+  }
+}
+
 TEST_CASE("cli.process_names_are_whole_where_the_kernel_cut_them") {
   TempDir dir;
   ::mkdir((dir / "run").c_str(), 0755);
