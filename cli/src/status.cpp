@@ -41,6 +41,15 @@ bool gpu_matches(const std::string& filter, const json& dev_or_gpu, const char* 
   return false;
 }
 
+/// The state's processes in pid order, as numbers (the daemon lists them by ring file name,
+/// where 17912 comes before 6867).
+std::vector<const json*> by_pid(const json& st) {
+  std::vector<const json*> out;
+  for (const auto& p : jarr(st, "processes")) out.push_back(&p);
+  std::stable_sort(out.begin(), out.end(), [](const json* a, const json* b) { return jnum(*a, "pid") < jnum(*b, "pid"); });
+  return out;
+}
+
 /// A cap for people: "16 GiB" when whole GiB, else format_bytes; "none" for null.
 std::string cap_words(const json& j) {
   if (!j.is_number_unsigned()) return "none";
@@ -165,7 +174,13 @@ std::string render_table(const json& st, const std::string& filter) {
     }
   }
   procs.columns.push_back({"State", false, false});
-  for (const auto& p : jarr(st, "processes")) {
+  // A job member without a cap of its own is still capped: by its job, per GPU.
+  std::map<uint64_t, json> job_cap;
+  for (const auto& job : jarr(st, "jobs"))
+    if (job.contains("limit_bytes") && job["limit_bytes"].is_number_unsigned())
+      for (const auto& m : jarr(job, "members")) job_cap[jnum(m, "pid")] = job["limit_bytes"];
+  for (const json* pp : by_pid(st)) {
+    const json& p = *pp;
     const auto& devs = jarr(p, "devices");
     auto row_for = [&](const json* d) {
       std::vector<Cell> row;
@@ -174,7 +189,10 @@ std::string render_table(const json& st, const std::string& filter) {
       row.push_back(Cell::str(jstr(p, "user")));
       row.push_back(Cell::str(jstr(p, "process_name")));
       for (std::size_t i = 0; i < shown.size(); ++i) {
-        row.push_back(d ? jcell(*d, json_key(shown[i]), cell_kind(shown[i])) : Cell::none());
+        Cell c = d ? jcell(*d, json_key(shown[i]), cell_kind(shown[i])) : Cell::none();
+        if (shown[i] == Id::limit && c.kind == CellKind::none && job_cap.count(jnum(p, "pid")))
+          c = Cell::str(format_mib(job_cap[jnum(p, "pid")].get<uint64_t>()) + " job");
+        row.push_back(std::move(c));
         if (i == 0 && proc_driver) {
           row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
           row.push_back(d ? jcell(*d, "outside_cap_bytes", CellKind::bytes) : Cell::none());
@@ -344,7 +362,8 @@ int cmd_status(const StatusOptions& o) {
       for (const QueryField* f : fields) t.columns.push_back({f->header, f->kind == CellKind::bytes});
       std::map<std::string, json> gpu_by_uuid;
       for (const auto& g : jarr(*st, "gpus")) gpu_by_uuid[jstr(g, "uuid")] = g;
-      for (const auto& p : jarr(*st, "processes")) {
+      for (const json* pp : by_pid(*st)) {
+        const json& p = *pp;
         if (jstr(p, "state") != "running") continue;  // nvidia-smi lists running processes
         for (const auto& d : jarr(p, "devices")) {
           if (!gpu_matches(o.gpu_filter, d, "gpu_index")) continue;
