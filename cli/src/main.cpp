@@ -89,6 +89,12 @@ int main(int argc, char** argv) {
   app.add_option("--query-compute-apps", st.query_compute_apps, cuw::cli::query_fields_help());
   bool fields_reference = false;
   app.add_flag("--help-query-compute-apps", fields_reference, "list the fields of --query-compute-apps, as nvidia-smi");
+  app.add_option("--query-gpu", st.query_gpu,
+                 "comma-separated fields, one row per GPU, as nvidia-smi: index, uuid, name, pci.bus_id, memory.total, "
+                 "memory.used, memory.free, memory.reserved, count, driver_version, timestamp");
+  bool gpu_fields_ref = false;
+  app.add_flag("--help-query-gpu", gpu_fields_ref, "list the fields of --query-gpu, as nvidia-smi");
+  app.add_flag("-L,--list-gpus", st.list_gpus, "one line per GPU: GPU 0: NAME (UUID: GPU-...), as nvidia-smi -L");
   app.add_option("--format", st.format, "csv[,noheader][,nounits], or json (the same rows as objects)");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));
@@ -303,6 +309,10 @@ int main(int argc, char** argv) {
   }
   if (fields_reference) {
     std::fputs(cuw::cli::query_fields_reference().c_str(), stdout);
+    return kExitOk;
+  }
+  if (gpu_fields_ref) {
+    std::fputs(cuw::cli::gpu_fields_reference().c_str(), stdout);
     return kExitOk;
   }
   st.socket = socket;

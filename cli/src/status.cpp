@@ -287,13 +287,20 @@ volatile std::sig_atomic_t g_stop = 0;
 }  // namespace
 
 int cmd_status(const StatusOptions& o) {
-  // Parse --query-compute-apps / --format before asking anything: bad input exits 2.
-  const std::vector<QueryField> all_fields = query_fields();
+  // Parse --query-compute-apps (or --query-gpu) / --format before asking anything: bad input
+  // exits 2. Both queries are one table, a row per process and GPU or per GPU, printed alike.
+  const bool gpu_query = !o.query_gpu.empty();
+  if (gpu_query && !o.query_compute_apps.empty()) {
+    std::fprintf(stderr, "cuwarden: give --query-gpu or --query-compute-apps, not both\n");
+    return kExitUsage;
+  }
+  const char* const option = gpu_query ? "--query-gpu" : "--query-compute-apps";
+  const std::vector<QueryField> all_fields = gpu_query ? gpu_query_fields() : query_fields();
   std::vector<const QueryField*> fields;
   bool csv_header = true, csv_units = true, rows_json = false;
-  const bool query = !o.query_compute_apps.empty();
+  const bool query = gpu_query || !o.query_compute_apps.empty();
   if (query) {
-    std::stringstream ss(o.query_compute_apps);
+    std::stringstream ss(gpu_query ? o.query_gpu : o.query_compute_apps);
     std::string f;
     while (std::getline(ss, f, ',')) {
       f.erase(0, f.find_first_not_of(" \t"));
@@ -306,11 +313,11 @@ int cmd_status(const StatusOptions& o) {
       fields.push_back(find_query_field(all_fields, f));
     }
     if (fields.empty()) {
-      std::fprintf(stderr, "cuwarden: --query-compute-apps needs at least one field\n");
+      std::fprintf(stderr, "cuwarden: %s needs at least one field\n", option);
       return kExitUsage;
     }
     if (o.format.empty()) {
-      std::fprintf(stderr, "cuwarden: --format= must be specified with --query-compute-apps (e.g. --format=csv)\n");
+      std::fprintf(stderr, "cuwarden: --format= must be specified with %s (e.g. --format=csv)\n", option);
       return kExitUsage;
     }
   }
@@ -333,7 +340,7 @@ int cmd_status(const StatusOptions& o) {
       return kExitUsage;
     }
     if (!query) {
-      std::fprintf(stderr, "cuwarden: --format goes with --query-compute-apps\n");
+      std::fprintf(stderr, "cuwarden: --format goes with --query-compute-apps or --query-gpu\n");
       return kExitUsage;
     }
   }
@@ -353,7 +360,12 @@ int cmd_status(const StatusOptions& o) {
       }
       if (o.json) filter_state(*st, o.gpu_filter);
     }
-    if (o.json) {
+    if (o.list_gpus) {
+      for (const auto& g : jarr(*st, "gpus"))
+        if (gpu_matches(o.gpu_filter, g, "index"))
+          std::printf("GPU %llu: %s (UUID: %s)\n", static_cast<unsigned long long>(jnum(g, "index")),
+                      jstr(g, "name").c_str(), jstr(g, "uuid").c_str());
+    } else if (o.json) {
       // Looping: one document per line, which a reader parses line by line.
       std::fputs((st->dump(o.loop_seconds > 0 ? -1 : 2, ' ', false, json::error_handler_t::replace) + "\n").c_str(),
                  stdout);
@@ -362,7 +374,15 @@ int cmd_status(const StatusOptions& o) {
       for (const QueryField* f : fields) t.columns.push_back({f->header, f->kind == CellKind::bytes});
       std::map<std::string, json> gpu_by_uuid;
       for (const auto& g : jarr(*st, "gpus")) gpu_by_uuid[jstr(g, "uuid")] = g;
+      if (gpu_query)
+        for (const auto& g : jarr(*st, "gpus")) {
+          if (!gpu_matches(o.gpu_filter, g, "index")) continue;
+          std::vector<Cell> row;
+          for (const QueryField* f : fields) row.push_back(gpu_query_cell(*f, *st, g));
+          t.rows.push_back(std::move(row));
+        }
       for (const json* pp : by_pid(*st)) {
+        if (gpu_query) break;
         const json& p = *pp;
         if (jstr(p, "state") != "running") continue;  // nvidia-smi lists running processes
         for (const auto& d : jarr(p, "devices")) {

@@ -152,6 +152,42 @@ TEST_CASE("cli.query_compute_apps_speaks_nvidia_smi_csv") {
   CHECK(nofmt.status == 2);
 }
 
+TEST_CASE("cli.list_gpus_and_query_gpu_speak_nvidia_smi") {
+  Scene s;
+  CmdResult l = cli({"--socket", s.d->socket, "-L"});
+  INFO(l.out << l.err);
+  REQUIRE(l.status == 0);
+  CHECK(l.out == "GPU 0: NVIDIA H200 (UUID: " + uuid_for(0xa0) + ")\nGPU 1: NVIDIA H200 (UUID: " + uuid_for(0xb0) + ")\n");
+
+  CmdResult r = cli({"--socket", s.d->socket,
+                     "--query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,memory.reserved,count,"
+                     "driver_version",
+                     "--format=csv"});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.out == "index, uuid, name, pci.bus_id, memory.total [MiB], memory.used [MiB], memory.free [MiB], "
+                 "memory.reserved [MiB], count, driver_version\n"
+                 "0, " + uuid_for(0xa0) + ", NVIDIA H200, [N/A], 143771 MiB, 5120 MiB, 138651 MiB, [N/A], 2, [N/A]\n"
+                 "1, " + uuid_for(0xb0) + ", NVIDIA H200, [N/A], 143771 MiB, 2048 MiB, 141723 MiB, [N/A], 2, [N/A]\n");
+  // -i, noheader and nounits as for --query-compute-apps.
+  r = cli({"--socket", s.d->socket, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-i", "1"});
+  CHECK(r.out == "1, 2048\n");
+  r = cli({"--socket", s.d->socket, "--query-gpu=timestamp", "--format=csv,noheader"});
+  CHECK(r.out.size() == 2 * std::string("2026/12/05 23:27:21.123\n").size());
+  // nvidia-smi's wording for a field it does not know.
+  r = cli({"--socket", s.d->socket, "--query-gpu=index,temperature.gpu", "--format=csv"});
+  CHECK(r.status == 2);
+  CHECK(r.err == "Field \"temperature.gpu\" is not a valid field to query.\n");
+  CHECK(contains(cli({"--help-query-gpu"}).out, "\"memory.free\""));
+  // Looping: the header once.
+  r = run_cmd({CUWT_CLI, "--socket", s.d->socket, "--query-gpu=index", "--format=csv", "-lms", "200"}, {}, 1100);
+  std::size_t headers = 0, rows = 0;
+  for (std::size_t pos = 0, nl; (nl = r.out.find('\n', pos)) != std::string::npos; pos = nl + 1)
+    (r.out.compare(pos, nl - pos, "index") == 0 ? headers : rows) += 1;
+  CHECK(headers == 1);
+  CHECK(rows >= 2);  // a round at least (two GPUs); more on an idle machine, under one header
+}
+
 TEST_CASE("cli.events_prints_what_the_daemon_collected") {
   Scene s;
   CmdResult r = cli({"events", "--socket", s.d->socket});
