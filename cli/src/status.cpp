@@ -150,6 +150,8 @@ std::string render_table(const json& st, const std::string& filter) {
   for (const auto& p : jarr(st, "processes"))
     for (const auto& d : jarr(p, "devices"))
       if (d.contains("driver_used_bytes")) proc_driver = true;
+  const auto& unmanaged = jarr(st, "unmanaged_processes");
+  if (!unmanaged.empty()) proc_driver = true;
   // A pooling backend holds more than the program uses: show what it uses too (Used stays
   // what counts against the cap, which is what the pool holds).
   bool pooled = false;
@@ -207,6 +209,21 @@ std::string render_table(const json& st, const std::string& filter) {
       for (const auto& d : devs)
         if (gpu_matches(filter, d, "gpu_index")) row_for(&d);
     }
+  }
+  // Processes on a GPU without cuwarden: only the driver's figure, and none of it capped.
+  for (const auto& u : unmanaged) {
+    if (!gpu_matches(filter, u, "gpu_index")) continue;
+    std::vector<Cell> row = {jcell(u, "gpu_index", CellKind::integer), jcell(u, "pid", CellKind::integer),
+                             Cell::none(), Cell::str(jstr(u, "process_name"))};
+    for (std::size_t i = 0; i < shown.size(); ++i) {
+      row.push_back(Cell::none());
+      if (i == 0) {
+        row.push_back(jcell(u, "driver_used_bytes", CellKind::bytes));
+        row.push_back(jcell(u, "driver_used_bytes", CellKind::bytes));
+      }
+    }
+    row.push_back(Cell::str("unmanaged"));
+    procs.rows.push_back(std::move(row));
   }
 
   // Every box the same width, like nvidia-smi's.

@@ -1051,3 +1051,51 @@ TEST_CASE("control.cap_scope_process_counts_the_context_in_the_job") {
   CHECK(d.process(static_cast<uint32_t>(a.pid))["devices"][0]["used_bytes"] == 400 * kMiB);
   CHECK(a.finish() == 0);
 }
+
+TEST_CASE("control.gpu_processes_outside_cuwarden_show_as_unmanaged_with_the_drivers_figure") {
+  SharedDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child a, outsider;
+  FakeRing ra(dir / "run", a.pid, a.start_time());
+  ring::DeviceSlot& da = ra.device(0, 0xa0);
+  da.used.store(1024 * kMiB);
+  // The simulated NVML lists both; only `a` has a ring.
+  const std::string nvml_env = std::to_string(a.pid) + "=" + std::to_string(1536 * kMiB) + "," +
+                               std::to_string(outsider.pid) + "=" + std::to_string(700 * kMiB);
+  setenv("CUWARDEN_FAKE_NVML_PROCESSES", nvml_env.c_str(), 1);
+  setenv("CUWARDEN_FAKE_UUIDS", uuid_for(0xa0).c_str(), 1);
+  const std::string saved_ld = getenv("LD_LIBRARY_PATH") ? getenv("LD_LIBRARY_PATH") : "";
+  setenv("LD_LIBRARY_PATH", (std::string(CUWT_FAKECUDA_DIR) + (saved_ld.empty() ? "" : ":" + saved_ld)).c_str(), 1);
+  Daemon d(dir, {}, true, /*nvml=*/true);
+  unsetenv("CUWARDEN_FAKE_NVML_PROCESSES");
+  unsetenv("CUWARDEN_FAKE_UUIDS");
+  if (saved_ld.empty()) unsetenv("LD_LIBRARY_PATH");
+  else setenv("LD_LIBRARY_PATH", saved_ld.c_str(), 1);
+
+  json st;
+  REQUIRE(wait_until([&] {
+    st = d.state();
+    return st["unmanaged_processes"].size() == 1;
+  }));
+  const json u = st["unmanaged_processes"][0];
+  CHECK(u["pid"] == outsider.pid);
+  CHECK(u["process_name"] == "sleep");
+  CHECK(u["driver_used_bytes"] == 700 * kMiB);
+  CHECK(u["uuid"] == uuid_for(0xa0));
+  CHECK(u["gpu_index"] == 0);
+
+  CmdResult r = cli({"--socket", d.socket});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  bool row = false;
+  for (std::size_t pos = 0, nl; (nl = r.out.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+    const std::string l = r.out.substr(pos, nl - pos);
+    if (contains(l, " " + std::to_string(outsider.pid) + " ")) {
+      row = true;
+      CHECK(contains(l, "sleep"));
+      CHECK(contains(l, "700MiB"));
+      CHECK(contains(l, "unmanaged"));
+    }
+  }
+  CHECK(row);
+}

@@ -4,7 +4,9 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -105,6 +107,15 @@ std::vector<NvmlGpu> Nvml::query() const {
           for (unsigned k = 0; k < count && k < infos.size(); ++k)
             if (infos[k].usedGpuMemory != kNvmlValueNotAvailable) g.process_used[infos[k].pid] += infos[k].usedGpuMemory;
         break;
+      }
+      for (const auto& [pid, bytes] : g.process_used) {
+        std::string comm;
+        if (std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "re")) {
+          char c[64] = {};
+          if (std::fgets(c, sizeof c, f)) comm.assign(c, strcspn(c, "\n"));
+          std::fclose(f);
+        }
+        g.process_name[pid] = std::move(comm);
       }
     }
     out.push_back(std::move(g));

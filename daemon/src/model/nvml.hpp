@@ -20,6 +20,9 @@ struct NvmlGpu {
   uint64_t memory_total = 0;
   uint64_t memory_used = 0;
   std::map<uint32_t, uint64_t> process_used;  ///< pid -> bytes, compute processes
+  /// pid -> its name (/proc/PID/comm, read with the figures; "" if gone): processes that are
+  /// not under cuwarden have no ring to name them.
+  std::map<uint32_t, std::string> process_name;
 };
 
 class Nvml {
