@@ -142,8 +142,8 @@ const std::vector<QueryField>& gpu_query_fields() {
 std::string gpu_fields_reference() {
   std::string out = "List of valid properties to query for the switch \"--query-gpu=\":\n";
   for (const auto& f : gpu_query_fields())
-    out += "\n\"" + f.name + "\"\n" + f.help + (f.kind == CellKind::bytes ? " (MiB in CSV; bytes with --format=json)" : "") +
-           ".\n";
+    out += "\n\"" + f.name + "\"\n" + f.help +
+           (f.kind == CellKind::bytes ? " (MiB in CSV; bytes with --format=json)" : "") + ".\n";
   return out;
 }
 
@@ -160,7 +160,8 @@ Cell gpu_query_cell(const QueryField& f, const json& st, const json& g) {
   if (n == "memory.used") return Cell::bytes(used);
   if (n == "memory.free") return Cell::bytes(total > used ? total - used : 0);
   if (n == "count") return Cell::num(jarr(st, "gpus").size());
-  if (n == "driver_version") return st.contains("driver_version") ? Cell::str(jstr(st, "driver_version")) : Cell::none();
+  if (n == "driver_version")
+    return st.contains("driver_version") ? Cell::str(jstr(st, "driver_version")) : Cell::none();
   if (n == "timestamp") return Cell::str(local_time(jnum(st, "time_ns"), "%Y/%m/%d %H:%M:%S", true));
   return Cell::none();  // memory.reserved
 }

@@ -62,8 +62,9 @@ std::string parse_error_words(const CLI::ParseError& e) {
   // "The following argument was not expected: frobnicate" (or "arguments were ...: a b")
   static const std::regex extras(R"(^The following arguments? (?:was|were) not expected: (.*)$)");
   if (std::regex_match(what, m, extras))
-    return fmt::format("unknown command or argument '{}' (commands: run, top, events, snapshot, summary, oom, fit, limit)",
-                       m[1].str());
+    return fmt::format(
+        "unknown command or argument '{}' (commands: run, top, events, snapshot, summary, oom, fit, limit)",
+        m[1].str());
   // "Could not convert: --pid = abc"
   static const std::regex conversion(R"(^Could not convert: (\S+) = (.*)$)");
   if (std::regex_match(what, m, conversion)) return fmt::format("{}: '{}' is not a number", m[1].str(), m[2].str());

@@ -80,7 +80,10 @@ std::string inherited(cuw::options::Id id) {
   return v ? v : "";
 }
 
-void note(const std::string& msg) { std::fprintf(stderr, "cuwarden run: %s (cuwarden run never loosens what it inherits)\n", msg.c_str()); }
+/// One refusal to loosen, on stderr.
+void note(const std::string& msg) {
+  std::fprintf(stderr, "cuwarden run: %s (cuwarden run never loosens what it inherits)\n", msg.c_str());
+}
 
 /// Whether cap `asked` may be above one of `caps` on some device: on a device where one of
 /// them applies, `asked` sets none, or a larger one of the same kind, or one of the other
@@ -113,7 +116,8 @@ bool tighten(const RunOptions& o, std::vector<std::pair<cuw::options::Id, std::s
   const std::string in_job = inherited(Id::CUWARDEN_JOB), in_job_limit = inherited(Id::CUWARDEN_JOB_LIMIT);
   std::string err;
   std::vector<LimitSpec> caps;
-  for (const auto& [id, text] : {std::pair{Id::CUWARDEN_LIMIT, in_limit}, std::pair{Id::CUWARDEN_OUTER_LIMIT, in_outer}}) {
+  for (const auto& [id, text] :
+       {std::pair{Id::CUWARDEN_LIMIT, in_limit}, std::pair{Id::CUWARDEN_OUTER_LIMIT, in_outer}}) {
     if (text.empty()) continue;
     auto specs = parse_limits(text, &err);
     if (!specs) {
@@ -133,8 +137,10 @@ bool tighten(const RunOptions& o, std::vector<std::pair<cuw::options::Id, std::s
            ": the lowest applies on each device");
   }
   if (!o.job.empty()) {
-    if (!in_job.empty() && in_job != o.job) note("keeps the job '" + in_job + "' it inherits (CUWARDEN_JOB), not --job " + o.job);
-    else set->emplace_back(Id::CUWARDEN_JOB, o.job);
+    if (!in_job.empty() && in_job != o.job)
+      note("keeps the job '" + in_job + "' it inherits (CUWARDEN_JOB), not --job " + o.job);
+    else
+      set->emplace_back(Id::CUWARDEN_JOB, o.job);
   }
   if (!o.job_limit.empty()) {
     const uint64_t asked = parse_cap(o.job_limit, false, &err)->bytes;
@@ -143,8 +149,10 @@ bool tighten(const RunOptions& o, std::vector<std::pair<cuw::options::Id, std::s
       *why = "the inherited CUWARDEN_JOB_LIMIT='" + in_job_limit + "' is not valid: " + err;
       return false;
     }
-    if (had && had->bytes < asked) note("keeps the job cap " + in_job_limit + " it inherits, not --job-limit " + o.job_limit);
-    else set->emplace_back(Id::CUWARDEN_JOB_LIMIT, o.job_limit);
+    if (had && had->bytes < asked)
+      note("keeps the job cap " + in_job_limit + " it inherits, not --job-limit " + o.job_limit);
+    else
+      set->emplace_back(Id::CUWARDEN_JOB_LIMIT, o.job_limit);
   }
   if (!o.cap_scope.empty()) {
     if (inherited(Id::CUWARDEN_CAP_SCOPE) == "process" && o.cap_scope != "process")

@@ -46,7 +46,8 @@ bool gpu_matches(const std::string& filter, const json& dev_or_gpu, const char* 
 std::vector<const json*> by_pid(const json& st) {
   std::vector<const json*> out;
   for (const auto& p : jarr(st, "processes")) out.push_back(&p);
-  std::stable_sort(out.begin(), out.end(), [](const json* a, const json* b) { return jnum(*a, "pid") < jnum(*b, "pid"); });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const json* a, const json* b) { return jnum(*a, "pid") < jnum(*b, "pid"); });
   return out;
 }
 

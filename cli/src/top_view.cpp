@@ -397,7 +397,8 @@ std::vector<Line> list_frame(const json& st, const std::vector<ProcRow>& rows, c
                            view));
   // The bar gives way on a narrow screen, so that the figures after it stay in view.
   const std::size_t figures = 28 + 2 + 33;  // "GPU 0  NAME ", the bar's brackets, " USED / TOTAL  PCT%"
-  const std::size_t bar = width ? std::clamp<std::size_t>(width > figures ? width - figures : 0, 10, kBarWidth) : kBarWidth;
+  const std::size_t bar =
+      width ? std::clamp<std::size_t>(width > figures ? width - figures : 0, 10, kBarWidth) : kBarWidth;
   for (const GpuRow& g : gpus) {
     Line l = line(fmt::format("GPU {:<2} {} ", g.index, pad(truncate(g.name, 20), 20)));
     for (Span& s : gpu_bar(g, bar, view.utf8)) l.spans.push_back(std::move(s));

@@ -227,7 +227,8 @@ std::optional<std::vector<LimitSpec>> parse_limits(std::string_view text, std::s
 uint64_t lowest_cap(const std::vector<LimitSpec>& specs, int ordinal, uint64_t physical) noexcept {
   uint64_t cap = ~0ULL;
   for (const LimitSpec& l : specs)
-    if (const auto s = l.for_device(ordinal); s && !(s->percent && physical == 0)) cap = std::min(cap, s->resolve(physical));
+    if (const auto s = l.for_device(ordinal); s && !(s->percent && physical == 0))
+      cap = std::min(cap, s->resolve(physical));
   return cap;
 }
 
