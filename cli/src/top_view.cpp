@@ -130,6 +130,11 @@ std::string_view sort_order(SortKey k, bool reversed) {
 std::vector<ProcRow> process_rows(const json& st) {
   using counters::Id;
   std::vector<ProcRow> rows;
+  // A job member without a cap of its own is held by its job's, per GPU: that one is its cap.
+  std::map<uint64_t, uint64_t> job_cap;
+  for (const json& job : jarr(st, "jobs"))
+    if (job.contains("limit_bytes") && job["limit_bytes"].is_number_unsigned())
+      for (const json& m : jarr(job, "members")) job_cap[jnum(m, "pid")] = job["limit_bytes"].get<uint64_t>();
   for (const json& p : jarr(st, "processes")) {
     ProcRow base;
     base.pid = jnum(p, "pid");
@@ -153,6 +158,7 @@ std::vector<ProcRow> process_rows(const json& st) {
       r.peak = jnum(d, json_key(Id::peak));
       auto cap = d.find(json_key(Id::limit));
       if (cap != d.end() && cap->is_number_unsigned()) r.cap = cap->get<uint64_t>();
+      else if (auto j = job_cap.find(r.pid); j != job_cap.end()) r.cap = j->second, r.job_cap = true;
       r.device = d;
       rows.push_back(std::move(r));
     }

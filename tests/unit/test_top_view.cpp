@@ -228,6 +228,22 @@ TEST_CASE("top.list_frame_once_and_interactive") {
   CHECK(text(list_frame(st, rows, h, v, 90, 0, &first)).find("Used, last") == std::string::npos);
 }
 
+TEST_CASE("top.a_job_member_without_a_cap_of_its_own_shows_its_jobs") {
+  json st = scene();
+  st["jobs"] = json::array({{{"name", "nightly"}, {"limit_bytes", 700 * kMiB}, {"members", json::array({{{"pid", 100u}}})}}});
+  for (const ProcRow& r : process_rows(st)) {
+    INFO(r.pid);
+    if (r.pid == 100) {
+      CHECK(r.cap == 700 * kMiB);
+      CHECK(r.job_cap);
+    }
+    if (r.pid == 200) {
+      CHECK(r.cap == 500 * kMiB);  // its own
+      CHECK_FALSE(r.job_cap);
+    }
+  }
+}
+
 TEST_CASE("top.an_80_column_terminal_keeps_cap_state_and_the_keys") {
   const json st = scene();
   auto rows = process_rows(st);
