@@ -1098,4 +1098,9 @@ TEST_CASE("control.gpu_processes_outside_cuwarden_show_as_unmanaged_with_the_dri
     }
   }
   CHECK(row);
+
+  // With NVML, --query-gpu has the driver's version and its figure of memory in use.
+  CHECK(st["driver_version"] == "580.65.06");
+  r = cli({"--socket", d.socket, "--query-gpu=index,driver_version,memory.used", "--format=csv,noheader"});
+  CHECK(r.out == "0, 580.65.06, " + std::to_string(st["gpus"][0]["driver_used_bytes"].get<uint64_t>() >> 20) + " MiB\n");
 }

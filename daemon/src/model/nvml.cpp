@@ -64,6 +64,10 @@ Nvml::Nvml(bool enabled, const std::string& path) {
   if (!sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v2"))
     sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v3");
   ok_ = all && api_->init() == kNvmlSuccess;
+  nvmlReturn_t (*version)(char*, unsigned) = nullptr;
+  char buf[96] = {};
+  if (ok_ && sym(version, "nvmlSystemGetDriverVersion") && version(buf, sizeof buf - 1) == kNvmlSuccess)
+    driver_version_ = buf;
 }
 
 Nvml::~Nvml() {

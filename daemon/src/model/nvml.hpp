@@ -36,12 +36,15 @@ class Nvml {
   bool available() const noexcept { return ok_; }
   /// Current devices; empty when NVML is off or fails.
   std::vector<NvmlGpu> query() const;
+  /// The driver's version ("580.65.06"), read when NVML loaded; empty when off or unknown.
+  const std::string& driver_version() const noexcept { return driver_version_; }
 
  private:
   struct Api;
   void* handle_ = nullptr;
   Api* api_ = nullptr;
   bool ok_ = false;
+  std::string driver_version_;
 };
 
 }  // namespace cuw::daemon

@@ -226,7 +226,7 @@ json state_json(const State& st) {
   json problems = json::array();
   for (const auto& pr : st.problems) problems.push_back({{"path", st.run_dir + "/" + pr.file}, {"reason", pr.reason}});
 
-  return {
+  json out = {
       {"version", CUWARDEN_VERSION},
       {"hostname", st.hostname},
       {"time_ns", st.time_ns},
@@ -241,6 +241,9 @@ json state_json(const State& st) {
       {"policy", st.policy_file ? json(*st.policy_file) : json(nullptr)},
       {"limit_changes", std::move(limit_changes)},
   };
+  // nvidia-smi's driver_version (cuwarden --query-gpu), where NVML says it.
+  if (!st.driver_version.empty()) out["driver_version"] = st.driver_version;
+  return out;
 }
 
 }  // namespace cuw::daemon
