@@ -10,6 +10,8 @@ struct StatusOptions {
   std::string socket;
   bool json = false;
   std::string query_compute_apps;  ///< comma-separated fields; empty = the table
+  std::string query_gpu;           ///< --query-gpu: comma-separated fields, one row per GPU
+  bool list_gpus = false;          ///< -L: "GPU 0: NAME (UUID: GPU-...)" per GPU
   std::string format;              ///< "csv[,noheader][,nounits]"
   std::string gpu_filter;          ///< -i: GPU index or UUID (prefix)
   double loop_seconds = 0;         ///< -l: repeat every N seconds

@@ -89,6 +89,8 @@ std::vector<QueryField> query_fields(std::span<const counters::Info> counters) {
 }
 
 const QueryField* find_query_field(const std::vector<QueryField>& fields, const std::string& name) {
+  for (const auto& f : fields)
+    if (f.name == name) return &f;
   std::string n = name;
   for (const auto& a : kAliases)
     if (n == a.alias) n = a.name;
@@ -116,6 +118,52 @@ std::string query_fields_help(std::span<const counters::Info> counters) {
     s += (s.empty() ? "" : ", ") + f.name;
   }
   return "comma-separated fields, as nvidia-smi: " + nvidia + "; cuwarden's own: " + own;
+}
+
+const std::vector<QueryField>& gpu_query_fields() {
+  static const std::vector<QueryField> fields = {
+      {"index", "index", CellKind::integer, "", "The GPU's number, as cuwarden and NVML number it"},
+      {"uuid", "uuid", CellKind::text, "", "UUID of the GPU"},
+      {"name", "name", CellKind::text, "", "Product name of the GPU"},
+      {"pci.bus_id", "pci.bus_id", CellKind::text, "", "PCI bus id of the GPU (from NVML; [N/A] without it)"},
+      {"memory.total", "memory.total", CellKind::bytes, "", "The GPU's memory"},
+      {"memory.used", "memory.used", CellKind::bytes, "",
+       "Memory in use on the GPU: the driver's figure (NVML), else what cuwarden tracks of its processes"},
+      {"memory.free", "memory.free", CellKind::bytes, "", "memory.total less memory.used"},
+      {"memory.reserved", "memory.reserved", CellKind::bytes, "",
+       "Memory the driver and firmware keep for themselves ([N/A]: cuwarden does not know it)"},
+      {"count", "count", CellKind::integer, "", "How many GPUs the daemon knows"},
+      {"driver_version", "driver_version", CellKind::text, "", "The driver's version (from NVML; [N/A] without it)"},
+      {"timestamp", "timestamp", CellKind::text, "", "When the daemon answered, local time: YYYY/MM/DD HH:MM:SS.mmm"},
+  };
+  return fields;
+}
+
+std::string gpu_fields_reference() {
+  std::string out = "List of valid properties to query for the switch \"--query-gpu=\":\n";
+  for (const auto& f : gpu_query_fields())
+    out += "\n\"" + f.name + "\"\n" + f.help +
+           (f.kind == CellKind::bytes ? " (MiB in CSV; bytes with --format=json)" : "") + ".\n";
+  return out;
+}
+
+Cell gpu_query_cell(const QueryField& f, const json& st, const json& g) {
+  const std::string& n = f.name;
+  const bool driver = g.contains("driver_used_bytes") && g["driver_used_bytes"].is_number_unsigned();
+  const uint64_t total = jnum(g, "memory_total_bytes");
+  const uint64_t used = driver ? g["driver_used_bytes"].get<uint64_t>() : jnum(g, "used_bytes");
+  if (n == "index") return jcell(g, "index", CellKind::integer);
+  if (n == "uuid") return Cell::str(jstr(g, "uuid"));
+  if (n == "name") return Cell::str(jstr(g, "name"));
+  if (n == "pci.bus_id") return g.contains("bus_id") ? Cell::str(jstr(g, "bus_id")) : Cell::none();
+  if (n == "memory.total") return jcell(g, "memory_total_bytes", CellKind::bytes);
+  if (n == "memory.used") return Cell::bytes(used);
+  if (n == "memory.free") return Cell::bytes(total > used ? total - used : 0);
+  if (n == "count") return Cell::num(jarr(st, "gpus").size());
+  if (n == "driver_version")
+    return st.contains("driver_version") ? Cell::str(jstr(st, "driver_version")) : Cell::none();
+  if (n == "timestamp") return Cell::str(local_time(jnum(st, "time_ns"), "%Y/%m/%d %H:%M:%S", true));
+  return Cell::none();  // memory.reserved
 }
 
 Cell query_cell(const QueryField& f, const json& st, const json& p, const json& d,

@@ -42,6 +42,17 @@ std::string query_fields_help(std::span<const counters::Info> counters = counter
 Cell query_cell(const QueryField& f, const nlohmann::ordered_json& st, const nlohmann::ordered_json& p,
                 const nlohmann::ordered_json& d, const std::map<std::string, nlohmann::ordered_json>& gpu_by_uuid);
 
+/// The fields of --query-gpu, nvidia-smi's names and headers: index, uuid, name, pci.bus_id,
+/// memory.total/used/free/reserved, count, driver_version, timestamp.
+const std::vector<QueryField>& gpu_query_fields();
+
+/// What `cuwarden --help-query-gpu` prints: each field quoted and what it holds.
+std::string gpu_fields_reference();
+
+/// The cell of --query-gpu field `f` for GPU entry `g` of state `st`. What the daemon does
+/// not know (no NVML: the bus id, the driver's own figures) is an empty cell ([N/A]).
+Cell gpu_query_cell(const QueryField& f, const nlohmann::ordered_json& st, const nlohmann::ordered_json& g);
+
 /// The title of counter `id` when a table shows it ("Used", "OOMs").
 inline std::string column_title(counters::Id id) {
   return std::string(counters::kDevice[static_cast<std::size_t>(id)].column);

@@ -91,6 +91,9 @@ int cmd_limit(const LimitOptions& o) {
       req["device"] = ordinal;
     }
   }
+  if (!job && o.size.find_first_of("=,") != std::string::npos)
+    return usage("'" + o.size + "' is a cap per device, as `cuwarden run --limit` takes it; `cuwarden limit` sets one "
+                 "GPU at a time: cuwarden limit " + o.target + " SIZE --device N (N as `cuwarden` numbers the GPU)");
   if (o.size == "none" || o.size == "unlimited") {
     req["bytes"] = nullptr;
   } else {

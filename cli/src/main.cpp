@@ -4,6 +4,8 @@
 // `events` prints what the daemon collected; `top` shows it live.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fmt/format.h>
+#include <regex>
 #include <string>
 #include <string_view>
 
@@ -47,6 +49,31 @@ std::string environment_help() {
   return s;
 }
 
+/// A CLI11 parse error in cuwarden's words: what was wrong, with the value and the range or
+/// the commands, instead of the library's own sentences. Anything unknown keeps its text.
+std::string parse_error_words(const CLI::ParseError& e) {
+  const std::string what = e.what();
+  std::smatch m;
+  // "--loop: Value abc not in range 0.000000 to 86400.000000"
+  static const std::regex range(R"(^(\S+): Value (.*) not in range (\S+) to (\S+)$)");
+  if (std::regex_match(what, m, range))
+    return fmt::format("{} takes a number from {:g} to {:g}, not '{}'", m[1].str(), std::stod(m[3].str()),
+                       std::stod(m[4].str()), m[2].str());
+  // "The following argument was not expected: frobnicate" (or "arguments were ...: a b")
+  static const std::regex extras(R"(^The following arguments? (?:was|were) not expected: (.*)$)");
+  if (std::regex_match(what, m, extras))
+    return fmt::format(
+        "unknown command or argument '{}' (commands: run, top, events, snapshot, summary, oom, fit, limit)",
+        m[1].str());
+  // "Could not convert: --pid = abc"
+  static const std::regex conversion(R"(^Could not convert: (\S+) = (.*)$)");
+  if (std::regex_match(what, m, conversion)) return fmt::format("{}: '{}' is not a number", m[1].str(), m[2].str());
+  // "--socket: 1 required TEXT missing"
+  static const std::regex missing(R"(^(\S+): \d+ required \S+ missing$)");
+  if (std::regex_match(what, m, missing)) return fmt::format("{} needs a value", m[1].str());
+  return what;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,6 +92,12 @@ int main(int argc, char** argv) {
   app.add_option("--query-compute-apps", st.query_compute_apps, cuw::cli::query_fields_help());
   bool fields_reference = false;
   app.add_flag("--help-query-compute-apps", fields_reference, "list the fields of --query-compute-apps, as nvidia-smi");
+  app.add_option("--query-gpu", st.query_gpu,
+                 "comma-separated fields, one row per GPU, as nvidia-smi: index, uuid, name, pci.bus_id, memory.total, "
+                 "memory.used, memory.free, memory.reserved, count, driver_version, timestamp");
+  bool gpu_fields_ref = false;
+  app.add_flag("--help-query-gpu", gpu_fields_ref, "list the fields of --query-gpu, as nvidia-smi");
+  app.add_flag("-L,--list-gpus", st.list_gpus, "one line per GPU: GPU 0: NAME (UUID: GPU-...), as nvidia-smi -L");
   app.add_option("--format", st.format, "csv[,noheader][,nounits], or json (the same rows as objects)");
   app.add_option("-i,--id", st.gpu_filter, "only these GPUs (index or UUID, comma-separated)");
   app.add_option("-l,--loop", st.loop_seconds, "repeat every SEC seconds")->check(CLI::Range(0.0, 86400.0));
@@ -86,7 +119,12 @@ int main(int argc, char** argv) {
   run_flag(cuw::options::Id::CUWARDEN_POOL, ro.pool);
   run_flag(cuw::options::Id::CUWARDEN_CALLSITES, ro.callsites);
   run->add_option("--lib", ro.lib, "path of libcuwarden.so (default: $CUWARDEN_LIB, then the one installed beside this cuwarden)");
-  run->footer(environment_help());
+  run->footer(
+      "Nested runs: cuwarden run never loosens what it inherits. --limit applies together with the inherited\n"
+      "CUWARDEN_LIMIT and CUWARDEN_OUTER_LIMIT (the lowest cap on each device); --job-limit is the lower of it and\n"
+      "CUWARDEN_JOB_LIMIT; an inherited CUWARDEN_JOB is kept; --cap-scope only widens to process; with an\n"
+      "inherited cap, CUWARDEN_ON_ERROR=open becomes fail. Each of these is said on standard error.\n\n" +
+      environment_help());
   // Everything from the command on is the command's, with or without "--".
   run->prefix_command();
   run->fallthrough(false);
@@ -201,11 +239,29 @@ int main(int argc, char** argv) {
       }
     break;
   }
+  // nvidia-smi's `--query-compute-apps=` with nothing after it: CLI11 would take the next
+  // argument (often --format=csv) as the field list.
+  for (int i = 1; i < parse_argc; ++i)
+    if (std::string_view(argv[i]) == "--query-compute-apps=" || std::string_view(argv[i]) == "--query-gpu=") {
+      const bool gpu = std::string_view(argv[i]) == "--query-gpu=";
+      std::fprintf(stderr, "cuwarden: %s names no field: give some, e.g. %s (cuwarden --help-%s lists them)\n", argv[i],
+                   gpu ? "--query-gpu=index,memory.used" : "--query-compute-apps=pid,used_memory",
+                   gpu ? "query-gpu" : "query-compute-apps");
+      return kExitUsage;
+    }
   try {
     app.parse(parse_argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kExitUsage;
+    std::string cmd = "cuwarden";
+    for (const CLI::App* sub : app.get_subcommands()) cmd += " " + sub->get_name();
+    std::fprintf(stderr, "%s: %s\nSee '%s --help'.\n", cmd.c_str(), parse_error_words(e).c_str(), cmd.c_str());
+    return kExitUsage;
   }
 
   if (*run) {
@@ -256,6 +312,10 @@ int main(int argc, char** argv) {
   }
   if (fields_reference) {
     std::fputs(cuw::cli::query_fields_reference().c_str(), stdout);
+    return kExitOk;
+  }
+  if (gpu_fields_ref) {
+    std::fputs(cuw::cli::gpu_fields_reference().c_str(), stdout);
     return kExitOk;
   }
   st.socket = socket;

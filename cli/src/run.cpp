@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,13 +74,107 @@ std::string words_of(cuw::options::Id id) {
   return out;
 }
 
+/// A variable of the environment `cuwarden run` started in: what it inherits ("" if unset).
+std::string inherited(cuw::options::Id id) {
+  const char* v = std::getenv(cuw::options::get(id).variable);
+  return v ? v : "";
+}
+
+/// One refusal to loosen, on stderr.
+void note(const std::string& msg) {
+  std::fprintf(stderr, "cuwarden run: %s (cuwarden run never loosens what it inherits)\n", msg.c_str());
+}
+
+/// Whether cap `asked` may be above one of `caps` on some device: on a device where one of
+/// them applies, `asked` sets none, or a larger one of the same kind, or one of the other
+/// kind (a share against bytes: the device decides, and the interposer takes the lower).
+bool may_raise(const LimitSpec& asked, const std::vector<LimitSpec>& caps) {
+  std::vector<int> keys = {-1};  // -1: the devices without an override
+  for (const auto& [d, s] : asked.per_device) keys.push_back(d);
+  for (const auto& c : caps)
+    for (const auto& [d, s] : c.per_device) keys.push_back(d);
+  for (int k : keys) {
+    const auto a = k < 0 ? asked.all : asked.for_device(k);
+    for (const auto& c : caps) {
+      const auto b = k < 0 ? c.all : c.for_device(k);
+      if (!b) continue;
+      if (!a || a->percent != b->percent) return true;
+      if (a->percent ? a->share > b->share : a->bytes > b->bytes) return true;
+    }
+  }
+  return false;
+}
+
+/// The variables a run sets, tightened against what it inherits: the caps of --limit apply
+/// with the inherited ones (CUWARDEN_OUTER_LIMIT collects them; the interposer takes the
+/// lowest on each device, resolving shares); a job cap is the lower of the two; an inherited
+/// job is kept; the cap scope only widens to process; and a run that inherits a cap fails
+/// closed on a bad variable. Returns false (with *why) when an inherited value is malformed.
+bool tighten(const RunOptions& o, std::vector<std::pair<cuw::options::Id, std::string>>* set, std::string* why) {
+  using cuw::options::Id;
+  const std::string in_limit = inherited(Id::CUWARDEN_LIMIT), in_outer = inherited(Id::CUWARDEN_OUTER_LIMIT);
+  const std::string in_job = inherited(Id::CUWARDEN_JOB), in_job_limit = inherited(Id::CUWARDEN_JOB_LIMIT);
+  std::string err;
+  std::vector<LimitSpec> caps;
+  for (const auto& [id, text] :
+       {std::pair{Id::CUWARDEN_LIMIT, in_limit}, std::pair{Id::CUWARDEN_OUTER_LIMIT, in_outer}}) {
+    if (text.empty()) continue;
+    auto specs = parse_limits(text, &err);
+    if (!specs) {
+      *why = std::string("the inherited ") + cuw::options::get(id).variable + "='" + text + "' is not valid: " + err;
+      return false;
+    }
+    caps.insert(caps.end(), specs->begin(), specs->end());
+  }
+  if (!o.limit.empty()) {
+    set->emplace_back(Id::CUWARDEN_LIMIT, o.limit);
+    std::string outer = in_outer;
+    if (!in_limit.empty() && in_limit != o.limit) outer += (outer.empty() ? "" : ";") + in_limit;
+    if (!outer.empty()) set->emplace_back(Id::CUWARDEN_OUTER_LIMIT, outer);
+    if (!caps.empty() && may_raise(*parse_limit(o.limit, &err), caps))
+      note("--limit " + o.limit + " applies together with the inherited cap " +
+           (in_limit.empty() ? in_outer : in_outer.empty() ? in_limit : in_limit + ";" + in_outer) +
+           ": the lowest applies on each device");
+  }
+  if (!o.job.empty()) {
+    if (!in_job.empty() && in_job != o.job)
+      note("keeps the job '" + in_job + "' it inherits (CUWARDEN_JOB), not --job " + o.job);
+    else
+      set->emplace_back(Id::CUWARDEN_JOB, o.job);
+  }
+  if (!o.job_limit.empty()) {
+    const uint64_t asked = parse_cap(o.job_limit, false, &err)->bytes;
+    std::optional<SizeSpec> had;
+    if (!in_job_limit.empty() && !(had = parse_cap(in_job_limit, false, &err))) {
+      *why = "the inherited CUWARDEN_JOB_LIMIT='" + in_job_limit + "' is not valid: " + err;
+      return false;
+    }
+    if (had && had->bytes < asked)
+      note("keeps the job cap " + in_job_limit + " it inherits, not --job-limit " + o.job_limit);
+    else
+      set->emplace_back(Id::CUWARDEN_JOB_LIMIT, o.job_limit);
+  }
+  if (!o.cap_scope.empty()) {
+    if (inherited(Id::CUWARDEN_CAP_SCOPE) == "process" && o.cap_scope != "process")
+      note("keeps the cap scope 'process' it inherits (CUWARDEN_CAP_SCOPE), not --cap-scope " + o.cap_scope);
+    else set->emplace_back(Id::CUWARDEN_CAP_SCOPE, o.cap_scope);
+  }
+  // open runs uncapped when a variable is bad: that would lift the caps it inherits.
+  if (inherited(Id::CUWARDEN_ON_ERROR) == "open" && (!caps.empty() || !in_job_limit.empty())) {
+    note("CUWARDEN_ON_ERROR=open would run without the caps it inherits if a variable were bad: fail applies");
+    set->emplace_back(Id::CUWARDEN_ON_ERROR, "fail");
+  }
+  return true;
+}
+
 }  // namespace
 
 int cmd_run(const RunOptions& o) {
   std::string err;
   if (!o.limit.empty() && !parse_limit(o.limit, &err)) return usage_error("bad --limit '" + o.limit + "': " + err);
   if (!o.job_limit.empty()) {
-    if (o.job.empty()) return usage_error("--job-limit needs --job NAME");
+    if (o.job.empty() && inherited(cuw::options::Id::CUWARDEN_JOB).empty())
+      return usage_error("--job-limit needs --job NAME");
     if (!parse_cap(o.job_limit, false, &err))
       return usage_error("bad --job-limit '" + o.job_limit + "': " +
                          (o.job_limit.find('%') != std::string::npos ? "job caps take a size, not a share of a device"
@@ -117,11 +212,13 @@ int cmd_run(const RunOptions& o) {
 
   using options::Id;
   const auto set = [](Id id, const std::string& value) { setenv(options::get(id).variable, value.c_str(), 1); };
-  if (!o.limit.empty()) set(Id::CUWARDEN_LIMIT, o.limit);
-  if (!o.job.empty()) set(Id::CUWARDEN_JOB, o.job);
-  if (!o.job_limit.empty()) set(Id::CUWARDEN_JOB_LIMIT, o.job_limit);
+  std::vector<std::pair<Id, std::string>> tight;
+  if (!tighten(o, &tight, &err)) {
+    std::fprintf(stderr, "cuwarden run: %s\n", err.c_str());
+    return kExitUsage;
+  }
+  for (const auto& [id, value] : tight) set(id, value);
   if (!o.pool.empty()) set(Id::CUWARDEN_POOL, o.pool);
-  if (!o.cap_scope.empty()) set(Id::CUWARDEN_CAP_SCOPE, o.cap_scope);
   if (!o.callsites.empty()) set(Id::CUWARDEN_CALLSITES, o.callsites);
 
   // Ours first (its symbols must win), then every existing entry but a duplicate of ours.

@@ -68,6 +68,11 @@ int cmd_snapshot(const SnapshotOptions& o) {
                  o.format.c_str());
     return kExitUsage;
   }
+  // Said before asking, whatever the reply holds: a pickle on a terminal is noise.
+  if (o.format == "pytorch" && (o.output.empty() || o.output == "-") && isatty(fileno(stdout))) {
+    std::fprintf(stderr, "cuwarden: the pytorch format is a pickle: write it with -o FILE.pickle\n");
+    return kExitUsage;
+  }
   json req{{"pid", o.pid}, {"format", o.format}, {"top", o.top}};
   if (o.oom >= 0) req["oom"] = o.oom;
   if (o.leaks) {

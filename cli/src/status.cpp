@@ -41,6 +41,16 @@ bool gpu_matches(const std::string& filter, const json& dev_or_gpu, const char* 
   return false;
 }
 
+/// The state's processes in pid order, as numbers (the daemon lists them by ring file name,
+/// where 17912 comes before 6867).
+std::vector<const json*> by_pid(const json& st) {
+  std::vector<const json*> out;
+  for (const auto& p : jarr(st, "processes")) out.push_back(&p);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const json* a, const json* b) { return jnum(*a, "pid") < jnum(*b, "pid"); });
+  return out;
+}
+
 /// A cap for people: "16 GiB" when whole GiB, else format_bytes; "none" for null.
 std::string cap_words(const json& j) {
   if (!j.is_number_unsigned()) return "none";
@@ -141,6 +151,8 @@ std::string render_table(const json& st, const std::string& filter) {
   for (const auto& p : jarr(st, "processes"))
     for (const auto& d : jarr(p, "devices"))
       if (d.contains("driver_used_bytes")) proc_driver = true;
+  const auto& unmanaged = jarr(st, "unmanaged_processes");
+  if (!unmanaged.empty()) proc_driver = true;
   // A pooling backend holds more than the program uses: show what it uses too (Used stays
   // what counts against the cap, which is what the pool holds).
   bool pooled = false;
@@ -165,7 +177,13 @@ std::string render_table(const json& st, const std::string& filter) {
     }
   }
   procs.columns.push_back({"State", false, false});
-  for (const auto& p : jarr(st, "processes")) {
+  // A job member without a cap of its own is still capped: by its job, per GPU.
+  std::map<uint64_t, json> job_cap;
+  for (const auto& job : jarr(st, "jobs"))
+    if (job.contains("limit_bytes") && job["limit_bytes"].is_number_unsigned())
+      for (const auto& m : jarr(job, "members")) job_cap[jnum(m, "pid")] = job["limit_bytes"];
+  for (const json* pp : by_pid(st)) {
+    const json& p = *pp;
     const auto& devs = jarr(p, "devices");
     auto row_for = [&](const json* d) {
       std::vector<Cell> row;
@@ -174,7 +192,10 @@ std::string render_table(const json& st, const std::string& filter) {
       row.push_back(Cell::str(jstr(p, "user")));
       row.push_back(Cell::str(jstr(p, "process_name")));
       for (std::size_t i = 0; i < shown.size(); ++i) {
-        row.push_back(d ? jcell(*d, json_key(shown[i]), cell_kind(shown[i])) : Cell::none());
+        Cell c = d ? jcell(*d, json_key(shown[i]), cell_kind(shown[i])) : Cell::none();
+        if (shown[i] == Id::limit && c.kind == CellKind::none && job_cap.count(jnum(p, "pid")))
+          c = Cell::str(format_mib(job_cap[jnum(p, "pid")].get<uint64_t>()) + " job");
+        row.push_back(std::move(c));
         if (i == 0 && proc_driver) {
           row.push_back(d ? jcell(*d, "driver_used_bytes", CellKind::bytes) : Cell::none());
           row.push_back(d ? jcell(*d, "outside_cap_bytes", CellKind::bytes) : Cell::none());
@@ -191,6 +212,21 @@ std::string render_table(const json& st, const std::string& filter) {
       for (const auto& d : devs)
         if (gpu_matches(filter, d, "gpu_index")) row_for(&d);
     }
+  }
+  // Processes on a GPU without cuwarden: only the driver's figure, and none of it capped.
+  for (const auto& u : unmanaged) {
+    if (!gpu_matches(filter, u, "gpu_index")) continue;
+    std::vector<Cell> row = {jcell(u, "gpu_index", CellKind::integer), jcell(u, "pid", CellKind::integer),
+                             Cell::none(), Cell::str(jstr(u, "process_name"))};
+    for (std::size_t i = 0; i < shown.size(); ++i) {
+      row.push_back(Cell::none());
+      if (i == 0) {
+        row.push_back(jcell(u, "driver_used_bytes", CellKind::bytes));
+        row.push_back(jcell(u, "driver_used_bytes", CellKind::bytes));
+      }
+    }
+    row.push_back(Cell::str("unmanaged"));
+    procs.rows.push_back(std::move(row));
   }
 
   // Every box the same width, like nvidia-smi's.
@@ -271,13 +307,20 @@ volatile std::sig_atomic_t g_stop = 0;
 }  // namespace
 
 int cmd_status(const StatusOptions& o) {
-  // Parse --query-compute-apps / --format before asking anything: bad input exits 2.
-  const std::vector<QueryField> all_fields = query_fields();
+  // Parse --query-compute-apps (or --query-gpu) / --format before asking anything: bad input
+  // exits 2. Both queries are one table, a row per process and GPU or per GPU, printed alike.
+  const bool gpu_query = !o.query_gpu.empty();
+  if (gpu_query && !o.query_compute_apps.empty()) {
+    std::fprintf(stderr, "cuwarden: give --query-gpu or --query-compute-apps, not both\n");
+    return kExitUsage;
+  }
+  const char* const option = gpu_query ? "--query-gpu" : "--query-compute-apps";
+  const std::vector<QueryField> all_fields = gpu_query ? gpu_query_fields() : query_fields();
   std::vector<const QueryField*> fields;
   bool csv_header = true, csv_units = true, rows_json = false;
-  const bool query = !o.query_compute_apps.empty();
+  const bool query = gpu_query || !o.query_compute_apps.empty();
   if (query) {
-    std::stringstream ss(o.query_compute_apps);
+    std::stringstream ss(gpu_query ? o.query_gpu : o.query_compute_apps);
     std::string f;
     while (std::getline(ss, f, ',')) {
       f.erase(0, f.find_first_not_of(" \t"));
@@ -290,11 +333,11 @@ int cmd_status(const StatusOptions& o) {
       fields.push_back(find_query_field(all_fields, f));
     }
     if (fields.empty()) {
-      std::fprintf(stderr, "cuwarden: --query-compute-apps needs at least one field\n");
+      std::fprintf(stderr, "cuwarden: %s needs at least one field\n", option);
       return kExitUsage;
     }
     if (o.format.empty()) {
-      std::fprintf(stderr, "cuwarden: --format= must be specified with --query-compute-apps (e.g. --format=csv)\n");
+      std::fprintf(stderr, "cuwarden: --format= must be specified with %s (e.g. --format=csv)\n", option);
       return kExitUsage;
     }
   }
@@ -317,7 +360,7 @@ int cmd_status(const StatusOptions& o) {
       return kExitUsage;
     }
     if (!query) {
-      std::fprintf(stderr, "cuwarden: --format goes with --query-compute-apps\n");
+      std::fprintf(stderr, "cuwarden: --format goes with --query-compute-apps or --query-gpu\n");
       return kExitUsage;
     }
   }
@@ -337,7 +380,12 @@ int cmd_status(const StatusOptions& o) {
       }
       if (o.json) filter_state(*st, o.gpu_filter);
     }
-    if (o.json) {
+    if (o.list_gpus) {
+      for (const auto& g : jarr(*st, "gpus"))
+        if (gpu_matches(o.gpu_filter, g, "index"))
+          std::printf("GPU %llu: %s (UUID: %s)\n", static_cast<unsigned long long>(jnum(g, "index")),
+                      jstr(g, "name").c_str(), jstr(g, "uuid").c_str());
+    } else if (o.json) {
       // Looping: one document per line, which a reader parses line by line.
       std::fputs((st->dump(o.loop_seconds > 0 ? -1 : 2, ' ', false, json::error_handler_t::replace) + "\n").c_str(),
                  stdout);
@@ -346,7 +394,16 @@ int cmd_status(const StatusOptions& o) {
       for (const QueryField* f : fields) t.columns.push_back({f->header, f->kind == CellKind::bytes});
       std::map<std::string, json> gpu_by_uuid;
       for (const auto& g : jarr(*st, "gpus")) gpu_by_uuid[jstr(g, "uuid")] = g;
-      for (const auto& p : jarr(*st, "processes")) {
+      if (gpu_query)
+        for (const auto& g : jarr(*st, "gpus")) {
+          if (!gpu_matches(o.gpu_filter, g, "index")) continue;
+          std::vector<Cell> row;
+          for (const QueryField* f : fields) row.push_back(gpu_query_cell(*f, *st, g));
+          t.rows.push_back(std::move(row));
+        }
+      for (const json* pp : by_pid(*st)) {
+        if (gpu_query) break;
+        const json& p = *pp;
         if (jstr(p, "state") != "running") continue;  // nvidia-smi lists running processes
         for (const auto& d : jarr(p, "devices")) {
           if (!gpu_matches(o.gpu_filter, d, "gpu_index")) continue;

@@ -115,6 +115,11 @@ std::string_view sort_order(SortKey k, bool reversed) {
 std::vector<ProcRow> process_rows(const json& st) {
   using counters::Id;
   std::vector<ProcRow> rows;
+  // A job member without a cap of its own is held by its job's, per GPU: that one is its cap.
+  std::map<uint64_t, uint64_t> job_cap;
+  for (const json& job : jarr(st, "jobs"))
+    if (job.contains("limit_bytes") && job["limit_bytes"].is_number_unsigned())
+      for (const json& m : jarr(job, "members")) job_cap[jnum(m, "pid")] = job["limit_bytes"].get<uint64_t>();
   for (const json& p : jarr(st, "processes")) {
     ProcRow base;
     base.pid = jnum(p, "pid");
@@ -138,6 +143,7 @@ std::vector<ProcRow> process_rows(const json& st) {
       r.peak = jnum(d, json_key(Id::peak));
       auto cap = d.find(json_key(Id::limit));
       if (cap != d.end() && cap->is_number_unsigned()) r.cap = cap->get<uint64_t>();
+      else if (auto j = job_cap.find(r.pid); j != job_cap.end()) r.cap = j->second, r.job_cap = true;
       r.device = d;
       rows.push_back(std::move(r));
     }
@@ -307,7 +313,10 @@ namespace {
 constexpr std::size_t kBarWidth = 40;
 
 /// The process table's columns: fixed widths, the counters' titles from the counter list.
-Table row_table(SortKey key, bool reversed, bool utf8) {
+/// On a screen narrower than they need (`width`; 0: any), the names give way first (Job,
+/// absent when no row has one, then Name, User, Job), so that the figures, Cap and State
+/// stay on an 80-column terminal.
+Table row_table(SortKey key, bool reversed, bool utf8, std::size_t width, bool any_job) {
   using counters::Id;
   const std::string mark = reversed == (key == SortKey::name || key == SortKey::pid) ? (utf8 ? "▼" : "v")
                                                                                       : (utf8 ? "▲" : "^");
@@ -322,19 +331,34 @@ Table row_table(SortKey key, bool reversed, bool utf8) {
                {title(column_title(Id::peak), SortKey::peak), false, true, 0, 11, true},
                {title(column_title(Id::limit), SortKey::cap), false, true, 0, 11, true},
                {"State", false, false, 0, 7}};
+  const auto total = [&] {
+    std::size_t w = 0;
+    for (const Column& c : t.columns) w += c.width + 1;
+    return w;
+  };
+  if (width && total() > width && !any_job) t.columns.erase(t.columns.begin() + 4);
+  for (auto [col, least] : {std::pair{3, 8}, std::pair{2, 6}, std::pair{4, 6}}) {
+    if (!width || total() <= width || (col == 4 && !any_job)) continue;
+    Column& c = t.columns[static_cast<std::size_t>(col)];
+    const std::size_t cut = std::min(total() - width, c.width - static_cast<std::size_t>(least));
+    c.width -= cut;
+    c.max_width = c.width;
+  }
   return t;
 }
 
-std::vector<Cell> row_cells(const ProcRow& r) {
-  return {r.gpu ? Cell::num(*r.gpu) : Cell::none(),
-          Cell::num(r.pid),
-          Cell::str(r.user),
-          Cell::str(r.name),
-          r.job.empty() ? Cell::none() : Cell::str(r.job),
-          r.device.is_null() ? Cell::none() : Cell::bytes(r.used),
-          r.device.is_null() ? Cell::none() : Cell::bytes(r.peak),
-          r.cap ? Cell::bytes(*r.cap) : Cell::none(),
-          Cell::str(r.state)};
+std::vector<Cell> row_cells(const ProcRow& r, bool job_column) {
+  std::vector<Cell> cells = {r.gpu ? Cell::num(*r.gpu) : Cell::none(),
+                             Cell::num(r.pid),
+                             Cell::str(r.user),
+                             Cell::str(r.name),
+                             r.job.empty() ? Cell::none() : Cell::str(r.job),
+                             r.device.is_null() ? Cell::none() : Cell::bytes(r.used),
+                             r.device.is_null() ? Cell::none() : Cell::bytes(r.peak),
+                             r.cap ? Cell::bytes(*r.cap) : Cell::none(),
+                             Cell::str(r.state)};
+  if (!job_column) cells.erase(cells.begin() + 4);
+  return cells;
 }
 
 /// The sparkline column's title: the time its samples cover.
@@ -362,9 +386,13 @@ std::vector<Line> list_frame(const json& st, const std::vector<ProcRow>& rows, c
                            fmt::format("daemon {}  {} running  every {:g} s", printable(jstr(st, "version", "?")),
                                        plural(running, "process", "processes"), view.interval_s),
                            view));
+  // The bar gives way on a narrow screen, so that the figures after it stay in view.
+  const std::size_t figures = 28 + 2 + 33;  // "GPU 0  NAME ", the bar's brackets, " USED / TOTAL  PCT%"
+  const std::size_t bar =
+      width ? std::clamp<std::size_t>(width > figures ? width - figures : 0, 10, kBarWidth) : kBarWidth;
   for (const GpuRow& g : gpus) {
     Line l = line(fmt::format("GPU {:<2} {} ", g.index, pad(truncate(g.name, 20), 20)));
-    for (Span& s : gpu_bar(g, kBarWidth, view.utf8)) l.spans.push_back(std::move(s));
+    for (Span& s : gpu_bar(g, bar, view.utf8)) l.spans.push_back(std::move(s));
     std::string text =
         fmt::format(" {:>11} / {:<11} {:5.1f}%", format_bytes(g.used), format_bytes(g.total),
                     g.total ? 100.0 * static_cast<double>(g.used) / static_cast<double>(g.total) : 0.0);
@@ -379,7 +407,10 @@ std::vector<Line> list_frame(const json& st, const std::vector<ProcRow>& rows, c
   if (gpus.empty()) out.push_back(line("No GPU seen yet (no interposed process has used CUDA)", Style::dim));
   out.push_back(Line{});
 
-  const Table t = row_table(view.sort, view.reversed, view.utf8);
+  bool any_job = false;
+  for (const ProcRow& r : rows) any_job = any_job || !r.job.empty();
+  const Table t = row_table(view.sort, view.reversed, view.utf8, width, any_job);
+  const bool job_column = t.columns.size() == 9;
   const std::string head = render_line(t, nullptr);
   // Each row's fixed columns take the header's width; the sparkline gets what is left of the
   // screen, up to one column per sample.
@@ -410,7 +441,7 @@ std::vector<Line> list_frame(const json& st, const std::vector<ProcRow>& rows, c
   if (rows.empty()) out.push_back(line("No interposed processes found", Style::dim));
   for (std::size_t i = top; i < rows.size() && i < top + area; ++i) {
     const ProcRow& r = rows[i];
-    const std::vector<Cell> cells = row_cells(r);
+    const std::vector<Cell> cells = row_cells(r, job_column);
     std::string text = render_line(t, &cells);
     if (spark) text = pad(text, fixed) + sparkline(history.samples(r.key), spark, view.utf8);
     const bool selected = view.interactive && i == sel;
@@ -419,13 +450,16 @@ std::vector<Line> list_frame(const json& st, const std::vector<ProcRow>& rows, c
   }
   if (view.interactive) {
     while (height && out.size() + 1 < height) out.push_back(Line{});
-    out.push_back(fill(line(fmt::format("Sort: {}, {}{}   s: next  u/p/c/n/P: used/peak/cap/name/pid  r: reverse   "
-                                        "{}/j/k: select  Enter: details  q: quit",
-                                        sort_name(view.sort), sort_order(view.sort, view.reversed),
-                                        rows.size() > area ? fmt::format(" ({} of {} shown)", area, rows.size()) : "",
-                                        view.utf8 ? "↑↓" : "arrows"),
-                            Style::header),
-                       width));
+    const std::string shown = rows.size() > area ? fmt::format(" ({} of {} shown)", area, rows.size()) : "";
+    std::string keys = fmt::format("Sort: {}, {}{}   s: next  u/p/c/n/P: used/peak/cap/name/pid  r: reverse   "
+                                   "{}/j/k: select  Enter: details  q: quit",
+                                   sort_name(view.sort), sort_order(view.sort, view.reversed), shown,
+                                   view.utf8 ? "↑↓" : "arrows");
+    // Narrow: the keys alone (the header's mark says the sort), so that q: quit stays seen.
+    if (width && columns(keys) > width)
+      keys = fmt::format("s/u/p/c/n/P: sort  r: reverse  {}: select  Enter: details  q: quit{}",
+                         view.utf8 ? "↑↓" : "j/k", shown);
+    out.push_back(fill(line(keys, Style::header), width));
   }
   return out;
 }

@@ -65,6 +65,7 @@ struct ProcRow {
   std::string user, name, job, state;
   uint64_t used = 0, peak = 0;
   std::optional<uint64_t> cap;  ///< bytes; none: no cap
+  bool job_cap = false;         ///< `cap` is the job's (the process has none of its own)
   nlohmann::ordered_json process;  ///< the process's entry of the state, for the detail view
   nlohmann::ordered_json device;   ///< its device entry (null without one)
 };

@@ -1,6 +1,7 @@
 // cuwarden: size and cap-spec parsing ("8G", "512MiB", "1.5GB", "75%", "0=8G,1=4G").
 #include "cuw/size.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -119,11 +120,30 @@ std::optional<SizeSpec> parse_size(std::string_view text, bool allow_percent, st
 
 std::optional<SizeSpec> parse_cap(std::string_view text, bool allow_percent, std::string* error) {
   auto spec = parse_size(text, allow_percent, error);
-  if (!spec || spec->percent || spec->bytes >= kMinCap) return spec;
+  if (!spec || spec->percent) return spec;
+  const std::string t(trim(text));
+  if (spec->bytes == std::numeric_limits<uint64_t>::max()) {
+    // The ring and the protocol write "no cap" as this value: taken as a size, it would
+    // remove the cap without saying so.
+    if (error) *error = "'" + t + "' is the number that means no cap; to remove a cap, say none";
+    return std::nullopt;
+  }
+  if (spec->bytes >= kMinCap) return spec;
   if (error) {
-    const std::string t(trim(text));
-    *error = "a cap of " + format_bytes(spec->bytes) + " ('" + t + "') is smaller than any real allocation: give a unit (" +
-             t + "G, " + t + "MiB)" + (allow_percent ? " or a share (" + t + "%)" : "") + "; the smallest cap is 1 MiB";
+    // A bare number under the floor is a unit left out: suggest the units that give a
+    // plausible cap for it (n G up to 16 TiB, n% up to 100). A number with a unit was
+    // meant as written and is simply too small.
+    const std::string digits = t.front() == '+' ? t.substr(1) : t;
+    std::string hint;
+    if (digits.find_first_not_of("0123456789") == std::string::npos && spec->bytes > 0) {
+      if (spec->bytes <= 16384) hint += t + "G, ";
+      hint += t + "MiB";
+      hint = "give a unit (" + hint + ")";
+      if (allow_percent && spec->bytes <= 100) hint += " or a share (" + t + "%)";
+      hint = ": " + hint + ";";
+    }
+    *error = "a cap of " + std::to_string(spec->bytes) + " B ('" + t + "') is smaller than any real allocation" +
+             (hint.empty() ? ";" : hint) + " the smallest cap is 1 MiB";
   }
   return std::nullopt;
 }
@@ -190,6 +210,26 @@ std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error) 
     rest = rest.substr(comma + 1);
   }
   return spec;
+}
+
+std::optional<std::vector<LimitSpec>> parse_limits(std::string_view text, std::string* error) {
+  std::vector<LimitSpec> out;
+  for (std::string_view rest = text;;) {
+    const std::size_t semi = rest.find(';');
+    auto one = parse_limit(rest.substr(0, semi), error);
+    if (!one) return std::nullopt;
+    out.push_back(std::move(*one));
+    if (semi == std::string_view::npos) return out;
+    rest = rest.substr(semi + 1);
+  }
+}
+
+uint64_t lowest_cap(const std::vector<LimitSpec>& specs, int ordinal, uint64_t physical) noexcept {
+  uint64_t cap = ~0ULL;
+  for (const LimitSpec& l : specs)
+    if (const auto s = l.for_device(ordinal); s && !(s->percent && physical == 0))
+      cap = std::min(cap, s->resolve(physical));
+  return cap;
 }
 
 std::string format_bytes(uint64_t bytes) {

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <ctime>
 #include <cstring>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -64,6 +65,7 @@ struct Options {
   std::string web_root;
   bool http_snapshots = false;
   std::string config;
+  bool check_config = false;
   std::string log_level = "info";
   bool foreground = false;
   bool no_nvml = false;
@@ -210,6 +212,38 @@ void serve_socket(cuw::daemon::Server& server, int stop_fd) {
     if (sn > 0) server.dispatch(sfds, 1);
     server.expire(mono_ns());
   }
+}
+
+/// --http's syntax, checked with the other arguments (exit 2) before the daemon takes its run
+/// directory: the resolver takes a port number modulo 65536, so 99999 would serve 34463.
+/// Returns "" when good, else why not.
+std::string http_address_check(const std::string& address) {
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return "expected HOST:PORT (e.g. 127.0.0.1:9477), got '" + address + "'";
+  const std::string port = address.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535)
+    return "port '" + port + "' in '" + address + "' is not a port number (0 to 65535)";
+  return "";
+}
+
+/// cuwardend --check-config: what the daemon would say of the policy at start, on stderr,
+/// without starting it. 0 when it would start, 78 (EX_CONFIG, its exit then) when not.
+int check_config(const std::string& path) {
+  if (path.empty()) {
+    std::fprintf(stderr, "cuwardend: --check-config checks the file given with --config FILE\n");
+    return 2;
+  }
+  std::vector<std::string> errors, warnings;
+  const bool ok = cuw::daemon::load_policy(path, &errors, &warnings).has_value();
+  for (const auto& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  for (const auto& e : errors) std::fprintf(stderr, "error: %s\n", e.c_str());
+  if (!ok) {
+    std::fprintf(stderr, "cuwardend: %s has errors; cuwardend would not start with it (exit 78)\n", path.c_str());
+    return 78;
+  }
+  std::printf("%s: the policy is valid\n", path.c_str());
+  return 0;
 }
 
 int run(const Options& o) {
@@ -563,7 +597,8 @@ int main(int argc, char** argv) {
   app.add_option("--run-dir", o.run_dir,
                  std::string("where rings live (default: $CUWARDEN_RUN_DIR or ") + cuw::paths::kDefaultRunDir + ")");
   app.add_option("--http", o.http,
-                 "serve HTTP (read only) on HOST:PORT, e.g. 127.0.0.1:9477: /metrics, the JSON API, the dashboard");
+                 "serve HTTP (read only) on HOST:PORT, e.g. 127.0.0.1:9477: /metrics, the JSON API, the dashboard")
+      ->check(http_address_check, "HOST:PORT");
   app.add_option("--http-host", o.http_hosts,
                  "a host name HTTP answers to besides IP addresses and localhost (repeatable): a request naming any "
                  "other is refused (421), so that a web page cannot rebind its name to this machine");
@@ -593,12 +628,16 @@ int main(int argc, char** argv) {
   app.add_option("--symbolize-timeout", o.symbolize_timeout_s,
                  "seconds a snapshot's frames may take to name; frames left are shown by module and offset")
       ->check(CLI::Range(0.1, 600.0));
+  app.add_flag("--check-config", o.check_config,
+               "check the policy file given with --config, print what is wrong with it, and exit: 0 when it is "
+               "good, 78 when the daemon would refuse it");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a bad flag 2, as `cuwarden` (CLI11's own codes are 100+).
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (o.check_config) return check_config(o.config);
 
   auto logger = spdlog::stderr_color_mt("cuwardend");
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");

@@ -46,8 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c.pool_idle_ms > 86400000u) std::abort();  // at most a day
   if (!c.job.empty() && !cuw::job::valid_job_name(c.job, nullptr)) std::abort();  // a kept job name is valid
   if (c.job_limit != ~0ULL && c.job.empty() && c.errors.empty()) std::abort();  // a job cap needs a job
-  for (const auto& [ordinal, spec] : c.limit.per_device)
-    if (ordinal < 0 || ordinal > 63) std::abort();
+  for (const auto& l : c.limits)
+    for (const auto& [ordinal, spec] : l.per_device)
+      if (ordinal < 0 || ordinal > 63) std::abort();
   std::vector<std::string> errors;
   const cuw::core::FileValues f = cuw::core::parse_config_text(in, &errors);
   if (f.value.size() != cuw::options::kCount || f.line.size() != cuw::options::kCount) std::abort();

@@ -152,6 +152,42 @@ TEST_CASE("cli.query_compute_apps_speaks_nvidia_smi_csv") {
   CHECK(nofmt.status == 2);
 }
 
+TEST_CASE("cli.list_gpus_and_query_gpu_speak_nvidia_smi") {
+  Scene s;
+  CmdResult l = cli({"--socket", s.d->socket, "-L"});
+  INFO(l.out << l.err);
+  REQUIRE(l.status == 0);
+  CHECK(l.out == "GPU 0: NVIDIA H200 (UUID: " + uuid_for(0xa0) + ")\nGPU 1: NVIDIA H200 (UUID: " + uuid_for(0xb0) + ")\n");
+
+  CmdResult r = cli({"--socket", s.d->socket,
+                     "--query-gpu=index,uuid,name,pci.bus_id,memory.total,memory.used,memory.free,memory.reserved,count,"
+                     "driver_version",
+                     "--format=csv"});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.out == "index, uuid, name, pci.bus_id, memory.total [MiB], memory.used [MiB], memory.free [MiB], "
+                 "memory.reserved [MiB], count, driver_version\n"
+                 "0, " + uuid_for(0xa0) + ", NVIDIA H200, [N/A], 143771 MiB, 5120 MiB, 138651 MiB, [N/A], 2, [N/A]\n"
+                 "1, " + uuid_for(0xb0) + ", NVIDIA H200, [N/A], 143771 MiB, 2048 MiB, 141723 MiB, [N/A], 2, [N/A]\n");
+  // -i, noheader and nounits as for --query-compute-apps.
+  r = cli({"--socket", s.d->socket, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", "-i", "1"});
+  CHECK(r.out == "1, 2048\n");
+  r = cli({"--socket", s.d->socket, "--query-gpu=timestamp", "--format=csv,noheader"});
+  CHECK(r.out.size() == 2 * std::string("2026/12/05 23:27:21.123\n").size());
+  // nvidia-smi's wording for a field it does not know.
+  r = cli({"--socket", s.d->socket, "--query-gpu=index,temperature.gpu", "--format=csv"});
+  CHECK(r.status == 2);
+  CHECK(r.err == "Field \"temperature.gpu\" is not a valid field to query.\n");
+  CHECK(contains(cli({"--help-query-gpu"}).out, "\"memory.free\""));
+  // Looping: the header once.
+  r = run_cmd({CUWT_CLI, "--socket", s.d->socket, "--query-gpu=index", "--format=csv", "-lms", "200"}, {}, 1100);
+  std::size_t headers = 0, rows = 0;
+  for (std::size_t pos = 0, nl; (nl = r.out.find('\n', pos)) != std::string::npos; pos = nl + 1)
+    (r.out.compare(pos, nl - pos, "index") == 0 ? headers : rows) += 1;
+  CHECK(headers == 1);
+  CHECK(rows >= 2);  // a round at least (two GPUs); more on an idle machine, under one header
+}
+
 TEST_CASE("cli.events_prints_what_the_daemon_collected") {
   Scene s;
   CmdResult r = cli({"events", "--socket", s.d->socket});
@@ -365,6 +401,112 @@ TEST_CASE("cli.daemon_bad_flags_exit_2_like_the_cli") {
   }
   CHECK(run_cmd({CUWT_DAEMON, "--help"}, {}, 5000).status == 0);
   CHECK(run_cmd({CUWT_CLI, "--bogus"}, {}, 5000).status == 2);
+  // A port the resolver would wrap (99999 serves 34463) or no port at all: refused with the
+  // other bad arguments, before the daemon looks at its run directory.
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:", "nonsense", "127.0.0.1:94x"}) {
+    CmdResult r = run_cmd({CUWT_DAEMON, "--http", bad, "--run-dir", "/nonexistent/cuwt"}, {}, 5000);
+    INFO(bad << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, "--http"));
+    CHECK((contains(r.err, "is not a port number (0 to 65535)") || contains(r.err, "expected HOST:PORT")));
+  }
+}
+
+TEST_CASE("cli.usage_errors_say_what_was_wrong_in_the_projects_words") {
+  struct Case {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"-l", "abc"}, "cuwarden: --loop takes a number from 0 to 86400, not 'abc'"},
+           {{"frobnicate"}, "cuwarden: unknown command or argument 'frobnicate' (commands: run,"},
+           {{"--query-compute-apps=", "--format=csv"}, "--query-compute-apps= names no field"},
+           {{"limit", "123", "0=1G,1=2G"}, "is a cap per device"},
+           {{"limit", "123", "0=1G,1=2G"}, "--device N"},
+           {{"limit", "123", "18446744073709551615"}, "is the number that means no cap; to remove a cap, say none"},
+           {{"limit", "123", "0G"}, "a cap of 0 B ('0G') is smaller than any real allocation; the smallest cap is 1 MiB"},
+           {{"events", "--max", "0"}, "cuwarden events: --max takes a number from 1 to 100000, not '0'"},
+       }) {
+    CmdResult r = cli(c.args);
+    INFO(c.args[0] << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, c.says));
+    CHECK(!contains(r.err, "The following argument"));
+    CHECK(!contains(r.err, "GG"));
+  }
+  // A pickle is not written to a terminal, daemon or not (script(1) gives the command one).
+  if (::access("/usr/bin/script", X_OK) == 0) {
+    CmdResult p = run_cmd({"/usr/bin/script", "-qec", std::string(CUWT_CLI) + " snapshot 1 --format pytorch --socket /nonexistent",
+                           "/dev/null"},
+                          {}, 10000);
+    CHECK(contains(p.out, "the pytorch format is a pickle: write it with -o FILE.pickle"));
+  }
+}
+
+TEST_CASE("cli.run_never_loosens_what_it_inherits") {
+  const std::string lib = CUWT_PRELOAD;
+  const std::string show = "echo L=$CUWARDEN_LIMIT O=$CUWARDEN_OUTER_LIMIT J=$CUWARDEN_JOB JL=$CUWARDEN_JOB_LIMIT "
+                           "S=$CUWARDEN_CAP_SCOPE E=$CUWARDEN_ON_ERROR";
+  auto run = [&](std::vector<std::string> flags, std::vector<std::string> env) {
+    std::vector<std::string> a = {"run", "--lib", lib};
+    a.insert(a.end(), flags.begin(), flags.end());
+    for (const char* x : {"--", "/bin/sh", "-c"}) a.push_back(x);
+    a.push_back(show);
+    return cli(a, env);
+  };
+  // A higher --limit inside a lower one: both go to the interposer, which takes the lowest.
+  CmdResult r = run({"--limit", "2G"}, {"CUWARDEN_LIMIT=1G"});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK(contains(r.out, "L=2G O=1G "));
+  CHECK(contains(r.err, "cuwarden run: --limit 2G applies together with the inherited cap 1G: the lowest applies"));
+  CHECK(contains(r.err, "(cuwarden run never loosens what it inherits)"));
+  // Three deep: every cap is kept.
+  r = run({"--limit", "4G"}, {"CUWARDEN_LIMIT=2G", "CUWARDEN_OUTER_LIMIT=1G"});
+  CHECK(contains(r.out, "L=4G O=1G;2G "));
+  // A lower one is simply lower: nothing to say.
+  r = run({"--limit", "512M"}, {"CUWARDEN_LIMIT=1G"});
+  CHECK(contains(r.out, "L=512M O=1G "));
+  CHECK(r.err.empty());
+  // A share against bytes: the device decides, so it is said too.
+  r = run({"--limit", "0=50%"}, {"CUWARDEN_LIMIT=8G"});
+  CHECK(contains(r.out, "L=0=50% O=8G "));
+  CHECK(contains(r.err, "the lowest applies on each device"));
+  // The job and its cap, the cap scope, and fail-closed.
+  r = run({"--job", "mine", "--job-limit", "2G", "--cap-scope", "allocations"},
+          {"CUWARDEN_JOB=site", "CUWARDEN_JOB_LIMIT=1G", "CUWARDEN_CAP_SCOPE=process"});
+  CHECK(contains(r.out, "J=site JL=1G S=process "));
+  CHECK(contains(r.err, "keeps the job 'site' it inherits (CUWARDEN_JOB), not --job mine"));
+  CHECK(contains(r.err, "keeps the job cap 1G it inherits, not --job-limit 2G"));
+  CHECK(contains(r.err, "keeps the cap scope 'process' it inherits (CUWARDEN_CAP_SCOPE), not --cap-scope allocations"));
+  r = run({"--job-limit", "512M"}, {"CUWARDEN_JOB=site", "CUWARDEN_JOB_LIMIT=1G"});
+  CHECK(contains(r.out, "J=site JL=512M "));
+  r = run({}, {"CUWARDEN_LIMIT=1G", "CUWARDEN_ON_ERROR=open"});
+  CHECK(contains(r.out, "E=fail"));
+  CHECK(contains(r.err, "CUWARDEN_ON_ERROR=open would run without the caps it inherits"));
+  // An inherited value that is not valid is not silently dropped.
+  r = run({"--limit", "2G"}, {"CUWARDEN_LIMIT=lots"});
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "the inherited CUWARDEN_LIMIT='lots' is not valid"));
+  CHECK(contains(cli({"run", "--help"}).out, "cuwarden run never loosens what it inherits"));
+}
+
+TEST_CASE("cli.nested_run_keeps_the_outer_cap_on_the_simulated_driver") {
+  TempDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  const std::string cli_path = CUWT_CLI, lib = CUWT_LIB, loop = CUWT_ALLOC_LOOP;
+  const std::vector<std::string> env = {"LD_LIBRARY_PATH=" + std::string(CUWT_FAKECUDA_DIR), "CUWARDEN_FAKE_DEVICES=1",
+                                        "CUWARDEN_FAKE_MEMORY=8G", "CUWARDEN_RUN_DIR=" + (dir / "run")};
+  // 1500 MiB: above the outer cap, under the inner one; then 600 MiB fits.
+  for (const std::string outer : {"1G", "12.5%"}) {
+    CmdResult r = run_cmd({"/bin/sh", "-c",
+                           "printf 'alloc 1500\\nalloc 600\\n' | " + cli_path + " run --lib " + lib + " --limit " + outer +
+                               " -- " + cli_path + " run --lib " + lib + " --limit 2G -- " + loop},
+                          env, 20000);
+    INFO(outer << ": " << r.out << r.err);
+    CHECK(r.status == 0);
+    CHECK(contains(r.out, "\nrefused\nok\n"));
+  }
 }
 
 TEST_CASE("cli.process_names_are_whole_where_the_kernel_cut_them") {

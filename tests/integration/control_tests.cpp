@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "cuw/job.hpp"
+#include "cuw/size.hpp"
 #include "daemon_test_support.hpp"
 
 using namespace cuwt;
@@ -527,6 +528,67 @@ TEST_CASE("control.policy_errors_stop_the_daemon_with_line_numbers") {
   INFO(log);
   CHECK(contains(log, cfg + ":3:1: unknown key 'maxlimit' in [default]"));
   CHECK(contains(log, "has errors; not starting"));
+}
+
+TEST_CASE("control.caps_under_1_MiB_are_refused_by_the_policy_check_and_set_limit") {
+  SharedDir dir;
+  const std::string cfg = dir / "cuwarden.toml";
+  {
+    std::ofstream f(cfg);
+    f << "[default]\nlimit = 5\n";
+  }
+  // --check-config says what the daemon would say, and exits as it would (78).
+  CmdResult r = run_cmd({CUWT_DAEMON, "--check-config", "--config", cfg});
+  CHECK(r.status == 78);
+  CHECK(contains(r.err, cfg + ":2:9: limit = 5 is 5 bytes, under the smallest cap"));
+  CHECK(contains(r.err, "limit = \"5G\""));
+  // The daemon itself refuses to start with it.
+  {
+    Daemon bad(dir, {"--config", cfg}, false);
+    int st = 0;
+    REQUIRE(wait_until([&] { return waitpid(bad.pid, &st, WNOHANG) == bad.pid; }));
+    bad.pid = -1;
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 78);
+    CHECK(contains(slurp(bad.log), cfg + ":2:9: limit = 5 is 5 bytes"));
+  }
+  {
+    std::ofstream f(cfg);
+    f << "[default]\nlimit = \"1G\"\n";
+  }
+  r = run_cmd({CUWT_DAEMON, "--check-config", "--config", cfg});
+  CHECK(r.status == 0);
+  CHECK(contains(r.out, "the policy is valid"));
+  CHECK(run_cmd({CUWT_DAEMON, "--check-config"}).status == 2);  // no file to check
+
+  Child a;
+  FakeRing ra(dir / "run", a.pid, a.start_time());
+  ra.device(0, 0xa0);
+  Daemon d(dir, {"--config", cfg});
+  REQUIRE(wait_until([&] { return limit_of(ra, 0) == kGiB; }));
+  // On SIGHUP, the same mistake keeps the policy loaded before.
+  {
+    std::ofstream f(cfg);
+    f << "[default]\nlimit = 5\n";
+  }
+  ::kill(d.pid, SIGHUP);
+  CHECK(log_has(d, "keeping the policy loaded before"));
+  ra.device(1, 0xb0);
+  CHECK(wait_until([&] { return limit_of(ra, 1) == kGiB; }));
+
+  // set_limit: neither 5 bytes nor a share that comes to under 1 MiB (here 0 bytes).
+  bool err = false;
+  json j = raw_set_limit(d, {{"pid", a.pid}, {"bytes", 5}}, &err);
+  CHECK(err);
+  CHECK(contains(j.value("error", ""), "a cap of 5 B on device 0 is under the smallest cap, 1.00 MiB"));
+  j = raw_set_limit(d, {{"pid", a.pid}, {"share", 1e-12}}, &err);
+  CHECK(err);
+  CHECK(contains(j.value("error", ""), "a cap of 0 B (1e-10%) on device 0 is under the smallest cap"));
+  CHECK(limit_of(ra, 0) == kGiB);
+  CHECK(limit_of(ra, 1) == kGiB);
+  j = raw_set_limit(d, {{"pid", a.pid}, {"bytes", cuw::kMinCap}}, &err);
+  CHECK_FALSE(err);
+  CHECK(limit_of(ra, 0) == cuw::kMinCap);
 }
 
 namespace {
@@ -1061,4 +1123,57 @@ TEST_CASE("control.a_cap_raised_in_the_processs_own_ring_past_the_policy_is_put_
   for (const auto& e : ev["events"]) by_tamper += e["kind"] == "limit_change" && e["by"] == "tamper";
   CHECK(by_tamper == 2);
   CHECK(contains(cli({"--socket", d.socket}).out, "tampered"));
+}
+
+TEST_CASE("control.gpu_processes_outside_cuwarden_show_as_unmanaged_with_the_drivers_figure") {
+  SharedDir dir;
+  ::mkdir((dir / "run").c_str(), 0755);
+  Child a, outsider;
+  FakeRing ra(dir / "run", a.pid, a.start_time());
+  ring::DeviceSlot& da = ra.device(0, 0xa0);
+  da.used.store(1024 * kMiB);
+  // The simulated NVML lists both; only `a` has a ring.
+  const std::string nvml_env = std::to_string(a.pid) + "=" + std::to_string(1536 * kMiB) + "," +
+                               std::to_string(outsider.pid) + "=" + std::to_string(700 * kMiB);
+  setenv("CUWARDEN_FAKE_NVML_PROCESSES", nvml_env.c_str(), 1);
+  setenv("CUWARDEN_FAKE_UUIDS", uuid_for(0xa0).c_str(), 1);
+  const std::string saved_ld = getenv("LD_LIBRARY_PATH") ? getenv("LD_LIBRARY_PATH") : "";
+  setenv("LD_LIBRARY_PATH", (std::string(CUWT_FAKECUDA_DIR) + (saved_ld.empty() ? "" : ":" + saved_ld)).c_str(), 1);
+  Daemon d(dir, {}, true, /*nvml=*/true);
+  unsetenv("CUWARDEN_FAKE_NVML_PROCESSES");
+  unsetenv("CUWARDEN_FAKE_UUIDS");
+  if (saved_ld.empty()) unsetenv("LD_LIBRARY_PATH");
+  else setenv("LD_LIBRARY_PATH", saved_ld.c_str(), 1);
+
+  json st;
+  REQUIRE(wait_until([&] {
+    st = d.state();
+    return st["unmanaged_processes"].size() == 1;
+  }));
+  const json u = st["unmanaged_processes"][0];
+  CHECK(u["pid"] == outsider.pid);
+  CHECK(u["process_name"] == "sleep");
+  CHECK(u["driver_used_bytes"] == 700 * kMiB);
+  CHECK(u["uuid"] == uuid_for(0xa0));
+  CHECK(u["gpu_index"] == 0);
+
+  CmdResult r = cli({"--socket", d.socket});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  bool row = false;
+  for (std::size_t pos = 0, nl; (nl = r.out.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+    const std::string l = r.out.substr(pos, nl - pos);
+    if (contains(l, " " + std::to_string(outsider.pid) + " ")) {
+      row = true;
+      CHECK(contains(l, "sleep"));
+      CHECK(contains(l, "700MiB"));
+      CHECK(contains(l, "unmanaged"));
+    }
+  }
+  CHECK(row);
+
+  // With NVML, --query-gpu has the driver's version and its figure of memory in use.
+  CHECK(st["driver_version"] == "580.65.06");
+  r = cli({"--socket", d.socket, "--query-gpu=index,driver_version,memory.used", "--format=csv,noheader"});
+  CHECK(r.out == "0, 580.65.06, " + std::to_string(st["gpus"][0]["driver_used_bytes"].get<uint64_t>() >> 20) + " MiB\n");
 }

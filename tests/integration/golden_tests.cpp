@@ -388,3 +388,29 @@ TEST_CASE("golden.cli_prints_the_same_for_the_same_state") {
   check_golden("cli-limit-job.txt", out({"limit", "job:etl", "2G"}));
   check_golden("cli-limit-pid.json", out({"limit", "4101", "6G", "--json"}));
 }
+
+TEST_CASE("golden.cli_lists_processes_by_pid_as_numbers") {
+  // The daemon lists rings by file name, where pid 17912 comes before 6867: the table and the
+  // query show them in pid order.
+  ojson st = ojson::parse(read_golden("state.json"));
+  st["processes"][0]["pid"] = 17912;
+  st["processes"][1]["pid"] = 6867;
+  st["processes"][2]["pid"] = 7701;
+  TempDir dir;
+  StandIn daemon(dir / "d.sock", st.dump(), read_golden("events.json"), read_golden("limit-pid.json"),
+                 read_golden("limit-job.json"));
+  CmdResult r = cli({"--socket", dir / "d.sock", "--query-compute-apps=pid", "--format=csv,noheader"});
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  std::vector<std::string> pids;
+  for (std::size_t pos = 0, nl; (nl = r.out.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+    const std::string p = r.out.substr(pos, nl - pos);
+    if (pids.empty() || pids.back() != p) pids.push_back(p);
+  }
+  CHECK(pids == std::vector<std::string>{"6867", "17912"});  // the query lists running ones; 7701 exited
+  r = cli({"--socket", dir / "d.sock"});
+  const std::size_t a = r.out.find(" 6867 "), b = r.out.find(" 7701 "), c = r.out.find(" 17912 ");
+  CHECK(a < b);
+  CHECK(b < c);
+  CHECK(c != std::string::npos);
+}

@@ -77,6 +77,16 @@ out=$(printf 'alloc 48\nalloc 32\n' | env -u CUWARDEN_LIB LD_LIBRARY_PATH="$FAKE
 [[ $(command -v cuwarden) == /usr/bin/cuwarden ]] || fail "cuwarden is $(command -v cuwarden)"
 man -w cuwarden >/dev/null 2>&1 || ! command -v man >/dev/null || fail "man cuwarden not found"
 echo "ok: installed; /usr/bin/cuwarden run --limit 64M caps"
+# A policy the daemon would refuse: the postinst names the line, says what to change, and
+# does not restart the daemon.
+cp /etc/cuwarden/cuwarden.toml "$T/policy.keep"
+printf '[default]\nlimit = 5\n' >/etc/cuwarden/cuwarden.toml
+out=$(/var/lib/dpkg/info/cuwarden.postinst configure 0.1.0-1 2>&1) || fail "postinst failed on a bad policy: $out"
+[[ $out == *'cuwarden.toml:2:9: limit = 5 is 5 bytes'* && $out == *'was not (re)started'* ]] \
+  || fail "postinst on a bad policy: $out"
+cp "$T/policy.keep" /etc/cuwarden/cuwarden.toml
+/usr/bin/cuwardend --check-config --config /etc/cuwarden/cuwarden.toml >/dev/null || fail "the shipped policy fails its check"
+echo "ok: the postinst checks the policy before restarting the daemon"
 echo '# edited' >>/etc/cuwarden/cuwarden.toml
 dpkg -r cuwarden >"$T/dpkg.log" 2>&1 || { cat "$T/dpkg.log"; fail "dpkg -r"; }
 [[ ! -e /usr/bin/cuwarden && ! -e /usr/bin/cuwardend ]] || fail "binaries left after dpkg -r"

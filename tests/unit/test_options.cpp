@@ -60,7 +60,7 @@ TEST_CASE("options: each default set explicitly is what the unset variable means
 
 TEST_CASE("options: the defaults reach Config as the table states them", "[options]") {
   const Config c = config_with({});
-  CHECK(c.limit.empty());
+  CHECK(c.limits.empty());
   CHECK(c.job.empty());
   CHECK(c.job_limit == ~0ULL);
   CHECK_FALSE(c.fail_open);
@@ -251,16 +251,18 @@ TEST_CASE("config file: fills what the environment leaves unset and the environm
       write_temp("CUWARDEN_LIMIT=64M\nCUWARDEN_JOB=from-file\nCUWARDEN_JOB_LIMIT=1G\nCUWARDEN_POOL=cache\n");
   const Config file_only = config_with({{"CUWARDEN_CONFIG", path}});
   CHECK(file_only.errors.empty());
-  REQUIRE(file_only.limit.all);
-  CHECK(file_only.limit.all->bytes == 64ULL << 20);
+  REQUIRE(file_only.limits.size() == 1);
+  REQUIRE(file_only.limits[0].all);
+  CHECK(file_only.limits[0].all->bytes == 64ULL << 20);
   CHECK(file_only.job == "from-file");
   CHECK(file_only.job_limit == 1ULL << 30);
   CHECK(std::string(file_only.pool) == "cache");
 
   const Config both = config_with({{"CUWARDEN_CONFIG", path}, {"CUWARDEN_LIMIT", "2G"}, {"CUWARDEN_POOL", "off"}});
   CHECK(both.errors.empty());
-  REQUIRE(both.limit.all);
-  CHECK(both.limit.all->bytes == 2ULL << 30);
+  REQUIRE(both.limits.size() == 1);
+  REQUIRE(both.limits[0].all);
+  CHECK(both.limits[0].all->bytes == 2ULL << 30);
   CHECK(std::string(both.pool) == "off");
   CHECK(both.job == "from-file");  // not in the environment: the file's
 
@@ -294,7 +296,7 @@ TEST_CASE("config file: a bad file is one clear line each", "[options][config_fi
   REQUIRE(c.errors.size() == 2);
   CHECK(c.errors[0] == "CUWARDEN_CONFIG='" + bad + "': line 2: expected CUWARDEN_NAME=value");
   CHECK(c.errors[1].rfind("CUWARDEN_LIMIT='lots' (" + bad + " line 1): ", 0) == 0);
-  CHECK(c.limit.empty());
+  CHECK(c.limits.empty());
 
   // A bad value in the file is no error when the environment sets the variable.
   CHECK(config_with({{"CUWARDEN_CONFIG", bad}, {"CUWARDEN_LIMIT", "1G"}}).errors.size() == 1);

@@ -80,6 +80,26 @@ TEST_CASE("policy: every mistake is reported with file:line:column") {
   CHECK_THAT(many, Catch::Contains("p.toml:2:") && Catch::Contains("p.toml:3:") && Catch::Contains("p.toml:5:"));
 }
 
+TEST_CASE("policy: a bare integer is bytes, and a cap under 1 MiB is an error with a hint") {
+  // `limit = 5` would cap every process at 5 bytes: an error at its line, with the unit to add.
+  CHECK_THAT(errors_of("[default]\nlimit = 5\n"),
+             Catch::Contains("p.toml:2:9: limit = 5 is 5 bytes, under the smallest cap (1.00 MiB)") &&
+                 Catch::Contains("limit = \"5G\""));
+  CHECK_THAT(errors_of("[group.0]\nmax_job_limit = 1024\n"), Catch::Contains("p.toml:2:17: max_job_limit = 1024 is"));
+  CHECK_THAT(errors_of("[default]\nmax_limit = 0\n"), Catch::Contains("p.toml:2:13: max_limit = 0 is 0 bytes"));
+  CHECK_THAT(errors_of("[default]\njob_limit = \"5\"\n"), Catch::Contains("p.toml:2:13: job_limit = \"5\": a cap of 5 B"));
+  // From 1 MiB up a bare integer keeps its documented meaning: bytes.
+  std::vector<std::string> errors, warnings;
+  auto p = parse_policy("[default]\nlimit = 1048576\nmax_limit = 42949672960\n", "p.toml", &errors, &warnings);
+  REQUIRE(p);
+  CHECK(p->defaults.limit->resolve(0) == 1048576);
+  CHECK(p->defaults.max_limit->resolve(0) == 40 * kGiB);
+  // A share that comes out under the floor on a small device gives the floor, not less.
+  p = parse_policy("[default]\nlimit = \"0.001%\"\n", "p.toml", &errors, &warnings);
+  REQUIRE(p);
+  CHECK(p->defaults.limit->resolve(16 * kGiB) == cuw::kMinCap);
+}
+
 TEST_CASE("policy: unknown user and group names are warnings, not errors") {
   std::vector<std::string> warnings;
   CHECK(errors_of("[user.no-such-user-cuwt]\nmax_limit = \"1G\"\n[group.no-such-group-cuwt]\nlimit = \"1G\"\n",

@@ -73,6 +73,33 @@ TEST_CASE("caps: under 1 MiB is a mistyped unit, refused with what was probably 
   CHECK_THAT(err, Catch::Contains("'100'"));
 }
 
+TEST_CASE("caps: the hint suggests only units that make sense for the number typed", "[size]") {
+  std::string err;
+  // A number with a unit was meant as written: no unit is appended to it.
+  for (const char* with_unit : {"0G", "0MiB", "512K", "1023KiB"}) {
+    INFO(with_unit);
+    CHECK_FALSE(cuw::parse_cap(with_unit, true, &err));
+    CHECK_THAT(err, Catch::Contains("smaller than any real allocation; the smallest cap is 1 MiB") &&
+                        !Catch::Contains("give a unit") && !Catch::Contains("%)"));
+  }
+  // The bytes are exact (not "1024.00 KiB"), and n G is not offered where it is a petabyte.
+  CHECK_FALSE(cuw::parse_cap("1048575", true, &err));
+  CHECK_THAT(err, Catch::StartsWith("a cap of 1048575 B ('1048575')") && Catch::Contains("(1048575MiB)") &&
+                      !Catch::Contains("1048575G") && !Catch::Contains("1048575%"));
+  CHECK_FALSE(cuw::parse_cap("40", true, &err));
+  CHECK_THAT(err, Catch::Contains("give a unit (40G, 40MiB) or a share (40%)"));
+  CHECK_FALSE(cuw::parse_cap("0", true, &err));
+  CHECK_THAT(err, !Catch::Contains("0G"));
+}
+
+TEST_CASE("caps: 2^64-1 bytes, the value that means no cap, is refused rather than read as none", "[size]") {
+  std::string err;
+  CHECK_FALSE(cuw::parse_cap("18446744073709551615", true, &err));
+  CHECK_THAT(err, Catch::Contains("means no cap") && Catch::Contains("say none"));
+  CHECK_FALSE(parse_limit("0=18446744073709551615", &err));
+  CHECK(cuw::parse_cap("18446744073709551614", true, &err));
+}
+
 TEST_CASE("sizes: bad input gets a clear error", "[size]") {
   CHECK_THAT(error_of("8X"), Catch::Contains("unknown unit 'X'"));
   CHECK_THAT(error_of(""), Catch::Contains("empty"));

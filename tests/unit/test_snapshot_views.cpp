@@ -650,6 +650,15 @@ TEST_CASE("summary: torch.cuda.memory_summary's table, '-' where cuwarden cannot
   CHECK(lines_with(t, "| Non-releasable memory ")[0] == "| Non-releasable memory |      0 B   |      -     |      -     |      -     |");
   CHECK(lines_with(t, "| Oversize allocations ")[0] == "| Oversize allocations  |       -    |       -    |       -    |       -    |");
   CHECK(t.find("CUDA OOMs: 1 ") != std::string::npos);
+  // The header keeps its figures whole, however long the names: a name is what gets cut.
+  Snapshot longer = passthrough();
+  longer.comm = "cuw_demo_workload";
+  longer.cmdline = "cuw_demo_workload --steps 8 --sleep-ms 500 --and-many-more-arguments-than-fit";
+  for (auto& d : longer.devices) d.name = "cuwarden simulated GPU with a name much longer than any real one";
+  const std::string lt = summary_text(longer);
+  for (const auto& l : lines_with(lt, "|")) CHECK(l.size() == 77);
+  CHECK(lines_with(lt, "| pid 4242, pool off, cuw_demo_workload").size() == 2);
+  CHECK(lines_with(lt, "| used 2.06 GiB on cuwarden simulated GPU").size() == 1);
 }
 
 TEST_CASE("summary: a pool's free space that live blocks keep is non-releasable") {

@@ -228,6 +228,55 @@ TEST_CASE("top.list_frame_once_and_interactive") {
   CHECK(text(list_frame(st, rows, h, v, 90, 0, &first)).find("Used, last") == std::string::npos);
 }
 
+TEST_CASE("top.a_job_member_without_a_cap_of_its_own_shows_its_jobs") {
+  json st = scene();
+  st["jobs"] = json::array({{{"name", "nightly"}, {"limit_bytes", 700 * kMiB}, {"members", json::array({{{"pid", 100u}}})}}});
+  for (const ProcRow& r : process_rows(st)) {
+    INFO(r.pid);
+    if (r.pid == 100) {
+      CHECK(r.cap == 700 * kMiB);
+      CHECK(r.job_cap);
+    }
+    if (r.pid == 200) {
+      CHECK(r.cap == 500 * kMiB);  // its own
+      CHECK_FALSE(r.job_cap);
+    }
+  }
+}
+
+TEST_CASE("top.an_80_column_terminal_keeps_cap_state_and_the_keys") {
+  const json st = scene();
+  auto rows = process_rows(st);
+  History h;
+  h.record(rows);
+  sort_rows(rows, SortKey::used, false);
+  ViewOptions v;
+  v.utf8 = false;
+  v.interactive = true;
+  std::size_t first = 0;
+  for (bool jobs : {true, false}) {
+    auto rs = rows;
+    if (!jobs)
+      for (ProcRow& r : rs) r.job.clear();
+    const auto lines = list_frame(st, rs, h, v, 80, 24, &first);
+    const std::string shown = text(lines);
+    INFO(shown);
+    // Every line fits, but a GPU's, whose caps may run past the edge after its figures.
+    for (const Line& l : lines)
+      if (l.plain().rfind("GPU ", 0) != 0) CHECK(columns(l.plain()) <= 80);
+    // Each GPU line has its figures within the screen; the header has Cap and State.
+    for (const Line& l : lines)
+      if (l.plain().rfind("GPU ", 0) == 0) CHECK(columns(l.plain().substr(0, l.plain().find('%') + 1)) <= 80);
+    CHECK(shown.find("300.00 MiB / 1000.00 MiB") != std::string::npos);
+    CHECK(shown.find("Cap") != std::string::npos);
+    CHECK(shown.find("State") != std::string::npos);
+    CHECK(shown.find("500.00 MiB running") != std::string::npos);
+    CHECK(shown.find("exited") != std::string::npos);
+    CHECK((shown.find(" nig") != std::string::npos) == jobs);  // the Job column, narrowed
+    CHECK(lines.back().plain().find("q: quit") != std::string::npos);
+  }
+}
+
 TEST_CASE("top.top_sites_from_a_snapshot") {
   const json snap = {
       {"exact", true},

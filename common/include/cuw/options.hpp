@@ -38,6 +38,8 @@ namespace cuw::options {
     "a file of NAME=value lines for the variables the environment leaves unset", "")                                   \
   X(CUWARDEN_LIMIT, "", "`8G`, `512MiB`, `75%`, `0=8G,1=4G`",                                                          \
     "per-process cap per device, by CUDA ordinal as the process sees it", "--limit")                                   \
+  X(CUWARDEN_OUTER_LIMIT, "", "`1G`, `1G;0=75%`",                                                                      \
+    "caps of enclosing `cuwarden run`s: each applies too, the lowest per device", "")                                 \
   X(CUWARDEN_JOB, "", "a name", "job name: processes of one user with one job name share a cap per GPU", "--job")      \
   X(CUWARDEN_JOB_LIMIT, "", "`64G`, `512GiB`", "cap per physical GPU for the job (`CUWARDEN_JOB`) as a whole",         \
     "--job-limit")                                                                                                     \

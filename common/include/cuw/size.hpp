@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cuw {
 
@@ -52,6 +53,15 @@ struct LimitSpec {
 /// Parse "8G", "75%", "0=8G,1=4G", or "8G,1=4G" (plain entry = default), each a cap
 /// (parse_cap). Ordinals 0..63.
 std::optional<LimitSpec> parse_limit(std::string_view text, std::string* error);
+
+/// Several cap specifications that all apply, separated by ';' ("1G;0=75%"): what enclosing
+/// `cuwarden run`s set (CUWARDEN_OUTER_LIMIT). Each is parse_limit's; an empty entry is an error.
+std::optional<std::vector<LimitSpec>> parse_limits(std::string_view text, std::string* error);
+
+/// The cap on device `ordinal` (of `physical` bytes) under every one of `specs`: the lowest
+/// that applies; ~0 (ring::kNoLimit) when none does. A share of a device whose size is
+/// unknown (physical 0) cannot be resolved and does not apply.
+uint64_t lowest_cap(const std::vector<LimitSpec>& specs, int ordinal, uint64_t physical) noexcept;
 
 /// Human-readable bytes with binary units: "0 B", "512 B", "1.50 KiB", "8.00 GiB".
 std::string format_bytes(uint64_t bytes);

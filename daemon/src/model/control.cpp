@@ -63,6 +63,14 @@ std::string who_text(const Peer& peer) {
   return fmt::format("uid {} ({}) pid {}", peer.uid, user_name(peer.uid), peer.pid);
 }
 
+/// Why a cap under the floor (a typo, or a share of a small device) is not set: one rule for
+/// every way a cap reaches a process (the CLI, the interposer and the policy file keep it too).
+std::string under_floor(const LimitAsk& ask, uint64_t desired, int device) {
+  return fmt::format("a cap of {} B{}{} is under the smallest cap, {}: no real allocation would fit", desired,
+                     ask.share ? fmt::format(" ({})", ask.str()) : "",
+                     device >= 0 ? fmt::format(" on device {}", device) : "", format_bytes(kMinCap));
+}
+
 }  // namespace
 
 uint64_t LimitAsk::resolve(uint64_t physical_total) const {
@@ -273,6 +281,7 @@ LimitResult Registry::set_process_limit(const Peer& peer, const std::string& who
 
   // Check every device before changing any: a request is applied whole or not at all.
   auto check = [&](uint32_t d, uint64_t cur, uint64_t desired) {
+    if (desired < kMinCap) throw fail(under_floor(ask, desired, static_cast<int>(d)));
     if (peer.root()) return;
     if (desired == ring::kNoLimit) throw refuse(fmt::format("only root may remove a cap (device {}: current {})", d, cap_text(cur)));
     if (desired > cur)
@@ -393,6 +402,7 @@ LimitResult Registry::set_job_limit(const Peer& peer, const std::string& who, co
                            name));
   const uint64_t cur = v.cap;
   const uint64_t desired = ask.remove ? job::kNoLimit : ask.bytes;
+  if (desired < kMinCap) throw fail(under_floor(ask, desired, -1));
   if (!peer.root()) {
     if (desired == job::kNoLimit) throw refuse(fmt::format("only root may remove a cap (job '{}': current {})", name, cap_text(cur)));
     if (desired > cur)

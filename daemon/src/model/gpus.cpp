@@ -2,6 +2,7 @@
 #include "model/gpus.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include "base/util.hpp"
 
@@ -23,6 +24,12 @@ std::vector<GpuRow> gpu_rows(const State& st) {
     out.driver_used = g.memory_used;
     out.driver_used_known = true;
   }
+  // A member of a job with a cap is capped on every GPU it uses, with or without a cap of
+  // its own.
+  std::set<uint32_t> in_capped_job;
+  for (const JobState& j : st.jobs)
+    if (j.view.cap != job::kNoLimit)
+      for (const auto& m : j.view.members) in_capped_job.insert(m.pid);
   for (const ProcessState& p : st.processes) {
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const DeviceSnapshot& ds = p.header.devices[d];
@@ -39,7 +46,7 @@ std::vector<GpuRow> gpu_rows(const State& st) {
       a.row.used += ds.used;
       a.row.reserved += ds.reserved;
       ++a.row.processes;
-      if (ds.limit != ring::kNoLimit) ++a.row.capped;
+      if (ds.limit != ring::kNoLimit || in_capped_job.count(p.pid)) ++a.row.capped;
     }
   }
   // A GPU NVML does not number keeps the index it was first given; new ones come after.

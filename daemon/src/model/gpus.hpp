@@ -20,7 +20,7 @@ struct GpuRow {
   uint64_t reserved = 0;  ///< bytes, sum over running processes
   bool driver_used_known = false;
   uint64_t driver_used = 0;  ///< bytes, NVML's figure for the whole device
-  unsigned processes = 0, capped = 0;  ///< running processes using it, and those with a cap
+  unsigned processes = 0, capped = 0;  ///< running processes using it, and those with a cap (theirs or their job's)
 };
 
 /// The GPUs of `st`: NVML's devices and every device a process's ring names, ordered by

@@ -238,6 +238,9 @@ bool JobTable::view(Job& j, View* out) noexcept {
     return false;
   }
   std::erase_if(v.members, [](const job::Segment::MemberInfo& m) { return m.claiming; });
+  // Whichever view last saw members (a scan, a query's publish) keeps the cap for the line
+  // that logs the job's end: a job whose members come and go between two scans had one too.
+  if (!v.members.empty()) j.last_cap = v.cap;
   return true;
 }
 

@@ -4,7 +4,9 @@
 
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -62,6 +64,10 @@ Nvml::Nvml(bool enabled, const std::string& path) {
   if (!sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v2"))
     sym(api_->procs, "nvmlDeviceGetComputeRunningProcesses_v3");
   ok_ = all && api_->init() == kNvmlSuccess;
+  nvmlReturn_t (*version)(char*, unsigned) = nullptr;
+  char buf[96] = {};
+  if (ok_ && sym(version, "nvmlSystemGetDriverVersion") && version(buf, sizeof buf - 1) == kNvmlSuccess)
+    driver_version_ = buf;
 }
 
 Nvml::~Nvml() {
@@ -105,6 +111,15 @@ std::vector<NvmlGpu> Nvml::query() const {
           for (unsigned k = 0; k < count && k < infos.size(); ++k)
             if (infos[k].usedGpuMemory != kNvmlValueNotAvailable) g.process_used[infos[k].pid] += infos[k].usedGpuMemory;
         break;
+      }
+      for (const auto& [pid, bytes] : g.process_used) {
+        std::string comm;
+        if (std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "re")) {
+          char c[64] = {};
+          if (std::fgets(c, sizeof c, f)) comm.assign(c, strcspn(c, "\n"));
+          std::fclose(f);
+        }
+        g.process_name[pid] = std::move(comm);
       }
     }
     out.push_back(std::move(g));

@@ -20,6 +20,9 @@ struct NvmlGpu {
   uint64_t memory_total = 0;
   uint64_t memory_used = 0;
   std::map<uint32_t, uint64_t> process_used;  ///< pid -> bytes, compute processes
+  /// pid -> its name (/proc/PID/comm, read with the figures; "" if gone): processes that are
+  /// not under cuwarden have no ring to name them.
+  std::map<uint32_t, std::string> process_name;
 };
 
 class Nvml {
@@ -33,12 +36,15 @@ class Nvml {
   bool available() const noexcept { return ok_; }
   /// Current devices; empty when NVML is off or fails.
   std::vector<NvmlGpu> query() const;
+  /// The driver's version ("580.65.06"), read when NVML loaded; empty when off or unknown.
+  const std::string& driver_version() const noexcept { return driver_version_; }
 
  private:
   struct Api;
   void* handle_ = nullptr;
   Api* api_ = nullptr;
   bool ok_ = false;
+  std::string driver_version_;
 };
 
 }  // namespace cuw::daemon

@@ -19,7 +19,8 @@ uint64_t PolicyValue::resolve(uint64_t physical_total) const noexcept {
   if (unlimited) return ring::kNoLimit;
   // A percentage of a device whose size is unknown cannot be resolved: no cap from it.
   if (size.percent && physical_total == 0) return ring::kNoLimit;
-  return size.resolve(physical_total);
+  // A share of a small device can come out under the floor every other cap keeps.
+  return std::max(size.resolve(physical_total), kMinCap);
 }
 
 std::string PolicyValue::str() const { return unlimited ? "none" : size.str(); }
@@ -153,6 +154,14 @@ struct Parser {
         return std::nullopt;
       }
       pv.size.bytes = static_cast<uint64_t>(i->get());
+      // A bare integer is bytes (files that wrote one keep their meaning), but one under the
+      // floor is a unit left out: `limit = 40` would give every process a 40-byte cap.
+      if (pv.size.bytes < kMinCap) {
+        error(v.source(), fmt::format("{} = {} is {} bytes, under the smallest cap ({}): a bare integer is bytes; "
+                                      "give a unit as a string, e.g. {} = \"{}G\" or \"{}MiB\"",
+                                      key, i->get(), i->get(), format_bytes(kMinCap), key, i->get(), i->get()));
+        return std::nullopt;
+      }
       return pv;
     }
     auto s = v.as_string();

@@ -13,7 +13,8 @@
 //
 // Values are sizes as cuwarden spells them ("40G", "512MiB", "1.5GB", a number of bytes as
 // an integer), "none" for explicitly uncapped, and for limit/max_limit also "N%" of the
-// device's memory. Precedence, key by key: the user's section, else the lowest value any
+// device's memory. No value is under 1 MiB (cuw::kMinCap): a bare `limit = 40` is an error,
+// not a 40-byte cap for every process. Precedence, key by key: the user's section, else the lowest value any
 // of the user's groups sets (primary and supplementary groups, from NSS), else [default].
 // The default limit is then lowered to the max when above it.
 //

@@ -532,6 +532,7 @@ void Registry::publish() {
   st->hostname = hostname_;
   st->run_dir = opt_.run_dir;
   st->nvml = nvml_ && nvml_->available();
+  if (st->nvml) st->driver_version = nvml_->driver_version();
   // NVML walks every device and its process list: asked at most every nvml_refresh_ns, not
   // at every publish.
   if (!nvml_read_mono_ || mono - *nvml_read_mono_ >= opt_.nvml_refresh_ns) {

@@ -117,6 +117,7 @@ struct State {
   std::string run_dir;
   uint64_t time_ns = 0;        ///< CLOCK_REALTIME ns when it was built
   bool nvml = false;           ///< NVML loaded
+  std::string driver_version;  ///< the driver's, from NVML ("" without it)
   std::vector<NvmlGpu> gpus;   ///< NVML's devices (empty without NVML)
   /// The index each GPU NVML does not number was given when first seen (by UUID): kept for
   /// the daemon's life, so that a counter's `gpu` label does not change as processes come

@@ -1263,9 +1263,10 @@ std::string summary_text(const Snapshot& s) {
 
     out += "|" + rule_eq + "|\n";
     line(" cuwarden memory summary (torch.cuda.memory_summary's table), device ID " + std::to_string(d.ordinal));
-    line(" pid " + std::to_string(s.pid) + " " + printable(process_name(s.comm, s.cmdline)) + ", pool " +
-         (s.pool.empty() ? std::string("off") : printable(s.pool)) + ", " + printable(d.name) + ", used " +
-         format_bytes(used));
+    // Names last, each on its line: a long one is what the frame cuts, never the figures.
+    line(" pid " + std::to_string(s.pid) + ", pool " + (s.pool.empty() ? std::string("off") : printable(s.pool)) +
+         ", " + printable(process_name(s.comm, s.cmdline)));
+    line(" used " + format_bytes(used) + " on " + printable(d.name));
     out += "|" + rule + "|\n";
     char buf[120];
     std::snprintf(buf, sizeof buf, "           CUDA OOMs: %-12" PRIu64 " |        driver errors: %-8" PRIu64,

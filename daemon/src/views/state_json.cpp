@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -182,6 +183,25 @@ json state_json(const State& st) {
     });
   }
 
+  // GPU processes the driver lists that no ring stands for: not under cuwarden (started
+  // without it, or in a container that does not share the run directory), with the driver's
+  // figure, so that what fills a GPU is all in view.
+  std::set<uint32_t> managed;
+  for (const ProcessState& p : st.processes)
+    if (!p.exited) managed.insert(p.pid);
+  json unmanaged = json::array();
+  for (const NvmlGpu& g : st.gpus)
+    for (const auto& [pid, bytes] : g.process_used) {
+      if (managed.count(pid)) continue;
+      const auto name = g.process_name.find(pid);
+      const auto index = index_of.find(g.uuid);
+      unmanaged.push_back({{"pid", pid},
+                           {"process_name", name != g.process_name.end() ? name->second : ""},
+                           {"gpu_index", index != index_of.end() ? index->second : static_cast<int>(g.index)},
+                           {"uuid", g.uuid},
+                           {"driver_used_bytes", bytes}});
+    }
+
   json gpu_list = json::array();
   for (const GpuRow& g : rows) {
     json j = {
@@ -207,7 +227,7 @@ json state_json(const State& st) {
   json problems = json::array();
   for (const auto& pr : st.problems) problems.push_back({{"path", st.run_dir + "/" + pr.file}, {"reason", pr.reason}});
 
-  return {
+  json out = {
       {"version", CUWARDEN_VERSION},
       {"hostname", st.hostname},
       {"time_ns", st.time_ns},
@@ -216,11 +236,15 @@ json state_json(const State& st) {
       {"events_seq", st.events_seq},
       {"gpus", std::move(gpu_list)},
       {"processes", std::move(processes)},
+      {"unmanaged_processes", std::move(unmanaged)},
       {"jobs", std::move(jobs)},
       {"problems", std::move(problems)},
       {"policy", st.policy_file ? json(*st.policy_file) : json(nullptr)},
       {"limit_changes", std::move(limit_changes)},
   };
+  // nvidia-smi's driver_version (cuwarden --query-gpu), where NVML says it.
+  if (!st.driver_version.empty()) out["driver_version"] = st.driver_version;
+  return out;
 }
 
 }  // namespace cuw::daemon

@@ -42,12 +42,15 @@ using Parser = bool (*)(const char* value, Config& c, std::string* why);
 
 // The typed parsers, each a template over the Config field it fills.
 
-/// A cap per device: "8G", "75%", "0=8G,1=4G" (cuw/size.hpp: parse_limit).
-template <LimitSpec Config::*Field>
-bool limit_spec(const char* v, Config& c, std::string* why) {
-  auto spec = parse_limit(v, why);
-  if (!spec) return false;
-  c.*Field = *spec;
+/// Caps that all apply, added to the field: one per device ("8G", "75%", "0=8G,1=4G";
+/// cuw/size.hpp: parse_limit), or, with `Several`, a list of them ("1G;0=75%": parse_limits).
+template <std::vector<LimitSpec> Config::*Field, bool Several>
+bool limit_specs(const char* v, Config& c, std::string* why) {
+  std::optional<std::vector<LimitSpec>> specs;
+  if constexpr (Several) specs = parse_limits(v, why);
+  else if (auto one = parse_limit(v, why)) specs = std::vector<LimitSpec>{std::move(*one)};
+  if (!specs) return false;
+  (c.*Field).insert((c.*Field).end(), specs->begin(), specs->end());
   return true;
 }
 
@@ -213,7 +216,8 @@ struct Binding {
 constexpr Binding kBindings[] = {
     {Id::CUWARDEN_ON_ERROR, choice<&Config::fail_open, kOnError>},
     {Id::CUWARDEN_CONFIG, read_before},
-    {Id::CUWARDEN_LIMIT, limit_spec<&Config::limit>},
+    {Id::CUWARDEN_LIMIT, limit_specs<&Config::limits, false>},
+    {Id::CUWARDEN_OUTER_LIMIT, limit_specs<&Config::limits, true>},
     {Id::CUWARDEN_JOB, job_name<&Config::job>},
     {Id::CUWARDEN_JOB_LIMIT, job_cap<&Config::job_limit>},
     {Id::CUWARDEN_POOL, choice<&Config::pool, kPools>},

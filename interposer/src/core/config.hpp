@@ -23,7 +23,10 @@ inline constexpr int kExitConfig = 78;
 /// Only load_config() makes one: it applies every option's default from the table; the
 /// initialisers here are only "nothing parsed".
 struct Config {
-  LimitSpec limit;                ///< CUWARDEN_LIMIT; empty = uncapped
+  /// CUWARDEN_LIMIT's cap, then each of CUWARDEN_OUTER_LIMIT's: every one applies, the lowest
+  /// on each device (cuw::lowest_cap); empty = uncapped. One vector, not two fields: the
+  /// tracker holding this must fit in one page.
+  std::vector<LimitSpec> limits;
   std::string job;                ///< CUWARDEN_JOB, validated (empty = no job)
   uint64_t job_limit = ~0ULL;     ///< CUWARDEN_JOB_LIMIT in bytes per GPU; ~0 = none asked
   bool meminfo_physical{};        ///< CUWARDEN_MEMINFO=physical

@@ -136,7 +136,7 @@ Tracker::Tracker() : config_(load_config()) {
       std::fflush(stderr);
       _exit(kExitConfig);
     }
-    config_.limit = LimitSpec{};
+    config_.limits.clear();
     job_slot_ = -1;
   }
   // NVML loaded now, at the first CUDA call and outside every lock (it takes the loader's).
@@ -153,7 +153,7 @@ Tracker::Tracker() : config_(load_config()) {
   create_ring();
   log::info("cuwarden: tracking pid %d, ring %s, cap %s", static_cast<int>(getpid()),
             ring_is_file_ ? ring_path().c_str() : "(private)",
-            config_.limit.empty()                 ? "none"
+            config_.limits.empty()                ? "none"
             : secure_getenv("CUWARDEN_LIMIT") != nullptr ? secure_getenv("CUWARDEN_LIMIT")
                                                          : "from the config file (CUWARDEN_CONFIG)");
 }
@@ -277,9 +277,7 @@ void Tracker::join_job() {
 }
 
 uint64_t Tracker::configured_limit(int ordinal, uint64_t physical) const noexcept {
-  const auto spec = config_.limit.for_device(ordinal);
-  if (!spec || (spec->percent && physical == 0)) return ring::kNoLimit;
-  return spec->resolve(physical);
+  return lowest_cap(config_.limits, ordinal, physical);
 }
 
 uint64_t Tracker::job_cap() const noexcept {
@@ -310,9 +308,9 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
   size_t total = 0;
   if (auto f = REAL(cuDeviceTotalMem_v2); f && f(&total, ordinal) == CUDA_SUCCESS) d.physical_total = total;
   d.ordinal = ordinal;
-  const auto spec = config_.limit.for_device(ordinal);
-  if (spec && spec->percent && d.physical_total == 0)
-    log::warn("cuwarden: device %d: physical memory unknown, cannot apply %s", ordinal, spec->str().c_str());
+  for (const LimitSpec& l : config_.limits)
+    if (const auto spec = l.for_device(ordinal); spec && spec->percent && d.physical_total == 0)
+      log::warn("cuwarden: device %d: physical memory unknown, cannot apply %s", ordinal, spec->str().c_str());
   d.limit.store(configured_limit(ordinal, d.physical_total), std::memory_order_relaxed);
   if (job_slot_ >= 0) {
     job_gpu_[ordinal] = static_cast<int8_t>(job_->gpu_index(d.uuid, d.physical_total));
