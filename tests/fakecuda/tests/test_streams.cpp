@@ -1,4 +1,5 @@
 // fakecuda unit tests: stream ordering, events, the legacy stream, host functions, call counters.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -53,11 +54,21 @@ TEST_CASE("the legacy stream waits for blocking streams but not for non-blocking
   REQUIRE(cuMemcpyDtoH(host.data(), d, 512) == CUDA_SUCCESS);  // legacy stream: waits
   CHECK(host[0] == 0x33);
 
-  REQUIRE(fakecuda_stream_delay(nonblocking, 300) == CUDA_SUCCESS);
-  auto t0 = steady_clock::now();
+  // The non-blocking stream's work cannot end before the test opens its gate (a host
+  // function), so a copy on the legacy stream that returns at all did not wait for it (the
+  // gate opens by itself after 30 s, so that a copy that waits fails the check below).
+  static std::atomic<bool> gate{false};
+  gate = false;
+  REQUIRE(cuLaunchHostFunc(
+              nonblocking,
+              [](void*) {
+                const auto until = steady_clock::now() + seconds(30);
+                while (!gate.load() && steady_clock::now() < until) std::this_thread::sleep_for(milliseconds(1));
+              },
+              nullptr) == CUDA_SUCCESS);
   REQUIRE(cuMemcpyDtoH(host.data(), d, 512) == CUDA_SUCCESS);  // does not wait for it
-  CHECK(steady_clock::now() - t0 < milliseconds(200));
   CHECK(cuStreamQuery(nonblocking) == CUDA_ERROR_NOT_READY);
+  gate = true;
   REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);  // waits for every stream
   CHECK(cuStreamQuery(nonblocking) == CUDA_SUCCESS);
   REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
