@@ -14,6 +14,11 @@
 # Cheap on purpose: one bash and one sleeping watchdog per test, a few milliseconds. The test
 # runs in its own process group (job control), so processes it started are found by group as
 # well as by parent, even after their parent exits.
+#
+# gdb attaches with ptrace: as root (CI, this project's machines) always; as another user
+# where Yama's ptrace_scope is 1 (Ubuntu's default) it may not, since gdb is not the test's
+# ancestor: the dump then says "ptrace: Operation not permitted" and the kernel's wait
+# channel of each process is all there is (kernel.yama.ptrace_scope=0 allows it).
 set -m
 
 timeout=${CUW_TEST_TIMEOUT:-1500}
@@ -91,6 +96,8 @@ on_deadline() {
     echo "===== deadline.sh: pid $pid: $(cat "/proc/$pid/comm" 2>/dev/null) ====="
     if [[ -s $dir/$pid ]]; then
       grep -v '^\[New LWP\|^\[Thread debugging\|^Using host libthread_db' "$dir/$pid"
+      grep -q 'ptrace: Operation not permitted' "$dir/$pid" &&
+        echo "(kernel wait channel: $(cat "/proc/$pid/wchan" 2>/dev/null))"
     else
       echo "(no stacks: the budget of ${dump_budget} s ran out; kernel wait channel:" \
         "$(cat "/proc/$pid/wchan" 2>/dev/null))"
