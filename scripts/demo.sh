@@ -6,7 +6,15 @@
 #
 #   scripts/demo.sh
 #   SKIP_BUILD=1 BUILD_DIR=some/build scripts/demo.sh    (use an existing build as it is)
+#   scripts/demo.sh --targets    (print the build targets it needs, and nothing else)
 set -euo pipefail
+
+# What the demo runs, and what its closing lines tell the user to open (the web page).
+DEMO_TARGETS=(cuwarden cuwardend cuwarden_cli cuw_demo_workload fakecuda cuwarden_web)
+if [[ ${1:-} == --targets ]]; then
+  echo "${DEMO_TARGETS[@]}"
+  exit 0
+fi
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
@@ -21,9 +29,9 @@ section "1. Setup and build"
 if [[ ${SKIP_BUILD:-0} == 1 ]]; then
   say "SKIP_BUILD=1: using ${BUILD_DIR:-build} as it is"
 else
-  scripts/setup.sh
-  # Only what the demo runs (the tests and benchmarks come with scripts/test.sh).
-  scripts/build.sh --target cuwarden cuwardend cuwarden_cli cuw_demo_workload fakecuda
+  # Only what the demo builds and runs (the tests' tools and services come with scripts/test.sh).
+  scripts/setup.sh --demo
+  scripts/build.sh --target "${DEMO_TARGETS[@]}"
 fi
 
 BUILD=${BUILD_DIR:-$REPO/build}
@@ -31,7 +39,7 @@ BUILD=${BUILD_DIR:-$REPO/build}
 DAEMON="$BUILD/bin/cuwardend"
 CLI="$BUILD/bin/cuwarden"
 WORKLOAD="$BUILD/bin/cuw_demo_workload"
-for f in "$DAEMON" "$CLI" "$WORKLOAD" "$BUILD/lib/libcuwarden.so"; do
+for f in "$DAEMON" "$CLI" "$WORKLOAD" "$BUILD/lib/libcuwarden.so" "$BUILD/share/cuwarden/web/index.html"; do
   [[ -e $f ]] || die "missing $f — did the build finish? (scripts/build.sh)"
 done
 
@@ -161,10 +169,13 @@ section "Keep exploring"
 say "The demo's daemon stops with the demo. To try things yourself, from this checkout:"
 say ""
 say "    source scripts/env.sh          # build/bin on PATH; without a GPU, the simulated driver"
-say "    cuwardend &                    # the daemon (or run it in a second shell)"
-say "    cuwarden run --limit 2G -- cuw_demo_workload --sleep-ms 500 &"
+say "    cuwardend --http 127.0.0.1:9477 2>cuwardend.log &    # the daemon, its log in a file"
+say "    cuwarden run --limit 2G -- cuw_demo_workload --hold >workload.log 2>&1 &   # holds until stopped"
 say "    cuwarden -l 1                  # the table every second (Ctrl-C stops it)"
 say "    cuwarden limit PID 1G          # lower a running process's cap"
 say "    cuwarden events --follow       # allocations as they happen"
+say "    kill %1 %2                     # stop the workload and the daemon"
+say ""
+say "The web page: http://127.0.0.1:9477/ (the same processes, charts, jobs)."
 say ""
 say "Your own program: cuwarden run --limit 8G -- python train.py (README.md: install, limits, jobs)."

@@ -2,24 +2,42 @@
 # cuwarden: install what the build needs (Debian/Ubuntu packages and the CUDA toolkit check).
 # Idempotent: apt-get runs only when a package is missing. Exit 1 when no usable CUDA
 # toolkit (12 or newer, for its headers and libcudart) can be found or installed.
+#
+#   scripts/setup.sh          what the build and every test need; then the services some of
+#                             those packages start (Prometheus, Slurm, munge) are disabled and
+#                             stopped (scripts/quiet_services.sh): the tests run their own.
+#   scripts/setup.sh --demo   only what scripts/demo.sh builds (no test tools, no services)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-PACKAGES=(
+demo=0
+[[ ${1:-} == --demo ]] && demo=1
+
+# What the build of the programs, the simulated driver and the web dashboard needs (the demo).
+BUILD_PACKAGES=(
   build-essential cmake ninja-build
-  libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libtomlplusplus-dev
-  libunwind-dev libbenchmark-dev valgrind python3
-  python3-yaml   # tests/cluster: the Kubernetes manifests parsed and checked
-  libslurm-dev slurmctld slurmd slurm-client munge   # cluster/slurm's SPANK plugin; cluster.slurm runs a local Slurm
+  libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev libtomlplusplus-dev
   libdw-dev pkgconf   # the daemon's symbolizer: elfutils' libdw, found through pkg-config
   libseccomp-dev   # the symbolization worker's system-call filter
+  libncurses-dev   # `cuwarden top` (wide-character ncurses)
+  python3
+  nodejs   # the web dashboard: uPlot from npm (below)
+)
+# What the tests, benchmarks, fuzzers and the package add.
+TEST_PACKAGES=(
+  libcpp-httplib-dev libunwind-dev libbenchmark-dev valgrind
+  python3-yaml   # tests/cluster: the Kubernetes manifests parsed and checked
+  libslurm-dev slurmctld slurmd slurm-client munge   # cluster/slurm's SPANK plugin; cluster.slurm runs a local Slurm
   clang libclang-rt-14-dev   # libFuzzer targets (scripts/fuzz.sh, the `fuzz` preset)
   help2man lintian bash-completion   # man pages; scripts/package.sh and its test
-  libncurses-dev tmux   # `cuwarden top` (wide-character ncurses); its test drives it in tmux
+  tmux   # `cuwarden top`'s test drives it in tmux
   prometheus   # promtool checks dashboards/prometheus and the Grafana queries (tests/dashboards)
-  nodejs chromium   # the web dashboard: npm packages (below); its test drives a headless Chromium
+  chromium   # the web dashboard's test drives a headless Chromium
+  gdb   # tests/deadline.sh: the stacks of a test that hangs
 )
+PACKAGES=("${BUILD_PACKAGES[@]}")
+((demo)) || PACKAGES+=("${TEST_PACKAGES[@]}")
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then
@@ -45,8 +63,9 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   echo "setup: installing ${missing[*]}"
   apt_install "${missing[@]}"
 else
-  echo "setup: all ${#PACKAGES[@]} build packages already installed"
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
 fi
+((demo)) || "${SUDO[@]}" scripts/quiet_services.sh
 
 # ---- npm packages: uPlot (staged beside the web dashboard), playwright-core (its test) -------
 # package.json and package-lock.json at the root; `npm ci` again only when the lock changed.

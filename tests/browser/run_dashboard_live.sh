@@ -36,13 +36,13 @@ mkdir -p "$CUWARDEN_RUN_DIR"
   --http 127.0.0.1:0 --http-snapshots --web-root "$WEB" >"$T/cuwardend.log" 2>&1 &
 pids+=($!)
 port=""
-for _ in $(seq 100); do
+for _ in $(seq 600); do
   port=$(sed -n 's/.*serving HTTP on .* (port \([0-9]*\)).*/\1/p' "$T/cuwardend.log" | head -1)
   [[ -n $port ]] && break
   kill -0 "${pids[0]}" 2>/dev/null || fail "cuwardend exited"
   sleep 0.05
 done
-[[ -n $port ]] || fail "cuwardend did not say its HTTP port within 5 s"
+[[ -n $port ]] || fail "cuwardend did not say its HTTP port within 30 s"
 BASE=http://127.0.0.1:$port
 
 # The programs read commands from FIFOs this script holds open (fd 3: A, fd 4: B).
@@ -56,8 +56,8 @@ start() {  # start NAME LIMIT [ENV...]
 }
 answers() { grep -c "$2" "$T/$1.out" 2>/dev/null || true; }
 wait_for() {  # wait_for NAME PATTERN COUNT
-  for _ in $(seq 100); do (( $(answers "$1" "$2") >= $3 )) && return 0; sleep 0.05; done
-  fail "$1 did not answer '$2' ($3) within 5 s"
+  for _ in $(seq 600); do (( $(answers "$1" "$2") >= $3 )) && return 0; sleep 0.05; done
+  fail "$1 did not answer '$2' ($3) within 30 s"
 }
 start a 1G CUWARDEN_CALLSITES=8
 exec 3>"$T/a.in"
@@ -71,8 +71,8 @@ wait_for a '^ok' 1
 wait_for b '^ok' 1
 
 # Both seen by the daemon with what they hold before the page opens.
-for _ in $(seq 100); do
-  curl -fsS -m 2 "$BASE/api/v1/state" 2>/dev/null | python3 -c '
+for _ in $(seq 300); do
+  curl -fsS -m 10 "$BASE/api/v1/state" 2>/dev/null | python3 -c '
 import json, sys
 st = json.load(sys.stdin)
 used = sorted(d["used_bytes"] for p in st["processes"] for d in p["devices"])

@@ -113,7 +113,7 @@ NodeName=$NODE Name=gpu File=/dev/null
 NodeName=$NODE Name=shard Count=4 File=/dev/null
 EOC
 export SLURM_CONF=$T/slurm.conf
-for i in $(seq 50); do [[ -S $MUNGE_SOCK ]] && break; sleep 0.1; done
+for i in $(seq 300); do [[ -S $MUNGE_SOCK ]] && break; sleep 0.1; done
 [[ -S $MUNGE_SOCK ]] || fail "munged did not start"
 
 slurmctld -D -i -f "$SLURM_CONF" >"$T/slurmctld.out.log" 2>&1 &
@@ -146,36 +146,42 @@ echo "slurm_test: [${SECONDS}s] --gpu-mem-limit=64M holds at the byte"
 # (Polled here: sbatch -W polls at intervals of up to 10 s.)
 sbatch --quiet -t 1 -o "$T/sbatch.out" --gpu-mem-limit=64M \
   --wrap "$PROBE bytes $(((64 << 20) + 1)); echo rc=\$?" >/dev/null 2>&1 || fail "sbatch failed"
-for i in $(seq 100); do grep -q "rc=" "$T/sbatch.out" 2>/dev/null && break; sleep 0.1; done
+for i in $(seq 600); do grep -q "rc=" "$T/sbatch.out" 2>/dev/null && break; sleep 0.1; done
 grep -q "rc=2" "$T/sbatch.out" || fail "sbatch --gpu-mem-limit=64M: expected a refusal, got '$(cat "$T/sbatch.out")'"
 echo "slurm_test: [${SECONDS}s] sbatch --gpu-mem-limit=64M holds too"
 
 # 2. Two tasks of one job share its cap, and cuwarden shows the job as slurm-<id>. Task 0
-# holds 60 MiB for 3 s; task 1 asks for 60 MiB a second later: 120 MiB > the job's 100M.
+# holds 60 MiB until released; task 1 asks for 60 MiB once cuwarden shows task 0's: 120 MiB >
+# the job's 100M. Files order the steps, not sleeps: a busy machine only makes it slower.
 "${SRUN[@]}" -n2 -J cuwshare --gpu-mem-job-limit=100M bash -c '
-  if [[ $SLURM_PROCID == 0 ]]; then sleep 3 | "$0" hold 60; echo "task0 $?"
-  else sleep 1; "$0" alloc 60; echo "task1 $?"; fi' "$PROBE" >"$T/job.out" 2>&1 &
+  if [[ $SLURM_PROCID == 0 ]]; then
+    until [[ -e $1/release ]]; do sleep 0.1; done | "$0" hold 60; echo "task0 $?"
+  else
+    until [[ -e $1/go ]]; do sleep 0.1; done; "$0" alloc 60; echo "task1 $?"; touch "$1/release"
+  fi' "$PROBE" "$T" >"$T/job.out" 2>&1 &
 JOB_PID=$!
 job=""
-for i in $(seq 40); do
+for i in $(seq 300); do
   job=$(squeue -h -n cuwshare -o %i 2>/dev/null | head -n1)
   [[ -n $job ]] && break
   sleep 0.1
 done
 [[ -n $job ]] || fail "the two-task job did not start"
 seen=""
-for i in $(seq 40); do
+for i in $(seq 300); do
   seen=$(CUWARDEN_RUN_DIR=$T/run "$CLI" --query-compute-apps=pid,job,used_memory --format=csv,noheader 2>&1 || true)
-  [[ $seen == *"slurm-$job"* ]] && break
+  [[ $seen == *"slurm-$job"*"60 MiB"* ]] && break
   sleep 0.1
 done
-[[ $seen == *"slurm-$job"* ]] || fail "cuwarden did not show job slurm-$job: $seen"
+touch "$T/go"
+[[ $seen == *"slurm-$job"* ]] || { touch "$T/release"; fail "cuwarden did not show job slurm-$job: $seen"; }
+echo "slurm_test: [${SECONDS}s] two tasks of job $job share --gpu-mem-job-limit=100M; cuwarden shows slurm-$job"
 wait "$JOB_PID" || true
 grep -q "task0 0" "$T/job.out" || fail "task 0 did not hold 60 MiB: $(cat "$T/job.out")"
 grep -q "task1 2" "$T/job.out" || fail "task 1 was not refused past the job's cap: $(cat "$T/job.out")"
 echo "slurm_test: [${SECONDS}s] two tasks of job $job share --gpu-mem-job-limit=100M; cuwarden shows slurm-$job"
 # Its end: the daemon logs the job's peak per GPU (task 0's 60 MiB) and removes its job file.
-for i in $(seq 50); do grep -q "slurm-$job ended" "$T/cuwardend.log" && break; sleep 0.1; done
+for i in $(seq 300); do grep -q "slurm-$job ended" "$T/cuwardend.log" && break; sleep 0.1; done
 grep -q "job root/slurm-$job ended (no member left): GPU-[0-9a-f-]* peak 60.00 MiB (62914560 bytes); cap 100.00 MiB" \
   "$T/cuwardend.log" || fail "no end-of-job line with the peak: $(grep "slurm-$job" "$T/cuwardend.log")"
 ! compgen -G "$T/run/jobs/*/job-*-slurm-$job.cwj" >/dev/null || fail "the job file of slurm-$job is left: $(ls -R "$T/run")"

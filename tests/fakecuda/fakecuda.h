@@ -48,6 +48,16 @@ CUresult fakecuda_stream_delay(CUstream stream, unsigned ms);
 CUresult fakecuda_stream_fill_async(CUstream stream, CUdeviceptr dptr, unsigned char value,
                                     size_t bytes, unsigned delay_ms);
 
+/** Fault injection for races in the simulated driver itself: while the gate is closed
+ *  (`closed` != 0), an event recorded on an idle stream (which the caller completes at once,
+ *  as on an idle device) waits between taking its place in the stream and completing, where
+ *  a preempted thread would be. Opening it (0) lets every such caller go on. */
+void fakecuda_inline_gate(int closed);
+
+/** The number of callers waiting at the closed gate, once at least one is or after
+ *  `timeout_ms` milliseconds. */
+int fakecuda_inline_gate_waiting(unsigned timeout_ms);
+
 /** Decodes an IPC handle made by cuIpcGetMemHandle: the driver allocation it exports (its
  *  base address and size; an interior pointer exports the whole allocation, as on the
  *  driver). Returns 0, or -1 for a handle the simulated driver did not make. */

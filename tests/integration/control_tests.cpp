@@ -128,14 +128,14 @@ std::string who_am_i() {
 
 json raw_set_limit(const Daemon& d, const json& body, bool* error) {
   std::string why;
-  auto m = cuw::proto::request(d.socket, cuw::proto::Command::set_limit, body.dump(), 3000, &why);
+  auto m = cuw::proto::request(d.socket, cuw::proto::Command::set_limit, body.dump(), 10000, &why);
   REQUIRE(m.has_value());
   *error = m->header.command == static_cast<uint16_t>(cuw::proto::Command::error);
   return json::parse(m->body);
 }
 
 bool log_has(const Daemon& d, const std::string& what) {
-  return wait_until([&] { return contains(slurp(d.log), what); }, 3000);
+  return wait_until([&] { return contains(slurp(d.log), what); }, 30000);
 }
 
 }  // namespace
@@ -752,8 +752,8 @@ TEST_CASE("control.job_rows_live_job_limit_and_sweep") {
 
   // A killed member's share comes back by the daemon's sweep, though no member allocates.
   b.kill_and_reap();
-  CHECK(wait_until([&] { return seg->used(g) == 4 * kGiB; }, 3000));
-  CHECK(wait_until([&] { return d.state()["jobs"][0]["members"].size() == 3; }, 3000));
+  CHECK(wait_until([&] { return seg->used(g) == 4 * kGiB; }, 30000));
+  CHECK(wait_until([&] { return d.state()["jobs"][0]["members"].size() == 3; }, 30000));
   CHECK(log_has(d, "reclaimed the share of 1 dead member(s)"));
 }
 
@@ -781,14 +781,14 @@ TEST_CASE("control.job_end_is_logged_with_its_peak_and_its_file_removed") {
   // (as a member does from before it joins): the file stays.
   a.kill_and_reap();
   b.kill_and_reap();
-  REQUIRE(wait_until([&] { return d.state()["jobs"].empty(); }, 3000));
+  REQUIRE(wait_until([&] { return d.state()["jobs"].empty(); }, 30000));
   ::usleep(300'000);  // several scans
   CHECK(::access(file.c_str(), F_OK) == 0);
-  CHECK_FALSE(log_has(d, "ended (no member left)"));
+  CHECK_FALSE(contains(slurp(d.log), "ended (no member left)"));
 
   // The lock released, the next scan logs the job's peak and removes its file.
   seg.reset();
-  CHECK(wait_until([&] { return ::access(file.c_str(), F_OK) != 0; }, 3000));
+  CHECK(wait_until([&] { return ::access(file.c_str(), F_OK) != 0; }, 30000));
   CHECK(log_has(d, "job " + who_am_i() + "/slurm-42 ended (no member left): " + uuid_for(0xa0) +
                        " peak 60.00 MiB (62914560 bytes); cap 100.00 MiB; file removed"));
 
@@ -827,12 +827,12 @@ TEST_CASE("control.job_members_the_daemon_watches_are_kept_while_they_run_and_sw
 
   // Killed and reaped: its share is back at the next scan.
   b.kill_and_reap();
-  CHECK(wait_until([&] { return seg->used(g) == 5 * kGiB; }, 3000));
+  CHECK(wait_until([&] { return seg->used(g) == 5 * kGiB; }, 30000));
   // Killed and not reaped, a zombie whose pid still takes a signal: back once /proc has been
   // read again (every 5 s at most).
   REQUIRE(::kill(c.pid, SIGKILL) == 0);
-  CHECK(wait_until([&] { return seg->used(g) == 1 * kGiB; }, 8000));
-  CHECK(wait_until([&] { return d.state()["jobs"][0]["members"].size() == 1; }, 3000));
+  CHECK(wait_until([&] { return seg->used(g) == 1 * kGiB; }, 30000));
+  CHECK(wait_until([&] { return d.state()["jobs"][0]["members"].size() == 1; }, 30000));
   CHECK(log_has(d, "reclaimed the share of 1 dead member(s)"));
 }
 

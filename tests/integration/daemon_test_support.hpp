@@ -39,8 +39,12 @@ namespace ring = cuw::ring;
 
 inline constexpr uint64_t kMiB = 1ULL << 20;
 
+/// Poll `pred` every 20 ms until it holds (true) or `timeout_ms` passes (false). The bound is
+/// for a condition that never comes (a hang or a bug), not for a slow one: a loaded machine
+/// may take seconds where an idle one takes milliseconds, and a condition that holds returns
+/// at once, so the default is generous.
 template <class F>
-bool wait_until(F&& pred, int timeout_ms = 5000) {
+bool wait_until(F&& pred, int timeout_ms = 30000) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < until) {
     if (pred()) return true;
@@ -261,7 +265,7 @@ struct Daemon {
   bool wait_ready() {
     return wait_until([&] {
       std::string why;
-      return cuw::proto::request(socket, cuw::proto::Command::get_state, "{}", 1000, &why).has_value();
+      return cuw::proto::request(socket, cuw::proto::Command::get_state, "{}", 10000, &why).has_value();
     });
   }
   bool alive() const { return pid > 0 && ::kill(pid, 0) == 0 && waitpid(pid, nullptr, WNOHANG) == 0; }
@@ -283,13 +287,14 @@ struct Daemon {
 
   json state() const {
     std::string why;
-    auto m = cuw::proto::request(socket, cuw::proto::Command::get_state, "{}", 3000, &why);
+    // 10 s: against a daemon that stopped answering, not a slow one (as wait_until).
+    auto m = cuw::proto::request(socket, cuw::proto::Command::get_state, "{}", 10000, &why);
     if (!m) throw std::runtime_error("get_state failed: " + why);
     return json::parse(m->body);
   }
   json events(const json& body) const {
     std::string why;
-    auto m = cuw::proto::request(socket, cuw::proto::Command::get_events, body.dump(), 3000, &why);
+    auto m = cuw::proto::request(socket, cuw::proto::Command::get_events, body.dump(), 10000, &why);
     if (!m) throw std::runtime_error("get_events failed: " + why);
     return json::parse(m->body);
   }
@@ -316,6 +321,13 @@ inline int connect_raw(const std::string& path) {
 }
 
 /// Wait up to timeout_ms for `fd` to be closed by the peer (recv returns 0 or an error).
+/// Whether `fd` is still connected right now: the peer has not hung up, whether or not
+/// unread bytes wait in front of its hang-up.
+inline bool still_open(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 inline bool peer_closed(int fd, int timeout_ms) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[256];

@@ -144,7 +144,7 @@ TEST_CASE("daemon.finds_new_rings_by_inotify") {
   FakeRing r(d.run_dir, child.pid, child.start_time());
   r.device(0, 0x20).used.store(42);
   json p;
-  REQUIRE(wait_until([&] { return !(p = d.process(child.pid)).is_null(); }, 3000));
+  REQUIRE(wait_until([&] { return !(p = d.process(child.pid)).is_null(); }, 30000));
   CHECK(p["devices"][0]["used_bytes"] == 42);
 }
 
@@ -323,44 +323,44 @@ TEST_CASE("daemon.garbage_clients_do_not_stop_it_serving_others") {
   // A client that connects and never says anything.
   int silent = connect_raw(d.socket);
 
-  // Everyone else is served at once.
-  for (int i = 0; i < 20; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    json st = d.state();
-    CHECK(st["processes"].size() == 1);
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
-  }
-  CHECK(peer_closed(garbage, 2000));  // bad magic: hung up on
+  // Everyone else is served without waiting for them: the first answer comes while the
+  // slow clients are still connected. A daemon that waited on them would answer only after
+  // cutting them off at their 5 s request deadline; a query takes milliseconds, and 2.3 s
+  // was the worst seen on a busy 2-core machine under a flood of thousands of clients.
+  CHECK(d.state()["processes"].size() == 1);
+  for (int fd : {half, stalled, silent}) CHECK(still_open(fd));
+  for (int i = 0; i < 19; ++i) CHECK(d.state()["processes"].size() == 1);
+  CHECK(peer_closed(garbage, 30000));  // bad magic: hung up on
   {
     std::string why;
-    auto m = cuw::proto::recv_message(huge, 2000, &why);
+    auto m = cuw::proto::recv_message(huge, 10000, &why);
     REQUIRE(m);
     CHECK(m->header.command == static_cast<uint16_t>(Command::error));
     CHECK(m->header.seq == 9);
     CHECK(m->body.find("too large") != std::string::npos);
   }
   // Slow clients are cut off after the request deadline (5 s).
-  CHECK(peer_closed(half, 8000));
-  CHECK(peer_closed(stalled, 3000));
-  CHECK(peer_closed(silent, 3000));
+  CHECK(peer_closed(half, 30000));
+  CHECK(peer_closed(stalled, 30000));
+  CHECK(peer_closed(silent, 30000));
   for (int fd : {half, stalled, garbage, huge, silent}) ::close(fd);
 
   // Well-framed but wrong requests get error replies, not silence.
   std::string why;
-  auto m = cuw::proto::request(d.socket, Command::get_events, "{not json", 2000, &why);
+  auto m = cuw::proto::request(d.socket, Command::get_events, "{not json", 10000, &why);
   REQUIRE(m);
   CHECK(m->header.command == static_cast<uint16_t>(Command::error));
-  m = cuw::proto::request(d.socket, Command::get_events, R"({"after":-5})", 2000, &why);
+  m = cuw::proto::request(d.socket, Command::get_events, R"({"after":-5})", 10000, &why);
   REQUIRE(m);
   CHECK(m->header.command == static_cast<uint16_t>(Command::error));
-  m = cuw::proto::request(d.socket, static_cast<Command>(77), "{}", 2000, &why);
+  m = cuw::proto::request(d.socket, static_cast<Command>(77), "{}", 10000, &why);
   REQUIRE(m);
   CHECK(m->header.command == static_cast<uint16_t>(Command::error));
-  m = cuw::proto::request(d.socket, Command::set_limit, R"({"pid":1,"bytes":5})", 2000, &why);
+  m = cuw::proto::request(d.socket, Command::set_limit, R"({"pid":1,"bytes":5})", 10000, &why);
   REQUIRE(m);
   CHECK(m->header.command == static_cast<uint16_t>(Command::error));
   CHECK(m->body.find("no running process with pid 1 under cuwarden") != std::string::npos);
-  m = cuw::proto::request(d.socket, Command::get_state, std::string(200, '['), 2000, &why);
+  m = cuw::proto::request(d.socket, Command::get_state, std::string(200, '['), 10000, &why);
   REQUIRE(m);
   CHECK(m->header.command == static_cast<uint16_t>(Command::error));
 
@@ -399,7 +399,7 @@ TEST_CASE("daemon.detects_exits_keeps_them_a_while_then_removes_the_ring") {
   CHECK(d.state()["gpus"][0]["used_bytes"] == 0);
   CHECK(d.state()["gpus"][0]["processes"] == 0);
   // Forgotten after the linger time; its ring file removed.
-  REQUIRE(wait_until([&] { return d.process(r.h->pid).is_null(); }, 5000));
+  REQUIRE(wait_until([&] { return d.process(r.h->pid).is_null(); }, 30000));
   CHECK(::access(r.path.c_str(), F_OK) != 0);
 }
 
@@ -480,7 +480,7 @@ TEST_CASE("daemon.socket_lifecycle") {
     { std::FILE* f = std::fopen(path.c_str(), "w"); std::fclose(f); }
     Daemon d(dir, {}, false);
     int st = 0;
-    REQUIRE(wait_until([&] { return waitpid(d.pid, &st, WNOHANG) == d.pid; }, 5000));
+    REQUIRE(wait_until([&] { return waitpid(d.pid, &st, WNOHANG) == d.pid; }, 30000));
     d.pid = -1;
     CHECK(WEXITSTATUS(st) == 1);
     CHECK(::access(path.c_str(), F_OK) == 0);
@@ -548,16 +548,17 @@ TEST_CASE("daemon.stuck_clients_do_not_delay_draining") {
     stuck.push_back(fd);
   }
 
-  // The ring keeps being drained at the daemon's pace (every 10 ms): every burst is
-  // consumed well within a second, over and over.
+  // The ring keeps being drained while those replies are stuck, over and over: every burst
+  // is consumed while the eight readers that never read are still connected. Draining that
+  // waited for them would wait for their 30 s reply deadline; ten bursts take well under a
+  // second (milliseconds each at the daemon's 10 ms pace), seconds on a busy machine.
   for (int round = 0; round < 10; ++round) {
     const uint64_t beat = r.h->consumer_heartbeat_ns.load();
     for (int i = 0; i < 500; ++i) REQUIRE(r.push(ring::EventKind::free, ring::Api::cuMemFree, 0, 4096, 0x1000 + i, 0));
-    const auto t0 = std::chrono::steady_clock::now();
-    REQUIRE(wait_until([&] { return r.h->read_pos.load() == r.h->write_pos.load(); }, 1000));
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500));
+    REQUIRE(wait_until([&] { return r.h->read_pos.load() == r.h->write_pos.load(); }));
     CHECK(r.h->consumer_heartbeat_ns.load() > beat);
   }
+  for (int i = 0; i < 8; ++i) CHECK(still_open(stuck[static_cast<size_t>(i)]));
   CHECK(r.h->events_dropped.load() == 0);
   // And others' queries are answered. The socket thread builds replies one at a time, so
   // this one may wait for the eight large ones (seconds under a sanitizer): what must not
@@ -604,7 +605,7 @@ TEST_CASE("daemon.idle_socket_and_http_threads_sleep_until_a_client_comes") {
   // A client wakes them: both answer at once.
   CHECK(http_status_line(port, "/metrics") == "HTTP/1.1 200 OK");
   std::string why;
-  const auto m = cuw::proto::request(d.socket, Command::get_state, "{}", 5000, &why);
+  const auto m = cuw::proto::request(d.socket, Command::get_state, "{}", 10000, &why);
   INFO(why);
   REQUIRE(m);
   CHECK(json::parse(m->body)["processes"].size() == 1);

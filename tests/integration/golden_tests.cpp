@@ -161,7 +161,7 @@ std::string dump(const ojson& j) { return j.dump(2) + "\n"; }
 
 ojson request(const std::string& socket, cuw::proto::Command cmd, const ojson& body) {
   std::string why;
-  auto m = cuw::proto::request(socket, cmd, body.dump(), 3000, &why);
+  auto m = cuw::proto::request(socket, cmd, body.dump(), 10000, &why);
   if (!m) throw std::runtime_error("request failed: " + why);
   return ojson::parse(m->body);
 }

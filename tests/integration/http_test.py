@@ -106,7 +106,7 @@ class Env:
             fail("cuwarden --json failed: " + out.stderr)
         return json.loads(out.stdout)
 
-    def wait_for(self, what, cond, timeout=5.0):
+    def wait_for(self, what, cond, timeout=30.0):
         end = time.time() + timeout
         while time.time() < end:
             v = cond()
@@ -293,7 +293,7 @@ def mode_api(args):
         refused.stdin.close()
         refused.wait(timeout=5)
         e.wait_for("the refused process gone from /metrics", lambda: metric(
-            e.get("/metrics")[2].decode(), "cuwarden_process_memory_used_bytes", pid=rpid) is None, timeout=8)
+            e.get("/metrics")[2].decode(), "cuwarden_process_memory_used_bytes", pid=rpid) is None, timeout=30)
         text = e.get("/metrics")[2].decode()
         check(metric(text, "cuwarden_ooms_total", cuwarden_job="") == 1,
               "cuwarden_ooms_total still counts the refusal of the process that is gone")
@@ -305,7 +305,7 @@ def mode_api(args):
         quick.stdin.close()
         quick.wait(timeout=5)
         e.wait_for("its refusal in cuwarden_ooms_total", lambda: metric(
-            e.get("/metrics")[2].decode(), "cuwarden_ooms_total", cuwarden_job="quick") == 1, timeout=8)
+            e.get("/metrics")[2].decode(), "cuwarden_ooms_total", cuwarden_job="quick") == 1, timeout=30)
         check(metric(e.get("/metrics")[2].decode(), "cuwarden_process_memory_used_bytes", pid=quick.pid_seen) is None,
               "its refusal is counted though its series are gone")
     finally:
@@ -335,7 +335,7 @@ def mode_storm(args):
                 t0 = time.time()
                 try:
                     burst = bursting.is_set()
-                    status, _, body = e.get("/metrics", timeout=5)
+                    status, _, body = e.get("/metrics", timeout=10)
                     if status == 503 and (burst or bursting.is_set()) and b"too many connections" in body:
                         pass
                     elif status != 200 or metric(body.decode(), "cuwarden_process_memory_used_bytes", pid=pid) != 8 << 20:
@@ -346,7 +346,9 @@ def mode_storm(args):
                         failures.append("cuwarden --json lost the process")
                 except Exception as ex:  # noqa: BLE001 - any failure is the finding
                     failures.append(f"{type(ex).__name__}: {ex}")
-                if time.time() - t0 > 3:
+                # Starvation, not slowness: a round takes milliseconds, seconds on a busy
+                # machine beside the flood; the rounds' own requests give up at 10 s.
+                if time.time() - t0 > 20:
                     failures.append(f"a round took {time.time() - t0:.1f} s")
                 time.sleep(0.05)
 

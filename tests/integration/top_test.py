@@ -68,7 +68,7 @@ class Workload:
                 self.p.kill()
 
 
-def wait_for(pred, timeout=5.0, step=0.1):
+def wait_for(pred, timeout=30.0, step=0.1):
     """pred() until it returns something true, or its last value after `timeout` seconds."""
     end = time.monotonic() + timeout
     while True:
@@ -119,7 +119,7 @@ def main():
             except OSError:
                 return False
 
-        if not wait_for(answers, 10):
+        if not wait_for(answers, 30):
             fail("the daemon did not start")
         wenv = dict(env, LD_PRELOAD=args.lib)
         a = Workload(args.workload, dict(wenv, CUWARDEN_LIMIT="256M"))
@@ -227,7 +227,7 @@ def run_tmux(args, tmp, sock, tmux, a, b, daemon):
     status_file = os.path.join(tmp, "top.status")
     tmux("-u", "new-session", "-d", "-x", "160", "-y", "40", "-s", "top", f"{cmd}; echo $? > {status_file}")
 
-    def until(pred, what, timeout=5.0):
+    def until(pred, what, timeout=30.0):
         last = [""]
 
         def probe():
@@ -310,9 +310,9 @@ def run_tmux(args, tmp, sock, tmux, a, b, daemon):
     # The exit status comes through the shell around the program: tmux may leave a pane's
     # process unreaped (then it reports the pane dead without a status).
     tmux("send-keys", "-t", "top", "q")
-    status = wait_for(lambda: open(status_file).read().strip() if os.path.exists(status_file) else "", 3)
+    status = wait_for(lambda: open(status_file).read().strip() if os.path.exists(status_file) else "", 30)
     check(status == "0", f"q: the program ended, status 0 ({status!r})", tmux.screen("top"))
-    dead = wait_for(lambda: tmux("list-panes", "-t", "top", "-F", "#{pane_dead}").strip() == "1", 3)
+    dead = wait_for(lambda: tmux("list-panes", "-t", "top", "-F", "#{pane_dead}").strip() == "1", 30)
     check(dead, "and its pane with it")
 
 

@@ -76,7 +76,7 @@ echo "ok: installed cuwarden run --limit 64M caps the program ($out)"
 start_daemon() {  # policy file
   "$P/bin/cuwardend" --config "$1" --run-dir "$T/run" --no-nvml >>"$T/d.log" 2>&1 &
   DAEMON_PID=$!
-  for _ in $(seq 1 100); do
+  for _ in $(seq 1 600); do
     [[ -S $T/run/daemon/cuwardend.sock ]] && return 0
     kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$T/d.log"; fail "cuwardend exited on $1"; }
     sleep 0.05
@@ -89,7 +89,7 @@ start_daemon "$P/etc/cuwarden/cuwarden.toml"; stop_daemon
 "$P/bin/cuwardend" --run-dir "$T/run-http" --no-nvml --http 127.0.0.1:0 >"$T/http.log" 2>&1 &
 HTTP_PID=$!
 port=""
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do
   port=$(sed -n 's/.*serving HTTP on .* (port \([0-9]*\)).*/\1/p' "$T/http.log")
   [[ -n $port ]] && break
   sleep 0.05

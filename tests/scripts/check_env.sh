@@ -20,7 +20,7 @@ out=$(env -i "${keep[@]}" HOME="$T" PATH=/usr/bin:/bin CUWARDEN_BUILD_DIR="$BUIL
   source "$1/scripts/env.sh" || exit 1
   cuwardend >"$HOME/d.log" 2>&1 &
   d=$!
-  for _ in $(seq 100); do [ -S "$CUWARDEN_RUN_DIR/daemon/cuwardend.sock" ] && break; sleep 0.05; done
+  for _ in $(seq 600); do [ -S "$CUWARDEN_RUN_DIR/daemon/cuwardend.sock" ] && break; sleep 0.05; done
   cuwarden run --limit 1G -- cuw_demo_workload --steps 3 --expect-refusal; rc=$?
   echo "workload exit $rc"
   cuwarden

@@ -5,6 +5,14 @@
 //       THREADS threads allocate (1..16 MiB) and free at random through cuMemAlloc/cuMemFree
 //       until WITNESS's stop word is set, then free everything, count itself in `drained`
 //       and exit 0 once the `exit` word is set.
+//   cuw_job_app rounds WITNESS INDEX THREADS SEED CAP ROUNDS CHURN ALL_THREADS
+//       THREADS threads, ROUNDS rounds each: CHURN random allocations and frees (as hammer,
+//       of 1 MiB..kLargestRequest); wait until all ALL_THREADS threads of every app have churned (`churned`); then allocate
+//       without freeing until refused, count itself in `full` and wait until the test has
+//       looked (`released`); then free about half of what it holds. After the last round it
+//       frees everything, counts itself in `drained` and exits 0 once `exit` is set. So the
+//       storm presses the cap by construction: at each `full` barrier every thread has
+//       just been refused, and nobody allocates or frees until the test has looked.
 //   cuw_job_app hold BYTES            allocate BYTES, print "held", sleep until killed
 //   cuw_job_app retry BYTES SECONDS   try cuMemAlloc(BYTES) until it succeeds; print
 //                                     "ok <CLOCK_MONOTONIC ns of the success>", or "timeout"
@@ -60,49 +68,93 @@ cuwj::JobWitness* map_witness(const char* path) {
   return p == MAP_FAILED ? nullptr : static_cast<cuwj::JobWitness*>(p);
 }
 
-void hammer_thread(cuwj::JobWitness* w, cuwj::AppSlot* me, unsigned seed, uint64_t cap) {
-  if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) me->errors.fetch_add(1);
-  std::mt19937_64 rng(seed);
+/// One thread's blocks, and the witness bookkeeping around each cuMemAlloc/cuMemFree.
+struct Hammer {
+  cuwj::JobWitness* w;
+  cuwj::AppSlot* me;
+  uint64_t cap;
+  uint64_t largest;  ///< bytes: requests are 1 MiB..largest, whole MiB
+  std::mt19937_64 rng;
   struct Block {
     CUdeviceptr p;
     uint64_t bytes;
   };
   std::vector<Block> live;
-  auto release = [&](size_t i) {
+
+  /// One allocation of a random size. Returns the driver's answer.
+  CUresult alloc() {
+    const uint64_t bytes = (1 + rng() % (largest >> 20)) << 20;
+    CUdeviceptr p = 0;
+    const CUresult r = cuMemAlloc(&p, bytes);
+    if (r == CUDA_SUCCESS) {
+      me->held.fetch_add(bytes);
+      // Signed: the kill storm's bookkeeping may leave `global` below the truth, even
+      // below zero (see the top of this file).
+      const int64_t now = static_cast<int64_t>(w->global.fetch_add(bytes) + bytes);
+      if (now > static_cast<int64_t>(cap)) w->violations.fetch_add(1);
+      int64_t m = w->max_global.load();
+      while (now > m && !w->max_global.compare_exchange_weak(m, now)) {
+      }
+      me->allocs.fetch_add(1);
+      live.push_back({p, bytes});
+    } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      me->refusals.fetch_add(1);
+    } else {
+      me->errors.fetch_add(1);
+    }
+    me->ops.fetch_add(1, std::memory_order_relaxed);
+    return r;
+  }
+  void release(size_t i) {
     const Block b = live[i];
     w->global.fetch_sub(b.bytes);
     me->held.fetch_sub(b.bytes);
     if (cuMemFree(b.p) != CUDA_SUCCESS) me->errors.fetch_add(1);
     live[i] = live.back();
     live.pop_back();
-  };
-  while (!w->stop.load(std::memory_order_relaxed)) {
-    if (live.empty() || (live.size() < 8 && rng() % 2 == 0)) {
-      const uint64_t bytes = (1 + rng() % 16) << 20;
-      CUdeviceptr p = 0;
-      const CUresult r = cuMemAlloc(&p, bytes);
-      if (r == CUDA_SUCCESS) {
-        me->held.fetch_add(bytes);
-        // Signed: the kill storm's bookkeeping may leave `global` below the truth, even
-        // below zero (see the top of this file).
-        const int64_t now = static_cast<int64_t>(w->global.fetch_add(bytes) + bytes);
-        if (now > static_cast<int64_t>(cap)) w->violations.fetch_add(1);
-        int64_t m = w->max_global.load();
-        while (now > m && !w->max_global.compare_exchange_weak(m, now)) {
-        }
-        me->allocs.fetch_add(1);
-        live.push_back({p, bytes});
-      } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        me->refusals.fetch_add(1);
-      } else {
-        me->errors.fetch_add(1);
-      }
-    } else {
-      release(rng() % live.size());
-    }
     me->ops.fetch_add(1, std::memory_order_relaxed);
   }
-  while (!live.empty()) release(live.size() - 1);
+  /// A random allocation or free, at most 8 blocks held.
+  void step() {
+    if (live.empty() || (live.size() < 8 && rng() % 2 == 0)) alloc();
+    else release(rng() % live.size());
+  }
+  void release_all() {
+    while (!live.empty()) release(live.size() - 1);
+  }
+};
+
+void hammer_thread(cuwj::JobWitness* w, cuwj::AppSlot* me, unsigned seed, uint64_t cap) {
+  if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) me->errors.fetch_add(1);
+  Hammer h{w, me, cap, 16 << 20, std::mt19937_64(seed), {}};
+  while (!w->stop.load(std::memory_order_relaxed)) h.step();
+  h.release_all();
+}
+
+/// Wait (sleeping: the machine may be busy) until `word` reaches `target`.
+void wait_for(const std::atomic<uint64_t>& word, uint64_t target) {
+  while (word.load() < target) usleep(200);
+}
+
+void rounds_thread(cuwj::JobWitness* w, cuwj::AppSlot* me, unsigned seed, uint64_t cap, uint64_t all_threads,
+                   int rounds, int churn) {
+  if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) me->errors.fetch_add(1);
+  Hammer h{w, me, cap, cuwj::kLargestRequest, std::mt19937_64(seed), {}};
+  for (int r = 1; r <= rounds; ++r) {
+    for (int i = 0; i < churn; ++i) h.step();
+    // Nobody frees while others fill: a refusal then means the job really was full.
+    w->churned.fetch_add(1);
+    wait_for(w->churned, all_threads * static_cast<uint64_t>(r));
+    CUresult res;
+    do res = h.alloc();
+    while (res == CUDA_SUCCESS);
+    if (res != CUDA_ERROR_OUT_OF_MEMORY) break;  // counted in `errors`
+    w->full.fetch_add(1);
+    wait_for(w->released, static_cast<uint64_t>(r));
+    for (size_t i = h.live.size(); i-- > 0;)
+      if (h.rng() % 2 == 0) h.release(i);
+  }
+  h.release_all();
 }
 
 }  // namespace
@@ -121,6 +173,25 @@ int main(int argc, char** argv) {
     for (int i = 0; i < threads; ++i) ts.emplace_back(hammer_thread, w, me, seed * 131u + static_cast<unsigned>(i), cap);
     for (auto& t : ts) t.join();
     // Everything is freed: say so, and stay a member until the test has looked.
+    w->drained.fetch_add(1);
+    while (!w->exit.load()) usleep(1000);
+    return me->errors.load() == 0 ? 0 : 1;
+  }
+  if (mode == "rounds" && argc == 10) {
+    cuwj::JobWitness* w = map_witness(argv[2]);
+    const int index = std::atoi(argv[3]);
+    const int threads = std::atoi(argv[4]);
+    const unsigned seed = static_cast<unsigned>(std::strtoul(argv[5], nullptr, 10));
+    const uint64_t cap = std::strtoull(argv[6], nullptr, 10);
+    const int rounds = std::atoi(argv[7]);
+    const int churn = std::atoi(argv[8]);
+    const uint64_t all_threads = std::strtoull(argv[9], nullptr, 10);
+    if (!w || index < 0 || index >= static_cast<int>(cuwj::kMaxApps) || all_threads == 0 || !make_context()) return 2;
+    cuwj::AppSlot* me = &w->apps[index];
+    std::vector<std::thread> ts;
+    for (int i = 0; i < threads; ++i)
+      ts.emplace_back(rounds_thread, w, me, seed * 131u + static_cast<unsigned>(i), cap, all_threads, rounds, churn);
+    for (auto& t : ts) t.join();
     w->drained.fetch_add(1);
     while (!w->exit.load()) usleep(1000);
     return me->errors.load() == 0 ? 0 : 1;
@@ -170,7 +241,8 @@ int main(int argc, char** argv) {
     cuMemFree(p);
     return 0;
   }
-  std::fprintf(stderr, "usage: %s hammer WITNESS INDEX THREADS SEED CAP | hold BYTES | retry BYTES SECONDS | join WITNESS INDEX\n",
+  std::fprintf(stderr, "usage: %s hammer WITNESS INDEX THREADS SEED CAP | rounds WITNESS INDEX THREADS SEED CAP ROUNDS CHURN ALL_THREADS"
+               " | hold BYTES | retry BYTES SECONDS | join WITNESS INDEX\n",
                argv[0]);
   return 64;
 }

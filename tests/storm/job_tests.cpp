@@ -86,25 +86,50 @@ uint64_t total_ops(const cuwj::JobWitness& w) {
 }  // namespace
 
 TEST_CASE("job.hammer_8_processes_8_threads_never_exceed_the_cap") {
-  const double seconds = storm_seconds(3);
-  constexpr uint64_t kCap = 256 * kMiB;
+  // Rounds, not seconds: a busy machine makes the storm slower, never weaker. Each round
+  // every thread churns, then allocates until refused and waits; at that barrier nobody
+  // allocates or frees, so the job's sum is exact and the check below is made on it.
+  constexpr int kProcs = 8, kThreads = 8, kAllThreads = kProcs * kThreads;
+  const int rounds = std::max(8, static_cast<int>(storm_seconds(3) * 3));
+  constexpr int kChurn = 1000;  // random operations per thread per round
+  constexpr uint64_t kCap = 1024 * kMiB;
+  // A refusal means: what the job held, plus the request (at most kLargestRequest), plus the
+  // reservations other threads had added and not yet taken back (at most one each, see
+  // cuw/job.hpp), passed the cap. Nothing was freed since, so at the barrier the sum held is
+  // above cap - kAllThreads x kLargestRequest (768 MiB here), and never above the cap.
+  constexpr uint64_t kFloor = kCap - kAllThreads * cuwj::kLargestRequest;
+  static_assert(kFloor >= kCap / 2, "the floor must say the storm filled the cap");
   TempDir dir;
   Witness wit(dir);
   std::vector<std::unique_ptr<Member>> apps;
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < kProcs; ++i)
     apps.push_back(std::make_unique<Member>(
-        dir.path, "256MiB",
-        std::vector<std::string>{"hammer", wit.path, std::to_string(i), "8", std::to_string(1000 + i),
-                                 std::to_string(kCap)},
+        dir.path, "1GiB",
+        std::vector<std::string>{"rounds", wit.path, std::to_string(i), std::to_string(kThreads),
+                                 std::to_string(1000 + i), std::to_string(kCap), std::to_string(rounds),
+                                 std::to_string(kChurn), std::to_string(kAllThreads)},
         dir / "apps.err"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(seconds * 1000)));
-  wit.w->stop.store(1);
-  // No deadlock: every member frees everything promptly.
-  CHECK(wait_until([&] { return wit.w->drained.load() == 8; }, 30000));
-  // Every member freed exactly what it took: all 8 slots read zero while they still live.
   auto job = open_job(dir.path);
+  uint64_t lowest_full = kCap;
+  for (int r = 1; r <= rounds; ++r) {
+    // Generous: a member that never reaches the barrier is a hang, not a slow machine.
+    const bool all_full = wait_until([&] { return wit.w->full.load() >= static_cast<uint64_t>(kAllThreads) * r; },
+                                     90000);
+    INFO("round " << r << ": " << wit.w->full.load() << " threads at the barrier; " << slurp(dir / "apps.err"));
+    REQUIRE(all_full);
+    const auto held = static_cast<uint64_t>(wit.w->global.load());
+    INFO("held " << held << " of " << kCap << ", the job counts " << job->used(0));
+    CHECK(held <= kCap);
+    CHECK(held > kFloor);
+    CHECK(job->used(0) == held);  // the job's own sum, exact while nobody moves
+    lowest_full = std::min(lowest_full, held);
+    wit.w->released.store(static_cast<uint64_t>(r));
+  }
+  // No deadlock: every member frees everything.
+  CHECK(wait_until([&] { return wit.w->drained.load() == kProcs; }, 90000));
+  // Every member freed exactly what it took: all 8 slots read zero while they still live.
   const auto members = job->members();
-  CHECK(members.size() == 8);
+  CHECK(members.size() == kProcs);
   for (const auto& m : members)
     for (uint64_t c : m.charged) CHECK(c == 0);
   CHECK(job->used(0) == 0);
@@ -112,7 +137,7 @@ TEST_CASE("job.hammer_8_processes_8_threads_never_exceed_the_cap") {
   for (auto& a : apps) CHECK(a->wait_exit(30000) == 0);  // no error
 
   uint64_t allocs = 0, refusals = 0, errors = 0;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kProcs; ++i) {
     allocs += wit.w->apps[i].allocs.load();
     refusals += wit.w->apps[i].refusals.load();
     errors += wit.w->apps[i].errors.load();
@@ -121,17 +146,17 @@ TEST_CASE("job.hammer_8_processes_8_threads_never_exceed_the_cap") {
   CHECK(errors == 0);
   CHECK(wit.w->violations.load() == 0);
   CHECK(wit.w->max_global.load() <= static_cast<int64_t>(kCap));
-  // The storm really pressed on the cap: it was reached often and nearly filled.
-  CHECK(refusals > 100);
-  CHECK(wit.w->max_global.load() > static_cast<int64_t>(kCap / 2));
+  CHECK(refusals >= static_cast<uint64_t>(kAllThreads) * rounds);  // one per thread per round at least
   CHECK(wit.w->global.load() == 0);
   // Exited members' slots are freed by the next sweep; the job holds nothing.
   job->sweep(true);
   CHECK(job->members().empty());
-  std::printf("job hammer: seconds=%.1f processes=8 threads=8 cap=%llu allocs=%llu refusals=%llu max_held=%llu "
-              "violations=0\n",
-              seconds, static_cast<unsigned long long>(kCap), static_cast<unsigned long long>(allocs),
-              static_cast<unsigned long long>(refusals), static_cast<unsigned long long>(wit.w->max_global.load()));
+  std::printf("job hammer: rounds=%d processes=%d threads=%d cap=%llu allocs=%llu refusals=%llu max_held=%llu "
+              "lowest_held_when_full=%llu floor=%llu violations=%llu\n",
+              rounds, kProcs, kThreads, static_cast<unsigned long long>(kCap),
+              static_cast<unsigned long long>(allocs), static_cast<unsigned long long>(refusals),
+              static_cast<unsigned long long>(wit.w->max_global.load()), static_cast<unsigned long long>(lowest_full),
+              static_cast<unsigned long long>(kFloor), static_cast<unsigned long long>(wit.w->violations.load()));
 }
 
 TEST_CASE("job.kill_storm_never_leaks_or_deadlocks") {
@@ -156,11 +181,10 @@ TEST_CASE("job.kill_storm_never_leaks_or_deadlocks") {
   for (int k = 0; k < kLive; ++k) spawn_at(k);
   int kills = 0;
   uint64_t stalled_checks = 0, progress_checks = 0;
-  // At least `seconds` and at least 250 kills (slow sanitizer builds take longer), at most 90 s.
-  const auto start = std::chrono::steady_clock::now();
-  const auto until = start + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
-  while ((std::chrono::steady_clock::now() < until || kills < 250) &&
-         std::chrono::steady_clock::now() < start + std::chrono::seconds(90)) {
+  // At least 250 kills, and at least `seconds` (longer storms on demand): a busy machine
+  // makes the storm slower, never shorter.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+  while (std::chrono::steady_clock::now() < until || kills < 250) {
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
     const int k = static_cast<int>(rng() % kLive);
     // Freeze it wherever it is (alive, so its share stays counted), take its bytes out of
@@ -174,10 +198,11 @@ TEST_CASE("job.kill_storm_never_leaks_or_deadlocks") {
     apps[k]->pid = -1;
     ++kills;
     spawn_at(k);
-    // Nobody is stuck: within a second of a kill the members still make progress.
+    // Nobody is stuck: after a kill the members still make progress (the bound is for a
+    // hang, not for speed: members that progress do so within milliseconds).
     if (kills % 25 == 0) {
       const uint64_t before = total_ops(*wit.w);
-      const bool moved = wait_until([&] { return total_ops(*wit.w) > before + 100; }, 1000);
+      const bool moved = wait_until([&] { return total_ops(*wit.w) > before + 100; }, 30000);
       ++progress_checks;
       if (!moved) ++stalled_checks;
     }
@@ -186,7 +211,6 @@ TEST_CASE("job.kill_storm_never_leaks_or_deadlocks") {
   wit.w->exit.store(1);
   for (auto& a : apps) CHECK(a->wait_exit(30000) == 0);
   INFO(slurp(dir / "apps.err"));
-  CHECK(kills >= 250);
   CHECK(stalled_checks == 0);
   CHECK(wit.w->violations.load() == 0);
   uint64_t errors = 0, refusals = 0;
@@ -214,22 +238,24 @@ TEST_CASE("job.killed_member_share_is_reclaimed_by_the_next_allocation") {
   TempDir dir;
   Member holder(dir.path, "1GiB", {"hold", std::to_string(768 * kMiB)}, dir / "apps.err");
   REQUIRE(holder.line() == "held");
-  Member waiter(dir.path, "1GiB", {"retry", std::to_string(512 * kMiB), "10"}, dir / "apps.err");
+  Member waiter(dir.path, "1GiB", {"retry", std::to_string(512 * kMiB), "60"}, dir / "apps.err");
   REQUIRE(waiter.line() == "refused");  // the job is full while the holder lives
-  const auto t0 = std::chrono::steady_clock::now();
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   const uint64_t kill_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
   ::kill(holder.pid, SIGKILL);
   waitpid(holder.pid, nullptr, 0);
   holder.pid = -1;
-  const std::string got = waiter.line(5000);
+  // The next allocation finds the dead member and frees its share: a new member's first
+  // allocation already fits, with no sweep or daemon to wait for (no daemon runs here).
+  Member fresh(dir.path, "1GiB", {"hold", std::to_string(256 * kMiB)}, dir / "apps.err");
+  CHECK(fresh.line(60000) == "held");
+  // And the member that kept retrying got its 512 MiB too (timed, for the record only).
+  const std::string got = waiter.line(60000);
   REQUIRE(got.rfind("ok ", 0) == 0);
   const uint64_t ok_ns = std::stoull(got.substr(3));
-  const double ms = static_cast<double>(ok_ns - kill_ns) / 1e6;
-  std::printf("job reclaim: share of a SIGKILLed member usable by another after %.1f ms\n", ms);
-  CHECK(ms < 1000.0);
-  (void)t0;
+  std::printf("job reclaim: share of a SIGKILLed member usable by a retrying member after %.1f ms\n",
+              static_cast<double>(ok_ns - kill_ns) / 1e6);
 }
 
 TEST_CASE("job.members_asking_different_caps_get_the_lowest_and_a_new_run_starts_afresh") {

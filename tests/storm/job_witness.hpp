@@ -8,6 +8,8 @@
 namespace cuwj {
 
 inline constexpr unsigned kMaxApps = 256;
+/// "rounds" mode: the largest request, in bytes (requests are 1 MiB to this, whole MiB).
+inline constexpr uint64_t kLargestRequest = 4ull << 20;
 
 struct alignas(64) AppSlot {
   std::atomic<uint64_t> held;      ///< bytes this app holds, as it counts them
@@ -25,6 +27,10 @@ struct JobWitness {
   std::atomic<uint64_t> stop;        ///< set by the test: apps free everything
   std::atomic<uint64_t> drained;     ///< hammer apps that have freed everything
   std::atomic<uint64_t> exit;        ///< set by the test: drained apps exit
+  // "rounds" mode (job_app.cpp): barriers counted over the whole run, never reset.
+  std::atomic<uint64_t> churned;     ///< threads that finished a round's churn
+  std::atomic<uint64_t> full;        ///< threads refused in a round's fill, now waiting
+  std::atomic<uint64_t> released;    ///< set by the test: rounds it has checked
   AppSlot apps[kMaxApps];
 };
 

@@ -9,10 +9,12 @@
 // Host-only code: no kernels, so it runs on the simulated driver as on a GPU.
 //
 // Usage: cuw_demo_workload [--steps N] [--base SIZE] [--model SIZE] [--final SIZE]
-//                          [--sleep-ms N] [--hold-ms N] [--expect-refusal] [--device N]
+//                          [--sleep-ms N] [--hold-ms N | --hold] [--expect-refusal] [--device N]
+// --hold keeps the final state until the program is stopped (a signal), for a watcher.
 // Exit status: 0 (a refusal is an expected outcome); 1 bad usage; 2 an unexpected CUDA
 // error; 3 with --expect-refusal when nothing was refused.
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <cinttypes>
 #include <cstdio>
@@ -36,6 +38,7 @@ struct Options {
   uint64_t sleep_ms = 0;
   uint64_t hold_ms = 0;
   bool hold_set = false;
+  bool hold_forever = false;
   bool expect_refusal = false;
   int device = 0;
 };
@@ -188,6 +191,10 @@ class Workload {
   }
 
   int finish() {
+    if (opt_.hold_forever) {
+      std::printf("holding its memory until stopped (pid %d)\n", static_cast<int>(getpid()));
+      for (;;) pause();
+    }
     const uint64_t hold = opt_.hold_set ? opt_.hold_ms : opt_.sleep_ms;
     cuw::workload::sleep_ms(hold);  // let a watcher see the final state
     release(activations_);
@@ -214,11 +221,12 @@ class Workload {
 void usage(FILE* to) {
   std::fprintf(to,
                "usage: cuw_demo_workload [--steps N] [--base SIZE] [--model SIZE] [--final SIZE]\n"
-               "                         [--sleep-ms N] [--hold-ms N] [--expect-refusal] [--device N]\n"
+               "                         [--sleep-ms N] [--hold-ms N | --hold] [--expect-refusal] [--device N]\n"
                "  A training-like allocation pattern: model state (--model weights, as much again for\n"
                "  gradients, twice that for optimizer state), then --steps steps with activations of\n"
                "  --base * step bytes and a workspace of 2 * --base. Finally asks for --final bytes\n"
                "  (default: the total cudaMemGetInfo reports, i.e. the cap under cuwarden).\n"
+               "  Then holds its memory --hold-ms (default: --sleep-ms), or with --hold until stopped.\n"
                "  Defaults: --steps 8 --base 64M --model 128M: peak 1.6 GiB, fits a 2 GiB cap.\n");
 }
 
@@ -231,6 +239,10 @@ bool parse_args(int argc, char** argv, Options* o) {
     }
     if (a == "--expect-refusal") {
       o->expect_refusal = true;
+      continue;
+    }
+    if (a == "--hold") {
+      o->hold_forever = true;
       continue;
     }
     if (i + 1 >= argc) {

@@ -205,6 +205,7 @@ struct Stream {
   std::deque<Op> queue;
   uint64_t submitted = 0;
   uint64_t completed = 0;
+  uint64_t inline_running = 0;  // seq of an op run by its caller (an idle stream's marker), or 0
   bool worker_started = false;
 
   // Capture state (guarded by mu).

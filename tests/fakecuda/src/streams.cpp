@@ -29,10 +29,27 @@ auto& g_live_streams = *new std::set<Stream*>;  // never destroyed: the runtime 
 std::atomic<uint64_t> g_next_stream_id{1};
 thread_local std::map<Context*, Stream*>* t_per_thread;  // leaked per thread, valid during exit
 
+// Test hook (fakecuda_inline_gate): while closed, a marker run by its caller waits between
+// taking its number and completing, where a preempted thread would be.
+std::mutex g_gate_mu;
+std::condition_variable g_gate_cv;
+bool g_gate_closed = false;
+int g_gate_waiting = 0;
+
+void inline_gate() {
+  std::unique_lock lk(g_gate_mu);
+  if (!g_gate_closed) return;
+  ++g_gate_waiting;
+  g_gate_cv.notify_all();
+  g_gate_cv.wait(lk, [] { return !g_gate_closed; });
+  --g_gate_waiting;
+}
+
 void worker_loop(Stream* s) {
   for (;;) {
     std::unique_lock lk(s->mu);
-    s->cv.wait(lk, [s] { return !s->queue.empty() || !s->alive; });
+    // In order: an op queued while the caller ran an earlier marker itself starts after it.
+    s->cv.wait(lk, [s] { return (!s->queue.empty() && s->inline_running == 0) || (s->queue.empty() && !s->alive); });
     if (s->queue.empty()) return;  // destroyed and drained
     Stream::Op op = std::move(s->queue.front());
     lk.unlock();
@@ -94,11 +111,17 @@ uint64_t enqueue_with_deps(Stream* s, OpFn fn, std::vector<std::pair<Stream*, ui
     std::unique_lock lk(s->mu);
     if (ready && s->queue.empty() && s->completed == s->submitted) {
       const uint64_t seq = ++s->submitted;
+      s->inline_running = seq;
       lk.unlock();
+      inline_gate();
       if (fn) fn();
       lk.lock();
-      // Work queued meanwhile has later numbers: its completion marks ours complete too.
-      if (s->completed < seq && s->queue.empty()) s->completed = seq;
+      // Everything before it had completed, and work queued meanwhile waits for it (the
+      // worker starts nothing while inline_running is set): it is complete, whatever is
+      // queued. (Marking it only when the queue was empty hung: an op queued on this stream
+      // meanwhile, waiting for a legacy-stream op that waits for this marker, never ran.)
+      s->completed = seq;
+      s->inline_running = 0;
       s->cv.notify_all();
       return seq;
     }
@@ -846,6 +869,18 @@ FC_API CUresult fakecuda_stream_delay(CUstream stream, unsigned ms) {
   CUresult err;
   stream_enqueue(s, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }, &err);
   return err;
+}
+
+FC_API void fakecuda_inline_gate(int closed) {
+  std::lock_guard lk(g_gate_mu);
+  g_gate_closed = closed != 0;
+  g_gate_cv.notify_all();
+}
+
+FC_API int fakecuda_inline_gate_waiting(unsigned timeout_ms) {
+  std::unique_lock lk(g_gate_mu);
+  g_gate_cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [] { return g_gate_waiting > 0; });
+  return g_gate_waiting;
 }
 
 FC_API CUresult fakecuda_stream_fill_async(CUstream stream, CUdeviceptr dptr, unsigned char value, size_t bytes,

@@ -1,4 +1,5 @@
 // fakecuda unit tests: stream ordering, events, the legacy stream, host functions, call counters.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -53,16 +54,65 @@ TEST_CASE("the legacy stream waits for blocking streams but not for non-blocking
   REQUIRE(cuMemcpyDtoH(host.data(), d, 512) == CUDA_SUCCESS);  // legacy stream: waits
   CHECK(host[0] == 0x33);
 
-  REQUIRE(fakecuda_stream_delay(nonblocking, 300) == CUDA_SUCCESS);
-  auto t0 = steady_clock::now();
+  // The non-blocking stream's work cannot end before the test opens its gate (a host
+  // function), so a copy on the legacy stream that returns at all did not wait for it (the
+  // gate opens by itself after 30 s, so that a copy that waits fails the check below).
+  static std::atomic<bool> gate{false};
+  gate = false;
+  REQUIRE(cuLaunchHostFunc(
+              nonblocking,
+              [](void*) {
+                const auto until = steady_clock::now() + seconds(30);
+                while (!gate.load() && steady_clock::now() < until) std::this_thread::sleep_for(milliseconds(1));
+              },
+              nullptr) == CUDA_SUCCESS);
   REQUIRE(cuMemcpyDtoH(host.data(), d, 512) == CUDA_SUCCESS);  // does not wait for it
-  CHECK(steady_clock::now() - t0 < milliseconds(200));
   CHECK(cuStreamQuery(nonblocking) == CUDA_ERROR_NOT_READY);
+  gate = true;
   REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);  // waits for every stream
   CHECK(cuStreamQuery(nonblocking) == CUDA_SUCCESS);
   REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(blocking) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(nonblocking) == CUDA_SUCCESS);
+}
+
+TEST_CASE("an event its caller completes on an idle stream holds up no work queued meanwhile", "[streams]") {
+  // Recorded on an idle stream, an event completes in its caller. Between taking its place
+  // and completing (where its caller may be preempted), the legacy stream queues work that
+  // waits for it, and its own stream queues work that waits for that: all of it must run.
+  const CUcontext ctx = use_device(0);
+  CUstream a;
+  REQUIRE(cuStreamCreate(&a, 0) == CUDA_SUCCESS);  // blocking: ordered with the legacy stream
+  CUevent e;
+  REQUIRE(cuEventCreate(&e, 0) == CUDA_SUCCESS);
+  CUdeviceptr d;
+  REQUIRE(cuMemAlloc(&d, 256) == CUDA_SUCCESS);
+  fakecuda_inline_gate(1);
+  CUresult recorded = CUDA_ERROR_UNKNOWN;
+  std::thread rec([&] {
+    if (cuCtxSetCurrent(ctx) == CUDA_SUCCESS) recorded = cuEventRecord(e, a);
+  });
+  const int waiting = fakecuda_inline_gate_waiting(30000);
+  if (waiting != 1) fakecuda_inline_gate(0);
+  REQUIRE(waiting == 1);
+  REQUIRE(fakecuda_stream_fill_async(CU_STREAM_LEGACY, d, 0x11, 256, 0) == CUDA_SUCCESS);
+  REQUIRE(fakecuda_stream_fill_async(a, d, 0x22, 256, 0) == CUDA_SUCCESS);
+  fakecuda_inline_gate(0);
+  rec.join();
+  CHECK(recorded == CUDA_SUCCESS);
+  // A bound for a hang, not a pace: the work is two memsets.
+  const auto until = steady_clock::now() + seconds(30);
+  CUresult q = CUDA_ERROR_NOT_READY;
+  while ((q = cuStreamQuery(a)) == CUDA_ERROR_NOT_READY && steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(1));
+  REQUIRE(q == CUDA_SUCCESS);
+  CHECK(cuEventQuery(e) == CUDA_SUCCESS);
+  unsigned char host[256] = {};
+  REQUIRE(cuMemcpyDtoH(host, d, 256) == CUDA_SUCCESS);
+  CHECK(host[0] == 0x22);  // in order: the legacy stream's write, then a's
+  REQUIRE(cuMemFree(d) == CUDA_SUCCESS);
+  REQUIRE(cuEventDestroy(e) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(a) == CUDA_SUCCESS);
 }
 
 TEST_CASE("events order streams and time work", "[streams]") {
