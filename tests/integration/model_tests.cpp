@@ -149,8 +149,9 @@ TEST_CASE("daemon.model_a_ring_that_faults_is_retired_with_the_counters_last_pub
   reg.publish();
   const auto st = reg.store().load();
   CHECK(st->processes.empty());
-  REQUIRE(st->retired.by_gpu.size() == 1);
-  const auto& [k, row] = *st->retired.by_gpu.begin();
+  REQUIRE(st->retired);
+  REQUIRE(st->retired->by_gpu.size() == 1);
+  const auto& [k, row] = *st->retired->by_gpu.begin();
   CHECK(k.uuid == uuid_for(0x20));
   CHECK(k.job == "etl");
   CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::alloc_count)] == 5);
