@@ -514,6 +514,7 @@ __attribute__((destructor)) static void cuw_on_unload() {
 }
 
 void Tracker::on_exit() noexcept {
+  report_unsaid_ooms();
   if (config_.leaks_report) report_leaks();
   live_->sites.log_stats();
   header_->exited_ns.store(fast_clock::realtime_ns_slow(), std::memory_order_relaxed);
