@@ -70,7 +70,101 @@ std::string http_status_line(int port, const std::string& path) {
   return got.substr(0, got.find("\r\n"));
 }
 
+/// Body of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
+std::string http_body(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  const std::size_t at = got.find("\r\n\r\n");
+  return at == std::string::npos ? std::string() : got.substr(at + 4);
+}
+
+/// Times `what` occurs in `text`.
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
 }  // namespace
+
+TEST_CASE("daemon.state_stays_bounded_after_many_fake_rings") {
+  // Any user may write rings: 300 of exited pids, each with its own made-up GPUs and job,
+  // must not leave GPU rows, counter series or history behind once forgotten.
+  TempDir dir;
+  Daemon d(dir, {"--http", "127.0.0.1:0", "--exited-linger", "0.5"});
+  int port = 0;
+  REQUIRE(wait_until([&] {
+    const std::string log = slurp(d.log);
+    const std::size_t at = log.find("(port ");
+    if (at != std::string::npos) port = std::atoi(log.c_str() + at + 6);
+    return port > 0;
+  }));
+  Child child;
+  FakeRing real(d.run_dir, child.pid, child.start_time(), 64, "trainer", "real-job");
+  real.device(0, 0x10).alloc_count.store(3);
+  REQUIRE(wait_until([&] { return !d.process(child.pid).is_null(); }));
+  REQUIRE(wait_until([&] { return http_body(port, "/metrics").find("real-job") != std::string::npos; }));
+  const std::size_t metrics_before = http_body(port, "/metrics").size();
+
+  constexpr int kFakes = 300;
+  std::vector<std::unique_ptr<FakeRing>> fakes;
+  for (int i = 0; i < kFakes; ++i) {
+    const uint32_t pid = 3'000'000 + static_cast<uint32_t>(i);  // past any pid_max: never running
+    auto r = std::make_unique<FakeRing>(d.run_dir, pid, 1, 64, "spoof", ("spoof-job-" + std::to_string(i)).c_str());
+    for (int dev = 0; dev < 2; ++dev) {
+      ring::DeviceSlot& s = r->device(dev, 0xa0);
+      s.uuid[0] = static_cast<uint8_t>(i);
+      s.uuid[1] = static_cast<uint8_t>(i >> 8);
+      s.uuid[2] = static_cast<uint8_t>(dev);
+      s.alloc_count.store(1000);
+      s.used.store(10 * kMiB);
+    }
+    r->h->events_dropped.store(1);
+    fakes.push_back(std::move(r));
+  }
+  // While they are there, and after every one is forgotten: one GPU, the real one.
+  REQUIRE(wait_until([&] { return d.state()["processes"].size() > 1; }));
+  CHECK(d.state()["gpus"].size() == 1);
+  REQUIRE(wait_until([&] { return occurrences(slurp(d.log), "forgot pid 3") == kFakes; }, 30000));
+  const json st = d.state();
+  CHECK(st["processes"].size() == 1);
+  CHECK(st["gpus"].size() == 1);
+
+  const std::string metrics = http_body(port, "/metrics");
+  INFO("metrics " << metrics_before << " bytes before, " << metrics.size() << " after");
+  CHECK(metrics.find(uuid_for(0x10)) != std::string::npos);
+  CHECK(occurrences(metrics, "uuid=\"") == occurrences(metrics, "uuid=\"" + uuid_for(0x10) + "\""));
+  // Jobs' dropped-event counters: a user's first RetiredCounters::kPerUser keys, the rest in
+  // one "(others)" row; a few hundred rows of one family at most.
+  CHECK(occurrences(metrics, "spoof-job-") <= 256);
+  CHECK(metrics.find("(others)") != std::string::npos);
+  CHECK(metrics.size() < metrics_before + 256 * 300);
+
+  std::string why;
+  const auto h = cuw::proto::request(d.socket, Command::get_history, R"({"range":"day"})", 5000, &why);
+  INFO(why);
+  REQUIRE(h);
+  const json hist = json::parse(h->body);
+  CHECK(hist["gpus"].size() == 1);
+  CHECK(hist["jobs"].size() <= 1);
+
+  CHECK(occurrences(slurp(d.log), "reached the limit") == 1);
+  CHECK(d.alive());
+}
 
 TEST_CASE("daemon.sees_ring_that_existed_before_it_started_with_exact_counters") {
   TempDir dir;

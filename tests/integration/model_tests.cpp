@@ -149,8 +149,9 @@ TEST_CASE("daemon.model_a_ring_that_faults_is_retired_with_the_counters_last_pub
   reg.publish();
   const auto st = reg.store().load();
   CHECK(st->processes.empty());
-  REQUIRE(st->retired.by_gpu.size() == 1);
-  const auto& [k, row] = *st->retired.by_gpu.begin();
+  REQUIRE(st->retired);
+  REQUIRE(st->retired->by_gpu.size() == 1);
+  const auto& [k, row] = *st->retired->by_gpu.begin();
   CHECK(k.uuid == uuid_for(0x20));
   CHECK(k.job == "etl");
   CHECK(row.values[static_cast<std::size_t>(cuw::counters::Id::alloc_count)] == 5);
@@ -216,4 +217,43 @@ TEST_CASE("daemon.model_a_ring_found_is_drained_before_its_first_site_sample") {
   // The newest kSamplesKept are kept.
   for (std::size_t i = 0; i < cuw::daemon::kSamplesKept; ++i) reg.scan();
   CHECK(samples() == Samples(cuw::daemon::kSamplesKept, "2x1"));
+}
+
+TEST_CASE("daemon.model_one_uid_tracks_at_most_its_rings_and_states_share_the_retired_counters") {
+  ModelRun m;
+  Child a, b, c;
+  FakeRing ra(m.run, a.pid, a.start_time(), 64, "a", "ja");
+  FakeRing rb(m.run, b.pid, b.start_time(), 64, "b", "jb");
+  FakeRing rc(m.run, c.pid, c.start_time(), 64, "c", "jc");
+  for (FakeRing* r : {&ra, &rb, &rc}) r->device(0, 0x20).alloc_count.store(1);
+  cuw::daemon::RegistryOptions o = m.options();
+  o.max_rings_per_uid = 2;
+  cuw::daemon::Registry reg(o, m.dirfd(), nullptr);
+  reg.scan();
+  reg.publish();
+  auto st = reg.store().load();
+  CHECK(st->processes.size() == 2);  // the third waits, reported as a problem once past its grace
+  CHECK(reg.process_count() == 2);
+
+  // One process goes: its counters are retired once, then shared by every State after.
+  const std::string first = st->processes[0].file_name;
+  const uint32_t gone = st->processes[0].pid;
+  (gone == static_cast<uint32_t>(a.pid) ? a : gone == static_cast<uint32_t>(b.pid) ? b : c).kill_and_reap();
+  REQUIRE(wait_until([&] {
+    reg.scan();
+    reg.publish();
+    st = reg.store().load();
+    return std::any_of(st->processes.begin(), st->processes.end(),
+                       [&](const auto& p) { return p.file_name == first && p.exited; });
+  }));
+  CHECK(reg.remove_exited() == 1);
+  reg.publish();
+  const auto s1 = reg.store().load();
+  REQUIRE(s1->retired);
+  CHECK(s1->retired->by_gpu.size() == 1);
+  reg.publish();
+  CHECK(reg.store().load()->retired == s1->retired);  // nothing retired since: the same copy
+  // The freed place goes to the ring that waited.
+  reg.scan();
+  CHECK(reg.process_count() == 2);
 }

@@ -7,6 +7,8 @@
 //   cuw_itest_probe nocuda      touch no CUDA; print the process's thread count
 //   cuw_itest_probe fork MIB    allocate MIB, fork; the child allocates MIB/2 with its own
 //                               context, both print "ready <pid>", wait for stdin EOF, exit 0
+//   cuw_itest_probe refuse MIB N [US]  ask for MIB MiB N times in a loop (freeing what it
+//                               gets), US microseconds apart; print "refused K", exit 0
 //   cuw_itest_probe lookup MIB  look up entry points first (as the CUDA runtime does when it
 //                               starts), then as alloc
 #include <cuda.h>
@@ -55,6 +57,20 @@ int main(int argc, char** argv) {
     }
   }
   if (context()) return 1;
+  if (mode == "refuse") {
+    const long n = argc > 3 ? std::strtol(argv[3], nullptr, 10) : 1;
+    const long pause_us = argc > 4 ? std::strtol(argv[4], nullptr, 10) : 0;
+    long refused = 0;
+    for (long i = 0; i < n; ++i) {
+      if (pause_us > 0 && i > 0) ::usleep(static_cast<useconds_t>(pause_us));
+      CUdeviceptr q = 0;
+      const CUresult r = cuMemAlloc(&q, bytes);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) ++refused;
+      else if (r == CUDA_SUCCESS) cuMemFree(q);
+    }
+    std::printf("refused %ld\n", refused);
+    return 0;
+  }
   CUdeviceptr p = 0;
   const CUresult r = cuMemAlloc(&p, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {

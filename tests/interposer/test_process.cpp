@@ -273,7 +273,7 @@ TEST_CASE("with no daemon the ring is removed at exit; while running it is there
   CHECK_THAT(files[0], Catch::StartsWith("ring-" + std::to_string(c.pid) + "-"));
   struct stat st {};
   REQUIRE(::stat((dir + "/" + files[0]).c_str(), &st) == 0);
-  CHECK((st.st_mode & 0777) == 0644);
+  CHECK((st.st_mode & 0777) == 0600);  // its header holds the command line: the owner's alone
   REQUIRE(::stat(dir.c_str(), &st) == 0);
   REQUIRE(finish(c, nullptr) == 0);
   CHECK(ring_files(dir).empty());
@@ -296,6 +296,34 @@ TEST_CASE("a ring left by a killed process, with no daemon, is removed by the ne
   CHECK_THAT(left[0], Catch::StartsWith("ring-" + std::to_string(alive.pid) + "-"));
   REQUIRE(finish(alive, nullptr) == 0);
   CHECK(ring_files(dir).empty());
+}
+
+TEST_CASE("a program refused in a tight loop gets one paragraph and then a count at most once a second", "[process]") {
+  const std::string dir = make_run_dir();
+  std::string out;
+  const auto t0 = std::chrono::steady_clock::now();
+  // 2 ms apart: at least 2 s of refusals, so that the count is told during the loop too.
+  REQUIRE(run({kProbe, "refuse", "64", "1000", "2000"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=16M"}, &out) ==
+          0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(out.size() << " bytes of output in " << seconds << " s:\n" << out.substr(0, 4000));
+  CHECK(out.find("refused 1000\n") != std::string::npos);
+  std::size_t paragraphs = 0, counts = 0, told = 0;
+  for (std::size_t at = out.find("out of memory on GPU"); at != std::string::npos;
+       at = out.find("out of memory on GPU", at + 1))
+    ++paragraphs;
+  const std::string more = "cuwarden: ";
+  for (std::size_t at = out.find(" refused since the last report"); at != std::string::npos;
+       at = out.find(" refused since the last report", at + 1)) {
+    ++counts;
+    const std::size_t line = out.rfind('\n', at);
+    told += std::strtoull(out.c_str() + (line == std::string::npos ? 0 : line + 1) + more.size(), nullptr, 10);
+  }
+  CHECK(paragraphs == 1);
+  // One line a second at most, and one at exit; together they count every other refusal.
+  CHECK(counts >= 2);
+  CHECK(counts <= static_cast<std::size_t>(seconds) + 2);
+  CHECK(told == 999);
 }
 
 TEST_CASE("CUWARDEN_LOG_FILE gets every line, each with its time and process", "[process][log]") {

@@ -30,11 +30,30 @@ std::vector<GpuRow> gpu_rows(const State& st) {
   for (const JobState& j : st.jobs)
     if (j.view.cap != job::kNoLimit)
       for (const auto& m : j.view.members) in_capped_job.insert(m.pid);
+  // Rings are any user's to write, so a UUID only a ring names is a row only where NVML is
+  // not loaded, only while a process names it that runs or one that ran did (kept in
+  // gpu_index_kept, bounded), and at most kMaxRingGpus of them: fake rings of exited pids
+  // made thousands of rows.
+  std::set<std::string> from_rings;
+  if (!st.nvml) {
+    std::vector<std::string> kept, running;  // kept ones first, then those of running processes
+    for (const ProcessState& p : st.processes)
+      for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+        if (p.header.devices[d].present) {
+          std::string uuid = format_uuid(p.header.devices[d].uuid);
+          if (st.gpu_index_kept.count(uuid)) kept.push_back(std::move(uuid));
+          else if (!p.exited) running.push_back(std::move(uuid));
+        }
+    for (auto* list : {&kept, &running})
+      for (std::string& uuid : *list)
+        if (from_rings.size() < kMaxRingGpus) from_rings.insert(std::move(uuid));
+  }
   for (const ProcessState& p : st.processes) {
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const DeviceSnapshot& ds = p.header.devices[d];
       if (!ds.present) continue;
       const std::string uuid = format_uuid(ds.uuid);
+      if (st.nvml ? !gpus.count(uuid) : !from_rings.count(uuid)) continue;
       Acc& a = gpus[uuid];
       if (a.row.uuid.empty()) {
         a.row.uuid = uuid;

@@ -2,6 +2,7 @@
 // index each is known by (the state JSON's "gpu_index", Prometheus's `gpu` label).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -23,9 +24,14 @@ struct GpuRow {
   unsigned processes = 0, capped = 0;  ///< running processes using it, and those with a cap (theirs or their job's)
 };
 
-/// The GPUs of `st`: NVML's devices and every device a process's ring names, ordered by
-/// NVML's index when known, else by the lowest CUDA ordinal a process sees them at, then
-/// UUID. Pure; any thread.
+/// At most this many GPUs come from rings alone (without NVML).
+constexpr std::size_t kMaxRingGpus = 64;
+
+/// The GPUs of `st`: NVML's devices when NVML is loaded; without it, the devices that the
+/// rings of running processes name, and those of exited ones that a running process named
+/// before (State::gpu_index_kept); at most kMaxRingGpus, the kept ones first. Ordered by NVML's index when known, else by the lowest
+/// CUDA ordinal a process sees them at, then UUID. A ring's device that is not a row has no
+/// index (views leave it out of per-GPU figures). Pure; any thread.
 std::vector<GpuRow> gpu_rows(const State& st);
 
 /// uuid -> index, for rows from gpu_rows().

@@ -256,6 +256,19 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
     record("too many rings (limit " + std::to_string(opt_.max_rings) + ")", true);
     return;
   }
+  // One user's rings (the file's owner is the ring's uid: open_ring checks it) take at most
+  // max_rings_per_uid of the whole, so that no user crowds out the others.
+  if (std::count_if(procs_.begin(), procs_.end(), [&](const auto& kv) { return kv.second->uid == st.st_uid; }) >=
+      static_cast<std::ptrdiff_t>(opt_.max_rings_per_uid))
+  {
+    if (ring_limit_logged_.insert(st.st_uid).second)
+      spdlog::warn("uid {} has {} rings, its limit: further ones are not tracked until some are forgotten",
+                   st.st_uid, opt_.max_rings_per_uid);
+    record("too many rings of uid " + std::to_string(st.st_uid) + " (limit " +
+               std::to_string(opt_.max_rings_per_uid) + ")",
+           true);
+    return;
+  }
   OpenResult r = open_ring(dirfd_, name, pid, start_time);
   if (!r.view) {
     // A process this daemon cannot see is presumed alive: its ring stays, looked at again
@@ -374,17 +387,48 @@ void Registry::retire(const Process& p) {
   const RingSnapshot& h = *found;
   const std::string job = field_text(h.job, sizeof h.job);
   const auto index_of = gpu_index_of(gpu_rows(*last));
+  // Rings are any user's to write: counters count only on GPUs that are real (NVML's, or
+  // without NVML one a running process used), and one user's keys are bounded (state.hpp).
+  const bool nvml = nvml_ && nvml_->available();
+  const auto real = [&](const std::string& uuid) {
+    if (!nvml) return gpu_index_kept_.count(uuid) != 0;
+    return std::any_of(nvml_gpus_.begin(), nvml_gpus_.end(), [&](const NvmlGpu& g) { return g.uuid == uuid; });
+  };
+  std::size_t& keys = retired_keys_[p.user];
+  const auto fold = [&](const std::string& key_job, bool is_new, std::string& job_out, std::string& user_out) {
+    job_out = key_job;
+    user_out = p.user;
+    if (!is_new) return;
+    const std::size_t total = retired_.by_gpu.size() + retired_.events_dropped.size();
+    if (keys >= RetiredCounters::kPerUser || total >= RetiredCounters::kTotal) {
+      job_out = RetiredCounters::kOthers;
+      if (total >= RetiredCounters::kTotal) user_out = RetiredCounters::kOthers;
+      if (retired_limit_logged_.insert(user_out).second)
+        spdlog::warn("retired counters: {} reached the limit of {} keys; further jobs count as job \"{}\"",
+                     user_out == p.user ? "user " + p.user : std::string("all users"),
+                     user_out == p.user ? RetiredCounters::kPerUser : RetiredCounters::kTotal, RetiredCounters::kOthers);
+    } else {
+      ++keys;
+    }
+  };
   for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
     const DeviceSnapshot& ds = h.devices[d];
     if (!ds.present) continue;
     const std::string uuid = format_uuid(ds.uuid);
-    RetiredCounters::Row& row = retired_.by_gpu[{uuid, job, p.user}];
+    if (!real(uuid)) continue;
+    std::string kj, ku;
+    fold(job, !retired_.by_gpu.count({uuid, job, p.user}), kj, ku);
+    RetiredCounters::Row& row = retired_.by_gpu[{uuid, kj, ku}];
     if (auto it = index_of.find(uuid); it != index_of.end()) row.gpu_index = it->second;
     const auto values = ds.values();
     for (std::size_t i = 0; i < counters::kDeviceCount; ++i)
       if (counters::kDevice[i].type == counters::Type::counter) row.values[i] += values[i];
+    retired_changed_ = true;
   }
-  retired_.events_dropped[{job, p.user}] += h.events_dropped;
+  std::string kj, ku;
+  fold(job, !retired_.events_dropped.count({job, p.user}), kj, ku);
+  retired_.events_dropped[{kj, ku}] += h.events_dropped;
+  retired_changed_ = true;
 }
 
 void Registry::forget(const std::string& name, bool unlink_file) {
@@ -591,7 +635,13 @@ void Registry::publish() {
   std::stable_sort(st->limit_changes.begin(), st->limit_changes.end(),
                    [](const LimitChange& a, const LimitChange& b) { return a.time_ns < b.time_ns; });
   st->ooms.assign(oom_log_.begin(), oom_log_.end());
-  st->retired = retired_;
+  // Shared by every State until a process is retired: copying the whole map into each
+  // State kept the loop busy once it was large.
+  if (retired_changed_ || !retired_shared_) {
+    retired_shared_ = std::make_shared<const RetiredCounters>(retired_);
+    retired_changed_ = false;
+  }
+  st->retired = retired_shared_;
   st->events_seq = seq_;
   st->time_ns = now_ns();
   st->gpu_index_kept = gpu_index_kept_;

@@ -41,6 +41,7 @@ struct RegistryOptions {
   uint64_t exited_linger_ns = 60'000'000'000;   ///< how long exited processes stay visible
   uint64_t problem_grace_ns = 1'000'000'000;    ///< a ring being created may look broken this long
   std::size_t max_rings = 4096;                 ///< processes tracked at once
+  std::size_t max_rings_per_uid = 1024;         ///< processes of one uid tracked at once
   std::size_t max_jobs = 1024;                  ///< job segments tracked at once
   bool unlink_exited = true;                    ///< remove ring files of processes forgotten
   uint64_t nvml_refresh_ns = 500'000'000;       ///< NVML is asked at most this often by publish()
@@ -226,6 +227,11 @@ class Registry {
   unsigned restore_scans_left_ = 3;
   void take_oom_report(Process& p, const StoredEvent& ev);
   RetiredCounters retired_;
+  std::shared_ptr<const RetiredCounters> retired_shared_;  ///< what States share: retired_ when last copied
+  bool retired_changed_ = false;                           ///< retired_ changed since
+  std::map<std::string, std::size_t> retired_keys_;        ///< by user: keys of their own in retired_
+  std::set<std::string> retired_limit_logged_;             ///< users (or "(others)") told of the limit
+  std::set<uint32_t> ring_limit_logged_;                   ///< uids told of max_rings_per_uid
   StateStore store_;
   std::vector<NvmlGpu> nvml_gpus_;     ///< last NVML reading
   std::optional<uint64_t> nvml_read_mono_;  ///< when it was taken

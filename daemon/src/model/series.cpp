@@ -100,11 +100,19 @@ void SeriesStore::record(const State& st) {
 
   for (const GpuRow& r : rows) {
     GpuEntry& e = gpus_[r.uuid];
+    e.seen_t = t;
     e.index = r.index;
     e.name = r.name;
     e.total = r.total;
     e.series.add(t, {r.used, r.driver_used_known ? r.driver_used : HistoryCopy::kUnknown}, kPairMax);
   }
+  // A GPU no longer a row (one a ring named while its process ran) is forgotten after the
+  // longest range shown, and the longest unseen go first past kMaxGpus.
+  std::erase_if(gpus_, [&](const auto& kv) { return t - kv.second.seen_t > kForgetGpuS; });
+  while (gpus_.size() > kMaxGpus)
+    gpus_.erase(std::min_element(gpus_.begin(), gpus_.end(), [](const auto& a, const auto& b) {
+      return a.second.seen_t < b.second.seen_t;
+    }));
 }
 
 std::optional<HistoryCopy> SeriesStore::copy(bool day, std::optional<uint32_t> pid) const {

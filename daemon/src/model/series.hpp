@@ -174,7 +174,10 @@ class SeriesStore {
     std::string name, user;
     std::map<std::string, std::pair<int, HistoryCopy::PairSeries>> gpus;  ///< by UUID: index, series
   };
+  static constexpr uint32_t kForgetGpuS = 86400;  ///< a GPU not a row for a day is forgotten
+  static constexpr std::size_t kMaxGpus = 256;     ///< GPUs kept at most
   struct GpuEntry {
+    uint32_t seen_t = 0;  ///< when last a row (s)
     int index = -1;
     std::string name;
     uint64_t total = 0;

@@ -97,7 +97,12 @@ struct OomReport {
 /// Counter rows of counters.hpp summed over the processes the daemon has forgotten, per GPU,
 /// job and user: a Prometheus counter must not fall when the process that counted goes (an
 /// OOM-rate alert has to see the process that died of its OOM between two scrapes).
+/// Bounded (registry.cpp, retire): a user's keys past kPerUser, and anyone's past kTotal,
+/// fold into one row per GPU with job "(others)" (and, past kTotal, user "(others)").
 struct RetiredCounters {
+  static constexpr std::size_t kPerUser = 256;
+  static constexpr std::size_t kTotal = 4096;
+  static constexpr const char* kOthers = "(others)";
   struct Key {
     std::string uuid, job, user;
     auto operator<=>(const Key&) const = default;
@@ -130,7 +135,9 @@ struct State {
   std::optional<std::string> policy_file;  ///< none: no policy
   std::vector<LimitChange> limit_changes;  ///< oldest first
   std::vector<std::shared_ptr<const OomReport>> ooms;  ///< the newest kOomLog, oldest first
-  RetiredCounters retired;  ///< what forgotten processes counted (not those in `processes`)
+  /// What forgotten processes counted (not those in `processes`); shared between States and
+  /// copied only when a process is retired (null: none yet).
+  std::shared_ptr<const RetiredCounters> retired;
 };
 
 /// The latest published State. publish() and load() may be called from any thread; a

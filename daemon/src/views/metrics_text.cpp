@@ -84,7 +84,8 @@ std::string escape_label(const std::string& v) {
 }
 
 std::string metrics_text(const State& st) {
-  const RetiredCounters& retired = st.retired;
+  static const RetiredCounters kNone;
+  const RetiredCounters& retired = st.retired ? *st.retired : kNone;
   const std::vector<GpuRow> gpus = gpu_rows(st);
   const std::map<std::string, int> index_of = gpu_index_of(gpus);
   const std::string host = escape_label(st.hostname);
@@ -112,7 +113,9 @@ std::string metrics_text(const State& st) {
       const DeviceSnapshot& ds = p.header.devices[d];
       if (!ds.present) continue;
       const std::string uuid = format_uuid(ds.uuid);
-      const int index = index_of.at(uuid);
+      const auto at = index_of.find(uuid);
+      if (at == index_of.end()) continue;  // not a GPU row (gpus.hpp): a ring's word alone
+      const int index = at->second;
       const auto values = ds.values();
       Sum& s = sums[{uuid, job, p.user}];
       s.gpu_index = index;

@@ -154,7 +154,8 @@ json state_json(const State& st) {
         const uint64_t counted = p.exited ? 0 : ds.used;
         dev["outside_cap_bytes"] = known ? json(pu->second > counted ? pu->second - counted : 0) : json(nullptr);
       }
-      dev["gpu_index"] = index_of.at(uuid);
+      const auto at = index_of.find(uuid);
+      dev["gpu_index"] = at != index_of.end() ? json(at->second) : json(nullptr);  // not a GPU row (gpus.hpp)
       devices.push_back(std::move(dev));
     }
     const char* state = p.exited ? "exited" : "running";

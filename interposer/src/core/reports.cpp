@@ -93,13 +93,25 @@ void Tracker::flush_oom_report(uint64_t asked) noexcept {
   const ring::EventKind kind = p.kind;
   const uint32_t result = p.result;
   const uint64_t bytes = asked ? asked : p.bytes;
-  // At most one every few seconds: a framework that frees its cache and retries refuses
-  // again in a burst; the first paragraph says what the rest would.
-  constexpr uint64_t kEveryNs = 5'000'000'000ULL;
+  // A framework that frees its cache and retries refuses again in a burst, and a program
+  // may retry in a tight loop: the first paragraph says what the rest would, and the rest
+  // are counted in one line at most once a second (thousands of paragraphs buried the
+  // program's own output). A new paragraph after a minute: the situation may have changed.
+  constexpr uint64_t kParagraphEveryNs = 60'000'000'000ULL;
+  constexpr uint64_t kLineEveryNs = 1'000'000'000ULL;
   const uint64_t now = fast_clock::realtime_ns_slow();
   uint64_t last = live_->last_oom_report_ns.load(std::memory_order_relaxed);
-  if (last != 0 && now - last < kEveryNs) return;
-  if (!live_->last_oom_report_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  if ((last != 0 && now - last < kParagraphEveryNs) ||
+      !live_->last_oom_report_ns.compare_exchange_strong(last, now, std::memory_order_relaxed))
+  {
+    live_->oom_unsaid.fetch_add(1, std::memory_order_relaxed);
+    uint64_t line = live_->last_oom_line_ns.load(std::memory_order_relaxed);
+    if (now - line >= kLineEveryNs && live_->last_oom_line_ns.compare_exchange_strong(line, now, std::memory_order_relaxed))
+      report_unsaid_ooms();
+    return;
+  }
+  live_->last_oom_line_ns.store(now, std::memory_order_relaxed);
+  report_unsaid_ooms();  // those since the last paragraph come before the new one
   if (static_cast<unsigned>(ordinal) >= ring::kMaxDevices) return;
   try {
     const ring::DeviceSlot& d = header_->devices[ordinal];
@@ -148,6 +160,16 @@ void Tracker::flush_oom_report(uint64_t asked) noexcept {
     write_stderr(s);
   } catch (...) {
     // No memory for the paragraph: the refusal itself stands, said by its return value.
+  }
+}
+
+void Tracker::report_unsaid_ooms() noexcept {
+  const uint64_t n = live_->oom_unsaid.exchange(0, std::memory_order_relaxed);
+  if (n == 0) return;
+  try {
+    write_stderr("cuwarden: " + std::to_string(n) + (n == 1 ? " more allocation" : " more allocations") +
+                 " refused since the last report (cuwarden snapshot " + std::to_string(getpid()) + ")\n");
+  } catch (...) {
   }
 }
 

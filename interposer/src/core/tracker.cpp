@@ -174,7 +174,9 @@ void Tracker::create_ring() {
       if (const int n = paths::remove_dead_rings(dir, static_cast<uint32_t>(geteuid())))
         log::debug("cuwarden: removed %d ring(s) of processes gone from %s", n, dir.c_str());
     const std::string path = dir + "/" + paths::ring_file_name(pid, start);
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    // The owner's alone (0600): the header holds the command line. The daemon reads it as
+    // root; a daemon of another user does not count it.
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 && errno == EEXIST) {
       // A leftover of an earlier process with our pid and start time cannot exist unless
       // the clock went back; a file we do not own is not ours to reuse either way.
@@ -184,7 +186,7 @@ void Tracker::create_ring() {
                 std::strerror(errno));
     }
     if (fd >= 0) {
-      ::fchmod(fd, 0644);
+      ::fchmod(fd, 0600);
       // Every page allocated before it is mapped: on a full tmpfs the first write to a page
       // that is not would be SIGBUS in the program.
       const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
@@ -512,6 +514,7 @@ __attribute__((destructor)) static void cuw_on_unload() {
 }
 
 void Tracker::on_exit() noexcept {
+  report_unsaid_ooms();
   if (config_.leaks_report) report_leaks();
   live_->sites.log_stats();
   header_->exited_ns.store(fast_clock::realtime_ns_slow(), std::memory_order_relaxed);

@@ -375,7 +375,8 @@ class Tracker {
   /// job_refuse; or driver_error with the driver's `result`): the program's standard error
   /// gets one paragraph (what was asked, the cap, what is in use and what the pool holds,
   /// where the request came from, the top call sites, the command for the full snapshot),
-  /// at most one every few seconds. Noted here and written by flush_oom_report() when the
+  /// the first in full and again after a minute; the refusals between are counted in one
+  /// line at most once a second, and at exit (report_unsaid_ooms). Noted here and written by flush_oom_report() when the
   /// hook ends (SiteScope), outside every backend lock: writing it reads the live segment
   /// and names frames (dladdr takes the loader's lock). Without lock() held. Cold.
   void report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::EventKind kind, uint32_t result) noexcept;
@@ -384,6 +385,8 @@ class Tracker {
   void flush_oom_report(uint64_t asked) noexcept;
   /// CUWARDEN_LEAKS=report: what was never freed, by call site, to standard error (on_exit).
   void report_leaks() noexcept;
+  /// Refusals not yet told (flush_oom_report): one line saying how many, if any. on_exit.
+  void report_unsaid_ooms() noexcept;
 
   /// A pooling backend took (`added`) or gave back driver memory [base, base + bytes) on
   /// `ordinal`: its record in pool_segments() (for snapshots) and a segment_alloc /
@@ -520,7 +523,9 @@ class Tracker {
     LiveTable pool_segments;
     LiveSegment segment;
     CallSites sites;
-    std::atomic<uint64_t> last_oom_report_ns{0};
+    std::atomic<uint64_t> last_oom_report_ns{0};  ///< the last paragraph (CLOCK_REALTIME ns)
+    std::atomic<uint64_t> last_oom_line_ns{0};    ///< the last paragraph or count line
+    std::atomic<uint64_t> oom_unsaid{0};          ///< refusals since, not yet told
   };
   std::unique_ptr<Live> live_ = std::make_unique<Live>();  ///< never null
   std::unique_ptr<ArrayOwners> array_owners_ = std::make_unique<ArrayOwners>();  ///< never null
