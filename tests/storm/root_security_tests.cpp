@@ -281,6 +281,13 @@ TEST_CASE("security.one_daemon_follows_each_pods_own_run_directory_and_keeps_the
     ::chmod(d.c_str(), 01777);
   }
   Daemon d(s.dir, {"--pods-dir", "pods", "--exited-linger", "0.2"});
+  // A pod's directory made after the daemon started is found through inotify on pods/, well
+  // before the periodic full listing (every 30 s): no query (each may scan) and no other
+  // program (whose files would wake a scan) until then.
+  const std::string d_dir = pods + "/pod-d";
+  REQUIRE(::mkdir(d_dir.c_str(), 01777) == 0);
+  ::chmod(d_dir.c_str(), 01777);
+  REQUIRE(wait_until([&] { return slurp(d.log).find("pods/pod-d: followed") != std::string::npos; }, 10000));
   const auto pod_app = [&](const std::string& dir, const std::string& limit, const std::string& name) {
     return std::make_unique<App>(
         std::vector<std::string>{"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", CUWJ_APP, "hold",
@@ -332,6 +339,16 @@ TEST_CASE("security.one_daemon_follows_each_pods_own_run_directory_and_keeps_the
   CHECK(st["processes"].size() == 3);
   for (const auto& p : st["processes"]) CHECK(p["ring"].get<std::string>().find("/pod-c/") == std::string::npos);
   CHECK(d.process(static_cast<uint32_t>(hb))["devices"][0]["limit_bytes"] == 32ULL << 20);
+  // A pod that came after the daemon (pod-d, above): its program is seen too.
+  auto dd = pod_app(d_dir, "8MiB", "d");
+  REQUIRE(dd->line(20000) == "held");
+  pid_t hd = -1;
+  REQUIRE(wait_until([&] { return (hd = only_child(dd->pid)) > 0; }));
+  json pd;
+  REQUIRE(wait_until([&] { return !(pd = d.process(static_cast<uint32_t>(hd))).is_null(); }, 10000));
+  CHECK(pd["ring"].get<std::string>().rfind(d_dir + "/ring-", 0) == 0);
+  CHECK(pd["devices"][0]["limit_bytes"] == 8ULL << 20);
+  ::kill(hd, SIGKILL);
   // Pod a's program exits: its ring is removed from its own directory, b's stays.
   const std::string a_ring = pa["ring"].get<std::string>();
   ::kill(ha, SIGKILL);

@@ -207,6 +207,7 @@ class Registry {
   /// The path of the directory holding the ring of `key`.
   std::string dir_of(const std::string& key) const;
   bool pods_warned_ = false;  ///< an unsafe pods directory was reported
+  bool pods_watched_ = false;  ///< the pods directory is in watch_fd (a new pod wakes a scan)
   int exit_ep_ = -1;  ///< epoll set of the processes' pidfds (readable at exit)
   std::set<std::string> listed_rings_;  ///< the last listing's ring keys (every root's)
   /// (root label, uid) whose jobs/<uid> this daemon has made or seen

@@ -54,6 +54,7 @@ void Registry::list_pods() {
                   pods < 0 ? std::strerror(errno) : "writable by others than its owner, or not root's");
     pods_warned_ = true;
   }
+  if (safe && !pods_watched_) pods_watched_ = watch_fd_dir(opt_.watch_fd, pods) >= 0;
   DIR* d = safe ? fdopendir(dup(pods)) : nullptr;
   const std::string prefix = opt_.pods_dir + "/";
   while (dirent* e = d ? readdir(d) : nullptr) {
