@@ -315,6 +315,13 @@ TEST_CASE("security.one_daemon_follows_each_pods_own_run_directory_and_keeps_the
   CHECK(pb["devices"][0]["limit_bytes"] == 32ULL << 20);
   CHECK(pa["ring"].get<std::string>().rfind(a_dir + "/ring-", 0) == 0);
   CHECK(pb["ring"].get<std::string>().rfind(b_dir + "/ring-", 0) == 0);
+  // A snapshot reads the live segment from the process's own pod's directory: exact.
+  std::string why;
+  const auto snap = cuw::proto::request(d.socket, cuw::proto::Command::get_snapshot,
+                                        json{{"pid", hb}, {"format", "json"}}.dump(), 60000, &why);
+  REQUIRE(snap.has_value());
+  INFO(snap->body);
+  CHECK(json::parse(json::parse(snap->body)["body"].get<std::string>())["exact"] == true);
   // The same job name in two pods is two jobs, each with its own member.
   json jobs;
   REQUIRE(wait_until([&] { return (jobs = d.state()["jobs"]).size() == 2; }, 10000));

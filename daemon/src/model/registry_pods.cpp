@@ -62,8 +62,10 @@ void Registry::list_pods() {
     if (name.empty() || name[0] == '.') continue;
     const std::string label = prefix + name;
     struct stat sub{};
-    if (fstatat(pods, name.c_str(), &sub, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sub.st_mode)) continue;  // links refused
-    if (auto it = roots_.find(label); it != roots_.end() && it->second.dev == sub.st_dev && it->second.ino == sub.st_ino) {
+    // A link (or anything but a directory) is refused.
+    if (fstatat(pods, name.c_str(), &sub, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sub.st_mode)) continue;
+    if (auto it = roots_.find(label);
+        it != roots_.end() && it->second.dev == sub.st_dev && it->second.ino == sub.st_ino) {
       seen.insert(label);
       continue;
     }
