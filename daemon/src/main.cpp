@@ -60,6 +60,7 @@ constexpr uint64_t kMs = 1'000'000;
 struct Options {
   std::string socket;
   std::string run_dir;
+  std::string pods_dir;  ///< --pods-dir: a name in the run directory (or its path there)
   std::string http;
   std::vector<std::string> http_hosts;
   std::string web_root;
@@ -323,6 +324,14 @@ int run(const Options& o) {
 
   cuw::daemon::RegistryOptions ro;
   ro.run_dir = run_dir;
+  // The pods' directory is one name in the run directory: opened there without following a
+  // link, and each pod's ring path stays relative to the run directory.
+  ro.pods_dir = o.pods_dir.rfind(run_dir + "/", 0) == 0 ? o.pods_dir.substr(run_dir.size() + 1) : o.pods_dir;
+  if (!ro.pods_dir.empty() && (ro.pods_dir.find('/') != std::string::npos || ro.pods_dir[0] == '.')) {
+    spdlog::error("--pods-dir {}: must be a directory directly in the run directory {}", o.pods_dir, run_dir);
+    return 1;
+  }
+  ro.watch_fd = watching ? infd : -1;
   ro.history_per_process = std::max<std::size_t>(o.history, 1);
   ro.exited_linger_ns = static_cast<uint64_t>(std::max(0.0, o.exited_linger_s) * 1e9);
   ro.sample_every_ns = uint64_t{o.leak_sample_s} * 1'000'000'000ULL;
@@ -596,6 +605,8 @@ int main(int argc, char** argv) {
                  "set, else /run/cuwarden/cuwardend.sock)");
   app.add_option("--run-dir", o.run_dir,
                  std::string("where rings live (default: $CUWARDEN_RUN_DIR or ") + cuw::paths::kDefaultRunDir + ")");
+  app.add_option("--pods-dir", o.pods_dir,
+                 "a directory in the run directory each of whose subdirectories is a pod's own run directory");
   app.add_option("--http", o.http,
                  "serve HTTP (read only) on HOST:PORT, e.g. 127.0.0.1:9477: /metrics, the JSON API, the dashboard")
       ->check(http_address_check, "HOST:PORT");

@@ -1,6 +1,7 @@
 // cuwarden security checks that need root: one unprivileged user against another (job files,
-// the run directory), a full tmpfs mounted for the test, and pid namespaces. Each test skips,
-// saying why, when not run as root; as root it creates the two test users if missing.
+// the run directory), a full tmpfs mounted for the test, pid namespaces, and pods' own run
+// directories followed by one daemon (--pods-dir). Each test skips, saying why, when not
+// run as root; as root it creates the two test users if missing.
 #include <pwd.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -266,4 +267,101 @@ TEST_CASE("security.the_interposer_never_uses_a_run_dir_of_another_user") {
   const CmdResult r = run_cmd({CUWT_DAEMON, "--run-dir", run, "--socket", dir / "d.sock", "--no-nvml"}, {}, 10000);
   CHECK(r.status == 1);
   CHECK(r.err.find("belongs to uid") != std::string::npos);
+}
+
+TEST_CASE("security.one_daemon_follows_each_pods_own_run_directory_and_keeps_them_apart") {
+  NEED_ROOT();
+  // The node's layout on Kubernetes (cluster/kubernetes/): pods/ root's and 0755, each pod's
+  // directory made for it (sticky, 1777, by the pod's init step), a pid namespace per pod.
+  SharedRun s;
+  const std::string pods = s.run + "/pods", a_dir = pods + "/pod-a", b_dir = pods + "/pod-b";
+  REQUIRE(::mkdir(pods.c_str(), 0755) == 0);
+  for (const auto& d : {a_dir, b_dir}) {
+    REQUIRE(::mkdir(d.c_str(), 01777) == 0);
+    ::chmod(d.c_str(), 01777);
+  }
+  Daemon d(s.dir, {"--pods-dir", "pods", "--exited-linger", "0.2"});
+  // A pod's directory made after the daemon started is found through inotify on pods/, well
+  // before the periodic full listing (every 30 s): no query (each may scan) and no other
+  // program (whose files would wake a scan) until then.
+  const std::string d_dir = pods + "/pod-d";
+  REQUIRE(::mkdir(d_dir.c_str(), 01777) == 0);
+  ::chmod(d_dir.c_str(), 01777);
+  REQUIRE(wait_until([&] { return slurp(d.log).find("pods/pod-d: followed") != std::string::npos; }, 10000));
+  const auto pod_app = [&](const std::string& dir, const std::string& limit, const std::string& name) {
+    return std::make_unique<App>(
+        std::vector<std::string>{"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", CUWJ_APP, "hold",
+                                 std::to_string(8ULL << 20)},
+        std::vector<std::string>{std::string("LD_PRELOAD=") + CUWS_LIB, "CUWARDEN_RUN_DIR=" + dir,
+                                 "CUWARDEN_FAKE_MEMORY=1G", "CUWARDEN_LIMIT=" + limit, "CUWARDEN_JOB=train",
+                                 "CUWARDEN_JOB_LIMIT=512MiB"},
+        s.dir / (name + ".err"), true);
+  };
+  auto a = pod_app(a_dir, "64MiB", "a");
+  auto b = pod_app(b_dir, "32MiB", "b");
+  REQUIRE(a->line(20000) == "held");
+  REQUIRE(b->line(20000) == "held");
+  pid_t ha = -1, hb = -1;
+  REQUIRE(wait_until([&] { return (ha = only_child(a->pid)) > 0 && (hb = only_child(b->pid)) > 0; }));
+  // Both pods' programs are pid 1 in their namespaces; the daemon shows each by its host pid
+  // with its own cap, its ring in its own pod's directory.
+  json pa, pb;
+  REQUIRE(wait_until([&] {
+    pa = d.process(static_cast<uint32_t>(ha));
+    pb = d.process(static_cast<uint32_t>(hb));
+    return !pa.is_null() && !pb.is_null();
+  }, 10000));
+  CHECK(pa["devices"][0]["limit_bytes"] == 64ULL << 20);
+  CHECK(pb["devices"][0]["limit_bytes"] == 32ULL << 20);
+  CHECK(pa["ring"].get<std::string>().rfind(a_dir + "/ring-", 0) == 0);
+  CHECK(pb["ring"].get<std::string>().rfind(b_dir + "/ring-", 0) == 0);
+  // A snapshot reads the live segment from the process's own pod's directory: exact.
+  std::string why;
+  const auto snap = cuw::proto::request(d.socket, cuw::proto::Command::get_snapshot,
+                                        json{{"pid", hb}, {"format", "json"}}.dump(), 60000, &why);
+  REQUIRE(snap.has_value());
+  INFO(snap->body);
+  CHECK(json::parse(json::parse(snap->body)["body"].get<std::string>())["exact"] == true);
+  // The same job name in two pods is two jobs, each with its own member.
+  json jobs;
+  REQUIRE(wait_until([&] { return (jobs = d.state()["jobs"]).size() == 2; }, 10000));
+  for (const auto& j : jobs) {
+    CHECK(j["name"] == "train");
+    CHECK(j["members"].size() == 1);
+  }
+  // What pod a writes cannot reach pod b: a link named like b's ring, a link in pods/ to b's
+  // directory (only root could make one there) and a junk ring; none becomes a process.
+  const std::string b_ring = pb["ring"].get<std::string>();
+  const std::string b_name = b_ring.substr(b_ring.rfind('/') + 1);  // ring-1-<start>: a's may be the same
+  REQUIRE(::symlink(b_ring.c_str(), (a_dir + "/ring-7" + b_name.substr(b_name.find('-', 5))).c_str()) == 0);
+  REQUIRE(::symlink(b_dir.c_str(), (pods + "/pod-c").c_str()) == 0);
+  { std::ofstream(a_dir + "/ring-12345-1.cwr") << "not a ring"; }
+  // A scan after these is seen through a ring made later in pod a's directory.
+  auto a2 = pod_app(a_dir, "16MiB", "a2");
+  REQUIRE(a2->line(20000) == "held");
+  pid_t ha2 = -1;
+  REQUIRE(wait_until([&] { return (ha2 = only_child(a2->pid)) > 0; }));
+  REQUIRE(wait_until([&] { return !d.process(static_cast<uint32_t>(ha2)).is_null(); }, 10000));
+  const json st = d.state();
+  CHECK(st["processes"].size() == 3);
+  for (const auto& p : st["processes"]) CHECK(p["ring"].get<std::string>().find("/pod-c/") == std::string::npos);
+  CHECK(d.process(static_cast<uint32_t>(hb))["devices"][0]["limit_bytes"] == 32ULL << 20);
+  // A pod that came after the daemon (pod-d, above): its program is seen too.
+  auto dd = pod_app(d_dir, "8MiB", "d");
+  REQUIRE(dd->line(20000) == "held");
+  pid_t hd = -1;
+  REQUIRE(wait_until([&] { return (hd = only_child(dd->pid)) > 0; }));
+  json pd;
+  REQUIRE(wait_until([&] { return !(pd = d.process(static_cast<uint32_t>(hd))).is_null(); }, 10000));
+  CHECK(pd["ring"].get<std::string>().rfind(d_dir + "/ring-", 0) == 0);
+  CHECK(pd["devices"][0]["limit_bytes"] == 8ULL << 20);
+  ::kill(hd, SIGKILL);
+  // Pod a's program exits: its ring is removed from its own directory, b's stays.
+  const std::string a_ring = pa["ring"].get<std::string>();
+  ::kill(ha, SIGKILL);
+  REQUIRE(wait_until([&] { return ::access(a_ring.c_str(), F_OK) != 0; }, 10000));
+  CHECK(::access(b_ring.c_str(), F_OK) == 0);
+  CHECK(d.process(static_cast<uint32_t>(hb))["state"] == "running");
+  ::kill(hb, SIGKILL);
+  ::kill(ha2, SIGKILL);
 }

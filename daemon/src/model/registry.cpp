@@ -66,10 +66,13 @@ Registry::Registry(RegistryOptions options, int dirfd, const Nvml* nvml)
   rlimit rl{};
   fd_limit_ = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
   exit_ep_ = epoll_create1(EPOLL_CLOEXEC);  // -1: each pidfd is polled alone
+  roots_[""].fd = dirfd_;
 }
 
 Registry::~Registry() {
   procs_.clear();
+  for (auto& [label, root] : roots_)
+    if (root.fd != dirfd_) close(root.fd);
   if (exit_ep_ >= 0) close(exit_ep_);
   if (dirfd_ >= 0) close(dirfd_);
 }
@@ -80,36 +83,10 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
   // what no process claimed is of processes gone while no daemon ran.
   if (!restored_.empty() && restore_scans_left_-- == 0) restored_.clear();
   if (listing_changed || listed_mono_ == 0 || mono - listed_mono_ >= kFullScanNs) {
-    std::set<std::string> present, job_files, fallbacks;
-    const int fd = dup(dirfd_);
-    if (fd < 0) {
-      spdlog::warn("scan: dup: {}", std::strerror(errno));
-      return;
-    }
-    DIR* d = fdopendir(fd);
-    if (!d) {
-      close(fd);
-      return;
-    }
-    rewinddir(d);
-    while (dirent* ent = readdir(d)) {
-      const std::string name = ent->d_name;
-      if (name.rfind(job::kFilePrefix, 0) == 0) {
-        if (job_files.size() < opt_.max_jobs + kMaxProblems) job_files.insert(name);
-        continue;
-      }
-      if (job::parse_fallback_dir_name(name, nullptr, nullptr)) {
-        if (fallbacks.size() < kMaxProblems) fallbacks.insert(name);
-        continue;
-      }
-      if (name.rfind(paths::kRingPrefix, 0) != 0) continue;  // socket, temporary files, ...
-      present.insert(name);
-      if (present.size() > opt_.max_rings + kMaxProblems) break;
-    }
-    closedir(d);
+    std::set<std::string> present;
+    list_pods();
+    for (auto& [label, root] : roots_) list_root(label, root, present);
     listed_rings_.swap(present);
-    listed_jobs_.swap(job_files);
-    listed_fallbacks_.swap(fallbacks);
     listed_mono_ = mono;
     listing_changed = true;
   }
@@ -121,7 +98,8 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
   std::vector<std::string> replaced;
   for (const auto& [name, p] : procs_) {
     struct stat st{};
-    if (listing_changed && present.count(name) && fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+    const auto [fd, base] = locate(name);
+    if (listing_changed && present.count(name) && fd >= 0 && fstatat(fd, base.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
         (st.st_dev != p->ring->dev() || st.st_ino != p->ring->ino()))
       replaced.push_back(name);
   }
@@ -174,7 +152,7 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
     } else {
       RingSnapshot header;
       if (!p->ring->snapshot(header)) continue;
-      const ProcessIdentity who{opt_.run_dir, p->pid, p->uid, p->start_time, p->user, false, p->ns_pid};
+      const ProcessIdentity who{dir_of(name), p->pid, p->uid, p->start_time, p->user, false, p->ns_pid};
       TakenSnapshot t = take_snapshot(who, header, nullptr);
       if (!t.snap.exact) continue;
       p->sampled_events = events;  // only once a sample holds what these events did
@@ -198,7 +176,7 @@ void Registry::scan(bool listing_changed, bool retry_unchanged) {
   std::vector<JobTable::Dir> dirs = job_dirs();
   jobs_.scan(dirs, policy_.get(), mono, running_);
   for (const auto& d : dirs)
-    if (d.fd != dirfd_) close(d.fd);
+    if (std::none_of(roots_.begin(), roots_.end(), [&](const auto& r) { return r.second.fd == d.fd; })) close(d.fd);
 }
 
 std::size_t Registry::remove_exited() {
@@ -218,7 +196,8 @@ bool Registry::retry_soon() const {
 
 void Registry::try_open(const std::string& name, uint64_t mono, bool retry_unchanged) {
   struct stat st{};
-  if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished
+  const auto [dirfd, base] = locate(name);
+  if (dirfd < 0 || fstatat(dirfd, base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // vanished
   const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   auto pit = problems_.find(name);
   if (pit != problems_.end() && pit->second.dev == st.st_dev && pit->second.ino == st.st_ino &&
@@ -247,8 +226,8 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
 
   uint32_t pid = 0;
   uint64_t start_time = 0;
-  if (!paths::parse_ring_file_name(name, &pid, &start_time)) {
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, paths::kRingSuffix) == 0)
+  if (!paths::parse_ring_file_name(base, &pid, &start_time)) {
+    if (base.size() > 4 && base.compare(base.size() - 4, 4, paths::kRingSuffix) == 0)
       record("malformed ring file name", false);
     return;  // a temporary file or something else that merely starts with "ring-"
   }
@@ -269,7 +248,7 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
            true);
     return;
   }
-  OpenResult r = open_ring(dirfd_, name, pid, start_time);
+  OpenResult r = open_ring(dirfd, base, pid, start_time);
   if (!r.view) {
     // A process this daemon cannot see is presumed alive: its ring stays, looked at again
     // every few seconds (its namespace may become visible), never every scan.
@@ -357,7 +336,7 @@ void Registry::drop_faulted(const std::string& name, const char* what) {
   pr.reason = std::string("ring ") + what + " (truncated or rewritten under the daemon); dropped";
   pr.first_seen_mono = mono_ns();
   struct stat st{};
-  if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (const auto [fd, base] = locate(name); fd >= 0 && fstatat(fd, base.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
     pr.dev = st.st_dev;
     pr.ino = st.st_ino;
     pr.size = st.st_size;
@@ -436,19 +415,20 @@ void Registry::forget(const std::string& name, bool unlink_file) {
   if (it == procs_.end()) return;
   Process& p = *it->second;
   drain_one(p, now_ns(), nullptr, nullptr);  // last events of this ring; a fault changes nothing here
-  if (unlink_file && p.ring) {
+  const auto [dirfd, base] = locate(name);
+  if (unlink_file && p.ring && dirfd >= 0) {
     struct stat st{};
     // Only the file we mapped: not a new ring that reused the name.
-    if (fstatat(dirfd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == p.ring->dev() &&
+    if (fstatat(dirfd, base.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == p.ring->dev() &&
         st.st_ino == p.ring->ino())
     {
-      unlinkat(dirfd_, name.c_str(), 0);  // failure is fine: not our file to insist on
+      unlinkat(dirfd, base.c_str(), 0);  // failure is fine: not our file to insist on
       // The live segment beside it, if it is the same owner's.
       const std::string live_name = live::file_name(p.ns_pid, p.start_time);
       struct stat ls{};
-      if (fstatat(dirfd_, live_name.c_str(), &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(ls.st_mode) &&
+      if (fstatat(dirfd, live_name.c_str(), &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(ls.st_mode) &&
           ls.st_uid == st.st_uid)
-        unlinkat(dirfd_, live_name.c_str(), 0);
+        unlinkat(dirfd, live_name.c_str(), 0);
     }
   }
   spdlog::info("forgot pid {} ({})", p.pid, name);
@@ -511,7 +491,7 @@ void Registry::take_oom_report(Process& p, const StoredEvent& ev) {
   rep->process_name = field_text(header.comm, sizeof header.comm);
   rep->user = p.user;
   rep->event = ev;
-  const ProcessIdentity who{opt_.run_dir, p.pid, p.uid, p.start_time, p.user, p.exited, p.ns_pid};
+  const ProcessIdentity who{dir_of(p.file_name), p.pid, p.uid, p.start_time, p.user, p.exited, p.ns_pid};
   const auto history = p.history.view();
   rep->snapshot = take_snapshot(who, header, history.get(), 2000);
   spdlog::info("pid {}: out of memory ({} bytes asked on device {}); report kept{}", p.pid, ev.e.bytes,

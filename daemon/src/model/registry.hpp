@@ -37,6 +37,11 @@ namespace cuw::daemon {
 
 struct RegistryOptions {
   std::string run_dir;
+  /// A directory in run_dir (one name) each of whose subdirectories is a pod's run directory
+  /// of its own, followed as run_dir is (Kubernetes: each pod mounts only its own); "": none.
+  std::string pods_dir;
+  /// An inotify descriptor to which the pods' directories are added as they are found (-1: none).
+  int watch_fd = -1;
   std::size_t history_per_process = 10000;      ///< events kept per process
   uint64_t exited_linger_ns = 60'000'000'000;   ///< how long exited processes stay visible
   uint64_t problem_grace_ns = 1'000'000'000;    ///< a ring being created may look broken this long
@@ -182,16 +187,38 @@ class Registry {
 
   RegistryOptions opt_;
   int dirfd_;
+  /// A directory that holds rings and job files: the run directory (label "") and, with
+  /// pods_dir, each pod's (label "<pods_dir>/<name>"). A ring's key in procs_ and problems_
+  /// is its label, a slash and its name (the name alone in the run directory): the path
+  /// relative to the run directory (registry_pods.cpp).
+  struct Root {
+    int fd = -1;                    ///< dirfd_ for the run directory, else owned
+    int watch = -1;                 ///< its inotify watch (-1: none)
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::set<std::string> jobs, fallbacks;  ///< the last listing's names there
+  };
+  std::map<std::string, Root> roots_;  ///< by label
+  /// Opens the pods' directories that appeared (a symlink refused) and closes those gone.
+  void list_pods();
+  /// Lists `root`: its rings' keys into `rings`, its job files and fallback directories.
+  void list_root(const std::string& label, Root& root, std::set<std::string>& rings);
+  /// The directory descriptor and file name of a ring's key; fd -1 when its directory is gone.
+  std::pair<int, std::string> locate(const std::string& key) const;
+  /// The path of the directory holding the ring of `key`.
+  std::string dir_of(const std::string& key) const;
+  bool pods_warned_ = false;  ///< an unsafe pods directory was reported
+  bool pods_watched_ = false;  ///< the pods directory is in watch_fd (a new pod wakes a scan)
   int exit_ep_ = -1;  ///< epoll set of the processes' pidfds (readable at exit)
-  std::set<std::string> listed_rings_, listed_jobs_;  ///< the last listing's names
-  std::set<std::string> listed_fallbacks_;            ///< jobs-<uid>-<n> names of the last listing
-  std::set<uint32_t> job_dirs_made_;                  ///< uids whose jobs/<uid> this daemon has made or seen
+  std::set<std::string> listed_rings_;  ///< the last listing's ring keys (every root's)
+  /// (root label, uid) whose jobs/<uid> this daemon has made or seen
+  std::set<std::pair<std::string, uint32_t>> job_dirs_made_;
   /// The directories holding job files now (registry_jobs.cpp): the run directory (the
   /// previous layout), each user's jobs/<uid> and each jobs-<uid>-<n>, each opened without
   /// following a link and used only when it is its user's and mode 0700. A root daemon
   /// renames aside what occupies one of those names for another user (and logs it), and
-  /// makes jobs/ and jobs/<uid> for every user whose ring it has seen. The caller closes
-  /// every fd but dirfd_.
+  /// makes jobs/ and jobs/<uid> for every user whose ring it has seen; in every root. The
+  /// caller closes every fd but the roots'.
   std::vector<JobTable::Dir> job_dirs();
   uint64_t listed_mono_ = 0;                          ///< when it was read (0: never)
   const Nvml* nvml_;

@@ -118,45 +118,54 @@ std::vector<JobTable::Dir> Registry::job_dirs() {
   const bool root = geteuid() == 0;
   const std::size_t cap = opt_.max_jobs + 1024;
   std::vector<JobTable::Dir> dirs;
-  dirs.push_back({"", dirfd_, -1, listed_jobs_});  // the previous layout's files
+  for (const auto& [label, r] : roots_) {
+    const std::string prefix = label.empty() ? "" : label + "/";
+    if (dirs.size() >= kMaxJobDirs) break;
+    dirs.push_back({label, r.fd, -1, r.jobs});  // the previous layout's files
 
-  if (const int jobs = open_jobs_root(dirfd_, root); jobs >= 0) {
-    if (root)
-      for (const auto& [name, p] : procs_) {
-        if (p->exited || job_dirs_made_.count(p->uid) || job_dirs_made_.size() >= kMaxJobDirs) continue;
-        // Made once it is there and the user's; tried again each scan until then (what
-        // another user put under its name is renamed aside below).
-        make_user_dir(jobs, p->uid);
-        struct stat st{};
-        if (fstatat(jobs, std::to_string(p->uid).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
-            st.st_uid == p->uid)
-          job_dirs_made_.insert(p->uid);
+    if (const int jobs = open_jobs_root(r.fd, root); jobs >= 0) {
+      if (root)
+        for (const auto& [name, p] : procs_) {
+          // A user's directory in the root its rings are in (a key's label is all before its last slash).
+          const std::size_t slash = name.rfind('/');
+          if (p->exited || (slash == std::string::npos ? "" : name.substr(0, slash)) != label ||
+              job_dirs_made_.count({label, p->uid}) || job_dirs_made_.size() >= kMaxJobDirs)
+            continue;
+          // Made once it is there and the user's; tried again each scan until then (what
+          // another user put under its name is renamed aside below).
+          make_user_dir(jobs, p->uid);
+          struct stat st{};
+          if (fstatat(jobs, std::to_string(p->uid).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode) &&
+              st.st_uid == p->uid)
+            job_dirs_made_.insert({label, p->uid});
+        }
+      const int list_fd = dup(jobs);
+      if (DIR* d = list_fd >= 0 ? fdopendir(list_fd) : nullptr) {
+        rewinddir(d);
+        while (dirent* e = readdir(d)) {
+          char* end = nullptr;
+          const std::string name = e->d_name;
+          if (name.empty() || name[0] < '0' || name[0] > '9' || name.size() > 10) continue;
+          const unsigned long long uid = std::strtoull(name.c_str(), &end, 10);
+          if (*end != '\0' || uid > 0xffffffffULL || std::to_string(uid) != name) continue;
+          const std::string rel = prefix + job::kJobsDir + "/" + name;
+          const int fd = open_job_dir(jobs, prefix + job::kJobsDir + "/", name, static_cast<uint32_t>(uid), root);
+          if (fd < 0) continue;
+          dirs.push_back({rel, fd, static_cast<int64_t>(uid), job_names(fd, cap)});
+          if (dirs.size() >= kMaxJobDirs) break;
+        }
+        closedir(d);
+      } else if (list_fd >= 0) {
+        close(list_fd);
       }
-    const int list_fd = dup(jobs);
-    if (DIR* d = list_fd >= 0 ? fdopendir(list_fd) : nullptr) {
-      rewinddir(d);
-      while (dirent* e = readdir(d)) {
-        char* end = nullptr;
-        const std::string name = e->d_name;
-        if (name.empty() || name[0] < '0' || name[0] > '9' || name.size() > 10) continue;
-        const unsigned long long uid = std::strtoull(name.c_str(), &end, 10);
-        if (*end != '\0' || uid > 0xffffffffULL || std::to_string(uid) != name) continue;
-        const int fd = open_job_dir(jobs, std::string(job::kJobsDir) + "/", name, static_cast<uint32_t>(uid), root);
-        if (fd < 0) continue;
-        dirs.push_back({std::string(job::kJobsDir) + "/" + name, fd, static_cast<int64_t>(uid), job_names(fd, cap)});
-        if (dirs.size() >= kMaxJobDirs) break;
-      }
-      closedir(d);
-    } else if (list_fd >= 0) {
-      close(list_fd);
+      close(jobs);
     }
-    close(jobs);
-  }
-  for (const auto& name : listed_fallbacks_) {
-    uint32_t uid = 0;
-    if (dirs.size() >= kMaxJobDirs || !job::parse_fallback_dir_name(name, &uid, nullptr)) continue;
-    const int fd = open_job_dir(dirfd_, "", name, uid, root);
-    if (fd >= 0) dirs.push_back({name, fd, static_cast<int64_t>(uid), job_names(fd, cap)});
+    for (const auto& name : r.fallbacks) {
+      uint32_t uid = 0;
+      if (dirs.size() >= kMaxJobDirs || !job::parse_fallback_dir_name(name, &uid, nullptr)) continue;
+      const int fd = open_job_dir(r.fd, prefix, name, uid, root);
+      if (fd >= 0) dirs.push_back({prefix + name, fd, static_cast<int64_t>(uid), job_names(fd, cap)});
+    }
   }
   return dirs;
 }

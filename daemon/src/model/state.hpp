@@ -30,7 +30,9 @@ using SiteSamples = std::vector<std::shared_ptr<const Snapshot>>;
 
 /// One interposed process: what the daemon tracks and a copy of its ring header.
 struct ProcessState {
-  std::string file_name;  ///< the ring's file name in the run directory
+  /// The ring's path relative to the run directory: its file name, or in a pod's directory
+  /// (--pods-dir) "<pods dir>/<pod>/<file name>".
+  std::string file_name;
   uint32_t pid = 0;       ///< in the daemon's pid namespace
   uint32_t ns_pid = 0;    ///< in the process's own (its files' names; header.pid)
   uint32_t uid = 0;       ///< the ring file's owner (checked against the header at discovery)
@@ -165,5 +167,12 @@ class StateStore {
   std::shared_ptr<const State> state_ = std::make_shared<const State>();
   std::atomic<uint64_t> generation_{0};
 };
+
+/// The directory holding `p`'s ring and live segment: `run_dir`, or the pod's directory in
+/// it (everything in p.file_name before its last slash).
+inline std::string ring_dir(const std::string& run_dir, const ProcessState& p) {
+  const std::size_t slash = p.file_name.rfind('/');
+  return slash == std::string::npos ? run_dir : run_dir + "/" + p.file_name.substr(0, slash);
+}
 
 }  // namespace cuw::daemon

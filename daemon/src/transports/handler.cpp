@@ -151,7 +151,8 @@ Server::Reply handle_request(const Backend& backend, const Peer& peer, uint16_t 
                                                   " is another user's process (its owner or root may take its snapshot)"},
                                     {"refused", true}}
                                    .dump()};
-        taken = take_snapshot(ProcessIdentity{st->run_dir, p->pid, p->uid, p->start_time, p->user, p->exited, p->ns_pid},
+        taken = take_snapshot(ProcessIdentity{ring_dir(st->run_dir, *p), p->pid, p->uid, p->start_time, p->user,
+                                              p->exited, p->ns_pid},
                               p->header, p->history.get());
       }
       if (backend.symbolize) symbolize(taken, *backend.symbolize);

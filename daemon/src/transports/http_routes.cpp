@@ -145,7 +145,8 @@ HttpResponse HttpApi::snapshot(const HttpRequest& req, uint32_t pid) const {
   for (const ProcessState& ps : st->processes)
     if (ps.pid == pid && (!p || (p->exited && !ps.exited))) p = &ps;
   if (!p) return error(404, "no such process: " + std::to_string(pid));
-  TakenSnapshot taken = take_snapshot(ProcessIdentity{st->run_dir, p->pid, p->uid, p->start_time, p->user, p->exited, p->ns_pid},
+  TakenSnapshot taken = take_snapshot(ProcessIdentity{ring_dir(st->run_dir, *p), p->pid, p->uid, p->start_time, p->user,
+                                                      p->exited, p->ns_pid},
                                       p->header, p->history.get());
   if (symbolize_) symbolize(taken, *symbolize_);
   HttpResponse r;
