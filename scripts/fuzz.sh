@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 secs=${1:-10}
 shift || true
-all_targets=(fuzz_ring fuzz_daemon_ring fuzz_server fuzz_http fuzz_recv_message fuzz_size fuzz_env fuzz_live fuzz_oom_store)
+all_targets=(fuzz_ring fuzz_daemon_ring fuzz_server fuzz_http fuzz_recv_message fuzz_size fuzz_env fuzz_live fuzz_oom_store fuzz_job_file fuzz_policy fuzz_modules)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 
@@ -31,6 +31,9 @@ max_len() {
     fuzz_ring|fuzz_daemon_ring) echo 40000 ;;   # header (16 KiB) + some slots
     fuzz_live) echo 20000 ;;                     # header (4 KiB) + a table and a log
     fuzz_oom_store) echo 20000 ;;                # a report with a few sites and events
+    fuzz_job_file) echo 16384 ;;                 # flags + header + 64 members (the rest padded with 0)
+    fuzz_policy) echo 4096 ;;                    # a policy file with a few sections
+    fuzz_modules) echo 32768 ;;                  # a modules log, request or reply; a small ELF file
     fuzz_server|fuzz_recv_message|fuzz_http) echo 8192 ;;
     *) echo 512 ;;
   esac

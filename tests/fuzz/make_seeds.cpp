@@ -5,9 +5,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "cuw/job.hpp"
+#include "cuw/live.hpp"
 #include "fuzz_support.hpp"
 
 using namespace cuw;
@@ -25,6 +29,78 @@ void put(const std::string& dir, const std::string& name, std::string bytes, boo
 }
 
 std::string bytes_of(const std::vector<unsigned char>& v) { return std::string(v.begin(), v.end()); }
+
+std::string read_all(const std::string& path) {
+  std::string out;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return out;
+  char buf[65536];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+/// Job files as members leave them: this process and a dead one on two GPUs, one with a cap.
+void job_seeds(const std::string& dir) {
+  char tmpl[] = "/tmp/cuwseeds-XXXXXX";
+  if (!mkdtemp(tmpl)) return;
+  const std::string tmp = tmpl;
+  const auto uid = static_cast<uint32_t>(getuid());
+  std::string err;
+  job::Segment* seg = job::Segment::open(tmp, uid, "seed", true, &err);
+  if (!seg) {
+    std::fprintf(stderr, "job seed: %s\n", err.c_str());
+    return;
+  }
+  const std::string file = tmp + "/" + job::file_name(uid, "seed");
+  put(dir, "empty", "\x00" + read_all(file), true);
+  const uint8_t uuid0[16] = {1, 2, 3}, uuid1[16] = {4, 5, 6};
+  const int g0 = seg->gpu_index(uuid0, 80ull << 30), g1 = seg->gpu_index(uuid1, 40ull << 30);
+  const auto pid = static_cast<uint32_t>(getpid());
+  const int me = seg->join(pid, paths::process_start_time(pid), 8ull << 30, 1700000000000000000ull);
+  const int dead = seg->join(4242, 99, job::kNoLimit, 1700000000000000000ull);
+  if (me >= 0 && dead >= 0) {
+    (void)seg->charge(me, g0, 1ull << 30);
+    (void)seg->charge(dead, g1, 2ull << 30);
+  }
+  const std::string two = read_all(file);
+  put(dir, "two_members", "\x00" + two, true);
+  put(dir, "two_members_policy", "\x04" + two, true);
+  put(dir, "two_members_lower_only", "\x0c" + two, true);
+  put(dir, "short", "\x02" + two.substr(0, 5000), false);
+  delete seg;
+  unlink(file.c_str());
+  rmdir(tmp.c_str());
+}
+
+/// A live segment's module record, as the interposer appends it.
+std::string module_record(uint64_t start, uint64_t end, uint64_t bias, const std::string& path, const char* build_id) {
+  live::ModuleRecord r{};
+  r.path_len = static_cast<uint32_t>(path.size());
+  r.size = static_cast<uint32_t>(sizeof r + ((path.size() + 7) & ~std::size_t{7}));
+  r.start = start;
+  r.end = end;
+  r.bias = bias;
+  std::strncpy(r.build_id, build_id, sizeof r.build_id - 1);
+  std::string out(reinterpret_cast<const char*>(&r), sizeof r);
+  out += path;
+  out.resize(r.size, '\0');
+  return out;
+}
+
+void module_seeds(const std::string& dir) {
+  const std::string libc = module_record(0x7f0000000000, 0x7f0000200000, 0x7f0000000000,
+                                         "/usr/lib/x86_64-linux-gnu/libc.so.6", "0123456789abcdef0123456789abcdef01234567");
+  const std::string app = module_record(0x555555554000, 0x555555600000, 0x555555554000, "/opt/app/bin/train", "");
+  put(dir, "log_two", std::string(1, '\0') + libc + app, false);
+  put(dir, "log_torn", std::string(1, '\0') + libc + app.substr(0, 40), false);
+  put(dir, "request", "\x01{\"uid\":1000,\"cpu_seconds\":6,\"modules\":[[139637976727552,139637978824704,"
+                      "139637976727552,\"/usr/lib/x86_64-linux-gnu/libc.so.6\",\"0123abcd\"]],"
+                      "\"pcs\":[139637976731648,139637976731700]}", false);
+  put(dir, "request_float", "\x01{\"uid\":1000,\"modules\":[[1e30,2,3,\"/a\",\"\"]],\"pcs\":[1]}", false);
+  put(dir, "reply", "\x0a[0,[[\"main\",\"/src/main.cc\",42],[\"inlined\",\"/src/a.h\",7]]]\n"
+                    "[1,[[\"f\",\"\",0]]]\n[1,[[\"again\",\"\",1]]]\n[9,[]]\nnot json\n[0,", false);
+}
 
 }  // namespace
 
@@ -108,5 +184,7 @@ int main(int argc, char** argv) {
     put(root + "/fuzz_server", "direct_" + name, std::string("\x03\x00", 2) + body, false);
     put(root + "/fuzz_server", name, fuzz::frame(sl, 20, body), false);
   }
+  job_seeds(root + "/fuzz_job_file");
+  module_seeds(root + "/fuzz_modules");
   return 0;
 }

@@ -164,3 +164,17 @@ TEST_CASE("policy: precedence is user, then the lowest of the user's groups, the
     CHECK(p.for_user(4000000).max_limit->resolve(0) == kGiB);
   }
 }
+
+TEST_CASE("policy: a character the TOML parser mishandles is refused with its place") {
+  // toml++ 3.3.0 reaches __builtin_unreachable on U+00A1..U+0499 and U+FB56..U+FEFE where it
+  // records a key or value (the fuzzer's input: a table header; a user name with an accent).
+  CHECK_THAT(errors_of("[defFFF\xc4\xb9" "FF]\nlimit = \"1G\"\n"),
+             Catch::StartsWith("p.toml:1:8: character U+0139 is not accepted"));
+  CHECK_THAT(errors_of("[default]\nlimit = \"1G\"\n[user.jos\xc3\xa9]\nlimit = \"2G\"\n"),
+             Catch::StartsWith("p.toml:3:10: character U+00E9"));
+  CHECK_THAT(errors_of("# caf\xc3\xa9\n[default]\nlimit = \"1G\"\n"), Catch::StartsWith("p.toml:1:6: character U+00E9"));
+  CHECK_THAT(errors_of("[default]\nlimit = 1\xef\xbb\xbd\n"), Catch::StartsWith("p.toml:2:10: character U+FEFD"));
+  // Outside those ranges, and as an escape in a quoted key, it parses.
+  CHECK(errors_of("# \xe6\x97\xa5\xe6\x9c\xac\n[default]\nlimit = \"1G\"\n").empty());
+  CHECK(errors_of("[default]\nlimit = \"1G\"\n[user.\"jos\\u00E9\"]\nlimit = \"2G\"\n").empty());
+}

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "model/fault_guard.hpp"
+#include "model/symbolize_worker.hpp"
 #include "model/symbolizer.hpp"
 
 using cuw::daemon::ModuleInfo;
@@ -484,4 +485,50 @@ TEST_CASE("resolve cost, cold and cached", "[symbolizer]") {
       "%.1f MiB, libc %.1f MiB\n",
       static_cast<double>(fs::file_size(modules.front().path)) / (1 << 20), cold, open_file, cached, modules.size(),
       cold_libc, heap1 - heap0, heap2 - heap1);
+}
+
+TEST_CASE("the worker's request takes unsigned integers only, and a uid of 32 bits", "[symbolizer]") {
+  using cuw::daemon::parse_symbolize_request;
+  using cuw::daemon::SymbolizeRequest;
+  SymbolizeRequest r;
+  r.uid = 1000;
+  r.cpu_seconds = 6;
+  r.modules.push_back({0x7f0000000000, 0x7f0000200000, 0x7f0000000000, "/lib/x.so", "ab12"});
+  r.pcs = {0x7f0000001000, 0x7f0000001004};
+  SymbolizeRequest back;
+  REQUIRE(parse_symbolize_request(cuw::daemon::symbolize_request_text(r), &back));
+  CHECK(back.uid == 1000);
+  CHECK(back.cpu_seconds == 6);
+  CHECK(back.pcs == r.pcs);
+  REQUIRE(back.modules.size() == 1);
+  CHECK(back.modules[0].path == "/lib/x.so");
+  CHECK(back.modules[0].build_id == "ab12");
+  CHECK(back.modules[0].end == 0x7f0000200000);
+  // A float out of uint64_t's range (converting it is undefined), a negative number, a uid
+  // that would wrap to 0 (root), a module of the wrong shape: refused, *out untouched.
+  for (const char* bad : {R"({"uid":1000,"modules":[[1e30,2,3,"/a",""]],"pcs":[1]})",
+                          R"({"uid":1000,"modules":[],"pcs":[1e300]})",
+                          R"({"uid":1000,"cpu_seconds":1e300,"modules":[],"pcs":[]})",
+                          R"({"uid":1000,"modules":[[-1,2,3,"/a",""]],"pcs":[]})",
+                          R"({"uid":4294967296,"modules":[],"pcs":[]})", R"({"uid":-1,"modules":[],"pcs":[]})",
+                          R"({"uid":1000,"modules":[[1,2,3,"/a"]],"pcs":[]})", R"({"uid":1000,"pcs":[]})", "[1]", ""}) {
+    INFO(bad);
+    SymbolizeRequest out;
+    out.uid = 77;
+    CHECK(!parse_symbolize_request(bad, &out));
+    CHECK(out.uid == 77);
+  }
+}
+
+TEST_CASE("the worker's reply names each pc once, within bounds", "[symbolizer]") {
+  std::vector<std::vector<cuw::daemon::SnapFrame>> named(2);
+  std::string pending = "[0,[[\"main\",\"/src/a.cc\",42]]]\n[0,[[\"again\",\"\",1]]]\n[5,[[\"x\",\"\",1]]]\n"
+                        "[1,[[\"f\",\"\",-3]]]\nnot json\n[1,[[\"" + std::string(10000, 'n') + "\",\"\",7]]]\n[0,";
+  CHECK(cuw::daemon::take_symbolize_reply(pending, named) == 2);
+  CHECK(pending == "[0,");
+  REQUIRE(named[0].size() == 1);
+  CHECK(named[0][0].function == "main");
+  CHECK(named[0][0].line == 42);
+  REQUIRE(named[1].size() == 1);
+  CHECK(named[1][0].function.size() == 4096);
 }

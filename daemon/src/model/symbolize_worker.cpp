@@ -45,7 +45,7 @@ namespace {
 constexpr std::size_t kMaxRequestBytes = 64u << 20;
 constexpr std::size_t kMaxReplyBytes = 64u << 20;  ///< what the daemon reads back at most
 constexpr std::size_t kMaxText = 4096;             ///< a name or file the daemon keeps, bytes
-constexpr rlim_t kAddressSpace = rlim_t{1} << 30;
+[[maybe_unused]] constexpr rlim_t kAddressSpace = rlim_t{1} << 30;  // unused under a sanitizer (below)
 
 // ---- the worker ------------------------------------------------------------------------------
 
@@ -98,6 +98,10 @@ void limit(int resource, rlim_t value) {
   if (setrlimit(resource, &rl) != 0) die("setrlimit");
 }
 
+/// Argument `n` compared by `op` (SCMP_A0..SCMP_A5 without their compound literals, which
+/// clang's -Wpedantic refuses in C++): for SCMP_CMP_MASKED_EQ, `a` is the mask, `b` the value.
+scmp_arg_cmp arg(unsigned n, scmp_compare op, scmp_datum_t a, scmp_datum_t b = 0) { return scmp_arg_cmp{n, op, a, b}; }
+
 /// The calls libdw, the allocator and this loop make; anything else fails with EPERM.
 void install_seccomp() {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
@@ -113,17 +117,99 @@ void install_seccomp() {
                  SCMP_SYS(fcntl)})
     rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
   // Writes to stdout (the reply) and stderr (the daemon's log) only.
-  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(write), 1, SCMP_A0(SCMP_CMP_EQ, 1));
-  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(write), 1, SCMP_A0(SCMP_CMP_EQ, 2));
+  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(write), 1, arg(0, SCMP_CMP_EQ, 1));
+  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(write), 1, arg(0, SCMP_CMP_EQ, 2));
   // Opens for reading only: no O_WRONLY/O_RDWR, no O_CREAT, no O_TMPFILE.
   const scmp_datum_t bad = O_ACCMODE | O_CREAT | (O_TMPFILE & ~O_DIRECTORY);
-  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(openat), 1, SCMP_A2(SCMP_CMP_MASKED_EQ, bad, 0));
-  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(open), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, bad, 0));
+  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(openat), 1, arg(2, SCMP_CMP_MASKED_EQ, bad, 0));
+  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(open), 1, arg(1, SCMP_CMP_MASKED_EQ, bad, 0));
   if (rc != 0 || seccomp_load(ctx) != 0) die("seccomp");
   seccomp_release(ctx);
 }
 
 }  // namespace
+
+// ---- the request and the reply ---------------------------------------------------------------
+
+bool parse_symbolize_request(std::string_view text, SymbolizeRequest* out) {
+  const nlohmann::json req = nlohmann::json::parse(text, nullptr, false);
+  if (!req.is_object()) return false;
+  // Unsigned integers only: get<uint64_t>() of a float out of range is undefined, and a uid
+  // above 32 bits would wrap (to 0: root).
+  auto word = [](const nlohmann::json& j, uint64_t* v) {
+    if (!j.is_number_unsigned()) return false;
+    *v = j.get<uint64_t>();
+    return true;
+  };
+  SymbolizeRequest r;
+  uint64_t uid = 0;
+  const auto u = req.find("uid");
+  if (u == req.end() || !word(*u, &uid) || uid > UINT32_MAX) return false;
+  r.uid = static_cast<uint32_t>(uid);
+  if (const auto c = req.find("cpu_seconds"); c != req.end() && !word(*c, &r.cpu_seconds)) return false;
+  const auto mods = req.find("modules");
+  const auto pcs = req.find("pcs");
+  if (mods == req.end() || !mods->is_array() || pcs == req.end() || !pcs->is_array()) return false;
+  for (const auto& m : *mods) {
+    ModuleInfo mi;
+    if (!m.is_array() || m.size() != 5 || !word(m[0], &mi.start) || !word(m[1], &mi.end) || !word(m[2], &mi.bias) ||
+        !m[3].is_string() || !m[4].is_string())
+      return false;
+    mi.path = m[3].get<std::string>();
+    mi.build_id = m[4].get<std::string>();
+    r.modules.push_back(std::move(mi));
+  }
+  for (const auto& p : *pcs) {
+    uint64_t pc = 0;
+    if (!word(p, &pc)) return false;
+    r.pcs.push_back(pc);
+  }
+  *out = std::move(r);
+  return true;
+}
+
+std::string symbolize_request_text(const SymbolizeRequest& r) {
+  nlohmann::json req;
+  req["uid"] = r.uid;
+  req["cpu_seconds"] = r.cpu_seconds;
+  nlohmann::json mods = nlohmann::json::array();
+  for (const ModuleInfo& m : r.modules) mods.push_back(nlohmann::json::array({m.start, m.end, m.bias, m.path, m.build_id}));
+  req["modules"] = std::move(mods);
+  req["pcs"] = r.pcs;
+  return req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::size_t take_symbolize_reply(std::string& pending, std::vector<std::vector<SnapFrame>>& named) {
+  std::size_t answered = 0;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t nl = pending.find('\n', start);
+    if (nl == std::string::npos) break;
+    const auto j = nlohmann::json::parse(pending.begin() + static_cast<std::ptrdiff_t>(start),
+                                         pending.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+    start = nl + 1;
+    if (!j.is_array() || j.size() != 2 || !j[0].is_number_unsigned() || !j[1].is_array()) continue;
+    const auto i = j[0].get<uint64_t>();
+    if (i >= named.size() || !named[i].empty()) continue;
+    std::vector<SnapFrame> frames;
+    for (const auto& f : j[1]) {
+      if (frames.size() >= Symbolizer::kMaxInlineFrames) break;
+      if (!f.is_array() || f.size() != 3 || !f[0].is_string() || !f[1].is_string() || !f[2].is_number_unsigned())
+        continue;
+      SnapFrame s;
+      s.function = f[0].get<std::string>().substr(0, kMaxText);
+      s.file = f[1].get<std::string>().substr(0, kMaxText);
+      s.line = static_cast<uint32_t>(std::min<uint64_t>(f[2].get<uint64_t>(), UINT32_MAX));
+      frames.push_back(std::move(s));
+    }
+    if (!frames.empty()) {
+      named[i] = std::move(frames);
+      ++answered;
+    }
+  }
+  pending.erase(0, start);
+  return answered;
+}
 
 int symbolize_worker_main() {
   // The request, whole, before anything else: the daemon writes it and closes the pipe.
@@ -140,20 +226,12 @@ int symbolize_worker_main() {
     if (n < 0) return 66;
     break;
   }
-  const nlohmann::json req = nlohmann::json::parse(in, nullptr, false);
-  if (!req.is_object() || !req.contains("uid") || !req["uid"].is_number_unsigned()) return 65;
-  std::vector<ModuleInfo> modules;
-  std::vector<uint64_t> pcs;
-  try {
-    for (const auto& m : req.at("modules"))
-      modules.push_back(ModuleInfo{m.at(0).get<uint64_t>(), m.at(1).get<uint64_t>(), m.at(2).get<uint64_t>(),
-                                   m.at(3).get<std::string>(), m.at(4).get<std::string>()});
-    pcs = req.at("pcs").get<std::vector<uint64_t>>();
-  } catch (const std::exception&) {
-    return 65;
-  }
-  const auto uid = req["uid"].get<uint32_t>();
-  const uint64_t cpu_s = req.value("cpu_seconds", uint64_t{5});
+  SymbolizeRequest req;
+  if (!parse_symbolize_request(in, &req)) return 65;
+  const std::vector<ModuleInfo>& modules = req.modules;
+  const std::vector<uint64_t>& pcs = req.pcs;
+  const uint32_t uid = req.uid;
+  const uint64_t cpu_s = req.cpu_seconds;
   in.clear();
   in.shrink_to_fit();
 
@@ -224,36 +302,7 @@ struct Exchange {
   std::string failure;                         ///< why the worker stopped short ("" when it did not)
 };
 
-/// Reads the worker's lines (untrusted: it parsed hostile files) into `x`.
-void take_lines(std::string& pending, Exchange& x) {
-  std::size_t start = 0;
-  for (;;) {
-    const std::size_t nl = pending.find('\n', start);
-    if (nl == std::string::npos) break;
-    const auto j = nlohmann::json::parse(pending.begin() + static_cast<std::ptrdiff_t>(start),
-                                         pending.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
-    start = nl + 1;
-    if (!j.is_array() || j.size() != 2 || !j[0].is_number_unsigned() || !j[1].is_array()) continue;
-    const auto i = j[0].get<uint64_t>();
-    if (i >= x.named.size() || !x.named[i].empty()) continue;
-    std::vector<SnapFrame> frames;
-    for (const auto& f : j[1]) {
-      if (frames.size() >= Symbolizer::kMaxInlineFrames) break;
-      if (!f.is_array() || f.size() != 3 || !f[0].is_string() || !f[1].is_string() || !f[2].is_number_unsigned())
-        continue;
-      SnapFrame s;
-      s.function = f[0].get<std::string>().substr(0, kMaxText);
-      s.file = f[1].get<std::string>().substr(0, kMaxText);
-      s.line = static_cast<uint32_t>(std::min<uint64_t>(f[2].get<uint64_t>(), UINT32_MAX));
-      frames.push_back(std::move(s));
-    }
-    if (!frames.empty()) {
-      x.named[i] = std::move(frames);
-      ++x.answered;
-    }
-  }
-  pending.erase(0, start);
-}
+void take_lines(std::string& pending, Exchange& x) { x.answered += take_symbolize_reply(pending, x.named); }
 
 /// Runs the worker on `request` for `pcs` pcs, until it ends or the deadline passes.
 void run_worker(const SymbolizeOptions& o, const std::string& request, Exchange& x) {
@@ -383,14 +432,12 @@ void symbolize(TakenSnapshot& t, const SymbolizeOptions& o) {
   Exchange x;
   x.named.resize(pcs.size());
   if (!pcs.empty()) {
-    nlohmann::json req;
-    req["uid"] = t.uid;
-    req["cpu_seconds"] = o.deadline_ns / 1'000'000'000 + 1;
-    nlohmann::json mods = nlohmann::json::array();
-    for (const ModuleInfo& m : t.modules) mods.push_back(nlohmann::json::array({m.start, m.end, m.bias, m.path, m.build_id}));
-    req["modules"] = std::move(mods);
-    req["pcs"] = pcs;
-    run_worker(o, req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), x);
+    SymbolizeRequest req;
+    req.uid = t.uid;
+    req.cpu_seconds = o.deadline_ns / 1'000'000'000 + 1;
+    req.modules = t.modules;
+    req.pcs = pcs;
+    run_worker(o, symbolize_request_text(req), x);
   }
   for (SnapSite& site : t.snap.sites) {
     std::vector<SnapFrame> named;

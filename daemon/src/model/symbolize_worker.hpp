@@ -23,6 +23,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "model/snapshots.hpp"
 
@@ -37,6 +39,32 @@ struct SymbolizeOptions {
   uint64_t deadline_ns = 5'000'000'000;   ///< per request: the worker is killed past it
   std::size_t max_pcs = 20000;            ///< distinct pcs per request; the rest keep module + offset
 };
+
+/// What the daemon asks a worker (one JSON object on the worker's stdin): the owner whose
+/// rights it takes, its CPU limit, the process's modules and the pcs to name.
+struct SymbolizeRequest {
+  uint32_t uid = 0;
+  uint64_t cpu_seconds = 5;  ///< RLIMIT_CPU, seconds
+  std::vector<ModuleInfo> modules;
+  std::vector<uint64_t> pcs;
+};
+
+/// The request's text, as the daemon writes it. Never throws but for allocation.
+std::string symbolize_request_text(const SymbolizeRequest& r);
+
+/// Parse a request as the worker reads it: false (and *out untouched) unless it is an object
+/// with an unsigned 32-bit "uid", unsigned "cpu_seconds" if present, "modules" an array of
+/// [start, end, bias, path, build_id] (three unsigned integers, two strings) and "pcs" an
+/// array of unsigned integers. Never throws but for allocation. Thread-safe.
+bool parse_symbolize_request(std::string_view text, SymbolizeRequest* out);
+
+/// The daemon's reading of the worker's reply, which is untrusted (the worker parsed hostile
+/// files): every complete line of `pending` ([index, [[function, file, line], ...]]) names
+/// named[index] if that is still empty; malformed lines and out-of-range or repeated indexes
+/// are skipped; names and files are cut to 4096 bytes, frames to Symbolizer::kMaxInlineFrames.
+/// The lines read are erased from `pending` (a partial last line stays). Returns how many
+/// entries of `named` it filled. Never throws but for allocation.
+std::size_t take_symbolize_reply(std::string& pending, std::vector<std::vector<SnapFrame>>& named);
 
 /// Name every native frame of `t` (function, file, line: Symbolizer::resolve's frames, inlined
 /// calls expanded) in a worker process with the rights of `t.uid`, the process's owner.
