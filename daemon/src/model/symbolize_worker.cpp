@@ -119,6 +119,14 @@ void install_seccomp() {
   // Writes to stdout (the reply) and stderr (the daemon's log) only.
   rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(write), 1, arg(0, SCMP_CMP_EQ, 1));
   rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(write), 1, arg(0, SCMP_CMP_EQ, 2));
+#ifdef CUW_SANITIZED
+  // A sanitizer tells readable memory from unreadable by writing it into a pipe of its own
+  // (sanitizer_common's IsAccessibleMemoryRange): without these its checks report errors
+  // that are not there. Test builds only.
+  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(pipe), 0);
+  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(pipe2), 0);
+  rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(write), 1, arg(0, SCMP_CMP_GT, 2));
+#endif
   // Opens for reading only: no O_WRONLY/O_RDWR, no O_CREAT, no O_TMPFILE.
   const scmp_datum_t bad = O_ACCMODE | O_CREAT | (O_TMPFILE & ~O_DIRECTORY);
   rc |= seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(openat), 1, arg(2, SCMP_CMP_MASKED_EQ, bad, 0));
@@ -240,8 +248,9 @@ int symbolize_worker_main() {
   limit(RLIMIT_AS, kAddressSpace);
 #endif
   limit(RLIMIT_CPU, static_cast<rlim_t>(cpu_s));
+  // No RLIMIT_FSIZE: the filter below lets it write to its standard output and error only,
+  // and a limit of 0 would kill it (SIGXFSZ) for a diagnostic on an error stream that is a file.
   limit(RLIMIT_CORE, 0);
-  limit(RLIMIT_FSIZE, 0);
   limit(RLIMIT_NOFILE, 256);
   install_fault_guard();  // a file truncated under libdw costs its module, not the worker
   install_seccomp();
