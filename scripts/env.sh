@@ -42,4 +42,10 @@ if [ "$_cuw_sim" = 1 ]; then
 else
   echo "cuwarden: $_cuw_build/bin on PATH (real GPU driver)"
 fi
+# A run directory of this user's (the daemon's socket in its daemon/): the shared one and
+# /run/cuwarden are root's to make, and a daemon started here must not need root.
+if [ -z "${CUWARDEN_RUN_DIR:-}" ]; then
+  export CUWARDEN_RUN_DIR="${TMPDIR:-/tmp}/cuwarden-$(id -u)"
+  echo "cuwarden: run directory $CUWARDEN_RUN_DIR (CUWARDEN_RUN_DIR), yours alone"
+fi
 unset _cuw_repo _cuw_build _cuw_sim
