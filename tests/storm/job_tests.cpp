@@ -66,13 +66,20 @@ struct Witness {
   ~Witness() { ::munmap(w, sizeof(cuwj::JobWitness)); }
 };
 
-std::unique_ptr<cuw::job::Segment> open_job(const std::string& run_dir) {
+std::unique_ptr<cuw::job::Segment> open_job(const TempDir& dir) {
+  const std::string run_dir = dir.path;
+  // The first member creates the job file; a test may ask for it while members still start.
   std::string err;
-  cuw::job::DirChoice where;
-  REQUIRE(cuw::job::choose_dir(run_dir, static_cast<uint32_t>(geteuid()), kJob, &where, &err));
-  std::unique_ptr<cuw::job::Segment> s(
-      cuw::job::Segment::open(where.path, static_cast<uint32_t>(geteuid()), kJob, false, &err));
-  INFO(err);
+  std::unique_ptr<cuw::job::Segment> s;
+  wait_until(
+      [&] {
+        cuw::job::DirChoice where;
+        if (!cuw::job::choose_dir(run_dir, static_cast<uint32_t>(geteuid()), kJob, &where, &err)) return false;
+        s.reset(cuw::job::Segment::open(where.path, static_cast<uint32_t>(geteuid()), kJob, false, &err));
+        return s != nullptr;
+      },
+      60000);
+  INFO(err << "; the members said: " << slurp(dir / "apps.err"));
   REQUIRE(s);
   return s;
 }
@@ -109,7 +116,7 @@ TEST_CASE("job.hammer_8_processes_8_threads_never_exceed_the_cap") {
                                  std::to_string(1000 + i), std::to_string(kCap), std::to_string(rounds),
                                  std::to_string(kChurn), std::to_string(kAllThreads)},
         dir / "apps.err"));
-  auto job = open_job(dir.path);
+  auto job = open_job(dir);
   uint64_t lowest_full = kCap;
   for (int r = 1; r <= rounds; ++r) {
     // Generous: a member that never reaches the barrier is a hang, not a slow machine.
@@ -223,7 +230,7 @@ TEST_CASE("job.kill_storm_never_leaks_or_deadlocks") {
 
   // The survivors exited cleanly; everyone else was killed. One sweep frees every slot and
   // the job holds exactly nothing.
-  auto job = open_job(dir.path);
+  auto job = open_job(dir);
   job->sweep(true);
   CHECK(job->members().empty());
   for (int g = 0; g < static_cast<int>(cuw::job::kMaxGpus); ++g) CHECK(job->used(g) == 0);
@@ -267,7 +274,7 @@ TEST_CASE("job.members_asking_different_caps_get_the_lowest_and_a_new_run_starts
     CHECK(small.line() == "refused");  // 300 + 300 > min(1 GiB, 512 MiB)
     Member fits(dir.path, "512MiB", {"hold", std::to_string(200 * kMiB)}, dir / "apps.err");
     CHECK(fits.line() == "held");
-    auto job = open_job(dir.path);
+    auto job = open_job(dir);
     CHECK(job->cap() == 512 * kMiB);
     CHECK(job->used(0) == 500 * kMiB);
   }
@@ -275,7 +282,7 @@ TEST_CASE("job.members_asking_different_caps_get_the_lowest_and_a_new_run_starts
   // old one, nor charged for the old members' bytes.
   Member later(dir.path, "1GiB", {"hold", std::to_string(900 * kMiB)}, dir / "apps.err");
   CHECK(later.line() == "held");
-  auto job = open_job(dir.path);
+  auto job = open_job(dir);
   CHECK(job->cap() == 1024 * kMiB);
   CHECK(job->used(0) == 900 * kMiB);
   CHECK(job->members().size() == 1);
@@ -285,7 +292,7 @@ TEST_CASE("job.live_limit_change_applies_on_the_next_allocation") {
   TempDir dir;
   Member holder(dir.path, "1GiB", {"hold", std::to_string(400 * kMiB)}, dir / "apps.err");
   REQUIRE(holder.line() == "held");
-  auto job = open_job(dir.path);
+  auto job = open_job(dir);
   // Lowered below what is held: nothing is taken away, new allocations are refused.
   CHECK(job->set_limit(256 * kMiB) == 1);
   Member second(dir.path, "1GiB", {"hold", std::to_string(16 * kMiB)}, dir / "apps.err");
@@ -319,7 +326,7 @@ TEST_CASE("job.two_hundred_processes_join_at_once") {
   INFO(slurp(dir / "apps.err"));
   REQUIRE(all);
   // All 200 are members at once and the job counts each one's MiB.
-  auto job = open_job(dir.path);
+  auto job = open_job(dir);
   CHECK(job->members().size() == kProcs);
   CHECK(job->used(0) == kProcs * kMiB);
   std::vector<double> ms;
