@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pwd.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -70,6 +71,26 @@ bool has_file(const std::string& dir, const std::string& file) {
   return ::lstat((dir + "/" + file).c_str(), &st) == 0;
 }
 
+/// Whether `path` is a job file of `uid` (regular, mode 0600) that a live member holds.
+bool held_by_a_member(const std::string& path, uint32_t uid) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool held = false;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == uid && (st.st_mode & 07777) == 0600) {
+    // Members hold the shared lock from before they join until they exit. The exclusive
+    // probe is dropped at once: a member opening meanwhile retries its shared lock for a
+    // second, as it does while the daemon checks the file. Where flock is not supported
+    // nobody can tell, and the job is taken to be running.
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0)
+      ::flock(fd, LOCK_UN);
+    else
+      held = true;
+  }
+  ::close(fd);
+  return held;
+}
+
 }  // namespace
 
 std::string fallback_dir_name(uint32_t uid, uint32_t n) {
@@ -104,6 +125,16 @@ bool choose_dir(const std::string& run_dir, uint32_t uid, const std::string& nam
   const std::string primary = jobs + "/" + std::to_string(uid);
   auto fallback = [&](uint32_t n) { return run_dir + "/" + fallback_dir_name(uid, n); };
   std::string why;
+
+  // The previous release kept job files in the run directory itself. While a member of
+  // that release still holds its file there, join it there, so that an upgrade in the
+  // middle of a job does not split its cap. Only a file of `uid` qualifies, and nobody else
+  // can make one (the run directory is sticky or the user's); a file nobody holds is left
+  // for the daemon to remove, and new jobs never start there.
+  if (held_by_a_member(run_dir + "/" + file, uid)) {
+    out->path = run_dir;
+    return true;
+  }
 
   // The job already runs somewhere: join it there (a squat removed since it began, or a
   // directory made since by root, must not split it).

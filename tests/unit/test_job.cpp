@@ -448,6 +448,55 @@ TEST_CASE("a member holds its job file's shared lock, and an opener of a removed
   CHECK(opened->members().empty());  // a new file under the name: the old one had a member
 }
 
+TEST_CASE("a job the previous release's members hold in the run directory is joined there, not split",
+          "[job]") {
+  Dir d;
+  const auto me = static_cast<uint32_t>(geteuid());
+  const std::string legacy = d.path + "/" + job::file_name(me, "a");
+  job::DirChoice c;
+  std::string err;
+  {
+    // A member of the previous release: its file in the run directory itself, held.
+    std::unique_ptr<job::Segment> old(job::Segment::open(d.path, me, "a", true, &err));
+    REQUIRE(old);
+    const int slot = old->join(4000000, 1, 1 << 30, 1);
+    REQUIRE(slot >= 0);
+    REQUIRE(job::choose_dir(d.path, me, "a", &c, &err));
+    CHECK(c.path == d.path);
+    // So a new member opens the same file and sees the old member's charge.
+    std::unique_ptr<job::Segment> now(job::Segment::open(c.path, me, "a", true, &err));
+    REQUIRE(now);
+    const uint8_t uuid[16] = {1};
+    const int g = old->gpu_index(uuid, 1ull << 34);
+    REQUIRE(g >= 0);
+    REQUIRE(old->charge(slot, g, 512 << 20));
+    CHECK(now->used(now->gpu_index(uuid, 1ull << 34)) == 512u << 20);
+    // Another job name is not affected.
+    REQUIRE(job::choose_dir(d.path, me, "b", &c, &err));
+    CHECK(c.path == d.path + "/jobs/" + std::to_string(me));
+  }
+  // Nobody holds it any more: a new job starts in the new place, and the file is left.
+  REQUIRE(job::choose_dir(d.path, me, "a", &c, &err));
+  CHECK(c.path == d.path + "/jobs/" + std::to_string(me));
+  struct stat st {};
+  CHECK(::lstat(legacy.c_str(), &st) == 0);
+  // A file that is not a job file of the user's (mode 0644 here) is never joined, held or not.
+  REQUIRE(::chmod(legacy.c_str(), 0644) == 0);
+  const int fd = ::open(legacy.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_SH) == 0);
+  REQUIRE(job::choose_dir(d.path, me, "a", &c, &err));
+  CHECK(c.path == d.path + "/jobs/" + std::to_string(me));
+  if (geteuid() == 0) {
+    // Nor one of another uid.
+    REQUIRE(::chmod(legacy.c_str(), 0600) == 0);
+    REQUIRE(::chown(legacy.c_str(), 65534, 65534) == 0);
+    REQUIRE(job::choose_dir(d.path, me, "a", &c, &err));
+    CHECK(c.path == d.path + "/jobs/" + std::to_string(me));
+  }
+  ::close(fd);
+}
+
 TEST_CASE("job directories: names of another user's are skipped, and a job is joined where it began", "[job]") {
   if (geteuid() != 0) {
     WARN("skipped: needs root (a directory of another uid)");

@@ -149,7 +149,9 @@ struct DirChoice {
 };
 
 /// Choose (creating where needed) the job directory of `uid`'s job `name` under `run_dir`.
-/// A directory is usable when it is a real directory (never a link) owned by `uid` with
+/// `run_dir` itself when the previous release's file of the job is there, `uid`'s (regular,
+/// mode 0600) and held by a live member (its members still run: the job is joined, not
+/// split). Otherwise a directory is usable when it is a real directory (never a link) owned by `uid` with
 /// mode 0700. The first usable candidate that already holds the job's file wins (so a
 /// member joins its job wherever the job began); else the first usable one, in the order
 /// <run dir>/jobs/<uid> (made 0700 when <run dir>/jobs is a directory of root or `uid`;
