@@ -1125,6 +1125,65 @@ TEST_CASE("control.a_cap_raised_in_the_processs_own_ring_past_the_policy_is_put_
   CHECK(contains(cli({"--socket", d.socket}).out, "tampered"));
 }
 
+TEST_CASE("control.enforce_kill_ends_a_process_still_over_its_ceiling_at_the_next_scan") {
+  // Both hold 4 GiB by the driver's count (memory taken past the hooks) under a 2 GiB
+  // maximum: more than the 1 GiB context allowance over. One user's policy reports, the
+  // other's kills; the test runs as one user, so two daemons with two policies stand in.
+  for (const bool kill : {false, true}) {
+    SharedDir dir;
+    ::mkdir((dir / "run").c_str(), 0755);
+    const std::string cfg = dir / "cuwarden.toml";
+    {
+      std::ofstream f(cfg);
+      f << "[default]\nmax_limit = \"2G\"\n" << (kill ? "enforce = \"kill\"\n" : "");
+    }
+    Child a;
+    FakeRing ra(dir / "run", a.pid, a.start_time());
+    ra.device(0, 0xa0).used.store(512 * kMiB);
+    const std::string nvml_env = std::to_string(a.pid) + "=" + std::to_string(4 * kGiB);
+    setenv("CUWARDEN_FAKE_NVML_PROCESSES", nvml_env.c_str(), 1);
+    setenv("CUWARDEN_FAKE_UUIDS", uuid_for(0xa0).c_str(), 1);
+    const std::string saved_ld = getenv("LD_LIBRARY_PATH") ? getenv("LD_LIBRARY_PATH") : "";
+    setenv("LD_LIBRARY_PATH", (std::string(CUWT_FAKECUDA_DIR) + (saved_ld.empty() ? "" : ":" + saved_ld)).c_str(), 1);
+    Daemon d(dir, {"--config", cfg}, true, /*nvml=*/true);
+    unsetenv("CUWARDEN_FAKE_NVML_PROCESSES");
+    unsetenv("CUWARDEN_FAKE_UUIDS");
+    if (saved_ld.empty()) unsetenv("LD_LIBRARY_PATH");
+    else setenv("LD_LIBRARY_PATH", saved_ld.c_str(), 1);
+
+    REQUIRE(wait_until([&] { return d.process(a.pid).value("tampers", 0) >= 1; }));
+    CHECK(log_has(d, "the driver reports it holds more than its cap allows"));
+    if (!kill) {
+      // Reported, never ended: each raise in its ring is put back by a later scan, so three
+      // of them prove three more scans found it over, and it is still alive.
+      REQUIRE(wait_until([&] { return limit_of(ra, 0) == 2 * kGiB; }));
+      for (int i = 0; i < 3; ++i) {
+        ra.h->devices[0].limit.store(3 * kGiB);
+        REQUIRE(wait_until([&] { return limit_of(ra, 0) == 2 * kGiB; }));
+      }
+      CHECK(waitpid(a.pid, nullptr, WNOHANG) == 0);
+      CHECK_FALSE(log_has(d, "SIGKILL"));
+      continue;
+    }
+    // Warned at the first scan, ended at the next.
+    CHECK(wait_until([&] { return log_has(d, "if it still is at the next scan"); }));
+    int status = 0;
+    CHECK(wait_until([&] { return waitpid(a.pid, &status, WNOHANG) == a.pid; }));
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
+    const int a_pid = a.pid;
+    a.pid = -1;
+    CHECK(wait_until([&] { return log_has(d, "ended with SIGKILL (enforce = \"kill\")"); }));
+    // Recorded with the limit changes, by the daemon.
+    CHECK(wait_until([&] {
+      const json st = d.state();
+      for (const auto& c : st["limit_changes"])
+        if (c["outcome"] == "killed" && c["by"] == "daemon" && c["pid"] == a_pid) return true;
+      return false;
+    }));
+  }
+}
+
 TEST_CASE("control.gpu_processes_outside_cuwarden_show_as_unmanaged_with_the_drivers_figure") {
   SharedDir dir;
   ::mkdir((dir / "run").c_str(), 0755);

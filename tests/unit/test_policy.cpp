@@ -165,6 +165,42 @@ TEST_CASE("policy: precedence is user, then the lowest of the user's groups, the
   }
 }
 
+TEST_CASE("policy: enforce is report unless a section says kill and the user's own section wins") {
+  using cuw::daemon::Enforce;
+  const uid_t uid = getuid();
+  passwd* pw = getpwuid(uid);
+  REQUIRE(pw);
+  const std::string gid = std::to_string(pw->pw_gid);
+  std::vector<std::string> errors, warnings;
+  auto parse = [&](const std::string& text) {
+    errors.clear();
+    auto p = parse_policy(text, "p.toml", &errors, &warnings);
+    INFO(errors.size());
+    REQUIRE(p);
+    return std::move(*p);
+  };
+  CHECK(parse("[default]\nmax_limit = \"8G\"\n").for_user(uid).enforce == Enforce::report);
+  CHECK(parse("[default]\nenforce = \"kill\"\n").for_user(uid).enforce == Enforce::kill);
+  CHECK_FALSE(parse("[default]\nenforce = \"report\"\n").empty());
+  // A group's kill over the default's report; the user's own report over both.
+  CHECK(parse("[default]\nenforce = \"report\"\n[group." + gid + "]\nenforce = \"kill\"\n").for_user(uid).enforce ==
+        Enforce::kill);
+  CHECK(parse("[group." + gid + "]\nenforce = \"kill\"\n[user." + pw->pw_name + "]\nenforce = \"report\"\n")
+            .for_user(uid)
+            .enforce == Enforce::report);
+  // Of two groups, the stricter.
+  if (group* gr = getgrgid(pw->pw_gid))
+    CHECK(parse("[group." + gid + "]\nenforce = \"report\"\n[group." + std::string(gr->gr_name) +
+                "]\nenforce = \"kill\"\n")
+              .for_user(uid)
+              .enforce == Enforce::kill);
+  // Anything else is an error with its place.
+  CHECK_THAT(errors_of("[default]\nenforce = \"terminate\"\n"),
+             Catch::StartsWith("p.toml:2:11: enforce must be \"report\" or \"kill\""));
+  CHECK_THAT(errors_of("[default]\nenforce = true\n"), Catch::Contains("enforce must be"));
+  CHECK_THAT(errors_of("enforce = \"kill\"\n"), Catch::Contains("outside a section"));
+}
+
 TEST_CASE("policy: a character the TOML parser mishandles is refused with its place") {
   // toml++ 3.3.0 reaches __builtin_unreachable on U+00A1..U+0499 and U+FB56..U+FEFE where it
   // records a key or value (the fuzzer's input: a table header; a user name with an accent).

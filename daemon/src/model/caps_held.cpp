@@ -2,9 +2,16 @@
 // own file, so the owner can write a higher cap into it than the daemon allowed; the daemon
 // puts such a raise back at every scan, and compares what the driver (NVML) says the process
 // holds with the same ceiling, which the owner cannot write.
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "base/util.hpp"
+#include "cuw/paths.hpp"
 #include "model/detail/registry_process.hpp"
 #include "model/registry.hpp"
 
@@ -17,6 +24,14 @@ namespace {
 /// MiB on an H100 with PyTorch's kernels loaded), outside a cap of the default scope.
 constexpr uint64_t kContextAllowance = 1ull << 30;
 
+/// SIGKILL to the process the daemon knows as (pid, start_time): through its pidfd, which
+/// cannot name a reused pid, else by pid once its start time still matches. 0 or an errno.
+int end_process(int pidfd, uint32_t pid, uint64_t start_time) {
+  if (pidfd >= 0) return ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) == 0 ? 0 : errno;
+  if (paths::process_start_time(pid) != start_time) return ESRCH;
+  return ::kill(static_cast<pid_t>(pid), SIGKILL) == 0 ? 0 : errno;
+}
+
 }  // namespace
 
 void Registry::check_caps_held(Process& p) {
@@ -26,6 +41,7 @@ void Registry::check_caps_held(Process& p) {
   if (!any) return;
   RingSnapshot s;
   if (!p.ring->snapshot(s)) return;
+  const uint64_t tampers_before = p.tampers;
   uint32_t over = 0;
   for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
     const uint64_t ceiling = p.ceiling[d];
@@ -69,6 +85,35 @@ void Registry::check_caps_held(Process& p) {
                  p.pid, p.user, fresh, format_bytes(kContextAllowance));
   }
   p.over_ceiling = over;
+
+  // Two scans in a row found it over (a raise put back each time, or the driver's figure):
+  // under `enforce = "kill"` the first was its warning.
+  const bool offending = p.tampers != tampers_before || over != 0;
+  p.offending_scans = offending ? p.offending_scans + 1 : 0;
+  if (!offending || !policy_ || policy_->for_user(p.uid).enforce != Enforce::kill) return;
+  if (p.offending_scans == 1) {
+    spdlog::warn("pid {} ({}): over its cap's ceiling; the policy ends it (enforce = \"kill\") if it still is at the "
+                 "next scan",
+                 p.pid, p.user);
+    return;
+  }
+  if (p.kill_tried) return;
+  p.kill_tried = true;
+  const int err = end_process(p.pidfd, p.pid, p.start_time);
+  LimitChange c;
+  c.time_ns = now_ns();
+  c.by = "daemon";
+  c.target = "pid " + std::to_string(p.pid);
+  c.pid = p.pid;
+  c.outcome = err == 0 ? "killed" : "failed";
+  c.reason = err == 0 ? "over its cap's ceiling at two scans in a row; the policy says enforce = \"kill\""
+                      : std::string("could not end it: ") + std::strerror(err);
+  if (err == 0)
+    spdlog::warn("pid {} ({}): still over its cap's ceiling; ended with SIGKILL (enforce = \"kill\")", p.pid, p.user);
+  else
+    spdlog::error("pid {} ({}): over its cap's ceiling; enforce = \"kill\" could not end it: {}", p.pid, p.user,
+                  std::strerror(err));
+  log_limit(std::move(c));
 }
 
 }  // namespace cuw::daemon

@@ -26,7 +26,9 @@ uint64_t PolicyValue::resolve(uint64_t physical_total) const noexcept {
 std::string PolicyValue::str() const { return unlimited ? "none" : size.str(); }
 
 bool Policy::empty() const noexcept {
-  auto none = [](const PolicyCaps& c) { return !c.limit && !c.max_limit && !c.job_limit && !c.max_job_limit; };
+  auto none = [](const PolicyCaps& c) {
+    return !c.limit && !c.max_limit && !c.job_limit && !c.max_job_limit && !c.enforce;
+  };
   if (!none(defaults)) return false;
   for (const auto& [n, c] : users)
     if (!none(c)) return false;
@@ -122,6 +124,18 @@ const EffectivePolicy& Policy::for_user(uint32_t uid) const {
   pick(&PolicyCaps::max_limit, e.max_limit);
   pick(&PolicyCaps::job_limit, e.job_limit);
   pick(&PolicyCaps::max_job_limit, e.max_job_limit);
+  // The user's own section, else the strictest of the groups', else [default].
+  if (u && u->enforce) {
+    e.enforce = *u->enforce;
+  } else {
+    bool from_group = false;
+    for (const auto& [name, caps] : gs)
+      if (caps->enforce) {
+        e.enforce = from_group ? std::max(e.enforce, *caps->enforce) : *caps->enforce;
+        from_group = true;
+      }
+    if (!from_group && defaults.enforce) e.enforce = *defaults.enforce;
+  }
   std::sort(sources.begin(), sources.end());
   sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
   for (const auto& s : sources) e.source += (e.source.empty() ? "" : ", ") + s;
@@ -227,13 +241,20 @@ struct Parser {
     PolicyCaps c;
     for (auto&& [k, v] : t) {
       const std::string key(k.str());
+      if (key == "enforce") {
+        const auto* str = v.as_string();
+        if (str && str->get() == "report") c.enforce = Enforce::report;
+        else if (str && str->get() == "kill") c.enforce = Enforce::kill;
+        else error(v.source(), "enforce must be \"report\" or \"kill\"");
+        continue;
+      }
       std::optional<PolicyValue>* slot = key == "limit"           ? &c.limit
                                          : key == "max_limit"     ? &c.max_limit
                                          : key == "job_limit"     ? &c.job_limit
                                          : key == "max_job_limit" ? &c.max_job_limit
                                                                   : nullptr;
       if (!slot) {
-        error(k.source(), fmt::format("unknown key '{}' in [{}] (use limit, max_limit, job_limit, max_job_limit)",
+        error(k.source(), fmt::format("unknown key '{}' in [{}] (use limit, max_limit, job_limit, max_job_limit, enforce)",
                                       key, what));
         continue;
       }
@@ -315,7 +336,8 @@ std::optional<Policy> parse_policy(std::string_view text, const std::string& sou
       p.named_sections("user", v, &pol.users);
     } else if (key == "group") {
       p.named_sections("group", v, &pol.groups);
-    } else if (key == "limit" || key == "max_limit" || key == "job_limit" || key == "max_job_limit") {
+    } else if (key == "limit" || key == "max_limit" || key == "job_limit" || key == "max_job_limit" ||
+               key == "enforce") {
       p.error(k.source(), fmt::format("'{}' outside a section: put it under [default] (or [user.NAME], [group.NAME])", key));
     } else {
       p.error(k.source(), fmt::format("unknown section or key '{}' (use [default], [user.NAME], [group.NAME])", key));

@@ -6,6 +6,7 @@
 //   max_limit = "80G"         # the most a process may have per device (its own request is lowered)
 //   job_limit = "160G"        # per-GPU cap given to a job whose members ask for none
 //   max_job_limit = "320G"    # the most a job may have per GPU
+//   enforce = "report"        # or "kill": what the daemon does to a process over its max_limit
 //   [user.alice]              # by login name (or numeric uid: [user.1001])
 //   max_limit = "20G"
 //   [group.students]          # by group name (or numeric gid)
@@ -16,7 +17,8 @@
 // device's memory. No value is under 1 MiB (cuw::kMinCap): a bare `limit = 40` is an error,
 // not a 40-byte cap for every process. Precedence, key by key: the user's section, else the lowest value any
 // of the user's groups sets (primary and supplementary groups, from NSS), else [default].
-// The default limit is then lowered to the max when above it.
+// The default limit is then lowered to the max when above it. `enforce` is taken the same
+// way (a group's "kill" wins over another group's "report").
 //
 // Errors (bad TOML, unknown sections or keys, bad sizes, a default above the max in one
 // section) are fatal and carry file:line:column; names that do not resolve to a user or
@@ -44,14 +46,22 @@ struct PolicyValue {
   std::string str() const;
 };
 
-/// The four keys of one section; unset keys fall through to the next level.
+/// What the daemon does to a process found over its ceiling (a cap raised in its own ring
+/// past max_limit, or the driver counting more than max_limit plus the context allowance):
+/// report it (log, State, counters, event), or report it and, when it is still over at the
+/// next scan, end it with SIGKILL.
+enum class Enforce { report, kill };
+
+/// The keys of one section; unset keys fall through to the next level.
 struct PolicyCaps {
   std::optional<PolicyValue> limit, max_limit, job_limit, max_job_limit;
+  std::optional<Enforce> enforce;
 };
 
 /// What applies to one user after precedence (each key resolved on its own).
 struct EffectivePolicy {
   std::optional<PolicyValue> limit, max_limit, job_limit, max_job_limit;
+  Enforce enforce = Enforce::report;
   std::string source;  ///< for logs: "user alice", "group students", "default", ...
 };
 

@@ -81,7 +81,7 @@ struct LimitChange {
   std::optional<std::string> asked;    ///< what the request asked, as typed ("6 GiB", "50%"); none for the policy
   bool has_limits = false;             ///< old_limit/new_limit are set (the change happened)
   uint64_t old_limit = 0, new_limit = 0;  ///< bytes; ring::kNoLimit = no cap
-  std::string outcome;                 ///< "changed", "refused", "failed"
+  std::string outcome;                 ///< "changed", "refused", "failed", "restored" (tamper), "killed"
   std::optional<std::string> reason;
 };
 

@@ -54,6 +54,8 @@ struct Registry::Process {
   std::array<uint64_t, ring::kMaxDevices> ceiling = filled_no_limit();
   uint64_t tampers = 0;          ///< raises put back, and scans the driver saw it over its ceiling
   uint32_t over_ceiling = 0;     ///< devices the driver last saw over their ceiling (bit per ordinal)
+  uint32_t offending_scans = 0;  ///< scans in a row that found it over its ceiling (enforce = "kill")
+  bool kill_tried = false;       ///< enforce = "kill" sent its SIGKILL (or failed to, said once)
   uint64_t oom_taken_mono = 0; ///< when its last out-of-memory snapshot was taken (0: never)
   uint64_t sampled_mono = 0;   ///< when its last site sample was taken (0: never)
   /// site_sample()s, oldest first, replaced whole by each new one: every State shares it.
