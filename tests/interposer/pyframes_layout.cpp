@@ -1,5 +1,5 @@
 // Interposer tests: the offsets pyframes.cpp reads Python's structs with
-// (interposer/src/core/pyframes_detail.hpp), held to the installed Python's own headers. Built
+// (interposer/src/core/callsites/pyframes_detail.hpp), held to the installed Python's own headers. Built
 // against whichever Python CMake finds (3.10 to 3.14): a number that disagrees with the
 // header stops the build; the program then checks the one thing a static_assert cannot (the
 // bit positions of PyASCIIObject's state) and prints the version it checked.
@@ -21,7 +21,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/pyframes_detail.hpp"
+#include "core/callsites/pyframes_detail.hpp"
 
 namespace d = cuw::core::pyframes::detail;
 

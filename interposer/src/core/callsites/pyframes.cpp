@@ -10,7 +10,7 @@
 // strong references to their names and line tables. Every object is checked to be of the type
 // it should be before its fields are used, and every walk is bounded, so a layout we got wrong
 // yields no frames rather than wrong ones.
-#include "core/pyframes.hpp"
+#include "core/callsites/pyframes.hpp"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -26,7 +26,7 @@
 #include "base/log.hpp"
 #include "base/real.hpp"
 #include "base/spin_lock.hpp"
-#include "core/pyframes_detail.hpp"
+#include "core/callsites/pyframes_detail.hpp"
 
 namespace cuw::core::pyframes {
 

@@ -6,7 +6,7 @@
 // Cold path (a return address seen for the first time): dl_iterate_phdr to the loaded object
 // holding it, a binary search of its .eh_frame_hdr table, its FDE and CIE parsed and their CFA
 // instructions run up to the address, the result compiled into a Rule and inserted.
-#include "core/unwind.hpp"
+#include "core/callsites/unwind.hpp"
 
 #include <elf.h>
 #include <link.h>
