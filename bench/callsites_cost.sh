@@ -9,7 +9,7 @@
 #   python off / on-native / on-python   bench/callsites_py.py (ctypes), CUWARDEN_CALLSITES
 #                        unset, 16 with CUWARDEN_PYFRAMES=0, 16 with Python frames
 # and the unwinders alone (bin/cuw_bench_callsites unwind): glibc's backtrace(), the call sites'
-# walk (interposer/src/core/unwind.hpp) and a bounded frame-pointer walk, 16 frames, warm and
+# walk (interposer/src/core/callsites/unwind.hpp) and a bounded frame-pointer walk, 16 frames, warm and
 # with the caches cold, and the walk with its rule table emptied; then one more native-on and
 # python-on-native run each with CUWARDEN_LOG=debug, whose last line says how the walks went
 # (return addresses looked up, walks left to backtrace() and why).

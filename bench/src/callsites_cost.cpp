@@ -5,7 +5,7 @@
 //       16-frame capture has 16 frames to take); prints "ns_per_pair X". Run with and without
 //       CUWARDEN_CALLSITES by bench/callsites_cost.sh, interleaved.
 //   cuw_bench_callsites unwind [--reps N] [--depth D]
-//       glibc's backtrace(), the call sites' walk (interposer/src/core/unwind.hpp: .eh_frame
+//       glibc's backtrace(), the call sites' walk (interposer/src/core/callsites/unwind.hpp: .eh_frame
 //       rules cached per return address) and a frame-pointer walk bounded by the thread's
 //       stack, 16 frames each, warm and with the CPU caches cold (64 MiB written between two
 //       captures), and the walk with its rule table emptied before each capture (each distinct
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/unwind.hpp"
+#include "core/callsites/unwind.hpp"
 #include "driver_api.hpp"
 
 namespace {

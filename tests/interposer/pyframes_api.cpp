@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "core/pyframes.hpp"
-#include "core/pyframes_detail.hpp"
+#include "core/callsites/pyframes.hpp"
+#include "core/callsites/pyframes_detail.hpp"
 
 namespace pf = cuw::core::pyframes;
 

@@ -1,5 +1,5 @@
-// Interposer tests: the offsets pyframes.cpp reads Python's structs with
-// (interposer/src/core/pyframes_detail.hpp), held to the installed Python's own headers. Built
+// Interposer tests: the offsets the Python frames (core/callsites/pyframes*) read Python's structs with
+// (interposer/src/core/callsites/pyframes_detail.hpp), held to the installed Python's own headers. Built
 // against whichever Python CMake finds (3.10 to 3.14): a number that disagrees with the
 // header stops the build; the program then checks the one thing a static_assert cannot (the
 // bit positions of PyASCIIObject's state) and prints the version it checked.
@@ -21,7 +21,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/pyframes_detail.hpp"
+#include "core/callsites/pyframes_detail.hpp"
 
 namespace d = cuw::core::pyframes::detail;
 
@@ -104,7 +104,7 @@ CUWT_SAME(bytes_object.ob_sval);
 CUWT_SAME(unicode_object.state);
 CUWT_SAME(unicode_object.length);
 CUWT_SAME(unicode_object.asciiobject_size);
-static_assert(sizeof(PyCompactUnicodeObject) == sizeof(PyASCIIObject) + 16);  // what pyframes.cpp assumes
+static_assert(sizeof(PyCompactUnicodeObject) == sizeof(PyASCIIObject) + 16);  // what pyframes_probe.cpp assumes
 #undef CUWT_SAME
 #endif
 
@@ -116,7 +116,7 @@ static_assert(offsetof(PyBytesObject, ob_sval) == L.bytes_data);
 #endif
 
 int main() {
-  // kind at bits 2-4, compact at 5, ascii at 6 (pyframes.cpp chars_of()).
+  // kind at bits 2-4, compact at 5, ascii at 6 (code_table.cpp chars_of(), code_table.hpp sum_of()).
   PyASCIIObject s;
   std::memset(&s, 0, sizeof s);
   s.state.kind = PyUnicode_4BYTE_KIND;

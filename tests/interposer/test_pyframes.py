@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Python frames read without the GIL (interposer/src/core/pyframes.cpp), through the test
+"""Python frames read without the GIL (interposer/src/core/callsites/pyframes.cpp), through the test
 build libcuwarden_pyframes_test.so (tests/interposer/pyframes_api.cpp), preloaded as the
 interposer is in a real run.
 

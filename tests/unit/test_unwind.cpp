@@ -1,4 +1,4 @@
-// Unit tests: the call sites' stack walk (interposer/src/core/unwind.hpp) returns exactly the
+// Unit tests: the call sites' stack walk (interposer/src/core/callsites/unwind.hpp) returns exactly the
 // return addresses glibc's backtrace() returns, through code without frame pointers, with
 // them, alloca'ed frames, a shared library's PLT, libc, another thread; and falls back
 // (kFallback, never a wrong stack or a fault) where its rules do not reach: a CFA given by an
@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/unwind.hpp"
+#include "core/callsites/unwind.hpp"
 #include "unwind_chains.hpp"
 #include "unwind_check.hpp"
 

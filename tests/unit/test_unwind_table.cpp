@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "core/unwind.hpp"
+#include "core/callsites/unwind.hpp"
 #include "unwind_chains.hpp"
 #include "unwind_check.hpp"
 

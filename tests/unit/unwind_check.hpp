@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/unwind.hpp"
+#include "core/callsites/unwind.hpp"
 #include "unwind_chains.hpp"
 
 /// The walk, then backtrace() if it fell back: what CallSites::capture() does.

@@ -1,5 +1,5 @@
-// cuwarden interposer core: what pyframes.cpp knows of CPython's insides, apart so that its
-// tests can hold it to the real headers: the struct offsets of 3.10, 3.11 and 3.12 (which
+// cuwarden interposer core: what the Python frames know of CPython's insides, apart so that
+// their tests can hold it to the real headers: the struct offsets of 3.10, 3.11 and 3.12 (which
 // publish none), mirrors of the debug offsets 3.13 and 3.14 publish at the start of
 // _PyRuntime, and the two line-table decoders. tests/interposer/pyframes_layout.cpp compiles
 // against an installed Python's own headers and static_asserts every number here that belongs
@@ -8,8 +8,8 @@
 // release headers, not yet checked against an installed 3.14).
 //
 // All offsets are in bytes, for 64-bit release builds (x86-64 and aarch64 lay these structs
-// out alike). A debug build with Py_TRACE_REFS has a larger object header: pyframes.cpp turns
-// itself off there, and the object type checks would refuse every frame anyway.
+// out alike). A debug build with Py_TRACE_REFS has a larger object header: pyframes_probe.cpp
+// turns the frames off there, and the object type checks would refuse every frame anyway.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // cuwarden interposer core: call sites (callsites.hpp).
-#include "core/callsites.hpp"
+#include "core/callsites/callsites.hpp"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "base/log.hpp"
-#include "core/pyframes.hpp"
-#include "core/unwind.hpp"
+#include "core/callsites/pyframes.hpp"
+#include "core/callsites/unwind.hpp"
 
 namespace cuw::core {
 
