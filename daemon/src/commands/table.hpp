@@ -2,6 +2,13 @@
 // bytes, authenticates its caller, then dispatches here: the socket by command number (its
 // request already checked against the command's row of proto::kCommands), HTTP by path.
 // The row's entry reads the arguments and calls the command's handler (handlers.hpp).
+//
+// How to add a command (protocol.hpp's recipe has the protocol's side):
+//   1. its handler in handlers.hpp and one of this folder's files: arguments as values, their
+//      values checked (bad_value words a refusal for each transport), the view picked;
+//   2. its row in table.cpp's kRows, with an entry that reads its kCommands keys from the
+//      body; for HTTP too, a row in kRoutes with an entry that reads the path and query;
+//   3. nothing in transports/: they dispatch through these tables.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// cuwarden daemon view: helpers the snapshot views share (see snapshot_detail.hpp).
-#include "views/snapshot_detail.hpp"
+// cuwarden daemon view: helpers the snapshot views share (see detail/snapshot.hpp).
+#include "views/detail/snapshot.hpp"
 
 #include <algorithm>
 #include <cinttypes>

@@ -18,7 +18,7 @@
 #include "cuw/text.hpp"
 #include "views/counters_json.hpp"
 #include "views/pickle.hpp"
-#include "views/snapshot_detail.hpp"
+#include "views/detail/snapshot.hpp"
 
 namespace cuw::daemon {
 

@@ -1,7 +1,7 @@
-// cuwarden daemon view: PyTorch's model of a process's memory (see snapshot_detail.hpp):
+// cuwarden daemon view: PyTorch's model of a process's memory (see detail/snapshot.hpp):
 // live allocations tiled into segments and blocks, and the device traces made consistent
 // with them; the pickle and the summary table read it.
-#include "views/snapshot_detail.hpp"
+#include "views/detail/snapshot.hpp"
 
 #include <algorithm>
 #include <cinttypes>

@@ -1,7 +1,7 @@
-// cuwarden daemon view: what the snapshot views (snapshot_views.hpp) share, split by format
-// into snapshot_text, snapshot_json, snapshot_pytorch, snapshot_perfetto, snapshot_summary
-// and snapshot_leaks: text helpers (snapshot_detail.cpp) and PyTorch's model of the memory
-// (torch_model.cpp), which the pickle and the summary read. For those files only. Pure.
+// cuwarden daemon view, private: what the snapshot views (snapshot_views.hpp), one file per
+// format (snapshot_text, snapshot_json, snapshot_pytorch, snapshot_perfetto, snapshot_summary,
+// snapshot_leaks), share: text helpers (snapshot_detail.cpp) and PyTorch's model of the
+// memory (torch_model.cpp), which the pickle and the summary read. For those files only. Pure.
 #pragma once
 
 #include <cstddef>
