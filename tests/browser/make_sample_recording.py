@@ -11,7 +11,7 @@ One H200, two processes for 15 minutes of history and 8 s of recording:
        refusal in the history (-300 s) and a live one at +4 s (2 GiB asked), then 512 MiB more
        at +6 s (3.5 GiB).
 A snapshot of 4101 (200, with call sites); none of 4102 (the replay answers 403 for it).
-The field sets follow daemon/src/views/state_json.cpp and snapshot_views.cpp; run again and
+The field sets follow daemon/src/views/state_json.cpp and snapshot_json.cpp; run again and
 commit the result when they change.
 """
 import json

@@ -1,4 +1,4 @@
-// Unit tests for the snapshot views (daemon/src/views/snapshot_views.cpp) and the pickle
+// Unit tests for the snapshot views (daemon/src/views/snapshot_views.hpp) and the pickle
 // writer under them (views/pickle.cpp), on Snapshots built by hand: a passthrough process
 // with Python and native call sites on two GPUs, a pooled one whose segments the blocks
 // tile, one with no live records. The PyTorch pickle is read back by Python's pickle and

@@ -9,8 +9,9 @@
 // How to add a command:
 //   1. a number in `Command` and one row in kCommands (keys with their types and errors,
 //      one_of pairs, reply, errors, privileged): the dispatcher checks requests against it;
-//   2. its case in the daemon's dispatcher (daemon/src/transports/handler.cpp), reading the
-//      published State for a query or going through the model's loop thread for a change;
+//   2. its handler in daemon/src/commands/ (reading the published State for a query, or
+//      going through the model's loop thread for a change) and its row in the daemon's table
+//      (commands/table.cpp), beside a route there when HTTP serves it too;
 //   3. a test in tests/integration/daemon_tests.cpp, and its reply in the golden files if
 //      the CLI prints it (tests/integration/protocol_tests.cpp walks the table by itself:
 //      the smallest valid request, each key of a wrong type, each one_of pair).

@@ -4,6 +4,8 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <ctime>
 #include <map>
@@ -86,5 +88,20 @@ std::string host_name() {
 }
 
 std::string cap_text(uint64_t bytes) { return bytes == ring::kNoLimit ? "none" : format_bytes(bytes); }
+
+std::optional<uint64_t> parse_u64(std::string_view s) {
+  if (s.empty() || s.size() > 20 || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  uint64_t v = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<uint32_t> parse_pid(std::string_view s) {
+  const auto v = parse_u64(s);
+  if (!v || *v == 0 || *v > 0x7fffffffULL) return std::nullopt;
+  return static_cast<uint32_t>(*v);
+}
 
 }  // namespace cuw::daemon

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace cuw::daemon {
 
@@ -36,6 +37,12 @@ std::optional<uint32_t> uid_of(const std::string& name);
 
 /// A cap as a log line says it: "none" for no cap (the ring's all-ones), else its size.
 std::string cap_text(uint64_t bytes);
+
+/// A decimal number of at most 20 digits and nothing else (no sign, no space), as a query
+/// string or a header carries it; nullopt otherwise or past 2^64-1. Pure.
+std::optional<uint64_t> parse_u64(std::string_view s);
+/// A process id: parse_u64's number in 1..2^31-1. Pure.
+std::optional<uint32_t> parse_pid(std::string_view s);
 
 /// The host name, "" if unknown.
 std::string host_name();

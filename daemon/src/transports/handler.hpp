@@ -1,46 +1,24 @@
-// cuwarden daemon transport: one request of the protocol -> one reply, dispatched through
-// the protocol's command table (cuw/protocol.hpp): a request is checked against its
-// command's row (key types, one_of pairs) before anything reads it. Queries are answered
-// from a published State on the caller's thread; changes go to the model through
-// Backend::set_limit.
+// cuwarden daemon transport: one request of the protocol -> one reply. The request is
+// parsed and checked against its command's row of the protocol's command table
+// (cuw/protocol.hpp: key types, one_of pairs, privileged) before anything reads it, then
+// dispatched through the daemon's table (commands/table.hpp), whose handler answers it.
 // Split from the socket code so that tests and the fuzzers (tests/fuzz) run the same
 // dispatch; they reach the model directly (the Registry& overload), not through the loop
 // thread's queue.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
+#include "commands/backend.hpp"
 #include "cuw/protocol.hpp"
-#include "model/control.hpp"
 #include "model/peer.hpp"
 #include "model/registry.hpp"
-#include "model/series.hpp"
-#include "model/state.hpp"
-#include "model/symbolize_worker.hpp"
 #include "transports/server.hpp"
 
 namespace cuw::daemon {
-
-/// What a transport needs from the daemon.
-struct Backend {
-  /// The published States (read-only, any thread).
-  const StateStore* store = nullptr;
-  /// Called before a query: makes the store hold a State built after this call began (the
-  /// socket promises counters as they are at the query). Empty: the last State will do.
-  std::function<void()> refresh;
-  /// Registry::set_limit run where the model lives (the loop thread); what it throws
-  /// becomes an error reply. Empty: this transport carries no privileged command.
-  std::function<LimitResult(const Peer&, const LimitRequest&)> set_limit;
-  /// How snapshots' native frames are named (in a worker process). Null: frames keep their
-  /// addresses.
-  const SymbolizeOptions* symbolize = nullptr;
-  /// The history (thread-safe). Null: get_history says there is none.
-  const SeriesStore* series = nullptr;
-};
 
 /// Whether `v` is one of `type`'s JSON types, a RequestKey::type of protocol.hpp ("uint",
 /// "number", "string", "null", '|'-separated; "uint" is an integer >= 0). An unknown type
@@ -54,9 +32,9 @@ bool fits_type(std::string_view type, const nlohmann::json& v);
 /// row are ignored (the protocol's version rule). Pure.
 std::string check_request(const proto::CommandInfo& info, const nlohmann::json& body);
 
-/// Whether `command` may take seconds (it names frames in a worker process: get_snapshot,
-/// get_ooms): the transports run it on their pool, never on the thread that answers limits
-/// and state. Pure.
+/// Whether `command` may take seconds (its row of commands/table.cpp says so: get_snapshot,
+/// get_ooms name frames in a worker process): the server runs it on its pool, never on the
+/// thread that answers limits and state. Pure.
 bool slow_command(uint16_t command) noexcept;
 
 /// Answer `command` (a proto::Command value) with `body` (untrusted JSON, possibly empty)

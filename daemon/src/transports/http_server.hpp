@@ -26,18 +26,10 @@
 #include <utility>
 #include <vector>
 
+#include "commands/feed.hpp"
 #include "transports/http_request.hpp"
 
 namespace cuw::daemon {
-
-/// What an event-stream client has been sent so far; the stream source moves it on.
-struct StreamCursor {
-  std::optional<uint32_t> pid;   ///< only this process's events
-  bool state = true;             ///< send state documents too
-  uint64_t last_seq = 0;         ///< events up to this global seq were sent
-  uint64_t state_generation = 0; ///< the StateStore generation last looked at
-  uint64_t state_sent_ns = 0;    ///< monotonic ns the last state document went
-};
 
 struct HttpResponse {
   int status = 200;

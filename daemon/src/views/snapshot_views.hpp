@@ -3,7 +3,8 @@
 // people, JSON, PyTorch's snapshot pickle (pytorch.org/memory_viz and
 // `python -m torch.cuda._memory_viz stats|trace|segments|memory`), a Chrome trace that
 // Perfetto's UI opens, a table in the shape of torch.cuda.memory_summary(), and the call
-// sites whose live bytes only grew across snapshots.
+// sites whose live bytes only grew across snapshots. Each form is a file of its own
+// (snapshot_text.cpp, snapshot_json.cpp, ...; README.md names them).
 //
 // Every function here is pure: it reads its arguments only, so any thread may call it. Text
 // that came from the process (names, paths, frames) is untrusted: the text views replace

@@ -1,0 +1,194 @@
+// cuwarden daemon commands: get_snapshot and get_ooms, the commands that take a process's
+// snapshot and name its frames (see handlers.hpp).
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "commands/handlers.hpp"
+#include "model/snapshots.hpp"
+#include "views/oom_json.hpp"
+#include "views/snapshot_views.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string base64(const std::string& in) {
+  static constexpr char k[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 | uint8_t(in[i + 2]);
+    out += {k[v >> 18], k[(v >> 12) & 63], k[(v >> 6) & 63], k[v & 63]};
+  }
+  if (i + 1 == in.size()) {
+    const uint32_t v = uint32_t(uint8_t(in[i])) << 16;
+    out += {k[v >> 18], k[(v >> 12) & 63], '=', '='};
+  } else if (i + 2 == in.size()) {
+    const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8;
+    out += {k[v >> 18], k[(v >> 12) & 63], k[(v >> 6) & 63], '='};
+  }
+  return out;
+}
+
+/// The largest `top` a page may ask for over HTTP.
+constexpr uint64_t kMaxHttpTop = 100000;
+
+/// Whether `who` may see the call sites and allocations of process `pid` of user `uid`: its
+/// owner and root only (a snapshot shows code paths, module addresses, file names). Null:
+/// the transport allowed every process.
+bool may_see(const Peer* who, uint32_t uid, uint32_t pid) { return !who || peer_owns(*who, uid, pid); }
+
+/// Whether `who` (null: a caller of the daemon's namespace) means process `host_pid` by `pid`.
+bool means(const Peer* who, uint64_t pid, uint32_t host_pid) {
+  return who ? peer_means(*who, static_cast<uint32_t>(pid), host_pid) : pid == host_pid;
+}
+
+/// The process `who` means by `pid`: the running one when a pid has an exited one too.
+const ProcessState* find_process(const State& st, const Peer* who, uint64_t pid) {
+  const ProcessState* p = nullptr;
+  for (const ProcessState& ps : st.processes)
+    if (means(who, pid, ps.pid) && (!p || (p->exited && !ps.exited))) p = &ps;
+  return p;
+}
+
+/// The reports of `pid` (all when none) that `who` may see, newest first.
+std::vector<std::shared_ptr<const OomReport>> reports_of(const State& st, std::optional<uint32_t> pid, const Peer* who) {
+  std::vector<std::shared_ptr<const OomReport>> v;
+  for (auto it = st.ooms.rbegin(); it != st.ooms.rend(); ++it)
+    if ((!pid || means(who, *pid, (*it)->pid)) && may_see(who, (*it)->uid, (*it)->pid)) v.push_back(*it);
+  return v;
+}
+
+/// The socket's reply: an envelope naming the format, the body in it (base64 for the pickle).
+Answer socket_view(const TakenSnapshot& taken, uint64_t pid, const std::string& format, const SnapshotArgs& args) {
+  TextOptions opts;
+  if (args.top) opts.top = *args.top;
+  ojson j;
+  j["pid"] = pid;
+  j["format"] = format;
+  j["exact"] = taken.snap.exact;
+  if (!taken.live_error.empty()) j["why_not_exact"] = taken.live_error;
+  if (!taken.symbols_note.empty()) j["symbols_note"] = taken.symbols_note;
+  if (format == "pytorch") {
+    j["encoding"] = "base64";
+    j["body"] = base64(snapshot_pytorch(taken.snap));
+  } else {
+    j["encoding"] = "utf-8";
+    j["body"] = format == "text"       ? snapshot_text(taken.snap, opts)
+                : format == "json"     ? snapshot_json(taken.snap).dump(1)
+                : format == "perfetto" ? snapshot_perfetto(taken.snap)
+                                       : summary_text(taken.snap);
+  }
+  return json_answer(j, Via::socket);
+}
+
+/// HTTP's reply: the format's own bytes and media type; JSON with `top` is the page's view
+/// (the largest call sites and allocations, no trace).
+Answer http_view(const TakenSnapshot& taken, uint64_t pid, const std::string& format, const SnapshotArgs& args) {
+  Answer a;
+  a.headers.emplace_back("X-Cuwarden-Exact", taken.snap.exact ? "1" : "0");
+  if (format == "json") {
+    auto j = snapshot_json(taken.snap);
+    if (!taken.live_error.empty()) j["why_not_exact"] = taken.live_error;
+    if (!taken.symbols_note.empty()) j["symbols_note"] = taken.symbols_note;
+    if (args.top) {
+      const uint64_t top = *args.top;
+      auto largest = [&](const char* key, const char* by) {
+        auto& arr = j[key];
+        std::stable_sort(arr.begin(), arr.end(), [by](const auto& x, const auto& y) { return x[by] > y[by]; });
+        if (arr.size() > top) arr.erase(arr.begin() + static_cast<std::ptrdiff_t>(top), arr.end());
+      };
+      largest("sites", "live_bytes");
+      largest("allocations", "bytes");
+      j.erase("trace");
+    }
+    a.body = json_answer(j, Via::http).body;
+  } else if (format == "pytorch") {
+    a.body = snapshot_pytorch(taken.snap);
+    a.content_type = "application/octet-stream";
+    a.headers.emplace_back("Content-Disposition", "attachment; filename=\"snapshot-" + std::to_string(pid) + ".pickle\"");
+  } else if (format == "perfetto") {
+    a.body = snapshot_perfetto(taken.snap);
+  } else {
+    TextOptions opts;
+    if (args.top) opts.top = *args.top;
+    a.body = format == "text" ? snapshot_text(taken.snap, opts) : summary_text(taken.snap);
+    a.content_type = "text/plain; charset=utf-8";
+  }
+  return a;
+}
+
+/// The call sites that only grew over the process's samples and `taken`, in `format`.
+Answer leaks_view(const State& st, const TakenSnapshot& taken, uint64_t pid, const std::string& format, Via via) {
+  if (format != "text" && format != "json") return failure(400, "bad request: --leaks takes the text or json format");
+  std::vector<Snapshot> window;
+  for (const ProcessState& ps : st.processes)
+    if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples)  // not a pid's earlier owner
+      for (const auto& sample : *ps.samples) window.push_back(*sample);
+  window.push_back(taken.snap);
+  TextOptions opts;
+  ojson j;
+  j["pid"] = pid;
+  j["format"] = format;
+  j["exact"] = taken.snap.exact;
+  j["encoding"] = "utf-8";
+  j["body"] = format == "json" ? leaks_json(window).dump(1) : leaks_text(window, opts);
+  return json_answer(j, via);
+}
+
+}  // namespace
+
+Answer get_snapshot(const Backend& b, const Peer* who, const SnapshotArgs& args, Via via) {
+  const std::string format = args.format ? *args.format : via == Via::socket ? "text" : "json";
+  if (!proto::is_snapshot_format(format)) return bad_value(via, proto::Command::get_snapshot, "format");
+  if (via == Via::http && args.top && (*args.top == 0 || *args.top > kMaxHttpTop))
+    return bad_value(via, proto::Command::get_snapshot, "top");
+  const auto st = b.store->load();
+  const uint64_t pid = args.pid;
+  TakenSnapshot taken;
+  if (args.oom) {
+    const auto reps = reports_of(*st, static_cast<uint32_t>(pid), who);
+    if (*args.oom >= reps.size())
+      return failure(404, "no out-of-memory report " + std::to_string(*args.oom) + " for pid " + std::to_string(pid));
+    taken = reps[*args.oom]->snapshot;
+  } else {
+    const ProcessState* p = find_process(*st, who, pid);
+    if (!p) return failure(404, "no such process: " + std::to_string(pid));
+    if (!may_see(who, p->uid, p->pid)) {
+      Answer a = failure(403, "refused: pid " + std::to_string(pid) +
+                                  " is another user's process (its owner or root may take its snapshot)");
+      a.refused = true;
+      return a;
+    }
+    taken = take_snapshot(
+        ProcessIdentity{ring_dir(st->run_dir, *p), p->pid, p->uid, p->start_time, p->user, p->exited, p->ns_pid},
+        p->header, p->history.get());
+  }
+  if (b.symbolize) symbolize(taken, *b.symbolize);
+  if (args.leaks) return leaks_view(*st, taken, pid, format, via);
+  return via == Via::socket ? socket_view(taken, pid, format, args) : http_view(taken, pid, format, args);
+}
+
+Answer get_ooms(const Backend& b, const Peer& peer, std::optional<uint32_t> pid) {
+  const auto st = b.store->load();
+  const auto reps = reports_of(*st, pid, &peer);
+  ojson list = ojson::array();
+  std::map<uint32_t, std::size_t> index;  // per pid, newest first
+  std::vector<ojson> rows;
+  for (const auto& r : reps) {
+    TakenSnapshot named = r->snapshot;
+    if (b.symbolize) symbolize(named, *b.symbolize);
+    rows.push_back(oom_json(*r, named.snap, index[r->pid]++));
+  }
+  for (auto it = rows.rbegin(); it != rows.rend(); ++it) list.push_back(std::move(*it));  // oldest first
+  ojson j;
+  j["reports"] = std::move(list);
+  return json_answer(j, Via::socket);
+}
+
+}  // namespace cuw::daemon

@@ -1,0 +1,116 @@
+// cuwarden daemon commands: the table of commands and routes (see table.hpp).
+#include "commands/table.hpp"
+
+#include "base/util.hpp"
+#include "commands/handlers.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+
+using nlohmann::json;
+
+/// A key of a checked body: absent and null are alike (protocol.hpp).
+bool has(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
+std::optional<std::string> param(const RouteRequest& r, const char* key) {
+  if (auto it = r.query->find(key); it != r.query->end()) return it->second;
+  return std::nullopt;
+}
+
+// ---- the socket's entries: arguments from a body that fits the command's kCommands row ----
+
+Answer socket_state(const Backend& b, const Peer&, const json&) { return get_state(b, Via::socket); }
+
+Answer socket_events(const Backend& b, const Peer&, const json& req) { return get_events(b, req); }
+
+Answer socket_limit(const Backend& b, const Peer& peer, const json& req) { return set_limit(b, peer, req); }
+
+Answer socket_snapshot(const Backend& b, const Peer& peer, const json& req) {
+  SnapshotArgs a;
+  a.pid = req["pid"].get<uint64_t>();
+  if (req.contains("format") && req["format"].is_string()) a.format = req["format"].get<std::string>();
+  if (req.contains("top") && req["top"].is_number()) a.top = req["top"].get<uint64_t>();
+  if (has(req, "oom")) a.oom = req["oom"].get<uint64_t>();
+  a.leaks = req.contains("leaks") && req["leaks"].is_number() && req["leaks"].get<uint64_t>() != 0;
+  return get_snapshot(b, &peer, a, Via::socket);
+}
+
+Answer socket_ooms(const Backend& b, const Peer& peer, const json& req) {
+  std::optional<uint32_t> pid;
+  if (has(req, "pid")) pid = static_cast<uint32_t>(req["pid"].get<uint64_t>());
+  return get_ooms(b, peer, pid);
+}
+
+Answer socket_history(const Backend& b, const Peer&, const json& req) {
+  HistoryArgs a;
+  if (has(req, "pid")) a.pid = req["pid"].get<uint64_t>();
+  if (req.contains("range") && req["range"].is_string()) a.range = req["range"].get<std::string>();
+  return get_history(b, a, Via::socket);
+}
+
+// ---- HTTP's entries: arguments from the path and the query --------------------------------
+
+Answer http_metrics(const Backend& b, const RouteRequest&) { return metrics(b); }
+
+Answer http_state(const Backend& b, const RouteRequest&) { return get_state(b, Via::http); }
+
+Answer http_history(const Backend& b, const RouteRequest& r) {
+  HistoryArgs a;
+  a.pid = r.pid;
+  a.range = param(r, "range");
+  return get_history(b, a, Via::http);
+}
+
+Answer http_snapshot(const Backend& b, const RouteRequest& r) {
+  SnapshotArgs a;
+  a.pid = *r.pid;
+  a.format = param(r, "format");
+  // Not a number: 0, which the handler refuses in the same words as one out of range.
+  if (const auto top = param(r, "top")) a.top = parse_u64(*top).value_or(0);
+  return get_snapshot(b, nullptr, a, Via::http);
+}
+
+constexpr CommandRow kRows[] = {
+    {proto::Command::get_state, false, socket_state},
+    {proto::Command::get_events, false, socket_events},
+    {proto::Command::set_limit, false, socket_limit},
+    {proto::Command::get_snapshot, true, socket_snapshot},
+    {proto::Command::get_ooms, true, socket_ooms},
+    {proto::Command::get_history, false, socket_history},
+};
+
+constexpr Route kRoutes[] = {
+    {"/metrics", false, false, http_metrics},
+    {"/api/v1/state", false, false, http_state},
+    {"/api/v1/history", false, false, http_history},
+    {"/api/v1/processes/{pid}/history", false, false, http_history},
+    {"/api/v1/processes/{pid}/snapshot", true, true, http_snapshot},
+};
+
+}  // namespace
+
+const CommandRow* find_command_row(uint16_t number) noexcept {
+  for (const CommandRow& r : kRows)
+    if (static_cast<uint16_t>(r.command) == number) return &r;
+  return nullptr;
+}
+
+std::span<const Route> routes() noexcept { return kRoutes; }
+
+RouteMatch match_route(std::string_view path) noexcept {
+  constexpr std::string_view kPid = "{pid}";
+  for (const Route& r : kRoutes) {
+    const std::size_t at = r.path.find(kPid);
+    if (at == std::string_view::npos) {
+      if (path == r.path) return {&r, std::nullopt};
+      continue;
+    }
+    const std::string_view before = r.path.substr(0, at), after = r.path.substr(at + kPid.size());
+    if (path.size() < before.size() + after.size() || !path.starts_with(before) || !path.ends_with(after)) continue;
+    return {&r, parse_pid(path.substr(before.size(), path.size() - before.size() - after.size()))};
+  }
+  return {};
+}
+
+}  // namespace cuw::daemon

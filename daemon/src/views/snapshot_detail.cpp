@@ -1,0 +1,159 @@
+// cuwarden daemon view: helpers the snapshot views share (see detail/snapshot.hpp).
+#include "views/detail/snapshot.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+#include "base/util.hpp"
+#include "cuw/ring.hpp"
+#include "cuw/size.hpp"
+#include "cuw/text.hpp"
+#include "views/counters_json.hpp"
+#include "views/pickle.hpp"
+
+namespace cuw::daemon::snapshot_detail {
+
+/// Untrusted text for a terminal (cuw/text.hpp): valid UTF-8, C0 and C1 controls as '?'.
+std::string printable(std::string_view s) { return cuw::printable(s); }
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+/// "850 ms", "12.3 s", "4 min 05 s", "2 h 03 min".
+std::string duration(uint64_t ns) {
+  char buf[48];
+  const uint64_t ms = ns / 1000000;
+  if (ms < 1000) std::snprintf(buf, sizeof buf, "%" PRIu64 " ms", ms);
+  else if (ms < 60000) std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ms) / 1000.0);
+  else if (ms < 3600000) std::snprintf(buf, sizeof buf, "%" PRIu64 " min %02" PRIu64 " s", ms / 60000, ms / 1000 % 60);
+  else std::snprintf(buf, sizeof buf, "%" PRIu64 " h %02" PRIu64 " min", ms / 3600000, ms / 60000 % 60);
+  return buf;
+}
+
+/// CLOCK_REALTIME ns as "2026-12-01 23:58:09 UTC".
+std::string utc(uint64_t ns) {
+  const time_t t = static_cast<time_t>(ns / 1000000000ULL);
+  struct tm tm {};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+const char* kind_name(SnapKind k) {
+  switch (k) {
+    case SnapKind::device: return "device";
+    case SnapKind::pooled: return "pooled";
+    case SnapKind::handle: return "handle";
+    case SnapKind::array: return "array";
+    case SnapKind::host: return "host";
+  }
+  return "unknown";
+}
+
+bool is_free_api(uint16_t api) {
+  switch (static_cast<ring::Api>(api)) {
+    case ring::Api::cuMemFree:
+    case ring::Api::cuMemFreeAsync:
+    case ring::Api::cuMemRelease:
+    case ring::Api::cuArrayDestroy:
+    case ring::Api::cuMipmappedArrayDestroy:
+    case ring::Api::cuMemFreeHost: return true;
+    default: return false;
+  }
+}
+
+bool pooling(const Snapshot& s) { return s.pool == "cache" || s.pool == "vmm"; }
+
+std::string_view base_name(std::string_view path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+/// One frame as `function (file:line)`; a native frame without a line shows its module and
+/// offset instead, which is what a person can feed to addr2line.
+std::string frame_text(const SnapFrame& f) {
+  std::string fn = f.function.empty() ? "??" : printable(f.function);
+  if (!f.file.empty()) return fn + " (" + printable(f.file) + ":" + std::to_string(f.line) + ")";
+  if (!f.module.empty()) return fn + " (" + printable(base_name(f.module)) + "+" + hex(f.offset) + ")";
+  return fn + " (" + hex(f.pc) + ")";
+}
+
+/// cuwarden's own frames and the CUDA libraries' sit innermost in every native stack and
+/// say nothing about which code asked: the text views skip them.
+bool runtime_frame(const SnapFrame& f) {
+  if (f.python) return false;
+  const std::string_view m = base_name(f.module);
+  return m.rfind("libcuwarden", 0) == 0 || m.rfind("libcuda.", 0) == 0 || m.rfind("libcudart", 0) == 0;
+}
+
+/// The frames a person reads first: Python frames (innermost first), then the native ones
+/// past the runtime's, at most `max`.
+std::vector<const SnapFrame*> frames_to_show(const SnapSite* site, std::size_t max) {
+  std::vector<const SnapFrame*> out;
+  if (!site) return out;
+  for (const SnapFrame& f : site->frames)
+    if (f.python && out.size() < max) out.push_back(&f);
+  bool skipping = true;
+  for (const SnapFrame& f : site->frames) {
+    if (f.python) continue;
+    if (skipping && runtime_frame(f)) continue;
+    skipping = false;
+    if (out.size() < max) out.push_back(&f);
+  }
+  return out;
+}
+
+/// Live device memory per call site (host memory is not device memory).
+std::map<uint32_t, SiteTotal> site_totals(const Snapshot& s) {
+  std::map<uint32_t, SiteTotal> out;
+  for (const SnapAlloc& a : s.allocations) {
+    if (a.kind == SnapKind::host) continue;
+    SiteTotal& t = out[a.site];
+    t.bytes += a.bytes;
+    t.count += a.count;
+  }
+  return out;
+}
+
+uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+/// `s` padded with spaces to `w` columns (counting UTF-8 code points, not bytes).
+std::string pad(const std::string& s, std::size_t w, bool right) {
+  std::size_t cols = 0;
+  for (char c : s)
+    if ((static_cast<unsigned char>(c) & 0xc0) != 0x80) ++cols;
+  if (cols >= w) return s;
+  const std::string fill(w - cols, ' ');
+  return right ? fill + s : s + fill;
+}
+
+/// `s` cut to `w` columns (UTF-8 code points).
+std::string fit(const std::string& s, std::size_t w) {
+  std::size_t cols = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xc0) == 0x80) continue;
+    if (cols++ == w) return s.substr(0, i);
+  }
+  return s;
+}
+
+
+nlohmann::ordered_json frame_json(const SnapFrame& f) {
+  return {{"python", f.python},      {"function", pickle::valid_utf8(f.function)},
+          {"file", pickle::valid_utf8(f.file)}, {"line", f.line},
+          {"module", pickle::valid_utf8(f.module)}, {"offset", f.offset},
+          {"pc", f.pc}};
+}
+
+}  // namespace cuw::daemon::snapshot_detail

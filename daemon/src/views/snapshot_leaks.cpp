@@ -1,0 +1,140 @@
+// cuwarden daemon view: the call sites whose live bytes only grew across snapshots (see
+// snapshot_views.hpp).
+#include "views/snapshot_views.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+#include "base/util.hpp"
+#include "cuw/ring.hpp"
+#include "cuw/size.hpp"
+#include "cuw/text.hpp"
+#include "views/counters_json.hpp"
+#include "views/pickle.hpp"
+#include "views/detail/snapshot.hpp"
+
+namespace cuw::daemon {
+
+using json = nlohmann::ordered_json;
+using namespace snapshot_detail;
+
+namespace {
+
+struct LeakWindow {
+  std::vector<const Snapshot*> used;  ///< exact snapshots, oldest first
+  std::size_t skipped = 0;
+};
+
+LeakWindow leak_window(const std::vector<Snapshot>& snaps) {
+  LeakWindow w;
+  for (const Snapshot& s : snaps) {
+    if (s.pid != snaps.front().pid) throw std::invalid_argument("snapshots of different processes");
+    if (s.exact) w.used.push_back(&s);
+    else ++w.skipped;
+  }
+  std::stable_sort(w.used.begin(), w.used.end(),
+                   [](const Snapshot* a, const Snapshot* b) { return a->time_ns < b->time_ns; });
+  return w;
+}
+
+std::vector<LeakSuspect> suspects(const LeakWindow& w) {
+  std::vector<LeakSuspect> out;
+  if (w.used.size() < 2) return out;
+  std::vector<std::map<uint32_t, SiteTotal>> per;
+  std::set<uint32_t> ids;
+  for (const Snapshot* s : w.used) {
+    per.push_back(site_totals(*s));
+    for (const auto& [id, t] : per.back()) ids.insert(id);
+  }
+  for (uint32_t id : ids) {
+    LeakSuspect l;
+    l.site = id;
+    bool grows = true;
+    for (std::size_t i = 0; i < per.size(); ++i) {
+      auto it = per[i].find(id);
+      const uint64_t b = it != per[i].end() ? it->second.bytes : 0;
+      if (!l.bytes.empty() && b < l.bytes.back()) grows = false;
+      l.bytes.push_back(b);
+    }
+    if (!grows || l.bytes.back() <= l.bytes.front()) continue;
+    auto f = per.front().find(id), b = per.back().find(id);
+    l.first_count = f != per.front().end() ? f->second.count : 0;
+    l.last_count = b != per.back().end() ? b->second.count : 0;
+    if (const SnapSite* st = w.used.back()->site(id)) l.frames = *st;
+    l.frames.id = id;
+    out.push_back(std::move(l));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const LeakSuspect& a, const LeakSuspect& b) { return a.growth() > b.growth(); });
+  return out;
+}
+
+}  // namespace
+
+std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps) {
+  if (snaps.empty()) return {};
+  return suspects(leak_window(snaps));
+}
+
+json leaks_json(const std::vector<Snapshot>& snaps) {
+  const LeakWindow w = snaps.empty() ? LeakWindow{} : leak_window(snaps);
+  json sites = json::array();
+  for (const LeakSuspect& l : suspects(w)) {
+    json frames = json::array();
+    for (const SnapFrame& f : l.frames.frames) frames.push_back(frame_json(f));
+    sites.push_back({{"site", l.site},
+                     {"growth_bytes", l.growth()},
+                     {"bytes", l.bytes},
+                     {"first_count", l.first_count},
+                     {"last_count", l.last_count},
+                     {"frames", std::move(frames)}});
+  }
+  return {{"pid", snaps.empty() ? json(nullptr) : json(snaps.front().pid)},
+          {"snapshots", w.used.size()},
+          {"skipped", w.skipped},
+          {"first_ns", w.used.empty() ? json(nullptr) : json(w.used.front()->time_ns)},
+          {"last_ns", w.used.empty() ? json(nullptr) : json(w.used.back()->time_ns)},
+          {"sites", std::move(sites)}};
+}
+
+std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& opts) {
+  if (snaps.empty()) return "No snapshot to compare.\n";
+  const LeakWindow w = leak_window(snaps);
+  std::string out;
+  const Snapshot& last = w.used.empty() ? snaps.front() : *w.used.back();
+  out += "Call sites of pid " + std::to_string(last.pid) + " (" + printable(process_name(last.comm, last.cmdline)) +
+         ") whose live device memory only grew";
+  if (w.used.size() >= 2)
+    out += " over " + duration(w.used.back()->time_ns - w.used.front()->time_ns) + " (" + std::to_string(w.used.size()) +
+           " snapshots, " + utc(w.used.front()->time_ns) + " to " + utc(w.used.back()->time_ns) + ")";
+  out += ":\n";
+  if (w.skipped)
+    out += "  (" + std::to_string(w.skipped) + " snapshot" + (w.skipped == 1 ? "" : "s") +
+           " left out: live records not readable)\n";
+  if (w.used.size() < 2) return out + "  Needs two snapshots or more with live records.\n";
+  const auto list = suspects(w);
+  if (list.empty()) return out + "  None.\n";
+  for (std::size_t i = 0; i < list.size() && i < opts.top; ++i) {
+    const LeakSuspect& l = list[i];
+    out += "  +" + format_bytes(l.growth()) + "  (" + format_bytes(l.bytes.front()) + " -> " + format_bytes(l.bytes.back()) +
+           ", " + std::to_string(l.first_count) + " -> " + std::to_string(l.last_count) + " allocations)  ";
+    if (l.site == 0) {
+      out += "(no call site captured)\n";
+      continue;
+    }
+    out += "site " + std::to_string(l.site) + "\n";
+    const auto shown = frames_to_show(&l.frames, opts.frames);
+    if (shown.empty()) out += "      (frames unknown)\n";
+    for (const SnapFrame* f : shown) out += "      " + frame_text(*f) + (f->python ? "" : "  [native]") + "\n";
+  }
+  if (list.size() > opts.top) out += "  ... and " + std::to_string(list.size() - opts.top) + " more\n";
+  return out;
+}
+
+}  // namespace cuw::daemon
