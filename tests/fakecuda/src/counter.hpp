@@ -21,11 +21,42 @@ void thrash_caches() noexcept;
 int trace_level();  // FAKECUDA_TRACE: 0 off, 1 stubs/export tables/misses, 2 every call
 void trace(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// The call gate of the checkpoint API (checkpoint.cpp). cuCheckpointProcessLock closes it:
+// a call that arrives waits until the process is unlocked, and the lock waits for the calls
+// already inside to return (in_flight reaches 0). A FAILED process's calls return at once.
+// Both sides are seq_cst: the call counts itself, then reads the gate; the lock closes the
+// gate, then reads the count, so that one of them sees the other.
+enum : uint32_t { kGateOpen = 0, kGateClosed = 1, kGateFailed = 2 };
+extern std::atomic<uint32_t> g_gate;
+extern std::atomic<uint32_t> g_in_flight;
+int gate_wait() noexcept;         // the gate was not open: 0 once inside, else a CUresult
+void gate_last_out() noexcept;    // wakes a lock waiting for the calls inside to return
+
+// About 6 instructions while the gate is open: two atomic read-modify-writes and a load.
+struct ApiCall {
+  int rc = 0;
+  ApiCall() noexcept {
+    g_in_flight.fetch_add(1);
+    if (g_gate.load() != kGateOpen) rc = gate_wait();
+  }
+  ~ApiCall() {
+    if (rc == 0 && g_in_flight.fetch_sub(1) == 1 && g_gate.load() != kGateOpen) gate_last_out();
+  }
+  ApiCall(const ApiCall&) = delete;
+  ApiCall& operator=(const ApiCall&) = delete;
+};
+
 // Every exported cu* entry point starts with FC_ENTER(): counts the call (one relaxed atomic
-// add after the first call) and prints it when FAKECUDA_TRACE=2.
-#define FC_ENTER()                                  \
+// add after the first call), prints it when FAKECUDA_TRACE=2, and passes the call gate. The
+// checkpoint entry points use FC_COUNT() instead: they are not gated (a process may lock
+// itself, and a controller's own calls never wait for another process).
+#define FC_COUNT()                                  \
   static ::fc::CallCounter fc_counter_{__func__}; \
   fc_counter_.hit()
+#define FC_ENTER()        \
+  FC_COUNT();             \
+  ::fc::ApiCall fc_call_; \
+  if (fc_call_.rc != 0) return static_cast<CUresult>(fc_call_.rc)
 
 // What cuGetProcAddress resolves from (proc_table.cpp, generated rows).
 struct RawProc {
