@@ -11,10 +11,11 @@
 //               the process still RUNNING (measured on driver 595: a 1 s lock during a 7 s
 //               kernel returned NOT_READY after 1.0 s and the job went on).
 //   checkpoint  copies every device byte of the process (arena blocks: cuMemAlloc, pools,
-//               graphs, arrays; VMM device handles) into host memory of the process itself,
-//               drops the device pages (they read as zero until restored) and gives the
-//               process's whole share of each device back (context memory included), so
-//               NVML shows it holding nothing. What the driver cannot carry (managed memory,
+//               arrays; VMM device handles) into host memory of the process itself, drops
+//               the device pages (they read as zero until restored) and gives the process's
+//               whole share of each device back (context memory included), so NVML shows it
+//               holding nothing. Graph memory (allocation nodes) keeps its pages where they
+//               are, a simplification: its share goes back with the rest. What the driver cannot carry (managed memory,
 //               legacy IPC exports or imports, cuMem handles exported or imported as shareable
 //               handles) fails it: CUDA_ERROR_NOT_SUPPORTED and the process FAILED (the
 //               driver does not roll back; driver 595 leaves such a process's context dead,
@@ -44,8 +45,7 @@
 
 namespace fc {
 
-std::atomic<uint32_t> g_gate{kGateOpen};
-std::atomic<uint32_t> g_in_flight{0};
+std::atomic<uint32_t> g_calls{0};
 
 namespace {
 
@@ -55,18 +55,18 @@ std::atomic<uint32_t> g_blocked{0};
 
 std::mutex g_op_mu;  // one operation at a time (the service thread, or the process itself)
 std::atomic<uint32_t> g_state{CU_PROCESS_STATE_RUNNING};
-ChannelFile* g_channel = nullptr;  // this process's channel, or nullptr (no CUWARDEN_FAKE_DIR)
+std::atomic<ChannelFile*> g_channel{nullptr};  // this process's channel, or nullptr (no CUWARDEN_FAKE_DIR)
 int g_service_pid = 0;             // the process that started the service (fork: not the child)
 std::atomic<int> g_service_tid{0};
 
 void set_state(CUprocessState s) {
   g_state.store(s);
-  if (g_channel) g_channel->state.store(s);
+  if (ChannelFile* ch = g_channel.load()) ch->state.store(s);
 }
 
 void set_blocked(int delta) {
   const uint32_t n = g_blocked.fetch_add(static_cast<uint32_t>(delta)) + static_cast<uint32_t>(delta);
-  if (g_channel) g_channel->blocked_calls.store(n);
+  if (ChannelFile* ch = g_channel.load()) ch->blocked_calls.store(n);
 }
 
 // One range copied to the host: an arena block (by address) or a VMM handle (by memfd).
@@ -88,20 +88,21 @@ Checkpoint g_saved;
 void free_host_copy() {
   if (g_saved.host) munmap(g_saved.host, g_saved.host_len);
   g_saved = Checkpoint{};
-  if (g_channel) g_channel->host_bytes.store(0);
+  if (ChannelFile* ch = g_channel.load()) ch->host_bytes.store(0);
 }
 
 void fail() {
   free_host_copy();
   set_state(CU_PROCESS_STATE_FAILED);
   std::lock_guard lk(g_gate_mu);
-  g_gate.store(kGateFailed);
+  g_calls.fetch_or(kGateFailed);
+  g_calls.fetch_and(~kGateClosed);
   g_gate_cv.notify_all();
 }
 
 void open_gate() {
   std::lock_guard lk(g_gate_mu);
-  g_gate.store(kGateOpen);
+  g_calls.fetch_and(~kGateClosed);
   g_gate_cv.notify_all();
 }
 
@@ -109,19 +110,20 @@ void open_gate() {
 
 int gate_wait() noexcept {
   for (;;) {
+    const uint32_t now = g_calls.load();
+    if (now & kGateFailed) return CUDA_ERROR_ILLEGAL_STATE;  // the destructor uncounts it
+    if (!(now & kGateClosed)) return 0;
     // Not inside after all: leave (waking a lock that waits for the count), wait for the gate.
-    if (g_in_flight.fetch_sub(1) == 1) gate_last_out();
+    if (g_calls.fetch_sub(1) == (kGateClosed | 1)) gate_last_out();
     {
       std::unique_lock lk(g_gate_mu);
-      if (g_gate.load() == kGateClosed) {
+      if (g_calls.load() & kGateClosed) {
         set_blocked(1);
-        g_gate_cv.wait(lk, [] { return g_gate.load() != kGateClosed; });
+        g_gate_cv.wait(lk, [] { return !(g_calls.load() & kGateClosed); });
         set_blocked(-1);
       }
-      if (g_gate.load() == kGateFailed) return CUDA_ERROR_ILLEGAL_STATE;
     }
-    g_in_flight.fetch_add(1);
-    if (g_gate.load() == kGateOpen) return 0;
+    g_calls.fetch_add(1);
   }
 }
 
@@ -146,8 +148,8 @@ CUresult process_lock(unsigned timeout_ms) {
   bool ok;
   {
     std::unique_lock lk(g_gate_mu);
-    g_gate.store(kGateClosed);
-    ok = g_gate_cv.wait_until(lk, deadline, [] { return g_in_flight.load() == 0; });
+    g_calls.fetch_or(kGateClosed);
+    ok = g_gate_cv.wait_until(lk, deadline, [] { return (g_calls.load() & kGateCount) == 0; });
   }
   // No call is inside and none can enter: what the streams hold now is all there is.
   if (ok) {
@@ -218,7 +220,7 @@ CUresult process_checkpoint() {
   for (const Saved& r : c.ranges)
     if (r.fd >= 0) fallocate(r.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(r.len));
   g_saved = c;
-  if (g_channel) g_channel->host_bytes.store(c.host_len);
+  if (ChannelFile* ch = g_channel.load()) ch->host_bytes.store(c.host_len);
   set_state(CU_PROCESS_STATE_CHECKPOINTED);
   return CUDA_SUCCESS;
 }
@@ -295,7 +297,7 @@ void service_loop(ChannelFile* ch) {
 }
 
 void remove_channel() {
-  if (g_channel && g_service_pid == getpid()) unlink(channel_path(g_service_pid).c_str());
+  if (g_channel.load() && g_service_pid == getpid()) unlink(channel_path(g_service_pid).c_str());
 }
 
 }  // namespace
@@ -309,9 +311,8 @@ void checkpoint_service_start() {
     // A forked child neither serves nor writes its parent's channel, and starts with an open
     // gate (the fork itself was no CUDA call).
     pthread_atfork(nullptr, nullptr, [] {
-      g_channel = nullptr;
-      g_gate.store(kGateOpen);
-      g_in_flight.store(0);
+      g_channel.store(nullptr);
+      g_calls.store(0);
       g_blocked.store(0);
       g_state.store(CU_PROCESS_STATE_RUNNING);
       g_service_tid.store(0);
@@ -336,7 +337,7 @@ void checkpoint_service_start() {
   ch->start_time = process_start_time(pid);
   ch->state.store(g_state.load());
   ch->blocked_calls.store(g_blocked.load());
-  g_channel = ch;
+  g_channel.store(ch);
   g_service_pid = pid;
   std::thread(service_loop, ch).detach();
   g_service_tid.wait(0);  // the thread's id is in the file before anyone can read it

@@ -21,26 +21,26 @@ void thrash_caches() noexcept;
 int trace_level();  // FAKECUDA_TRACE: 0 off, 1 stubs/export tables/misses, 2 every call
 void trace(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-// The call gate of the checkpoint API (checkpoint.cpp). cuCheckpointProcessLock closes it:
-// a call that arrives waits until the process is unlocked, and the lock waits for the calls
-// already inside to return (in_flight reaches 0). A FAILED process's calls return at once.
-// Both sides are seq_cst: the call counts itself, then reads the gate; the lock closes the
-// gate, then reads the count, so that one of them sees the other.
-enum : uint32_t { kGateOpen = 0, kGateClosed = 1, kGateFailed = 2 };
-extern std::atomic<uint32_t> g_gate;
-extern std::atomic<uint32_t> g_in_flight;
-int gate_wait() noexcept;         // the gate was not open: 0 once inside, else a CUresult
-void gate_last_out() noexcept;    // wakes a lock waiting for the calls inside to return
+// The call gate of the checkpoint API (checkpoint.cpp). One word: the number of calls inside
+// the driver, and two flags. cuCheckpointProcessLock sets kGateClosed: a call that arrives
+// waits until the process is unlocked, and the lock waits for the calls already inside to
+// return (the count reaches 0). kGateFailed: a FAILED process's calls return at once.
+// Count and flags share the word so that one atomic add both counts a call and reads the gate.
+inline constexpr uint32_t kGateClosed = 1u << 31;
+inline constexpr uint32_t kGateFailed = 1u << 30;
+inline constexpr uint32_t kGateCount = kGateFailed - 1;
+extern std::atomic<uint32_t> g_calls;
+int gate_wait() noexcept;       // the gate was not open: 0 once inside, else a CUresult (still counted)
+void gate_last_out() noexcept;  // wakes a lock waiting for the calls inside to return
 
-// About 6 instructions while the gate is open: two atomic read-modify-writes and a load.
+// About 6 instructions while the gate is open: an atomic add and a compare on entry and on return.
 struct ApiCall {
   int rc = 0;
   ApiCall() noexcept {
-    g_in_flight.fetch_add(1);
-    if (g_gate.load() != kGateOpen) rc = gate_wait();
+    if (g_calls.fetch_add(1) >= kGateFailed) rc = gate_wait();
   }
   ~ApiCall() {
-    if (rc == 0 && g_in_flight.fetch_sub(1) == 1 && g_gate.load() != kGateOpen) gate_last_out();
+    if (g_calls.fetch_sub(1) == (kGateClosed | 1)) gate_last_out();
   }
   ApiCall(const ApiCall&) = delete;
   ApiCall& operator=(const ApiCall&) = delete;
