@@ -341,11 +341,10 @@ void checkpoint_service_start() {
   g_service_pid = pid;
   std::thread(service_loop, ch).detach();
   g_service_tid.wait(0);  // the thread's id is in the file before anyone can read it
-  // Controllers check the magic last: the file is complete once they see it.
-  std::atomic_thread_fence(std::memory_order_release);
+  // Controllers read the magic first (acquire): the file is complete once they see it.
   ch->size = sizeof(ChannelFile);
   ch->version = kChannelVersion;
-  reinterpret_cast<std::atomic<uint32_t>*>(&ch->magic)->store(kChannelMagic, std::memory_order_release);
+  ch->magic.store(kChannelMagic, std::memory_order_release);
 }
 
 }  // namespace fc

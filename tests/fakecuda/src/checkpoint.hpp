@@ -35,7 +35,7 @@ constexpr uint32_t kChannelVersion = 1;
 enum ChannelOp : uint32_t { kOpLock = 1, kOpCheckpoint = 2, kOpRestore = 3, kOpUnlock = 4 };
 
 struct ChannelFile {
-  uint32_t magic;
+  std::atomic<uint32_t> magic;  // written last (release): the rest is complete once it is set
   uint32_t version;
   uint32_t size;  // sizeof(ChannelFile)
   uint32_t reserved0;

@@ -66,7 +66,7 @@ class Remote {
     if (p == MAP_FAILED) return CUDA_ERROR_OPERATING_SYSTEM;
     ch_ = static_cast<ChannelFile*>(p);
     // Every byte of the file is the other process's word: check it before trusting it.
-    const uint32_t magic = reinterpret_cast<std::atomic<uint32_t>*>(&ch_->magic)->load(std::memory_order_acquire);
+    const uint32_t magic = ch_->magic.load(std::memory_order_acquire);
     if (magic != kChannelMagic || ch_->version != kChannelVersion || ch_->size != sizeof(ChannelFile) ||
         ch_->pid != pid || ch_->start_time != start_)
       return CUDA_ERROR_NOT_INITIALIZED;  // a file left by an earlier process of this pid
