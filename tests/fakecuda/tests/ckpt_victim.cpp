@@ -4,6 +4,9 @@
 // command per line on stdin and answers one line per command on stdout:
 //   alloc BYTES       cuMemAlloc + a pattern written through cuMemcpyHtoD -> "ptr 0xADDR" | "rc N"
 //   reserve BYTES     cuMemAlloc, nothing written                         -> "ptr 0xADDR" | "rc N"
+//   vmm               2 MiB through cuMemCreate/AddressReserve/Map/SetAccess, the pattern written
+//                     through cuMemcpyHtoD                                -> "ptr 0xADDR" | "rc N"
+//   vmm_check         reads that mapping back                             -> "ok 0xADDR" | "bad ..." | "rc N"
 //   managed BYTES     cuMemAllocManaged                                   -> "rc N"
 //   ipc               cuIpcGetMemHandle of the first allocation           -> "rc N"
 //   vmm_export        cuMemCreate (shareable) + cuMemExportToShareableHandle -> "rc N"
@@ -36,6 +39,8 @@
 namespace {
 
 CUdeviceptr g_first = 0;
+CUdeviceptr g_vmm = 0;
+constexpr size_t kVmmBytes = size_t{2} << 20;
 size_t g_first_bytes = 0;
 CUstream g_stream = nullptr;
 
@@ -63,6 +68,33 @@ void check() {
   for (size_t i = 0; i < g_first_bytes; ++i)
     if (back[i] != pattern(i)) return say("bad at %zu: %d", i, back[i]);
   say("ok 0x%llx", static_cast<unsigned long long>(g_first));
+}
+
+CUresult vmm_map() {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h = 0;
+  if (CUresult rc = cuMemCreate(&h, kVmmBytes, &prop, 0)) return rc;
+  if (CUresult rc = cuMemAddressReserve(&g_vmm, kVmmBytes, 0, 0, 0)) return rc;
+  if (CUresult rc = cuMemMap(g_vmm, kVmmBytes, 0, h, 0)) return rc;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult rc = cuMemSetAccess(g_vmm, kVmmBytes, &access, 1)) return rc;
+  std::vector<unsigned char> host(kVmmBytes);
+  for (size_t i = 0; i < kVmmBytes; ++i) host[i] = pattern(i + 1);
+  return cuMemcpyHtoD(g_vmm, host.data(), kVmmBytes);
+}
+
+void vmm_check() {
+  std::vector<unsigned char> back(kVmmBytes);
+  const CUresult rc = cuMemcpyDtoH(back.data(), g_vmm, kVmmBytes);
+  if (rc != CUDA_SUCCESS) return say("rc %d", rc);
+  for (size_t i = 0; i < kVmmBytes; ++i)
+    if (back[i] != pattern(i + 1)) return say("bad at %zu: %d", i, back[i]);
+  say("ok 0x%llx", static_cast<unsigned long long>(g_vmm));
 }
 
 void filled(unsigned value) {
@@ -109,6 +141,12 @@ int main() {
       const CUresult rc = cuMemAlloc(&p, a);
       if (rc != CUDA_SUCCESS) say("rc %d", rc);
       else say("ptr 0x%llx", static_cast<unsigned long long>(p));
+    } else if (c == "vmm") {
+      const CUresult rc = vmm_map();
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("ptr 0x%llx", static_cast<unsigned long long>(g_vmm));
+    } else if (c == "vmm_check") {
+      vmm_check();
     } else if (c == "managed") {
       CUdeviceptr p = 0;
       say("rc %d", cuMemAllocManaged(&p, a, CU_MEM_ATTACH_GLOBAL));

@@ -233,6 +233,27 @@ TEST_CASE("a checkpointed process's device bytes go to its host memory and come 
   REQUIRE(v.line() == "ok " + ptr.substr(4));
 }
 
+TEST_CASE("memory mapped through the VMM API is carried too, with the process's other memory") {
+  Api api;
+  Nvml nvml;
+  Victim v;
+  const std::string ptr = v.ask("alloc " + std::to_string(kMiB));
+  REQUIRE(ptr.rfind("ptr 0x", 0) == 0);
+  const std::string vmm = v.ask("vmm");
+  REQUIRE(vmm.rfind("ptr 0x", 0) == 0);
+  REQUIRE(nvml.bytes_of(v.pid()) == 3 * kMiB);
+  REQUIRE(api.lock_with(v.pid(), 10000) == CUDA_SUCCESS);
+  REQUIRE(api.checkpoint(v.pid(), nullptr) == CUDA_SUCCESS);
+  CHECK(nvml.bytes_of(v.pid()) == 0);
+  CHECK(info_of(v.pid()).host_bytes == 3 * kMiB);
+  REQUIRE(api.restore(v.pid(), nullptr) == CUDA_SUCCESS);
+  REQUIRE(api.unlock(v.pid(), nullptr) == CUDA_SUCCESS);
+  REQUIRE(v.ask("vmm_check") == "ok " + vmm.substr(4));
+  v.send("check");
+  REQUIRE(v.line() == "calling");
+  REQUIRE(v.line() == "ok " + ptr.substr(4));
+}
+
 TEST_CASE("a lock waits for the work a process submitted and for its calls inside the driver") {
   Api api;
   Victim v;
