@@ -20,6 +20,8 @@
 //   filled VALUE      reads the first allocation back                     -> "filled" | "bad ..." | "rc N"
 //   call              cuCtxGetDevice                                      -> "rc N"
 //   info              cuMemGetInfo                                        -> "free F total T"
+// `ckpt_victim restore PID` instead asks for PID's restore without calling cuInit first and
+// prints "rc N" (the driver requires cuInit or persistence mode before a restore).
 // "calling" comes before a call that may block, so that the test knows the
 // process is on its way into it. EOF on stdin ends it.
 #include <cuda.h>
@@ -108,7 +110,11 @@ void filled(unsigned value) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "restore") == 0) {
+    say("rc %d", cuCheckpointProcessRestore(std::atoi(argv[2]), nullptr));
+    return 0;
+  }
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||

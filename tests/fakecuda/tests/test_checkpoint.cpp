@@ -44,7 +44,7 @@ bool eventually(const std::function<bool()>& done) {
 // A ckpt_victim process, spoken to line by line.
 class Victim {
  public:
-  Victim() {
+  explicit Victim(const std::vector<std::string>& args = {}) {
     int to[2], from[2];
     REQUIRE(pipe2(to, O_CLOEXEC) == 0);
     REQUIRE(pipe2(from, O_CLOEXEC) == 0);
@@ -52,14 +52,16 @@ class Victim {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, to[0], 0);
     posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-    char* argv[] = {const_cast<char*>(FAKECUDA_VICTIM), nullptr};
-    REQUIRE(posix_spawn(&pid_, FAKECUDA_VICTIM, &fa, nullptr, argv, environ) == 0);
+    std::vector<char*> argv{const_cast<char*>(FAKECUDA_VICTIM)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    REQUIRE(posix_spawn(&pid_, FAKECUDA_VICTIM, &fa, nullptr, argv.data(), environ) == 0);
     posix_spawn_file_actions_destroy(&fa);
     close(to[0]);
     close(from[1]);
     in_ = fdopen(to[1], "w");
     out_ = fdopen(from[0], "r");
-    REQUIRE(line() == "ready " + std::to_string(pid_));
+    if (args.empty()) REQUIRE(line() == "ready " + std::to_string(pid_));
   }
   ~Victim() {
     if (pid_ > 0) stop();
@@ -205,6 +207,12 @@ TEST_CASE("a checkpointed process's device bytes go to its host memory and come 
   CHECK(nvml.memory().used == 0);
   CHECK(nvml.memory().free == kCapacity);
   CHECK(info_of(v.pid()).host_bytes == 16 * kMiB);
+  // A restore asked by a process that has not called cuInit is refused, and changes nothing.
+  {
+    Victim uninitialized({"restore", std::to_string(v.pid())});
+    CHECK(uninitialized.line() == "rc " + std::to_string(CUDA_ERROR_NOT_INITIALIZED));
+  }
+  REQUIRE(api.state(v.pid()) == CU_PROCESS_STATE_CHECKPOINTED);
 
   // Its next CUDA call waits while it is checkpointed.
   v.send("check");
