@@ -49,8 +49,10 @@ std::atomic<uint32_t> g_calls{0};
 
 namespace {
 
-std::mutex g_gate_mu;  // with g_gate_cv: the waits of the gate's slow paths
-std::condition_variable g_gate_cv;
+// With g_gate_cv: the waits of the gate's slow paths. Never destroyed: calls may still wait
+// at the gate while the process exits.
+std::mutex& g_gate_mu = *new std::mutex;
+std::condition_variable& g_gate_cv = *new std::condition_variable;
 std::atomic<uint32_t> g_blocked{0};
 
 std::mutex g_op_mu;  // one operation at a time (the service thread, or the process itself)
@@ -83,7 +85,7 @@ struct Checkpoint {
   std::vector<Saved> ranges;
   std::vector<size_t> device_bytes;  // each visible device's share given back
 };
-Checkpoint g_saved;
+Checkpoint& g_saved = *new Checkpoint;  // never destroyed, like the gate
 
 void free_host_copy() {
   if (g_saved.host) munmap(g_saved.host, g_saved.host_len);
