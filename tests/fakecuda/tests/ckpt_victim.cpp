@@ -21,7 +21,8 @@
 //   call              cuCtxGetDevice                                      -> "rc N"
 //   info              cuMemGetInfo                                        -> "free F total T"
 // `ckpt_victim restore PID` instead asks for PID's restore without calling cuInit first and
-// prints "rc N" (the driver requires cuInit or persistence mode before a restore).
+// prints "rc N" (the driver requires cuInit or persistence mode before a restore);
+// `ckpt_victim lock PID` calls cuInit, asks for PID's lock (1 s timeout), prints "rc N".
 // "calling" comes before a call that may block, so that the test knows the
 // process is on its way into it. EOF on stdin ends it.
 #include <cuda.h>
@@ -113,6 +114,13 @@ void filled(unsigned value) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "restore") == 0) {
     say("rc %d", cuCheckpointProcessRestore(std::atoi(argv[2]), nullptr));
+    return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "lock") == 0) {
+    CUcheckpointLockArgs args{};
+    args.timeoutMs = 1000;
+    const CUresult init = cuInit(0);
+    say("rc %d", init != CUDA_SUCCESS ? init : cuCheckpointProcessLock(std::atoi(argv[2]), &args));
     return 0;
   }
   CUdevice dev = 0;

@@ -6,7 +6,9 @@
 // starts and drives through their stdin/stdout. Every test case runs in a process of its own
 // (ctest), whose main() gives it a fresh directory: a device of 256 MiB shared by its processes.
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,10 +43,11 @@ bool eventually(const std::function<bool()>& done) {
   return true;
 }
 
-// A ckpt_victim process, spoken to line by line.
+// A ckpt_victim process, spoken to line by line. `args`: ckpt_victim's own (a one-shot
+// command); `as`: a user to run it as (through setpriv), or nullptr.
 class Victim {
  public:
-  explicit Victim(const std::vector<std::string>& args = {}) {
+  explicit Victim(const std::vector<std::string>& args = {}, const passwd* as = nullptr) {
     int to[2], from[2];
     REQUIRE(pipe2(to, O_CLOEXEC) == 0);
     REQUIRE(pipe2(from, O_CLOEXEC) == 0);
@@ -52,10 +55,16 @@ class Victim {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, to[0], 0);
     posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-    std::vector<char*> argv{const_cast<char*>(FAKECUDA_VICTIM)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    std::vector<std::string> words;
+    if (as)
+      words = {"/usr/bin/setpriv", "--reuid=" + std::to_string(as->pw_uid), "--regid=" + std::to_string(as->pw_gid),
+               "--clear-groups"};
+    words.push_back(FAKECUDA_VICTIM);
+    words.insert(words.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
     argv.push_back(nullptr);
-    REQUIRE(posix_spawn(&pid_, FAKECUDA_VICTIM, &fa, nullptr, argv.data(), environ) == 0);
+    REQUIRE(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) == 0);
     posix_spawn_file_actions_destroy(&fa);
     close(to[0]);
     close(from[1]);
@@ -164,6 +173,17 @@ struct Nvml {
     return 0;
   }
 };
+
+// A user of the machine's own for cross-user tests, created when missing (root only).
+const passwd* test_user(const char* name) {
+  if (!getpwnam(name)) {
+    const std::string cmd = std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + name;
+    REQUIRE(std::system(cmd.c_str()) == 0);
+  }
+  const passwd* pw = getpwnam(name);
+  REQUIRE(pw != nullptr);
+  return pw;
+}
 
 fakecuda_checkpoint_info info_of(int pid) {
   fakecuda_checkpoint_info info{};
@@ -386,4 +406,35 @@ TEST_CASE("the checkpoint API answers for pids that are not CUDA processes as th
   REQUIRE(api.state(getpid()) == CU_PROCESS_STATE_LOCKED);
   REQUIRE(api.unlock(getpid(), nullptr) == CUDA_SUCCESS);
   REQUIRE(api.state(getpid()) == CU_PROCESS_STATE_RUNNING);
+}
+
+// ctest runs it as fakecuda.checkpoint_users (label root); elsewhere it says it is skipped.
+TEST_CASE("root checkpoints another user's process; a third user cannot reach it", "[root]") {
+  if (geteuid() != 0) {
+    std::puts("SKIPPED: needs root (two more users)");
+    return;
+  }
+  // The users' processes create their files in the shared directory.
+  REQUIRE(chmod(std::getenv("CUWARDEN_FAKE_DIR"), 01777) == 0);
+  Api api;
+  Nvml nvml;
+  passwd victim_user = *test_user("cuwarden-test-victim");
+  const passwd* attacker_user = test_user("cuwarden-test-attacker");
+  Victim v({}, &victim_user);
+  const std::string ptr = v.ask("alloc " + std::to_string(16 * kMiB));
+  REQUIRE(ptr.rfind("ptr 0x", 0) == 0);
+  CHECK(nvml.bytes_of(v.pid()) == 16 * kMiB);
+  {
+    Victim attacker({"lock", std::to_string(v.pid())}, attacker_user);
+    CHECK(attacker.line() == "rc " + std::to_string(CUDA_ERROR_OPERATING_SYSTEM));
+  }
+  REQUIRE(api.state(v.pid()) == CU_PROCESS_STATE_RUNNING);
+  REQUIRE(api.lock_with(v.pid(), 10000) == CUDA_SUCCESS);
+  REQUIRE(api.checkpoint(v.pid(), nullptr) == CUDA_SUCCESS);
+  CHECK(nvml.bytes_of(v.pid()) == 0);
+  REQUIRE(api.restore(v.pid(), nullptr) == CUDA_SUCCESS);
+  REQUIRE(api.unlock(v.pid(), nullptr) == CUDA_SUCCESS);
+  v.send("check");
+  REQUIRE(v.line() == "calling");
+  REQUIRE(v.line() == "ok " + ptr.substr(4));
 }
