@@ -24,6 +24,20 @@
  *                          stops at the first invalid entry; "" hides every device
  *   CUWARDEN_FAKE_NO_VMM   set: devices say they lack virtual memory management (the
  *                          attribute is 0; the entry points still work)
+ *   CUWARDEN_FAKE_DIR      optional directory shared by cooperating processes (unset: each
+ *                          process has devices of its own, as before). Set, it turns on:
+ *                          - one device shared by every process naming the same UUID: the
+ *                            file DIR/device-<UUID> holds each process's bytes, allocations
+ *                            fail when the processes together would exceed the capacity (the
+ *                            first process's CUWARDEN_FAKE_MEMORY), cuMemGetInfo and the
+ *                            simulated NVML count every live process;
+ *                          - the checkpoint API across processes: cuInit creates
+ *                            DIR/proc-<pid> (0600) and a service thread that runs the
+ *                            cuCheckpointProcess* requests of other processes
+ *                            (src/checkpoint.hpp describes the channel).
+ *                          It must let every process that uses it create files (01777 for
+ *                          several users). The checkpoint API on the caller's own pid works
+ *                          without it.
  *   FAKECUDA_TRACE         1: log unimplemented entry points, export tables, lookup misses;
  *                          2: also every cu* call
  */
@@ -141,6 +155,33 @@ int fakecuda_physical_info(int physical_index, fakecuda_physical_device* out);
 
 /** Bytes counted against physical device `physical_index` (0 if out of range). */
 size_t fakecuda_physical_live_bytes(int physical_index);
+
+/** Bytes counted on physical device `physical_index`: every live process's under
+ *  CUWARDEN_FAKE_DIR, else this process's (fakecuda_physical_live_bytes). 0 if out of range. */
+size_t fakecuda_physical_used_bytes(int physical_index);
+
+/** One process's bytes on a device. */
+typedef struct fakecuda_process_usage {
+  int pid;
+  size_t bytes;
+} fakecuda_process_usage;
+
+/** The processes with bytes on physical device `physical_index` (every live process under
+ *  CUWARDEN_FAKE_DIR; else this process, when it has any): fills up to `max` entries of `out`
+ *  and returns how many there are. A checkpointed process holds none. */
+int fakecuda_physical_processes(int physical_index, fakecuda_process_usage* out, int max);
+
+/** What the checkpoint API knows of a process, beyond cuCheckpointProcessGetState. */
+typedef struct fakecuda_checkpoint_info {
+  int state;                /**< CUprocessState */
+  unsigned blocked_calls;   /**< its CUDA calls waiting at the closed gate now */
+  size_t host_bytes;        /**< device bytes it holds on the host while CHECKPOINTED */
+  int restore_tid;          /**< its service thread (cuCheckpointProcessGetRestoreThreadId), 0 if none */
+} fakecuda_checkpoint_info;
+
+/** Fills `*out` for process `pid` (this process, or one reachable under CUWARDEN_FAKE_DIR).
+ *  0, or -1 when the process has no channel. Never waits for the process. */
+int fakecuda_process_checkpoint_info(int pid, fakecuda_checkpoint_info* out);
 
 /** Kind of an entry of fakecuda_proc_table(). */
 enum fakecuda_proc_kind {

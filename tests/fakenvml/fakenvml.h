@@ -14,7 +14,9 @@
  * devices (CUWARDEN_FAKE_DEVICES; CUDA_VISIBLE_DEVICES does not apply to NVML), in physical
  * order, with the driver's UUIDs, names, capacities and PCI bus ids. Memory "used" is what this
  * process has on the device through the simulated driver; the compute process list holds this
- * process when it has bytes there. Other processes are not seen (no cross-process state).
+ * process when it has bytes there. Under CUWARDEN_FAKE_DIR (the driver's shared devices) both
+ * count every live process that names the device: "used" is their total and the list holds
+ * each one with bytes there (a checkpointed process holds none and is not listed).
  */
 #ifndef CUWARDEN_FAKENVML_H
 #define CUWARDEN_FAKENVML_H

@@ -127,6 +127,19 @@ size_t Arena::largest_free() const {
   return best;
 }
 
+std::vector<std::pair<uintptr_t, size_t>> Arena::used_blocks() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<uintptr_t, size_t>> out;
+  for (const auto& [off, len] : used_) out.emplace_back(base_ + off, len);
+  return out;
+}
+
+void Arena::discard() {
+  std::lock_guard lock(mu_);
+  if (fd_ < 0 || fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(capacity_)) != 0)
+    madvise(reinterpret_cast<void*>(base_), capacity_, MADV_DONTNEED);
+}
+
 size_t Arena::free_block_count() const {
   std::lock_guard lock(mu_);
   return free_.size();

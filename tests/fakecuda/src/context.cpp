@@ -61,7 +61,7 @@ void make_live(Context* c, bool live) {
   Device* d = device(c->ordinal);
   if (live) {
     c->driver_bytes = context_bytes();
-    d->used.fetch_add(c->driver_bytes);
+    d->charge(c->driver_bytes);
   } else {
     d->unreserve(c->driver_bytes);
     c->driver_bytes = 0;
@@ -131,6 +131,21 @@ void context_detach_stream(Context* ctx, Stream* s) {
   ctx->draining.push_back(s);
 }
 
+std::vector<Stream*> all_streams() {
+  std::vector<Context*> live;
+  {
+    std::lock_guard lock(g_ctx_mu);
+    live.assign(g_live.begin(), g_live.end());
+  }
+  std::vector<Stream*> out;
+  for (Context* c : live) {
+    std::lock_guard lock(c->streams_mu);
+    out.insert(out.end(), c->streams.begin(), c->streams.end());
+    out.insert(out.end(), c->draining.begin(), c->draining.end());
+  }
+  return out;
+}
+
 CUresult context_synchronize(Context* ctx) {
   std::vector<Stream*> streams;
   {
@@ -173,7 +188,7 @@ FC_API CUresult fakecuda_context_grow(size_t bytes) {
   if (!c) return CUDA_ERROR_INVALID_CONTEXT;
   std::lock_guard lock(g_ctx_mu);
   c->driver_bytes += bytes;
-  device(c->ordinal)->used.fetch_add(bytes);
+  device(c->ordinal)->charge(bytes);
   return CUDA_SUCCESS;
 }
 

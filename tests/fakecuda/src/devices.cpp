@@ -1,4 +1,7 @@
 // fakecuda: simulated devices (from CUWARDEN_FAKE_*), CUDA_VISIBLE_DEVICES, cuInit, device queries.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +114,7 @@ void build_devices() {
     }
     d->uuid_string = uuid_to_string(d->uuid);
     d->ordinal = -1;  // until CUDA_VISIBLE_DEVICES makes it visible
+    d->shared = shared_device_open(d->uuid_string, d->capacity);
     physical.push_back(d);
   }
   g_physical = physical;
@@ -170,13 +174,26 @@ CUresult check_device(CUdevice dev) {
 }
 
 bool Device::reserve(size_t bytes) {
+  if (shared) {
+    if (!shared_device_add(shared, bytes, true)) return false;
+    used.fetch_add(bytes);
+    return true;
+  }
   size_t cur = used.load();
   do {
     if (bytes > capacity || cur > capacity - bytes) return false;
   } while (!used.compare_exchange_weak(cur, cur + bytes));
   return true;
 }
-void Device::unreserve(size_t bytes) { used.fetch_sub(bytes); }
+void Device::charge(size_t bytes) {
+  if (shared) shared_device_add(shared, bytes, false);
+  used.fetch_add(bytes);
+}
+void Device::unreserve(size_t bytes) {
+  if (shared) shared_device_sub(shared, bytes);
+  used.fetch_sub(bytes);
+}
+size_t Device::device_used() const { return shared ? shared_device_used(shared) : used.load(); }
 
 Arena& Device::arena() {
   std::call_once(arena_once, [this] { arena_ = std::make_unique<Arena>(capacity); });
@@ -260,6 +277,29 @@ FC_API size_t fakecuda_physical_live_bytes(int physical_index) {
   return g_physical[physical_index]->used.load();
 }
 
+FC_API size_t fakecuda_physical_used_bytes(int physical_index) {
+  ensure_devices();
+  if (physical_index < 0 || physical_index >= static_cast<int>(g_physical.size())) return 0;
+  return g_physical[physical_index]->device_used();
+}
+
+FC_API int fakecuda_physical_processes(int physical_index, fakecuda_process_usage* out, int max) {
+  ensure_devices();
+  if (physical_index < 0 || physical_index >= static_cast<int>(g_physical.size()) || max < 0) return 0;
+  const Device* d = g_physical[physical_index];
+  if (!d->shared) {
+    const size_t bytes = d->used.load();
+    if (bytes == 0) return 0;
+    if (max > 0 && out) out[0] = fakecuda_process_usage{getpid(), bytes};
+    return 1;
+  }
+  std::vector<int> pids(static_cast<size_t>(max));
+  std::vector<size_t> bytes(static_cast<size_t>(max));
+  const int n = shared_device_processes(d->shared, pids.data(), bytes.data(), max);
+  for (int i = 0; i < std::min(n, max) && out; ++i) out[i] = fakecuda_process_usage{pids[i], bytes[i]};
+  return n;
+}
+
 FC_API size_t fakecuda_free_block_count(int ordinal) {
   Device* d = device(ordinal);
   return d ? d->arena().free_block_count() : 0;
@@ -273,6 +313,7 @@ FC_API CUresult cuInit(unsigned int Flags) {
     g_init_result = g_visible.empty() ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
     if (g_init_result == CUDA_SUCCESS) g_initialized.store(true, std::memory_order_release);
   });
+  if (g_init_result == CUDA_SUCCESS) checkpoint_service_start();
   return g_init_result;
 }
 

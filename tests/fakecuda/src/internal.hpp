@@ -15,6 +15,10 @@
 //   proc_table.cpp  the table's addresses, and a weak NOT_SUPPORTED stub per unimplemented export
 //   export_tables.cpp cuGetExportTable: the private tables NVIDIA's runtime requires
 //   counters.cpp  call counting, tracing, error names, the counter test API
+//   shared_device.cpp  a device's capacity shared between processes (CUWARDEN_FAKE_DIR)
+//   checkpoint.cpp  the process's side of the checkpoint API: the call gate, lock, checkpoint,
+//                 restore, unlock, and the thread that serves other processes' requests
+//   checkpoint_channel.cpp  the controller's side: cuCheckpointProcess* on another pid
 //
 // Rule: an exported cu* function never calls another exported cu* function (so that an
 // interposer sees exactly the calls the application made, and call counts stay exact); they
@@ -27,6 +31,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -65,6 +70,10 @@ class Arena {
   int fd() const { return fd_; }
   size_t largest_free() const;
   size_t free_block_count() const;
+  // For the checkpoint: the live blocks (address, length), and dropping every page (the
+  // contents read as zero afterwards; the addresses stay reserved).
+  std::vector<std::pair<uintptr_t, size_t>> used_blocks() const;
+  void discard();
 
  private:
   uintptr_t base_ = 0;
@@ -78,6 +87,7 @@ class Arena {
 // ---------------------------------------------------------------- devices.cpp
 struct Context;
 struct MemPool;
+struct SharedDevice;
 
 struct Device {
   int ordinal = 0;   // as the process sees it (after CUDA_VISIBLE_DEVICES)
@@ -88,11 +98,17 @@ struct Device {
   size_t capacity = 0;
   int pci_bus = 0;
 
-  // Bytes counted against capacity: arena blocks (incl. pool reserve), VMM device handles,
-  // graph allocations. reserve() fails instead of exceeding capacity.
+  // Bytes this process has counted against capacity: arena blocks (incl. pool reserve), VMM
+  // device handles, graph allocations, the driver's memory for contexts. reserve() fails
+  // instead of exceeding capacity (the shared device's, with every process's bytes, when
+  // `shared` is set); charge() never fails (the driver's own memory).
   std::atomic<size_t> used{0};
+  SharedDevice* shared = nullptr;  // CUWARDEN_FAKE_DIR: the file every process shares
   bool reserve(size_t bytes);
+  void charge(size_t bytes);
   void unreserve(size_t bytes);
+  // Bytes in use on the device: every process's when shared, else this process's.
+  size_t device_used() const;
 
   Arena& arena();  // created on first use (the mapping is large but lazy)
   std::once_flag arena_once;
@@ -154,6 +170,7 @@ struct Allocation {
   MemPool* pool = nullptr;
   uint64_t buffer_id = 0;
   unsigned host_flags = 0;
+  bool exported = false;  // a legacy IPC handle names it (cuIpcGetMemHandle)
 };
 
 // The process-wide table of every range the driver knows about.
@@ -249,6 +266,48 @@ bool any_blocking_stream_capturing(Context* ctx);
 void invalidate_captures_of(Context* ctx);
 
 uint64_t thread_token();
+
+// ---------------------------------------------------------------- shared_device.cpp
+// CUWARDEN_FAKE_DIR, or nullptr when unset (each process then has devices of its own).
+const char* shared_dir();
+// The shared record of physical device `uuid` (created on first use), or nullptr without
+// CUWARDEN_FAKE_DIR. Aborts when the directory cannot hold it (a test set-up error).
+SharedDevice* shared_device_open(const std::string& uuid, size_t capacity);
+// Adds `bytes` to this process's share; with `check`, refuses (false) beyond capacity.
+bool shared_device_add(SharedDevice* s, size_t bytes, bool check);
+void shared_device_sub(SharedDevice* s, size_t bytes);
+size_t shared_device_used(SharedDevice* s);  // every live process's bytes
+// Live processes with bytes on the device: up to `max` (pid, bytes) pairs; returns how many.
+int shared_device_processes(SharedDevice* s, int* pids, size_t* bytes, int max);
+// /proc/PID/stat's start time (clock ticks after boot), or 0 for a process that is gone or
+// a zombie (the GPU has its memory back once the process has exited).
+uint64_t process_start_time(int pid);
+
+// ---------------------------------------------------------------- checkpoint.cpp
+// Starts the thread that serves other processes' checkpoint requests (CUWARDEN_FAKE_DIR
+// only); called by cuInit. Idempotent per process (a forked child starts its own).
+void checkpoint_service_start();
+// This process's side of the API (pid == getpid(), or a request from the channel).
+CUresult process_lock(unsigned timeout_ms);
+CUresult process_checkpoint();
+CUresult process_restore();
+CUresult process_unlock();
+CUprocessState process_state();
+int process_restore_tid();
+// Calls of this process waiting at the closed gate.
+unsigned process_blocked_calls();
+size_t process_host_bytes();  // held on the host while checkpointed
+// A live cuMemAlloc / IPC table entry the checkpoint cannot carry: managed memory, an
+// imported IPC mapping or an exported allocation (memory.cpp); a VMM handle exported or
+// imported (vmm.cpp). Each returns a short reason, or nullptr.
+const char* table_uncarryable();
+const char* vmm_uncarryable();
+bool table_mark_exported(uintptr_t base);
+// Device memory of VMM handles, for the checkpoint's copy: (memfd, size) pairs.
+std::vector<std::pair<int, size_t>> vmm_device_handles();
+// Every stream of every live context, for the lock's wait for submitted work.
+std::vector<Stream*> all_streams();
+bool stream_wait_until(Stream* s, uint64_t seq, std::chrono::steady_clock::time_point deadline);
 
 // ---------------------------------------------------------------- counters.cpp
 // Runs the test hook armed for point `name` (fakecuda_pause_in), once. Call with no lock held.

@@ -73,6 +73,7 @@ FC_API CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
                static_cast<uint64_t>(a.ordinal)};
   std::memset(pHandle, 0, sizeof *pHandle);
   std::memcpy(pHandle->reserved, &p, sizeof p);
+  table_mark_exported(a.base);  // the checkpoint cannot carry it any more
   return CUDA_SUCCESS;
 }
 

@@ -33,6 +33,24 @@ bool table_erase(uintptr_t base, Allocation* out) {
 
 bool table_find(uintptr_t addr, Allocation* out) { return table_find_range(addr, 1, out); }
 
+bool table_mark_exported(uintptr_t base) {
+  std::unique_lock lock(g_table_mu);
+  auto it = g_table.find(base);
+  if (it == g_table.end()) return false;
+  it->second.exported = true;
+  return true;
+}
+
+const char* table_uncarryable() {
+  std::shared_lock lock(g_table_mu);
+  for (const auto& [base, a] : g_table) {
+    if (a.kind == AllocKind::managed) return "managed memory";
+    if (a.kind == AllocKind::ipc) return "an imported CUDA IPC mapping";
+    if (a.exported) return "memory exported through a CUDA IPC handle";
+  }
+  return nullptr;
+}
+
 void table_free_context(Context* ctx) {
   std::vector<Allocation> gone;
   {
@@ -199,7 +217,7 @@ FC_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   if (CUresult rc = require_context(&ctx)) return rc;
   if (!free && !total) return CUDA_ERROR_INVALID_VALUE;
   Device* d = device(ctx->ordinal);
-  size_t used = d->used.load();
+  size_t used = d->device_used();
   if (free) *free = d->capacity - std::min(used, d->capacity);
   if (total) *total = d->capacity;
   return CUDA_SUCCESS;

@@ -178,6 +178,11 @@ void stream_wait(Stream* s, uint64_t seq) {
   s->cv.wait(lk, [&] { return s->completed >= seq; });
 }
 
+bool stream_wait_until(Stream* s, uint64_t seq, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lk(s->mu);
+  return s->cv.wait_until(lk, deadline, [&] { return s->completed >= seq; });
+}
+
 bool stream_done(Stream* s, uint64_t seq) {
   std::lock_guard lk(s->mu);
   return s->completed >= seq;
@@ -863,7 +868,9 @@ FC_API CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, si
 
 // ------------------------------------------------------------------ test extensions
 
+// Like kernel launches, these wait at the checkpoint gate.
 FC_API CUresult fakecuda_stream_delay(CUstream stream, unsigned ms) {
+  FC_ENTER();
   Stream* s;
   if (CUresult rc = resolve_stream(stream, false, &s)) return rc;
   CUresult err;
@@ -885,6 +892,7 @@ FC_API int fakecuda_inline_gate_waiting(unsigned timeout_ms) {
 
 FC_API CUresult fakecuda_stream_fill_async(CUstream stream, CUdeviceptr dptr, unsigned char value, size_t bytes,
                                            unsigned delay_ms) {
+  FC_ENTER();
   Stream* s;
   if (CUresult rc = resolve_stream(stream, false, &s)) return rc;
   if (bytes && !is_device_range(dptr, bytes)) return CUDA_ERROR_INVALID_VALUE;

@@ -27,6 +27,7 @@ struct PhysHandle {
   int ordinal = -1;  // device it counts against; -1 for host memory
   int refs = 1;      // the creator's reference + one per mapping + one per retain
   uint64_t id = 0;
+  bool shared = false;  // exported or imported: the checkpoint cannot carry it
 };
 
 struct Mapping {
@@ -92,6 +93,21 @@ bool fc::vmm_reservation_of(uintptr_t addr, uintptr_t* base, size_t* size) {
   *base = it->first;
   *size = it->second;
   return true;
+}
+
+const char* fc::vmm_uncarryable() {
+  std::lock_guard lock(g_vmm_mu);
+  for (const PhysHandle* h : g_handles)
+    if (h->shared) return "a cuMem handle exported or imported as a shareable handle";
+  return nullptr;
+}
+
+std::vector<std::pair<int, size_t>> fc::vmm_device_handles() {
+  std::lock_guard lock(g_vmm_mu);
+  std::vector<std::pair<int, size_t>> out;
+  for (const PhysHandle* h : g_handles)
+    if (h->ordinal >= 0) out.emplace_back(h->fd, h->size);
+  return out;
 }
 
 FC_API CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
@@ -340,6 +356,7 @@ FC_API CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGeneric
       !(h->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     return CUDA_ERROR_NOT_SUPPORTED;
   *static_cast<int*>(shareableHandle) = dup(h->fd);
+  h->shared = true;
   return CUDA_SUCCESS;
 }
 
@@ -365,6 +382,7 @@ FC_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* han
   h->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   h->ordinal = -1;
   h->id = g_next_handle_id.fetch_add(1);
+  h->shared = true;
   std::lock_guard lock(g_vmm_mu);
   g_handles.insert(h);
   *handle = reinterpret_cast<CUmemGenericAllocationHandle>(h);

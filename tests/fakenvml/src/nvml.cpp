@@ -37,6 +37,8 @@ void count(const char* name) {
 // ------------------------------------------------------------------ driver link
 using CountFn = int (*)();
 using InfoFn = int (*)(int, fakecuda_physical_device*);
+using UsedFn = size_t (*)(int);
+using ProcessesFn = int (*)(int, fakecuda_process_usage*, int);
 
 struct nvmlDevice_st_impl {
   int index;
@@ -48,6 +50,8 @@ std::mutex g_mu;
 int g_refs = 0;               // nvmlInit minus nvmlShutdown
 CountFn g_count = nullptr;    // fakecuda_physical_count
 InfoFn g_info = nullptr;      // fakecuda_physical_info
+UsedFn g_used = nullptr;      // fakecuda_physical_used_bytes
+ProcessesFn g_processes = nullptr;  // fakecuda_physical_processes
 
 bool initialized() {
   std::lock_guard lock(g_mu);
@@ -60,7 +64,11 @@ nvmlReturn_t init_locked() {
     if (!h) return NVML_ERROR_DRIVER_NOT_LOADED;
     auto c = reinterpret_cast<CountFn>(dlsym(h, "fakecuda_physical_count"));
     auto i = reinterpret_cast<InfoFn>(dlsym(h, "fakecuda_physical_info"));
-    if (!c || !i) return NVML_ERROR_DRIVER_NOT_LOADED;  // a real driver: not ours to simulate
+    auto u = reinterpret_cast<UsedFn>(dlsym(h, "fakecuda_physical_used_bytes"));
+    auto p = reinterpret_cast<ProcessesFn>(dlsym(h, "fakecuda_physical_processes"));
+    if (!c || !i || !u || !p) return NVML_ERROR_DRIVER_NOT_LOADED;  // a real driver: not ours to simulate
+    g_used = u;
+    g_processes = p;
     for (int k = 0; k < kMaxDevices; ++k) g_devices[k].index = k;
     g_info = i;
     g_count = c;
@@ -144,17 +152,33 @@ void fill_pci(const fakecuda_physical_device& d, nvmlPciInfo_t* pci) {
   std::snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
 }
 
-// The compute processes of a device: this process, when it has bytes there.
+// The device's used bytes: every process's (CUWARDEN_FAKE_DIR) or this process's.
+unsigned long long used_bytes(int index, const fakecuda_physical_device& d) {
+  const unsigned long long used = g_used(index);
+  return used < d.capacity ? used : d.capacity;
+}
+
+// The compute processes of a device: those with bytes there (this process only, without
+// CUWARDEN_FAKE_DIR), then CUWARDEN_FAKE_NVML_PROCESSES.
 template <typename Info>
 nvmlReturn_t processes(nvmlDevice_t device, unsigned int* infoCount, Info* infos, bool compute) {
   fakecuda_physical_device d;
   int index = -1;
   if (nvmlReturn_t rc = lookup(device, &d, &index)) return rc;
   if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
-  // This process (the simulated driver's state is per process), then the other processes
-  // CUWARDEN_FAKE_NVML_PROCESSES lists for this device.
   std::vector<std::pair<unsigned, unsigned long long>> list;
-  if (compute && d.live_bytes > 0) list.emplace_back(static_cast<unsigned>(getpid()), d.live_bytes);
+  if (compute) {
+    std::vector<fakecuda_process_usage> found(16);
+    for (;;) {
+      const int n = g_processes(index, found.data(), static_cast<int>(found.size()));
+      if (n <= static_cast<int>(found.size())) {
+        found.resize(static_cast<size_t>(n));
+        break;
+      }
+      found.resize(static_cast<size_t>(n));
+    }
+    for (const auto& f : found) list.emplace_back(static_cast<unsigned>(f.pid), f.bytes);
+  }
   if (compute)
     for (const auto& o : other_processes())
       if (o.physical == index) list.emplace_back(o.pid, o.bytes);
@@ -446,9 +470,10 @@ FN_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t* pci
 FN_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory) {
   FN_ENTER();
   fakecuda_physical_device d;
-  if (nvmlReturn_t rc = lookup(device, &d)) return rc;
+  int index = 0;
+  if (nvmlReturn_t rc = lookup(device, &d, &index)) return rc;
   if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
-  const unsigned long long used = d.live_bytes < d.capacity ? d.live_bytes : d.capacity;
+  const unsigned long long used = used_bytes(index, d);
   memory->total = d.capacity;
   memory->used = used;
   memory->free = d.capacity - used;
@@ -458,10 +483,11 @@ FN_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* m
 FN_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory) {
   FN_ENTER();
   fakecuda_physical_device d;
-  if (nvmlReturn_t rc = lookup(device, &d)) return rc;
+  int index = 0;
+  if (nvmlReturn_t rc = lookup(device, &d, &index)) return rc;
   if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
   if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-  const unsigned long long used = d.live_bytes < d.capacity ? d.live_bytes : d.capacity;
+  const unsigned long long used = used_bytes(index, d);
   memory->total = d.capacity;
   memory->reserved = 0;  // the simulated driver reserves nothing for itself
   memory->used = used;

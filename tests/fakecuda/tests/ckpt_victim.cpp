@@ -1,0 +1,216 @@
+// fakecuda: a process for the checkpoint tests to lock, checkpoint and restore from outside.
+//
+// It starts CUDA (cuInit, device 0's primary context), prints "ready PID", then obeys one
+// command per line on stdin and answers one line per command on stdout:
+//   alloc BYTES       cuMemAlloc + a pattern written through cuMemcpyHtoD -> "ptr 0xADDR" | "rc N"
+//   reserve BYTES     cuMemAlloc, nothing written                         -> "ptr 0xADDR" | "rc N"
+//   vmm               2 MiB through cuMemCreate/AddressReserve/Map/SetAccess, the pattern written
+//                     through cuMemcpyHtoD                                -> "ptr 0xADDR" | "rc N"
+//   vmm_check         reads that mapping back                             -> "ok 0xADDR" | "bad ..." | "rc N"
+//   managed BYTES     cuMemAllocManaged                                   -> "rc N"
+//   ipc               cuIpcGetMemHandle of the first allocation           -> "rc N"
+//   vmm_export        cuMemCreate (shareable) + cuMemExportToShareableHandle -> "rc N"
+//   fill VALUE MS     on a stream: wait MS ms, then set the first allocation to VALUE -> "queued"
+//   busy MS           on a stream: wait MS ms (nothing waits for it)      -> "queued"
+//   stuck_call        a second thread's cuEventRecord stops inside the driver (the closed
+//                     fault-injection gate, fakecuda_inline_gate) -> "inside"; that thread
+//                     says "recorded N" once it returns
+//   release           opens that gate (no answer of its own)
+//   check             says "calling", then reads the first allocation back -> "ok 0xADDR" | "bad ..." | "rc N"
+//   filled VALUE      reads the first allocation back                     -> "filled" | "bad ..." | "rc N"
+//   call              cuCtxGetDevice                                      -> "rc N"
+//   info              cuMemGetInfo                                        -> "free F total T"
+// `ckpt_victim restore PID` instead asks for PID's restore without calling cuInit first and
+// prints "rc N" (the driver requires cuInit or persistence mode before a restore);
+// `ckpt_victim lock PID` calls cuInit, asks for PID's lock (1 s timeout), prints "rc N".
+// "calling" comes before a call that may block, so that the test knows the
+// process is on its way into it. EOF on stdin ends it.
+#include <cuda.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "fakecuda.h"
+
+namespace {
+
+CUdeviceptr g_first = 0;
+CUdeviceptr g_vmm = 0;
+constexpr size_t kVmmBytes = size_t{2} << 20;
+size_t g_first_bytes = 0;
+CUstream g_stream = nullptr;
+
+// One whole line per call: two threads may answer.
+__attribute__((format(printf, 1, 2))) void say(const char* fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  std::strcat(buf, "\n");
+  flockfile(stdout);
+  std::fputs(buf, stdout);
+  std::fflush(stdout);
+  funlockfile(stdout);
+}
+
+unsigned char pattern(size_t i) { return static_cast<unsigned char>((i * 131 + 7) >> 3); }
+
+void check() {
+  say("calling");
+  std::vector<unsigned char> back(g_first_bytes);
+  const CUresult rc = cuMemcpyDtoH(back.data(), g_first, g_first_bytes);
+  if (rc != CUDA_SUCCESS) return say("rc %d", rc);
+  for (size_t i = 0; i < g_first_bytes; ++i)
+    if (back[i] != pattern(i)) return say("bad at %zu: %d", i, back[i]);
+  say("ok 0x%llx", static_cast<unsigned long long>(g_first));
+}
+
+CUresult vmm_map() {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h = 0;
+  if (CUresult rc = cuMemCreate(&h, kVmmBytes, &prop, 0)) return rc;
+  if (CUresult rc = cuMemAddressReserve(&g_vmm, kVmmBytes, 0, 0, 0)) return rc;
+  if (CUresult rc = cuMemMap(g_vmm, kVmmBytes, 0, h, 0)) return rc;
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult rc = cuMemSetAccess(g_vmm, kVmmBytes, &access, 1)) return rc;
+  std::vector<unsigned char> host(kVmmBytes);
+  for (size_t i = 0; i < kVmmBytes; ++i) host[i] = pattern(i + 1);
+  return cuMemcpyHtoD(g_vmm, host.data(), kVmmBytes);
+}
+
+void vmm_check() {
+  std::vector<unsigned char> back(kVmmBytes);
+  const CUresult rc = cuMemcpyDtoH(back.data(), g_vmm, kVmmBytes);
+  if (rc != CUDA_SUCCESS) return say("rc %d", rc);
+  for (size_t i = 0; i < kVmmBytes; ++i)
+    if (back[i] != pattern(i + 1)) return say("bad at %zu: %d", i, back[i]);
+  say("ok 0x%llx", static_cast<unsigned long long>(g_vmm));
+}
+
+void filled(unsigned value) {
+  std::vector<unsigned char> back(g_first_bytes);
+  const CUresult rc = cuMemcpyDtoH(back.data(), g_first, g_first_bytes);
+  if (rc != CUDA_SUCCESS) return say("rc %d", rc);
+  for (size_t i = 0; i < g_first_bytes; ++i)
+    if (back[i] != value) return say("bad at %zu: %d", i, back[i]);
+  say("filled");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "restore") == 0) {
+    say("rc %d", cuCheckpointProcessRestore(std::atoi(argv[2]), nullptr));
+    return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "lock") == 0) {
+    CUcheckpointLockArgs args{};
+    args.timeoutMs = 1000;
+    const CUresult init = cuInit(0);
+    say("rc %d", init != CUDA_SUCCESS ? init : cuCheckpointProcessLock(std::atoi(argv[2]), &args));
+    return 0;
+  }
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+      cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    say("no cuda");
+    return 1;
+  }
+  say("ready %d", static_cast<int>(getpid()));
+  char line[256];
+  while (std::fgets(line, sizeof line, stdin)) {
+    char cmd[64] = {};
+    unsigned long long a = 0, b = 0;
+    std::sscanf(line, "%63s %llu %llu", cmd, &a, &b);
+    const std::string c = cmd;
+    if (c == "alloc") {
+      CUdeviceptr p = 0;
+      CUresult rc = cuMemAlloc(&p, a);
+      if (rc == CUDA_SUCCESS && !g_first) {
+        std::vector<unsigned char> host(a);
+        for (size_t i = 0; i < a; ++i) host[i] = pattern(i);
+        rc = cuMemcpyHtoD(p, host.data(), a);
+        g_first = p;
+        g_first_bytes = a;
+      }
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("ptr 0x%llx", static_cast<unsigned long long>(p));
+    } else if (c == "reserve") {
+      CUdeviceptr p = 0;
+      const CUresult rc = cuMemAlloc(&p, a);
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("ptr 0x%llx", static_cast<unsigned long long>(p));
+    } else if (c == "vmm") {
+      const CUresult rc = vmm_map();
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("ptr 0x%llx", static_cast<unsigned long long>(g_vmm));
+    } else if (c == "vmm_check") {
+      vmm_check();
+    } else if (c == "managed") {
+      CUdeviceptr p = 0;
+      say("rc %d", cuMemAllocManaged(&p, a, CU_MEM_ATTACH_GLOBAL));
+    } else if (c == "ipc") {
+      CUipcMemHandle h;
+      say("rc %d", cuIpcGetMemHandle(&h, g_first));
+    } else if (c == "vmm_export") {
+      CUmemAllocationProp prop{};
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      prop.location.id = 0;
+      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      CUmemGenericAllocationHandle h = 0;
+      CUresult rc = cuMemCreate(&h, size_t{2} << 20, &prop, 0);
+      int fd = -1;
+      if (rc == CUDA_SUCCESS) rc = cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      say("rc %d", rc);
+    } else if (c == "fill") {
+      fakecuda_stream_fill_async(g_stream, g_first, static_cast<unsigned char>(a), g_first_bytes, static_cast<unsigned>(b));
+      say("queued");
+    } else if (c == "busy") {
+      fakecuda_stream_delay(g_stream, static_cast<unsigned>(a));
+      say("queued");
+    } else if (c == "stuck_call") {
+      CUstream s = nullptr;
+      CUevent ev = nullptr;
+      if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS || cuEventCreate(&ev, 0) != CUDA_SUCCESS) {
+        say("no stream");
+        continue;
+      }
+      fakecuda_inline_gate(1);
+      std::thread([s, ev] { say("recorded %d", cuEventRecord(ev, s)); }).detach();
+      say(fakecuda_inline_gate_waiting(30000) >= 1 ? "inside" : "not inside");
+    } else if (c == "release") {
+      fakecuda_inline_gate(0);
+    } else if (c == "check") {
+      check();
+    } else if (c == "filled") {
+      filled(static_cast<unsigned>(a));
+    } else if (c == "call") {
+      CUdevice d = -1;
+      say("rc %d", cuCtxGetDevice(&d));
+    } else if (c == "info") {
+      size_t free = 0, total = 0;
+      const CUresult rc = cuMemGetInfo(&free, &total);
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("free %zu total %zu", free, total);
+    } else {
+      say("unknown %s", cmd);
+    }
+  }
+  return 0;
+}
