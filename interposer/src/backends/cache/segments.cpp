@@ -149,7 +149,7 @@ uint64_t cache_resource::reclaim_slow(uint64_t want) {
       s->last = b->lo;
       s->last->hi = nullptr;
       s->top -= b->size;
-      map_erase_locked(b->ptr);
+      map_.erase(b->ptr);
       --s->carved;
       spare_blocks_.push_back(b);
     }
@@ -216,23 +216,16 @@ void cache_resource::forget_all() noexcept {
   open_head_ = nullptr;
   open_count_ = 0;
   open_bytes_ = 0;
-  map_rebuild_locked();
+  map_.rebuild(every_block());
   pending_bytes_.store(0, std::memory_order_relaxed);
   if (!granules_) core::locked_sub(slot_.reserved, total);  // (vmm: the granules' forget below)
   core::locked_sub(slot_.cached, total - live_bytes);
   core::locked_sub(slot_.live_allocations, live);
   core::locked_add(slot_.free_count, live);
   // Keep what a dropped cache holds small (it stays allocated for racing readers).
-  map_.assign(2, nullptr);
-  map_used_ = 0;
+  map_.shrink();
   mu_.unlock();
-  batches_.clear();  // the context's events went with it
-  batches_.shrink_to_fit();
-  sealed_.store(0, std::memory_order_relaxed);
-  spare_events_.clear();
-  orphans_.clear();
-  unsure_ = false;
-  streams_.clear();
+  fence_.forget_batches();  // the context's events went with it
   if (granules_) granules_->forget();  // uncharges what it held
   else tracker_.uncharge(slot_, total);
 }
@@ -384,7 +377,7 @@ CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* o
   // The pool's lock only (no driver call): the slow path may hold its own across a wait for
   // the GPU, and an importer must not wait for that.
   mu_.lock();
-  Block* b = dead_ ? nullptr : lookup_locked(p);
+  Block* b = dead_ ? nullptr : map_.find(p);
   if (!b || b->state != kLive || b->requested != bytes) {
     mu_.unlock();
     return CUDA_ERROR_INVALID_HANDLE;  // freed since it was exported
