@@ -93,7 +93,7 @@ bool cache_resource::wait_oldest_slow() {
   if (!done) return false;  // a capture began: nothing may be waited for now
   retire_front();
   mu_.lock();
-  core::locked_add(slot_.pool_waits, 1);
+  ledger_.waited();
   mu_.unlock();
   return true;
 }

@@ -43,6 +43,7 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
       tracker_(tracker),
       owner_(owner),
       granules_(granules),
+      ledger_(tracker, slot, ordinal),
       large_round_(granules ? kFineRound : kLargeRound),
       gran_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
       slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
@@ -158,8 +159,7 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
 // cache: its largest block). Where several contexts share a device, the last pool to change
 // writes them.
 CUW_HOT void cache_resource::publish_free_locked() noexcept {
-  slot_.pool_free.store(free_large_bytes_, std::memory_order_relaxed);
-  slot_.pool_largest_free.store(granules_ ? free_whole_bytes_ : largest_free_, std::memory_order_relaxed);
+  ledger_.free_memory(free_large_bytes_, granules_ ? free_whole_bytes_ : largest_free_);
 }
 
 // The cache layout: the list of `it` (the largest size) emptied. The next largest is the
@@ -272,8 +272,6 @@ CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexc
   b->requested = requested;
   b->generation = ++hand_outs_;  // the pool's count: a Block reused from the spares starts no count anew
   ++b->seg->busy;
-  core::locked_add(slot_.live_allocations, 1);
-  core::locked_add(slot_.alloc_count, 1);
 }
 
 // ---- allocate ----------------------------------------------------------------------------
@@ -293,11 +291,8 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
   mu_.lock();
   if (Block* b = take_locked(cls, rounded)) {
     hand_out_locked(b, bytes);
-    core::locked_sub(slot_.cached, b->size);
-    core::locked_add(slot_.pool_hits, 1);
     *out = b->ptr;
-    tracker_.pooled_insert_locked(b->ptr, bytes, ordinal_, api, 0, now);
-    tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, b->ptr, bytes, 0, CUDA_SUCCESS, now);
+    ledger_.hit(b->ptr, bytes, b->size, api, now);
     mu_.unlock();
     return CUDA_SUCCESS;
   }
@@ -319,8 +314,7 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
   if (r == CUDA_SUCCESS) {
     const uint64_t done = core::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
-    tracker_.pooled_insert_locked(*out, bytes, ordinal_, api, 0, done);
-    tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, *out, bytes, 0, CUDA_SUCCESS, done);
+    ledger_.recorded(*out, bytes, api, done);
   }
   return r;
 }
@@ -333,8 +327,7 @@ bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_
     return false;
   }
   hand_out_locked(b, bytes);
-  core::locked_sub(slot_.cached, b->size);
-  core::locked_add(slot_.pool_hits, 1);
+  ledger_.handed_out(b->size, true);
   *out = b->ptr;
   mu_.unlock();
   return true;
@@ -440,8 +433,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
     }
     const uint64_t now = core::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
-    core::locked_add(slot_.driver_errors, 1);
-    tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
+    ledger_.driver_error(seg_bytes, r, now);
     return r;
   }
   add_segment(out, base, seg_bytes, bytes, cls);
@@ -461,8 +453,7 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   // An allocation the hooks still count at this address (not the cache's: freed with a
   // context another thread destroyed a moment ago) was freed: Tracker::count_freed_unseen_locked.
   core::LiveRecord stale;
-  const bool reused = tracker_.pointers().take(base, &stale);
-  if (__builtin_expect(reused, 0)) tracker_.count_freed_unseen_locked(base, stale, ring::Api::reused, core::now_ns());
+  const bool reused = ledger_.reused(base, &stale, core::now_ns());
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
@@ -484,13 +475,9 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   }
   hand_out_locked(b, bytes);
   *out = b->ptr;
-  if (granules_) {
-    // The granules counted the range reserved and cached; its block is live now.
-    core::locked_sub(slot_.cached, b->size);
-  } else {
-    core::locked_add(slot_.reserved, seg_bytes);
-    core::locked_add(slot_.cached, seg_bytes - b->size);
-  }
+  // vmm: the granules counted the range reserved and cached; its block is live now.
+  if (!granules_) ledger_.moved(static_cast<int64_t>(seg_bytes), static_cast<int64_t>(seg_bytes));
+  ledger_.handed_out(b->size, false);
   mu_.unlock();
   if (__builtin_expect(reused, 0)) tracker_.job_uncharge(stale.device, stale.bytes);
 }
@@ -551,11 +538,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
     mu_.unlock();
     return free_exported(b, api, aux, now);
   }
-  core::locked_sub(slot_.live_allocations, 1);
-  core::locked_add(slot_.free_count, 1);
-  tracker_.pooled_erase_locked(p);
-  tracker_.emit_locked(ring::EventKind::free, api, ordinal_, p, b->requested, aux, CUDA_SUCCESS, now);
-  core::locked_add(slot_.cached, size);
+  ledger_.freed(p, b->requested, size, api, aux, now);
   if (fence_.idle()) {
     // Nothing queued since a completed event: whatever used the block has finished.
     --b->seg->busy;
@@ -609,22 +592,20 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   core::LiveRecord rec;
   mu_.lock();
   s->leaving = true;
-  const bool had_record = tracker_.pool_blocks().take(b->ptr, &rec);
+  const bool had_record = ledger_.unrecord(b->ptr, &rec);
   mu_.unlock();
   const CUresult r = upstream_->deallocate(s->base, s->bytes);
   mu_.lock();
   if (r != CUDA_SUCCESS) {
     b->state = kLive;
     s->leaving = false;
-    if (had_record) tracker_.pool_blocks().insert(b->ptr, rec);
+    if (had_record) ledger_.rerecord(b->ptr, rec);
     mu_.unlock();
     return r;
   }
   drop_locked(s);
-  core::locked_sub(slot_.live_allocations, 1);
-  core::locked_add(slot_.free_count, 1);
-  core::locked_sub(slot_.reserved, s->bytes);
-  tracker_.emit_locked(ring::EventKind::free, api, ordinal_, b->ptr, b->requested, aux, CUDA_SUCCESS, now);
+  ledger_.moved(-static_cast<int64_t>(s->bytes), 0);
+  ledger_.freed(b->ptr, b->requested, 0, api, aux, now);  // (its record: taken above)
   mu_.unlock();
   tracker_.uncharge(slot_, s->bytes);
   delete s;

@@ -67,6 +67,7 @@
 #include "backends/pool/budget.hpp"
 #include "backends/pool/fence.hpp"
 #include "base/spin_lock.hpp"
+#include "core/ledger.hpp"
 #include "cuw/ring.hpp"
 #include "cuw/size.hpp"
 
@@ -312,6 +313,7 @@ class cache_resource final {
   core::Tracker& tracker_;
   cache_backend& owner_;  ///< the backend this cache is one of
   granule_resource* const granules_;  ///< the upstream, in the vmm layout; else nullptr
+  core::Ledger ledger_;               ///< what the pool's calls count (the only writer of slot_)
   const uint64_t large_round_;        ///< large requests round to this (kFineRound in vmm)
   const uint64_t gran_;               ///< vmm: what is mapped and unmapped at once (the granularity)
   const uint64_t slab_bytes_;         ///< a slab's bytes

@@ -58,8 +58,7 @@ CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls
     if (!by_cap) {  // the driver's answer (a cap's refusal was counted by the charge)
       const uint64_t now = core::now_ns();
       std::lock_guard<spin_lock> lk(mu_);
-      core::locked_add(slot_.driver_errors, 1);
-      tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
+      ledger_.driver_error(seg_bytes, r, now);
     }
     return r;
   }
@@ -122,7 +121,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
     // Large enough already (a hit that found no spare Block to split with).
     if (f->size > rounded && !spare_blocks_.empty()) split_locked(f, rounded);
     hand_out_locked(f, bytes);
-    core::locked_sub(slot_.cached, f->size);
+    ledger_.handed_out(f->size, false);
     *out = f->ptr;
     mu_.unlock();
     return CUDA_SUCCESS;
@@ -243,7 +242,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
   }
   if (b->size > rounded && !spare_blocks_.empty()) split_locked(b, rounded);  // the rest stays free
   hand_out_locked(b, bytes);
-  core::locked_sub(slot_.cached, b->size);
+  ledger_.handed_out(b->size, false);
   *out = b->ptr;
   mu_.unlock();
   return CUDA_SUCCESS;
