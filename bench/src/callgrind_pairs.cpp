@@ -3,7 +3,8 @@
 // Makes `--warmup` cuMemAlloc_v2 + cuMemFree_v2 pairs, then `--pairs` more with callgrind's
 // collection switched on around that loop only (run valgrind with --collect-atstart=no), so
 // the profile's total is the instruction count of exactly N pairs: the driver's work, plus
-// cuwarden's when it is preloaded. Outside valgrind the client requests are no-ops.
+// cuwarden's when it is preloaded (under a pooling backend, after the warm-up, a pair is a
+// pool hit and a free: cuwarden's work only). Outside valgrind the client requests are no-ops.
 //
 // With --expect-limit BYTES it first checks that cuMemGetInfo_v2 reports that total, i.e.
 // that the interposer really is loaded and capping (a guard that measured a run without the

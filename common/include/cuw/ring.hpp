@@ -16,6 +16,23 @@
 //   and advances read_pos. A producer that finds seq < p (the consumer is a lap behind)
 //   drops the event and counts it: the application never waits for the daemon.
 //
+// Counters and events (what a reader may rely on; tests: interposer.ledger_*). The interposer
+// writes a device's counters, live records and an event in one critical section of its
+// lock, counters first, then the event's publish (a release store). So:
+//   - every counter word is exact at every instant: a load sees a value it really had
+//     (counters are plain 64-bit atomics, each written whole);
+//   - an allocation's or a free's event (alloc, free, host_alloc, host_free, driver_error)
+//     never arrives before the counter change it explains: once a reader has read it
+//     (drain's acquire of its slot), every counter it changed already shows it. A pool's
+//     segment_alloc and segment_free events are the exception: they record the pool's
+//     driver memory as the upstream call returns, and reserved and cached follow in the
+//     pool's next critical section;
+//   - a counter may move before the event that explains it is readable (the reader reads a
+//     counter newer than the last event it drained), and two counters loaded one after the
+//     other may straddle an update: totals come from the counters, history from the events;
+//   - events are best effort (a full ring drops them, counted in events_dropped); counters
+//     never miss anything.
+//
 // Trust: the daemon treats every byte here as hostile (another user's process may have
 // written it); the producer bounds its own retries so that garbage written by a consumer
 // can never make it spin.

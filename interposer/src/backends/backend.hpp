@@ -7,9 +7,10 @@
 // How to add a backend:
 //   1. A folder backends/<name>/ with a class deriving from `backend` that overrides every
 //      do_* method below (each says what passthrough does). Hand what you do not serve to a
-//      `passthrough` member. What you serve, you count and record yourself through the core
-//      (caps: Tracker::charge for what you take from the driver; events and counters under
-//      the tracker's lock, with your own free lists: backends/cache/ is the example).
+//      `passthrough` member. What you serve, you count and record by calling the ledger
+//      (core/ledger.hpp: a block handed out, freed, driver memory taken and given back),
+//      under the tracker's lock with your own free lists; caps: Tracker::charge for what you
+//      take from the driver. backends/cache/ is the example.
 //   2. One line in backends/start.cpp: CUWARDEN_POOL=<name> constructs it (and the value
 //      in core/config.cpp, where the variable is parsed).
 //   3. Tests: copy the cache's cases in tests/interposer (test_cache.cpp,

@@ -2,6 +2,7 @@
 #include "backends/memory_resource.hpp"
 
 #include "base/real.hpp"
+#include "core/ledger.hpp"
 #include "core/tracker.hpp"
 
 namespace cuw::backends {
@@ -9,7 +10,7 @@ namespace cuw::backends {
 CUresult driver_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
   auto real = REAL(cuMemAlloc_v2);
   const CUresult r = real ? real(out, bytes) : CUDA_ERROR_NOT_INITIALIZED;
-  if (r == CUDA_SUCCESS && tracker_) tracker_->record_segment(ordinal_, *out, bytes, true);
+  if (r == CUDA_SUCCESS && tracker_) core::Ledger::segment(*tracker_, ordinal_, *out, bytes, true);
   return r;
 }
 
@@ -18,9 +19,9 @@ CUresult driver_resource::do_deallocate(CUdeviceptr p, std::size_t bytes) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   // The record goes first: once the driver's free returns, the address may be another pool's
   // segment, whose record is not to be taken.
-  if (tracker_) tracker_->record_segment(ordinal_, p, bytes, false);
+  if (tracker_) core::Ledger::segment(*tracker_, ordinal_, p, bytes, false);
   const CUresult r = real(p);
-  if (r != CUDA_SUCCESS && tracker_) tracker_->record_segment(ordinal_, p, bytes, true);  // still ours
+  if (r != CUDA_SUCCESS && tracker_) core::Ledger::segment(*tracker_, ordinal_, p, bytes, true);  // still ours
   return r;
 }
 

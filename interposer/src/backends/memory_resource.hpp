@@ -58,7 +58,7 @@ class memory_resource {
 class driver_resource final : public memory_resource {
  public:
   /// `tracker` (may be null: tests) records each allocation as a pool segment of `ordinal`
-  /// (Tracker::record_segment).
+  /// (core::Ledger::segment).
   explicit driver_resource(core::Tracker* tracker = nullptr, int ordinal = -1) : tracker_(tracker), ordinal_(ordinal) {}
 
  private:

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/real.hpp"
+#include "core/ledger.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::core {
@@ -57,7 +58,7 @@ CUW_COLD void forget_driver_freed(Tracker& t, const ArrayOwners::Snapshot& array
     LiveRecord rec;
     if (!gone(key) || !t.host().take(key, &rec)) continue;
     if (static_cast<unsigned>(rec.device) < ring::kMaxDevices)
-      cuw::core::locked_sub(t.header().devices[rec.device].host_bytes, rec.bytes);
+      Ledger::host(&t.header().devices[rec.device], rec.bytes, false);
     t.emit_locked(ring::EventKind::host_free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
                   now);
   }

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 
+#include "core/ledger.hpp"
 #include "core/tracker.hpp"
 #include "cuw/ring.hpp"
 
@@ -26,11 +27,11 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
       &stale);
   if (stale) {
     if (static_cast<unsigned>(stale->device) < ring::kMaxDevices)
-      cuw::core::locked_sub(t.header().devices[stale->device].host_bytes, stale->bytes);
+      Ledger::host(&t.header().devices[stale->device], stale->bytes, false);
     t.emit_locked(ring::EventKind::host_free, ring::Api::reused, stale->device, key, stale->bytes, 0, CUDA_SUCCESS,
                   now);
   }
-  if (d) cuw::core::locked_add(d->host_bytes, bytes);
+  Ledger::host(d, bytes, true);
   t.emit_locked(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS, now);
   return r;
 }
@@ -53,7 +54,7 @@ CUresult tracked_host_free(ring::Api api, void* p, Call&& call) {
     t.host().insert(reinterpret_cast<uint64_t>(p), rec);
     return r;
   }
-  if (d) cuw::core::locked_sub(d->host_bytes, rec.bytes);
+  Ledger::host(d, rec.bytes, false);
   t.emit_locked(ring::EventKind::host_free, api, rec.device, reinterpret_cast<uint64_t>(p), rec.bytes, 0, CUDA_SUCCESS,
                 now);
   return r;

@@ -15,7 +15,7 @@ CUW_COLD void settle_pitch(Tracker& t, int ordinal, CUdeviceptr dptr, uint64_t e
     if (t.pointers().take(dptr, &rec)) {
       if (actual > est) t.force_charge_locked(*d, actual - est);
       else t.uncharge_locked(*d, est - actual);
-      cuw::core::locked_add(d->reserved, actual - est);  // wraps for a decrease
+      Ledger::resized(*d, est, actual);
       rec.bytes = actual;
       t.pointers().insert(dptr, rec);
       adjusted = true;

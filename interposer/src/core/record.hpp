@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 
+#include "core/ledger.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
 #include "cuw/ring.hpp"
@@ -32,8 +33,7 @@ inline CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ord
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
     if (charged) t.uncharge_locked(d, bytes);
-    cuw::core::locked_add(d.driver_errors, 1);
-    t.emit_locked(ring::EventKind::driver_error, api, ordinal, 0, bytes, aux, r, now);
+    Ledger::driver_error(t, d, ordinal, api, 0, bytes, aux, r, now);
   }
   if (charged) t.job_uncharge(ordinal, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) t.report_oom(ordinal, bytes, api, ring::EventKind::driver_error, r);
@@ -101,15 +101,7 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ri
   std::optional<LiveRecord> stale;
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    table.insert(key,
-                 LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api), aux,
-                            live::make_tag(now, thread_state().site)},
-                 &stale);
-    if (__builtin_expect(stale.has_value(), 0)) t.count_freed_unseen_locked(key, *stale, ring::Api::reused, now);
-    on_insert(key);
-    if (!charged) t.count_uncapped_locked(*d, bytes);
-    t.count_alloc_locked(*d, ordinal, bytes, pooled(api));
-    t.emit_locked(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
+    Ledger::allocated(t, table, *d, ordinal, api, key, bytes, aux, charged, now, &stale, on_insert);
   }
   if (__builtin_expect(stale.has_value(), 0)) t.job_uncharge(stale->device, stale->bytes);
   return r;
@@ -145,10 +137,7 @@ inline CUW_COLD void keep_live(Tracker& t, LiveTable& table, uint64_t key, const
       if (!committed) t.count_freed_unseen_locked(key, rec, ring::Api::reused, now);
     } else {
       ring::DeviceSlot& d = t.header().devices[rec.device];
-      if (committed) {
-        t.count_uncapped_locked(d, rec.bytes);
-        t.uncount_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
-      }
+      if (committed) Ledger::unfreed(t, d, rec);
       t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
     }
   }
@@ -195,9 +184,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::core::LiveTable& table, uint64
     if (__builtin_expect(live && static_cast<unsigned>(rec.device) < ring::kMaxDevices, 1)) {
       ring::DeviceSlot& d = t.header().devices[rec.device];
       if (__builtin_expect(commit_before_free(t, api, rec, d), 1)) {
-        t.uncharge_locked(d, rec.bytes);
-        t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
-        t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
+        Ledger::freed(t, d, key, rec, api, aux, now);
         committed = true;
       }
     }
@@ -215,9 +202,7 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::core::LiveTable& table, uint64
   t.prefetch_commit(d);
   {
     std::lock_guard<cuw::spin_lock> lk(t.lock());
-    t.uncharge_locked(d, rec.bytes);
-    t.count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
-    t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
+    Ledger::freed(t, d, key, rec, api, aux, now);
   }
   t.job_uncharge(rec.device, rec.bytes);
   return r;

@@ -20,6 +20,7 @@
 #include "cuw/attrs.hpp"
 #include "cuw/paths.hpp"
 #include "base/fast_clock.hpp"
+#include "core/ledger.hpp"
 #include "base/log.hpp"
 #include "base/nvml_process.hpp"
 #include "base/real.hpp"
@@ -602,9 +603,7 @@ CUW_COLD void Tracker::record_segment(int ordinal, uint64_t base, uint64_t bytes
 void Tracker::count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t now) noexcept {
   if (static_cast<unsigned>(rec.device) >= ring::kMaxDevices) return;  // never inserted so
   ring::DeviceSlot& d = header_->devices[rec.device];
-  uncharge_locked(d, rec.bytes);
-  count_free_locked(d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
-  emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, 0, CUDA_SUCCESS, now);
+  Ledger::freed(*this, d, key, rec, api, 0, now);
 }
 
 }  // namespace cuw::core

@@ -185,13 +185,6 @@ class Tracker {
   CUW_INLINE bool uncapped(const ring::DeviceSlot& dev, int ordinal) const noexcept {
     return dev.limit.load(std::memory_order_relaxed) == ring::kNoLimit && job_gpu(ordinal) < 0;
   }
-  /// `used` and `peak` for an allocation that was not charged (uncapped()); lock() held.
-  CUW_INLINE void count_uncapped_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept {
-    const uint64_t next = d.used.load(std::memory_order_relaxed) + bytes;
-    d.used.store(next, std::memory_order_relaxed);
-    if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
-  }
-
   /// Give back bytes counted by charge() (a failed driver call, or a free): `used` under
   /// lock() (taken here), then the job's share.
   void uncharge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
@@ -207,30 +200,6 @@ class Tracker {
   }
   void job_force_charge(int ordinal, uint64_t bytes) noexcept;
 
-  /// With lock() held: a successful driver allocation of `bytes` (charged) on `d`, whose
-  /// ordinal is `ordinal` (given: `d.ordinal` is on a line the hot path does not otherwise
-  /// read): live allocations, allocations, and reserved (or, for a stream-ordered one, the
-  /// pools' live bytes); its free; and the undoing of a free (counted before a driver call
-  /// that then failed).
-  CUW_INLINE void count_alloc_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
-    if (__builtin_expect(pooled, 0)) locked_add(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
-    else locked_add(d.reserved, bytes);
-    locked_add(d.live_allocations, 1);
-    locked_add(d.alloc_count, 1);
-  }
-  CUW_INLINE void count_free_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
-    if (__builtin_expect(pooled, 0)) locked_sub(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
-    else locked_sub(d.reserved, bytes);
-    locked_sub(d.live_allocations, 1);
-    locked_add(d.free_count, 1);
-  }
-  CUW_INLINE void uncount_free_locked(ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
-    if (pooled) locked_add(pools_[ordinal & (ring::kMaxDevices - 1)].live, bytes);
-    else locked_add(d.reserved, bytes);
-    locked_add(d.live_allocations, 1);
-    locked_sub(d.free_count, 1);
-  }
-
   /// The job's cap on `ordinal`'s GPU and what all members hold there (bytes). False when
   /// the process is in no job, or the job has no cap. Lock-free.
   bool job_view(int ordinal, uint64_t* cap, uint64_t* used) const noexcept;
@@ -244,7 +213,7 @@ class Tracker {
   void refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool discover = true) noexcept;
 
   /// After a stream-ordered allocation on `ordinal`'s pools (its bytes already counted in
-  /// the pools' live bytes by count_alloc_locked): the pools are refreshed at once when their live
+  /// the pools' live bytes by the ledger): the pools are refreshed at once when their live
   /// bytes passed what they were known to reserve (the pool grew), else at most once a
   /// millisecond. `stream` is the allocation's stream: while it is being captured into a
   /// graph the refresh is skipped (no driver query inside a capture), and done at a later one.
@@ -388,21 +357,6 @@ class Tracker {
   /// Refusals not yet told (flush_oom_report): one line saying how many, if any. on_exit.
   void report_unsaid_ooms() noexcept;
 
-  /// A pooling backend took (`added`) or gave back driver memory [base, base + bytes) on
-  /// `ordinal`: its record in pool_segments() (for snapshots) and a segment_alloc /
-  /// segment_free event. Nothing is counted (the backend counts what it holds). `bytes` 0
-  /// on give-back: the record's size. `unit` > 0: one record per `unit` bytes (the vmm
-  /// layout's granules, each mapped and unmapped alone), still one event. Takes lock(); cold.
-  void record_segment(int ordinal, uint64_t base, uint64_t bytes, bool added, uint64_t unit = 0) noexcept;
-  /// A pooled block handed to the program (lock() held): its record for snapshots, with the
-  /// thread's call site. `stream`: a stream-ordered allocation's, else 0.
-  CUW_INLINE void pooled_insert_locked(uint64_t ptr, uint64_t bytes, int ordinal, ring::Api api, uint64_t stream,
-                                       uint64_t now) noexcept {
-    live_->pool_blocks.insert(ptr, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api), stream,
-                                              live::make_tag(now, thread_state().site)});
-  }
-  /// A pooled block freed or forgotten (lock() held).
-  CUW_INLINE void pooled_erase_locked(uint64_t ptr) noexcept { live_->pool_blocks.take(ptr, nullptr); }
   /// The context of each array in handles() (array_owners.hpp); lock() held to use it. A
   /// forked child's tracker starts with none (its parent's are not its own).
   ArrayOwners& array_owners() noexcept { return *array_owners_; }
@@ -416,6 +370,34 @@ class Tracker {
   bool exiting() const noexcept { return header_->exited_ns.load(std::memory_order_relaxed) != 0; }
 
  private:
+  friend class Ledger;  // the one writer of counters, live records and their events (ledger.hpp)
+
+  /// `used` and `peak` for an allocation that was not charged (uncapped()); lock() held.
+  CUW_INLINE void count_uncapped_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept {
+    const uint64_t next = d.used.load(std::memory_order_relaxed) + bytes;
+    d.used.store(next, std::memory_order_relaxed);
+    if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
+  }
+
+  /// A pooling backend took (`added`) or gave back driver memory [base, base + bytes) on
+  /// `ordinal`: its record in pool_segments() (for snapshots) and a segment_alloc /
+  /// segment_free event. Nothing is counted (the pool counts what it holds: Ledger::moved). `bytes` 0
+  /// on give-back: the record's size. `unit` > 0: one record per `unit` bytes (the vmm
+  /// layout's granules, each mapped and unmapped alone), still one event. Takes lock(); cold.
+  void record_segment(int ordinal, uint64_t base, uint64_t bytes, bool added, uint64_t unit = 0) noexcept;
+  /// A pooled block handed to the program (lock() held): its record for snapshots, with the
+  /// thread's call site. `stream`: a stream-ordered allocation's, else 0.
+  CUW_INLINE void pooled_insert_locked(uint64_t ptr, uint64_t bytes, int ordinal, ring::Api api, uint64_t stream,
+                                       uint64_t now) noexcept {
+    live_->pool_blocks.insert(ptr, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api), stream,
+                                              live::make_tag(now, thread_state().site)});
+  }
+  /// A pooled block freed or forgotten (lock() held).
+  CUW_INLINE void pooled_erase_locked(uint64_t ptr) noexcept { live_->pool_blocks.take(ptr, nullptr); }
+  /// The stream-ordered pools of `ordinal`'s device (the ledger counts their live bytes).
+  struct PoolSet;
+  PoolSet& pool_set(int ordinal) noexcept { return pools_[ordinal & (ring::kMaxDevices - 1)]; }
+
   Tracker();
   ~Tracker() = delete;  // never destroyed: CUDA calls made by other destructors still work
   static Tracker& create();
@@ -503,7 +485,7 @@ class Tracker {
   /// Per device: the stream-ordered pools seen and what they reserved at the last refresh.
   struct PoolSet {
     static constexpr int kMax = 8;
-    // What pooled_alloc reads and count_*_locked write, in one line.
+    // What pooled_alloc reads and the ledger writes, in one line.
     alignas(64) std::atomic<uint64_t> live{0};  ///< bytes of live stream-ordered allocations (lock())
     std::atomic<uint64_t> reserved{0};          ///< sum over pools, bytes
     std::atomic<uint64_t> refreshed_ns{0};      ///< fast_clock::realtime_ns() of the last refresh

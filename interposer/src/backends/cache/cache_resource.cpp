@@ -16,12 +16,6 @@ namespace cuw::backends {
 
 using namespace cache_detail;  // this folder's own helpers
 
-CUW_HOT bool cache_resource::idle() const noexcept {
-  if (work::untracked()) return false;
-  const uint64_t now = work::epoch();
-  return idle_epoch_.load(std::memory_order_acquire) == now;
-}
-
 // ---- size classes ------------------------------------------------------------------------
 
 CUW_HOT int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept {
@@ -49,13 +43,13 @@ cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcont
       tracker_(tracker),
       owner_(owner),
       granules_(granules),
+      ledger_(tracker, slot, ordinal),
       large_round_(granules ? kFineRound : kLargeRound),
       gran_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
       slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
-      keep_(tracker.config().pool_keep),
-      idle_ns_(uint64_t{tracker.config().pool_idle_ms} * 1000000),
-      mu_(tracker.lock()) {
-  map_.assign(1024, nullptr);
+      mu_(tracker.lock()),
+      budget_(tracker.config().pool_keep, uint64_t{tracker.config().pool_idle_ms} * 1000000),
+      fence_(ctx) {
   work::start_counting();
 }
 
@@ -73,19 +67,7 @@ cache_resource::~cache_resource() {
   for (Block* b : spare_blocks_) delete b;
 }
 
-// ---- the block map and free lists (under mu_) --------------------------------------------
-
-namespace {
-inline uint64_t ptr_hash(uint64_t p) noexcept { return (p >> 9) * 0x9E3779B97F4A7C15ULL; }
-}  // namespace
-
-CUW_HOT cache_resource::Block* cache_resource::lookup_locked(CUdeviceptr p) const noexcept {
-  const uint64_t mask = map_.size() - 1;
-  for (uint64_t i = ptr_hash(p) >> 20 & mask;; i = (i + 1) & mask) {
-    Block* b = map_[i];
-    if (!b || b->ptr == p) return b;
-  }
-}
+// ---- segments and free lists (under mu_) --------------------------------------------
 
 cache_resource::Segment* cache_resource::segment_at_locked(CUdeviceptr p) const noexcept {
   auto it = segments_.upper_bound(p);
@@ -101,61 +83,8 @@ bool cache_resource::holds_locked(CUdeviceptr p) const noexcept {
 
 void cache_resource::drop_locked(Segment* s) noexcept {
   segments_.erase(s->base);
-  each_block(s, [&](Block* b) { map_erase_locked(b->ptr); });
+  each_block(s, [&](Block* b) { map_.erase(b->ptr); });
   if (s == arena_) arena_ = nullptr;
-}
-
-void cache_resource::map_insert_locked(Block* b) {
-  if ((map_used_ + 1) * 2 > map_.size()) {
-    map_.assign(map_.size() * 2, nullptr);
-    map_used_ = 0;
-    map_rebuild_locked();
-    // Callers link `b` into its segment first, so the rebuild has inserted it: once only
-    // (a second entry would outlive the block's erase in the vmm layout's merges).
-    if (lookup_locked(b->ptr) == b) return;
-  }
-  const uint64_t mask = map_.size() - 1;
-  uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
-  while (map_[i]) i = (i + 1) & mask;
-  map_[i] = b;
-  ++map_used_;
-}
-
-void cache_resource::map_rebuild_locked() {
-  std::fill(map_.begin(), map_.end(), nullptr);
-  map_used_ = 0;
-  uint64_t need = 0;
-  for (auto& [base, s] : segments_) need += s->carved;
-  uint64_t cap = map_.size();
-  while ((need + 1) * 2 > cap) cap *= 2;
-  if (cap != map_.size()) map_.assign(cap, nullptr);
-  const uint64_t mask = cap - 1;
-  for (auto& [base, s] : segments_)
-    each_block(s, [&](Block* b) {
-      uint64_t i = ptr_hash(b->ptr) >> 20 & mask;
-      while (map_[i]) i = (i + 1) & mask;
-      map_[i] = b;
-      ++map_used_;
-    });
-}
-
-// Linear probing's deletion: later entries of the same run move back into the gap.
-void cache_resource::map_erase_locked(CUdeviceptr p) noexcept {
-  const uint64_t mask = map_.size() - 1;
-  uint64_t i = ptr_hash(p) >> 20 & mask;
-  while (map_[i] && map_[i]->ptr != p) i = (i + 1) & mask;
-  if (!map_[i]) return;
-  map_[i] = nullptr;
-  --map_used_;
-  for (uint64_t j = (i + 1) & mask; map_[j]; j = (j + 1) & mask) {
-    const uint64_t home = ptr_hash(map_[j]->ptr) >> 20 & mask;
-    // Stays if its home lies cyclically in (i, j].
-    const bool stays = i < j ? (home > i && home <= j) : (home > i || home <= j);
-    if (stays) continue;
-    map_[i] = map_[j];
-    map_[j] = nullptr;
-    i = j;
-  }
 }
 
 cache_resource::Block* cache_resource::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
@@ -192,7 +121,7 @@ void cache_resource::absorb_locked(Block* a, Block* h) noexcept {
   a->hi = h->hi;
   if (h->hi) h->hi->lo = a;
   if (a->seg->last == h) a->seg->last = a;
-  map_erase_locked(h->ptr);
+  map_.erase(h->ptr);
   --a->seg->carved;
   spare_blocks_.push_back(h);  // room reserved by refill_spares_slow: no allocation
 }
@@ -230,8 +159,7 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
 // cache: its largest block). Where several contexts share a device, the last pool to change
 // writes them.
 CUW_HOT void cache_resource::publish_free_locked() noexcept {
-  slot_.pool_free.store(free_large_bytes_, std::memory_order_relaxed);
-  slot_.pool_largest_free.store(granules_ ? free_whole_bytes_ : largest_free_, std::memory_order_relaxed);
+  ledger_.free_memory(free_large_bytes_, granules_ ? free_whole_bytes_ : largest_free_);
 }
 
 // The cache layout: the list of `it` (the largest size) emptied. The next largest is the
@@ -344,8 +272,6 @@ CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexc
   b->requested = requested;
   b->generation = ++hand_outs_;  // the pool's count: a Block reused from the spares starts no count anew
   ++b->seg->busy;
-  core::locked_add(slot_.live_allocations, 1);
-  core::locked_add(slot_.alloc_count, 1);
 }
 
 // ---- allocate ----------------------------------------------------------------------------
@@ -365,11 +291,8 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
   mu_.lock();
   if (Block* b = take_locked(cls, rounded)) {
     hand_out_locked(b, bytes);
-    core::locked_sub(slot_.cached, b->size);
-    core::locked_add(slot_.pool_hits, 1);
     *out = b->ptr;
-    tracker_.pooled_insert_locked(b->ptr, bytes, ordinal_, api, 0, now);
-    tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, b->ptr, bytes, 0, CUDA_SUCCESS, now);
+    ledger_.hit(b->ptr, bytes, b->size, api, now);
     mu_.unlock();
     return CUDA_SUCCESS;
   }
@@ -391,8 +314,7 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
   if (r == CUDA_SUCCESS) {
     const uint64_t done = core::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
-    tracker_.pooled_insert_locked(*out, bytes, ordinal_, api, 0, done);
-    tracker_.emit_locked(ring::EventKind::alloc, api, ordinal_, *out, bytes, 0, CUDA_SUCCESS, done);
+    ledger_.recorded(*out, bytes, api, done);
   }
   return r;
 }
@@ -405,8 +327,7 @@ bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_
     return false;
   }
   hand_out_locked(b, bytes);
-  core::locked_sub(slot_.cached, b->size);
-  core::locked_add(slot_.pool_hits, 1);
+  ledger_.handed_out(b->size, true);
   *out = b->ptr;
   mu_.unlock();
   return true;
@@ -439,15 +360,12 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
     const bool grow = cls >= 0 ? pending < kGrowPending : pending + rounded <= kGrowPending;
     if (!grow) {
       for (;;) {
-        bool fit = false;
-        for (const Batch& bt : batches_) {
-          for (Block* b = bt.head; b && !fit; b = b->next)
-            // vmm: any large block may merge with its neighbours into a fit.
-            fit = cls >= 0 ? b->seg->cls == cls
-                           : b->seg->cls < 0 && (granules_ || (b->size >= rounded &&
-                                                               b->size - rounded <= large_slack(rounded)));
-          if (fit) break;
-        }
+        const bool fit = fence_.any_block([&](const Block* b) {
+          // vmm: any large block may merge with its neighbours into a fit.
+          return cls >= 0 ? b->seg->cls == cls
+                          : b->seg->cls < 0 && (granules_ || (b->size >= rounded &&
+                                                              b->size - rounded <= large_slack(rounded)));
+        });
         if (!fit || !wait_oldest_slow()) break;
         if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
       }
@@ -515,8 +433,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
     }
     const uint64_t now = core::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
-    core::locked_add(slot_.driver_errors, 1);
-    tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
+    ledger_.driver_error(seg_bytes, r, now);
     return r;
   }
   add_segment(out, base, seg_bytes, bytes, cls);
@@ -536,8 +453,7 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   // An allocation the hooks still count at this address (not the cache's: freed with a
   // context another thread destroyed a moment ago) was freed: Tracker::count_freed_unseen_locked.
   core::LiveRecord stale;
-  const bool reused = tracker_.pointers().take(base, &stale);
-  if (__builtin_expect(reused, 0)) tracker_.count_freed_unseen_locked(base, stale, ring::Api::reused, core::now_ns());
+  const bool reused = ledger_.reused(base, &stale, core::now_ns());
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
@@ -559,280 +475,30 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   }
   hand_out_locked(b, bytes);
   *out = b->ptr;
-  if (granules_) {
-    // The granules counted the range reserved and cached; its block is live now.
-    core::locked_sub(slot_.cached, b->size);
-  } else {
-    core::locked_add(slot_.reserved, seg_bytes);
-    core::locked_add(slot_.cached, seg_bytes - b->size);
-  }
+  // vmm: the granules counted the range reserved and cached; its block is live now.
+  if (!granules_) ledger_.moved(static_cast<int64_t>(seg_bytes), static_cast<int64_t>(seg_bytes));
+  ledger_.handed_out(b->size, false);
   mu_.unlock();
   if (__builtin_expect(reused, 0)) tracker_.job_uncharge(stale.device, stale.bytes);
 }
 
-// The vmm layout's growth: a new range from idle granules (the ones free blocks gave back)
-// before new ones, and past the budget, or when the cap or the device refuses, stitched
-// from free blocks unmapped for it (reclaim_slow).
-CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
-                                       bool* cap_refused) {
-  const uint64_t seg_bytes = cls >= 0 ? slab_bytes_ : rounded;
-  // Nothing is unmapped during a capture: the unmap would not wait for the captured work.
-  const bool capture = work::capturing();
-  if (cls >= 0 && !capture && over_budget(seg_bytes)) {  // (large: extend_arena, which knows what it needs)
-    // Pending frees first (as long as cudaFree's own synchronization would have taken):
-    // stitching uses free memory only.
-    wait_all_slow();
-    reclaim_slow(seg_bytes);
-  }
-  bool by_cap = false;
-  auto attempt = [&](bool quiet) -> CUresult {
-    if (cls < 0) return extend_arena(out, bytes, rounded, quiet, &by_cap);
-    CUdeviceptr base = 0;
-    const CUresult e = granules_->map_range(&base, seg_bytes, quiet, &by_cap);
-    if (e == CUDA_SUCCESS) add_segment(out, base, seg_bytes, bytes, cls);
-    return e;
-  };
-  CUresult r = attempt(true);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    if (!capture) {  // (during a capture nothing is waited for or unmapped: the second try counts)
-      wait_all_slow();
-      reclaim_slow(~uint64_t{0});
-    }
-    by_cap = false;
-    r = attempt(!last);
-  }
-  if (!capture) granules_->trim(0);  // idle granules serve nothing until mapped: the budget keeps none
-  if (r != CUDA_SUCCESS) {
-    if (r == CUDA_ERROR_OUT_OF_MEMORY && !last && cap_refused) {
-      *cap_refused = true;  // other contexts' pools give back theirs; the caller tries once more
-      return r;
-    }
-    if (!by_cap) {  // the driver's answer (a cap's refusal was counted by the charge)
-      const uint64_t now = core::now_ns();
-      std::lock_guard<spin_lock> lk(mu_);
-      core::locked_add(slot_.driver_errors, 1);
-      tracker_.emit_locked(ring::EventKind::driver_error, ring::Api::cuMemAlloc, ordinal_, 0, seg_bytes, 0, r, now);
-    }
-    return r;
-  }
-  return CUDA_SUCCESS;
-}
-
-// Large blocks live in one arena of addresses (twice the device's memory), mapped from the
-// bottom up to `top`. A miss grows the free block that needs the fewest new granules to
-// fit: into the unmapped addresses right above or below it (a hole left by stitching, or the
-// top), so that an array grown step by step maps only its growth, and blocks freed next to
-// each other merge. Past the budget, the granules come from free blocks unmapped for it
-// (reclaim_slow). Without a free block to grow, a new block goes at the top. Growth comes in
-// whole granules: what the request leaves of them stays free, where the next block packs.
-CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
-                                      bool* by_cap) {
-  const uint64_t gran = gran_;
-  if (rounded > ~uint64_t{0} - gran) return CUDA_ERROR_OUT_OF_MEMORY;  // no granules hold it
-  auto whole = [gran](uint64_t n) { return (n + gran - 1) / gran * gran; };
-  // Room to grow `f` (a free block of the arena, or nullptr: a new block at the top).
-  auto room = [this](Segment* a, Block* f, uint64_t* above, uint64_t* below) {
-    *above = *below = 0;
-    Block* h = f ? f->hi : nullptr;
-    if (f && h && h->state == kHole) *above = h->size;
-    if (!f || !h || (h->state == kHole && h == a->last)) *above += a->bytes - a->top;
-    if (f && f->lo && f->lo->state == kHole)
-      *below = f->lo == &a->blocks[0] ? f->lo->size - std::min(f->lo->size, gran_) : f->lo->size;
-  };
-  const bool uncapped = tracker_.uncapped(slot_, ordinal_);
-  mu_.lock();
-  Segment* a = arena_;
-  Block* f = nullptr;
-  uint64_t need = whole(rounded);  // new granules: rooms (holes, the top) are whole granules
-  if (a) {
-    for (Block* b = &a->blocks[0]; b; b = b->hi) {
-      if (b->state != kFree) continue;
-      const uint64_t more = whole(rounded - std::min(rounded, b->size));
-      // As few as a new block at the top: the free block ending there packs it. Under a cap,
-      // not a request of whole granules: on granules of its own at the top, it leaves its
-      // neighbours' granules whole for when they are freed (a stranded piece could turn into
-      // a refusal); without one, packing holds less.
-      if (more > need || (more == need && (f || b != a->last || (rounded % gran == 0 && !uncapped)))) continue;
-      uint64_t up, down;
-      room(a, b, &up, &down);
-      if (b->size + up + down >= rounded) {
-        f = b;
-        need = more;
-      }
-    }
-    if (!f) {
-      uint64_t up, down;
-      room(a, nullptr, &up, &down);
-      if (up < need) a = nullptr;  // this arena's addresses are spent: a new one
-    }
-  }
-  if (f) {
-    unlink_free_locked(f);
-    f->state = kClaimed;  // neither taken, merged, unmapped nor freed meanwhile
-  }
-  if (f && need == 0) {
-    // Large enough already (a hit that found no spare Block to split with).
-    if (f->size > rounded && !spare_blocks_.empty()) split_locked(f, rounded);
-    hand_out_locked(f, bytes);
-    core::locked_sub(slot_.cached, f->size);
-    *out = f->ptr;
-    mu_.unlock();
-    return CUDA_SUCCESS;
-  }
-  mu_.unlock();
-  // No hoarding: past the budget, the granules for this come from free blocks (stitching).
-  if (!work::capturing() && over_budget(need)) {
-    wait_all_slow();
-    reclaim_slow(need);
-    // Reclaiming may have given back an arena left with nothing mapped (never f's: f is
-    // claimed): choose the top again.
-    if (!f) {
-      mu_.lock();
-      a = arena_;
-      if (a) {
-        uint64_t up, down;
-        room(a, nullptr, &up, &down);
-        if (up < need) a = nullptr;
-      }
-      mu_.unlock();
-    }
-  }
-  if (!a) {
-    // A new arena: the first, or this one's addresses are spent.
-    const uint64_t span = std::max(need, whole(2 * granules_->device_bytes()));
-    CUdeviceptr base = 0;
-    CUresult r = granules_->reserve(&base, span, gran);  // (blocks and holes align to gran in addresses)
-    if (r == CUDA_SUCCESS) r = granules_->map_at(base, need, quiet, by_cap);
-    if (r != CUDA_SUCCESS) {
-      if (base) upstream_->deallocate(base, span);
-      return r;
-    }
-    add_segment(out, base, span, bytes, -1, need, rounded);
-    return CUDA_SUCCESS;
-  }
-  // Where the new granules go: above first (the block keeps its address), then below.
-  mu_.lock();
-  uint64_t above, below;
-  room(a, f, &above, &below);
-  const uint64_t up = std::min(need, above);
-  const uint64_t down = need - up;  // <= below: rooms only grew since the choice
-  const CUdeviceptr up_at = f ? f->ptr + f->size : a->base + a->top;
-  const CUdeviceptr down_at = f ? f->ptr - down : 0;
-  // A new block's Block, taken now: hot-path splits may use up the spares meanwhile.
-  Block* fresh = nullptr;
-  if (!f && !spare_blocks_.empty()) {
-    fresh = spare_blocks_.back();
-    spare_blocks_.pop_back();
-  }
-  mu_.unlock();
-  auto unclaim = [&] {
-    mu_.lock();
-    if (f) push_free_locked(f);
-    if (fresh) spare_blocks_.push_back(fresh);  // back where it came from: within capacity
-    mu_.unlock();
-  };
-  if ((!f && !fresh) || down > below) {
-    unclaim();
-    return CUDA_ERROR_OUT_OF_MEMORY;  // out of host memory for a Block, or rooms shrank (never)
-  }
-  CUresult r = up ? granules_->map_at(up_at, up, quiet, by_cap) : CUDA_SUCCESS;
-  if (r == CUDA_SUCCESS && down) {
-    r = granules_->map_at(down_at, down, quiet, by_cap);
-    if (r != CUDA_SUCCESS && up) granules_->punch(up_at, up);
-  }
-  if (r != CUDA_SUCCESS) {
-    unclaim();
-    return r;
-  }
-  mu_.lock();
-  Block* b = f;
-  if (!b) {
-    b = fresh;
-    *b = Block{};
-    b->ptr = up_at;
-    b->seg = a;
-    b->lo = a->last;
-    if (a->last) a->last->hi = b;
-    a->last = b;
-    ++a->carved;
-    map_insert_locked(b);
-  }
-  if (up) {
-    Block* h = f ? f->hi : nullptr;
-    uint64_t from_hole = 0;
-    if (h && h->state == kHole) {
-      from_hole = std::min(up, h->size);
-      map_erase_locked(h->ptr);
-      h->ptr += from_hole;
-      h->size -= from_hole;
-      if (h->size > 0) {
-        map_insert_locked(h);
-      } else {
-        b->hi = h->hi;
-        if (h->hi) h->hi->lo = b;
-        if (a->last == h) a->last = b;
-        --a->carved;
-        spare_blocks_.push_back(h);
-      }
-    }
-    a->top += up - from_hole;  // the rest came from above the top
-    b->size += up;
-  }
-  if (down) {
-    Block* l = b->lo;  // a hole (room() said so), never consumed whole if it heads the list
-    l->size -= down;
-    if (l->size == 0) {
-      b->lo = l->lo;
-      if (l->lo) l->lo->hi = b;
-      map_erase_locked(l->ptr);
-      --a->carved;
-      spare_blocks_.push_back(l);
-    }
-    map_erase_locked(b->ptr);
-    b->ptr -= down;
-    b->size += down;
-    map_insert_locked(b);
-  }
-  if (b->size > rounded && !spare_blocks_.empty()) split_locked(b, rounded);  // the rest stays free
-  hand_out_locked(b, bytes);
-  core::locked_sub(slot_.cached, b->size);
-  *out = b->ptr;
-  mu_.unlock();
-  return CUDA_SUCCESS;
-}
-
-uint64_t cache_resource::budget(uint64_t peak) const noexcept {
-  const uint64_t keep = keep_.percent ? static_cast<uint64_t>(keep_.share * static_cast<double>(peak)) : keep_.bytes;
-  return peak + std::max(keep, kKeepFloor);
-}
-
 bool cache_resource::over_budget(uint64_t more) noexcept {
-  const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
-  const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);
-  const uint64_t live = reserved > cached ? reserved - cached : 0;
-  const uint64_t now = core::now_ns();
-  if (live + more >= peak_live_ || now - peak_ns_ > idle_ns_) {
-    peak_live_ = live + more;
-    peak_ns_ = now;
-  }
-  trim_at_.store(now + idle_ns_, std::memory_order_relaxed);  // it grows: trim once it has been idle
-  return reserved + more > budget(peak_live_);
+  return budget_.over(slot_.reserved.load(std::memory_order_relaxed), slot_.cached.load(std::memory_order_relaxed),
+                      more, core::now_ns());
 }
 
 void cache_resource::trim_idle() noexcept {
   if (!slow_.try_lock()) return;  // another thread is in the slow path: it will do
   std::lock_guard<std::mutex> g(slow_, std::adopt_lock);
   const uint64_t now = core::now_ns();
-  if (now < trim_at_.load(std::memory_order_relaxed) || work::capturing()) return;  // (a later free trims)
-  trim_at_.store(~uint64_t{0}, std::memory_order_relaxed);
+  if (!budget_.trim_due(now) || work::capturing()) return;  // (a later free trims)
+  budget_.disarm();
   if (dead_ || dying_) return;
   poll_slow();  // frees whose work has completed (no wait on a free)
   const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
   const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);
   const uint64_t live = reserved > cached ? reserved - cached : 0;
-  peak_live_ = live;  // the old peak is forgotten
-  peak_ns_ = now;
-  const uint64_t b = budget(live);
+  const uint64_t b = budget_.restart(live, now);  // the old peak is forgotten
   if (reserved <= b) return;
   if (granules_) {
     reclaim_slow(reserved - b);
@@ -841,42 +507,7 @@ void cache_resource::trim_idle() noexcept {
     release_slow(reserved - b);
   }
   // Pending frees may still hold memory past the budget: look again after another while.
-  if (slot_.reserved.load(std::memory_order_relaxed) > b) trim_at_.store(now + idle_ns_, std::memory_order_relaxed);
-}
-
-bool cache_resource::refill_spares_slow() {
-  mu_.lock();
-  const size_t have = spare_blocks_.size();
-  mu_.unlock();
-  if (have >= kSpareBlocks) return true;
-  Block* fresh[kSpareBlocks * 2];
-  size_t n = 0;
-  for (; n < std::size(fresh); ++n)
-    if (!(fresh[n] = new (std::nothrow) Block)) break;
-  std::vector<Block*> room;
-  try {
-    mu_.lock();
-    const size_t want = (heap_blocks_ + n) * 2;
-    const size_t cap = spare_blocks_.capacity();
-    mu_.unlock();
-    // A vector with room for every block this pool owns (absorb_locked pushes without
-    // allocating), made outside the lock.
-    if (cap < heap_blocks_ + n) room.reserve(want);
-  } catch (...) {
-    for (size_t i = 0; i < n; ++i) delete fresh[i];
-    return false;
-  }
-  mu_.lock();
-  if (room.capacity() > spare_blocks_.capacity()) {
-    room.assign(spare_blocks_.begin(), spare_blocks_.end());  // within capacity: no allocation
-    spare_blocks_.swap(room);
-  }
-  const size_t fit = std::min(n, spare_blocks_.capacity() - heap_blocks_);
-  for (size_t i = 0; i < fit; ++i) spare_blocks_.push_back(fresh[i]);
-  heap_blocks_ += fit;
-  mu_.unlock();
-  for (size_t i = fit; i < n; ++i) delete fresh[i];
-  return true;
+  if (slot_.reserved.load(std::memory_order_relaxed) > b) budget_.retry(now);
 }
 
 // ---- free --------------------------------------------------------------------------------
@@ -892,7 +523,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
     mu_.unlock();
     return CUDA_ERROR_NOT_FOUND;
   }
-  Block* b = lookup_locked(p);
+  Block* b = map_.find(p);
   if (__builtin_expect(!b || b->state != kLive, 0)) {
     // Inside memory this cache holds but not a live block's start (a second free, an
     // interior pointer): the driver's answer for a pointer it did not hand out. Passing it
@@ -907,17 +538,13 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
     mu_.unlock();
     return free_exported(b, api, aux, now);
   }
-  core::locked_sub(slot_.live_allocations, 1);
-  core::locked_add(slot_.free_count, 1);
-  tracker_.pooled_erase_locked(p);
-  tracker_.emit_locked(ring::EventKind::free, api, ordinal_, p, b->requested, aux, CUDA_SUCCESS, now);
-  core::locked_add(slot_.cached, size);
-  if (idle()) {
+  ledger_.freed(p, b->requested, size, api, aux, now);
+  if (fence_.idle()) {
     // Nothing queued since a completed event: whatever used the block has finished.
     --b->seg->busy;
     push_free_locked(b);
     mu_.unlock();
-    if (__builtin_expect(now >= trim_at_.load(std::memory_order_relaxed), 0)) trim_idle();
+    if (__builtin_expect(budget_.trim_due(now), 0)) trim_idle();
     return CUDA_SUCCESS;
   }
   b->state = kPending;
@@ -933,13 +560,13 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
   // it idle, the event completes within the poll's reach, and the frees that follow are
   // fast (on the H200, leaving it out took a per-step loop from 2.6 to 4.1 us in the
   // allocator, bench/results/2026-11-30-h200-cache-fastreuse-runs.md, run E).
-  const bool seal = n >= kSealBlocks || sealed_.load(std::memory_order_relaxed) == 0;
+  const bool seal = n >= kSealBlocks || fence_.sealed() == 0;
   if ((seal || n % kPollEvery == 0) && !work::capturing() && slow_.try_lock()) {
     if (seal) seal_locked_slow();
     poll_slow();
     slow_.unlock();
   }
-  if (__builtin_expect(now >= trim_at_.load(std::memory_order_relaxed), 0)) trim_idle();
+  if (__builtin_expect(budget_.trim_due(now), 0)) trim_idle();
   return CUDA_SUCCESS;
 }
 
@@ -965,22 +592,20 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   core::LiveRecord rec;
   mu_.lock();
   s->leaving = true;
-  const bool had_record = tracker_.pool_blocks().take(b->ptr, &rec);
+  const bool had_record = ledger_.unrecord(b->ptr, &rec);
   mu_.unlock();
   const CUresult r = upstream_->deallocate(s->base, s->bytes);
   mu_.lock();
   if (r != CUDA_SUCCESS) {
     b->state = kLive;
     s->leaving = false;
-    if (had_record) tracker_.pool_blocks().insert(b->ptr, rec);
+    if (had_record) ledger_.rerecord(b->ptr, rec);
     mu_.unlock();
     return r;
   }
   drop_locked(s);
-  core::locked_sub(slot_.live_allocations, 1);
-  core::locked_add(slot_.free_count, 1);
-  core::locked_sub(slot_.reserved, s->bytes);
-  tracker_.emit_locked(ring::EventKind::free, api, ordinal_, b->ptr, b->requested, aux, CUDA_SUCCESS, now);
+  ledger_.moved(-static_cast<int64_t>(s->bytes), 0);
+  ledger_.freed(b->ptr, b->requested, 0, api, aux, now);  // (its record: taken above)
   mu_.unlock();
   tracker_.uncharge(slot_, s->bytes);
   delete s;

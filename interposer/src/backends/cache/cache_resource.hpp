@@ -12,26 +12,11 @@
 //   range queries stay exact. (The vmm backend is where large free space is stitched.)
 //
 // cudaFree's promise: a freed block is not handed out again until all work submitted before
-// the free has finished, on every stream of the context.
+// the free has finished, on every stream of the context (backends/pool/fence.hpp: the fast
+// case, where the device is proven idle and a freed block goes straight back to its free
+// list, as does the open batch; event batches otherwise).
 //
-// The fast case: no work queued since a completed event. Every entry point that queues GPU
-// work (launches, copies, memsets, graph launches, stream memory operations ...; the
-// generated work_hooks.inc) bumps one process-wide work counter after the driver accepted
-// the work (a locked add: its release joins the counter's release sequence). A seal reads
-// the counter with a read-modify-write before recording its events, so every piece of work
-// counted before that read was queued before the events. When a seal's events have completed
-// and the counter still reads what the seal read, nothing was queued since and everything
-// queued before has finished: a block freed now goes straight back to its free list (no
-// event, no query), as does the open batch. One counter for the process also covers work
-// of other contexts on this memory (peer access). A work-queuing entry point handed out by
-// the driver that the table does not hook (an older ABI variant, or a newer driver's new
-// entry point) turns the fast case off for the process.
-//
-// Otherwise frees are collected in an open
-// batch; a batch is sealed by recording one event on the legacy default stream (it runs
-// after all earlier work of every blocking stream, per-thread default streams included)
-// and one on every non-blocking stream of the context (tracked from cuStreamCreate*; a
-// destroyed one leaves an event that every later batch also waits for). A sealed batch's
+// Frees are collected in an open batch, sealed behind events (the fence); a sealed batch's
 // blocks become reusable when its events have completed (cuEventQuery, polled oldest first
 // when an allocation misses). Only when no freed block is ready, and growing is not the
 // better answer (the bytes waiting for the GPU, with this request, would pass 64 MiB),
@@ -48,12 +33,8 @@
 // allocation back, then charges again; a refusal is for real need only.
 //
 // No hoarding: before it takes more from its upstream, a pool whose memory would pass its
-// budget gives back free memory first. The budget is the peak of live bytes (the largest
-// seen within CUWARDEN_POOL_IDLE) plus CUWARDEN_POOL_KEEP: what the program needed lately,
-// not what it holds this instant, so that memory freed between two steps is there for the
-// next. Once CUWARDEN_POOL_IDLE has passed since the pool last grew, the next free gives
-// back what passes the budget of the live bytes of then (without waiting for the GPU:
-// only memory already free).
+// budget gives back free memory first; an idle pool's next free trims it to its budget
+// (backends/pool/budget.hpp).
 //
 // The vmm layout (CUWARDEN_POOL=vmm, backends/vmm/granules.hpp): the same pool over
 // physical granules. Slabs are one granule each. Large requests are rounded to 512 bytes
@@ -76,14 +57,17 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "backends/memory_resource.hpp"
+#include "backends/pool/block_map.hpp"
+#include "backends/pool/budget.hpp"
+#include "backends/pool/fence.hpp"
 #include "base/spin_lock.hpp"
+#include "core/ledger.hpp"
 #include "cuw/ring.hpp"
 #include "cuw/size.hpp"
 
@@ -219,12 +203,6 @@ class cache_resource final {
     Block* last = nullptr;   ///< vmm arena: the block that ends at top
     std::unique_ptr<Block[]> blocks;
   };
-  struct Batch {
-    Block* head = nullptr;
-    uint64_t bytes = 0;
-    uint64_t epoch = 0;  ///< the work counter as its seal read it, before recording
-    std::vector<CUevent> events;
-  };
   /// kHole: an unmapped stretch of a vmm range (its granules given back); in no list.
   /// kClaimed: a free block the slow path is growing (extend_arena): in no list, not live.
   static constexpr uint8_t kFree = 0, kLive = 1, kPending = 2, kHole = 3, kClaimed = 4;
@@ -256,7 +234,6 @@ class cache_resource final {
   void unlink_free_locked(Block* b) noexcept;
   void publish_free_locked() noexcept;
   void largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept;
-  Block* lookup_locked(CUdeviceptr p) const noexcept;
   /// The segment whose range holds `p`, or nullptr.
   Segment* segment_at_locked(CUdeviceptr p) const noexcept;
   /// A free of `p`, which is no live block's start, is refused (CUDA_ERROR_INVALID_VALUE)
@@ -269,10 +246,14 @@ class cache_resource final {
   /// answer as someone else's. (Segments are added and given back under slow_: no newer
   /// segment of this cache can lie at its addresses meanwhile.)
   void drop_locked(Segment* s) noexcept;
-  void map_insert_locked(Block* b);
-  void map_rebuild_locked();
+  /// Calls f(Block*) for every block of every segment (the block map's rebuild).
+  auto every_block() {
+    return [this](auto&& f) {
+      for (auto& [base, s] : segments_) each_block(s, f);
+    };
+  }
+  void map_insert_locked(Block* b) { map_.insert(b, every_block()); }
   Block* carve_locked(Segment* s) noexcept;
-  void map_erase_locked(CUdeviceptr p) noexcept;
   /// vmm: the bytes of the whole granules inside `b` (what unmapping it gives back).
   uint64_t whole_granules(const Block& b) const noexcept {
     const uint64_t lo = (b.ptr + gran_ - 1) / gran_ * gran_, hi = (b.ptr + b.size) / gran_ * gran_;
@@ -293,10 +274,6 @@ class cache_resource final {
   CUresult slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   bool try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
   void seal_locked_slow();
-  /// Whether the batch's events (and every destroyed stream's) have completed: polled, or
-  /// waited for (`wait`), where false then only means a capture is active and the context
-  /// must be synchronized first (unsure_). A failed wait counts as done (a broken context).
-  bool batch_done(Batch& b, bool wait);
   void retire_front();
   bool poll_slow();
   bool wait_oldest_slow();
@@ -318,12 +295,9 @@ class cache_resource final {
   /// extended, or a new one), or the first of a new arena; handed out (*out).
   CUresult extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet, bool* by_cap);
   CUresult grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
-  /// Whether taking `more` bytes from the upstream would pass the budget (see the top);
-  /// raises the remembered peak (under slow_).
+  /// Whether taking `more` bytes from the upstream would pass the budget (pool::budget::over).
   bool over_budget(uint64_t more) noexcept;
-  /// What a pool may hold for `peak` live bytes: peak plus CUWARDEN_POOL_KEEP.
-  uint64_t budget(uint64_t peak) const noexcept;
-  /// From a free, once trim_at_ has passed: give back what passes the budget (see the top).
+  /// From a free, once the budget's trim is due: give back what passes the budget.
   void trim_idle() noexcept;
   /// Give back free memory: whole free segments (the cache layout: to the driver, until
   /// `want` bytes; vmm: their granules idle), then, in the vmm layout, free large blocks,
@@ -331,7 +305,6 @@ class cache_resource final {
   uint64_t reclaim_slow(uint64_t want);
   /// vmm: enough spare Block objects that a hit can split (allocates outside mu_).
   bool refill_spares_slow();
-  CUevent event_slow();
 
   std::unique_ptr<memory_resource> upstream_;
   CUcontext ctx_;
@@ -340,11 +313,10 @@ class cache_resource final {
   core::Tracker& tracker_;
   cache_backend& owner_;  ///< the backend this cache is one of
   granule_resource* const granules_;  ///< the upstream, in the vmm layout; else nullptr
+  core::Ledger ledger_;               ///< what the pool's calls count (the only writer of slot_)
   const uint64_t large_round_;        ///< large requests round to this (kFineRound in vmm)
   const uint64_t gran_;               ///< vmm: what is mapped and unmapped at once (the granularity)
   const uint64_t slab_bytes_;         ///< a slab's bytes
-  SizeSpec keep_;                     ///< CUWARDEN_POOL_KEEP
-  const uint64_t idle_ns_;            ///< CUWARDEN_POOL_IDLE
 
   /// The tracker's lock (Tracker::lock()): guards the free lists, the open batch and the
   /// block map, and the device counters the cache writes (cached, pool_hits, pool_waits,
@@ -363,8 +335,7 @@ class cache_resource final {
   uint64_t open_bytes_ = 0;
   std::atomic<uint64_t> pending_bytes_{0};  ///< open + sealed; written under mu_, read without
   std::map<CUdeviceptr, Segment*> segments_;  ///< by base address
-  std::vector<Block*> map_;                   ///< open addressing: block start -> block
-  uint64_t map_used_ = 0;
+  pool::block_map<Block> map_;                ///< block start -> block
   bool dead_ = false;                          ///< context gone (forget_all)
   bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
   bool ctx_going_ = false;                     ///< dying_, under mu_ (the free path holds mu_ only,
@@ -372,25 +343,13 @@ class cache_resource final {
                                                ///< context, its addresses may be someone else's
   std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
   Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)
-  uint64_t peak_live_ = 0;                     ///< live bytes at the remembered peak (under slow_)
-  uint64_t peak_ns_ = 0;                       ///< when it was set (core::now_ns)
-  std::atomic<uint64_t> trim_at_{~uint64_t{0}};  ///< when a free trims (set when the pool grows)
+  pool::budget budget_;                        ///< peak, keep, idle trim (under slow_; trim_due lock-free)
   size_t heap_blocks_ = 0;                     ///< vmm: Blocks allocated one by one (spare or in use)
 
-  // The fast case (see the top of the file): the work counter's value read by the newest
-  // seal whose events were seen complete (written under slow_; 0 = none yet). Idle iff the
-  // counter still reads this.
-  std::atomic<uint64_t> idle_epoch_{0};
-  bool idle() const noexcept;
   void retire_open_if_idle();
 
   std::mutex slow_;
-  std::deque<Batch> batches_;           ///< sealed, oldest first
-  std::atomic<uint32_t> sealed_{0};     ///< batches_.size(), readable without slow_
-  std::vector<CUevent> spare_events_;
-  std::vector<CUstream> streams_;       ///< non-blocking streams of the context
-  std::vector<CUevent> orphans_;        ///< last events of destroyed streams
-  bool unsure_ = false;                 ///< a destroyed stream left no event: synchronize first
+  pool::fence<Block> fence_;  ///< sealed batches, events, streams (under slow_; idle() lock-free)
   void orphan_slow(CUstream s);
 };
 

@@ -75,8 +75,7 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
       for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);  // room: see refill_spares_slow
     if (!granules_) {
       // (vmm: the granules went idle, still reserved and cached: trim() gives them back.)
-      core::locked_sub(slot_.reserved, s->bytes);
-      core::locked_sub(slot_.cached, s->bytes);
+      ledger_.moved(-static_cast<int64_t>(s->bytes), -static_cast<int64_t>(s->bytes));
     }
     mu_.unlock();
     if (!granules_) tracker_.uncharge(slot_, s->bytes);
@@ -149,7 +148,7 @@ uint64_t cache_resource::reclaim_slow(uint64_t want) {
       s->last = b->lo;
       s->last->hi = nullptr;
       s->top -= b->size;
-      map_erase_locked(b->ptr);
+      map_.erase(b->ptr);
       --s->carved;
       spare_blocks_.push_back(b);
     }
@@ -185,24 +184,29 @@ void cache_resource::forget_all() noexcept {
   dead_ = true;
   uint64_t total = 0, live_bytes = 0, live = 0;
   const uint64_t now = core::now_ns();
+  // Live, or an exported block whose free is waiting for slow_ (still counted live).
+  auto counted_live = [](const Block& b) { return b.state == kLive || (b.state == kPending && b.exported); };
   for (auto& [base, s] : segments_) {
     if (!s->split) total += s->bytes;
-    each_block(s, [&](Block* bp) {
-      const Block& b = *bp;
-      if (s->split && b.state != kHole) total += b.size;
-      // Live, or an exported block whose free is waiting for slow_ (still counted live).
-      if (b.state == kLive || (b.state == kPending && b.exported)) {
-        live_bytes += b.size;
+    each_block(s, [&](Block* b) {
+      if (s->split && b->state != kHole) total += b->size;
+      if (counted_live(*b)) {
+        live_bytes += b->size;
         ++live;
-        // Freed by the driver with the context: a free, as forget_driver_freed counts one.
-        tracker_.pooled_erase_locked(b.ptr);
-        tracker_.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, b.ptr, b.requested, 0,
-                             CUDA_SUCCESS, now);
       }
+    });
+  }
+  // The counters first, then the events (ring.hpp): the memory went with the context
+  // (vmm: the granules' forget below takes theirs).
+  ledger_.lost(live, granules_ ? 0 : total, total - live_bytes);
+  for (auto& [base, s] : segments_) {
+    // Freed by the driver with the context: a free, as forget_driver_freed counts one.
+    each_block(s, [&](Block* b) {
+      if (counted_live(*b)) ledger_.forgot(b->ptr, b->requested, now);
     });
     if (s->split)
       for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);
-    if (!granules_) tracker_.pool_segments().take(base, nullptr);  // (vmm: the granules' forget)
+    if (!granules_) ledger_.forgot_segment(base);  // (vmm: the granules' forget)
     delete s;
   }
   segments_.clear();
@@ -216,23 +220,12 @@ void cache_resource::forget_all() noexcept {
   open_head_ = nullptr;
   open_count_ = 0;
   open_bytes_ = 0;
-  map_rebuild_locked();
+  map_.rebuild(every_block());
   pending_bytes_.store(0, std::memory_order_relaxed);
-  if (!granules_) core::locked_sub(slot_.reserved, total);  // (vmm: the granules' forget below)
-  core::locked_sub(slot_.cached, total - live_bytes);
-  core::locked_sub(slot_.live_allocations, live);
-  core::locked_add(slot_.free_count, live);
   // Keep what a dropped cache holds small (it stays allocated for racing readers).
-  map_.assign(2, nullptr);
-  map_used_ = 0;
+  map_.shrink();
   mu_.unlock();
-  batches_.clear();  // the context's events went with it
-  batches_.shrink_to_fit();
-  sealed_.store(0, std::memory_order_relaxed);
-  spare_events_.clear();
-  orphans_.clear();
-  unsure_ = false;
-  streams_.clear();
+  fence_.forget_batches();  // the context's events went with it
   if (granules_) granules_->forget();  // uncharges what it held
   else tracker_.uncharge(slot_, total);
 }
@@ -384,7 +377,7 @@ CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* o
   // The pool's lock only (no driver call): the slow path may hold its own across a wait for
   // the GPU, and an importer must not wait for that.
   mu_.lock();
-  Block* b = dead_ ? nullptr : lookup_locked(p);
+  Block* b = dead_ ? nullptr : map_.find(p);
   if (!b || b->state != kLive || b->requested != bytes) {
     mu_.unlock();
     return CUDA_ERROR_INVALID_HANDLE;  // freed since it was exported

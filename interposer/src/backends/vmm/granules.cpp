@@ -6,6 +6,7 @@
 
 #include "backends/driver_calls.hpp"
 #include "base/real.hpp"
+#include "core/ledger.hpp"
 #include "core/tracker.hpp"
 
 namespace cuw::backends {
@@ -52,10 +53,7 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
 
 void granule_resource::counters(int64_t reserved, int64_t cached) {
   std::lock_guard<spin_lock> lk(tracker_.lock());
-  if (reserved > 0) core::locked_add(slot_.reserved, static_cast<uint64_t>(reserved));
-  if (reserved < 0) core::locked_sub(slot_.reserved, static_cast<uint64_t>(-reserved));
-  if (cached > 0) core::locked_add(slot_.cached, static_cast<uint64_t>(cached));
-  if (cached < 0) core::locked_sub(slot_.cached, static_cast<uint64_t>(-cached));
+  core::Ledger(tracker_, slot_, device_).moved(reserved, cached);
 }
 
 CUresult granule_resource::set_access_locked(CUdeviceptr base, uint64_t bytes) {
@@ -155,7 +153,7 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
   }
   for (uint64_t i = 0; i < count; ++i) rg.granules[first + i] = take[static_cast<std::ptrdiff_t>(i)];
   idle_.resize(idle_.size() - count);
-  tracker_.record_segment(device_, p, bytes, true, granularity_);
+  core::Ledger::segment(tracker_, device_, p, bytes, true, granularity_);
   return CUDA_SUCCESS;
 }
 
@@ -177,7 +175,9 @@ void granule_resource::unmap_locked(CUdeviceptr base, Range& r, uint64_t first, 
   for (uint64_t i = first; i < first + count; ++i) {
     CUmemGenericAllocationHandle& h = r.granules[i];
     if (!h) {
-      if (run) tracker_.record_segment(device_, base + (i - run) * granularity_, run * granularity_, false, granularity_);
+      if (run)
+        core::Ledger::segment(tracker_, device_, base + (i - run) * granularity_, run * granularity_, false,
+                              granularity_);
       run = 0;
       continue;
     }
@@ -187,7 +187,7 @@ void granule_resource::unmap_locked(CUdeviceptr base, Range& r, uint64_t first, 
     ++run;
   }
   if (run)
-    tracker_.record_segment(device_, base + (first + count - run) * granularity_, run * granularity_, false,
+    core::Ledger::segment(tracker_, device_, base + (first + count - run) * granularity_, run * granularity_, false,
                             granularity_);
 }
 
@@ -262,7 +262,7 @@ uint64_t granule_resource::forget() noexcept {
       if (!r.granules[i]) continue;
       v.unmap(base + i * granularity_, granularity_);
       v.release(r.granules[i]);
-      tracker_.record_segment(device_, base + i * granularity_, granularity_, false, granularity_);
+      core::Ledger::segment(tracker_, device_, base + i * granularity_, granularity_, false, granularity_);
     }
     v.address_free(base, r.bytes);
   }

@@ -1,0 +1,108 @@
+// Interposer tests: what the daemon may rely on when it reads counters and events together
+// (cuw/ring.hpp, "Counters and events"), under each backend: ctest runs [ledger] as
+// interposer.ledger_off, ledger_cache and ledger_vmm.
+//
+// A thread allocates and frees while this one reads the ring as the daemon does (drain) and,
+// after each event, the device's counters: a counter never lags the events already read (an
+// event never arrives before the counter change it explains). The counters are exact at
+// every instant: once the program is quiet they agree with the events, one for one.
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "fakecuda.h"
+#include "support.hpp"
+
+using namespace cuwtest;
+
+namespace {
+
+constexpr uint64_t kMiB = 1ULL << 20;
+
+struct Seen {
+  uint64_t allocs = 0, frees = 0;
+};
+
+/// Drains the process's ring (this test is its only consumer), counting device 0's alloc and
+/// free events; `after_each` runs after each event, with the counts so far.
+template <class F>
+size_t drain_counting(Seen& seen, F&& after_each) {
+  auto& h = own_ring();
+  auto* slots = reinterpret_cast<cuw::ring::EventSlot*>(reinterpret_cast<char*>(&h) + cuw::ring::kHeaderBytes);
+  std::vector<cuw::ring::Event> buf(512);
+  const size_t n = cuw::ring::drain(h, slots, cuw::ring::kDefaultSlotCount, buf.data(), buf.size(), false, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const auto& e = buf[i];
+    if (e.device != 0) continue;
+    if (e.kind == static_cast<uint8_t>(cuw::ring::EventKind::alloc)) ++seen.allocs;
+    if (e.kind == static_cast<uint8_t>(cuw::ring::EventKind::free)) ++seen.frees;
+    after_each(seen);
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("ledger: an event read from the ring never arrives before the counters it explains", "[ledger]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters(0);
+  Seen ignored;
+  while (drain_counting(ignored, [](const Seen&) {}) > 0) {
+  }
+  // From here on every alloc and free event is one of the counts below.
+  const uint64_t alloc0 = d.alloc_count.load(), free0 = d.free_count.load(), hits0 = d.pool_hits.load();
+  const uint64_t dropped0 = own_ring().events_dropped.load();
+  const bool pooled = pool_name() != "off";
+
+  constexpr int kPairs = 200000;
+  std::atomic<bool> done{false};
+  std::atomic<int> failed{0};
+  std::thread program([&] {
+    make_context();
+    for (int i = 0; i < kPairs; ++i) {
+      CUdeviceptr p = 0;
+      // 1 MiB (a slab class: a hit once warm) and 3 MiB (a whole block, or the vmm arena).
+      const uint64_t bytes = i % 4 == 3 ? 3 * kMiB : kMiB;
+      if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) {
+        failed.fetch_add(1);
+        break;
+      }
+    }
+    done.store(true, std::memory_order_release);
+  });
+
+  Seen seen;
+  uint64_t lagging = 0, checks = 0;
+  auto check = [&](const Seen& s) {
+    // Read after the event (drain's acquire of its slot): the counters already count it.
+    const uint64_t allocs = d.alloc_count.load(std::memory_order_acquire) - alloc0;
+    const uint64_t frees = d.free_count.load(std::memory_order_acquire) - free0;
+    ++checks;
+    if (allocs < s.allocs || frees < s.frees) ++lagging;
+  };
+  while (!done.load(std::memory_order_acquire)) drain_counting(seen, check);
+  program.join();
+  while (drain_counting(seen, check) > 0) {
+  }
+  REQUIRE(failed.load() == 0);
+  INFO("events read " << seen.allocs << " allocs, " << seen.frees << " frees; " << checks << " checks");
+  CHECK(lagging == 0);
+  CHECK(checks > 0);
+  // Quiet now: counters and events agree one for one (unless the ring was full: then the
+  // events lost are counted as dropped).
+  const uint64_t dropped = own_ring().events_dropped.load() - dropped0;
+  CHECK(d.alloc_count.load() - alloc0 == uint64_t{kPairs});
+  CHECK(d.free_count.load() - free0 == uint64_t{kPairs});
+  CHECK(seen.allocs + seen.frees + dropped >= 2 * uint64_t{kPairs});
+  if (dropped == 0) {
+    CHECK(seen.allocs == uint64_t{kPairs});
+    CHECK(seen.frees == uint64_t{kPairs});
+  }
+  // Nothing is live: what is still counted used is what a pool keeps free (cached).
+  CHECK(d.live_allocations.load() == 0);
+  CHECK(d.used.load() == d.cached.load());
+  // A pool served most of them from what it kept; its hits are allocations too.
+  if (pooled) CHECK(d.pool_hits.load() - hits0 > 0);
+  CHECK(d.pool_hits.load() - hits0 <= uint64_t{kPairs});
+}
