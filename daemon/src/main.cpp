@@ -199,19 +199,26 @@ std::string default_web_root() {
 
 /// The socket thread's loop: serve `server` until `stop_fd` is readable. Throws what the
 /// server throws (the caller stops the daemon).
-void serve_socket(cuw::daemon::Server& server, int stop_fd) {
+void serve_socket(cuw::daemon::Server& server, cuw::daemon::Server* previous, int stop_fd) {
   std::vector<pollfd> sfds;
   for (;;) {
     sfds.clear();
     sfds.push_back({stop_fd, POLLIN, 0});
     server.collect(sfds);
+    const std::size_t previous_at = sfds.size();
+    if (previous) previous->collect(sfds);
     // 100 ms: the granularity of the connection deadlines (seconds); with no connection
     // there is none to keep, and the thread sleeps until a client or the stop comes.
-    const int sn = poll(sfds.data(), sfds.size(), server.connection_count() ? 100 : -1);
+    const bool any = server.connection_count() || (previous && previous->connection_count());
+    const int sn = poll(sfds.data(), sfds.size(), any ? 100 : -1);
     if (sn < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
     if (sfds[0].revents & POLLIN) return;
-    if (sn > 0) server.dispatch(sfds, 1);
+    if (sn > 0) {
+      server.dispatch(sfds, 1);  // each reads its own entries, from where collect() put them
+      if (previous) previous->dispatch(sfds, previous_at);
+    }
     server.expire(mono_ns());
+    if (previous) previous->expire(mono_ns());
   }
 }
 
@@ -413,6 +420,9 @@ int run(const Options& o) {
     return 1;
   }
   spdlog::info("cuwardend {} serving {} (run dir {})", CUWARDEN_VERSION, socket_path, run_dir);
+  // The previous release's clients, told where the daemon is now (not when a socket was given).
+  std::unique_ptr<cuw::daemon::Server> previous =
+      socket_given ? nullptr : cuw::daemon::Server::for_previous_release(run_dir, socket_path, CUWARDEN_VERSION);
 
   // HTTP: bound before anything starts, so that a taken port stops the daemon at once.
   std::unique_ptr<cuw::daemon::HttpApi> http_api;
@@ -482,7 +492,7 @@ int run(const Options& o) {
   std::thread socket_thread([&] {
     ::pthread_setname_np(::pthread_self(), "cuwardend-sock");
     try {
-      serve_socket(server, stop_fd);
+      serve_socket(server, previous.get(), stop_fd);
     } catch (const std::exception& e) {
       // Not served, not drained either: stop the daemon the way a signal does.
       spdlog::critical("socket thread: {}; stopping", e.what());
@@ -579,6 +589,7 @@ int run(const Options& o) {
   stop_socket_thread.stop();
   close(stop_fd);
   server.shutdown();
+  if (previous) previous->shutdown();
   // What the linger would have removed: no daemon is left to remove it later. A scan first
   // notices exits that came since the last one (those processes left their rings to us).
   reg.scan();

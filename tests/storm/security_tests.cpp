@@ -216,6 +216,58 @@ TEST_CASE("security.the_default_socket_lives_in_a_directory_only_the_daemon_writ
   ::kill(daemon.pid, SIGTERM);
 }
 
+TEST_CASE("upgrade.a_client_of_the_previous_release_is_told_where_the_daemon_is_now") {
+  // The previous release's CLI and interposer look for <run dir>/cuwardend.sock; the daemon
+  // now serves <run dir>/daemon/cuwardend.sock. Asked at the old name, it says where it is
+  // (the previous CLI prints "the daemon refused the request: " and this text).
+  TempDir dir;
+  REQUIRE(::chmod(dir.path.c_str(), 0755) == 0);
+  const std::string run = dir / "run", old_sock = run + "/cuwardend.sock", sock = run + "/daemon/cuwardend.sock";
+  const std::string log = dir / "daemon.log";
+  {
+    Child daemon({"/bin/sh", "-c",
+                  std::string("exec env -u CUWARDEN_SOCKET CUWARDEN_RUN_DIR=") + run + " " + CUWT_DAEMON +
+                      " --no-nvml --log-level debug 2>" + log});
+    std::optional<cuw::proto::Message> reply;
+    REQUIRE(wait_until([&] {
+      std::string why;
+      reply = cuw::proto::request(old_sock, cuw::proto::Command::get_state, "{}", 1000, &why);
+      return reply.has_value();
+    }, 20000));
+    CHECK(reply->header.command == static_cast<uint16_t>(cuw::proto::Command::error));
+    CHECK_THAT(reply->body, Catch::Contains("earlier release") && Catch::Contains(sock));
+    // Any command, privileged or not, gets the same answer and changes nothing.
+    std::string why;
+    reply = cuw::proto::request(old_sock, cuw::proto::Command::set_limit, R"({"pid":1,"limit":"1G"})", 5000, &why);
+    REQUIRE(reply);
+    CHECK_THAT(reply->body, Catch::Contains("earlier release"));
+    auto r = run_cmd({CUWT_CLI, "--socket", old_sock, "--json"});
+    CHECK(r.status != 0);
+    CHECK_THAT(r.err, Catch::Contains("the daemon refused the request: this cuwarden client is from an earlier release") &&
+                          Catch::Contains("--socket " + sock));
+    // The daemon itself answers at its own name.
+    CHECK(run_cmd({"/usr/bin/env", "-u", "CUWARDEN_SOCKET", CUWT_CLI, "--json"}, {"CUWARDEN_RUN_DIR=" + run}).status == 0);
+    ::kill(daemon.pid, SIGTERM);
+    CHECK(wait_until([&] { return ::waitpid(daemon.pid, nullptr, WNOHANG) == daemon.pid; }, 20000));
+    daemon.pid = -1;
+  }
+  // Both names are gone with the daemon.
+  struct stat st{};
+  CHECK(::lstat(old_sock.c_str(), &st) != 0);
+  CHECK(::lstat(sock.c_str(), &st) != 0);
+  // Something else in the old name's place (not a socket): left alone, and the daemon serves.
+  { std::ofstream(old_sock) << "x"; }
+  Child daemon({"/bin/sh", "-c",
+                std::string("exec env -u CUWARDEN_SOCKET CUWARDEN_RUN_DIR=") + run + " " + CUWT_DAEMON +
+                    " --no-nvml --log-level debug 2>" + log});
+  CHECK(wait_until([&] {
+    std::string why;
+    return cuw::proto::request(sock, cuw::proto::Command::get_state, "{}", 1000, &why).has_value();
+  }, 20000));
+  CHECK(wait_until([&] { return slurp(log).find("not answering the previous release's clients") != std::string::npos; }));
+  CHECK(slurp(old_sock) == "x");
+}
+
 TEST_CASE("security.root_in_another_pid_namespace_is_not_root_to_the_daemon") {
   // A container's root (a pod without hostPID that reaches the socket) is uid 0 too: by uid
   // alone it could lift any cap on the node.

@@ -128,6 +128,24 @@ Server::~Server() {
   ::close(pool_->wake_fd);
 }
 
+std::unique_ptr<Server> Server::for_previous_release(const std::string& run_dir, const std::string& socket_path,
+                                                     const std::string& version) {
+  const std::string path = run_dir + "/" + paths::kSocketName;
+  if (path == socket_path) return nullptr;
+  const std::string msg = "this cuwarden client is from an earlier release: cuwardend " + version + " answers at " +
+                          socket_path + ", not at " + path + ". Use the cuwarden installed with it, or pass --socket " +
+                          socket_path;
+  auto s = std::make_unique<Server>([msg](const Peer&, uint16_t, const std::string&) {
+    return Reply{static_cast<uint16_t>(proto::Command::error), nlohmann::json{{"error", msg}}.dump()};
+  });
+  std::string why;
+  if (!s->listen(path, &why)) {
+    spdlog::info("not answering the previous release's clients at {}: {}", path, why);
+    return nullptr;
+  }
+  return s;
+}
+
 bool Server::listen(const std::string& path, std::string* error) {
   sockaddr_un addr;
   if (!make_addr(path, &addr, error)) return false;

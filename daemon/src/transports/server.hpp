@@ -58,6 +58,15 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  /// The previous release's clients (its CLI, its interposer's check for a daemon) look for
+  /// the daemon at `run_dir`/cuwardend.sock. Where that is not `socket_path` (this daemon's),
+  /// a server listening there that answers every request, privileged or not, with an error
+  /// saying where the daemon (release `version`) is now, so that they do not say "no daemon
+  /// is running". Null when the name is this daemon's or cannot be had (said once in the log:
+  /// it is a courtesy, never a reason not to start). Cold path.
+  static std::unique_ptr<Server> for_previous_release(const std::string& run_dir, const std::string& socket_path,
+                                                      const std::string& version);
+
   /// Bind `path` (mode 0666). Refuses when another daemon answers there; removes a stale
   /// socket file that nothing answers on; refuses to remove anything but a socket.
   bool listen(const std::string& path, std::string* error);

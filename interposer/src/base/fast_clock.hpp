@@ -78,7 +78,7 @@ struct alignas(64) ThreadState {
   uint32_t tid = 0;         ///< Linux thread id, 0 until first needed (tracker.hpp)
   int reentry_depth = 0;    ///< hooks on this thread's stack (tracker.hpp: Reentry)
   clock_fn coarse_fn = nullptr;  ///< g_state.coarse_fn, set with mult = kCoarse
-  /// The call site (core/callsites.hpp) of the allocation this thread is making, for the
+  /// The call site (core/callsites/callsites.hpp) of the allocation this thread is making, for the
   /// events and reports made deeper in (a refusal); 0: none, or call sites are off.
   uint32_t site = 0;
   /// A refusal on this thread waits to be reported (core/reports.cpp) until its hook has

@@ -25,7 +25,7 @@
 #include "base/nvml_process.hpp"
 #include "base/real.hpp"
 #include "core/run_dir.hpp"
-#include "core/unwind.hpp"
+#include "core/callsites/unwind.hpp"
 
 namespace cuw::core {
 

@@ -15,7 +15,7 @@
 #include "base/call_ref.hpp"
 #include "core/array_owners.hpp"
 #include "core/backend_base.hpp"
-#include "core/callsites.hpp"
+#include "core/callsites/callsites.hpp"
 #include "core/config.hpp"
 #include "cuw/attrs.hpp"
 #include "base/fast_clock.hpp"

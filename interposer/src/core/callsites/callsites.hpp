@@ -8,7 +8,7 @@
 // to the codes log. In the process itself, only dladdr names frames (the OOM paragraph and
 // the leak report).
 //
-// The native frames come from core/unwind.hpp's walk: .eh_frame's rules, compiled once per
+// The native frames come from core/callsites/unwind.hpp's walk: .eh_frame's rules, compiled once per
 // return address and cached, because the libraries a CUDA program's allocations come through
 // (libtorch, libcudart, the interpreter) are mostly built without frame pointers, where a
 // frame-pointer walk stops after a frame or two or follows a register holding anything, and
