@@ -69,7 +69,9 @@
   X(managed_allocs, "managed_allocations", "managed_allocations", "Managed", "managed_allocations_total",     \
     counter, count, plain, "Managed-memory allocations made (the checkpoint API cannot carry them: no suspend)")      \
   X(ipc_handles, "ipc_handles", "ipc_handles", "IPC", "ipc_handles_total", counter, count, plain,             \
-    "CUDA IPC handles made or opened (the checkpoint API cannot carry them: no suspend)")
+    "CUDA IPC handles made or opened (the checkpoint API cannot carry them: no suspend)")                           \
+  X(shared_handles, "shared_handles", "shared_handles", "Shared", "shared_handles_total", counter, count, plain,      \
+    "cuMem allocations made exportable as shareable handles (the checkpoint API cannot carry them: no suspend)")
 
 namespace cuw::counters {
 
