@@ -250,8 +250,12 @@ TEST_CASE("suspend.refuses_what_the_driver_cannot_carry") {
   Victim ipc(s);
   REQUIRE(contains(ipc.ask("alloc 1048576"), "ptr 0x"));
   REQUIRE(ipc.ask("ipc") == "rc 0");
+  Victim shared(s);
+  REQUIRE(contains(shared.ask("alloc 1048576"), "ptr 0x"));
+  REQUIRE(shared.ask("vmm_export") == "rc 0");
   wait_process(d, managed.pid());
   wait_process(d, ipc.pid());
+  wait_process(d, shared.pid());
 
   const CmdResult m = cli(s, {"suspend", std::to_string(managed.pid())});
   CHECK(m.status == 3);
@@ -259,9 +263,13 @@ TEST_CASE("suspend.refuses_what_the_driver_cannot_carry") {
   const CmdResult i = cli(s, {"suspend", std::to_string(ipc.pid())});
   CHECK(i.status == 3);
   CHECK(contains(i.err, "CUDA IPC"));
+  const CmdResult e = cli(s, {"suspend", std::to_string(shared.pid())});
+  CHECK(e.status == 3);
+  CHECK(contains(e.err, "shareable handles"));
   // Refused before any lock: both run on, not FAILED.
   CHECK(managed.ask("call") == "rc 0");
   CHECK(ipc.ask("call") == "rc 0");
+  CHECK(shared.ask("call") == "rc 0");
   CHECK(d.process(managed.pid())["state"] == "running");
 }
 
