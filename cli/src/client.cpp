@@ -6,9 +6,9 @@
 namespace cuw::cli {
 
 std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body,
-                                          AskError* error) {
+                                          AskError* error, int timeout_ms) {
   std::string why;
-  auto reply = proto::request(socket, cmd, body.dump(), 10000, &why);
+  auto reply = proto::request(socket, cmd, body.dump(), timeout_ms, &why);
   // Every failure's text is made once: printed, or handed back to a caller that draws it.
   const auto fail = [error](const std::string& msg, bool quiet_too) {
     if (error) error->message = msg;

@@ -28,7 +28,8 @@ struct AskError {
 /// Send one request. On success returns the reply body; otherwise prints the reason to
 /// stderr ("no daemon is running ..." or the daemon's error) and returns nullopt.
 /// A refusal by the authorization rules is printed as "cuwarden: refused: ...".
+/// `timeout_ms`: how long to wait for the reply (a suspend waits for the driver).
 std::optional<nlohmann::ordered_json> ask(const std::string& socket, proto::Command cmd, const nlohmann::ordered_json& body,
-                                          AskError* error = nullptr);
+                                          AskError* error = nullptr, int timeout_ms = 10000);
 
 }  // namespace cuw::cli

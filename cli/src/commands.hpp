@@ -48,6 +48,19 @@ struct LimitOptions {
 };
 int cmd_limit(const LimitOptions& o);
 
+struct SuspendOptions {
+  std::string socket;
+  bool resume = false;  ///< `cuwarden resume` rather than `cuwarden suspend`
+  std::string target;   ///< "PID", "job:NAME" or "job:USER/NAME"
+  std::string timeout;  ///< --timeout: each lock's, "10s", "500ms" (suspend only; empty: the daemon's 10 s)
+  bool json = false;
+};
+/// `cuwarden suspend|resume PID|job:NAME`: the daemon moves the process's device memory to
+/// the host and back (the driver's checkpoint API). Prints what was done; exit status 3 when
+/// refused (another user's process, or one that cannot be suspended or resumed now, with the
+/// reason), 1 when it failed (a lock that timed out: nothing suspended), 2 for bad arguments.
+int cmd_suspend(const SuspendOptions& o);
+
 struct RunOptions {
   std::string limit, job, job_limit, pool, lib;
   std::string cap_scope;  ///< empty: CUWARDEN_CAP_SCOPE as set (default allocations)

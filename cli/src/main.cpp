@@ -63,7 +63,7 @@ std::string parse_error_words(const CLI::ParseError& e) {
   static const std::regex extras(R"(^The following arguments? (?:was|were) not expected: (.*)$)");
   if (std::regex_match(what, m, extras))
     return fmt::format(
-        "unknown command or argument '{}' (commands: run, top, events, snapshot, summary, oom, fit, limit)",
+        "unknown command or argument '{}' (commands: run, top, events, snapshot, summary, oom, fit, limit, suspend, resume)",
         m[1].str());
   // "Could not convert: --pid = abc"
   static const std::regex conversion(R"(^Could not convert: (\S+) = (.*)$)");
@@ -214,6 +214,25 @@ int main(int argc, char** argv) {
       "Root may set, raise or remove any cap. Other users may only lower the caps of their own\n"
       "processes and jobs, within the policy (cuwardend --config). Exit status 3: refused.");
 
+  SuspendOptions sus, uo;
+  uo.resume = true;
+  auto* suspend = app.add_subcommand(
+      "suspend", "move a process's (or a job's) device memory to the host: cuwarden suspend PID|job:NAME");
+  suspend->add_option("target", sus.target, "PID, job:NAME (your job) or job:USER/NAME (root: another user's)")->required();
+  suspend->add_option("--timeout", sus.timeout, "how long each process's lock may wait for its GPU work (default 10s)");
+  suspend->add_flag("--json", sus.json, "print the daemon's reply as JSON");
+  suspend->add_option("--socket", socket, "daemon socket");
+  suspend->footer(
+      "The daemon suspends through the driver's checkpoint API (driver 570 or later): the process's calls wait\n"
+      "until it is resumed, its GPU memory is free meanwhile. A job goes as a whole or not at all. The owner or\n"
+      "root only. Refused (exit status 3), with the reason: a process that used managed memory or CUDA IPC, one\n"
+      "whose memory cgroup or node cannot hold its device memory, another user's.");
+  auto* resume = app.add_subcommand("resume", "bring a suspended process (or job) back: cuwarden resume PID|job:NAME");
+  resume->add_option("target", uo.target, "PID, job:NAME or job:USER/NAME")->required();
+  resume->add_flag("--json", uo.json, "print the daemon's reply as JSON");
+  resume->add_option("--socket", socket, "daemon socket");
+  resume->footer("Refused (exit status 3) while its GPUs lack the free memory it needs back, with the figures.");
+
   // `run [options] -- CMD ...` (and `fit`): CLI11 sees only what precedes "--"; the rest is the command
   // verbatim. Without "--", prefix_command() stops at the first non-option (the command).
   // nvidia-smi spells the millisecond loop "-lms" (one dash, three letters): CLI11 would read
@@ -289,6 +308,14 @@ int main(int argc, char** argv) {
   if (*limit) {
     lo.socket = socket;
     return cmd_limit(lo);
+  }
+  if (*suspend) {
+    sus.socket = socket;
+    return cmd_suspend(sus);
+  }
+  if (*resume) {
+    uo.socket = socket;
+    return cmd_suspend(uo);
   }
   if (*top) {
     to.socket = socket;

@@ -203,7 +203,14 @@ std::string render_table(const json& st, const std::string& filter) {
       }
       // A running process whose cap the daemon had to put back says so where people look.
       const bool tampered = p.value("tampers", uint64_t{0}) > 0 && jstr(p, "state") == "running";
-      row.push_back(Cell::str(tampered ? "tampered" : jstr(p, "state")));
+      if (jstr(p, "state") == "suspended") {
+        // Where its device bytes are now, and since when: "suspended 1.5 GiB host 42s".
+        const uint64_t since = jnum(p, "suspended_since_ns"), now = jnum(st, "time_ns");
+        row.push_back(Cell::str(fmt::format("suspended {} host {}s", format_mib(jnum(p, "suspended_host_bytes")),
+                                            now > since ? (now - since) / 1'000'000'000ULL : 0)));
+      } else {
+        row.push_back(Cell::str(tampered ? "tampered" : jstr(p, "state")));
+      }
       procs.rows.push_back(std::move(row));
     };
     if (devs.empty()) {

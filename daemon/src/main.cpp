@@ -39,12 +39,14 @@
 #include "base/util.hpp"
 #include "cuw/paths.hpp"
 #include "cuw/protocol.hpp"
+#include "model/checkpoint_driver.hpp"
 #include "model/fault_guard.hpp"
 #include "model/nvml.hpp"
 #include "model/oom_store.hpp"
 #include "model/policy.hpp"
 #include "model/registry.hpp"
 #include "model/series.hpp"
+#include "model/suspender.hpp"
 #include "model/symbolize_worker.hpp"
 #include "transports/handler.hpp"
 #include "transports/http_routes.hpp"
@@ -328,6 +330,9 @@ int run(const Options& o) {
 
   cuw::daemon::Nvml nvml(!o.no_nvml);
   spdlog::info("NVML {}", nvml.available() ? "loaded" : "not available (GPU index/name from the rings only)");
+  // The driver's checkpoint API (cuwarden suspend/resume); cuInit now, as a restore needs.
+  cuw::daemon::CheckpointDriver checkpoint(true);
+  spdlog::info("checkpoint API {}", checkpoint.available() ? "found (suspend and resume)" : "not available: " + checkpoint.why_not());
 
   cuw::daemon::RegistryOptions ro;
   ro.run_dir = run_dir;
@@ -379,6 +384,7 @@ int run(const Options& o) {
       }
       spdlog::info("state directory {}: {} out-of-memory reports and {} events read back", state_dir, reports.size(),
                    events);
+      reg.set_suspend_dir(state_dir + "/suspended");
     }
   } else {
     spdlog::info("no --state-dir: out-of-memory reports are kept in memory only");
@@ -407,6 +413,12 @@ int run(const Options& o) {
   };
   backend.set_limit = [&](const cuw::daemon::Peer& peer, const cuw::daemon::LimitRequest& req) {
     return writes.call([&] { return reg.set_limit_and_publish(peer, req); });
+  };
+  // Suspend and resume on the server's pool too (a lock may wait its whole timeout); the
+  // registry's checks and records on the loop.
+  cuw::daemon::Suspender suspender(checkpoint, reg, [&writes](const std::function<void()>& f) { writes.call(f); });
+  backend.suspend = [&](const cuw::daemon::Peer& peer, const cuw::daemon::SuspendRequest& req) {
+    return suspender.run(peer, req);
   };
   // Snapshots and reports on the server's pool; limits and state at once, never behind them.
   cuw::daemon::Server server(

@@ -41,6 +41,8 @@ OTHER_FAMILIES = {
     "cuwarden_device_memory_used_bytes": {"hostname", "gpu", "uuid", "name"},
     "cuwarden_device_driver_used_bytes": {"hostname", "gpu", "uuid", "name"},
     "cuwarden_processes": {"hostname"},
+    "cuwarden_suspended_processes": {"hostname"},
+    "cuwarden_suspended_host_bytes": {"hostname"},
     "cuwarden_build_info": {"version"},
 }
 TARGET_LABELS = {"job", "instance"}  # added by the scrape

@@ -65,7 +65,13 @@
     "Of a pooling backend's cached bytes, its free blocks for large requests (over 1 MiB; vmm: any piece)")            \
   X(pool_largest_free, "pool_largest_free_bytes", "pool_largest_free_memory", "Largest free",                          \
     "process_pool_largest_free_bytes", gauge, bytes, plain,                                                            \
-    "The largest request a pooling backend serves from its free blocks (vmm: their whole granules, stitched)")
+    "The largest request a pooling backend serves from its free blocks (vmm: their whole granules, stitched)")     \
+  X(managed_allocs, "managed_allocations", "managed_allocations", "Managed", "managed_allocations_total",     \
+    counter, count, plain, "Managed-memory allocations made (the checkpoint API cannot carry them: no suspend)")      \
+  X(ipc_handles, "ipc_handles", "ipc_handles", "IPC", "ipc_handles_total", counter, count, plain,             \
+    "CUDA IPC handles made or opened (the checkpoint API cannot carry them: no suspend)")                           \
+  X(shared_handles, "shared_handles", "shared_handles", "Shared", "shared_handles_total", counter, count, plain,      \
+    "cuMem allocations made exportable as shareable handles (the checkpoint API cannot carry them: no suspend)")
 
 namespace cuw::counters {
 

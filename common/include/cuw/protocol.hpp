@@ -47,6 +47,8 @@ enum class Command : uint16_t {
   get_snapshot = 4,
   get_ooms = 5,
   get_history = 6,
+  suspend = 7,
+  resume = 8,
   error = 0xffff,
 };
 
@@ -154,6 +156,25 @@ inline constexpr RequestKey kGetHistoryKeys[] = {
     {"range", "string|null", false, "\"range\" must be hour or day"},
 };
 
+inline constexpr RequestKey kSuspendKeys[] = {
+    // the process (1..2^31-1), or
+    {"pid", "uint", false, "\"pid\" must be a process id"},
+    // the job (of "user", default the caller): every member, as a whole
+    {"job", "string", false, "\"job\" must be a job name"},
+    // the job's owner, a login name or a uid (jobs only; null or absent: the caller)
+    {"user", "string|uint|null", false, "\"user\" must be a user name or a uid"},
+    // how long each process's lock may wait for its work, in ms (1..600000; default 10000)
+    {"timeout_ms", "uint|null", false, "\"timeout_ms\" must be 1..600000"},
+};
+inline constexpr RequestKey kResumeKeys[] = {
+    {"pid", "uint", false, "\"pid\" must be a process id"},
+    {"job", "string", false, "\"job\" must be a job name"},
+    {"user", "string|uint|null", false, "\"user\" must be a user name or a uid"},
+};
+inline constexpr OneOf kSuspendOneOf[] = {
+    {"pid", "job", "give exactly one of \"pid\" and \"job\""},
+};
+
 /// Every command, in number order. The daemon dispatches through this table: a number not
 /// in it gets {"error":"unknown command N"}.
 inline constexpr CommandInfo kCommands[] = {
@@ -186,6 +207,16 @@ inline constexpr CommandInfo kCommands[] = {
      R"(peak_bytes[],limit_bytes[]}],ooms[]}], jobs[], gpus[]}; with pid: that process's object with range, )"
      R"(interval_s and time_ns)",
      "bad request: <why>; no such process: PID; no history (a daemon without one)"},
+    {Command::suspend, "suspend", true, kSuspendKeys, kSuspendOneOf, "exactly one of pid and job; user with job only",
+     R"({"action":"suspend","target":"pid"|"job","job","processes":[{"pid","process_name","user","host_bytes",)"
+     R"("device_bytes","seconds"}]})",
+     R"(refused: {"error":"refused: <why>","refused":true} (the owner or root; nothing the driver cannot carry; )"
+     R"(room on the host); <why> when it cannot be done (a lock that timed out: nothing suspended))"},
+    {Command::resume, "resume", true, kResumeKeys, kSuspendOneOf, "exactly one of pid and job; user with job only",
+     R"({"action":"resume","target":"pid"|"job","job","processes":[{"pid","process_name","user","host_bytes",)"
+     R"("device_bytes","seconds"}]})",
+     R"(refused: {"error":"refused: <why>","refused":true} (the owner or root; free device memory for its footprint )"
+     R"(and a margin); <why> when it cannot be done)"},
 };
 
 /// The row of command number `number`, or null when there is none.

@@ -90,6 +90,10 @@ enum class EventKind : uint8_t {
                       ///< bytes of the driver allocation or mapped run); not counted by itself:
                       ///< used bytes already include what a pool holds
   segment_free = 10,  ///< a pooling backend gave a segment (or part of one) back to the driver
+  suspend = 11,       ///< written by the daemon: the process was suspended (bytes: its device footprint
+                      ///< now on the host)
+  resume = 12,        ///< written by the daemon: the process was resumed (bytes: its device footprint;
+                      ///< aux: how long it was suspended, ns)
 };
 
 /// Which driver entry point produced an event. Stored as uint16_t in EventSlot::api.
@@ -226,7 +230,14 @@ struct RingHeader {
   /// A reader in another namespace maps (pidns, pid) to its own pid before it judges the
   /// process (paths.hpp), and never judges one it cannot map.
   uint64_t pidns;
-  uint64_t reserved_words[30];
+  /// Written by the daemon when it resumed the process from a suspension (the checkpoint
+  /// API): how long it was suspended (ns) and by whom (NUL-terminated), then `resumes`
+  /// incremented (release). The interposer prints one line on stderr at its next CUDA call
+  /// for each increment it sees; 0 from a daemon that predates it.
+  uint64_t suspended_ns;
+  char suspended_by[32];
+  std::atomic<uint64_t> resumes;
+  uint64_t reserved_words[24];
   alignas(64) std::atomic<uint64_t> write_pos;  ///< next position producers claim
   alignas(64) std::atomic<uint64_t> read_pos;   ///< next position the consumer reads
   alignas(64) DeviceSlot devices[kMaxDevices];
@@ -235,6 +246,7 @@ static_assert(sizeof(RingHeader) <= kHeaderBytes);
 static_assert(offsetof(RingHeader, abi_version) == 8);
 static_assert(offsetof(RingHeader, slot_count) == 20);
 static_assert(offsetof(RingHeader, pidns) == 464, "pidns took the first reserved word of the previous layout");
+static_assert(offsetof(RingHeader, resumes) == 512, "the resume notice took reserved words of the previous layout");
 
 /// Total file size in bytes for `slot_count` slots.
 constexpr uint64_t file_size(uint32_t slot_count) noexcept {

@@ -8,6 +8,7 @@
 #include "model/peer.hpp"
 #include "model/series.hpp"
 #include "model/state.hpp"
+#include "model/suspend.hpp"
 #include "model/symbolize_worker.hpp"
 
 namespace cuw::daemon {
@@ -27,6 +28,9 @@ struct Backend {
   const SymbolizeOptions* symbolize = nullptr;
   /// The history (thread-safe). Null: get_history says there is none.
   const SeriesStore* series = nullptr;
+  /// Suspend or resume as Suspender::run does it (model/suspender.hpp): may take seconds, so
+  /// the transport runs it on its pool. Empty: this daemon cannot (the command says why).
+  std::function<SuspendResult(const Peer&, const SuspendRequest&)> suspend;
 };
 
 }  // namespace cuw::daemon

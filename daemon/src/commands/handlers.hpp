@@ -56,6 +56,10 @@ Answer get_history(const Backend& b, const HistoryArgs& args, Via via);
 /// model's thread; a refusal carries the reason in its body.
 Answer set_limit(const Backend& b, const Peer& peer, const nlohmann::json& request);
 
+/// Suspend or resume (`action`) as `peer` asks in `request` (a body that fits the command's
+/// row), through Backend::suspend; a refusal carries the reason in its body. May take seconds.
+Answer suspend(const Backend& b, const Peer& peer, const nlohmann::json& request, SuspendRequest::Action action);
+
 /// Prometheus' text exposition of the State (views/metrics_text.hpp).
 Answer metrics(const Backend& b);
 

@@ -26,6 +26,14 @@ Answer socket_events(const Backend& b, const Peer&, const json& req) { return ge
 
 Answer socket_limit(const Backend& b, const Peer& peer, const json& req) { return set_limit(b, peer, req); }
 
+Answer socket_suspend(const Backend& b, const Peer& peer, const json& req) {
+  return suspend(b, peer, req, SuspendRequest::Action::suspend);
+}
+
+Answer socket_resume(const Backend& b, const Peer& peer, const json& req) {
+  return suspend(b, peer, req, SuspendRequest::Action::resume);
+}
+
 Answer socket_snapshot(const Backend& b, const Peer& peer, const json& req) {
   SnapshotArgs a;
   a.pid = req["pid"].get<uint64_t>();
@@ -78,6 +86,8 @@ constexpr CommandRow kRows[] = {
     {proto::Command::get_snapshot, true, socket_snapshot},
     {proto::Command::get_ooms, true, socket_ooms},
     {proto::Command::get_history, false, socket_history},
+    {proto::Command::suspend, true, socket_suspend},
+    {proto::Command::resume, true, socket_resume},
 };
 
 constexpr Route kRoutes[] = {

@@ -62,8 +62,10 @@ std::vector<GpuRow> gpu_rows(const State& st) {
       }
       a.first_ordinal = std::min(a.first_ordinal, static_cast<int>(d));
       if (p.exited) continue;
-      a.row.used += ds.used;
-      a.row.reserved += ds.reserved;
+      if (!p.suspended) {  // a suspended process's bytes are on the host
+        a.row.used += ds.used;
+        a.row.reserved += ds.reserved;
+      }
       ++a.row.processes;
       if (ds.limit != ring::kNoLimit || in_capped_job.count(p.pid)) ++a.row.capped;
     }

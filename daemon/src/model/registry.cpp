@@ -271,6 +271,7 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
     for (const StoredEvent& ev : it->second) p->history.push(ev);  // numbered before any new one
     restored_.erase(it);
   }
+  found_suspended(*p);
   // The process's pidfd shows its exit without a read of /proc and without mistaking a
   // reused pid: checked against the start time after it is opened, so it is this process's.
   // Without one (an old kernel, no descriptor left, another pid namespace) /proc is read.
@@ -431,6 +432,12 @@ void Registry::forget(const std::string& name, bool unlink_file) {
         unlinkat(dirfd, live_name.c_str(), 0);
     }
   }
+  // A suspended process that exited took its host copy with it; one whose ring is dropped
+  // while it lives is still suspended when its ring is found again.
+  if (p.suspended && p.exited) forget_suspension(p, "exited while suspended");
+  else if (p.suspended)
+    suspend_records_[{p.pid, p.start_time}] = {p.suspended_ns, p.suspended_host_bytes, p.suspended_by,
+                                               p.suspended_footprint};
   spdlog::info("forgot pid {} ({})", p.pid, name);
   retire(p);
   procs_.erase(name);
@@ -588,6 +595,11 @@ void Registry::publish() {
     ps.events_lost = p->events_lost;
     ps.events_readable = p->ring->writable();
     ps.tampers = p->tampers;
+    if (p->suspended && p->exited) forget_suspension(*p, "exited while suspended");
+    ps.suspended = p->suspended;
+    ps.suspended_since_ns = p->suspended_ns;
+    ps.suspended_host_bytes = p->suspended_host_bytes;
+    ps.suspended_by = p->suspended_by;
     ps.history = p->history.view();
     ps.samples = p->samples;
   }

@@ -32,6 +32,7 @@
 #include "model/policy.hpp"
 #include "model/ring_view.hpp"
 #include "model/state.hpp"
+#include "model/suspend.hpp"
 
 namespace cuw::daemon {
 
@@ -110,6 +111,23 @@ class Registry {
       throw;
     }
   }
+
+  /// Suspend or resume by hand, in three steps (suspend.cpp; the driver's calls run in
+  /// between on a worker, model/suspender.hpp). prepare_suspend() checks `req` from `peer`:
+  /// who may (the owner or root, as for caps), which processes (one, or every member of a
+  /// job), and whether each can be suspended (nothing the driver cannot carry, room on the
+  /// host for its device footprint) or resumed (its footprint and a margin free on its GPUs
+  /// now). Done: the targets, each held busy until finish_suspend(); otherwise the refusal
+  /// or failure, nothing held. Loop thread only; throws only what allocation throws.
+  SuspendResult prepare_suspend(const Peer& peer, const SuspendRequest& req);
+  /// Record what the driver did to prepare_suspend()'s targets (each SuspendTarget::done):
+  /// the processes' state, an event each, the log, the record in the suspend directory; the
+  /// busy marks cleared; then publish(). Loop thread only.
+  void finish_suspend(const Peer& peer, const SuspendResult& r);
+  /// Keep a record of each suspended process in `dir` (created if missing), so that a
+  /// process suspended while the daemon restarts is found again as suspended; read those
+  /// there now. "": none. Before the first scan.
+  void set_suspend_dir(const std::string& dir);
 
   /// Forget every process seen to exit, removing its ring and live segment as the linger's
   /// end would (unless the options keep them): the daemon stops, and none is left to remove
@@ -253,6 +271,19 @@ class Registry {
   RestoredHistory restored_;  ///< until the first scans have matched them to processes
   unsigned restore_scans_left_ = 3;
   void take_oom_report(Process& p, const StoredEvent& ev);
+  /// A process just found that a record says is suspended: mark it so (suspend.cpp).
+  void found_suspended(Process& p);
+  /// `p` is no longer suspended (it exited, or was resumed): its record removed.
+  void forget_suspension(Process& p, const char* why);
+  /// Whether `p` could go to the host now, and why not (suspend.cpp).
+  std::string uncarried(const Process& p, const RingSnapshot& s) const;
+  std::string suspend_dir_;  ///< "": suspensions are not recorded
+  struct SuspendRecord {
+    uint64_t since_ns = 0, host_bytes = 0;
+    std::string by;
+    std::vector<std::pair<std::string, uint64_t>> footprint;
+  };
+  std::map<std::pair<uint32_t, uint64_t>, SuspendRecord> suspend_records_;  ///< read at start: (pid, start time)
   RetiredCounters retired_;
   std::shared_ptr<const RetiredCounters> retired_shared_;  ///< what States share: retired_ when last copied
   bool retired_changed_ = false;                           ///< retired_ changed since

@@ -115,6 +115,19 @@ RingView::SetLimit RingView::set_limit(uint32_t d, uint64_t expected, uint64_t d
   return r;
 }
 
+bool RingView::notify_resumed(uint64_t suspended_ns, const std::string& by) noexcept {
+  if (!writable_) return false;
+  auto body = [&] {
+    ring::RingHeader* h = header();
+    h->suspended_ns = suspended_ns;
+    char name[sizeof h->suspended_by] = {};
+    by.copy(name, sizeof name - 1);
+    std::memcpy(h->suspended_by, name, sizeof name);
+    h->resumes.fetch_add(1, std::memory_order_release);
+  };
+  return guarded_call(body);
+}
+
 namespace {
 
 /// Real uid of process `pid` (the "Uid:" line of /proc/<pid>/status), or -1 when the

@@ -109,6 +109,9 @@ class RingView {
   SetLimit set_limit(uint32_t d, uint64_t expected, uint64_t desired, uint64_t* actual) noexcept;
 
   bool writable() const noexcept { return writable_; }
+  /// Tell the process it was resumed after `suspended_ns` by `by` (ring.hpp, `resumes`): it
+  /// prints one line on its stderr at its next CUDA call. False: read-only or faulted.
+  bool notify_resumed(uint64_t suspended_ns, const std::string& by) noexcept;
   uint32_t slot_count() const noexcept { return slot_count_; }
   uint64_t mapped_bytes() const noexcept { return size_; }
   dev_t dev() const noexcept { return dev_; }

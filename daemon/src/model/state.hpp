@@ -44,6 +44,13 @@ struct ProcessState {
   uint64_t events_lost = 0;      ///< slots a dead producer claimed but never published
   bool events_readable = false;  ///< the daemon may drain the ring (false: counters only)
   uint64_t tampers = 0;          ///< caps raised past the daemon's ceiling and put back, and stretches over it by NVML
+  /// Suspended through the driver's checkpoint API (model/suspend.hpp): its device memory is
+  /// on the host. The ring's counters still count it (caps and job shares hold); the views
+  /// show its devices' used bytes as 0.
+  bool suspended = false;
+  uint64_t suspended_since_ns = 0;    ///< CLOCK_REALTIME ns
+  uint64_t suspended_host_bytes = 0;  ///< what the host holds for it
+  std::string suspended_by;           ///< who suspended it (a user name)
   RingSnapshot header;               ///< the ring header as read when the State was built
   std::shared_ptr<const EventHistory::View> history;  ///< never null
   /// Per-call-site samples of its live memory, every kSampleEveryNs (snapshot --leaks);

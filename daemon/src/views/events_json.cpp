@@ -63,11 +63,14 @@ json events_json(const State& st, const nlohmann::json& request) {
         {"aux", e.aux},
     });
     if (e.api == static_cast<uint16_t>(ring::Api::control)) {
-      // A change the daemon made: who asked, and the cap before and after (null = none).
+      // A change the daemon made: who asked, and for a cap, the cap before and after (null =
+      // none); a suspend or resume says how much went to the host and back in `bytes`.
       json& j = events.back();
       const uint32_t by = refs[i].ev->by_uid;
-      j["new_limit"] = no_cap(e.bytes);
-      j["old_limit"] = no_cap(e.aux);
+      if (e.kind == static_cast<uint8_t>(ring::EventKind::limit_change)) {
+        j["new_limit"] = no_cap(e.bytes);
+        j["old_limit"] = no_cap(e.aux);
+      }
       const bool daemon = by == StoredEvent::kFromPolicy || by == StoredEvent::kFromTamper;
       j["by"] = by == StoredEvent::kFromPolicy   ? json("policy")
                 : by == StoredEvent::kFromTamper ? json("tamper")

@@ -103,8 +103,13 @@ std::string metrics_text(const State& st) {
   };
   std::map<RetiredCounters::Key, Sum> sums;
   std::map<std::pair<std::string, std::string>, uint64_t> dropped;
-  unsigned running = 0;
+  unsigned running = 0, suspended = 0;
+  uint64_t suspended_bytes = 0;
   for (const ProcessState& p : st.processes) {
+    if (p.suspended && !p.exited) {
+      ++suspended;
+      suspended_bytes += p.suspended_host_bytes;
+    }
     const std::string job = field_text(p.header.job, sizeof p.header.job);
     dropped[{job, p.user}] += p.header.events_dropped;
     if (!p.exited) ++running;
@@ -116,7 +121,10 @@ std::string metrics_text(const State& st) {
       const auto at = index_of.find(uuid);
       if (at == index_of.end()) continue;  // not a GPU row (gpus.hpp): a ring's word alone
       const int index = at->second;
-      const auto values = ds.values();
+      auto values = ds.values();
+      if (p.suspended)  // its device bytes are on the host (the counters still count them)
+        for (std::size_t i = 0; i < counters::kDeviceCount; ++i)
+          if (counters::kDevice[i].shown == counters::Shown::held) values[i] = 0;
       Sum& s = sums[{uuid, job, p.user}];
       s.gpu_index = index;
       for (std::size_t i = 0; i < counters::kDeviceCount; ++i) s.values[i] += values[i];
@@ -214,6 +222,10 @@ std::string metrics_text(const State& st) {
     if (g.driver_used_known) sample(b, "device_driver_used_bytes", gpu_labels(g), g.driver_used);
   family(b, "processes", "gauge", "Interposed processes running");
   sample(b, "processes", fmt::format("hostname=\"{}\"", host), running);
+  family(b, "suspended_processes", "gauge", "Interposed processes suspended (their device memory on the host)");
+  sample(b, "suspended_processes", fmt::format("hostname=\"{}\"", host), suspended);
+  family(b, "suspended_host_bytes", "gauge", "Device bytes of the suspended processes, held on the host");
+  sample(b, "suspended_host_bytes", fmt::format("hostname=\"{}\"", host), suspended_bytes);
   family(b, "build_info", "gauge", "The daemon's version");
   sample(b, "build_info", fmt::format("version=\"{}\"", CUWARDEN_VERSION), 1);
   return fmt::to_string(b);

@@ -142,7 +142,9 @@ json state_json(const State& st) {
       };
       // The counters, from their list (counters.hpp). An exited process holds nothing: the
       // driver freed its memory at exit, whatever the counters said last.
-      put_counters(dev, counters::kDevice, ds.values(), p.exited);
+      // A suspended one holds nothing on the device either (its bytes are on the host), though
+      // its counters, and so its caps and job shares, still count them.
+      put_counters(dev, counters::kDevice, ds.values(), p.exited || p.suspended);
       if (p.exited) dev["used_at_exit_bytes"] = ds.used;
       if (auto it = nvml_by_uuid.find(uuid); it != nvml_by_uuid.end()) {
         auto pu = it->second->process_used.find(p.pid);
@@ -151,14 +153,14 @@ json state_json(const State& st) {
         // What the driver holds for the process that no cap counts: with the default scope
         // its context and modules; with CUWARDEN_CAP_SCOPE=process, what grew since the
         // interposer last measured.
-        const uint64_t counted = p.exited ? 0 : ds.used;
+        const uint64_t counted = p.exited || p.suspended ? 0 : ds.used;
         dev["outside_cap_bytes"] = known ? json(pu->second > counted ? pu->second - counted : 0) : json(nullptr);
       }
       const auto at = index_of.find(uuid);
       dev["gpu_index"] = at != index_of.end() ? json(at->second) : json(nullptr);  // not a GPU row (gpus.hpp)
       devices.push_back(std::move(dev));
     }
-    const char* state = p.exited ? "exited" : "running";
+    const char* state = p.exited ? "exited" : p.suspended ? "suspended" : "running";
     processes.push_back({
         {"pid", p.pid},
         {"user", p.user},
@@ -181,6 +183,9 @@ json state_json(const State& st) {
         {"consumer_heartbeat_ns", s.heartbeat_ns},
         {"ring", st.run_dir + "/" + p.file_name},
         {"devices", std::move(devices)},
+        {"suspended_host_bytes", p.suspended ? json(p.suspended_host_bytes) : json(nullptr)},
+        {"suspended_since_ns", p.suspended ? json(p.suspended_since_ns) : json(nullptr)},
+        {"suspended_by", p.suspended ? json(p.suspended_by) : json(nullptr)},
     });
   }
 

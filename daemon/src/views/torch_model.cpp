@@ -327,7 +327,9 @@ std::vector<std::vector<TEntry>> raw_traces(const Snapshot& s, const std::vector
         break;
       case ring::EventKind::limit_change: cap[e.device] = e.bytes; break;
       case ring::EventKind::host_alloc:
-      case ring::EventKind::host_free: break;
+      case ring::EventKind::host_free:
+      case ring::EventKind::suspend:  // the memory moved to the host and back: its blocks stay
+      case ring::EventKind::resume: break;
     }
     if (e.kind != static_cast<uint8_t>(ring::EventKind::job_refuse)) used[e.device] = e.used_after;
   }

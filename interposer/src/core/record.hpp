@@ -39,6 +39,16 @@ inline CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ord
   if (r == CUDA_ERROR_OUT_OF_MEMORY) t.report_oom(ordinal, bytes, api, ring::EventKind::driver_error, r);
 }
 
+/// Something the driver's checkpoint API cannot carry (managed memory, an IPC handle) was
+/// used on device `ordinal`: counted in its slot, where the daemon looks before it suspends
+/// the process. One locked add; cold.
+inline CUW_COLD void count_uncarried(Tracker& t, int ordinal, std::atomic<uint64_t> ring::DeviceSlot::*counter) {
+  if (ring::DeviceSlot* d = t.device(ordinal)) {
+    std::lock_guard<cuw::spin_lock> lk(t.lock());
+    cuw::core::locked_add((*d).*counter, 1);
+  }
+}
+
 /// No-op for tracked_alloc_in's `on_insert`.
 struct NoInsertHook {
   void operator()(uint64_t) const noexcept {}

@@ -42,8 +42,11 @@ CUW_EXPORT CUresult hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, u
   CUW_PROLOGUE(cuMemAllocManaged, dptr, bytesize, flags);
   Tracker& t = Tracker::get();
   const core::SiteScope site(t, bytesize);
-  return core::tracked_alloc(t, ring::Api::cuMemAllocManaged, t.current_device(), false, bytesize, 0, dptr,
-                             [&] { return real(dptr, bytesize, flags); });
+  const int ordinal = t.current_device();
+  const CUresult r = core::tracked_alloc(t, ring::Api::cuMemAllocManaged, ordinal, false, bytesize, 0, dptr,
+                                         [&] { return real(dptr, bytesize, flags); });
+  if (r == CUDA_SUCCESS) core::count_uncarried(t, ordinal, &ring::DeviceSlot::managed_allocs);
+  return r;
 }
 
 CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,

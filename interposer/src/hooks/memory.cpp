@@ -52,10 +52,14 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
     return real(handle, size, prop, flags);  // host-located memory: not device memory, not capped
   Tracker& t = Tracker::get();
   const core::SiteScope site(t, size);
-  return core::tracked_alloc_in(
+  const CUresult r = core::tracked_alloc_in(
       t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
       [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; }, nullptr,
       core::ForgetArray{&t});
+  // Made to be exported as a shareable handle: the driver's checkpoint cannot carry it.
+  if (r == CUDA_SUCCESS && prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE)
+    core::count_uncarried(t, prop->location.id, &ring::DeviceSlot::shared_handles);
+  return r;
 }
 
 CUW_EXPORT CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle) {

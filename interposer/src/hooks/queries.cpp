@@ -12,6 +12,7 @@
 #include "backends/start.hpp"
 #include "base/real.hpp"
 #include "core/meminfo.hpp"
+#include "core/record.hpp"
 #include "core/tracker.hpp"
 #include "hooks/prologue.hpp"
 
@@ -119,8 +120,12 @@ CUW_EXPORT CUresult hook_cuPointerGetAttributes(unsigned int count, CUpointer_at
 CUW_EXPORT CUresult hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   CUW_PROLOGUE(cuIpcGetMemHandle, handle, dptr);
   Tracker* t = Tracker::instance_if_created();
-  if (backends::backend* b = backends::started(t)) return b->ipc_export(*t, handle, dptr, real);
-  return real(handle, dptr);
+  const CUresult r = [&] {
+    if (backends::backend* b = backends::started(t)) return b->ipc_export(*t, handle, dptr, real);
+    return real(handle, dptr);
+  }();
+  if (r == CUDA_SUCCESS && t) core::count_uncarried(*t, t->current_device(), &cuw::ring::DeviceSlot::ipc_handles);
+  return r;
 }
 
 // cuda.h maps cuIpcOpenMemHandle to its _v2; both ABI variants are hooked (hook_table.hpp).
@@ -130,10 +135,14 @@ CUW_EXPORT CUresult hook_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr d
 #define CUW_IPC_OPEN(name)                                                                      \
   CUW_EXPORT CUresult hook_##name(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) { \
     CUW_PROLOGUE(name, pdptr, handle, flags);                                                   \
-    if (backends::ipc::is_ours(handle)) return backends::ipc::open(pdptr, handle, flags);       \
     Tracker* t = Tracker::instance_if_created();                                                \
-    if (backends::backend* b = backends::started(t)) return b->ipc_import(*t, pdptr, handle, flags, real); \
-    return real(pdptr, handle, flags);                                                          \
+    const CUresult r = [&] {                                                                    \
+      if (backends::ipc::is_ours(handle)) return backends::ipc::open(pdptr, handle, flags);     \
+      if (backends::backend* b = backends::started(t)) return b->ipc_import(*t, pdptr, handle, flags, real); \
+      return real(pdptr, handle, flags);                                                        \
+    }();                                                                                        \
+    if (r == CUDA_SUCCESS && t) core::count_uncarried(*t, t->current_device(), &cuw::ring::DeviceSlot::ipc_handles); \
+    return r;                                                                                   \
   }
 CUW_IPC_OPEN(cuIpcOpenMemHandle_v2)
 CUW_IPC_OPEN(cuIpcOpenMemHandle)

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/history.hpp"
 #include "model/registry.hpp"
@@ -60,6 +62,15 @@ struct Registry::Process {
   uint64_t sampled_mono = 0;   ///< when its last site sample was taken (0: never)
   /// site_sample()s, oldest first, replaced whole by each new one: every State shares it.
   std::shared_ptr<const SiteSamples> samples = std::make_shared<const SiteSamples>();
+  /// Suspended by hand (suspend.cpp): its device memory is on the host since `suspended_ns`.
+  bool suspended = false;
+  /// A suspend or resume of it is under way on a worker: no other may start.
+  bool suspend_busy = false;
+  uint64_t suspended_ns = 0;          ///< CLOCK_REALTIME
+  uint64_t suspended_host_bytes = 0;
+  std::string suspended_by;
+  /// Its device footprint when suspended (GPU UUID, bytes): what a resume needs free.
+  std::vector<std::pair<std::string, uint64_t>> suspended_footprint;
   /// In the last State published (retire() reads its header there when the ring faults).
   bool published = false;
 };

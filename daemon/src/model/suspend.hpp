@@ -1,0 +1,53 @@
+// cuwarden daemon model: suspending a process by hand, as typed data — what a client asks
+// (SuspendRequest), the processes it comes to (SuspendTarget) and what came of it
+// (SuspendResult). The registry checks and records (suspend.cpp, on the loop thread); the
+// driver's calls run between those steps on a worker thread (suspender.hpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cuw::daemon {
+
+/// One suspend or resume request, its types checked.
+struct SuspendRequest {
+  enum class Action { suspend, resume };
+  Action action = Action::suspend;
+  bool job = false;             ///< a job (every member, as a whole) rather than one process
+  uint32_t pid = 0;             ///< !job: 1..2^31-1, as the requester numbers it
+  std::string job_name;         ///< job: a valid job name
+  std::optional<uint32_t> user_uid;       ///< job: its owner by uid, or
+  std::optional<std::string> user_name;   ///< by login name; neither: the requester
+  uint32_t timeout_ms = 10'000;  ///< suspend: each lock's timeout (1..600000)
+};
+
+/// One process a request comes to.
+struct SuspendTarget {
+  uint32_t pid = 0;  ///< in the daemon's pid namespace: the one the driver is given
+  uint64_t start_time = 0;
+  uint32_t uid = 0;
+  std::string user, process_name;
+  /// Its device footprint: what the driver reports it holding (NVML), else its reserved and
+  /// context bytes; per GPU UUID ("GPU-..." or cuwarden's hex form), bytes.
+  std::vector<std::pair<std::string, uint64_t>> footprint;
+  uint64_t device_bytes = 0;  ///< the footprint's sum
+  uint64_t host_bytes = 0;    ///< resume: what the host held for it
+  uint64_t since_ns = 0;      ///< resume: when it was suspended (CLOCK_REALTIME)
+  double seconds = 0;         ///< how long the driver took (suspend: lock and checkpoint; resume: restore and unlock)
+  bool done = false;          ///< the driver's work on it succeeded (finish_suspend records it)
+};
+
+/// What came of a request.
+struct SuspendResult {
+  enum class Outcome { done, refused, failed };
+  Outcome outcome = Outcome::failed;
+  std::string reason;  ///< refused, failed: why, as the client is told
+  SuspendRequest::Action action = SuspendRequest::Action::suspend;
+  bool job = false;
+  std::string job_name;
+  std::vector<SuspendTarget> processes;
+};
+
+}  // namespace cuw::daemon

@@ -1,0 +1,63 @@
+// cuwarden daemon views: suspend and resume as JSON (see suspend_json.hpp).
+#include "views/suspend_json.hpp"
+
+#include <stdexcept>
+
+#include "cuw/job.hpp"
+
+namespace cuw::daemon {
+
+namespace {
+bool given(const nlohmann::json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+}  // namespace
+
+SuspendRequest parse_suspend_request(const nlohmann::json& body, SuspendRequest::Action action) {
+  SuspendRequest r;
+  r.action = action;
+  if (given(body, "pid")) {
+    const uint64_t pid = body["pid"].get<uint64_t>();
+    if (pid == 0 || pid > 0x7fffffffULL) throw std::invalid_argument("\"pid\" must be a process id");
+    r.pid = static_cast<uint32_t>(pid);
+    if (given(body, "user")) throw std::invalid_argument("\"user\" goes with \"job\" only");
+  } else {
+    r.job = true;
+    r.job_name = body["job"].get<std::string>();
+    std::string why;
+    if (!job::valid_job_name(r.job_name, &why)) throw std::invalid_argument("\"job\": " + why);
+    if (given(body, "user")) {
+      const auto& u = body["user"];
+      if (u.is_number_unsigned() && u.get<uint64_t>() <= 0xffffffffULL) r.user_uid = u.get<uint32_t>();
+      else if (u.is_string()) r.user_name = u.get<std::string>();
+      else throw std::invalid_argument("\"user\" must be a user name or a uid");
+    }
+  }
+  if (given(body, "timeout_ms")) {
+    const uint64_t t = body["timeout_ms"].get<uint64_t>();
+    if (t == 0 || t > 600'000) throw std::invalid_argument("\"timeout_ms\" must be 1..600000");
+    r.timeout_ms = static_cast<uint32_t>(t);
+  }
+  return r;
+}
+
+nlohmann::ordered_json suspend_reply_json(const SuspendResult& r) {
+  nlohmann::ordered_json procs = nlohmann::ordered_json::array();
+  for (const SuspendTarget& t : r.processes) {
+    procs.push_back({{"pid", t.pid},
+                     {"process_name", t.process_name},
+                     {"user", t.user},
+                     {"host_bytes", r.action == SuspendRequest::Action::suspend ? t.device_bytes : t.host_bytes},
+                     {"device_bytes", t.device_bytes},
+                     {"seconds", t.seconds}});
+  }
+  return {{"action", r.action == SuspendRequest::Action::suspend ? "suspend" : "resume"},
+          {"target", r.job ? "job" : "pid"},
+          {"job", r.job ? nlohmann::ordered_json(r.job_name) : nlohmann::ordered_json(nullptr)},
+          {"processes", std::move(procs)}};
+}
+
+nlohmann::json suspend_error_json(const SuspendResult& r) {
+  if (r.outcome == SuspendResult::Outcome::refused) return {{"error", "refused: " + r.reason}, {"refused", true}};
+  return {{"error", r.reason}};
+}
+
+}  // namespace cuw::daemon

@@ -1,0 +1,499 @@
+// cuwarden integration tests: `cuwarden suspend` and `cuwarden resume` on the simulated
+// driver. The daemon and the processes share one CUWARDEN_FAKE_DIR: the simulated driver's
+// checkpoint channel and its shared device, whose use the simulated NVML reports. The
+// processes are fakecuda_ckpt_victim programs under the interposer, spoken to line by line.
+#include <pwd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "daemon_test_support.hpp"
+
+extern char** environ;
+
+using namespace cuwt;
+
+namespace {
+
+constexpr uint64_t kGiB = 1ULL << 30;
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+/// A run directory, a fake driver directory and a state directory every user can reach, and
+/// the environment the daemon and the processes share.
+struct Setup : TempDir {
+  std::string run, fake, state;
+  std::vector<std::string> env;
+  explicit Setup(const std::string& memory = "256M") {
+    ::chmod(path.c_str(), 0755);
+    run = *this / "run";
+    fake = *this / "fake";
+    state = *this / "state";
+    ::mkdir(run.c_str(), 01777);
+    ::chmod(run.c_str(), 01777);
+    ::mkdir(fake.c_str(), 01777);
+    ::chmod(fake.c_str(), 01777);
+    env = {"LD_LIBRARY_PATH=" + std::string(CUWT_FAKECUDA_DIR), "CUWARDEN_FAKE_DIR=" + fake,
+           "CUWARDEN_FAKE_DEVICES=1", "CUWARDEN_FAKE_MEMORY=" + memory, "CUWARDEN_RUN_DIR=" + run};
+  }
+};
+
+/// Set `vars` ("K=V") in this process for the lifetime of the object (the daemon inherits them).
+struct ScopedEnv {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  explicit ScopedEnv(const std::vector<std::string>& vars) {
+    for (const std::string& kv : vars) {
+      const auto eq = kv.find('=');
+      const std::string k = kv.substr(0, eq);
+      const char* old = getenv(k.c_str());
+      saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(k.c_str(), kv.substr(eq + 1).c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto& [k, v] : saved)
+      if (v) setenv(k.c_str(), v->c_str(), 1);
+      else unsetenv(k.c_str());
+  }
+};
+
+/// cuwardend on the setup's directories, with the simulated NVML and driver.
+struct SuspendDaemon : Daemon {
+  explicit SuspendDaemon(const Setup& s)
+      : Daemon(s, {"--state-dir", s.state, "--exited-linger", "0"}, true, /*nvml=*/true) {}
+};
+
+/// A fakecuda_ckpt_victim under the interposer (unless `preload` is false), as `as` (root only).
+class Victim {
+ public:
+  Victim(const Setup& s, std::vector<std::string> extra_env = {}, bool preload = true, const passwd* as = nullptr)
+      : err_path_(s / ("victim-" + std::to_string(counter_++) + ".err")) {
+    int to[2], from[2];
+    REQUIRE(pipe2(to, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(from, O_CLOEXEC) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> words;
+    if (as)
+      words = {"/usr/bin/setpriv", "--reuid=" + std::to_string(as->pw_uid), "--regid=" + std::to_string(as->pw_gid),
+               "--clear-groups"};
+    words.push_back(CUWT_CKPT_VICTIM);
+    std::vector<std::string> envs;
+    for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+    for (const auto& x : s.env) envs.push_back(x);
+    if (preload) envs.push_back("LD_PRELOAD=" + std::string(CUWT_LIB));
+    for (const auto& x : extra_env) envs.push_back(x);
+    std::vector<char*> argv, envp;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    for (auto& w : envs) envp.push_back(w.data());
+    envp.push_back(nullptr);
+    REQUIRE(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data()) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(to[0]);
+    close(from[1]);
+    in_ = fdopen(to[1], "w");
+    out_ = fdopen(from[0], "r");
+    const std::string first = line();
+    INFO(slurp(err_path_));
+    REQUIRE(first == "ready " + std::to_string(pid_));
+  }
+  ~Victim() {
+    kill();
+    if (in_) std::fclose(in_);
+    if (out_) std::fclose(out_);
+  }
+  Victim(const Victim&) = delete;
+  Victim& operator=(const Victim&) = delete;
+
+  uint32_t pid() const { return static_cast<uint32_t>(pid_); }
+  void send(const std::string& cmd) {
+    std::fprintf(in_, "%s\n", cmd.c_str());
+    std::fflush(in_);
+  }
+  /// The next line it says (blocking; "" at EOF).
+  std::string line() {
+    char buf[512];
+    if (!std::fgets(buf, sizeof buf, out_)) return "";
+    std::string s = buf;
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  std::string ask(const std::string& cmd) {
+    send(cmd);
+    return line();
+  }
+  std::string err() const { return slurp(err_path_); }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  /// Its calls waiting at the simulated driver's closed gate (tests/fakecuda/src/checkpoint.hpp:
+  /// the channel file's blocked_calls word, at byte 44).
+  uint32_t blocked_calls(const Setup& s) const {
+    const int fd = ::open((s.fake + "/proc-" + std::to_string(pid_)).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    uint32_t v = 0;
+    const bool ok = ::pread(fd, &v, sizeof v, 44) == sizeof v;
+    ::close(fd);
+    return ok ? v : 0;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::string err_path_;
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+};
+
+CmdResult cli(const Setup& s, std::vector<std::string> args, int timeout_ms = 60000) {
+  std::vector<std::string> argv = {CUWT_CLI};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--socket");
+  argv.push_back(s / "d.sock");
+  return run_cmd(argv, {}, timeout_ms);
+}
+
+/// The daemon's entry for `pid` once it sees its device in use (the ring is read at a scan).
+json wait_process(const Daemon& d, uint32_t pid) {
+  json p;
+  REQUIRE(wait_until([&] {
+    p = d.process(pid);
+    return !p.is_null() && !p["devices"].empty();
+  }));
+  return p;
+}
+
+uint64_t driver_used(const Daemon& d) {
+  const json st = d.state();
+  for (const auto& g : st["gpus"])
+    if (g.contains("driver_used_bytes")) return g["driver_used_bytes"].get<uint64_t>();
+  return ~0ULL;
+}
+
+std::vector<std::string> event_kinds(const Daemon& d, uint32_t pid) {
+  std::vector<std::string> kinds;
+  const json events = d.events({{"pid", pid}});  // kept: a range over a temporary's member dangles
+  for (const auto& e : events["events"]) kinds.push_back(e["kind"].get<std::string>());
+  return kinds;
+}
+
+}  // namespace
+
+TEST_CASE("suspend.by_hand") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim v(s);
+  REQUIRE(contains(v.ask("alloc 67108864"), "ptr 0x"));
+  wait_process(d, v.pid());
+  REQUIRE(wait_until([&] { return driver_used(d) >= 64 * kMiB; }));
+  const uint64_t used_before = driver_used(d);
+
+  const CmdResult r = cli(s, {"suspend", std::to_string(v.pid())});
+  INFO(r.out << r.err << slurp(d.log));
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "suspended, 64.00 MiB"));
+  json p = d.process(v.pid());
+  CHECK(p["state"] == "suspended");
+  CHECK(p["suspended_host_bytes"].get<uint64_t>() >= 64 * kMiB);
+  CHECK(p["suspended_since_ns"].get<uint64_t>() > 0);
+  CHECK(p["devices"][0]["used_bytes"] == 0);
+  // The GPU's used memory falls by what the process held (NVML, the shared simulated device).
+  REQUIRE(wait_until([&] { return driver_used(d) <= used_before - 64 * kMiB; }));
+  // The table says so.
+  const CmdResult t = cli(s, {});
+  INFO(t.out);
+  CHECK(contains(t.out, "suspended 64MiB host"));
+
+  // Its calls stop: one waits at the closed gate until the resume.
+  v.send("check");
+  REQUIRE(v.line() == "calling");
+  REQUIRE(wait_until([&] { return v.blocked_calls(s) == 1; }));
+
+  const CmdResult back = cli(s, {"resume", std::to_string(v.pid())});
+  INFO(back.out << back.err);
+  REQUIRE(back.status == 0);
+  CHECK(contains(back.out, "resumed"));
+  // The call goes on and finds its data intact; the process says it was suspended.
+  CHECK(contains(v.line(), "ok 0x"));
+  CHECK(contains(v.err(), "cuwarden: suspended "));
+  CHECK(contains(v.err(), " s by root; resumed"));
+  p = d.process(v.pid());
+  CHECK(p["state"] == "running");
+  CHECK(p["suspended_host_bytes"].is_null());
+  CHECK(p["devices"][0]["used_bytes"].get<uint64_t>() == 64 * kMiB);
+  REQUIRE(wait_until([&] { return driver_used(d) >= used_before; }));
+  const auto kinds = event_kinds(d, v.pid());
+  CHECK(std::count(kinds.begin(), kinds.end(), "suspend") == 1);
+  CHECK(std::count(kinds.begin(), kinds.end(), "resume") == 1);
+  // Nothing is left recorded once it runs again.
+  CHECK(std::filesystem::is_empty(s.state + "/suspended"));
+}
+
+TEST_CASE("suspend.refuses_what_the_driver_cannot_carry") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim managed(s);
+  REQUIRE(managed.ask("managed 1048576") == "rc 0");
+  Victim ipc(s);
+  REQUIRE(contains(ipc.ask("alloc 1048576"), "ptr 0x"));
+  REQUIRE(ipc.ask("ipc") == "rc 0");
+  Victim shared(s);
+  REQUIRE(contains(shared.ask("alloc 1048576"), "ptr 0x"));
+  REQUIRE(shared.ask("vmm_export") == "rc 0");
+  wait_process(d, managed.pid());
+  wait_process(d, ipc.pid());
+  wait_process(d, shared.pid());
+
+  const CmdResult m = cli(s, {"suspend", std::to_string(managed.pid())});
+  CHECK(m.status == 3);
+  CHECK(contains(m.err, "managed-memory"));
+  const CmdResult i = cli(s, {"suspend", std::to_string(ipc.pid())});
+  CHECK(i.status == 3);
+  CHECK(contains(i.err, "CUDA IPC"));
+  const CmdResult e = cli(s, {"suspend", std::to_string(shared.pid())});
+  CHECK(e.status == 3);
+  CHECK(contains(e.err, "shareable handles"));
+  // Refused before any lock: both run on, not FAILED.
+  CHECK(managed.ask("call") == "rc 0");
+  CHECK(ipc.ask("call") == "rc 0");
+  CHECK(shared.ask("call") == "rc 0");
+  CHECK(d.process(managed.pid())["state"] == "running");
+}
+
+TEST_CASE("suspend.refuses_a_process_it_does_not_manage") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim v(s, {}, /*preload=*/false);
+  REQUIRE(contains(v.ask("alloc 1048576"), "ptr 0x"));
+  const CmdResult r = cli(s, {"suspend", std::to_string(v.pid())});
+  CHECK(r.status == 3);
+  CHECK(contains(r.err, "under cuwarden"));
+  CHECK(v.ask("call") == "rc 0");
+}
+
+TEST_CASE("suspend.refuses_without_room_on_the_host") {
+  // A device larger than any test machine's memory (the simulated device's pages are never
+  // touched): 3 TiB on it cannot go to the node's MemAvailable.
+  Setup s("4T");
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim v(s);
+  REQUIRE(contains(v.ask("reserve " + std::to_string(3 * 1024 * kGiB)), "ptr 0x"));
+  wait_process(d, v.pid());
+  const CmdResult r = cli(s, {"suspend", std::to_string(v.pid())});
+  INFO(r.err);
+  CHECK(r.status == 3);
+  CHECK(contains(r.err, "MemAvailable"));
+  CHECK(v.ask("call") == "rc 0");
+  CHECK(d.process(v.pid())["state"] == "running");
+}
+
+TEST_CASE("suspend.refuses_what_its_memory_cgroup_cannot_hold") {
+  if (geteuid() != 0) {
+    SUCCEED("SKIPPED: needs root (a memory cgroup of its own)");
+    return;
+  }
+  // A child of this process's memory cgroup (v1 or v2), limited to 32 MiB.
+  std::ifstream f("/proc/self/cgroup");
+  std::string line, dir;
+  while (std::getline(f, line)) {
+    if (line.rfind("0::", 0) == 0 && std::filesystem::exists("/sys/fs/cgroup" + line.substr(3) + "/memory.max"))
+      dir = "/sys/fs/cgroup" + line.substr(3);
+    else if (line.find(":memory:") != std::string::npos)
+      dir = "/sys/fs/cgroup/memory" + line.substr(line.find(":memory:") + 8);
+  }
+  const std::string cg = dir + "/cuwt-suspend-" + std::to_string(getpid());
+  if (dir.empty() || ::mkdir(cg.c_str(), 0755) != 0) {
+    SUCCEED("SKIPPED: no memory cgroup can be made here");
+    return;
+  }
+  struct Remove {
+    std::string p;
+    ~Remove() { ::rmdir(p.c_str()); }
+  } remove{cg};
+  const bool v2 = std::filesystem::exists(cg + "/memory.max");
+  std::ofstream(cg + (v2 ? "/memory.max" : "/memory.limit_in_bytes")) << (32 * kMiB);
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim v(s);
+  std::ofstream(cg + "/cgroup.procs") << v.pid();
+  REQUIRE(contains(v.ask("reserve " + std::to_string(128 * kMiB)), "ptr 0x"));
+  wait_process(d, v.pid());
+  const CmdResult r = cli(s, {"suspend", std::to_string(v.pid())});
+  INFO(r.err);
+  CHECK(r.status == 3);
+  CHECK(contains(r.err, "memory cgroup"));
+  CHECK(v.ask("call") == "rc 0");
+  v.kill();  // out of the cgroup before it is removed
+}
+
+TEST_CASE("suspend.resume_refused_without_room") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim a(s);
+  REQUIRE(contains(a.ask("alloc " + std::to_string(100 * kMiB)), "ptr 0x"));
+  wait_process(d, a.pid());
+  REQUIRE(cli(s, {"suspend", std::to_string(a.pid())}).status == 0);
+  // Another process takes the room it left.
+  Victim b(s, {}, /*preload=*/false);
+  REQUIRE(contains(b.ask("reserve " + std::to_string(200 * kMiB)), "ptr 0x"));
+  REQUIRE(wait_until([&] { return driver_used(d) >= 200 * kMiB; }));
+  const CmdResult r = cli(s, {"resume", std::to_string(a.pid())});
+  INFO(r.err);
+  CHECK(r.status == 3);
+  CHECK(contains(r.err, "free"));
+  CHECK(contains(r.err, "100.00 MiB"));
+  CHECK(d.process(a.pid())["state"] == "suspended");
+  // Once the room is back, it resumes with its data.
+  b.kill();
+  REQUIRE(wait_until([&] { return driver_used(d) < 100 * kMiB; }));
+  const CmdResult ok = cli(s, {"resume", std::to_string(a.pid())});
+  INFO(ok.err);
+  CHECK(ok.status == 0);
+  a.send("check");
+  CHECK(a.line() == "calling");
+  CHECK(contains(a.line(), "ok 0x"));
+}
+
+TEST_CASE("suspend.a_job_as_a_whole") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim a(s, {"CUWARDEN_JOB=train"});
+  Victim b(s, {"CUWARDEN_JOB=train"});
+  REQUIRE(contains(a.ask("alloc " + std::to_string(32 * kMiB)), "ptr 0x"));
+  REQUIRE(contains(b.ask("alloc " + std::to_string(16 * kMiB)), "ptr 0x"));
+  wait_process(d, a.pid());
+  wait_process(d, b.pid());
+  const CmdResult r = cli(s, {"suspend", "job:train"});
+  INFO(r.out << r.err << slurp(d.log));
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "job train: suspended"));
+  CHECK(d.process(a.pid())["state"] == "suspended");
+  CHECK(d.process(b.pid())["state"] == "suspended");
+  REQUIRE(cli(s, {"resume", "job:train"}).status == 0);
+  CHECK(d.process(a.pid())["state"] == "running");
+  CHECK(d.process(b.pid())["state"] == "running");
+  a.send("check");
+  CHECK(a.line() == "calling");
+  CHECK(contains(a.line(), "ok 0x"));
+}
+
+TEST_CASE("suspend.a_job_whose_lock_fails_is_not_suspended") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim a(s, {"CUWARDEN_JOB=etl"});
+  REQUIRE(contains(a.ask("alloc " + std::to_string(8 * kMiB)), "ptr 0x"));
+  wait_process(d, a.pid());
+  Victim b(s, {"CUWARDEN_JOB=etl"});
+  REQUIRE(contains(b.ask("alloc " + std::to_string(8 * kMiB)), "ptr 0x"));
+  wait_process(d, b.pid());
+  // b's stream is busy far longer than the lock may wait.
+  REQUIRE(b.ask("busy 20000") == "queued");
+  const CmdResult r = cli(s, {"suspend", "job:etl", "--timeout", "300ms"});
+  INFO(r.out << r.err << slurp(d.log));
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "was not suspended"));
+  // Both run: a was locked first, then unlocked when b's lock failed.
+  CHECK(a.ask("call") == "rc 0");
+  CHECK(b.ask("call") == "rc 0");
+  CHECK(d.process(a.pid())["state"] == "running");
+  CHECK(d.process(b.pid())["state"] == "running");
+}
+
+TEST_CASE("suspend.found_again_after_a_daemon_restart") {
+  Setup s;
+  ScopedEnv env(s.env);
+  auto d = std::make_unique<SuspendDaemon>(s);
+  Victim v(s);
+  REQUIRE(contains(v.ask("alloc " + std::to_string(16 * kMiB)), "ptr 0x"));
+  wait_process(*d, v.pid());
+  REQUIRE(cli(s, {"suspend", std::to_string(v.pid())}).status == 0);
+  const uint64_t since = d->process(v.pid())["suspended_since_ns"].get<uint64_t>();
+  d.reset();
+  d = std::make_unique<SuspendDaemon>(s);
+  json p = wait_process(*d, v.pid());
+  CHECK(p["state"] == "suspended");
+  CHECK(p["suspended_since_ns"] == since);
+  const CmdResult r = cli(s, {"resume", std::to_string(v.pid())});
+  INFO(r.err);
+  CHECK(r.status == 0);
+  v.send("check");
+  CHECK(v.line() == "calling");
+  CHECK(contains(v.line(), "ok 0x"));
+}
+
+TEST_CASE("suspend.a_process_killed_while_suspended_is_forgotten") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim v(s);
+  REQUIRE(contains(v.ask("alloc " + std::to_string(16 * kMiB)), "ptr 0x"));
+  wait_process(d, v.pid());
+  REQUIRE(cli(s, {"suspend", std::to_string(v.pid())}).status == 0);
+  REQUIRE(!std::filesystem::is_empty(s.state + "/suspended"));
+  const uint32_t pid = v.pid();
+  v.kill();
+  REQUIRE(wait_until([&] {
+    const json p = d.process(pid);
+    return p.is_null() || p["state"] == "exited";
+  }));
+  REQUIRE(wait_until([&] { return std::filesystem::is_empty(s.state + "/suspended"); }));
+  CHECK(contains(slurp(d.log), "exited while suspended"));
+}
+
+TEST_CASE("suspend.only_the_owner_or_root", "[root]") {
+  if (geteuid() != 0) {
+    SUCCEED("SKIPPED: needs root (a second and third user)");
+    return;
+  }
+  for (const char* u : {"cuwarden-test-victim", "cuwarden-test-attacker"})
+    if (!getpwnam(u)) REQUIRE(run_cmd({"/usr/sbin/useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u}).status == 0);
+  passwd victim_user = *getpwnam("cuwarden-test-victim");
+  const std::string victim_name = victim_user.pw_name;
+  victim_user.pw_name = const_cast<char*>(victim_name.c_str());
+  const passwd* attacker = getpwnam("cuwarden-test-attacker");
+  const uid_t att_uid = attacker->pw_uid, att_gid = attacker->pw_gid;
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s);
+  Victim v(s, {}, true, &victim_user);
+  REQUIRE(contains(v.ask("alloc " + std::to_string(8 * kMiB)), "ptr 0x"));
+  wait_process(d, v.pid());
+  auto as = [&](uid_t uid, gid_t gid, const std::string& cmd) {
+    return run_cmd({"/usr/bin/setpriv", "--reuid=" + std::to_string(uid), "--regid=" + std::to_string(gid),
+                    "--clear-groups", CUWT_CLI, cmd, std::to_string(v.pid()), "--socket", s / "d.sock"},
+                   {}, 60000);
+  };
+  const CmdResult other = as(att_uid, att_gid, "suspend");
+  INFO(other.err);
+  CHECK(other.status == 3);
+  CHECK(contains(other.err, "only root or its owner"));
+  CHECK(d.process(v.pid())["state"] == "running");
+  const CmdResult own = as(victim_user.pw_uid, victim_user.pw_gid, "suspend");
+  INFO(own.err << slurp(d.log));
+  CHECK(own.status == 0);
+  CHECK(as(att_uid, att_gid, "resume").status == 3);
+  CHECK(as(victim_user.pw_uid, victim_user.pw_gid, "resume").status == 0);
+  v.send("check");
+  CHECK(v.line() == "calling");
+  CHECK(contains(v.line(), "ok 0x"));
+  CHECK(contains(v.err(), "by cuwarden-test-victim; resumed"));
+}
