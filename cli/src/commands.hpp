@@ -31,6 +31,7 @@ struct TopOptions {
   std::string socket;
   bool once = false;      ///< one frame as plain text on standard output, then exit
   double interval_s = 1;  ///< -d: seconds between refreshes (each one sample of every sparkline)
+  long long pid = -1;     ///< with once: the detail view of this process instead of the list
 };
 /// `cuwarden top`: the live terminal view (GPUs' bars, processes with a sparkline of their
 /// used bytes, a detail view of one process's counters, call sites and events), until `q`.
@@ -86,6 +87,7 @@ struct SnapshotOptions {
   unsigned top = 10;            ///< call sites and allocations a text report lists
   long long oom = -1;           ///< --oom N: the snapshot of the Nth newest out-of-memory report
   bool leaks = false;           ///< --leaks: the call sites whose live bytes only grew lately
+  bool full = false;            ///< --full: every frame of a call site, not only its printed form
 };
 /// `cuwarden snapshot PID` (and `cuwarden summary PID`): the daemon's snapshot of the process.
 int cmd_snapshot(const SnapshotOptions& o);

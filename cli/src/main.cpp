@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
   auto* top = app.add_subcommand("top", "a live view of GPUs and processes, with each process's memory over time");
   TopOptions to;
   top->add_flag("--once", to.once, "print one frame as plain text and exit (as top -b -n 1)");
+  top->add_option("--pid", to.pid, "with --once: the detail view of this process (its counters, call sites, events)");
   top->add_option("-d,--delay", to.interval_s, "seconds between refreshes (default 1)")->check(CLI::Range(0.1, 3600.0));
   top->add_option("--socket", socket, "daemon socket");
   top->footer(
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   snapshot->add_flag("--leaks", so.leaks,
                      "the call sites whose live bytes only grew over the last minutes (the daemon samples every 30 s)");
+  snapshot->add_flag("--full", so.full, "list every frame of each call site (with its class), not only its printed form");
   snapshot->add_option("--socket", socket, "daemon socket");
   auto* summary = app.add_subcommand("summary", "a memory_summary-like table of a process, any program");
   SnapshotOptions sumo;

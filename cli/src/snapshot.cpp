@@ -75,6 +75,7 @@ int cmd_snapshot(const SnapshotOptions& o) {
   }
   json req{{"pid", o.pid}, {"format", o.format}, {"top", o.top}};
   if (o.oom >= 0) req["oom"] = o.oom;
+  if (o.full) req["full"] = 1;
   if (o.leaks) {
     if (o.format != "text" && o.format != "json") {
       std::fprintf(stderr, "cuwarden snapshot: --leaks writes text or json\n");

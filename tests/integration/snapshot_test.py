@@ -57,7 +57,7 @@ def main():
     env = dict(os.environ)
     env.update({"LD_LIBRARY_PATH": args.fakecuda, "CUWARDEN_RUN_DIR": run})
     app_env = dict(env)
-    app_env.update({"LD_PRELOAD": args.lib, "CUWARDEN_CALLSITES": "16", "CUWARDEN_LIMIT": "128M",
+    app_env.update({"LD_PRELOAD": args.lib, "CUWARDEN_CALLSITES": "24", "CUWARDEN_LIMIT": "128M",
                     "CUWARDEN_LEAKS": "report"})
     errpath = os.path.join(tmp, "app.stderr")
     errf = open(errpath, "w")
@@ -151,6 +151,32 @@ def main():
         check("Allocated memory" in summ and m is not None and int(m.group(1)) == 11,
               f"the summary's table counts the 11 live allocations ({m.group(1) if m else None})")
 
+        # Three sites through one 12-deep helper chain: each view leads with the chain's
+        # innermost frame and tells them apart by the caller's line, 11 frames out.
+        ask("chain", "chained")
+        lw, lw2, mb = lines["load_weights"], lines["load_weights_2"], lines["make_buffers"]
+        text = cli("snapshot", pid)
+        def fn_re(name):  # a function as the symbolizer or dladdr names it, with or without its arguments
+            return rf"{name}(\([^)]*\))?"
+
+        for fn, line in (("load_weights", lw), ("load_weights", lw2), ("make_buffers", mb)):
+            check(re.search(rf"\n      {fn_re('chain_12')} \([^()]*snapshot_app\.cpp:\d+\)\n(      \(.*\)\n)?"
+                            rf"      < {fn_re(fn)} \([^()]*snapshot_app\.cpp:{line}\)  \(\+11 frames\)\n", text) is not None,
+                  f"the text report tells the chain's site from {fn} at line {line} apart ({text})")
+        check("chain_5" not in text, "the default text does not list the folded chain")
+        check("chain_5" in cli("snapshot", pid, "--full"), "--full lists every frame")
+        doc = json.loads(cli("snapshot", pid, "--format", "json"))
+        labels = [s["label"] for s in doc["sites"] if s["label"].startswith("chain_12")]
+        check(len(labels) == 3 and len(set(labels)) == 3, f"three distinct labels in the JSON ({labels})")
+        check(all(f["class"] in ("user", "framework", "cuda", "interpreter", "libc", "cuwarden")
+                  for s in doc["sites"] for f in s["frames"]), "every frame carries its class")
+        once = subprocess.run([args.cli, "top", "--once", "--pid", pid, "--socket", sock], env=env,
+                              capture_output=True, text=True, timeout=60)
+        for fn, line in (("load_weights", lw), ("load_weights", lw2), ("make_buffers", mb)):
+            check(re.search(rf"{fn_re('chain_12')} \([^()]*snapshot_app\.cpp:\d+\) < {fn_re(fn)} "
+                            rf"\([^()]*snapshot_app\.cpp:{line}\) \(\+11\)", once.stdout) is not None,
+                  f"`top --once --pid` names {fn} at line {line} ({once.stdout}{once.stderr})")
+
         res = ask("oom 1073741824", "oom result")
         check(res.endswith(" 2"), "a 1 GiB request under the 128 MiB cap is refused (CUDA_ERROR_OUT_OF_MEMORY)")
         time.sleep(1.5)  # the daemon drains the refusal and keeps the report
@@ -182,12 +208,17 @@ def main():
               "the program's stderr got the out-of-memory paragraph")
         check("big_buffer" in err.split("never freed")[0], "the paragraph names the top call site (dladdr)")
         check(re.search(r"Asked at: oversized", err) is not None, "the paragraph names where the refused call came from")
+        para = err.split("never freed")[0]
+        chain = re.findall(rf"\d\) .* allocations?: ({fn_re('chain_12')}\+0x[0-9a-f]+ \(cuwt_snapshot_app\) < "
+                           rf"{fn_re('load_weights')}\+0x[0-9a-f]+ \(cuwt_snapshot_app\) \(\+11\))", para)
+        check(len(chain) == 2 and chain[0][0] != chain[1][0],
+              f"the paragraph tells the two load_weights sites of the chain apart ({para})")
         check(f"cuwarden snapshot {pid}" in err, "the paragraph gives the snapshot command")
         check(err.count("out of memory on GPU") == 1, "one paragraph for one refusal")
         leak = err.split("never freed", 1)
         check(len(leak) == 2 and "big_buffer" in leak[1] and "small_buffers" in leak[1],
               "at exit, the leak report lists what was never freed by call site")
-        check("20 allocations never freed" in err, "the leak report counts the 20 live allocations")
+        check("23 allocations never freed" in err, "the leak report counts the 23 live allocations")
 
         # From Python (ctypes releases the GIL around the call, as PyTorch does): the leak
         # report names the script's own line, read from the interpreter's frames.
@@ -204,12 +235,16 @@ def main():
                     "assert cuda.cuCtxSetCurrent(ctx) == 0\n"
                     "def py_leaker():\n"
                     "    return cuda.cuMemAlloc_v2(ctypes.byref(p), 3 << 20)  # line 8\n"
+                    "assert py_leaker() == 0\n"
                     "assert py_leaker() == 0\n")
         py_env = dict(app_env)
         py_env.pop("CUWARDEN_LIMIT")
         r = subprocess.run([sys.executable, script], env=py_env, capture_output=True, text=True, timeout=60)
-        check(r.returncode == 0 and re.search(r"3\.00 MiB in 1 allocation: .*py_leak\.py:8 in py_leaker", r.stderr)
-              is not None, f"from Python, the leak report names the script's line ({r.stderr.strip()[-300:]})")
+        for line in (9, 10):
+            check(r.returncode == 0 and re.search(rf"3\.00 MiB in 1 allocation: py_leaker \(.*py_leak\.py:8\) "
+                                                  rf"< <module> \(.*py_leak\.py:{line}\)", r.stderr) is not None,
+                  f"from Python, the leak report names the script's lines, 8 called from {line} "
+                  f"({r.stderr.strip()[-600:]})")
     finally:
         if app.poll() is None:
             app.kill()

@@ -492,19 +492,29 @@ TEST_CASE("text: header, devices, call sites with the Python frames first, large
   REQUIRE(lines_with(t, "NVIDIA H200").size() == 2);
   CHECK(lines_with(t, "NVIDIA H200")[0].find("8.00 GiB") != std::string::npos);
   CHECK(lines_with(t, "NVIDIA H200")[1].find("none") != std::string::npos);
-  // Site 1 holds 3 GiB on two GPUs (host memory is not counted), its Python frames first, then
-  // the first native frame past cuwarden's and the CUDA runtime's.
+  // Site 1 holds 3 GiB on two GPUs (host memory is not counted): its printed form leads with
+  // the innermost user frame (the Python one), the frames inner to it folded into one line.
   const auto site1 = t.find("3.00 GiB       2 allocations  site 1\n"
                             "      forward (/home/alice/train.py:42)\n"
-                            "      <module> (/home/alice/train.py:88)\n"
-                            "      c10::cuda::CUDACachingAllocator::malloc (/pytorch/c10/cuda/CUDACachingAllocator.cpp:1200)  [native]\n");
+                            "      (3 frames in libc10_cuda.so, libcudart.so.12, libcuwarden.so)\n");
   CHECK(site1 != std::string::npos);
+  // Default views do not list the folded frames, nor the callers outward of the head.
   CHECK(t.find("cudaMalloc (") == std::string::npos);
-  CHECK(t.find("main (/src/bench.cpp:17)  [native]") != std::string::npos);
+  CHECK(t.find("<module> (") == std::string::npos);
+  CHECK(t.find("      main (/src/bench.cpp:17)\n      (1 frame in libcuwarden.so)\n") != std::string::npos);
   // The handle has no call site; the escape sequence never reaches the terminal.
   CHECK(t.find("64.00 MiB       1 allocation   (no call site captured)") != std::string::npos);
   CHECK(t.find('\x1b') == std::string::npos);
-  CHECK(t.find("?[31mevil (bench+0x1300)  [native]") != std::string::npos);
+  // --full lists every frame with its class.
+  TextOptions full;
+  full.full = true;
+  const std::string tf = snapshot_text(passthrough(), full);
+  CHECK(tf.find("        cudaMalloc (libcudart.so.12+0x2c000)  [cuda]\n") != std::string::npos);
+  CHECK(tf.find("        c10::cuda::CUDACachingAllocator::malloc (/pytorch/c10/cuda/CUDACachingAllocator.cpp:1200)  "
+                "[framework]\n") != std::string::npos);
+  CHECK(tf.find("        <module> (/home/alice/train.py:88)  [user]\n") != std::string::npos);
+  CHECK(tf.find("        ?[31mevil (bench+0x1300)  [user]") != std::string::npos);
+  CHECK(tf.find('\x1b') == std::string::npos);
   // Largest first: address, size, GPU, stream, age, site.
   const auto big = lines_with(t, "0x7f0000000000");
   REQUIRE(big.size() == 1);
@@ -519,7 +529,6 @@ TEST_CASE("text: header, devices, call sites with the Python frames first, large
 
   TextOptions top1;
   top1.top = 1;
-  top1.frames = 1;
   const std::string t1 = snapshot_text(passthrough(), top1);
   CHECK(t1.find("Live device memory by call site (top 1 of 3)") != std::string::npos);
   CHECK(t1.find("<module> (") == std::string::npos);
@@ -562,6 +571,14 @@ TEST_CASE("json: every part of the snapshot under its documented key") {
   CHECK(j["sites"][0]["live_bytes"] == 3 * kGiB);
   CHECK(j["sites"][0]["frames"][3]["python"] == true);
   CHECK(j["sites"][0]["frames"][3]["file"] == "/home/alice/train.py");
+  // Each frame carries its class; each site its printed form and the head's index.
+  CHECK(j["sites"][0]["frames"][0]["class"] == "cuwarden");
+  CHECK(j["sites"][0]["frames"][1]["class"] == "cuda");
+  CHECK(j["sites"][0]["frames"][2]["class"] == "framework");
+  CHECK(j["sites"][0]["frames"][3]["class"] == "user");
+  CHECK(j["sites"][0]["label"] == "forward (/home/alice/train.py:42)");
+  CHECK(j["sites"][0]["label_folded"] == "3 frames in libc10_cuda.so, libcudart.so.12, libcuwarden.so");
+  CHECK(j["sites"][0]["head_frame"] == 3);
   CHECK(j["trace"][7]["kind"] == "limit_change");
   CHECK(j["trace"][7]["aux"] == cuw::ring::kNoLimit);
   CHECK_NOTHROW(j.dump());  // valid UTF-8 throughout
@@ -721,7 +738,7 @@ TEST_CASE("leaks: the call sites whose live bytes only grew, largest growth firs
 
   const std::string t = leaks_text(snaps, {});
   CHECK(t.find("over 2 min 00 s (3 snapshots") != std::string::npos);
-  CHECK(t.find("+2.00 GiB  (1.00 GiB -> 3.00 GiB, 1 -> 1 allocations)  site 1\n      grow_1 (/w/train.py:1)") !=
+  CHECK(t.find("+2.00 GiB  (1.00 GiB -> 3.00 GiB, 1 -> 1 allocations)  site 1\n      grow_1 (/w/train.py:1)\n") !=
         std::string::npos);
   CHECK(t.find("site 2") == std::string::npos);
   const auto j = leaks_json(snaps);

@@ -295,8 +295,17 @@ TEST_CASE("top.top_sites_from_a_snapshot") {
   REQUIRE(lines.size() == 3);
   CHECK(lines[0] == "   8.00 MiB    1 allocation  big (a.cpp:3)");
   CHECK(lines[1] == "   3.00 MiB    1 allocation  (no call site captured)");
-  CHECK(lines[2] == "   1.00 MiB   2 allocations  train (train.py:12) < cudaMalloc (libcudart.so+0x10)");
+  // A daemon without labels: the innermost Python frame.
+  CHECK(lines[2] == "   1.00 MiB   2 allocations  train (train.py:12)");
   CHECK(top_sites(snap, 1).size() == 1);
+  // The daemon's label leads; a narrow view cuts the head, never the frame that tells sites apart.
+  json labelled = snap;
+  labelled["sites"][1]["label"] = "pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:40) (+11)";
+  CHECK(top_sites(labelled, 1)[0] ==
+        "   8.00 MiB    1 allocation  pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:40) (+11)");
+  const std::string narrow = top_sites(labelled, 1, 80)[0];
+  CHECK(narrow == "   8.00 MiB    1 allocation  pool::le.. < load_weights (/src/model.cpp:40) (+11)");
+  CHECK(narrow.size() <= 80);
   json off = snap;
   off["callsite_frames"] = 0u;
   off["sites"] = json::array();

@@ -141,6 +141,8 @@ inline constexpr RequestKey kGetSnapshotKeys[] = {
     // 1: the call sites whose live bytes only grew over the daemon's samples (every 30 s, the
     // last 10 minutes) and now, in the format (text or json), instead of the snapshot
     {"leaks", "uint|null", false, "\"leaks\" must be 0 or 1"},
+    // 1: text views list every frame of a call site (with its class), not only its printed form
+    {"full", "uint|null", false, "\"full\" must be 0 or 1"},
 };
 inline constexpr RequestKey kGetOomsKeys[] = {
     // only this process's reports

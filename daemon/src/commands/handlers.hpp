@@ -25,6 +25,7 @@ struct SnapshotArgs {
   std::optional<uint64_t> top;        ///< call sites and allocations listed (HTTP: 1..100000)
   std::optional<uint64_t> oom;        ///< the snapshot of the process's report this many back
   bool leaks = false;                 ///< the call sites that only grew instead (text or json)
+  bool full = false;                  ///< text: every frame of a call site, not its printed form
 };
 
 /// The snapshot of process `args.pid` (or of one of its out-of-memory reports), its frames

@@ -33,6 +33,7 @@ Answer socket_snapshot(const Backend& b, const Peer& peer, const json& req) {
   if (req.contains("top") && req["top"].is_number()) a.top = req["top"].get<uint64_t>();
   if (has(req, "oom")) a.oom = req["oom"].get<uint64_t>();
   a.leaks = req.contains("leaks") && req["leaks"].is_number() && req["leaks"].get<uint64_t>() != 0;
+  a.full = req.contains("full") && req["full"].is_number() && req["full"].get<uint64_t>() != 0;
   return get_snapshot(b, &peer, a, Via::socket);
 }
 
@@ -68,6 +69,7 @@ Answer http_snapshot(const Backend& b, const RouteRequest& r) {
   a.format = param(r, "format");
   // Not a number: 0, which the handler refuses in the same words as one out of range.
   if (const auto top = param(r, "top")) a.top = parse_u64(*top).value_or(0);
+  a.full = param(r, "full").value_or("0") == "1";
   return get_snapshot(b, nullptr, a, Via::http);
 }
 

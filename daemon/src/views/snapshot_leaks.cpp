@@ -82,13 +82,28 @@ std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps) {
   return suspects(leak_window(snaps));
 }
 
-json leaks_json(const std::vector<Snapshot>& snaps) {
+namespace {
+/// The suspects' printed forms, told apart among them.
+std::map<uint32_t, frames::Label> suspect_labels(const std::vector<LeakSuspect>& list, const frames::Rules& rules) {
+  std::vector<const SnapSite*> v;
+  for (const LeakSuspect& l : list)
+    if (l.site != 0) v.push_back(&l.frames);
+  return site_labels(v, rules);
+}
+}  // namespace
+
+json leaks_json(const std::vector<Snapshot>& snaps, const frames::Rules* rules_in) {
+  const frames::Rules& rules = rules_or_builtin(rules_in);
   const LeakWindow w = snaps.empty() ? LeakWindow{} : leak_window(snaps);
   json sites = json::array();
-  for (const LeakSuspect& l : suspects(w)) {
+  const auto list = suspects(w);
+  const auto labels = suspect_labels(list, rules);
+  for (const LeakSuspect& l : list) {
     json frames = json::array();
-    for (const SnapFrame& f : l.frames.frames) frames.push_back(frame_json(f));
+    for (const SnapFrame& f : l.frames.frames) frames.push_back(frame_json(f, rules));
+    auto lab = labels.find(l.site);
     sites.push_back({{"site", l.site},
+                     {"label", lab != labels.end() ? pickle::valid_utf8(lab->second.one_line()) : std::string("(no call site)")},
                      {"growth_bytes", l.growth()},
                      {"bytes", l.bytes},
                      {"first_count", l.first_count},
@@ -120,6 +135,8 @@ std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& op
   if (w.used.size() < 2) return out + "  Needs two snapshots or more with live records.\n";
   const auto list = suspects(w);
   if (list.empty()) return out + "  None.\n";
+  const frames::Rules& rules = rules_or_builtin(opts.rules);
+  const auto labels = suspect_labels(list, rules);
   for (std::size_t i = 0; i < list.size() && i < opts.top; ++i) {
     const LeakSuspect& l = list[i];
     out += "  +" + format_bytes(l.growth()) + "  (" + format_bytes(l.bytes.front()) + " -> " + format_bytes(l.bytes.back()) +
@@ -129,9 +146,12 @@ std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& op
       continue;
     }
     out += "site " + std::to_string(l.site) + "\n";
-    const auto shown = frames_to_show(&l.frames, opts.frames);
-    if (shown.empty()) out += "      (frames unknown)\n";
-    for (const SnapFrame* f : shown) out += "      " + frame_text(*f) + (f->python ? "" : "  [native]") + "\n";
+    auto lab = labels.find(l.site);
+    if (lab == labels.end()) {
+      out += "      (frames unknown)\n";
+      continue;
+    }
+    for (const std::string& line : site_lines(l.frames, lab->second, rules, opts.full)) out += "      " + line + "\n";
   }
   if (list.size() > opts.top) out += "  ... and " + std::to_string(list.size() - opts.top) + " more\n";
   return out;

@@ -18,20 +18,27 @@
 #include <string>
 #include <vector>
 
+#include "cuw/frames.hpp"
 #include "model/snapshot.hpp"
 
 namespace cuw::daemon {
 
 /// What the text reports list.
 struct TextOptions {
-  std::size_t top = 10;    ///< call sites and live allocations listed, largest first
-  std::size_t frames = 4;  ///< frames shown per call site (Python frames first)
+  std::size_t top = 10;  ///< call sites and live allocations listed, largest first
+  /// Every frame of each call site listed (with its class), not only the printed form.
+  bool full = false;
+  /// The frame classes (cuw/frames.hpp): the daemon's with the site's own rules; null: the
+  /// built-in ones. Not owned.
+  const frames::Rules* rules = nullptr;
 };
 
 /// The report for people: a header (pid, command, pool, whether the live records are exact,
 /// events dropped, call sites on or off), one row per device (used, reserved, peak, cap,
-/// cached), the call sites holding the most live bytes (bytes, count, innermost frames as
-/// `function (file:line)`, the Python frames first: they are the user's code), then the
+/// cached), the call sites holding the most live bytes (bytes, count, and the site's printed
+/// form, cuw/frames.hpp: its innermost user frame as `function (file:line)`, a Python one
+/// first; the frames inner to it folded into one line; the frames that tell it from other
+/// sites with the same head; with opts.full every frame and its class), then the
 /// largest live allocations (address, size, device, stream, age at snapshot time, call site).
 /// Pinned host memory is listed apart: it is not device memory.
 std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
@@ -46,12 +53,16 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
 ///   allocations: [{address, bytes, device, stream, time_ns, age_ns, site, api, kind}]
 ///     by address; kind "device" | "pooled" | "handle" | "array" | "host"; api by name
 ///   segments: [{address, bytes, device}]   driver memory a pool holds, by address
-///   sites: [{id, live_bytes, live_allocations, frames: [{python, function, file, line,
-///     module, offset, pc}]}]   by id; frames innermost first
+///   sites: [{id, live_bytes, live_allocations, label, label_folded, head_frame,
+///     frames: [{python, function, file, line, module, offset, pc, class}]}]   by id; frames
+///     innermost first (native, then Python); label: the printed form on one line
+///     (cuw/frames.hpp Label::one_line), label_folded: "8 frames in ..." ("" when none),
+///     head_frame: the index in frames of the label's head (-1: none); class: "user" |
+///     "framework" | "cuda" | "interpreter" | "libc" | "cuwarden"
 ///   trace: [{time_ns, kind, api, device, address, bytes, used_after, stream, aux, site, result}]
 ///     oldest first; kind and api by name (ring.hpp kind_name / api_name)
 /// Numbers are bytes, counts or CLOCK_REALTIME nanoseconds.
-nlohmann::ordered_json snapshot_json(const Snapshot& s);
+nlohmann::ordered_json snapshot_json(const Snapshot& s, const frames::Rules* rules = nullptr);
 
 /// The bytes of a pickle (protocol 4) in the format of torch.cuda.memory._snapshot():
 /// {"segments": [...], "device_traces": [[...] per device ordinal], "allocator_settings": {...},
@@ -104,11 +115,12 @@ struct LeakSuspect {
 std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps);
 
 /// growing_sites() as JSON: {pid, snapshots, first_ns, last_ns, skipped, sites: [{site,
-/// growth_bytes, bytes: [...], first_count, last_count, frames: [...]}]}.
-nlohmann::ordered_json leaks_json(const std::vector<Snapshot>& snaps);
+/// growth_bytes, bytes: [...], first_count, last_count, label, frames: [...]}]} (frames and
+/// label as snapshot_json writes them).
+nlohmann::ordered_json leaks_json(const std::vector<Snapshot>& snaps, const frames::Rules* rules = nullptr);
 
 /// growing_sites() for people: the window, then each suspect's growth, its live bytes over
-/// time and its frames (opts.top sites, opts.frames frames each).
+/// time and its printed form (opts.top sites; every frame with opts.full).
 std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& opts = {});
 
 }  // namespace cuw::daemon

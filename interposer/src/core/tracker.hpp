@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include <cuda.h>
 
@@ -387,6 +389,9 @@ class Tracker {
   void report_leaks() noexcept;
   /// Refusals not yet told (flush_oom_report): one line saying how many, if any. on_exit.
   void report_unsaid_ooms() noexcept;
+  /// The printed form (cuw/frames.hpp, built-in rules) of each call site in `ids`, told
+  /// apart among them, with its folded frames in brackets. Allocates (may throw); cold.
+  std::vector<std::string> labels(const std::vector<uint32_t>& ids) const;
 
   /// A pooling backend took (`added`) or gave back driver memory [base, base + bytes) on
   /// `ordinal`: its record in pool_segments() (for snapshots) and a segment_alloc /
