@@ -82,7 +82,7 @@ int cmd_fit(const FitOptions& o);
 struct SnapshotOptions {
   std::string socket;
   long long pid = -1;
-  std::string format = "text";  ///< text, json, pytorch, perfetto, summary (`cuwarden summary`)
+  std::string format = "text";  ///< text, json, pytorch, perfetto, folded, summary (`cuwarden summary`)
   std::string output;           ///< -o: a file; empty or "-": standard output
   unsigned top = 10;            ///< call sites and allocations a text report lists
   long long oom = -1;           ///< --oom N: the snapshot of the Nth newest out-of-memory report

@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
   SnapshotOptions so;
   snapshot->add_option("pid", so.pid, "the process")->required();
   snapshot->add_option("--format", so.format,
-                       "text (default), json, pytorch (a pickle for pytorch.org/memory_viz), perfetto (ui.perfetto.dev)");
+                       "text (default), json, pytorch (a pickle for pytorch.org/memory_viz), perfetto (ui.perfetto.dev), "
+                       "folded (flame graph stacks for flamegraph.pl, inferno, speedscope)");
   snapshot->add_option("-o,--output", so.output, "write to this file (default: standard output)");
   snapshot->add_option("--top", so.top, "call sites and allocations the text lists")->check(CLI::Range(1u, 100000u));
   snapshot->add_option("--oom", so.oom, "the snapshot taken at the Nth newest out-of-memory report (0: the newest)")

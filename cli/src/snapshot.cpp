@@ -64,7 +64,7 @@ int write_out(const std::string& data, const std::string& path, bool binary) {
 
 int cmd_snapshot(const SnapshotOptions& o) {
   if (!proto::is_snapshot_format(o.format)) {
-    std::fprintf(stderr, "cuwarden snapshot: bad --format '%s': use text, json, pytorch or perfetto\n",
+    std::fprintf(stderr, "cuwarden snapshot: bad --format '%s': use text, json, pytorch, perfetto or folded\n",
                  o.format.c_str());
     return kExitUsage;
   }

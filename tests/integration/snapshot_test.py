@@ -176,6 +176,20 @@ def main():
             check(re.search(rf"{fn_re('chain_12')} \([^()]*snapshot_app\.cpp:\d+\) < {fn_re(fn)} "
                             rf"\([^()]*snapshot_app\.cpp:{line}\) \(\+11\)", once.stdout) is not None,
                   f"`top --once --pid` names {fn} at line {line} ({once.stdout}{once.stderr})")
+        # Folded stacks, read back as flamegraph.pl does: count after the last space, frames
+        # split at ';', root first; they add up to the live device bytes.
+        folded = cli("snapshot", pid, "--format", "folded")
+        total, stacks = 0, []
+        for ln in folded.splitlines():
+            stack, _, count = ln.rpartition(" ")
+            check(count.isdigit() and stack, f"a folded line is 'frames count' ({ln})")
+            total += int(count)
+            stacks.append(stack.split(";"))
+        check(total == sum(a["bytes"] for a in doc["allocations"] if a["kind"] != "host"),
+              "the folded stacks add up to the live device bytes")
+        check(any(st[-1].startswith("chain_12") or any(f.startswith("chain_12") for f in st[-3:]) for st in stacks)
+              and any("main" in st[0] or "main" in st[1] or "main" in st[2] for st in stacks if len(st) > 3),
+              "folded stacks run from the root to the allocating frame")
 
         res = ask("oom 1073741824", "oom result")
         check(res.endswith(" 2"), "a 1 GiB request under the 128 MiB cap is refused (CUDA_ERROR_OUT_OF_MEMORY)")

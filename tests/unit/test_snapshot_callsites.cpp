@@ -5,6 +5,7 @@
 // flame graphs, read back by a parser of the format.
 #include <catch2/catch.hpp>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,41 @@ Snapshot chain_snapshot() {
   alloc(0xb000000, 16 * kMiB, 3);
   alloc(0xc000000, 1 * kMiB, 0);
   return s;
+}
+
+std::vector<std::string> lines_of(const std::string& t) {
+  std::vector<std::string> out;
+  std::istringstream in(t);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+/// Folded stacks as flamegraph.pl and inferno read them: the count after the line's last
+/// space, frames split at ';'. Fails the test on a malformed line.
+std::map<std::vector<std::string>, uint64_t> parse_folded(const std::string& text) {
+  std::map<std::vector<std::string>, uint64_t> out;
+  for (const std::string& l : lines_of(text)) {
+    const auto sp = l.rfind(' ');
+    REQUIRE(sp != std::string::npos);
+    REQUIRE(sp > 0);
+    const std::string count = l.substr(sp + 1);
+    REQUIRE(!count.empty());
+    REQUIRE(count.find_first_not_of("0123456789") == std::string::npos);
+    std::vector<std::string> frames;
+    std::string stack = l.substr(0, sp), cur;
+    for (char c : stack) {
+      if (c == ';') {
+        frames.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+    frames.push_back(cur);
+    for (const std::string& f : frames) REQUIRE(!f.empty());
+    out[frames] += std::stoull(count);
+  }
+  return out;
 }
 
 }  // namespace
@@ -140,4 +176,31 @@ TEST_CASE("callsites: a site's own rules make its library a framework") {
   CHECK(t.find("site 2\n      make_buffers (/src/model.cpp:52)\n") != std::string::npos);
   CHECK(snapshot_json(s, &rules)["sites"][0]["frames"][5]["class"] == "framework");
   CHECK(snapshot_json(s)["sites"][0]["frames"][5]["class"] == "user");
+}
+
+TEST_CASE("callsites: folded stacks, root first, read back by a parser of the format") {
+  Snapshot s = chain_snapshot();
+  s.sites[1].frames[3].function = "evil;name\x1b[31m";  // a ';' would split a frame; ESC a terminal
+  const std::string text = snapshot_folded(s);
+  INFO(text);
+  const auto stacks = parse_folded(text);
+  REQUIRE(stacks.size() == 4);
+  uint64_t total = 0;
+  for (const auto& [frames, bytes] : stacks) total += bytes;
+  CHECK(total == 113 * kMiB);
+  CHECK(stacks.at({"(no call site)"}) == 1 * kMiB);
+  bool found = false;
+  for (const auto& [frames, bytes] : stacks) {
+    if (bytes != 64 * kMiB) continue;
+    found = true;
+    REQUIRE(frames.size() == 17);
+    CHECK(frames.front() == "__libc_start_main (libc.so.6+0x3000)");
+    CHECK(frames[1] == "main (/src/main.cpp:9)");
+    CHECK(frames[2] == "load_weights (/src/model.cpp:40)");
+    CHECK(frames.back() == "cuw::hooks::cuMemAlloc_v2 (libcuwarden.so+0x1000)");
+  }
+  CHECK(found);
+  CHECK(text.find('\x1b') == std::string::npos);
+  CHECK(text.find("evil,name?[31m") != std::string::npos);
+  CHECK(snapshot_folded(Snapshot{}).empty());
 }

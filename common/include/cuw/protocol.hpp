@@ -122,7 +122,7 @@ inline constexpr OneOf kSetLimitOneOf[] = {
 };
 
 /// get_snapshot's "format" values: the daemon's and the CLI's one list.
-inline constexpr std::string_view kSnapshotFormats[] = {"text", "json", "pytorch", "perfetto", "summary"};
+inline constexpr std::string_view kSnapshotFormats[] = {"text", "json", "pytorch", "perfetto", "summary", "folded"};
 constexpr bool is_snapshot_format(std::string_view f) noexcept {
   for (std::string_view k : kSnapshotFormats)
     if (k == f) return true;
@@ -132,8 +132,9 @@ constexpr bool is_snapshot_format(std::string_view f) noexcept {
 inline constexpr RequestKey kGetSnapshotKeys[] = {
     // the process
     {"pid", "uint", true, "\"pid\" must be a process id"},
-    // "text" (default), "json", "pytorch" (a pickle, base64 in the reply), "perfetto", "summary"
-    {"format", "string|null", false, "\"format\" must be text, json, pytorch, perfetto or summary"},
+    // "text" (default), "json", "pytorch" (a pickle, base64 in the reply), "perfetto", "summary",
+    // "folded" (flame graph stacks: "frame;frame;frame bytes" lines, root first)
+    {"format", "string|null", false, "\"format\" must be text, json, pytorch, perfetto, summary or folded"},
     // call sites and allocations a text report lists (default 10)
     {"top", "uint|null", false, "\"top\" must be a non-negative integer"},
     // the snapshot of the process's out-of-memory report this many back (0: the newest), not now

@@ -93,6 +93,7 @@ Answer socket_view(const Backend& b, const TakenSnapshot& taken, uint64_t pid, c
     j["body"] = format == "text"       ? snapshot_text(taken.snap, opts)
                 : format == "json"     ? snapshot_json(taken.snap, opts.rules).dump(1)
                 : format == "perfetto" ? snapshot_perfetto(taken.snap)
+                : format == "folded"   ? snapshot_folded(taken.snap, opts.rules)
                                        : summary_text(taken.snap);
   }
   return json_answer(j, Via::socket);
@@ -127,6 +128,9 @@ Answer http_view(const Backend& b, const TakenSnapshot& taken, uint64_t pid, con
     a.headers.emplace_back("Content-Disposition", "attachment; filename=\"snapshot-" + std::to_string(pid) + ".pickle\"");
   } else if (format == "perfetto") {
     a.body = snapshot_perfetto(taken.snap);
+  } else if (format == "folded") {
+    a.body = snapshot_folded(taken.snap, opts.rules);
+    a.content_type = "text/plain; charset=utf-8";
   } else {
     a.body = format == "text" ? snapshot_text(taken.snap, opts) : summary_text(taken.snap);
     a.content_type = "text/plain; charset=utf-8";

@@ -93,6 +93,14 @@ std::string snapshot_pytorch(const Snapshot& s);
 /// names; ts in microseconds since the Unix epoch; displayTimeUnit "ms".
 std::string snapshot_perfetto(const Snapshot& s);
 
+/// Live device memory as folded stacks, the input of flamegraph.pl, inferno and speedscope: one
+/// line per call site, `frame;frame;...;frame BYTES`, the outermost frame first (calling
+/// order, cuw/frames.hpp calling_order), each frame as the text report names it with ';'
+/// and control characters replaced; sites whose frames print the same are one line (bytes
+/// added). Allocations with no call site are one frame, "(no call site)". Host memory is
+/// left out. Sorted by stack text.
+std::string snapshot_folded(const Snapshot& s, const frames::Rules* rules = nullptr);
+
 /// torch.cuda.memory_summary()'s table for each device of the process, filled from what a
 /// snapshot has (its counters and live records; large/small split at 1 MiB); "-" marks what
 /// cuwarden cannot know (and the notes under the tables say why).
