@@ -1,6 +1,8 @@
 // cuwarden CLI: the commands, one file each; main.cpp parses arguments and calls these.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,7 +90,11 @@ struct SnapshotOptions {
   long long oom = -1;           ///< --oom N: the snapshot of the Nth newest out-of-memory report
   bool leaks = false;           ///< --leaks: the call sites whose live bytes only grew lately
   bool full = false;            ///< --full: every frame of a call site, not only its printed form
+  std::string since;            ///< --since 10m: what changed since the daemon's sample of then
 };
+/// A duration as `snapshot --since` and `--leak-warmup` take it: seconds, bare or with s, m
+/// (or min) or h ("90", "30s", "10m", "1h"); nullopt when malformed or past 2^64 ns. Pure.
+std::optional<uint64_t> parse_seconds(const std::string& text);
 /// `cuwarden snapshot PID` (and `cuwarden summary PID`): the daemon's snapshot of the process.
 int cmd_snapshot(const SnapshotOptions& o);
 

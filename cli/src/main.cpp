@@ -191,6 +191,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   snapshot->add_flag("--leaks", so.leaks,
                      "the call sites whose live bytes only grew over the last minutes (the daemon samples every 30 s)");
+  snapshot->add_option("--since", so.since,
+                       "the call sites whose live bytes changed since the daemon's sample of this long ago (30s, 10m, 1h)");
   snapshot->add_flag("--full", so.full, "list every frame of each call site (with its class), not only its printed form");
   snapshot->add_option("--socket", socket, "daemon socket");
   auto* summary = app.add_subcommand("summary", "a memory_summary-like table of a process, any program");

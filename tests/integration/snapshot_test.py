@@ -214,6 +214,15 @@ def main():
         check(len(grow) == 1 and grow[0]["growth_bytes"] >= 6 * MiB and grow[0]["last_count"] == 9,
               f"its growth is counted ({grow[0]['growth_bytes'] if grow else None} bytes, 9 allocations live)")
 
+        # What grew: the daemon's sample of two seconds ago against now.
+        ask("leak 2", "leaked")
+        since = cli("snapshot", pid, "--since", "2s")
+        check(re.search(r"\n  \+\d+\.\d+ MiB  .*\n      leaky", since) is not None and "big_buffer" not in since,
+              f"`snapshot --since 2s` lists the site that grew, not the steady ones ({since})")
+        sj = json.loads(cli("snapshot", pid, "--since", "2s", "--format", "json"))
+        up = [s for s in sj["sites"] if "leaky" in s["label"]]
+        check(len(up) == 1 and up[0]["after_bytes"] - up[0]["before_bytes"] >= 2 * MiB, f"its change is counted ({up})")
+
         app.stdin.write("exit\n")
         app.stdin.flush()
         app.wait(timeout=30)
@@ -232,7 +241,7 @@ def main():
         leak = err.split("never freed", 1)
         check(len(leak) == 2 and "big_buffer" in leak[1] and "small_buffers" in leak[1],
               "at exit, the leak report lists what was never freed by call site")
-        check("23 allocations never freed" in err, "the leak report counts the 23 live allocations")
+        check("25 allocations never freed" in err, "the leak report counts the 25 live allocations")
 
         # From Python (ctypes releases the GIL around the call, as PyTorch does): the leak
         # report names the script's own line, read from the interpreter's frames.

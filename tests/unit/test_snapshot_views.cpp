@@ -758,3 +758,51 @@ TEST_CASE("leaks: the call sites whose live bytes only grew, largest growth firs
   snaps[1].pid = 100;
   CHECK_THROWS_AS(growing_sites(snaps), std::invalid_argument);
 }
+
+TEST_CASE("since: the call sites whose live bytes changed between two samples, largest change first") {
+  auto sample = [](uint64_t t, std::vector<std::pair<uint32_t, uint64_t>> per_site) {
+    Snapshot s;
+    s.pid = 5;
+    s.comm = "train";
+    s.time_ns = t;
+    s.exact = true;
+    uint64_t addr = 0x7f0000000000;
+    for (auto [site, bytes] : per_site) {
+      if (bytes) s.allocations.push_back(alloc(addr, bytes, 0, site, SnapKind::device, 0));
+      addr += 1ULL << 36;
+      SnapSite st;
+      st.id = site;
+      st.frames = {python("site_" + std::to_string(site), "/w/train.py", site)};
+      if (site) s.sites.push_back(st);
+    }
+    return s;
+  };
+  // 1 grew, 2 shrank, 3 held, 4 freed everything (named by the older sample), 5 is new.
+  const Snapshot then = sample(T, {{1, 1 * kGiB}, {2, 512 * kMiB}, {3, kGiB}, {4, 8 * kMiB}});
+  const Snapshot now = sample(T + 600 * kSec, {{1, 3 * kGiB}, {2, 128 * kMiB}, {3, kGiB}, {5, 64 * kMiB}});
+  const auto c = changed_sites(then, now);
+  REQUIRE(c.size() == 4);
+  CHECK(c[0].site == 1);
+  CHECK(c[0].before == 1 * kGiB);
+  CHECK(c[0].after == 3 * kGiB);
+  CHECK(c[1].site == 2);
+  CHECK(c[2].site == 5);
+  CHECK(c[3].site == 4);
+  CHECK(c[3].frames.frames.at(0).function == "site_4");
+  const std::string t = since_text(then, now);
+  INFO(t);
+  CHECK(t.find("changed over 10 min 00 s") != std::string::npos);
+  CHECK(t.find("  +2.00 GiB  (1.00 GiB -> 3.00 GiB, 1 -> 1 allocations)  site 1\n      site_1 (/w/train.py:1)\n") !=
+        std::string::npos);
+  CHECK(t.find("  -384.00 MiB  (512.00 MiB -> 128.00 MiB") != std::string::npos);
+  CHECK(t.find("site 3") == std::string::npos);
+  const auto j = since_json(then, now);
+  CHECK(j["from_ns"] == T);
+  CHECK(j["sites"].size() == 4);
+  CHECK(j["sites"][0]["label"] == "site_1 (/w/train.py:1)");
+  CHECK(j["sites"][3]["after_bytes"] == 0);
+  CHECK(since_text(then, then).find("None.") != std::string::npos);
+  Snapshot other = now;
+  other.pid = 6;
+  CHECK_THROWS_AS(changed_sites(then, other), std::invalid_argument);
+}

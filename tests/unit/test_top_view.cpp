@@ -3,6 +3,7 @@
 // text from processes made harmless, and the list and detail frames.
 #include <catch2/catch.hpp>
 
+#include "commands.hpp"
 #include "top_view.hpp"
 
 using json = nlohmann::ordered_json;
@@ -379,4 +380,20 @@ TEST_CASE("top.sparklines_start_from_the_daemons_history") {
   // Seeded rows are not asked for again; a process the history does not have stays as it was.
   for (const std::string& k : h.unseeded(rows)) CHECK(k != key);
   CHECK(h.samples(rows[1].key).size() == 1);
+}
+
+TEST_CASE("cli.parse_seconds_reads_durations") {
+  using cuw::cli::parse_seconds;
+  CHECK(parse_seconds("90") == 90u);
+  CHECK(parse_seconds("30s") == 30u);
+  CHECK(parse_seconds("10m") == 600u);
+  CHECK(parse_seconds("10min") == 600u);
+  CHECK(parse_seconds("2h") == 7200u);
+  CHECK(parse_seconds("0") == 0u);
+  CHECK_FALSE(parse_seconds(""));
+  CHECK_FALSE(parse_seconds("m"));
+  CHECK_FALSE(parse_seconds("10d"));
+  CHECK_FALSE(parse_seconds("-5"));
+  CHECK_FALSE(parse_seconds("99999999999999999999"));
+  CHECK_FALSE(parse_seconds("9999999999999h"));
 }

@@ -142,6 +142,9 @@ inline constexpr RequestKey kGetSnapshotKeys[] = {
     // 1: the call sites whose live bytes only grew over the daemon's samples (every 30 s, the
     // last 10 minutes) and now, in the format (text or json), instead of the snapshot
     {"leaks", "uint|null", false, "\"leaks\" must be 0 or 1"},
+    // seconds: the call sites whose live bytes changed since the daemon's sample of then (the
+    // newest taken at or before it, else the oldest kept) and now, in the format (text or json)
+    {"since", "uint|null", false, "\"since\" must be a number of seconds"},
     // 1: text views list every frame of a call site (with its class), not only its printed form
     {"full", "uint|null", false, "\"full\" must be 0 or 1"},
 };

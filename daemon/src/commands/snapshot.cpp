@@ -157,6 +157,34 @@ Answer leaks_view(const Backend& b, const State& st, const TakenSnapshot& taken,
   return json_answer(j, via);
 }
 
+/// The call sites whose live bytes changed between the process's sample of `args.since_s`
+/// seconds ago (the newest at or before then, else the oldest kept) and `taken`.
+Answer since_view(const Backend& b, const State& st, const TakenSnapshot& taken, uint64_t pid, const std::string& format,
+                  const SnapshotArgs& args, Via via) {
+  if (format != "text" && format != "json") return failure(400, "bad request: --since takes the text or json format");
+  std::shared_ptr<const Snapshot> then;
+  const uint64_t back_ns = *args.since_s * 1'000'000'000ULL;
+  const uint64_t at = taken.snap.time_ns > back_ns ? taken.snap.time_ns - back_ns : 0;
+  for (const ProcessState& ps : st.processes)
+    if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples)  // not a pid's earlier owner
+      for (const auto& sample : *ps.samples)
+        if (!then || sample->time_ns <= at) then = sample;  // oldest first: the last at or before `at`
+  if (then && then->time_ns > at)  // none that old: the oldest kept
+    for (const ProcessState& ps : st.processes)
+      if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples && !ps.samples->empty())
+        then = ps.samples->front();
+  if (!then) return failure(404, "no sample of pid " + std::to_string(pid) + " yet (the daemon samples each process's live "
+                                 "memory every --leak-sample seconds)");
+  const TextOptions opts = text_options(b, args);
+  ojson j;
+  j["pid"] = pid;
+  j["format"] = format;
+  j["exact"] = taken.snap.exact;
+  j["encoding"] = "utf-8";
+  j["body"] = format == "json" ? since_json(*then, taken.snap, opts.rules).dump(1) : since_text(*then, taken.snap, opts);
+  return json_answer(j, via);
+}
+
 }  // namespace
 
 Answer get_snapshot(const Backend& b, const Peer* who, const SnapshotArgs& args, Via via) {
@@ -186,6 +214,7 @@ Answer get_snapshot(const Backend& b, const Peer* who, const SnapshotArgs& args,
         p->header, p->history.get());
   }
   if (b.symbolize) symbolize(taken, *b.symbolize);
+  if (args.since_s) return since_view(b, *st, taken, pid, format, args, via);
   if (args.leaks) return leaks_view(b, *st, taken, pid, format, args, via);
   return via == Via::socket ? socket_view(b, taken, pid, format, args) : http_view(b, taken, pid, format, args);
 }

@@ -34,6 +34,7 @@ Answer socket_snapshot(const Backend& b, const Peer& peer, const json& req) {
   if (has(req, "oom")) a.oom = req["oom"].get<uint64_t>();
   a.leaks = req.contains("leaks") && req["leaks"].is_number() && req["leaks"].get<uint64_t>() != 0;
   a.full = req.contains("full") && req["full"].is_number() && req["full"].get<uint64_t>() != 0;
+  if (has(req, "since")) a.since_s = req["since"].get<uint64_t>();
   return get_snapshot(b, &peer, a, Via::socket);
 }
 

@@ -106,6 +106,27 @@ std::string snapshot_folded(const Snapshot& s, const frames::Rules* rules = null
 /// cuwarden cannot know (and the notes under the tables say why).
 std::string summary_text(const Snapshot& s);
 
+/// A call site whose live device bytes differ between two samples of one process.
+struct SiteChange {
+  uint32_t site = 0;                          ///< 0: the allocations with no call site
+  SnapSite frames;                            ///< as the newer sample names it (else the older)
+  uint64_t before = 0, after = 0;             ///< live bytes
+  uint64_t count_before = 0, count_after = 0; ///< live allocations
+};
+
+/// The call sites whose live bytes differ between `then` and `now` (two samples of one
+/// process), largest change first. Throws std::invalid_argument for different processes.
+std::vector<SiteChange> changed_sites(const Snapshot& then, const Snapshot& now);
+
+/// changed_sites() as JSON: {pid, from_ns, to_ns, sites: [{site, label, before_bytes,
+/// after_bytes, before_count, after_count, frames}]} (label and frames as snapshot_json's).
+nlohmann::ordered_json since_json(const Snapshot& then, const Snapshot& now, const frames::Rules* rules = nullptr);
+
+/// changed_sites() for people (`cuwarden snapshot PID --since 10m`): the window, then each
+/// site's change (+/- bytes, before -> after) and its printed form (opts.top sites). Says
+/// so when a sample's live records could not be read.
+std::string since_text(const Snapshot& then, const Snapshot& now, const TextOptions& opts = {});
+
 /// A call site whose live bytes only grew: never fell from one snapshot to the next and
 /// ended higher than it began. Site 0 gathers the allocations with no call site.
 struct LeakSuspect {
