@@ -190,9 +190,13 @@ int main(int argc, char** argv) {
   snapshot->add_option("--oom", so.oom, "the snapshot taken at the Nth newest out-of-memory report (0: the newest)")
       ->check(CLI::Range(0, 1000));
   snapshot->add_flag("--leaks", so.leaks,
-                     "the call sites whose live bytes only grew over the last minutes (the daemon samples every 30 s)");
+                     "the call sites whose live bytes grew over the daemon's last 3 samples (every 30 s), never falling, by "
+                     "max(1 MiB, 1%) or more, after the warm-up");
   snapshot->add_option("--since", so.since,
                        "the call sites whose live bytes changed since the daemon's sample of this long ago (30s, 10m, 1h)");
+  snapshot->add_option("--leak-warmup", so.leak_warmup,
+                       "with --leaks: leave out the samples of this long after the process's first allocation "
+                       "(default 60s; 0: none)");
   snapshot->add_flag("--full", so.full, "list every frame of each call site (with its class), not only its printed form");
   snapshot->add_option("--socket", socket, "daemon socket");
   auto* summary = app.add_subcommand("summary", "a memory_summary-like table of a process, any program");

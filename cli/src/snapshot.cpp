@@ -105,6 +105,14 @@ int cmd_snapshot(const SnapshotOptions& o) {
       return kExitUsage;
     }
     req["leaks"] = 1;
+    if (!o.leak_warmup.empty()) {
+      const auto secs = parse_seconds(o.leak_warmup);
+      if (!secs) {
+        std::fprintf(stderr, "cuwarden snapshot: --leak-warmup takes a duration (0, 30s, 2m)\n");
+        return kExitUsage;
+      }
+      req["leak_warmup"] = *secs;
+    }
   }
   const auto r = ask(o.socket, proto::Command::get_snapshot, req);
   if (!r) return kExitFailure;

@@ -26,6 +26,7 @@ struct SnapshotArgs {
   std::optional<uint64_t> oom;        ///< the snapshot of the process's report this many back
   bool leaks = false;                 ///< the call sites that only grew instead (text or json)
   bool full = false;                  ///< text: every frame of a call site, not its printed form
+  std::optional<uint64_t> leak_warmup_s;  ///< leaks: samples this long after the first allocation left out
   std::optional<uint64_t> since_s;    ///< what changed since the sample this many seconds back instead
 };
 

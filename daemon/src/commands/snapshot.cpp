@@ -148,12 +148,14 @@ Answer leaks_view(const Backend& b, const State& st, const TakenSnapshot& taken,
       for (const auto& sample : *ps.samples) window.push_back(*sample);
   window.push_back(taken.snap);
   const TextOptions opts = text_options(b, args);
+  LeakOptions leak;
+  if (args.leak_warmup_s) leak.warmup_ns = std::min<uint64_t>(*args.leak_warmup_s, UINT64_MAX / 1'000'000'000ULL) * 1'000'000'000ULL;
   ojson j;
   j["pid"] = pid;
   j["format"] = format;
   j["exact"] = taken.snap.exact;
   j["encoding"] = "utf-8";
-  j["body"] = format == "json" ? leaks_json(window, opts.rules).dump(1) : leaks_text(window, opts);
+  j["body"] = format == "json" ? leaks_json(window, opts.rules, leak).dump(1) : leaks_text(window, opts, leak);
   return json_answer(j, via);
 }
 

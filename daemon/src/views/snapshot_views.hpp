@@ -127,29 +127,43 @@ nlohmann::ordered_json since_json(const Snapshot& then, const Snapshot& now, con
 /// so when a sample's live records could not be read.
 std::string since_text(const Snapshot& then, const Snapshot& now, const TextOptions& opts = {});
 
-/// A call site whose live bytes only grew: never fell from one snapshot to the next and
-/// ended higher than it began. Site 0 gathers the allocations with no call site.
+/// What makes a call site a leak suspect.
+struct LeakOptions {
+  /// Snapshots taken before the process's first allocation (the oldest live record or event
+  /// the snapshots hold) plus this are left out: a model's weights and a framework's first
+  /// caches are made then and held, which is not a leak.
+  uint64_t warmup_ns = 60'000'000'000ULL;
+  std::size_t window = 3;               ///< the last snapshots (after the warm-up) looked at
+  uint64_t min_growth = 1ULL << 20;     ///< bytes a site must grow by over them, at least ...
+  double min_share = 0.01;              ///< ... and this share of its live bytes at the last
+};
+
+/// A call site whose live bytes grew over the last opts.window snapshots after the warm-up,
+/// never falling between two of them, by at least max(min_growth, min_share of its bytes).
+/// Site 0 gathers the allocations with no call site.
 struct LeakSuspect {
   uint32_t site = 0;
   SnapSite frames;                ///< the site as the newest snapshot names it
-  std::vector<uint64_t> bytes;    ///< live bytes at each snapshot, oldest first
+  std::vector<uint64_t> bytes;    ///< live bytes at each snapshot of the window, oldest first
   uint64_t first_count = 0, last_count = 0;  ///< live allocations at the first and last
   uint64_t growth() const noexcept { return bytes.empty() ? 0 : bytes.back() - bytes.front(); }
 };
 
-/// The call sites whose live bytes only grew across `snaps` (two or more snapshots of one
-/// process, any order: sorted by time here; snapshots whose live records are not exact are
-/// skipped), largest growth first. Empty with fewer than two usable snapshots. Throws
+/// The leak suspects of `snaps` (snapshots of one process, any order: sorted by time here;
+/// those whose live records are not exact are skipped, and those of the warm-up), largest
+/// growth first. Empty with fewer than opts.window usable snapshots. Throws
 /// std::invalid_argument when the snapshots are of different processes.
-std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps);
+std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps, const LeakOptions& opts = {});
 
 /// growing_sites() as JSON: {pid, snapshots, first_ns, last_ns, skipped, sites: [{site,
 /// growth_bytes, bytes: [...], first_count, last_count, label, frames: [...]}]} (frames and
 /// label as snapshot_json writes them).
-nlohmann::ordered_json leaks_json(const std::vector<Snapshot>& snaps, const frames::Rules* rules = nullptr);
+/// Also: warmup_ns, window, warming (snapshots left out as the warm-up's).
+nlohmann::ordered_json leaks_json(const std::vector<Snapshot>& snaps, const frames::Rules* rules = nullptr,
+                                  const LeakOptions& opts = {});
 
 /// growing_sites() for people: the window, then each suspect's growth, its live bytes over
 /// time and its printed form (opts.top sites; every frame with opts.full).
-std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& opts = {});
+std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& opts = {}, const LeakOptions& leak = {});
 
 }  // namespace cuw::daemon
