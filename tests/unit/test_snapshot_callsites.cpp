@@ -142,6 +142,8 @@ TEST_CASE("callsites: three sites through one helper chain are told apart by the
   CHECK(label[2] == "pool::level_12 (/src/pool.cpp:112) < make_buffers (/src/model.cpp:52) (+11)");
   CHECK(label[3] == "pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:44) (+11)");
   CHECK(j["sites"][0]["head_frame"] == 2);
+  CHECK(j["segments_note"] == "");  // no framework's allocator: nothing to say
+  CHECK(t.find("caching allocator") == std::string::npos);
   CHECK(j["sites"][0]["frames"][16]["class"] == "libc");
 }
 

@@ -498,6 +498,10 @@ TEST_CASE("text: header, devices, call sites with the Python frames first, large
                             "      forward (/home/alice/train.py:42)\n"
                             "      (3 frames in libc10_cuda.so, libcudart.so.12, libcuwarden.so)\n");
   CHECK(site1 != std::string::npos);
+  // PyTorch's caching allocator is in a stack: a site is where a segment was made.
+  CHECK(t.find("The process runs PyTorch's caching allocator: a call site here is where a segment it sub-allocates "
+               "was made, not where the tensors now in it were (torch.cuda.memory._snapshot() shows its tensors).") !=
+        std::string::npos);
   // Default views do not list the folded frames, nor the callers outward of the head.
   CHECK(t.find("cudaMalloc (") == std::string::npos);
   CHECK(t.find("<module> (") == std::string::npos);
@@ -579,6 +583,7 @@ TEST_CASE("json: every part of the snapshot under its documented key") {
   CHECK(j["sites"][0]["label"] == "forward (/home/alice/train.py:42)");
   CHECK(j["sites"][0]["label_folded"] == "3 frames in libc10_cuda.so, libcudart.so.12, libcuwarden.so");
   CHECK(j["sites"][0]["head_frame"] == 3);
+  CHECK(j["segments_note"].get<std::string>().find("PyTorch's caching allocator") != std::string::npos);
   CHECK(j["trace"][7]["kind"] == "limit_change");
   CHECK(j["trace"][7]["aux"] == cuw::ring::kNoLimit);
   CHECK_NOTHROW(j.dump());  // valid UTF-8 throughout

@@ -187,6 +187,27 @@ std::map<uint32_t, frames::Label> site_labels(const std::vector<const SnapSite*>
   return out;
 }
 
+std::string segments_note(const Snapshot& s) {
+  // The allocator's own functions: the frames between the tensor's maker and cudaMalloc.
+  static constexpr std::string_view kPools[][2] = {
+      {"CUDACachingAllocator", "PyTorch's (torch.cuda.memory._snapshot() shows its tensors)"},
+      {"BFCAllocator", "XLA's (jax.profiler.save_device_memory_profile shows its buffers)"},
+      {"cupy::cuda::memory", "CuPy's"},
+      {"cupy/cuda/memory", "CuPy's"},
+  };
+  for (const SnapSite& site : s.sites)
+    for (const SnapFrame& f : site.frames)
+      for (const auto& [needle, who] : kPools)
+        if (f.function.find(needle) != std::string::npos || f.file.find(needle) != std::string::npos ||
+            f.module.find(needle) != std::string::npos)
+          return "The process runs " + std::string(who.substr(0, who.find(' '))) +
+                 " caching allocator: a call site here is where a segment it sub-allocates was made, not where the "
+                 "tensors now in it were" +
+                 (who.find('(') != std::string_view::npos ? " " + std::string(who.substr(who.find('('))) : std::string()) +
+                 ".";
+  return {};
+}
+
 std::map<uint32_t, frames::Label> site_labels(const Snapshot& s, const frames::Rules& rules) {
   std::vector<const SnapSite*> v;
   for (const SnapSite& st : s.sites)

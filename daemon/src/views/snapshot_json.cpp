@@ -115,6 +115,7 @@ json snapshot_json(const Snapshot& s, const frames::Rules* rules_in) {
           {"allocations", std::move(allocations)},
           {"segments", std::move(segments)},
           {"sites", std::move(sites)},
+          {"segments_note", pickle::valid_utf8(segments_note(s))},
           {"trace", std::move(trace)}};
 }
 

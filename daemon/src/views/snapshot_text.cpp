@@ -68,6 +68,7 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts) {
   out += "\nLive device memory by call site";
   if (sites.size() > opts.top) out += " (top " + std::to_string(opts.top) + " of " + std::to_string(sites.size()) + ")";
   out += ":\n";
+  if (const std::string note = segments_note(s); !note.empty()) out += "  " + note + "\n";
   if (sites.empty()) out += "  (no live device allocation)\n";
   for (std::size_t i = 0; i < sites.size() && i < opts.top; ++i) {
     const auto& [id, t] = sites[i];

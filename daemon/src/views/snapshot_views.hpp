@@ -59,6 +59,8 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
 ///     (cuw/frames.hpp Label::one_line), label_folded: "8 frames in ..." ("" when none),
 ///     head_frame: the index in frames of the label's head (-1: none); class: "user" |
 ///     "framework" | "cuda" | "interpreter" | "libc" | "cuwarden"
+///   segments_note: where a framework's caching allocator runs, that its sites are where its
+///     segments were made, not the tensors in them, and what shows tensors; "" otherwise
 ///   trace: [{time_ns, kind, api, device, address, bytes, used_after, stream, aux, site, result}]
 ///     oldest first; kind and api by name (ring.hpp kind_name / api_name)
 /// Numbers are bytes, counts or CLOCK_REALTIME nanoseconds.

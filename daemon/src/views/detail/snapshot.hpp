@@ -67,6 +67,11 @@ frames::Frame present(const SnapFrame& f, const frames::Rules& rules);
 /// The printed form of each of `sites` (told apart among them), by site id. Site 0 is not
 /// in `sites`' ids: its callers say "(no call site captured)".
 std::map<uint32_t, frames::Label> site_labels(const std::vector<const SnapSite*>& sites, const frames::Rules& rules);
+/// Where the process runs a framework's caching allocator (a frame of PyTorch's
+/// CUDACachingAllocator, XLA's BFC allocator or CuPy's memory pool in a site's stack), the
+/// sentence saying that a call site is where a segment was made, not the tensors now in it,
+/// and what shows tensors; empty otherwise.
+std::string segments_note(const Snapshot& s);
 /// Every site of `s`, labelled among them all.
 std::map<uint32_t, frames::Label> site_labels(const Snapshot& s, const frames::Rules& rules);
 /// A site's lines for the text views, without indentation: the head, the folded frames as
