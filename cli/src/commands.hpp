@@ -1,6 +1,8 @@
 // cuwarden CLI: the commands, one file each; main.cpp parses arguments and calls these.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@ struct TopOptions {
   std::string socket;
   bool once = false;      ///< one frame as plain text on standard output, then exit
   double interval_s = 1;  ///< -d: seconds between refreshes (each one sample of every sparkline)
+  long long pid = -1;     ///< with once: the detail view of this process instead of the list
 };
 /// `cuwarden top`: the live terminal view (GPUs' bars, processes with a sparkline of their
 /// used bytes, a detail view of one process's counters, call sites and events), until `q`.
@@ -94,12 +97,18 @@ int cmd_fit(const FitOptions& o);
 struct SnapshotOptions {
   std::string socket;
   long long pid = -1;
-  std::string format = "text";  ///< text, json, pytorch, perfetto, summary (`cuwarden summary`)
+  std::string format = "text";  ///< text, json, pytorch, perfetto, folded, summary (`cuwarden summary`)
   std::string output;           ///< -o: a file; empty or "-": standard output
   unsigned top = 10;            ///< call sites and allocations a text report lists
   long long oom = -1;           ///< --oom N: the snapshot of the Nth newest out-of-memory report
   bool leaks = false;           ///< --leaks: the call sites whose live bytes only grew lately
+  bool full = false;            ///< --full: every frame of a call site, not only its printed form
+  std::string since;            ///< --since 10m: what changed since the daemon's sample of then
+  std::string leak_warmup;      ///< --leak-warmup: with --leaks, the samples this long after the first allocation left out
 };
+/// A duration as `snapshot --since` and `--leak-warmup` take it: seconds, bare or with s, m
+/// (or min) or h ("90", "30s", "10m", "1h"); nullopt when malformed or past 2^64 ns. Pure.
+std::optional<uint64_t> parse_seconds(const std::string& text);
 /// `cuwarden snapshot PID` (and `cuwarden summary PID`): the daemon's snapshot of the process.
 int cmd_snapshot(const SnapshotOptions& o);
 

@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
   auto* top = app.add_subcommand("top", "a live view of GPUs and processes, with each process's memory over time");
   TopOptions to;
   top->add_flag("--once", to.once, "print one frame as plain text and exit (as top -b -n 1)");
+  top->add_option("--pid", to.pid, "with --once: the detail view of this process (its counters, call sites, events)");
   top->add_option("-d,--delay", to.interval_s, "seconds between refreshes (default 1)")->check(CLI::Range(0.1, 3600.0));
   top->add_option("--socket", socket, "daemon socket");
   top->footer(
@@ -182,13 +183,21 @@ int main(int argc, char** argv) {
   SnapshotOptions so;
   snapshot->add_option("pid", so.pid, "the process")->required();
   snapshot->add_option("--format", so.format,
-                       "text (default), json, pytorch (a pickle for pytorch.org/memory_viz), perfetto (ui.perfetto.dev)");
+                       "text (default), json, pytorch (a pickle for pytorch.org/memory_viz), perfetto (ui.perfetto.dev), "
+                       "folded (flame graph stacks for flamegraph.pl, inferno, speedscope)");
   snapshot->add_option("-o,--output", so.output, "write to this file (default: standard output)");
   snapshot->add_option("--top", so.top, "call sites and allocations the text lists")->check(CLI::Range(1u, 100000u));
   snapshot->add_option("--oom", so.oom, "the snapshot taken at the Nth newest out-of-memory report (0: the newest)")
       ->check(CLI::Range(0, 1000));
   snapshot->add_flag("--leaks", so.leaks,
-                     "the call sites whose live bytes only grew over the last minutes (the daemon samples every 30 s)");
+                     "the call sites whose live bytes grew over the daemon's last 3 samples (every 30 s), never falling, by "
+                     "max(1 MiB, 1%) or more, after the warm-up");
+  snapshot->add_option("--since", so.since,
+                       "the call sites whose live bytes changed since the daemon's sample of this long ago (30s, 10m, 1h)");
+  snapshot->add_option("--leak-warmup", so.leak_warmup,
+                       "with --leaks: leave out the samples of this long after the process's first allocation "
+                       "(default 60s; 0: none)");
+  snapshot->add_flag("--full", so.full, "list every frame of each call site (with its class), not only its printed form");
   snapshot->add_option("--socket", socket, "daemon socket");
   auto* summary = app.add_subcommand("summary", "a memory_summary-like table of a process, any program");
   SnapshotOptions sumo;

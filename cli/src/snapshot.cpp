@@ -1,6 +1,7 @@
 // cuwarden CLI: `cuwarden snapshot`, `cuwarden summary` and `cuwarden oom`: a process's live
 // memory (now, or as it was at a refusal) in the daemon's formats, and the out-of-memory
 // reports the daemon kept.
+#include <cstdint>
 #include <cstdio>
 #include <fmt/format.h>
 #include <string>
@@ -62,9 +63,23 @@ int write_out(const std::string& data, const std::string& path, bool binary) {
 
 }  // namespace
 
+std::optional<uint64_t> parse_seconds(const std::string& s) {
+  std::size_t i = 0;
+  uint64_t n = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+    if (n > (UINT64_MAX - 9) / 10) return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(s[i++] - '0');
+  }
+  if (i == 0) return std::nullopt;
+  const std::string unit = s.substr(i);
+  const uint64_t mult = unit.empty() || unit == "s" ? 1 : unit == "m" || unit == "min" ? 60 : unit == "h" ? 3600 : 0;
+  if (mult == 0 || n > UINT64_MAX / mult / 1'000'000'000ULL) return std::nullopt;
+  return n * mult;
+}
+
 int cmd_snapshot(const SnapshotOptions& o) {
   if (!proto::is_snapshot_format(o.format)) {
-    std::fprintf(stderr, "cuwarden snapshot: bad --format '%s': use text, json, pytorch or perfetto\n",
+    std::fprintf(stderr, "cuwarden snapshot: bad --format '%s': use text, json, pytorch, perfetto or folded\n",
                  o.format.c_str());
     return kExitUsage;
   }
@@ -75,12 +90,29 @@ int cmd_snapshot(const SnapshotOptions& o) {
   }
   json req{{"pid", o.pid}, {"format", o.format}, {"top", o.top}};
   if (o.oom >= 0) req["oom"] = o.oom;
+  if (o.full) req["full"] = 1;
+  if (!o.since.empty()) {
+    const auto secs = parse_seconds(o.since);
+    if (!secs || (o.format != "text" && o.format != "json")) {
+      std::fprintf(stderr, "cuwarden snapshot: --since takes a duration (30s, 10m, 1h) and writes text or json\n");
+      return kExitUsage;
+    }
+    req["since"] = *secs;
+  }
   if (o.leaks) {
     if (o.format != "text" && o.format != "json") {
       std::fprintf(stderr, "cuwarden snapshot: --leaks writes text or json\n");
       return kExitUsage;
     }
     req["leaks"] = 1;
+    if (!o.leak_warmup.empty()) {
+      const auto secs = parse_seconds(o.leak_warmup);
+      if (!secs) {
+        std::fprintf(stderr, "cuwarden snapshot: --leak-warmup takes a duration (0, 30s, 2m)\n");
+        return kExitUsage;
+      }
+      req["leak_warmup"] = *secs;
+    }
   }
   const auto r = ask(o.socket, proto::Command::get_snapshot, req);
   if (!r) return kExitFailure;

@@ -185,8 +185,20 @@ int cmd_top(const TopOptions& o) {
   if (o.once) {
     view.interactive = false;
     top::sort_rows(rows, view.sort, view.reversed);
-    for (const top::Line& l : top::list_frame(state, rows, history, view, 0, 0, nullptr))
-      std::puts(l.plain().c_str());
+    std::vector<top::Line> frame;
+    if (o.pid >= 0) {
+      auto it = std::find_if(rows.begin(), rows.end(), [&](const top::ProcRow& r) { return r.pid == uint64_t(o.pid); });
+      if (it == rows.end()) {
+        std::fprintf(stderr, "cuwarden top: no process %lld\n", o.pid);
+        return kExitFailure;
+      }
+      top::Detail d{it->pid, std::to_string(jnum(it->process, "created_ns")), {}, {}, {}, {}};
+      refresh_detail(o.socket, d, true);
+      frame = top::detail_frame(state, rows, history, d, view, 200, 0);
+    } else {
+      frame = top::list_frame(state, rows, history, view, 0, 0, nullptr);
+    }
+    for (const top::Line& l : frame) std::puts(l.plain().c_str());
     return std::fflush(stdout) == 0 ? kExitOk : kExitFailure;
   }
   if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) {

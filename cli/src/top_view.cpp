@@ -480,7 +480,7 @@ std::string frame_text(const json& f) {
 
 }  // namespace
 
-std::vector<std::string> top_sites(const json& snap, std::size_t n) {
+std::vector<std::string> top_sites(const json& snap, std::size_t n, std::size_t width) {
   if (snap.contains("exact") && snap["exact"].is_boolean() && !snap["exact"].get<bool>())
     return {"The live allocations could not be read: counters and events only."};
   struct Site {
@@ -490,13 +490,14 @@ std::vector<std::string> top_sites(const json& snap, std::size_t n) {
   std::vector<Site> sites;
   for (const json& s : jarr(snap, "sites")) {
     if (!jnum(s, "live_bytes")) continue;
-    // The user's code first: Python frames before native ones, as the daemon's text report.
-    std::vector<std::string> shown;
-    for (bool python : {true, false})
-      for (const json& f : jarr(s, "frames"))
-        if (shown.size() < 2 && f.value("python", false) == python) shown.push_back(frame_text(f));
-    std::string where;
-    for (const std::string& f : shown) where += (where.empty() ? "" : " < ") + f;
+    // The daemon's printed form (cuw/frames.hpp): the innermost user frame, then the frames
+    // that tell the site from others with the same one. A daemon without it: the innermost
+    // Python frame, else the innermost native one.
+    std::string where = printable(jstr(s, "label"));
+    if (where.empty())
+      for (bool python : {true, false})
+        for (const json& f : jarr(s, "frames"))
+          if (where.empty() && f.value("python", false) == python) where = frame_text(f);
     sites.push_back({jnum(s, "live_bytes"), jnum(s, "live_allocations"), where.empty() ? "(frames unknown)" : where});
   }
   uint64_t bytes = 0, count = 0;  // live device memory no call site was recorded for
@@ -508,9 +509,21 @@ std::vector<std::string> top_sites(const json& snap, std::size_t n) {
                                                    : "(call sites off: cuwarden run --callsites 16 records them)"});
   std::stable_sort(sites.begin(), sites.end(), [](const Site& a, const Site& b) { return a.bytes > b.bytes; });
   std::vector<std::string> out;
-  for (std::size_t i = 0; i < sites.size() && i < n; ++i)
-    out.push_back(fmt::format("{:>11}  {:>14}  {}", format_bytes(sites[i].bytes),
-                              plural(sites[i].count, "allocation", "allocations"), sites[i].where));
+  for (std::size_t i = 0; i < sites.size() && i < n; ++i) {
+    const std::string lead =
+        fmt::format("{:>11}  {:>14}  ", format_bytes(sites[i].bytes), plural(sites[i].count, "allocation", "allocations"));
+    std::string where = sites[i].where;
+    // Too wide: the head is cut, never the frames after it that tell the site apart.
+    const std::size_t cols = width > lead.size() ? width - lead.size() : 0;
+    const std::size_t via = where.find(" < ");
+    if (width && where.size() > cols && via != std::string::npos && where.size() - via + 3 < cols) {
+      const std::size_t keep = cols - (where.size() - via) - 2;
+      std::size_t cut = keep;
+      while (cut > 0 && (static_cast<unsigned char>(where[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 sequence
+      where = where.substr(0, cut) + ".." + where.substr(via);
+    }
+    out.push_back(lead + where);
+  }
   if (sites.empty()) out.push_back("(no live device allocation)");
   return out;
 }
@@ -561,7 +574,7 @@ std::vector<Line> detail_frame(const json& st, const std::vector<ProcRow>& rows,
 
   out.push_back(line("Top call sites (live bytes):", Style::title));
   if (d.snapshot)
-    for (const std::string& s : top_sites(*d.snapshot, 5)) out.push_back(line("  " + s));
+    for (const std::string& s : top_sites(*d.snapshot, 5, width > 2 ? width - 2 : 0)) out.push_back(line("  " + s));
   else
     out.push_back(line("  " + (d.snapshot_error.empty() ? std::string("(asking the daemon)") : d.snapshot_error),
                        Style::warn));

@@ -147,9 +147,10 @@ struct Detail {
 };
 
 /// The top call sites of a snapshot (get_snapshot's JSON), largest live bytes first, at most
-/// `n`, one line of text each ("16.00 MiB in 1 allocation: fn (file.cpp:12) < caller (...)"),
-/// or one line saying why there are none.
-std::vector<std::string> top_sites(const nlohmann::ordered_json& snapshot, std::size_t n);
+/// `n`, one line of text each: bytes, allocations and the site's label (cuw/frames.hpp: "fn
+/// (file.cpp:12) < caller (model.cpp:40) (+11)"), or one line saying why there are none.
+/// `width` (0: none): a longer line has its head cut, keeping the frames that tell it apart.
+std::vector<std::string> top_sites(const nlohmann::ordered_json& snapshot, std::size_t n, std::size_t width = 0);
 
 /// The detail view of process `d.pid`: its GPUs' counters and sparklines (rows of it in
 /// `rows`), its top call sites, and its last events, newest at the bottom, as many as fit.

@@ -41,6 +41,7 @@
 #include "cuw/protocol.hpp"
 #include "model/checkpoint_driver.hpp"
 #include "model/fault_guard.hpp"
+#include "model/frame_rules.hpp"
 #include "model/nvml.hpp"
 #include "model/oom_store.hpp"
 #include "model/policy.hpp"
@@ -78,6 +79,7 @@ struct Options {
   std::size_t history = 10000;
   unsigned leak_sample_s = 30;  ///< how often live memory is sampled by call site (snapshot --leaks)
   double symbolize_timeout_s = 5;  ///< a symbolization worker is killed past it
+  std::string frames_file;         ///< the site's frame classes (empty: the default, if present)
   std::string state_dir;           ///< out-of-memory reports across restarts ("": see kDefaultStateDir)
 };
 
@@ -397,6 +399,9 @@ int run(const Options& o) {
   cuw::daemon::SymbolizeOptions symbolize;  // names snapshot frames, in a worker process
   symbolize.deadline_ns = static_cast<uint64_t>(o.symbolize_timeout_s * 1e9);
   backend.symbolize = &symbolize;
+  if (std::string why; !cuw::daemon::load_frame_rules(o.frames_file.empty() ? cuw::daemon::kDefaultFramesFile : o.frames_file,
+                                                      !o.frames_file.empty(), &symbolize.frames, &why))
+    throw std::runtime_error("--frames: " + why);
   backend.series = &series;
   // Ring headers are authoritative and a query promises them as they are now: the loop
   // publishes a State read after the query came (one publish per query). Building the reply
@@ -662,6 +667,9 @@ int main(int argc, char** argv) {
   app.add_option("--symbolize-timeout", o.symbolize_timeout_s,
                  "seconds a snapshot's frames may take to name; frames left are shown by module and offset")
       ->check(CLI::Range(0.1, 600.0));
+  app.add_option("--frames", o.frames_file,
+                 std::string("the site's frame classes (TOML [[rule]] path, class), before the built-in ones (default: ") +
+                     cuw::daemon::kDefaultFramesFile + " when present)");
   app.add_flag("--check-config", o.check_config,
                "check the policy file given with --config, print what is wrong with it, and exit: 0 when it is "
                "good, 78 when the daemon would refuse it");

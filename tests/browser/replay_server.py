@@ -286,7 +286,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def snapshot(self, pid, q):
         if q.get("format", "text") not in ("json", "text", "pytorch", "perfetto", "summary"):
-            return self.error(400, "format must be json, text, pytorch, perfetto or summary")
+            return self.error(400, "format must be json, text, pytorch, perfetto, summary or folded")
         if pid in self.rec.snapshots:
             status, body = self.rec.snapshots[pid]
             return self.send(status, body)

@@ -7,6 +7,9 @@
 //                  when no daemon drains it: events dropped)
 //   oom BYTES      one cuMemAlloc of BYTES from oversized(); print its CUresult
 //   leak N         N allocations of 1 MiB from leaky(), kept (a leak growing between snapshots)
+//   chain          three allocations through one 12-deep helper chain (chain_1 .. chain_12, as
+//                  a framework's caching allocator is), from load_weights (twice, at two lines)
+//                  and make_buffers: sites that share a dozen innermost frames
 //   free           free what big_buffer and small_buffers hold
 //   exit           exit 0 (what is still allocated stays: a leak for CUWARDEN_LEAKS)
 #include <cuda.h>
@@ -46,6 +49,39 @@ __attribute__((noinline)) void leaky(int n) {
   }
 }
 
+// The helper chain: chain_12 allocates, chain_1 is called by the sites' own functions.
+__attribute__((noinline)) CUdeviceptr chain_12(std::size_t bytes) {
+  CUdeviceptr p = 0;
+  if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS) std::exit(3);
+  return p;
+}
+#define CUWT_CHAIN(n, next) \
+  __attribute__((noinline)) CUdeviceptr chain_##n(std::size_t bytes) { return next(bytes) + 0; }
+CUWT_CHAIN(11, chain_12)
+CUWT_CHAIN(10, chain_11)
+CUWT_CHAIN(9, chain_10)
+CUWT_CHAIN(8, chain_9)
+CUWT_CHAIN(7, chain_8)
+CUWT_CHAIN(6, chain_7)
+CUWT_CHAIN(5, chain_6)
+CUWT_CHAIN(4, chain_5)
+CUWT_CHAIN(3, chain_4)
+CUWT_CHAIN(2, chain_3)
+CUWT_CHAIN(1, chain_2)
+#undef CUWT_CHAIN
+
+__attribute__((noinline)) void load_weights() {
+  std::printf("line load_weights %d\n", __LINE__ + 1);
+  g_live.push_back(chain_1(3ULL << 20));
+  std::printf("line load_weights_2 %d\n", __LINE__ + 1);
+  g_live.push_back(chain_1(2ULL << 20));
+}
+
+__attribute__((noinline)) void make_buffers() {
+  std::printf("line make_buffers %d\n", __LINE__ + 1);
+  g_live.push_back(chain_1(1ULL << 20));
+}
+
 __attribute__((noinline)) CUresult oversized(std::size_t bytes, CUdeviceptr* p) {
   return cuMemAlloc(p, bytes);  // the refused call
 }
@@ -74,6 +110,10 @@ int main() {
       std::cin >> bytes;
       CUdeviceptr p = 0;
       std::printf("oom result %d\n", static_cast<int>(oversized(bytes, &p)));
+    } else if (cmd == "chain") {
+      load_weights();
+      make_buffers();
+      std::printf("chained\n");
     } else if (cmd == "leak") {
       int n = 0;
       std::cin >> n;

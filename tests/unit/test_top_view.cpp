@@ -3,6 +3,7 @@
 // text from processes made harmless, and the list and detail frames.
 #include <catch2/catch.hpp>
 
+#include "commands.hpp"
 #include "top_view.hpp"
 
 using json = nlohmann::ordered_json;
@@ -295,8 +296,17 @@ TEST_CASE("top.top_sites_from_a_snapshot") {
   REQUIRE(lines.size() == 3);
   CHECK(lines[0] == "   8.00 MiB    1 allocation  big (a.cpp:3)");
   CHECK(lines[1] == "   3.00 MiB    1 allocation  (no call site captured)");
-  CHECK(lines[2] == "   1.00 MiB   2 allocations  train (train.py:12) < cudaMalloc (libcudart.so+0x10)");
+  // A daemon without labels: the innermost Python frame.
+  CHECK(lines[2] == "   1.00 MiB   2 allocations  train (train.py:12)");
   CHECK(top_sites(snap, 1).size() == 1);
+  // The daemon's label leads; a narrow view cuts the head, never the frame that tells sites apart.
+  json labelled = snap;
+  labelled["sites"][1]["label"] = "pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:40) (+11)";
+  CHECK(top_sites(labelled, 1)[0] ==
+        "   8.00 MiB    1 allocation  pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:40) (+11)");
+  const std::string narrow = top_sites(labelled, 1, 80)[0];
+  CHECK(narrow == "   8.00 MiB    1 allocation  pool::le.. < load_weights (/src/model.cpp:40) (+11)");
+  CHECK(narrow.size() <= 80);
   json off = snap;
   off["callsite_frames"] = 0u;
   off["sites"] = json::array();
@@ -370,4 +380,20 @@ TEST_CASE("top.sparklines_start_from_the_daemons_history") {
   // Seeded rows are not asked for again; a process the history does not have stays as it was.
   for (const std::string& k : h.unseeded(rows)) CHECK(k != key);
   CHECK(h.samples(rows[1].key).size() == 1);
+}
+
+TEST_CASE("cli.parse_seconds_reads_durations") {
+  using cuw::cli::parse_seconds;
+  CHECK(parse_seconds("90") == 90u);
+  CHECK(parse_seconds("30s") == 30u);
+  CHECK(parse_seconds("10m") == 600u);
+  CHECK(parse_seconds("10min") == 600u);
+  CHECK(parse_seconds("2h") == 7200u);
+  CHECK(parse_seconds("0") == 0u);
+  CHECK_FALSE(parse_seconds(""));
+  CHECK_FALSE(parse_seconds("m"));
+  CHECK_FALSE(parse_seconds("10d"));
+  CHECK_FALSE(parse_seconds("-5"));
+  CHECK_FALSE(parse_seconds("99999999999999999999"));
+  CHECK_FALSE(parse_seconds("9999999999999h"));
 }

@@ -124,7 +124,7 @@ inline constexpr OneOf kSetLimitOneOf[] = {
 };
 
 /// get_snapshot's "format" values: the daemon's and the CLI's one list.
-inline constexpr std::string_view kSnapshotFormats[] = {"text", "json", "pytorch", "perfetto", "summary"};
+inline constexpr std::string_view kSnapshotFormats[] = {"text", "json", "pytorch", "perfetto", "summary", "folded"};
 constexpr bool is_snapshot_format(std::string_view f) noexcept {
   for (std::string_view k : kSnapshotFormats)
     if (k == f) return true;
@@ -134,15 +134,23 @@ constexpr bool is_snapshot_format(std::string_view f) noexcept {
 inline constexpr RequestKey kGetSnapshotKeys[] = {
     // the process
     {"pid", "uint", true, "\"pid\" must be a process id"},
-    // "text" (default), "json", "pytorch" (a pickle, base64 in the reply), "perfetto", "summary"
-    {"format", "string|null", false, "\"format\" must be text, json, pytorch, perfetto or summary"},
+    // "text" (default), "json", "pytorch" (a pickle, base64 in the reply), "perfetto", "summary",
+    // "folded" (flame graph stacks: "frame;frame;frame bytes" lines, root first)
+    {"format", "string|null", false, "\"format\" must be text, json, pytorch, perfetto, summary or folded"},
     // call sites and allocations a text report lists (default 10)
     {"top", "uint|null", false, "\"top\" must be a non-negative integer"},
     // the snapshot of the process's out-of-memory report this many back (0: the newest), not now
     {"oom", "uint|null", false, "\"oom\" must be a non-negative integer"},
-    // 1: the call sites whose live bytes only grew over the daemon's samples (every 30 s, the
-    // last 10 minutes) and now, in the format (text or json), instead of the snapshot
+    // 1: the call sites whose live bytes grew over the daemon's last 3 samples (every 30 s; now
+    // the last) after the warm-up, never falling, in the format (text or json), not the snapshot
     {"leaks", "uint|null", false, "\"leaks\" must be 0 or 1"},
+    // seconds: the call sites whose live bytes changed since the daemon's sample of then (the
+    // newest taken at or before it, else the oldest kept) and now, in the format (text or json)
+    {"since", "uint|null", false, "\"since\" must be a number of seconds"},
+    // with leaks: seconds after the process's first allocation whose samples are left out (default 60)
+    {"leak_warmup", "uint|null", false, "\"leak_warmup\" must be a number of seconds"},
+    // 1: text views list every frame of a call site (with its class), not only its printed form
+    {"full", "uint|null", false, "\"full\" must be 0 or 1"},
 };
 inline constexpr RequestKey kGetOomsKeys[] = {
     // only this process's reports

@@ -10,7 +10,7 @@ struct HttpParamError {
   std::string_view key, text;
 };
 constexpr HttpParamError kHttpParamErrors[] = {
-    {"format", "format must be json, text, pytorch, perfetto or summary"},
+    {"format", "format must be json, text, pytorch, perfetto, summary or folded"},
     {"range", "range must be hour or day"},
     {"top", "top must be a number from 1 to 100000"},
     {"pid", "pid must be a process id"},

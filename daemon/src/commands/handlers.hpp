@@ -25,6 +25,9 @@ struct SnapshotArgs {
   std::optional<uint64_t> top;        ///< call sites and allocations listed (HTTP: 1..100000)
   std::optional<uint64_t> oom;        ///< the snapshot of the process's report this many back
   bool leaks = false;                 ///< the call sites that only grew instead (text or json)
+  bool full = false;                  ///< text: every frame of a call site, not its printed form
+  std::optional<uint64_t> leak_warmup_s;  ///< leaks: samples this long after the first allocation left out
+  std::optional<uint64_t> since_s;    ///< what changed since the sample this many seconds back instead
 };
 
 /// The snapshot of process `args.pid` (or of one of its out-of-memory reports), its frames

@@ -65,9 +65,20 @@ std::vector<std::shared_ptr<const OomReport>> reports_of(const State& st, std::o
 }
 
 /// The socket's reply: an envelope naming the format, the body in it (base64 for the pickle).
-Answer socket_view(const TakenSnapshot& taken, uint64_t pid, const std::string& format, const SnapshotArgs& args) {
+/// The frame classes: the daemon's (built-in and the site's), else the built-in ones.
+const frames::Rules* rules_of(const Backend& b) { return b.symbolize ? &b.symbolize->frames : nullptr; }
+
+TextOptions text_options(const Backend& b, const SnapshotArgs& args) {
   TextOptions opts;
   if (args.top) opts.top = *args.top;
+  opts.full = args.full;
+  opts.rules = rules_of(b);
+  return opts;
+}
+
+Answer socket_view(const Backend& b, const TakenSnapshot& taken, uint64_t pid, const std::string& format,
+                   const SnapshotArgs& args) {
+  const TextOptions opts = text_options(b, args);
   ojson j;
   j["pid"] = pid;
   j["format"] = format;
@@ -80,8 +91,9 @@ Answer socket_view(const TakenSnapshot& taken, uint64_t pid, const std::string& 
   } else {
     j["encoding"] = "utf-8";
     j["body"] = format == "text"       ? snapshot_text(taken.snap, opts)
-                : format == "json"     ? snapshot_json(taken.snap).dump(1)
+                : format == "json"     ? snapshot_json(taken.snap, opts.rules).dump(1)
                 : format == "perfetto" ? snapshot_perfetto(taken.snap)
+                : format == "folded"   ? snapshot_folded(taken.snap, opts.rules)
                                        : summary_text(taken.snap);
   }
   return json_answer(j, Via::socket);
@@ -89,11 +101,13 @@ Answer socket_view(const TakenSnapshot& taken, uint64_t pid, const std::string& 
 
 /// HTTP's reply: the format's own bytes and media type; JSON with `top` is the page's view
 /// (the largest call sites and allocations, no trace).
-Answer http_view(const TakenSnapshot& taken, uint64_t pid, const std::string& format, const SnapshotArgs& args) {
+Answer http_view(const Backend& b, const TakenSnapshot& taken, uint64_t pid, const std::string& format,
+                 const SnapshotArgs& args) {
   Answer a;
+  const TextOptions opts = text_options(b, args);
   a.headers.emplace_back("X-Cuwarden-Exact", taken.snap.exact ? "1" : "0");
   if (format == "json") {
-    auto j = snapshot_json(taken.snap);
+    auto j = snapshot_json(taken.snap, opts.rules);
     if (!taken.live_error.empty()) j["why_not_exact"] = taken.live_error;
     if (!taken.symbols_note.empty()) j["symbols_note"] = taken.symbols_note;
     if (args.top) {
@@ -114,9 +128,10 @@ Answer http_view(const TakenSnapshot& taken, uint64_t pid, const std::string& fo
     a.headers.emplace_back("Content-Disposition", "attachment; filename=\"snapshot-" + std::to_string(pid) + ".pickle\"");
   } else if (format == "perfetto") {
     a.body = snapshot_perfetto(taken.snap);
+  } else if (format == "folded") {
+    a.body = snapshot_folded(taken.snap, opts.rules);
+    a.content_type = "text/plain; charset=utf-8";
   } else {
-    TextOptions opts;
-    if (args.top) opts.top = *args.top;
     a.body = format == "text" ? snapshot_text(taken.snap, opts) : summary_text(taken.snap);
     a.content_type = "text/plain; charset=utf-8";
   }
@@ -124,20 +139,51 @@ Answer http_view(const TakenSnapshot& taken, uint64_t pid, const std::string& fo
 }
 
 /// The call sites that only grew over the process's samples and `taken`, in `format`.
-Answer leaks_view(const State& st, const TakenSnapshot& taken, uint64_t pid, const std::string& format, Via via) {
+Answer leaks_view(const Backend& b, const State& st, const TakenSnapshot& taken, uint64_t pid, const std::string& format,
+                  const SnapshotArgs& args, Via via) {
   if (format != "text" && format != "json") return failure(400, "bad request: --leaks takes the text or json format");
   std::vector<Snapshot> window;
   for (const ProcessState& ps : st.processes)
     if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples)  // not a pid's earlier owner
       for (const auto& sample : *ps.samples) window.push_back(*sample);
   window.push_back(taken.snap);
-  TextOptions opts;
+  const TextOptions opts = text_options(b, args);
+  LeakOptions leak;
+  if (args.leak_warmup_s) leak.warmup_ns = std::min<uint64_t>(*args.leak_warmup_s, UINT64_MAX / 1'000'000'000ULL) * 1'000'000'000ULL;
   ojson j;
   j["pid"] = pid;
   j["format"] = format;
   j["exact"] = taken.snap.exact;
   j["encoding"] = "utf-8";
-  j["body"] = format == "json" ? leaks_json(window).dump(1) : leaks_text(window, opts);
+  j["body"] = format == "json" ? leaks_json(window, opts.rules, leak).dump(1) : leaks_text(window, opts, leak);
+  return json_answer(j, via);
+}
+
+/// The call sites whose live bytes changed between the process's sample of `args.since_s`
+/// seconds ago (the newest at or before then, else the oldest kept) and `taken`.
+Answer since_view(const Backend& b, const State& st, const TakenSnapshot& taken, uint64_t pid, const std::string& format,
+                  const SnapshotArgs& args, Via via) {
+  if (format != "text" && format != "json") return failure(400, "bad request: --since takes the text or json format");
+  std::shared_ptr<const Snapshot> then;
+  const uint64_t back_ns = *args.since_s * 1'000'000'000ULL;
+  const uint64_t at = taken.snap.time_ns > back_ns ? taken.snap.time_ns - back_ns : 0;
+  for (const ProcessState& ps : st.processes)
+    if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples)  // not a pid's earlier owner
+      for (const auto& sample : *ps.samples)
+        if (!then || sample->time_ns <= at) then = sample;  // oldest first: the last at or before `at`
+  if (then && then->time_ns > at)  // none that old: the oldest kept
+    for (const ProcessState& ps : st.processes)
+      if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples && !ps.samples->empty())
+        then = ps.samples->front();
+  if (!then) return failure(404, "no sample of pid " + std::to_string(pid) + " yet (the daemon samples each process's live "
+                                 "memory every --leak-sample seconds)");
+  const TextOptions opts = text_options(b, args);
+  ojson j;
+  j["pid"] = pid;
+  j["format"] = format;
+  j["exact"] = taken.snap.exact;
+  j["encoding"] = "utf-8";
+  j["body"] = format == "json" ? since_json(*then, taken.snap, opts.rules).dump(1) : since_text(*then, taken.snap, opts);
   return json_answer(j, via);
 }
 
@@ -170,8 +216,9 @@ Answer get_snapshot(const Backend& b, const Peer* who, const SnapshotArgs& args,
         p->header, p->history.get());
   }
   if (b.symbolize) symbolize(taken, *b.symbolize);
-  if (args.leaks) return leaks_view(*st, taken, pid, format, via);
-  return via == Via::socket ? socket_view(taken, pid, format, args) : http_view(taken, pid, format, args);
+  if (args.since_s) return since_view(b, *st, taken, pid, format, args, via);
+  if (args.leaks) return leaks_view(b, *st, taken, pid, format, args, via);
+  return via == Via::socket ? socket_view(b, taken, pid, format, args) : http_view(b, taken, pid, format, args);
 }
 
 Answer get_ooms(const Backend& b, const Peer& peer, std::optional<uint32_t> pid) {
@@ -183,7 +230,7 @@ Answer get_ooms(const Backend& b, const Peer& peer, std::optional<uint32_t> pid)
   for (const auto& r : reps) {
     TakenSnapshot named = r->snapshot;
     if (b.symbolize) symbolize(named, *b.symbolize);
-    rows.push_back(oom_json(*r, named.snap, index[r->pid]++));
+    rows.push_back(oom_json(*r, named.snap, index[r->pid]++, 3, rules_of(b)));
   }
   for (auto it = rows.rbegin(); it != rows.rend(); ++it) list.push_back(std::move(*it));  // oldest first
   ojson j;

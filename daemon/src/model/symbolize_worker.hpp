@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cuw/frames.hpp"
 #include "model/snapshots.hpp"
 
 namespace cuw::daemon {
@@ -38,6 +39,10 @@ struct SymbolizeOptions {
                                           ///< daemon's own binary, even after an upgrade replaced it)
   uint64_t deadline_ns = 5'000'000'000;   ///< per request: the worker is killed past it
   std::size_t max_pcs = 20000;            ///< distinct pcs per request; the rest keep module + offset
+  /// What class each named frame is (cuw/frames.hpp): the built-in rules and the site's own
+  /// (`cuwardend --frames FILE`, model/frame_rules.hpp). Carried here because every view of a
+  /// named snapshot reads both.
+  frames::Rules frames;
 };
 
 /// What the daemon asks a worker (one JSON object on the worker's stdin): the owner whose

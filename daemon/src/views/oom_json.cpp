@@ -3,38 +3,16 @@
 
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "cuw/ring.hpp"
+#include "cuw/text.hpp"
+#include "views/detail/snapshot.hpp"
 
 namespace cuw::daemon {
 
-namespace {
-bool cuda_library(const std::string& module) {
-  const std::size_t slash = module.rfind('/');
-  const std::string base = slash == std::string::npos ? module : module.substr(slash + 1);
-  return base.rfind("libcuda.", 0) == 0 || base.rfind("libcudart", 0) == 0 || base.rfind("libcuwarden", 0) == 0;
-}
-}  // namespace
-
-std::string site_line(const Snapshot& s, uint32_t id) {
-  const SnapSite* site = s.site(id);
-  if (!site || site->frames.empty()) return "(no call site)";
-  for (const SnapFrame& f : site->frames)
-    if (f.python) return f.file + ":" + std::to_string(f.line) + " in " + f.function;
-  const SnapFrame* first = nullptr;
-  for (const SnapFrame& f : site->frames) {
-    if (!first) first = &f;
-    if (cuda_library(f.module)) continue;
-    first = &f;
-    break;
-  }
-  std::string line = first->function.empty() ? "??" : first->function;
-  if (!first->file.empty()) line += " (" + first->file + ":" + std::to_string(first->line) + ")";
-  else if (!first->module.empty()) line += " (" + first->module + ")";
-  return line;
-}
-
-nlohmann::ordered_json oom_json(const OomReport& r, const Snapshot& named, std::size_t index, std::size_t top) {
+nlohmann::ordered_json oom_json(const OomReport& r, const Snapshot& named, std::size_t index, std::size_t top,
+                                const frames::Rules* rules) {
   nlohmann::ordered_json j;
   const ring::Event& e = r.event.e;
   j["pid"] = r.pid;
@@ -55,7 +33,6 @@ nlohmann::ordered_json oom_json(const OomReport& r, const Snapshot& named, std::
   j["cap_bytes"] = cap == ring::kNoLimit ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(cap);
   j["used_after"] = e.used_after;
   j["result"] = e.result;
-  j["asked_at"] = e.site ? nlohmann::ordered_json(site_line(named, e.site)) : nlohmann::ordered_json(nullptr);
   j["exact"] = named.exact;
   j["index"] = index;
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> by_site;
@@ -67,11 +44,25 @@ nlohmann::ordered_json oom_json(const OomReport& r, const Snapshot& named, std::
   }
   std::vector<std::pair<uint32_t, std::pair<uint64_t, uint64_t>>> v(by_site.begin(), by_site.end());
   std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  // The sites this report names, told apart among them (cuw/frames.hpp).
+  std::vector<const SnapSite*> named_sites;
+  auto add = [&](uint32_t id) {
+    if (const SnapSite* st = named.site(id))
+      if (std::find(named_sites.begin(), named_sites.end(), st) == named_sites.end()) named_sites.push_back(st);
+  };
+  if (e.site) add(e.site);
+  for (std::size_t i = 0; i < v.size() && i < top; ++i) add(v[i].first);
+  const auto labels = snapshot_detail::site_labels(named_sites, snapshot_detail::rules_or_builtin(rules));
+  auto line = [&](uint32_t id) -> std::string {
+    auto l = labels.find(id);
+    return l == labels.end() ? std::string("(no call site)") : cuw::printable(l->second.one_line());
+  };
+  j["asked_at"] = e.site ? nlohmann::ordered_json(line(e.site)) : nlohmann::ordered_json(nullptr);
   nlohmann::ordered_json sites = nlohmann::ordered_json::array();
   for (std::size_t i = 0; i < v.size() && i < top; ++i)
     sites.push_back({{"live_bytes", v[i].second.first},
                      {"live_allocations", v[i].second.second},
-                     {"frame", v[i].first ? site_line(named, v[i].first) : "(call sites off)"}});
+                     {"frame", v[i].first ? line(v[i].first) : "(call sites off)"}});
   j["sites"] = std::move(sites);
   return j;
 }

@@ -149,11 +149,98 @@ std::string fit(const std::string& s, std::size_t w) {
 }
 
 
-nlohmann::ordered_json frame_json(const SnapFrame& f) {
+nlohmann::ordered_json frame_json(const SnapFrame& f, const frames::Rules& rules) {
   return {{"python", f.python},      {"function", pickle::valid_utf8(f.function)},
           {"file", pickle::valid_utf8(f.file)}, {"line", f.line},
           {"module", pickle::valid_utf8(f.module)}, {"offset", f.offset},
-          {"pc", f.pc}};
+          {"pc", f.pc}, {"class", frames::class_name(frame_class(f, rules))}};
+}
+
+const frames::Rules& rules_or_builtin(const frames::Rules* r) { return r ? *r : frames::Rules::builtin(); }
+
+frames::Class frame_class(const SnapFrame& f, const frames::Rules& rules) {
+  return f.python ? rules.python(f.file) : rules.native(f.module);
+}
+
+frames::Frame present(const SnapFrame& f, const frames::Rules& rules) {
+  frames::Frame p;
+  p.python = f.python;
+  p.cls = frame_class(f, rules);
+  p.text = frame_text(f);
+  p.where = printable(frames::where_of(f.python, f.python ? f.file : f.module));
+  p.function = f.function;
+  return p;
+}
+
+std::map<uint32_t, frames::Label> site_labels(const std::vector<const SnapSite*>& sites, const frames::Rules& rules) {
+  std::vector<std::vector<frames::Frame>> in;
+  in.reserve(sites.size());
+  for (const SnapSite* s : sites) {
+    std::vector<frames::Frame> fs;
+    fs.reserve(s->frames.size());
+    for (const SnapFrame& f : s->frames) fs.push_back(present(f, rules));
+    in.push_back(std::move(fs));
+  }
+  const std::vector<frames::Label> labels = frames::label_sites(in);
+  std::map<uint32_t, frames::Label> out;
+  for (std::size_t i = 0; i < sites.size(); ++i) out[sites[i]->id] = labels[i];
+  return out;
+}
+
+std::string segments_note(const Snapshot& s) {
+  // The allocator's own functions: the frames between the tensor's maker and cudaMalloc.
+  static constexpr std::string_view kPools[][2] = {
+      {"CUDACachingAllocator", "PyTorch's (torch.cuda.memory._snapshot() shows its tensors)"},
+      {"BFCAllocator", "XLA's (jax.profiler.save_device_memory_profile shows its buffers)"},
+      {"cupy::cuda::memory", "CuPy's"},
+      {"cupy/cuda/memory", "CuPy's"},
+  };
+  for (const SnapSite& site : s.sites)
+    for (const SnapFrame& f : site.frames)
+      for (const auto& [needle, who] : kPools)
+        if (f.function.find(needle) != std::string::npos || f.file.find(needle) != std::string::npos ||
+            f.module.find(needle) != std::string::npos)
+          return "The process runs " + std::string(who.substr(0, who.find(' '))) +
+                 " caching allocator: a call site here is where a segment it sub-allocates was made, not where the "
+                 "tensors now in it were" +
+                 (who.find('(') != std::string_view::npos ? " " + std::string(who.substr(who.find('('))) : std::string()) +
+                 ".";
+  return {};
+}
+
+std::map<uint32_t, frames::Label> site_labels(const Snapshot& s, const frames::Rules& rules) {
+  std::vector<const SnapSite*> v;
+  for (const SnapSite& st : s.sites)
+    if (st.id != 0) v.push_back(&st);
+  return site_labels(v, rules);
+}
+
+std::vector<std::string> site_lines(const SnapSite& site, const frames::Label& l, const frames::Rules& rules, bool full) {
+  std::vector<std::string> out;
+  if (site.frames.empty()) return {"(frames unknown)"};
+  out.push_back(l.head);
+  if (full) {
+    for (std::size_t i : l.folded)
+      out.push_back("  " + frame_text(site.frames[i]) + "  [" + frames::class_name(frame_class(site.frames[i], rules)) + "]");
+  } else if (!l.folded_text.empty()) {
+    out.push_back("(" + l.folded_text + ")");
+  }
+  for (const frames::Via& v : l.via)
+    out.push_back("< " + v.text + "  (+" + std::to_string(v.skipped) + (v.skipped == 1 ? " frame)" : " frames)"));
+  if (full) {  // the rest of the stack, outward of the head: every frame not printed above
+    std::vector<bool> shown(site.frames.size(), false);
+    for (std::size_t i : l.folded) shown[i] = true;
+    if (l.head_frame >= 0) shown[static_cast<std::size_t>(l.head_frame)] = true;
+    for (const frames::Via& v : l.via) shown[v.frame] = true;
+    bool any = false;
+    for (std::size_t i = 0; i < site.frames.size(); ++i) {
+      if (shown[i]) continue;
+      if (!any) out.push_back("all frames outward:");
+      any = true;
+      out.push_back("  " + frame_text(site.frames[i]) + "  [" + frames::class_name(frame_class(site.frames[i], rules)) + "]");
+    }
+  }
+  return out;
 }
 
 }  // namespace cuw::daemon::snapshot_detail

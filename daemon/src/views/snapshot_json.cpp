@@ -24,7 +24,9 @@ namespace cuw::daemon {
 using json = nlohmann::ordered_json;
 using namespace snapshot_detail;
 
-json snapshot_json(const Snapshot& s) {
+json snapshot_json(const Snapshot& s, const frames::Rules* rules_in) {
+  const frames::Rules& rules = rules_or_builtin(rules_in);
+  const auto labels = site_labels(s, rules);
   std::map<int, SiteTotal> per_device;
   uint64_t host_bytes = 0, host_count = 0;
   json allocations = json::array();
@@ -71,11 +73,16 @@ json snapshot_json(const Snapshot& s) {
   std::sort(by_id.begin(), by_id.end(), [](const SnapSite* a, const SnapSite* b) { return a->id < b->id; });
   for (const SnapSite* st : by_id) {
     json frames = json::array();
-    for (const SnapFrame& f : st->frames) frames.push_back(frame_json(f));
+    for (const SnapFrame& f : st->frames) frames.push_back(frame_json(f, rules));
     auto t = totals.find(st->id);
+    auto l = labels.find(st->id);
+    const bool labelled = l != labels.end();
     sites.push_back({{"id", st->id},
                      {"live_bytes", t != totals.end() ? t->second.bytes : 0},
                      {"live_allocations", t != totals.end() ? t->second.count : 0},
+                     {"label", labelled ? pickle::valid_utf8(l->second.one_line()) : std::string("(no call site)")},
+                     {"label_folded", labelled ? pickle::valid_utf8(l->second.folded_text) : std::string()},
+                     {"head_frame", labelled ? l->second.head_frame : -1},
                      {"frames", std::move(frames)}});
   }
   json trace = json::array();
@@ -108,6 +115,7 @@ json snapshot_json(const Snapshot& s) {
           {"allocations", std::move(allocations)},
           {"segments", std::move(segments)},
           {"sites", std::move(sites)},
+          {"segments_note", pickle::valid_utf8(segments_note(s))},
           {"trace", std::move(trace)}};
 }
 

@@ -57,6 +57,8 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts) {
   }
 
   // Call sites by live bytes.
+  const frames::Rules& rules = rules_or_builtin(opts.rules);
+  const auto labels = site_labels(s, rules);
   const auto totals = site_totals(s);
   std::vector<std::pair<uint32_t, SiteTotal>> sites(totals.begin(), totals.end());
   std::stable_sort(sites.begin(), sites.end(),
@@ -66,6 +68,7 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts) {
   out += "\nLive device memory by call site";
   if (sites.size() > opts.top) out += " (top " + std::to_string(opts.top) + " of " + std::to_string(sites.size()) + ")";
   out += ":\n";
+  if (const std::string note = segments_note(s); !note.empty()) out += "  " + note + "\n";
   if (sites.empty()) out += "  (no live device allocation)\n";
   for (std::size_t i = 0; i < sites.size() && i < opts.top; ++i) {
     const auto& [id, t] = sites[i];
@@ -77,9 +80,12 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts) {
     }
     out += "site " + std::to_string(id) + "\n";
     const SnapSite* site = s.site(id);
-    const auto shown = frames_to_show(site, opts.frames);
-    if (shown.empty()) out += "      (frames unknown)\n";
-    for (const SnapFrame* f : shown) out += "      " + frame_text(*f) + (f->python ? "" : "  [native]") + "\n";
+    auto l = labels.find(id);
+    if (!site || l == labels.end()) {
+      out += "      (frames unknown)\n";
+      continue;
+    }
+    for (const std::string& line : site_lines(*site, l->second, rules, opts.full)) out += "      " + line + "\n";
   }
 
   // The largest live allocations.
@@ -98,8 +104,7 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts) {
     std::string where = "-";
     if (a.site) {
       where = std::to_string(a.site);
-      const auto shown = frames_to_show(s.site(a.site), 1);
-      if (!shown.empty()) where += ": " + frame_text(*shown.front());
+      if (auto l = labels.find(a.site); l != labels.end()) where += ": " + l->second.one_line();
     }
     const std::string kind =
         a.kind == SnapKind::device || a.kind == SnapKind::pooled ? "" : std::string(" (") + kind_name(a.kind) + ")";

@@ -18,20 +18,27 @@
 #include <string>
 #include <vector>
 
+#include "cuw/frames.hpp"
 #include "model/snapshot.hpp"
 
 namespace cuw::daemon {
 
 /// What the text reports list.
 struct TextOptions {
-  std::size_t top = 10;    ///< call sites and live allocations listed, largest first
-  std::size_t frames = 4;  ///< frames shown per call site (Python frames first)
+  std::size_t top = 10;  ///< call sites and live allocations listed, largest first
+  /// Every frame of each call site listed (with its class), not only the printed form.
+  bool full = false;
+  /// The frame classes (cuw/frames.hpp): the daemon's with the site's own rules; null: the
+  /// built-in ones. Not owned.
+  const frames::Rules* rules = nullptr;
 };
 
 /// The report for people: a header (pid, command, pool, whether the live records are exact,
 /// events dropped, call sites on or off), one row per device (used, reserved, peak, cap,
-/// cached), the call sites holding the most live bytes (bytes, count, innermost frames as
-/// `function (file:line)`, the Python frames first: they are the user's code), then the
+/// cached), the call sites holding the most live bytes (bytes, count, and the site's printed
+/// form, cuw/frames.hpp: its innermost user frame as `function (file:line)`, a Python one
+/// first; the frames inner to it folded into one line; the frames that tell it from other
+/// sites with the same head; with opts.full every frame and its class), then the
 /// largest live allocations (address, size, device, stream, age at snapshot time, call site).
 /// Pinned host memory is listed apart: it is not device memory.
 std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
@@ -46,12 +53,18 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
 ///   allocations: [{address, bytes, device, stream, time_ns, age_ns, site, api, kind}]
 ///     by address; kind "device" | "pooled" | "handle" | "array" | "host"; api by name
 ///   segments: [{address, bytes, device}]   driver memory a pool holds, by address
-///   sites: [{id, live_bytes, live_allocations, frames: [{python, function, file, line,
-///     module, offset, pc}]}]   by id; frames innermost first
+///   sites: [{id, live_bytes, live_allocations, label, label_folded, head_frame,
+///     frames: [{python, function, file, line, module, offset, pc, class}]}]   by id; frames
+///     innermost first (native, then Python); label: the printed form on one line
+///     (cuw/frames.hpp Label::one_line), label_folded: "8 frames in ..." ("" when none),
+///     head_frame: the index in frames of the label's head (-1: none); class: "user" |
+///     "framework" | "cuda" | "interpreter" | "libc" | "cuwarden"
+///   segments_note: where a framework's caching allocator runs, that its sites are where its
+///     segments were made, not the tensors in them, and what shows tensors; "" otherwise
 ///   trace: [{time_ns, kind, api, device, address, bytes, used_after, stream, aux, site, result}]
 ///     oldest first; kind and api by name (ring.hpp kind_name / api_name)
 /// Numbers are bytes, counts or CLOCK_REALTIME nanoseconds.
-nlohmann::ordered_json snapshot_json(const Snapshot& s);
+nlohmann::ordered_json snapshot_json(const Snapshot& s, const frames::Rules* rules = nullptr);
 
 /// The bytes of a pickle (protocol 4) in the format of torch.cuda.memory._snapshot():
 /// {"segments": [...], "device_traces": [[...] per device ordinal], "allocator_settings": {...},
@@ -82,33 +95,77 @@ std::string snapshot_pytorch(const Snapshot& s);
 /// names; ts in microseconds since the Unix epoch; displayTimeUnit "ms".
 std::string snapshot_perfetto(const Snapshot& s);
 
+/// Live device memory as folded stacks, the input of flamegraph.pl, inferno and speedscope: one
+/// line per call site, `frame;frame;...;frame BYTES`, the outermost frame first (calling
+/// order, cuw/frames.hpp calling_order), each frame as the text report names it with ';'
+/// and control characters replaced; sites whose frames print the same are one line (bytes
+/// added). Allocations with no call site are one frame, "(no call site)". Host memory is
+/// left out. Sorted by stack text.
+std::string snapshot_folded(const Snapshot& s, const frames::Rules* rules = nullptr);
+
 /// torch.cuda.memory_summary()'s table for each device of the process, filled from what a
 /// snapshot has (its counters and live records; large/small split at 1 MiB); "-" marks what
 /// cuwarden cannot know (and the notes under the tables say why).
 std::string summary_text(const Snapshot& s);
 
-/// A call site whose live bytes only grew: never fell from one snapshot to the next and
-/// ended higher than it began. Site 0 gathers the allocations with no call site.
+/// A call site whose live device bytes differ between two samples of one process.
+struct SiteChange {
+  uint32_t site = 0;                          ///< 0: the allocations with no call site
+  SnapSite frames;                            ///< as the newer sample names it (else the older)
+  uint64_t before = 0, after = 0;             ///< live bytes
+  uint64_t count_before = 0, count_after = 0; ///< live allocations
+};
+
+/// The call sites whose live bytes differ between `then` and `now` (two samples of one
+/// process), largest change first. Throws std::invalid_argument for different processes.
+std::vector<SiteChange> changed_sites(const Snapshot& then, const Snapshot& now);
+
+/// changed_sites() as JSON: {pid, from_ns, to_ns, sites: [{site, label, before_bytes,
+/// after_bytes, before_count, after_count, frames}]} (label and frames as snapshot_json's).
+nlohmann::ordered_json since_json(const Snapshot& then, const Snapshot& now, const frames::Rules* rules = nullptr);
+
+/// changed_sites() for people (`cuwarden snapshot PID --since 10m`): the window, then each
+/// site's change (+/- bytes, before -> after) and its printed form (opts.top sites). Says
+/// so when a sample's live records could not be read.
+std::string since_text(const Snapshot& then, const Snapshot& now, const TextOptions& opts = {});
+
+/// What makes a call site a leak suspect.
+struct LeakOptions {
+  /// Snapshots taken before the process's first allocation (the oldest live record or event
+  /// the snapshots hold) plus this are left out: a model's weights and a framework's first
+  /// caches are made then and held, which is not a leak.
+  uint64_t warmup_ns = 60'000'000'000ULL;
+  std::size_t window = 3;               ///< the last snapshots (after the warm-up) looked at
+  uint64_t min_growth = 1ULL << 20;     ///< bytes a site must grow by over them, at least ...
+  double min_share = 0.01;              ///< ... and this share of its live bytes at the last
+};
+
+/// A call site whose live bytes grew over the last opts.window snapshots after the warm-up,
+/// never falling between two of them, by at least max(min_growth, min_share of its bytes).
+/// Site 0 gathers the allocations with no call site.
 struct LeakSuspect {
   uint32_t site = 0;
   SnapSite frames;                ///< the site as the newest snapshot names it
-  std::vector<uint64_t> bytes;    ///< live bytes at each snapshot, oldest first
+  std::vector<uint64_t> bytes;    ///< live bytes at each snapshot of the window, oldest first
   uint64_t first_count = 0, last_count = 0;  ///< live allocations at the first and last
   uint64_t growth() const noexcept { return bytes.empty() ? 0 : bytes.back() - bytes.front(); }
 };
 
-/// The call sites whose live bytes only grew across `snaps` (two or more snapshots of one
-/// process, any order: sorted by time here; snapshots whose live records are not exact are
-/// skipped), largest growth first. Empty with fewer than two usable snapshots. Throws
+/// The leak suspects of `snaps` (snapshots of one process, any order: sorted by time here;
+/// those whose live records are not exact are skipped, and those of the warm-up), largest
+/// growth first. Empty with fewer than opts.window usable snapshots. Throws
 /// std::invalid_argument when the snapshots are of different processes.
-std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps);
+std::vector<LeakSuspect> growing_sites(const std::vector<Snapshot>& snaps, const LeakOptions& opts = {});
 
 /// growing_sites() as JSON: {pid, snapshots, first_ns, last_ns, skipped, sites: [{site,
-/// growth_bytes, bytes: [...], first_count, last_count, frames: [...]}]}.
-nlohmann::ordered_json leaks_json(const std::vector<Snapshot>& snaps);
+/// growth_bytes, bytes: [...], first_count, last_count, label, frames: [...]}]} (frames and
+/// label as snapshot_json writes them).
+/// Also: warmup_ns, window, warming (snapshots left out as the warm-up's).
+nlohmann::ordered_json leaks_json(const std::vector<Snapshot>& snaps, const frames::Rules* rules = nullptr,
+                                  const LeakOptions& opts = {});
 
 /// growing_sites() for people: the window, then each suspect's growth, its live bytes over
-/// time and its frames (opts.top sites, opts.frames frames each).
-std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& opts = {});
+/// time and its printed form (opts.top sites; every frame with opts.full).
+std::string leaks_text(const std::vector<Snapshot>& snaps, const TextOptions& opts = {}, const LeakOptions& leak = {});
 
 }  // namespace cuw::daemon

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/tracker.hpp"
+#include "cuw/frames.hpp"
 #include "cuw/live.hpp"
 #include "cuw/size.hpp"
 
@@ -78,6 +79,21 @@ struct PendingOom {
 thread_local PendingOom t_pending;
 }  // namespace
 
+std::vector<std::string> Tracker::labels(const std::vector<uint32_t>& ids) const {
+  std::vector<std::vector<frames::Frame>> stacks;
+  stacks.reserve(ids.size());
+  for (uint32_t id : ids) stacks.push_back(live_->sites.present(id));
+  const std::vector<frames::Label> l = frames::label_sites(stacks);
+  std::vector<std::string> out;
+  out.reserve(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == 0) out.emplace_back("(no call site)");
+    else if (stacks[i].empty()) out.emplace_back("(unknown frames)");
+    else out.push_back(l[i].one_line() + (l[i].folded_text.empty() ? "" : "  [" + l[i].folded_text + "]"));
+  }
+  return out;
+}
+
 void Tracker::report_oom(int ordinal, uint64_t bytes, ring::Api api, ring::EventKind kind, uint32_t result) noexcept {
   fast_clock::detail::ThreadState& ts = thread_state();
   if (ts.oom_pending) return;  // the first refusal of the hook is the one to tell
@@ -132,19 +148,26 @@ void Tracker::flush_oom_report(uint64_t asked) noexcept {
     if (limit != ring::kNoLimit) s += " of its cap of " + format_bytes(limit);
     if (cached) s += ", of which the pool keeps " + format_bytes(cached) + " free";
     s += ".\n";
-    // Where the refused request came from (the hook captured it before asking).
-    if (callsites_on() && p.site) s += "  Asked at: " + live_->sites.describe(p.site) + "\n";
     live::Contents c;
     const bool read = read_own(live_->segment, &c);
+    std::vector<SiteTotal> sites;
+    if (read) sites = by_site(c, true, ordinal);
+    if (sites.size() > 3) sites.resize(3);
+    // The sites the paragraph names, told apart among them (cuw/frames.hpp).
+    std::vector<uint32_t> named;
+    if (p.site) named.push_back(p.site);
+    for (const SiteTotal& t : sites) named.push_back(t.site);
+    const std::vector<std::string> label = labels(named);
+    // Where the refused request came from (the hook captured it before asking).
+    if (callsites_on() && p.site) s += "  Asked at: " + label[0] + "\n";
     if (read) {
-      const std::vector<SiteTotal> sites = by_site(c, true, ordinal);
       if (callsites_on()) {
         s += "  Largest call sites by live bytes:";
         int shown = 0;
         for (const SiteTotal& t : sites) {
-          if (shown == 3) break;
-          s += "\n    " + std::to_string(++shown) + ") " + format_bytes(t.bytes) + " in " + std::to_string(t.count) +
-               (t.count == 1 ? " allocation: " : " allocations: ") + live_->sites.describe(t.site);
+          s += "\n    " + std::to_string(shown + 1) + ") " + format_bytes(t.bytes) + " in " + std::to_string(t.count) +
+               (t.count == 1 ? " allocation: " : " allocations: ") + label[(p.site ? 1 : 0) + static_cast<std::size_t>(shown)];
+          ++shown;
         }
         if (shown == 0) s += " none live";
         s += "\n";
@@ -187,15 +210,18 @@ void Tracker::report_leaks() noexcept {
     }
     std::string s = "cuwarden: pid " + pid + ": " + std::to_string(n) + (n == 1 ? " allocation" : " allocations") +
                     " never freed, " + format_bytes(b) + " in all, by call site:\n";
-    int shown = 0;
-    for (const SiteTotal& t : sites) {
-      if (++shown > 20) {
+    std::vector<uint32_t> named;
+    for (std::size_t i = 0; i < sites.size() && i < 20; ++i) named.push_back(sites[i].site);
+    const std::vector<std::string> label = labels(named);
+    for (std::size_t i = 0; i < sites.size(); ++i) {
+      const SiteTotal& t = sites[i];
+      if (i == 20) {
         s += "  ... and " + std::to_string(sites.size() - 20) + " more call sites\n";
         break;
       }
       s += "  " + format_bytes(t.bytes) + " in " + std::to_string(t.count) +
            (t.count == 1 ? " allocation: " : " allocations: ") +
-           (callsites_on() ? live_->sites.describe(t.site) : std::string("(call sites off: CUWARDEN_CALLSITES=16)")) + "\n";
+           (callsites_on() ? label[i] : std::string("(call sites off: CUWARDEN_CALLSITES=16)")) + "\n";
     }
     write_stderr(s);
   } catch (...) {

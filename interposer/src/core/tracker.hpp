@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include <cuda.h>
 
@@ -356,6 +358,9 @@ class Tracker {
   void report_leaks() noexcept;
   /// Refusals not yet told (flush_oom_report): one line saying how many, if any. on_exit.
   void report_unsaid_ooms() noexcept;
+  /// The printed form (cuw/frames.hpp, built-in rules) of each call site in `ids`, told
+  /// apart among them, with its folded frames in brackets. Allocates (may throw); cold.
+  std::vector<std::string> labels(const std::vector<uint32_t>& ids) const;
 
   /// The context of each array in handles() (array_owners.hpp); lock() held to use it. A
   /// forked child's tracker starts with none (its parent's are not its own).

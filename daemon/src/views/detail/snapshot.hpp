@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cuw/frames.hpp"
 #include "model/snapshot.hpp"
 
 namespace cuw::daemon::snapshot_detail {
@@ -51,9 +52,32 @@ bool runtime_frame(const SnapFrame& f);
 /// past the runtime's, at most `max`.
 std::vector<const SnapFrame*> frames_to_show(const SnapSite* site, std::size_t max);
 
-/// One frame as the JSON views write it: {python, function, file, line, module, offset, pc},
-/// text made valid UTF-8.
-nlohmann::ordered_json frame_json(const SnapFrame& f);
+/// One frame as the JSON views write it: {python, function, file, line, module, offset, pc,
+/// class}, text made valid UTF-8; class by `rules` (cuw/frames.hpp).
+nlohmann::ordered_json frame_json(const SnapFrame& f, const frames::Rules& rules);
+
+// ---- the call-site presenter (cuw/frames.hpp) -----------------------------------------------
+
+/// `r`, or the built-in rules when null.
+const frames::Rules& rules_or_builtin(const frames::Rules* r);
+/// A frame's class by `rules`.
+frames::Class frame_class(const SnapFrame& f, const frames::Rules& rules);
+/// A snapshot frame as the presenter reads it (text as frame_text, made printable).
+frames::Frame present(const SnapFrame& f, const frames::Rules& rules);
+/// The printed form of each of `sites` (told apart among them), by site id. Site 0 is not
+/// in `sites`' ids: its callers say "(no call site captured)".
+std::map<uint32_t, frames::Label> site_labels(const std::vector<const SnapSite*>& sites, const frames::Rules& rules);
+/// Where the process runs a framework's caching allocator (a frame of PyTorch's
+/// CUDACachingAllocator, XLA's BFC allocator or CuPy's memory pool in a site's stack), the
+/// sentence saying that a call site is where a segment was made, not the tensors now in it,
+/// and what shows tensors; empty otherwise.
+std::string segments_note(const Snapshot& s);
+/// Every site of `s`, labelled among them all.
+std::map<uint32_t, frames::Label> site_labels(const Snapshot& s, const frames::Rules& rules);
+/// A site's lines for the text views, without indentation: the head, the folded frames as
+/// one line in parentheses, and each frame that tells it apart ("< FRAME  (+N frames)");
+/// with `full`, every frame instead of the fold line, each with its class.
+std::vector<std::string> site_lines(const SnapSite& site, const frames::Label& l, const frames::Rules& rules, bool full);
 
 /// Live device memory per call site (host memory is not device memory).
 struct SiteTotal {

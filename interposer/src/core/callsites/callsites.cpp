@@ -303,42 +303,49 @@ bool CallSites::frames(uint32_t id, std::vector<uint64_t>* native, std::vector<u
   return true;
 }
 
-std::string CallSites::describe(uint32_t id) const {
+std::vector<frames::Frame> CallSites::present(uint32_t id) const {
   std::vector<uint64_t> native, python;
-  if (!frames(id, &native, &python)) return "(no call site)";
+  std::vector<frames::Frame> out;
+  if (!frames(id, &native, &python)) return out;
+  const frames::Rules& rules = frames::Rules::builtin();
   char buf[512];
-  if (!python.empty()) {
-    const pyframes::Code* c = pyframes::code(static_cast<uint32_t>(python[0] >> 32));
-    if (c) {
-      std::snprintf(buf, sizeof buf, "%s:%u in %s", c->file, static_cast<unsigned>(python[0] & 0xffffffffU), c->function);
-      return buf;
-    }
-  }
-  // The first named frame outside the CUDA runtime, the driver and PyTorch's allocator (whose
-  // internal functions have no dynamic symbol): the caller's own code.
-  std::string first;
   for (uint64_t pc : native) {
+    frames::Frame f;
     Dl_info info{};
-    if (!dladdr(reinterpret_cast<void*>(pc - 1), &info)) continue;
-    const char* file = info.dli_fname ? std::strrchr(info.dli_fname, '/') : nullptr;
-    file = file ? file + 1 : (info.dli_fname ? info.dli_fname : "?");
+    if (!dladdr(reinterpret_cast<void*>(pc - 1), &info)) {
+      std::snprintf(buf, sizeof buf, "0x%" PRIx64, pc);
+      f.text = buf;
+      out.push_back(std::move(f));
+      continue;
+    }
+    const std::string path = info.dli_fname ? info.dli_fname : "";
+    f.where = frames::where_of(false, path);
+    f.cls = rules.native(path);
     if (info.dli_sname) {
       int status = -1;
       char* plain = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
-      std::snprintf(buf, sizeof buf, "%s+0x%" PRIxPTR " (%s)", status == 0 && plain ? plain : info.dli_sname,
-                    static_cast<uintptr_t>(pc - reinterpret_cast<uintptr_t>(info.dli_saddr)), file);
+      f.function = status == 0 && plain ? plain : info.dli_sname;
       std::free(plain);
+      std::snprintf(buf, sizeof buf, "+0x%" PRIxPTR " (", static_cast<uintptr_t>(pc - reinterpret_cast<uintptr_t>(info.dli_saddr)));
+      f.text = f.function + buf + f.where + ")";
+    } else {
+      std::snprintf(buf, sizeof buf, "+0x%" PRIxPTR ")", static_cast<uintptr_t>(pc - reinterpret_cast<uintptr_t>(info.dli_fbase)));
+      f.text = "?? (" + f.where + buf;
     }
-    else
-      std::snprintf(buf, sizeof buf, "0x%" PRIx64 " (%s+0x%" PRIxPTR ")", pc, file,
-                    static_cast<uintptr_t>(pc - reinterpret_cast<uintptr_t>(info.dli_fbase)));
-    if (first.empty()) first = buf;
-    if (std::strncmp(file, "libcuda", 7) == 0 || std::strncmp(file, "libcudart", 9) == 0 ||
-        std::strncmp(file, "libc10_cuda", 11) == 0 || !info.dli_sname)
-      continue;
-    return buf;
+    out.push_back(std::move(f));
   }
-  return first.empty() ? "(unknown frames)" : first;
+  for (uint64_t py : python) {
+    frames::Frame f;
+    f.python = true;
+    const pyframes::Code* c = pyframes::code(static_cast<uint32_t>(py >> 32));
+    const std::string file = c ? c->file : "?";
+    f.function = c ? c->function : "?";
+    f.cls = rules.python(file);
+    f.where = frames::where_of(true, file);
+    f.text = f.function + " (" + file + ":" + std::to_string(py & 0xffffffffU) + ")";
+    out.push_back(std::move(f));
+  }
+  return out;
 }
 
 }  // namespace cuw::core

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/live_segment.hpp"
+#include "cuw/frames.hpp"
 
 namespace cuw::core {
 
@@ -56,11 +57,11 @@ class CallSites {
   /// innermost first. False for an unknown id. Thread-safe.
   bool frames(uint32_t id, std::vector<uint64_t>* native, std::vector<uint64_t>* python) const;
 
-  /// A one-line description of site `id` for people, from inside the process: the innermost
-  /// Python frame ("train.py:42 in step") when there is one, else the first native frame
-  /// outside the CUDA libraries, named by dladdr ("forward+0x1c (libtorch_cuda.so)").
+  /// The frames of site `id` for the presenter (cuw/frames.hpp), from inside the process:
+  /// native frames named by dladdr ("forward+0x1c (libtorch_cuda.so)"), Python frames as
+  /// "step (train.py:42)", classed by the built-in rules; empty for an unknown id.
   /// Allocates; not for a hook's hot path. Thread-safe.
-  std::string describe(uint32_t id) const;
+  std::vector<frames::Frame> present(uint32_t id) const;
 
   /// One debug line (CUWARDEN_LOG=debug): the sites stored and how the native walks went
   /// (unwind::stats(): return addresses looked up, walks left to backtrace() and why, walks
