@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <new>
 
-#include "backends/cache/detail/internal.hpp"
+#include "backends/driver_calls.hpp"
 #include "backends/ipc.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/log.hpp"
@@ -13,8 +13,6 @@
 #include "cuw/attrs.hpp"
 
 namespace cuw::backends {
-
-using namespace cache_detail;  // this folder's own helpers
 
 // ---- the program's allocations ---------------------------------------------------------------
 // Pooled blocks are not in the core's live table: a cache's own block map is authoritative.
@@ -25,7 +23,7 @@ using namespace cache_detail;  // this folder's own helpers
 // event; no driver call).
 CUresult cache_backend::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
   if (dptr && bytes != 0)
-    if (cache_resource* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
+    if (pool::pool* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
   return passthrough_.allocate(t, dptr, bytes, real);
 }
 
@@ -71,21 +69,21 @@ namespace {
 // The calling thread's last context and its cache (initial-exec: the library is preloaded,
 // its TLS is static; no __tls_get_addr call).
 thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
-thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local pool::pool* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
 thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
 }  // namespace
 
-CUW_HOT cache_resource* cache_backend::for_current() noexcept {
+CUW_HOT pool::pool* cache_backend::for_current() noexcept {
   static auto get_current = drv().ctx_get_current;
   CUcontext ctx = nullptr;
   if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
   const uint64_t gen = generation_.load(std::memory_order_acquire);
   if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache;
-  cache_resource* found = nullptr;
+  pool::pool* found = nullptr;
   const int n = count_.load(std::memory_order_acquire);
   if (ctx != dying_.load(std::memory_order_acquire)) {
     for (int i = 0; i < n && !found; ++i) {
-      cache_resource* c = caches_[i].load(std::memory_order_acquire);
+      pool::pool* c = caches_[i].load(std::memory_order_acquire);
       if (c && c->context() == ctx) found = c;
     }
   }
@@ -96,12 +94,12 @@ CUW_HOT cache_resource* cache_backend::for_current() noexcept {
   return found;
 }
 
-cache_resource* cache_backend::create(CUcontext ctx) noexcept {
+pool::pool* cache_backend::create(CUcontext ctx) noexcept {
   std::lock_guard<std::mutex> g(mu_);
   const int n = count_.load(std::memory_order_relaxed);
   int slot_index = n;  // the first free slot (a destroyed context's), else a new one
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+    pool::pool* c = caches_[i].load(std::memory_order_relaxed);
     if (c && c->context() == ctx) return c;
     if (!c && slot_index == n) slot_index = i;
   }
@@ -110,7 +108,7 @@ cache_resource* cache_backend::create(CUcontext ctx) noexcept {
   if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
   ring::DeviceSlot* slot = tracker_.device(dev);
   if (!slot) return nullptr;
-  cache_resource* c = nullptr;
+  pool::pool* c = nullptr;
   try {
     std::unique_ptr<granule_resource> granules;
     if (vmm_) {
@@ -126,11 +124,11 @@ cache_resource* cache_backend::create(CUcontext ctx) noexcept {
     }
     if (granules) {
       granule_resource* gr = granules.get();
-      c = new cache_resource(std::move(granules), ctx, dev, *slot, tracker_, *this, gr);
+      c = new pool::pool(std::move(granules), ctx, dev, *slot, tracker_, *this, gr);
       // Peers enabled before this pool existed.
       for (CUdevice p : peers_[dev & (ring::kMaxDevices - 1)]) gr->grant_peer(p);
     } else {
-      c = new cache_resource(std::make_unique<driver_resource>(&tracker_, dev), ctx, dev, *slot, tracker_, *this);
+      c = new pool::pool(std::make_unique<driver_resource>(&tracker_, dev), ctx, dev, *slot, tracker_, *this);
     }
   } catch (...) {
     return nullptr;
@@ -145,16 +143,16 @@ CUW_HOT CUresult cache_backend::free_traced(CUdeviceptr p, ring::Api api, uint64
   // first without asking the driver (a dropped cache finds nothing and is skipped). The
   // cache of a context being destroyed is asked last: once the driver destroyed it, another
   // context's cache may hold a block where one of the dying cache's starts.
-  cache_resource* first = t_cache;
+  pool::pool* first = t_cache;
   if (!first) first = for_current();
   const CUcontext going = dying_.load(std::memory_order_acquire);
-  cache_resource* last = nullptr;
+  pool::pool* last = nullptr;
   if (__builtin_expect(going != nullptr, 0) && first && first->context() == going) std::swap(first, last);
   if (first)
     if (const CUresult r = first->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (!c || c == first || c == last) continue;
     if (going && c->context() == going) {
       last = c;
@@ -165,13 +163,13 @@ CUW_HOT CUresult cache_backend::free_traced(CUdeviceptr p, ring::Api api, uint64
   return last ? last->free_traced(p, api, aux, now) : CUDA_ERROR_NOT_FOUND;
 }
 
-cache_resource* cache_backend::owner_of(CUdeviceptr p, range* out, bool* live) {
+pool::pool* cache_backend::owner_of(CUdeviceptr p, range* out, bool* live) {
   // As free_traced: a context being destroyed is asked last.
   const CUcontext going = dying_.load(std::memory_order_acquire);
-  cache_resource* last = nullptr;
+  pool::pool* last = nullptr;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (!c) continue;
     if (going && c->context() == going) {
       last = c;
@@ -182,23 +180,23 @@ cache_resource* cache_backend::owner_of(CUdeviceptr p, range* out, bool* live) {
   return last && last->locate(p, out, live) ? last : nullptr;
 }
 
-uint64_t cache_backend::release_all_except(const cache_resource* skip) {
+uint64_t cache_backend::release_all_except(const pool::pool* skip) {
   uint64_t total = 0;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
+    if (pool::pool* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
   return total;
 }
 
 void cache_backend::do_stream_created(core::Tracker&, CUstream s, unsigned flags) {
   if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // covered by the legacy stream's event
-  if (cache_resource* c = for_current()) c->add_stream(s);
+  if (pool::pool* c = for_current()) c->add_stream(s);
 }
 
 void cache_backend::do_stream_destroying(core::Tracker&, CUstream s) {
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->remove_stream(s)) return;
   }
   // A blocking stream (not tracked: the legacy stream's event follows its work while it
@@ -209,7 +207,7 @@ void cache_backend::do_stream_destroying(core::Tracker&, CUstream s) {
       drv().stream_get_ctx(s, &ctx) != CUDA_SUCCESS || !ctx)
     return;
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->context() == ctx) {
       c->orphan_stream(s);
       return;
@@ -227,12 +225,12 @@ bool cache_backend::do_context_destroy(core::Tracker&, call_ref<CUcontext()> whi
   generation_.fetch_add(1, std::memory_order_acq_rel);
   const int n0 = count_.load(std::memory_order_relaxed);
   for (int i = 0; i < n0; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
+    if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
   const bool gone = destroy();
   if (gone) {
     const int n = count_.load(std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
-      cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+      pool::pool* c = caches_[i].load(std::memory_order_relaxed);
       if (c && c->context() == ctx) {
         c->forget_all();
         caches_[i].store(nullptr, std::memory_order_release);
@@ -242,7 +240,7 @@ bool cache_backend::do_context_destroy(core::Tracker&, call_ref<CUcontext()> whi
     generation_.fetch_add(1, std::memory_order_acq_rel);
   } else {
     for (int i = 0; i < n0; ++i)
-      if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
+      if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
   }
   dying_.store(nullptr, std::memory_order_release);
   return gone;
@@ -264,7 +262,7 @@ void cache_backend::do_peer_access_changed(core::Tracker&, CUcontext peer, bool 
   if (std::find(peers.begin(), peers.end(), self) == peers.end()) peers.push_back(self);
   const int n = count_.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->ordinal() == other && c->granules())
+    if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->ordinal() == other && c->granules())
       c->granules()->grant_peer(self);
 }
 
@@ -283,7 +281,7 @@ bool cache_backend::do_locate(core::Tracker&, CUdeviceptr p, range* out, bool* l
 
 CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) {
   bool live = false;
-  if (cache_resource* c = owner_of(p, nullptr, &live)) {
+  if (pool::pool* c = owner_of(p, nullptr, &live)) {
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
     ipc_span span;
     const CUresult r = c->ipc_handle(handle, p, &span);
@@ -295,7 +293,7 @@ CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, 
 
 CUresult cache_backend::do_ipc_describe(core::Tracker&, CUdeviceptr p, uint64_t bytes, ipc_span* out) {
   bool live = false;
-  cache_resource* c = owner_of(p, nullptr, &live);
+  pool::pool* c = owner_of(p, nullptr, &live);
   if (!c || !live) return CUDA_ERROR_INVALID_HANDLE;
   return c->ipc_describe(p, bytes, out);
 }
@@ -305,7 +303,7 @@ bool cache_backend::do_for_each_block(core::Tracker&, call_ref<void(const block_
   bool complete = true;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) complete = c->blocks(all) && complete;
+    if (pool::pool* c = caches_[i].load(std::memory_order_acquire)) complete = c->blocks(all) && complete;
   for (const block_info& b : all) visit(b);
   return complete;
 }
@@ -314,7 +312,7 @@ pool_stats cache_backend::do_stats(core::Tracker&, int ordinal) {
   pool_stats total;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (!c || c->ordinal() != ordinal) continue;
     const pool_stats s = c->stats();
     total.reserved += s.reserved;

@@ -1,5 +1,5 @@
 // cuwarden interposer: the `cache` and `vmm` backends (CUWARDEN_POOL=cache, vmm): one
-// cache_resource per CUDA context (cache_resource.hpp has the design; vmm is its layout over
+// pool::pool per CUDA context (pool::pool.hpp has the design; vmm is its layout over
 // granules, backends/vmm/granules.hpp), found from the calling thread's current context.
 // What the caches do not serve (stream-ordered allocations, calls without a context, IPC
 // imports) goes to passthrough.
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/cache/cache_resource.hpp"
+#include "backends/pool/pool.hpp"
 #include "backends/passthrough.hpp"
 #include "base/call_ref.hpp"
 #include "core/tracker.hpp"
@@ -32,13 +32,13 @@ class cache_backend final : public backend {
   /// The cache of the calling thread's current context, created on first use; nullptr
   /// without a current context or for a device past what the ring tracks. Cost when the
   /// context is the thread's last one: one cuCtxGetCurrent and two compares.
-  cache_resource* for_current() noexcept;
+  pool::pool* for_current() noexcept;
   /// Free live block `p` in whichever cache owns it (free_traced; the thread's last cache
   /// first). CUDA_ERROR_INVALID_VALUE when `p` is inside a cache's memory but not a live
   /// block's start; CUDA_ERROR_NOT_FOUND when no cache holds it.
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
   /// The cache whose memory contains `p` (live or not), or nullptr.
-  cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
+  pool::pool* owner_of(CUdeviceptr p, range* out, bool* live);
 
   /// Give back to the driver everything every cache keeps (waiting for pending frees,
   /// except during a capture); returns the bytes. For a driver allocation that failed with
@@ -47,7 +47,7 @@ class cache_backend final : public backend {
   uint64_t release() override { return release_all_except(nullptr); }
   /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
   /// has just released itself).
-  uint64_t release_all_except(const cache_resource* skip);
+  uint64_t release_all_except(const pool::pool* skip);
 
  private:
   CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override;
@@ -94,18 +94,18 @@ class cache_backend final : public backend {
   bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override;
   pool_stats do_stats(core::Tracker& t, int ordinal) override;
 
-  cache_resource* create(CUcontext ctx) noexcept;
+  pool::pool* create(CUcontext ctx) noexcept;
 
   core::Tracker& tracker_;
   const bool vmm_;
   passthrough passthrough_;
   static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
   std::mutex mu_;
-  std::atomic<cache_resource*> caches_[kMax] = {};
+  std::atomic<pool::pool*> caches_[kMax] = {};
   std::atomic<int> count_{0};  ///< slots in use or freed, [0, count_)
   std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (do_context_destroy; under mu_)
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
-  std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
+  std::vector<pool::pool*> dropped_;  ///< caches of contexts that went away (never freed)
   std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< vmm: devices given access, by device (under mu_)
 };
 

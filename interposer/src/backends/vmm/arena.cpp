@@ -1,4 +1,4 @@
-// cuwarden interposer: the vmm layout's arena (cache_resource.hpp, "The vmm layout"): how a
+// cuwarden interposer: the vmm layout's arena (backends/pool/pool.hpp, "The vmm layout"): how a
 // pool over granules grows: a slab from a new range, a large block by extending a free
 // block of the arena into the unmapped addresses around it, or at the top; past the budget,
 // or when the cap or the device refuses, from granules unmapped out of free blocks
@@ -8,20 +8,20 @@
 #include <new>
 #include <vector>
 
-#include "backends/cache/cache_resource.hpp"
-#include "backends/cache/detail/internal.hpp"
+#include "backends/pool/pool.hpp"
+#include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 
-namespace cuw::backends {
+namespace cuw::backends::pool {
 
-using namespace cache_detail;  // the cache folder's helpers
+using namespace tuning;  // the pool's tuning and size classes
 
 // The vmm layout's growth: a new range from idle granules (the ones free blocks gave back)
 // before new ones, and past the budget, or when the cap or the device refuses, stitched
 // from free blocks unmapped for it (reclaim_slow).
-CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+CUresult pool::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                        bool* cap_refused) {
   const uint64_t seg_bytes = cls >= 0 ? slab_bytes_ : rounded;
   // Nothing is unmapped during a capture: the unmap would not wait for the captured work.
@@ -72,7 +72,7 @@ CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls
 // each other merge. Past the budget, the granules come from free blocks unmapped for it
 // (reclaim_slow). Without a free block to grow, a new block goes at the top. Growth comes in
 // whole granules: what the request leaves of them stays free, where the next block packs.
-CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
+CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
                                       bool* by_cap) {
   const uint64_t gran = gran_;
   if (rounded > ~uint64_t{0} - gran) return CUDA_ERROR_OUT_OF_MEMORY;  // no granules hold it
@@ -248,7 +248,7 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
   return CUDA_SUCCESS;
 }
 
-bool cache_resource::refill_spares_slow() {
+bool pool::refill_spares_slow() {
   mu_.lock();
   const size_t have = spare_blocks_.size();
   mu_.unlock();
@@ -283,4 +283,4 @@ bool cache_resource::refill_spares_slow() {
   return true;
 }
 
-}  // namespace cuw::backends
+}  // namespace cuw::backends::pool

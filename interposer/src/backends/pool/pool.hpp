@@ -1,5 +1,5 @@
-// cuwarden interposer: the `cache` backend's pool for one CUDA context (CUWARDEN_POOL=cache;
-// cache_backend.hpp finds the one of the calling thread). The design:
+// cuwarden interposer: the pool of one CUDA context (CUWARDEN_POOL=cache and vmm;
+// backends/cache/cache_backend.hpp finds the one of the calling thread). The design:
 //
 // Layout of what it keeps:
 //   small requests (<= 1 MiB) are rounded to one of 40 size classes (512 B steps up to
@@ -80,23 +80,27 @@ namespace cuw::backends {
 class cache_backend;
 class granule_resource;
 
+}  // namespace cuw::backends
+
+namespace cuw::backends::pool {
+
 /// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
 /// tracker's lock guards the free lists (held for a few dozen instructions, never
 /// across a driver call); a mutex serializes the slow path (driver allocation, event
 /// record, query and wait, release). Allocations and frees it serves are counted and
 /// recorded (events) here, not by the hooks. Memory is given back to the driver only by release(), by
 /// the cap, or by the driver's own out-of-memory answer; the destructor gives back nothing.
-class cache_resource final {
+class pool final {
  public:
   /// `upstream` provides driver allocations (driver_resource; owned): the cache layout; or
   /// a granule_resource, given again as `granules`: the vmm layout (see the top of the
   /// file). `slot` holds the device's counters (cap, used, reserved, cached), `ordinal` its
   /// CUDA ordinal.
-  cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
+  pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
                  core::Tracker& tracker, cache_backend& owner, granule_resource* granules = nullptr);
-  ~cache_resource();
-  cache_resource(const cache_resource&) = delete;
-  cache_resource& operator=(const cache_resource&) = delete;
+  ~pool();
+  pool(const pool&) = delete;
+  pool& operator=(const pool&) = delete;
 
   CUcontext context() const noexcept { return ctx_; }
   int ordinal() const noexcept { return ordinal_; }
@@ -295,7 +299,7 @@ class cache_resource final {
   /// extended, or a new one), or the first of a new arena; handed out (*out).
   CUresult extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet, bool* by_cap);
   CUresult grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
-  /// Whether taking `more` bytes from the upstream would pass the budget (pool::budget::over).
+  /// Whether taking `more` bytes from the upstream would pass the budget (budget::over).
   bool over_budget(uint64_t more) noexcept;
   /// From a free, once the budget's trim is due: give back what passes the budget.
   void trim_idle() noexcept;
@@ -335,7 +339,7 @@ class cache_resource final {
   uint64_t open_bytes_ = 0;
   std::atomic<uint64_t> pending_bytes_{0};  ///< open + sealed; written under mu_, read without
   std::map<CUdeviceptr, Segment*> segments_;  ///< by base address
-  pool::block_map<Block> map_;                ///< block start -> block
+  block_map<Block> map_;                ///< block start -> block
   bool dead_ = false;                          ///< context gone (forget_all)
   bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
   bool ctx_going_ = false;                     ///< dying_, under mu_ (the free path holds mu_ only,
@@ -343,14 +347,14 @@ class cache_resource final {
                                                ///< context, its addresses may be someone else's
   std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
   Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)
-  pool::budget budget_;                        ///< peak, keep, idle trim (under slow_; trim_due lock-free)
+  budget budget_;                              ///< peak, keep, idle trim (under slow_; trim_due lock-free)
   size_t heap_blocks_ = 0;                     ///< vmm: Blocks allocated one by one (spare or in use)
 
   void retire_open_if_idle();
 
   std::mutex slow_;
-  pool::fence<Block> fence_;  ///< sealed batches, events, streams (under slow_; idle() lock-free)
+  fence<Block> fence_;  ///< sealed batches, events, streams (under slow_; idle() lock-free)
   void orphan_slow(CUstream s);
 };
 
-}  // namespace cuw::backends
+}  // namespace cuw::backends::pool

@@ -1,26 +1,26 @@
-// cuwarden interposer: the `cache` backend's driver allocations (segments) once made: giving
+// cuwarden interposer: a pool's segments (driver allocations, or ranges) once made: giving
 // them back (release; a destroyed context's forget_all), and what they answer for (pointer
 // queries, IPC export, the blocks and statistics the seam reports).
-#include "backends/cache/cache_resource.hpp"
+#include "backends/pool/pool.hpp"
 
 #include <algorithm>
 #include <vector>
 
 #include "backends/cache/cache_backend.hpp"
-#include "backends/cache/detail/internal.hpp"
+#include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/log.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
 
-namespace cuw::backends {
+namespace cuw::backends::pool {
 
-using namespace cache_detail;  // this folder's own helpers
+using namespace tuning;  // the pool's tuning and size classes
 
 // ---- release -------------------------------------------------------------------------------
 
-uint64_t cache_resource::release_slow(uint64_t want, Which which) {
+uint64_t pool::release_slow(uint64_t want, Which which) {
   // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
   // would invalidate the program's graph) and it synchronizes the device in any other. None
   // either while the context is being destroyed: its addresses may be someone else's.
@@ -84,7 +84,7 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
   return total;
 }
 
-uint64_t cache_resource::reclaim_slow(uint64_t want) {
+uint64_t pool::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
   if (!granules_) return release_slow(want);
   // The whole granules inside free large blocks, smallest blocks first (the pieces least
@@ -160,7 +160,7 @@ uint64_t cache_resource::reclaim_slow(uint64_t want) {
   return granules_->idle_bytes() - std::min(start, granules_->idle_bytes());
 }
 
-std::size_t cache_resource::release() {
+std::size_t pool::release() {
   std::lock_guard<std::mutex> g(slow_);
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
@@ -170,7 +170,7 @@ std::size_t cache_resource::release() {
   return granules_->trim(0);
 }
 
-void cache_resource::set_dying(bool dying) {
+void pool::set_dying(bool dying) {
   std::lock_guard<std::mutex> g(slow_);  // after any driver call of the slow path in flight
   dying_ = dying;
   mu_.lock();
@@ -178,7 +178,7 @@ void cache_resource::set_dying(bool dying) {
   mu_.unlock();
 }
 
-void cache_resource::forget_all() noexcept {
+void pool::forget_all() noexcept {
   std::lock_guard<std::mutex> g(slow_);
   mu_.lock();
   dead_ = true;
@@ -232,7 +232,7 @@ void cache_resource::forget_all() noexcept {
 
 // ---- queries -------------------------------------------------------------------------------
 
-bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
+bool pool::locate(CUdeviceptr p, range* out, bool* live) {
   mu_.lock();
   // A segment being given back holds nothing live, and its addresses may be the driver's
   // again; so may a destroyed context's, where the hooks count a new allocation.
@@ -252,14 +252,14 @@ bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
   return true;
 }
 
-block_info cache_resource::describe_locked(const Block& b) const noexcept {
+block_info pool::describe_locked(const Block& b) const noexcept {
   const bool in_use = b.state == kLive || (b.state == kPending && b.exported);
   return block_info{b.ptr, b.size, in_use ? b.requested : 0, ordinal_,
                     in_use ? block_info::state::live
                            : b.state == kPending ? block_info::state::pending : block_info::state::free};
 }
 
-bool cache_resource::blocks(std::vector<block_info>& out) {
+bool pool::blocks(std::vector<block_info>& out) {
   // Room first, outside the lock (the hot path's: no allocation while it is held); again
   // should the cache have carved more meanwhile.
   auto carved = [this] {
@@ -290,7 +290,7 @@ bool cache_resource::blocks(std::vector<block_info>& out) {
   }
 }
 
-pool_stats cache_resource::stats() {
+pool_stats pool::stats() {
   pool_stats st;
   uint64_t in_use = 0;
   mu_.lock();
@@ -321,7 +321,7 @@ pool_stats cache_resource::stats() {
   return st;
 }
 
-CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
+CUresult pool::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
   mu_.lock();
   Segment* s = segment_at_locked(p);
   if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {  // (as locate)
@@ -352,7 +352,7 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_s
   return upstream_->ipc_handle(handle, base);
 }
 
-void cache_resource::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
+void pool::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
   const Segment* s = b.seg;
   // A large vmm block lies in the granules that cover it (shared with its neighbours at
   // either end); a small block lies in its slab (one driver allocation, or one range of
@@ -373,7 +373,7 @@ void cache_resource::describe_span_locked(const Block& b, ipc_span* out) const n
   out->exportable = !granules_ || granules_->exportable();
 }
 
-CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
+CUresult pool::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
   // The pool's lock only (no driver call): the slow path may hold its own across a wait for
   // the GPU, and an importer must not wait for that.
   mu_.lock();
@@ -387,4 +387,4 @@ CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* o
   return CUDA_SUCCESS;
 }
 
-}  // namespace cuw::backends
+}  // namespace cuw::backends::pool
