@@ -16,6 +16,7 @@
 #include "backends/pool/pool.hpp"
 #include "backends/passthrough.hpp"
 #include "base/call_ref.hpp"
+#include "core/config.hpp"
 #include "core/tracker.hpp"
 #include "cuw/ring.hpp"
 
@@ -24,8 +25,8 @@ namespace cuw::backends {
 /// Every pool of the process, one per CUDA context. Thread-safe.
 class cache_backend final : public backend {
  public:
-  /// `vmm`: pools over granules (CUWARDEN_POOL=vmm), else over driver allocations.
-  cache_backend(core::Tracker& t, bool vmm) : backend(true), tracker_(t), vmm_(vmm) {}
+  /// `kind` vmm: pools over granules (CUWARDEN_POOL=vmm), else (cache) over driver allocations.
+  cache_backend(core::Tracker& t, core::PoolKind kind) : backend(true), tracker_(t), vmm_(kind == core::PoolKind::vmm) {}
   /// Whether its pools are over granules (CUWARDEN_POOL=vmm).
   bool vmm() const noexcept { return vmm_; }
 
