@@ -3,7 +3,8 @@
 
 #include <new>
 
-#include "backends/cache/cache_backend.hpp"
+#include "backends/cache/whole_blocks.hpp"
+#include "backends/vmm/granule_arena.hpp"
 #include "base/log.hpp"
 #include "core/config.hpp"
 
@@ -17,8 +18,8 @@ CUW_COLD backend& start(core::Tracker& t) {
     backend* made = nullptr;
     switch (kind) {  // one case per backend
       case core::PoolKind::off: return &g_passthrough;
-      case core::PoolKind::cache: made = new (std::nothrow) cache_backend(t, kind); break;
-      case core::PoolKind::vmm: made = new (std::nothrow) cache_backend(t, kind); break;
+      case core::PoolKind::cache: made = new (std::nothrow) pooled_backend<whole_blocks>(t); break;
+      case core::PoolKind::vmm: made = new (std::nothrow) pooled_backend<granule_arena>(t); break;
     }
     if (made) return made;
     log::always("cuwarden: no memory for the %s backend: running with CUWARDEN_POOL=off", core::pool_name(kind));

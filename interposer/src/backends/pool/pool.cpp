@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <mutex>
 
-#include "backends/cache/cache_backend.hpp"
 #include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
@@ -34,14 +33,14 @@ CUW_HOT int pool::small_class(uint64_t n, uint64_t* rounded) noexcept {
 // ---- construction ------------------------------------------------------------------------
 
 pool::pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
-                               ring::DeviceSlot& slot, core::Tracker& tracker, cache_backend& owner,
+                               ring::DeviceSlot& slot, core::Tracker& tracker, owner& holder,
                                granule_resource* granules)
     : upstream_(std::move(upstream)),
       ctx_(ctx),
       ordinal_(ordinal),
       slot_(slot),
       tracker_(tracker),
-      owner_(owner),
+      owner_(holder),
       granules_(granules),
       ledger_(tracker, slot, ordinal),
       large_round_(granules ? kFineRound : kLargeRound),

@@ -1,5 +1,5 @@
 // cuwarden interposer: the pool of one CUDA context (CUWARDEN_POOL=cache and vmm;
-// backends/cache/cache_backend.hpp finds the one of the calling thread). The design:
+// pool/pooled_backend.hpp finds the one of the calling thread). The design:
 //
 // Layout of what it keeps:
 //   small requests (<= 1 MiB) are rounded to one of 40 size classes (512 B steps up to
@@ -77,12 +77,24 @@ class Tracker;
 
 namespace cuw::backends {
 
-class cache_backend;
 class granule_resource;
 
 }  // namespace cuw::backends
 
 namespace cuw::backends::pool {
+
+class pool;
+
+/// What a pool asks of the backend that holds it (pooled_backend.hpp).
+class owner {
+ public:
+  /// Give back what every other pool of the process keeps (waiting for their pending frees);
+  /// the bytes. From a pool's slow path after the cap or the driver refused it; thread-safe.
+  virtual uint64_t release_all_except(const pool* skip) = 0;
+
+ protected:
+  ~owner() = default;
+};
 
 /// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
 /// tracker's lock guards the free lists (held for a few dozen instructions, never
@@ -97,7 +109,7 @@ class pool final {
   /// file). `slot` holds the device's counters (cap, used, reserved, cached), `ordinal` its
   /// CUDA ordinal.
   pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
-                 core::Tracker& tracker, cache_backend& owner, granule_resource* granules = nullptr);
+                 core::Tracker& tracker, owner& holder, granule_resource* granules = nullptr);
   ~pool();
   pool(const pool&) = delete;
   pool& operator=(const pool&) = delete;
@@ -315,7 +327,7 @@ class pool final {
   int ordinal_;
   ring::DeviceSlot& slot_;
   core::Tracker& tracker_;
-  cache_backend& owner_;  ///< the backend this cache is one of
+  owner& owner_;  ///< the backend this pool is one of
   granule_resource* const granules_;  ///< the upstream, in the vmm layout; else nullptr
   core::Ledger ledger_;               ///< what the pool's calls count (the only writer of slot_)
   const uint64_t large_round_;        ///< large requests round to this (kFineRound in vmm)

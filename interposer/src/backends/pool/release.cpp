@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "backends/cache/cache_backend.hpp"
 #include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/log.hpp"

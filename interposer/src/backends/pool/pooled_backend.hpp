@@ -1,8 +1,10 @@
-// cuwarden interposer: the `cache` and `vmm` backends (CUWARDEN_POOL=cache, vmm): one
-// pool::pool per CUDA context (pool::pool.hpp has the design; vmm is its layout over
-// granules, backends/vmm/granules.hpp), found from the calling thread's current context.
-// What the caches do not serve (stream-ordered allocations, calls without a context, IPC
-// imports) goes to passthrough.
+// cuwarden interposer: the pooling backends (CUWARDEN_POOL=cache, vmm): one pool per CUDA
+// context (pool.hpp has the design), found from the calling thread's current context, made
+// by the backend's layout: whole driver allocations (backends/cache/whole_blocks.hpp) or an
+// arena over granules (backends/vmm/granule_arena.hpp). What the pools do not serve
+// (stream-ordered allocations, calls without a context, IPC imports) goes to passthrough.
+// The members are defined in pooled_backend_impl.hpp, instantiated once per layout in the
+// layout's own file.
 #pragma once
 
 #include <cuda.h>
@@ -22,13 +24,17 @@
 
 namespace cuw::backends {
 
-/// Every pool of the process, one per CUDA context. Thread-safe.
-class cache_backend final : public backend {
+/// Every pool of the process, one per CUDA context, each made by `Layout`, which provides
+///   static constexpr core::PoolKind kind;        the CUWARDEN_POOL value it serves
+///   static pool::pool* make(CUcontext, CUdevice, ring::DeviceSlot&, core::Tracker&,
+///                           pool::owner&, const std::vector<CUdevice>& peers);
+///                                                a context's pool (may throw)
+///   static void grant_peer(pool::pool&, CUdevice); let a peer device map the pool's memory
+/// Thread-safe.
+template <class Layout>
+class pooled_backend final : public backend, public pool::owner {
  public:
-  /// `kind` vmm: pools over granules (CUWARDEN_POOL=vmm), else (cache) over driver allocations.
-  cache_backend(core::Tracker& t, core::PoolKind kind) : backend(true), tracker_(t), vmm_(kind == core::PoolKind::vmm) {}
-  /// Whether its pools are over granules (CUWARDEN_POOL=vmm).
-  bool vmm() const noexcept { return vmm_; }
+  explicit pooled_backend(core::Tracker& t) : backend(true), tracker_(t) {}
 
   /// The cache of the calling thread's current context, created on first use; nullptr
   /// without a current context or for a device past what the ring tracks. Cost when the
@@ -48,7 +54,7 @@ class cache_backend final : public backend {
   uint64_t release() override { return release_all_except(nullptr); }
   /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
   /// has just released itself).
-  uint64_t release_all_except(const pool::pool* skip);
+  uint64_t release_all_except(const pool::pool* skip) override;
 
  private:
   CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override;
@@ -98,7 +104,6 @@ class cache_backend final : public backend {
   pool::pool* create(CUcontext ctx) noexcept;
 
   core::Tracker& tracker_;
-  const bool vmm_;
   passthrough passthrough_;
   static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
   std::mutex mu_;
@@ -107,7 +112,7 @@ class cache_backend final : public backend {
   std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (do_context_destroy; under mu_)
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
   std::vector<pool::pool*> dropped_;  ///< caches of contexts that went away (never freed)
-  std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< vmm: devices given access, by device (under mu_)
+  std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< devices given access, by device (under mu_)
 };
 
 }  // namespace cuw::backends
