@@ -47,6 +47,7 @@ pool::pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal
       gran_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
       slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
       mu_(tracker.lock()),
+      free_(gran_),
       budget_(tracker.config().pool_keep, uint64_t{tracker.config().pool_idle_ms} * 1000000),
       fence_(ctx) {
   work::start_counting();
@@ -139,17 +140,7 @@ CUW_HOT void pool::push_free_locked(Block* b) noexcept {
       b = l;
     }
   }
-  Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
-  b->prev = nullptr;
-  b->next = *head;
-  if (*head) (*head)->prev = b;
-  *head = b;
-  if (b->seg->cls < 0) {
-    free_large_bytes_ += b->size;
-    if (b->seg->split) free_whole_bytes_ += whole_granules(*b);
-    if (b->size > largest_free_) largest_free_ = b->size;
-    publish_free_locked();
-  }
+  if (free_.push(b)) publish_free_locked();
 }
 
 // The pool's free large blocks in the device's slot (its `fragmentation`): their bytes, and
@@ -158,46 +149,12 @@ CUW_HOT void pool::push_free_locked(Block* b) noexcept {
 // cache: its largest block). Where several contexts share a device, the last pool to change
 // writes them.
 CUW_HOT void pool::publish_free_locked() noexcept {
-  ledger_.free_memory(free_large_bytes_, granules_ ? free_whole_bytes_ : largest_free_);
-}
-
-// The cache layout: the list of `it` (the largest size) emptied. The next largest is the
-// first non-empty list below; empty lists met on the way are of sizes not freed lately and
-// leave the map, so the walk is short when it happens again (the emptied size stays: it is the
-// one in use, and would come back at its next free).
-void pool::largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept {
-  while (it != free_large_.begin()) {
-    auto below = std::prev(it);
-    if (below->second) {
-      largest_free_ = below->first;
-      return;
-    }
-    free_large_.erase(below);
-  }
-  largest_free_ = 0;
+  ledger_.free_memory(free_.large_bytes(), granules_ ? free_.whole_bytes() : free_.largest());
 }
 
 void pool::unlink_free_locked(Block* b) noexcept {
-  if (b->prev) {
-    b->prev->next = b->next;
-  } else if (b->seg->cls < 0) {
-    auto it = free_large_.find(b->size);
-    if (it != free_large_.end() && it->second == b) {
-      it->second = b->next;
-      // vmm: a size whose list empties leaves the map (sizes are many: best fit walks them).
-      if (!b->next && b->seg->split) free_large_.erase(it);
-      else if (!b->next && b->size == largest_free_) largest_emptied_locked(it);
-    }
-  } else {
-    free_small_[b->seg->cls] = b->next;
-  }
-  if (b->next) b->next->prev = b->prev;
-  b->prev = b->next = nullptr;
-  if (b->seg->cls < 0) {
-    free_large_bytes_ -= b->size;
-    if (b->seg->split) free_whole_bytes_ -= whole_granules(*b);
-    publish_free_locked();
-  }
+  free_.unlink(b);
+  if (b->seg->cls < 0) publish_free_locked();
 }
 
 pool::Block* pool::carve_locked(Segment* s) noexcept {
@@ -207,35 +164,21 @@ pool::Block* pool::carve_locked(Segment* s) noexcept {
   b->size = size;
   b->seg = s;
   ++s->carved;
-  if (s->carved == s->capacity && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+  if (s->carved == s->capacity && free_.carving(s->cls) == s) free_.carving(s->cls) = nullptr;
   map_insert_locked(b);
   return b;
 }
 
 CUW_HOT pool::Block* pool::take_locked(int cls, uint64_t rounded) noexcept {
   if (cls >= 0) {
-    if (Block* b = free_small_[cls]) {
-      free_small_[cls] = b->next;
-      if (b->next) b->next->prev = nullptr;
-      b->next = nullptr;
-      return b;
-    }
-    if (Segment* s = carving_[cls]) return carve_locked(s);
+    if (Block* b = free_.pop_small(cls)) return b;
+    if (Segment* s = free_.carving(cls)) return carve_locked(s);
     return nullptr;
   }
   if (granules_) {
     // Best fit over every free large block, split to the request.
-    auto it = free_large_.lower_bound(rounded);
-    while (it != free_large_.end() && !it->second) it = free_large_.erase(it);
-    if (it == free_large_.end()) return nullptr;
-    Block* b = it->second;
-    if (b->size > rounded && spare_blocks_.empty()) return nullptr;  // the slow path refills
-    it->second = b->next;
-    if (b->next) b->next->prev = nullptr;
-    b->next = nullptr;
-    if (!it->second) free_large_.erase(it);
-    free_large_bytes_ -= b->size;
-    free_whole_bytes_ -= whole_granules(*b);
+    Block* b = free_.take_best(rounded, !spare_blocks_.empty());  // (no spare: the slow path refills)
+    if (!b) return nullptr;
     // A request of whole granules starts on a granule where the block leaves room: its
     // neighbours then share none of its granules, and its own come back whole when it is freed.
     if (rounded % gran_ == 0 && b->ptr % gran_ && b->size - rounded >= gran_ - b->ptr % gran_ &&
@@ -251,19 +194,9 @@ CUW_HOT pool::Block* pool::take_locked(int cls, uint64_t rounded) noexcept {
     else publish_free_locked();
     return b;
   }
-  const uint64_t slack = large_slack(rounded);
-  for (auto it = free_large_.lower_bound(rounded); it != free_large_.end() && it->first - rounded <= slack; ++it) {
-    if (Block* b = it->second) {
-      it->second = b->next;
-      if (b->next) b->next->prev = nullptr;
-      b->next = nullptr;
-      if (!it->second && it->first == largest_free_) largest_emptied_locked(it);
-      free_large_bytes_ -= b->size;
-      publish_free_locked();
-      return b;
-    }
-  }
-  return nullptr;
+  Block* b = free_.take_within(rounded, large_slack(rounded));
+  if (b) publish_free_locked();
+  return b;
 }
 
 CUW_HOT void pool::hand_out_locked(Block* b, uint64_t requested) noexcept {
@@ -456,7 +389,7 @@ void pool::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, u
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
-    carving_[cls] = s;
+    free_.carving(cls) = s;
     b = carve_locked(s);
   } else {
     b = &s->blocks[0];

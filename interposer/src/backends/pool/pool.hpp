@@ -66,6 +66,7 @@
 #include "backends/pool/block_map.hpp"
 #include "backends/pool/budget.hpp"
 #include "backends/pool/fence.hpp"
+#include "backends/pool/free_lists.hpp"
 #include "base/spin_lock.hpp"
 #include "core/ledger.hpp"
 #include "cuw/ring.hpp"
@@ -249,7 +250,6 @@ class pool final {
   void push_free_locked(Block* b) noexcept;
   void unlink_free_locked(Block* b) noexcept;
   void publish_free_locked() noexcept;
-  void largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept;
   /// The segment whose range holds `p`, or nullptr.
   Segment* segment_at_locked(CUdeviceptr p) const noexcept;
   /// A free of `p`, which is no live block's start, is refused (CUDA_ERROR_INVALID_VALUE)
@@ -271,10 +271,7 @@ class pool final {
   void map_insert_locked(Block* b) { map_.insert(b, every_block()); }
   Block* carve_locked(Segment* s) noexcept;
   /// vmm: the bytes of the whole granules inside `b` (what unmapping it gives back).
-  uint64_t whole_granules(const Block& b) const noexcept {
-    const uint64_t lo = (b.ptr + gran_ - 1) / gran_ * gran_, hi = (b.ptr + b.size) / gran_ * gran_;
-    return hi > lo ? hi - lo : 0;
-  }
+  uint64_t whole_granules(const Block& b) const noexcept { return free_.whole(b); }
   /// vmm: cut `b` (free, split segment) to `bytes`; the rest becomes a free block (a spare).
   void split_locked(Block* b, uint64_t bytes) noexcept;
   /// vmm: `a` takes over its higher neighbour `h` (a free or hole pair), which becomes a spare.
@@ -339,12 +336,7 @@ class pool final {
   /// reserved, live_allocations, alloc_count, free_count, driver_errors) and the ring, so a
   /// hit or a free takes one lock for all of them and its event.
   spin_lock& mu_;
-  Block* free_small_[kClasses] = {};
-  Segment* carving_[kClasses] = {};       ///< a slab of the class with uncarved room
-  std::map<uint64_t, Block*> free_large_;  ///< size -> list of free large blocks (vmm: no empty list)
-  uint64_t free_large_bytes_ = 0;          ///< their bytes
-  uint64_t free_whole_bytes_ = 0;          ///< vmm: the whole granules inside them (stitchable)
-  uint64_t largest_free_ = 0;              ///< the cache layout: the largest size with a free block
+  free_lists<Block, kClasses> free_;       ///< free blocks and slabs with room (gran_ granules)
   uint32_t hand_outs_ = 0;                 ///< blocks handed out so far: Block::generation
   Block* open_head_ = nullptr;             ///< freed, not yet behind an event
   uint32_t open_count_ = 0;

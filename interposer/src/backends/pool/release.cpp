@@ -43,7 +43,7 @@ uint64_t pool::release_slow(uint64_t want, Which which) {
     each_block(s, [&](Block* b) {
       if (b->state == kFree) unlink_free_locked(b);
     });
-    if (s->cls >= 0 && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+    if (s->cls >= 0 && free_.carving(s->cls) == s) free_.carving(s->cls) = nullptr;
     ++s->busy;
     s->leaving = true;
     gone.push_back(s);
@@ -64,7 +64,7 @@ uint64_t pool::release_slow(uint64_t want, Which which) {
       each_block(s, [&](Block* b) {
         if (b->state == kFree) push_free_locked(b);
       });
-      if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
+      if (s->cls >= 0 && s->carved < s->capacity && !free_.carving(s->cls)) free_.carving(s->cls) = s;
       mu_.unlock();
       continue;
     }
@@ -98,17 +98,7 @@ uint64_t pool::reclaim_slow(uint64_t want) {
     // Three blocks may come of one: its low piece, the hole, its high piece.
     if (!refill_spares_slow()) break;
     mu_.lock();
-    Block* b = nullptr;
-    // (A block under a granule holds no whole one: the pieces packing leaves are many.)
-    for (auto it = free_large_.lower_bound(gran); it != free_large_.end() && !b;) {
-      if (!it->second) {
-        it = free_large_.erase(it);
-        continue;
-      }
-      for (Block* c = it->second; c && !b; c = c->next)
-        if (whole_granules(*c)) b = c;
-      ++it;
-    }
+    Block* b = free_.find_with_whole();
     if (!b || spare_blocks_.size() < 2) {
       mu_.unlock();
       break;
@@ -210,11 +200,7 @@ void pool::forget_all() noexcept {
   }
   segments_.clear();
   arena_ = nullptr;
-  std::fill(std::begin(free_small_), std::end(free_small_), nullptr);
-  std::fill(std::begin(carving_), std::end(carving_), nullptr);
-  free_large_.clear();
-  free_large_bytes_ = 0;
-  largest_free_ = 0;
+  free_.clear();
   publish_free_locked();
   open_head_ = nullptr;
   open_count_ = 0;
@@ -305,13 +291,9 @@ pool_stats pool::stats() {
   // large_round_) from a free whole block at least that size, or a small one from its class's
   // free list or a slab with room. A whole block made of exactly a request's bytes under a cap
   // may be smaller than kLargeRound, and then serves neither (nothing rounds down to it).
-  for (auto it = free_large_.rbegin(); it != free_large_.rend(); ++it) {
-    if (!it->second) continue;
-    st.largest_free = it->first / large_round_ * large_round_;  // sizes are sorted: the first is the largest
-    break;
-  }
+  st.largest_free = free_.largest_size() / large_round_ * large_round_;
   for (int cls = kClasses - 1; cls >= 0; --cls) {
-    if (!free_small_[cls] && !carving_[cls]) continue;
+    if (!free_.small_available(cls)) continue;
     st.largest_free = std::max(st.largest_free, class_size(cls));
     break;
   }
