@@ -6,7 +6,6 @@
 #include <mutex>
 
 #include "backends/pool/tuning.hpp"
-#include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
@@ -34,7 +33,7 @@ CUW_HOT int pool::small_class(uint64_t n, uint64_t* rounded) noexcept {
 
 pool::pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
                                ring::DeviceSlot& slot, core::Tracker& tracker, owner& holder,
-                               granule_resource* granules)
+                               granule_resource* granules, arena_ops* arena, uint64_t granularity)
     : upstream_(std::move(upstream)),
       ctx_(ctx),
       ordinal_(ordinal),
@@ -42,10 +41,11 @@ pool::pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal
       tracker_(tracker),
       owner_(holder),
       granules_(granules),
+      arena_ops_(arena),
       ledger_(tracker, slot, ordinal),
       large_round_(granules ? kFineRound : kLargeRound),
-      gran_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
-      slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
+      gran_(granules ? std::max(kLargeRound, granularity) : kLargeRound),
+      slab_bytes_(granules ? std::max(kSlabBytes, granularity) : kSlabBytes),
       mu_(tracker.lock()),
       free_(gran_),
       budget_(tracker.config().pool_keep, uint64_t{tracker.config().pool_idle_ms} * 1000000),
@@ -269,7 +269,7 @@ CUresult pool::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t
                                        bool* cap_refused) {
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   const bool cap_active = work::capturing();
-  if (granules_) refill_spares_slow();
+  if (arena_ops_) arena_ops_->refill_spares(*this);
   if (!cap_active) poll_slow();
   if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
   if (!cap_active) {
@@ -312,7 +312,7 @@ bool pool::charge_segment(uint64_t bytes, bool quiet) {
 
 CUresult pool::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                    bool* cap_refused) {
-  if (granules_) return grow_vmm_slow(out, bytes, cls, rounded, last, cap_refused);
+  if (arena_ops_) return arena_ops_->grow(*this, out, bytes, cls, rounded, last, cap_refused);
   uint64_t seg_bytes = cls >= 0 ? kSlabBytes : rounded;
   // No hoarding: past the budget, free driver allocations go back before another is made.
   if (over_budget(seg_bytes) && !work::capturing()) reclaim_slow(seg_bytes);
@@ -432,9 +432,9 @@ void pool::trim_idle() noexcept {
   const uint64_t live = reserved > cached ? reserved - cached : 0;
   const uint64_t b = budget_.restart(live, now);  // the old peak is forgotten
   if (reserved <= b) return;
-  if (granules_) {
+  if (arena_ops_) {
     reclaim_slow(reserved - b);
-    granules_->trim(0);
+    arena_ops_->trim(*this);
   } else {
     release_slow(reserved - b);
   }

@@ -97,6 +97,28 @@ class owner {
   ~owner() = default;
 };
 
+/// What an arena layout adds to a pool's slow path (backends/vmm/arena.cpp): growth over
+/// granules, unmapping free blocks, spare Blocks for splits, and its granules' trim and
+/// forget. A pool of whole blocks has none, and its objects link without the arena's.
+class arena_ops {
+ public:
+  /// A new slab or large block for a miss (see pool::grow_slow).
+  virtual CUresult grow(pool& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                        bool* cap_refused) = 0;
+  /// Unmap the whole granules of free blocks until `want` bytes of granules are idle; the bytes.
+  virtual uint64_t reclaim(pool& p, uint64_t want) = 0;
+  /// Enough spare Blocks that a hit can split; false when out of memory.
+  virtual bool refill_spares(pool& p) = 0;
+  /// Give idle granules back to the driver; the bytes.
+  virtual uint64_t trim(pool& p) = 0;
+  /// The context is gone: forget the granules (and uncharge them).
+  virtual void forget(pool& p) = 0;
+
+ protected:
+  ~arena_ops() = default;
+};
+struct arena_steps;
+
 /// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
 /// tracker's lock guards the free lists (held for a few dozen instructions, never
 /// across a driver call); a mutex serializes the slow path (driver allocation, event
@@ -106,11 +128,12 @@ class owner {
 class pool final {
  public:
   /// `upstream` provides driver allocations (driver_resource; owned): the cache layout; or
-  /// a granule_resource, given again as `granules`: the vmm layout (see the top of the
-  /// file). `slot` holds the device's counters (cap, used, reserved, cached), `ordinal` its
+  /// a granule_resource, given again as `granules`, with the arena's slow path (`arena`) and
+  /// the granules' size (`granularity`): the vmm layout (see the top of the file). `slot` holds the device's counters (cap, used, reserved, cached), `ordinal` its
   /// CUDA ordinal.
   pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
-                 core::Tracker& tracker, owner& holder, granule_resource* granules = nullptr);
+                 core::Tracker& tracker, owner& holder, granule_resource* granules = nullptr,
+       arena_ops* arena = nullptr, uint64_t granularity = 0);
   ~pool();
   pool(const pool&) = delete;
   pool& operator=(const pool&) = delete;
@@ -189,6 +212,7 @@ class pool final {
   static int small_class(uint64_t bytes, uint64_t* rounded) noexcept;
 
  private:
+  friend struct arena_steps;
   struct Segment;
   struct Block {
     CUdeviceptr ptr = 0;
@@ -316,6 +340,8 @@ class pool final {
   /// `want` bytes; vmm: their granules idle), then, in the vmm layout, free large blocks,
   /// smallest first, until `want` bytes of granules are idle. Returns bytes given back.
   uint64_t reclaim_slow(uint64_t want);
+  /// vmm: reclaim_slow's work, once it checked that nothing forbids it (vmm/arena.cpp).
+  uint64_t reclaim_arena_slow(uint64_t want);
   /// vmm: enough spare Block objects that a hit can split (allocates outside mu_).
   bool refill_spares_slow();
 
@@ -326,6 +352,7 @@ class pool final {
   core::Tracker& tracker_;
   owner& owner_;  ///< the backend this pool is one of
   granule_resource* const granules_;  ///< the upstream, in the vmm layout; else nullptr
+  arena_ops* const arena_ops_;        ///< the vmm layout's slow path; else nullptr
   core::Ledger ledger_;               ///< what the pool's calls count (the only writer of slot_)
   const uint64_t large_round_;        ///< large requests round to this (kFineRound in vmm)
   const uint64_t gran_;               ///< vmm: what is mapped and unmapped at once (the granularity)

@@ -85,78 +85,18 @@ uint64_t pool::release_slow(uint64_t want, Which which) {
 
 uint64_t pool::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
-  if (!granules_) return release_slow(want);
-  // The whole granules inside free large blocks, smallest blocks first (the pieces least
-  // likely to serve a request), the last one cut to what is still wanted; then fully free
-  // slabs; then ranges left with nothing mapped. Only free blocks: their freeing work has
-  // completed, and the unmap does not wait. The pieces of granules a free block shares with
-  // its neighbours stay free (they are mapped as long as the neighbours are).
-  const uint64_t gran = gran_;
-  uint64_t idle = granules_->idle_bytes();
-  const uint64_t start = idle;
-  while (idle < want) {
-    // Three blocks may come of one: its low piece, the hole, its high piece.
-    if (!refill_spares_slow()) break;
-    mu_.lock();
-    Block* b = free_.find_with_whole();
-    if (!b || spare_blocks_.size() < 2) {
-      mu_.unlock();
-      break;
-    }
-    const uint64_t lo = (b->ptr + gran - 1) / gran * gran;  // the granules inside b
-    const uint64_t hi = lo + whole_granules(*b);
-    unlink_free_locked(b);
-    Block* low = nullptr;
-    if (lo > b->ptr) {
-      split_locked(b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
-      low = b;
-      b = b->hi;
-      unlink_free_locked(b);
-    }
-    uint64_t cut = hi - lo;
-    if (want != ~uint64_t{0}) cut = std::min(cut, (want - idle + gran - 1) / gran * gran);
-    if (cut < b->size) split_locked(b, cut);  // the high piece stays free
-    b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
-    if (low) push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
-    mu_.unlock();
-    const uint64_t size = b->size;
-    const CUresult r = granules_->punch(b->ptr, size);
-    mu_.lock();
-    if (r != CUDA_SUCCESS) {
-      push_free_locked(b);
-      mu_.unlock();
-      break;
-    }
-    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(b, h);
-    if (Block* l = b->lo; l && l->state == kHole) {
-      absorb_locked(l, b);
-      b = l;
-    }
-    // A hole at the top of the arena gives its addresses back to the top (growth maps there).
-    if (Segment* s = b->seg; s->split && b == s->last && b != &s->blocks[0]) {
-      s->last = b->lo;
-      s->last->hi = nullptr;
-      s->top -= b->size;
-      map_.erase(b->ptr);
-      --s->carved;
-      spare_blocks_.push_back(b);
-    }
-    mu_.unlock();
-    idle += size;
-  }
-  if (idle < want) release_slow(want - idle, Which::slabs);
-  release_slow(~uint64_t{0}, Which::holes);
-  return granules_->idle_bytes() - std::min(start, granules_->idle_bytes());
+  if (!arena_ops_) return release_slow(want);
+  return arena_ops_->reclaim(*this, want);
 }
 
 std::size_t pool::release() {
   std::lock_guard<std::mutex> g(slow_);
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
-  if (!granules_) return release_slow();
+  if (!arena_ops_) return release_slow();
   if (work::capturing()) return 0;  // nothing unmapped or released during a capture
   reclaim_slow(~uint64_t{0});
-  return granules_->trim(0);
+  return arena_ops_->trim(*this);
 }
 
 void pool::set_dying(bool dying) {
@@ -211,7 +151,7 @@ void pool::forget_all() noexcept {
   map_.shrink();
   mu_.unlock();
   fence_.forget_batches();  // the context's events went with it
-  if (granules_) granules_->forget();  // uncharges what it held
+  if (arena_ops_) arena_ops_->forget(*this);  // uncharges what it held
   else tracker_.uncharge(slot_, total);
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/pool/pool.hpp"
+#include "backends/vmm/granule_arena.hpp"
 #include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
@@ -248,6 +249,71 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
   return CUDA_SUCCESS;
 }
 
+// The arena part of reclaim_slow (which checked that nothing forbids it).
+uint64_t pool::reclaim_arena_slow(uint64_t want) {
+  // The whole granules inside free large blocks, smallest blocks first (the pieces least
+  // likely to serve a request), the last one cut to what is still wanted; then fully free
+  // slabs; then ranges left with nothing mapped. Only free blocks: their freeing work has
+  // completed, and the unmap does not wait. The pieces of granules a free block shares with
+  // its neighbours stay free (they are mapped as long as the neighbours are).
+  const uint64_t gran = gran_;
+  uint64_t idle = granules_->idle_bytes();
+  const uint64_t start = idle;
+  while (idle < want) {
+    // Three blocks may come of one: its low piece, the hole, its high piece.
+    if (!refill_spares_slow()) break;
+    mu_.lock();
+    Block* b = free_.find_with_whole();
+    if (!b || spare_blocks_.size() < 2) {
+      mu_.unlock();
+      break;
+    }
+    const uint64_t lo = (b->ptr + gran - 1) / gran * gran;  // the granules inside b
+    const uint64_t hi = lo + whole_granules(*b);
+    unlink_free_locked(b);
+    Block* low = nullptr;
+    if (lo > b->ptr) {
+      split_locked(b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
+      low = b;
+      b = b->hi;
+      unlink_free_locked(b);
+    }
+    uint64_t cut = hi - lo;
+    if (want != ~uint64_t{0}) cut = std::min(cut, (want - idle + gran - 1) / gran * gran);
+    if (cut < b->size) split_locked(b, cut);  // the high piece stays free
+    b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
+    if (low) push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
+    mu_.unlock();
+    const uint64_t size = b->size;
+    const CUresult r = granules_->punch(b->ptr, size);
+    mu_.lock();
+    if (r != CUDA_SUCCESS) {
+      push_free_locked(b);
+      mu_.unlock();
+      break;
+    }
+    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(b, h);
+    if (Block* l = b->lo; l && l->state == kHole) {
+      absorb_locked(l, b);
+      b = l;
+    }
+    // A hole at the top of the arena gives its addresses back to the top (growth maps there).
+    if (Segment* s = b->seg; s->split && b == s->last && b != &s->blocks[0]) {
+      s->last = b->lo;
+      s->last->hi = nullptr;
+      s->top -= b->size;
+      map_.erase(b->ptr);
+      --s->carved;
+      spare_blocks_.push_back(b);
+    }
+    mu_.unlock();
+    idle += size;
+  }
+  if (idle < want) release_slow(want - idle, Which::slabs);
+  release_slow(~uint64_t{0}, Which::holes);
+  return granules_->idle_bytes() - std::min(start, granules_->idle_bytes());
+}
+
 bool pool::refill_spares_slow() {
   mu_.lock();
   const size_t have = spare_blocks_.size();
@@ -282,5 +348,22 @@ bool pool::refill_spares_slow() {
   for (size_t i = fit; i < n; ++i) delete fresh[i];
   return true;
 }
+
+// The arena's slow path, as a pool of granules calls it.
+struct arena_steps final : arena_ops {
+  CUresult grow(pool& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                bool* cap_refused) override {
+    return p.grow_vmm_slow(out, bytes, cls, rounded, last, cap_refused);
+  }
+  uint64_t reclaim(pool& p, uint64_t want) override { return p.reclaim_arena_slow(want); }
+  bool refill_spares(pool& p) override { return p.refill_spares_slow(); }
+  uint64_t trim(pool& p) override { return p.granules_->trim(0); }
+  void forget(pool& p) override { p.granules_->forget(); }
+};
+namespace {
+constinit arena_steps g_steps;
+}  // namespace
+
+arena_ops& arena_calls() noexcept { return g_steps; }
 
 }  // namespace cuw::backends::pool

@@ -24,7 +24,7 @@ pool::pool* granule_arena::make(CUcontext ctx, CUdevice dev, ring::DeviceSlot& s
     return new pool::pool(std::make_unique<driver_resource>(&t, dev), ctx, dev, slot, t, o);
   }
   granule_resource* gr = granules.get();
-  auto* p = new pool::pool(std::move(granules), ctx, dev, slot, t, o, gr);
+  auto* p = new pool::pool(std::move(granules), ctx, dev, slot, t, o, gr, &pool::arena_calls(), gr->granularity());
   for (CUdevice peer : peers) gr->grant_peer(peer);  // peers enabled before this pool existed
   return p;
 }

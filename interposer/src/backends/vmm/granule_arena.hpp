@@ -13,6 +13,11 @@
 #include "core/config.hpp"
 #include "cuw/ring.hpp"
 
+namespace cuw::backends::pool {
+/// The vmm layout's slow path for its pools (vmm/arena.cpp). Thread-safe (stateless).
+arena_ops& arena_calls() noexcept;
+}  // namespace cuw::backends::pool
+
 namespace cuw::backends {
 
 /// The layout of pooled_backend<granule_arena> (pooled_backend.hpp lists what a layout
