@@ -17,7 +17,7 @@ whose name matches SUBMITS is either given a row (prototype from cuda.h, version
 cudaTypedefs.h) or listed in SKIPPED with the reason; the script fails on anything else, so
 a new toolkit's new submitting entry point cannot slip through unnoticed. At run time a
 submitting name that is not hooked (an older ABI variant, or a newer entry point) turns the
-fast reuse off for the process (see backends/cache/cache_resource.hpp and base/work_epoch.hpp).
+fast reuse off for the process (see backends/pool/pool.hpp and base/work_epoch.hpp).
 """
 import re
 import sys

@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (c.callsites < 0 || c.callsites > 64) std::abort();
   if (c.log_level < 0 || c.log_level > 6) std::abort();
   if (c.job.size() > 63 && c.errors.empty()) std::abort();
-  if (!cuw::options::is_literal(cuw::options::Id::CUWARDEN_POOL, c.pool)) std::abort();  // a backend of the table
+  if (!cuw::options::is_literal(cuw::options::Id::CUWARDEN_POOL, cuw::core::pool_name(c.pool))) std::abort();  // a backend of the table
   if (c.pool_idle_ms > 86400000u) std::abort();  // at most a day
   if (!c.job.empty() && !cuw::job::valid_job_name(c.job, nullptr)) std::abort();  // a kept job name is valid
   if (c.job_limit != ~0ULL && c.job.empty() && c.errors.empty()) std::abort();  // a job cap needs a job

@@ -147,7 +147,7 @@ TEST_CASE("cli.fit_finds_the_largest_value_and_plots_it") {
 TEST_CASE("cli.fit_passes_the_pool_on") {
   TempDir tmp;
   const uint64_t cap = 100ULL << 20;
-  // What the cache holds for one request (interposer/src/backends/cache/cache_resource.hpp):
+  // What the cache holds for one request (interposer/src/backends/pool/pool.hpp):
   // up to 1 MiB, a 2 MiB slab; above, the request rounded up to 2 MiB, or, when that has no
   // room under the cap, exactly the request rounded up to 512 bytes.
   const auto held = [&](uint64_t n) -> uint64_t {

@@ -2,7 +2,8 @@
 // with the product's objects (never into libcuwarden.so).
 #include "testing_api.h"
 
-#include "backends/cache/cache_backend.hpp"
+#include "backends/cache/whole_blocks.hpp"
+#include "backends/vmm/granule_arena.hpp"
 #include "backends/start.hpp"
 #include "core/tracker.hpp"
 
@@ -43,6 +44,7 @@ extern "C" __attribute__((visibility("default"))) const char* cuwarden_testing_b
   backends::backend* b = started(&t);
   if (!b) return nullptr;
   if (b == &backends::g_passthrough) return "off";
-  if (auto* c = dynamic_cast<backends::cache_backend*>(b)) return c->vmm() ? "vmm" : "cache";
+  if (dynamic_cast<backends::pooled_backend<backends::whole_blocks>*>(b)) return "cache";
+  if (dynamic_cast<backends::pooled_backend<backends::granule_arena>*>(b)) return "vmm";
   return "?";
 }

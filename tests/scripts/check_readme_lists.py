@@ -35,12 +35,8 @@ import tempfile
 # is the user's guide and names no file list; packaging/ and scripts/ have no README.
 ROOTS = ("interposer", "daemon", "cli", "common", "cluster", "bench", "tests", "docs")
 
-# Skipped for now: the pool is being split into parts on another branch, and its READMEs are
-# rewritten with the moves. Each is skipped with the folders below it. The merge of that work
-# removes this list.
-SKIP = (
-    "interposer/src/backends",
-)
+# Folders skipped with the folders below them (none).
+SKIP: tuple[str, ...] = ()
 
 EXTENSIONS = ("cpp", "hpp", "h", "c", "cc", "inc", "py", "sh", "json", "jsonl", "md", "txt",
               "cmake", "map", "in", "toml", "yaml", "yml", "js", "html", "css", "supp", "png")

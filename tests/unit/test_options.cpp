@@ -66,7 +66,7 @@ TEST_CASE("options: the defaults reach Config as the table states them", "[optio
   CHECK_FALSE(c.fail_open);
   CHECK_FALSE(c.meminfo_physical);
   CHECK_FALSE(c.cap_scope_process);
-  CHECK(std::string(c.pool) == "off");
+  CHECK(c.pool == cuw::core::PoolKind::off);
   CHECK(c.pool_keep.percent);
   CHECK(c.pool_keep.share == 0.05);
   CHECK(c.pool_idle_ms == 10000);
@@ -194,7 +194,7 @@ TEST_CASE("options: pool budgets take sizes, shares and durations", "[options]")
   CHECK(b.errors.empty());
   CHECK(b.pool_keep.bytes == 0);
   CHECK(b.pool_idle_ms == 0);
-  CHECK(std::string(b.pool) == "vmm");
+  CHECK(b.pool == cuw::core::PoolKind::vmm);
   CHECK(config_with({{"CUWARDEN_POOL_IDLE", "2m"}}).pool_idle_ms == 120000);
 }
 
@@ -256,14 +256,14 @@ TEST_CASE("config file: fills what the environment leaves unset and the environm
   CHECK(file_only.limits[0].all->bytes == 64ULL << 20);
   CHECK(file_only.job == "from-file");
   CHECK(file_only.job_limit == 1ULL << 30);
-  CHECK(std::string(file_only.pool) == "cache");
+  CHECK(file_only.pool == cuw::core::PoolKind::cache);
 
   const Config both = config_with({{"CUWARDEN_CONFIG", path}, {"CUWARDEN_LIMIT", "2G"}, {"CUWARDEN_POOL", "off"}});
   CHECK(both.errors.empty());
   REQUIRE(both.limits.size() == 1);
   REQUIRE(both.limits[0].all);
   CHECK(both.limits[0].all->bytes == 2ULL << 30);
-  CHECK(std::string(both.pool) == "off");
+  CHECK(both.pool == cuw::core::PoolKind::off);
   CHECK(both.job == "from-file");  // not in the environment: the file's
 
   // A job cap from the environment for a job named in the file.

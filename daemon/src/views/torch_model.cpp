@@ -25,8 +25,8 @@ namespace cuw::daemon::snapshot_detail {
 namespace {
 
 
-/// The size the cache and vmm pools keep for a request (interposer/src/backends/cache/
-/// cache_resource.hpp): requests up to 2 KiB in 512-byte steps, up to 1 MiB in four classes
+/// The size the cache and vmm pools keep for a request (interposer/src/backends/pool/
+/// pool.hpp): requests up to 2 KiB in 512-byte steps, up to 1 MiB in four classes
 /// per power of two, larger ones to 2 MiB (vmm: its granularity, 2 MiB on the H200). An
 /// inference: the tiling never lets a block pass the next one or its segment's end.
 uint64_t pool_block_size(uint64_t n) {

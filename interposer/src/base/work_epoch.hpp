@@ -1,7 +1,7 @@
 // cuwarden interposer base: the process-wide work epoch and capture count.
 //
 // A pooling backend may hand a freed block straight out again only when it can prove that no
-// GPU work queued before the free still runs (cudaFree's promise, cache_resource.hpp: "the
+// GPU work queued before the free still runs (cudaFree's promise, backends/pool/pool.hpp: "the
 // fast case"). Two process-wide facts let it:
 //   - the work counter (the epoch): every hooked entry point that queues GPU work bumps it
 //     after the driver accepted the work (the generated work hooks, base/work_hooks.inc). A

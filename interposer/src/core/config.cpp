@@ -192,8 +192,10 @@ bool directory(const char* v, Config& c, std::string*) {
 }
 
 constexpr Choices<bool, 2> kOnError{{{"fail", false}, {"open", true}}, "expected 'fail' or 'open'"};
-constexpr Choices<const char*, 3> kPools{
-    {{"off", "off"}, {"cache", "cache"}, {"vmm", "vmm"}},
+constexpr Choices<PoolKind, 3> kPools{
+    {{pool_name(PoolKind::off), PoolKind::off},
+     {pool_name(PoolKind::cache), PoolKind::cache},
+     {pool_name(PoolKind::vmm), PoolKind::vmm}},
     "expected off, cache or vmm"};
 constexpr Choices<bool, 2> kCapScopes{{{"allocations", false}, {"process", true}},
                                       "expected 'allocations' or 'process'"};

@@ -10,10 +10,35 @@
 #include <string_view>
 #include <vector>
 
+#include "cuw/options.hpp"
 #include "cuw/size.hpp"
 #include "base/fast_clock.hpp"
 
 namespace cuw::core {
+
+/// CUWARDEN_POOL's values, one per literal of its options row (cuw/options.hpp), in its order:
+/// the backend backends/start.cpp builds, as a type per kind.
+enum class PoolKind : uint8_t { off, cache, vmm };
+
+/// The options row's word for `k` (what the ring's header carries). Thread-safe.
+constexpr const char* pool_name(PoolKind k) noexcept {
+  switch (k) {
+    case PoolKind::cache: return "cache";
+    case PoolKind::vmm: return "vmm";
+    default: return "off";
+  }
+}
+
+namespace detail {
+constexpr bool pool_kinds_are_the_row() {
+  std::size_t n = 0;
+  options::for_each_literal(options::Id::CUWARDEN_POOL, [&](std::string_view) { ++n; });
+  for (PoolKind k : {PoolKind::off, PoolKind::cache, PoolKind::vmm})
+    if (!options::is_literal(options::Id::CUWARDEN_POOL, pool_name(k))) return false;
+  return n == 3;
+}
+}  // namespace detail
+static_assert(detail::pool_kinds_are_the_row(), "PoolKind names every CUWARDEN_POOL literal, and only those");
 
 /// Exit status for bad configuration (EX_CONFIG from sysexits.h).
 inline constexpr int kExitConfig = 78;
@@ -34,7 +59,7 @@ struct Config {
   bool fail_open{};               ///< CUWARDEN_ON_ERROR=open
   int log_level = -1;             ///< CUWARDEN_LOG: log::parse_level's number
   std::string log_file;           ///< CUWARDEN_LOG_FILE; empty = stderr
-  const char* pool = "";          ///< CUWARDEN_POOL: "off", "cache" or "vmm" (a literal of config.cpp)
+  PoolKind pool{};                ///< CUWARDEN_POOL
   SizeSpec pool_keep;             ///< CUWARDEN_POOL_KEEP: share of live bytes, or bytes
   uint32_t pool_idle_ms{};        ///< CUWARDEN_POOL_IDLE, milliseconds
   int callsites{};                ///< CUWARDEN_CALLSITES, 0..64

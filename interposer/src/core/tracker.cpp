@@ -220,7 +220,7 @@ void Tracker::create_ring() {
   read_small_file("/proc/self/comm", header_->comm, sizeof header_->comm, false);
   read_small_file("/proc/self/cmdline", header_->cmdline, sizeof header_->cmdline, true);
   copy_str(header_->job, sizeof header_->job, config_.job);
-  copy_str(header_->pool, sizeof header_->pool, config_.pool);
+  copy_str(header_->pool, sizeof header_->pool, pool_name(config_.pool));
   header_->cap_scope = static_cast<uint32_t>(process_scope_.load(std::memory_order_relaxed) ? ring::CapScope::process
                                                                                            : ring::CapScope::allocations);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::running), std::memory_order_relaxed);

@@ -1,4 +1,4 @@
-// cuwarden interposer: the vmm layout's arena (cache_resource.hpp, "The vmm layout"): how a
+// cuwarden interposer: the vmm layout's arena (backends/pool/pool.hpp, "The vmm layout"): how a
 // pool over granules grows: a slab from a new range, a large block by extending a free
 // block of the arena into the unmapped addresses around it, or at the top; past the budget,
 // or when the cap or the device refuses, from granules unmapped out of free blocks
@@ -8,20 +8,21 @@
 #include <new>
 #include <vector>
 
-#include "backends/cache/cache_resource.hpp"
-#include "backends/cache/detail/internal.hpp"
+#include "backends/pool/pool.hpp"
+#include "backends/vmm/granule_arena.hpp"
+#include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 
-namespace cuw::backends {
+namespace cuw::backends::pool {
 
-using namespace cache_detail;  // the cache folder's helpers
+using namespace tuning;  // the pool's tuning and size classes
 
 // The vmm layout's growth: a new range from idle granules (the ones free blocks gave back)
 // before new ones, and past the budget, or when the cap or the device refuses, stitched
 // from free blocks unmapped for it (reclaim_slow).
-CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+CUresult pool::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                        bool* cap_refused) {
   const uint64_t seg_bytes = cls >= 0 ? slab_bytes_ : rounded;
   // Nothing is unmapped during a capture: the unmap would not wait for the captured work.
@@ -72,7 +73,7 @@ CUresult cache_resource::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls
 // each other merge. Past the budget, the granules come from free blocks unmapped for it
 // (reclaim_slow). Without a free block to grow, a new block goes at the top. Growth comes in
 // whole granules: what the request leaves of them stays free, where the next block packs.
-CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
+CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
                                       bool* by_cap) {
   const uint64_t gran = gran_;
   if (rounded > ~uint64_t{0} - gran) return CUDA_ERROR_OUT_OF_MEMORY;  // no granules hold it
@@ -248,7 +249,72 @@ CUresult cache_resource::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t
   return CUDA_SUCCESS;
 }
 
-bool cache_resource::refill_spares_slow() {
+// The arena part of reclaim_slow (which checked that nothing forbids it).
+uint64_t pool::reclaim_arena_slow(uint64_t want) {
+  // The whole granules inside free large blocks, smallest blocks first (the pieces least
+  // likely to serve a request), the last one cut to what is still wanted; then fully free
+  // slabs; then ranges left with nothing mapped. Only free blocks: their freeing work has
+  // completed, and the unmap does not wait. The pieces of granules a free block shares with
+  // its neighbours stay free (they are mapped as long as the neighbours are).
+  const uint64_t gran = gran_;
+  uint64_t idle = granules_->idle_bytes();
+  const uint64_t start = idle;
+  while (idle < want) {
+    // Three blocks may come of one: its low piece, the hole, its high piece.
+    if (!refill_spares_slow()) break;
+    mu_.lock();
+    Block* b = free_.find_with_whole();
+    if (!b || spare_blocks_.size() < 2) {
+      mu_.unlock();
+      break;
+    }
+    const uint64_t lo = (b->ptr + gran - 1) / gran * gran;  // the granules inside b
+    const uint64_t hi = lo + whole_granules(*b);
+    unlink_free_locked(b);
+    Block* low = nullptr;
+    if (lo > b->ptr) {
+      split_locked(b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
+      low = b;
+      b = b->hi;
+      unlink_free_locked(b);
+    }
+    uint64_t cut = hi - lo;
+    if (want != ~uint64_t{0}) cut = std::min(cut, (want - idle + gran - 1) / gran * gran);
+    if (cut < b->size) split_locked(b, cut);  // the high piece stays free
+    b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
+    if (low) push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
+    mu_.unlock();
+    const uint64_t size = b->size;
+    const CUresult r = granules_->punch(b->ptr, size);
+    mu_.lock();
+    if (r != CUDA_SUCCESS) {
+      push_free_locked(b);
+      mu_.unlock();
+      break;
+    }
+    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(b, h);
+    if (Block* l = b->lo; l && l->state == kHole) {
+      absorb_locked(l, b);
+      b = l;
+    }
+    // A hole at the top of the arena gives its addresses back to the top (growth maps there).
+    if (Segment* s = b->seg; s->split && b == s->last && b != &s->blocks[0]) {
+      s->last = b->lo;
+      s->last->hi = nullptr;
+      s->top -= b->size;
+      map_.erase(b->ptr);
+      --s->carved;
+      spare_blocks_.push_back(b);
+    }
+    mu_.unlock();
+    idle += size;
+  }
+  if (idle < want) release_slow(want - idle, Which::slabs);
+  release_slow(~uint64_t{0}, Which::holes);
+  return granules_->idle_bytes() - std::min(start, granules_->idle_bytes());
+}
+
+bool pool::refill_spares_slow() {
   mu_.lock();
   const size_t have = spare_blocks_.size();
   mu_.unlock();
@@ -283,4 +349,21 @@ bool cache_resource::refill_spares_slow() {
   return true;
 }
 
-}  // namespace cuw::backends
+// The arena's slow path, as a pool of granules calls it.
+struct arena_steps final : arena_ops {
+  CUresult grow(pool& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                bool* cap_refused) override {
+    return p.grow_vmm_slow(out, bytes, cls, rounded, last, cap_refused);
+  }
+  uint64_t reclaim(pool& p, uint64_t want) override { return p.reclaim_arena_slow(want); }
+  bool refill_spares(pool& p) override { return p.refill_spares_slow(); }
+  uint64_t trim(pool& p) override { return p.granules_->trim(0); }
+  void forget(pool& p) override { p.granules_->forget(); }
+};
+namespace {
+constinit arena_steps g_steps;
+}  // namespace
+
+arena_ops& arena_calls() noexcept { return g_steps; }
+
+}  // namespace cuw::backends::pool

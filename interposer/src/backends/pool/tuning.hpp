@@ -1,4 +1,4 @@
-// cuwarden interposer: what the cache's files share (backends/cache only): its tuning and its
+// cuwarden interposer: what the pool's files share: its tuning and its
 // size classes (the driver entry points it calls unhooked are backends/driver_calls.hpp).
 #pragma once
 
@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backends/cache/cache_resource.hpp"
+#include "backends/pool/pool.hpp"
 #include "backends/driver_calls.hpp"
 
-namespace cuw::backends::cache_detail {
+namespace cuw::backends::pool::tuning {
 
 inline constexpr uint32_t kSealBlocks = 64;             ///< an open batch this large is sealed by the free
 inline constexpr uint32_t kPollEvery = 16;              ///< a free polls sealed batches this often
@@ -26,8 +26,8 @@ inline uint64_t class_size(int cls) noexcept {
 }
 
 inline uint64_t large_slack(uint64_t rounded) noexcept {
-  return std::max<uint64_t>(cache_resource::kLargeRound, rounded / 8);
+  return std::max<uint64_t>(pool::kLargeRound, rounded / 8);
 }
 
 
-}  // namespace cuw::backends::cache_detail
+}  // namespace cuw::backends::pool::tuning

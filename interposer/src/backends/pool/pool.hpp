@@ -1,5 +1,5 @@
-// cuwarden interposer: the `cache` backend's pool for one CUDA context (CUWARDEN_POOL=cache;
-// cache_backend.hpp finds the one of the calling thread). The design:
+// cuwarden interposer: the pool of one CUDA context (CUWARDEN_POOL=cache and vmm;
+// pool/pooled_backend.hpp finds the one of the calling thread). The design:
 //
 // Layout of what it keeps:
 //   small requests (<= 1 MiB) are rounded to one of 40 size classes (512 B steps up to
@@ -66,6 +66,7 @@
 #include "backends/pool/block_map.hpp"
 #include "backends/pool/budget.hpp"
 #include "backends/pool/fence.hpp"
+#include "backends/pool/free_lists.hpp"
 #include "base/spin_lock.hpp"
 #include "core/ledger.hpp"
 #include "cuw/ring.hpp"
@@ -77,8 +78,46 @@ class Tracker;
 
 namespace cuw::backends {
 
-class cache_backend;
 class granule_resource;
+
+}  // namespace cuw::backends
+
+namespace cuw::backends::pool {
+
+class pool;
+
+/// What a pool asks of the backend that holds it (pooled_backend.hpp).
+class owner {
+ public:
+  /// Give back what every other pool of the process keeps (waiting for their pending frees);
+  /// the bytes. From a pool's slow path after the cap or the driver refused it; thread-safe.
+  virtual uint64_t release_all_except(const pool* skip) = 0;
+
+ protected:
+  ~owner() = default;
+};
+
+/// What an arena layout adds to a pool's slow path (backends/vmm/arena.cpp): growth over
+/// granules, unmapping free blocks, spare Blocks for splits, and its granules' trim and
+/// forget. A pool of whole blocks has none, and its objects link without the arena's.
+class arena_ops {
+ public:
+  /// A new slab or large block for a miss (see pool::grow_slow).
+  virtual CUresult grow(pool& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                        bool* cap_refused) = 0;
+  /// Unmap the whole granules of free blocks until `want` bytes of granules are idle; the bytes.
+  virtual uint64_t reclaim(pool& p, uint64_t want) = 0;
+  /// Enough spare Blocks that a hit can split; false when out of memory.
+  virtual bool refill_spares(pool& p) = 0;
+  /// Give idle granules back to the driver; the bytes.
+  virtual uint64_t trim(pool& p) = 0;
+  /// The context is gone: forget the granules (and uncharge them).
+  virtual void forget(pool& p) = 0;
+
+ protected:
+  ~arena_ops() = default;
+};
+struct arena_steps;
 
 /// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
 /// tracker's lock guards the free lists (held for a few dozen instructions, never
@@ -86,17 +125,18 @@ class granule_resource;
 /// record, query and wait, release). Allocations and frees it serves are counted and
 /// recorded (events) here, not by the hooks. Memory is given back to the driver only by release(), by
 /// the cap, or by the driver's own out-of-memory answer; the destructor gives back nothing.
-class cache_resource final {
+class pool final {
  public:
   /// `upstream` provides driver allocations (driver_resource; owned): the cache layout; or
-  /// a granule_resource, given again as `granules`: the vmm layout (see the top of the
-  /// file). `slot` holds the device's counters (cap, used, reserved, cached), `ordinal` its
+  /// a granule_resource, given again as `granules`, with the arena's slow path (`arena`) and
+  /// the granules' size (`granularity`): the vmm layout (see the top of the file). `slot` holds the device's counters (cap, used, reserved, cached), `ordinal` its
   /// CUDA ordinal.
-  cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
-                 core::Tracker& tracker, cache_backend& owner, granule_resource* granules = nullptr);
-  ~cache_resource();
-  cache_resource(const cache_resource&) = delete;
-  cache_resource& operator=(const cache_resource&) = delete;
+  pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
+                 core::Tracker& tracker, owner& holder, granule_resource* granules = nullptr,
+       arena_ops* arena = nullptr, uint64_t granularity = 0);
+  ~pool();
+  pool(const pool&) = delete;
+  pool& operator=(const pool&) = delete;
 
   CUcontext context() const noexcept { return ctx_; }
   int ordinal() const noexcept { return ordinal_; }
@@ -172,6 +212,7 @@ class cache_resource final {
   static int small_class(uint64_t bytes, uint64_t* rounded) noexcept;
 
  private:
+  friend struct arena_steps;
   struct Segment;
   struct Block {
     CUdeviceptr ptr = 0;
@@ -233,7 +274,6 @@ class cache_resource final {
   void push_free_locked(Block* b) noexcept;
   void unlink_free_locked(Block* b) noexcept;
   void publish_free_locked() noexcept;
-  void largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept;
   /// The segment whose range holds `p`, or nullptr.
   Segment* segment_at_locked(CUdeviceptr p) const noexcept;
   /// A free of `p`, which is no live block's start, is refused (CUDA_ERROR_INVALID_VALUE)
@@ -255,10 +295,7 @@ class cache_resource final {
   void map_insert_locked(Block* b) { map_.insert(b, every_block()); }
   Block* carve_locked(Segment* s) noexcept;
   /// vmm: the bytes of the whole granules inside `b` (what unmapping it gives back).
-  uint64_t whole_granules(const Block& b) const noexcept {
-    const uint64_t lo = (b.ptr + gran_ - 1) / gran_ * gran_, hi = (b.ptr + b.size) / gran_ * gran_;
-    return hi > lo ? hi - lo : 0;
-  }
+  uint64_t whole_granules(const Block& b) const noexcept { return free_.whole(b); }
   /// vmm: cut `b` (free, split segment) to `bytes`; the rest becomes a free block (a spare).
   void split_locked(Block* b, uint64_t bytes) noexcept;
   /// vmm: `a` takes over its higher neighbour `h` (a free or hole pair), which becomes a spare.
@@ -295,7 +332,7 @@ class cache_resource final {
   /// extended, or a new one), or the first of a new arena; handed out (*out).
   CUresult extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet, bool* by_cap);
   CUresult grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
-  /// Whether taking `more` bytes from the upstream would pass the budget (pool::budget::over).
+  /// Whether taking `more` bytes from the upstream would pass the budget (budget::over).
   bool over_budget(uint64_t more) noexcept;
   /// From a free, once the budget's trim is due: give back what passes the budget.
   void trim_idle() noexcept;
@@ -303,6 +340,8 @@ class cache_resource final {
   /// `want` bytes; vmm: their granules idle), then, in the vmm layout, free large blocks,
   /// smallest first, until `want` bytes of granules are idle. Returns bytes given back.
   uint64_t reclaim_slow(uint64_t want);
+  /// vmm: reclaim_slow's work, once it checked that nothing forbids it (vmm/arena.cpp).
+  uint64_t reclaim_arena_slow(uint64_t want);
   /// vmm: enough spare Block objects that a hit can split (allocates outside mu_).
   bool refill_spares_slow();
 
@@ -311,8 +350,9 @@ class cache_resource final {
   int ordinal_;
   ring::DeviceSlot& slot_;
   core::Tracker& tracker_;
-  cache_backend& owner_;  ///< the backend this cache is one of
+  owner& owner_;  ///< the backend this pool is one of
   granule_resource* const granules_;  ///< the upstream, in the vmm layout; else nullptr
+  arena_ops* const arena_ops_;        ///< the vmm layout's slow path; else nullptr
   core::Ledger ledger_;               ///< what the pool's calls count (the only writer of slot_)
   const uint64_t large_round_;        ///< large requests round to this (kFineRound in vmm)
   const uint64_t gran_;               ///< vmm: what is mapped and unmapped at once (the granularity)
@@ -323,19 +363,14 @@ class cache_resource final {
   /// reserved, live_allocations, alloc_count, free_count, driver_errors) and the ring, so a
   /// hit or a free takes one lock for all of them and its event.
   spin_lock& mu_;
-  Block* free_small_[kClasses] = {};
-  Segment* carving_[kClasses] = {};       ///< a slab of the class with uncarved room
-  std::map<uint64_t, Block*> free_large_;  ///< size -> list of free large blocks (vmm: no empty list)
-  uint64_t free_large_bytes_ = 0;          ///< their bytes
-  uint64_t free_whole_bytes_ = 0;          ///< vmm: the whole granules inside them (stitchable)
-  uint64_t largest_free_ = 0;              ///< the cache layout: the largest size with a free block
+  free_lists<Block, kClasses> free_;       ///< free blocks and slabs with room (gran_ granules)
   uint32_t hand_outs_ = 0;                 ///< blocks handed out so far: Block::generation
   Block* open_head_ = nullptr;             ///< freed, not yet behind an event
   uint32_t open_count_ = 0;
   uint64_t open_bytes_ = 0;
   std::atomic<uint64_t> pending_bytes_{0};  ///< open + sealed; written under mu_, read without
   std::map<CUdeviceptr, Segment*> segments_;  ///< by base address
-  pool::block_map<Block> map_;                ///< block start -> block
+  block_map<Block> map_;                ///< block start -> block
   bool dead_ = false;                          ///< context gone (forget_all)
   bool dying_ = false;                         ///< context being destroyed (set_dying; under slow_)
   bool ctx_going_ = false;                     ///< dying_, under mu_ (the free path holds mu_ only,
@@ -343,14 +378,14 @@ class cache_resource final {
                                                ///< context, its addresses may be someone else's
   std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
   Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)
-  pool::budget budget_;                        ///< peak, keep, idle trim (under slow_; trim_due lock-free)
+  budget budget_;                              ///< peak, keep, idle trim (under slow_; trim_due lock-free)
   size_t heap_blocks_ = 0;                     ///< vmm: Blocks allocated one by one (spare or in use)
 
   void retire_open_if_idle();
 
   std::mutex slow_;
-  pool::fence<Block> fence_;  ///< sealed batches, events, streams (under slow_; idle() lock-free)
+  fence<Block> fence_;  ///< sealed batches, events, streams (under slow_; idle() lock-free)
   void orphan_slow(CUstream s);
 };
 
-}  // namespace cuw::backends
+}  // namespace cuw::backends::pool

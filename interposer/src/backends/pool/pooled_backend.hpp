@@ -1,8 +1,10 @@
-// cuwarden interposer: the `cache` and `vmm` backends (CUWARDEN_POOL=cache, vmm): one
-// cache_resource per CUDA context (cache_resource.hpp has the design; vmm is its layout over
-// granules, backends/vmm/granules.hpp), found from the calling thread's current context.
-// What the caches do not serve (stream-ordered allocations, calls without a context, IPC
-// imports) goes to passthrough.
+// cuwarden interposer: the pooling backends (CUWARDEN_POOL=cache, vmm): one pool per CUDA
+// context (pool.hpp has the design), found from the calling thread's current context, made
+// by the backend's layout: whole driver allocations (backends/cache/whole_blocks.hpp) or an
+// arena over granules (backends/vmm/granule_arena.hpp). What the pools do not serve
+// (stream-ordered allocations, calls without a context, IPC imports) goes to passthrough.
+// The members are defined in pooled_backend_impl.hpp, instantiated once per layout in the
+// layout's own file.
 #pragma once
 
 #include <cuda.h>
@@ -13,32 +15,37 @@
 #include <vector>
 
 #include "backends/backend.hpp"
-#include "backends/cache/cache_resource.hpp"
+#include "backends/pool/pool.hpp"
 #include "backends/passthrough.hpp"
 #include "base/call_ref.hpp"
+#include "core/config.hpp"
 #include "core/tracker.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::backends {
 
-/// Every pool of the process, one per CUDA context. Thread-safe.
-class cache_backend final : public backend {
+/// Every pool of the process, one per CUDA context, each made by `Layout`, which provides
+///   static constexpr core::PoolKind kind;        the CUWARDEN_POOL value it serves
+///   static pool::pool* make(CUcontext, CUdevice, ring::DeviceSlot&, core::Tracker&,
+///                           pool::owner&, const std::vector<CUdevice>& peers);
+///                                                a context's pool (may throw)
+///   static void grant_peer(pool::pool&, CUdevice); let a peer device map the pool's memory
+/// Thread-safe.
+template <class Layout>
+class pooled_backend final : public backend, public pool::owner {
  public:
-  /// `vmm`: pools over granules (CUWARDEN_POOL=vmm), else over driver allocations.
-  cache_backend(core::Tracker& t, bool vmm) : backend(true), tracker_(t), vmm_(vmm) {}
-  /// Whether its pools are over granules (CUWARDEN_POOL=vmm).
-  bool vmm() const noexcept { return vmm_; }
+  explicit pooled_backend(core::Tracker& t) : backend(true), tracker_(t) {}
 
   /// The cache of the calling thread's current context, created on first use; nullptr
   /// without a current context or for a device past what the ring tracks. Cost when the
   /// context is the thread's last one: one cuCtxGetCurrent and two compares.
-  cache_resource* for_current() noexcept;
+  pool::pool* for_current() noexcept;
   /// Free live block `p` in whichever cache owns it (free_traced; the thread's last cache
   /// first). CUDA_ERROR_INVALID_VALUE when `p` is inside a cache's memory but not a live
   /// block's start; CUDA_ERROR_NOT_FOUND when no cache holds it.
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
   /// The cache whose memory contains `p` (live or not), or nullptr.
-  cache_resource* owner_of(CUdeviceptr p, range* out, bool* live);
+  pool::pool* owner_of(CUdeviceptr p, range* out, bool* live);
 
   /// Give back to the driver everything every cache keeps (waiting for pending frees,
   /// except during a capture); returns the bytes. For a driver allocation that failed with
@@ -47,7 +54,7 @@ class cache_backend final : public backend {
   uint64_t release() override { return release_all_except(nullptr); }
   /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
   /// has just released itself).
-  uint64_t release_all_except(const cache_resource* skip);
+  uint64_t release_all_except(const pool::pool* skip) override;
 
  private:
   CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override;
@@ -94,19 +101,18 @@ class cache_backend final : public backend {
   bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override;
   pool_stats do_stats(core::Tracker& t, int ordinal) override;
 
-  cache_resource* create(CUcontext ctx) noexcept;
+  pool::pool* create(CUcontext ctx) noexcept;
 
   core::Tracker& tracker_;
-  const bool vmm_;
   passthrough passthrough_;
   static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
   std::mutex mu_;
-  std::atomic<cache_resource*> caches_[kMax] = {};
+  std::atomic<pool::pool*> caches_[kMax] = {};
   std::atomic<int> count_{0};  ///< slots in use or freed, [0, count_)
   std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (do_context_destroy; under mu_)
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
-  std::vector<cache_resource*> dropped_;  ///< caches of contexts that went away (never freed)
-  std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< vmm: devices given access, by device (under mu_)
+  std::vector<pool::pool*> dropped_;  ///< caches of contexts that went away (never freed)
+  std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< devices given access, by device (under mu_)
 };
 
 }  // namespace cuw::backends

@@ -1,24 +1,22 @@
-// cuwarden interposer: the `cache` backend's blocks (cache_resource.hpp has the design): size
+// cuwarden interposer: a pool's blocks (pool.hpp has the design): size
 // classes, the block map, the free lists, and the hot paths, allocate and free.
-#include "backends/cache/cache_resource.hpp"
+#include "backends/pool/pool.hpp"
 
 #include <algorithm>
 #include <mutex>
 
-#include "backends/cache/cache_backend.hpp"
-#include "backends/cache/detail/internal.hpp"
-#include "backends/vmm/granules.hpp"
+#include "backends/pool/tuning.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
 
-namespace cuw::backends {
+namespace cuw::backends::pool {
 
-using namespace cache_detail;  // this folder's own helpers
+using namespace tuning;  // the pool's tuning and size classes
 
 // ---- size classes ------------------------------------------------------------------------
 
-CUW_HOT int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept {
+CUW_HOT int pool::small_class(uint64_t n, uint64_t* rounded) noexcept {
   if (n <= 2048) {
     const uint64_t r = n == 0 ? 512 : (n + 511) & ~uint64_t{511};
     *rounded = r;
@@ -33,27 +31,29 @@ CUW_HOT int cache_resource::small_class(uint64_t n, uint64_t* rounded) noexcept 
 
 // ---- construction ------------------------------------------------------------------------
 
-cache_resource::cache_resource(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
-                               ring::DeviceSlot& slot, core::Tracker& tracker, cache_backend& owner,
-                               granule_resource* granules)
+pool::pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
+                               ring::DeviceSlot& slot, core::Tracker& tracker, owner& holder,
+                               granule_resource* granules, arena_ops* arena, uint64_t granularity)
     : upstream_(std::move(upstream)),
       ctx_(ctx),
       ordinal_(ordinal),
       slot_(slot),
       tracker_(tracker),
-      owner_(owner),
+      owner_(holder),
       granules_(granules),
+      arena_ops_(arena),
       ledger_(tracker, slot, ordinal),
       large_round_(granules ? kFineRound : kLargeRound),
-      gran_(granules ? std::max(kLargeRound, granules->granularity()) : kLargeRound),
-      slab_bytes_(granules ? std::max(kSlabBytes, granules->granularity()) : kSlabBytes),
+      gran_(granules ? std::max(kLargeRound, granularity) : kLargeRound),
+      slab_bytes_(granules ? std::max(kSlabBytes, granularity) : kSlabBytes),
       mu_(tracker.lock()),
+      free_(gran_),
       budget_(tracker.config().pool_keep, uint64_t{tracker.config().pool_idle_ms} * 1000000),
       fence_(ctx) {
   work::start_counting();
 }
 
-cache_resource::~cache_resource() {
+pool::~pool() {
   // Segments are not freed: the cache lives as long as the process (or its context).
   for (auto& [base, s] : segments_) {
     if (s->split)
@@ -69,25 +69,25 @@ cache_resource::~cache_resource() {
 
 // ---- segments and free lists (under mu_) --------------------------------------------
 
-cache_resource::Segment* cache_resource::segment_at_locked(CUdeviceptr p) const noexcept {
+pool::Segment* pool::segment_at_locked(CUdeviceptr p) const noexcept {
   auto it = segments_.upper_bound(p);
   if (it == segments_.begin()) return nullptr;
   Segment* s = std::prev(it)->second;
   return p - s->base < s->bytes ? s : nullptr;
 }
 
-bool cache_resource::holds_locked(CUdeviceptr p) const noexcept {
+bool pool::holds_locked(CUdeviceptr p) const noexcept {
   const Segment* s = segment_at_locked(p);
   return s && !((s->leaving || ctx_going_) && tracker_.counts_live_locked(p));
 }
 
-void cache_resource::drop_locked(Segment* s) noexcept {
+void pool::drop_locked(Segment* s) noexcept {
   segments_.erase(s->base);
   each_block(s, [&](Block* b) { map_.erase(b->ptr); });
   if (s == arena_) arena_ = nullptr;
 }
 
-cache_resource::Block* cache_resource::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
+pool::Block* pool::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
   if (s->split) {
     for (Block* b = &s->blocks[0]; b; b = b->hi)
       if (p - b->ptr < b->size) return b;
@@ -97,7 +97,7 @@ cache_resource::Block* cache_resource::block_at_locked(Segment* s, CUdeviceptr p
   return idx < s->carved ? &s->blocks[idx] : nullptr;
 }
 
-void cache_resource::split_locked(Block* b, uint64_t bytes) noexcept {
+void pool::split_locked(Block* b, uint64_t bytes) noexcept {
   Block* r = spare_blocks_.back();
   spare_blocks_.pop_back();
   *r = Block{};
@@ -116,7 +116,7 @@ void cache_resource::split_locked(Block* b, uint64_t bytes) noexcept {
   push_free_locked(r);
 }
 
-void cache_resource::absorb_locked(Block* a, Block* h) noexcept {
+void pool::absorb_locked(Block* a, Block* h) noexcept {
   a->size += h->size;
   a->hi = h->hi;
   if (h->hi) h->hi->lo = a;
@@ -126,7 +126,7 @@ void cache_resource::absorb_locked(Block* a, Block* h) noexcept {
   spare_blocks_.push_back(h);  // room reserved by refill_spares_slow: no allocation
 }
 
-CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
+CUW_HOT void pool::push_free_locked(Block* b) noexcept {
   b->state = kFree;
   if (__builtin_expect(b->seg->split, 0)) {
     // Merge with free neighbours (never across a live, pending or unmapped one).
@@ -140,17 +140,7 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
       b = l;
     }
   }
-  Block** head = b->seg->cls >= 0 ? &free_small_[b->seg->cls] : &free_large_[b->size];
-  b->prev = nullptr;
-  b->next = *head;
-  if (*head) (*head)->prev = b;
-  *head = b;
-  if (b->seg->cls < 0) {
-    free_large_bytes_ += b->size;
-    if (b->seg->split) free_whole_bytes_ += whole_granules(*b);
-    if (b->size > largest_free_) largest_free_ = b->size;
-    publish_free_locked();
-  }
+  if (free_.push(b)) publish_free_locked();
 }
 
 // The pool's free large blocks in the device's slot (its `fragmentation`): their bytes, and
@@ -158,85 +148,37 @@ CUW_HOT void cache_resource::push_free_locked(Block* b) noexcept {
 // together, a little less than the most when one block's own ends would add to it; the
 // cache: its largest block). Where several contexts share a device, the last pool to change
 // writes them.
-CUW_HOT void cache_resource::publish_free_locked() noexcept {
-  ledger_.free_memory(free_large_bytes_, granules_ ? free_whole_bytes_ : largest_free_);
+CUW_HOT void pool::publish_free_locked() noexcept {
+  ledger_.free_memory(free_.large_bytes(), granules_ ? free_.whole_bytes() : free_.largest());
 }
 
-// The cache layout: the list of `it` (the largest size) emptied. The next largest is the
-// first non-empty list below; empty lists met on the way are of sizes not freed lately and
-// leave the map, so the walk is short when it happens again (the emptied size stays: it is the
-// one in use, and would come back at its next free).
-void cache_resource::largest_emptied_locked(std::map<uint64_t, Block*>::iterator it) noexcept {
-  while (it != free_large_.begin()) {
-    auto below = std::prev(it);
-    if (below->second) {
-      largest_free_ = below->first;
-      return;
-    }
-    free_large_.erase(below);
-  }
-  largest_free_ = 0;
+void pool::unlink_free_locked(Block* b) noexcept {
+  free_.unlink(b);
+  if (b->seg->cls < 0) publish_free_locked();
 }
 
-void cache_resource::unlink_free_locked(Block* b) noexcept {
-  if (b->prev) {
-    b->prev->next = b->next;
-  } else if (b->seg->cls < 0) {
-    auto it = free_large_.find(b->size);
-    if (it != free_large_.end() && it->second == b) {
-      it->second = b->next;
-      // vmm: a size whose list empties leaves the map (sizes are many: best fit walks them).
-      if (!b->next && b->seg->split) free_large_.erase(it);
-      else if (!b->next && b->size == largest_free_) largest_emptied_locked(it);
-    }
-  } else {
-    free_small_[b->seg->cls] = b->next;
-  }
-  if (b->next) b->next->prev = b->prev;
-  b->prev = b->next = nullptr;
-  if (b->seg->cls < 0) {
-    free_large_bytes_ -= b->size;
-    if (b->seg->split) free_whole_bytes_ -= whole_granules(*b);
-    publish_free_locked();
-  }
-}
-
-cache_resource::Block* cache_resource::carve_locked(Segment* s) noexcept {
+pool::Block* pool::carve_locked(Segment* s) noexcept {
   const uint64_t size = class_size(s->cls);
   Block* b = &s->blocks[s->carved];
   b->ptr = s->base + s->carved * size;
   b->size = size;
   b->seg = s;
   ++s->carved;
-  if (s->carved == s->capacity && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+  if (s->carved == s->capacity && free_.carving(s->cls) == s) free_.carving(s->cls) = nullptr;
   map_insert_locked(b);
   return b;
 }
 
-CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rounded) noexcept {
+CUW_HOT pool::Block* pool::take_locked(int cls, uint64_t rounded) noexcept {
   if (cls >= 0) {
-    if (Block* b = free_small_[cls]) {
-      free_small_[cls] = b->next;
-      if (b->next) b->next->prev = nullptr;
-      b->next = nullptr;
-      return b;
-    }
-    if (Segment* s = carving_[cls]) return carve_locked(s);
+    if (Block* b = free_.pop_small(cls)) return b;
+    if (Segment* s = free_.carving(cls)) return carve_locked(s);
     return nullptr;
   }
   if (granules_) {
     // Best fit over every free large block, split to the request.
-    auto it = free_large_.lower_bound(rounded);
-    while (it != free_large_.end() && !it->second) it = free_large_.erase(it);
-    if (it == free_large_.end()) return nullptr;
-    Block* b = it->second;
-    if (b->size > rounded && spare_blocks_.empty()) return nullptr;  // the slow path refills
-    it->second = b->next;
-    if (b->next) b->next->prev = nullptr;
-    b->next = nullptr;
-    if (!it->second) free_large_.erase(it);
-    free_large_bytes_ -= b->size;
-    free_whole_bytes_ -= whole_granules(*b);
+    Block* b = free_.take_best(rounded, !spare_blocks_.empty());  // (no spare: the slow path refills)
+    if (!b) return nullptr;
     // A request of whole granules starts on a granule where the block leaves room: its
     // neighbours then share none of its granules, and its own come back whole when it is freed.
     if (rounded % gran_ == 0 && b->ptr % gran_ && b->size - rounded >= gran_ - b->ptr % gran_ &&
@@ -252,22 +194,12 @@ CUW_HOT cache_resource::Block* cache_resource::take_locked(int cls, uint64_t rou
     else publish_free_locked();
     return b;
   }
-  const uint64_t slack = large_slack(rounded);
-  for (auto it = free_large_.lower_bound(rounded); it != free_large_.end() && it->first - rounded <= slack; ++it) {
-    if (Block* b = it->second) {
-      it->second = b->next;
-      if (b->next) b->next->prev = nullptr;
-      b->next = nullptr;
-      if (!it->second && it->first == largest_free_) largest_emptied_locked(it);
-      free_large_bytes_ -= b->size;
-      publish_free_locked();
-      return b;
-    }
-  }
-  return nullptr;
+  Block* b = free_.take_within(rounded, large_slack(rounded));
+  if (b) publish_free_locked();
+  return b;
 }
 
-CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexcept {
+CUW_HOT void pool::hand_out_locked(Block* b, uint64_t requested) noexcept {
   b->state = kLive;
   b->requested = requested;
   b->generation = ++hand_outs_;  // the pool's count: a Block reused from the spares starts no count anew
@@ -278,7 +210,7 @@ CUW_HOT void cache_resource::hand_out_locked(Block* b, uint64_t requested) noexc
 
 // Fast path, a hit: class computation, the lock, pop of a free list, four counters, the
 // event. No driver call, no clock read (the caller read the time before).
-CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
+CUW_HOT CUresult pool::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
   uint64_t rounded;
   int cls;
   if (bytes <= kSmallMax) {
@@ -319,7 +251,7 @@ CUW_HOT CUresult cache_resource::allocate_traced(CUdeviceptr* out, std::size_t b
   return r;
 }
 
-bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
+bool pool::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
   mu_.lock();
   Block* b = take_locked(cls, rounded);
   if (!b) {
@@ -333,11 +265,11 @@ bool cache_resource::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_
   return true;
 }
 
-CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+CUresult pool::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                        bool* cap_refused) {
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   const bool cap_active = work::capturing();
-  if (granules_) refill_spares_slow();
+  if (arena_ops_) arena_ops_->refill_spares(*this);
   if (!cap_active) poll_slow();
   if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
   if (!cap_active) {
@@ -374,13 +306,13 @@ CUresult cache_resource::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls
   return grow_slow(out, bytes, cls, rounded, last, cap_refused);
 }
 
-bool cache_resource::charge_segment(uint64_t bytes, bool quiet) {
+bool pool::charge_segment(uint64_t bytes, bool quiet) {
   return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc, false, quiet) == core::Tracker::Charge::ok;
 }
 
-CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+CUresult pool::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                    bool* cap_refused) {
-  if (granules_) return grow_vmm_slow(out, bytes, cls, rounded, last, cap_refused);
+  if (arena_ops_) return arena_ops_->grow(*this, out, bytes, cls, rounded, last, cap_refused);
   uint64_t seg_bytes = cls >= 0 ? kSlabBytes : rounded;
   // No hoarding: past the budget, free driver allocations go back before another is made.
   if (over_budget(seg_bytes) && !work::capturing()) reclaim_slow(seg_bytes);
@@ -440,7 +372,7 @@ CUresult cache_resource::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, ui
   return CUDA_SUCCESS;
 }
 
-void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
+void pool::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
                                  uint64_t first, uint64_t take) {
   auto* s = new Segment;
   s->base = base;
@@ -457,7 +389,7 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {
-    carving_[cls] = s;
+    free_.carving(cls) = s;
     b = carve_locked(s);
   } else {
     b = &s->blocks[0];
@@ -482,12 +414,12 @@ void cache_resource::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t se
   if (__builtin_expect(reused, 0)) tracker_.job_uncharge(stale.device, stale.bytes);
 }
 
-bool cache_resource::over_budget(uint64_t more) noexcept {
+bool pool::over_budget(uint64_t more) noexcept {
   return budget_.over(slot_.reserved.load(std::memory_order_relaxed), slot_.cached.load(std::memory_order_relaxed),
                       more, core::now_ns());
 }
 
-void cache_resource::trim_idle() noexcept {
+void pool::trim_idle() noexcept {
   if (!slow_.try_lock()) return;  // another thread is in the slow path: it will do
   std::lock_guard<std::mutex> g(slow_, std::adopt_lock);
   const uint64_t now = core::now_ns();
@@ -500,9 +432,9 @@ void cache_resource::trim_idle() noexcept {
   const uint64_t live = reserved > cached ? reserved - cached : 0;
   const uint64_t b = budget_.restart(live, now);  // the old peak is forgotten
   if (reserved <= b) return;
-  if (granules_) {
+  if (arena_ops_) {
     reclaim_slow(reserved - b);
-    granules_->trim(0);
+    arena_ops_->trim(*this);
   } else {
     release_slow(reserved - b);
   }
@@ -515,7 +447,7 @@ void cache_resource::trim_idle() noexcept {
 // Fast path: one lock, one map probe, a push onto a free list (idle) or the open batch,
 // four counters, the event. Not idle: every kSealBlocks-th free also seals the batch (one
 // event per stream), every kPollEvery-th polls.
-CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
+CUW_HOT CUresult pool::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   mu_.lock();
   if (__builtin_expect(ctx_going_, 0) && tracker_.pointers().contains(p)) {
     // The driver destroyed the context, freeing this cache's memory, and handed p out again:
@@ -575,7 +507,7 @@ CUW_HOT CUresult cache_resource::free_traced(CUdeviceptr p, ring::Api api, uint6
 // as the program's own call would have). The free is counted only once the driver did it:
 // a refused one (inside a global-mode capture, say) leaves the block live and returns the
 // driver's error, as the program's own call would.
-CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now) {
+CUresult pool::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now) {
   std::lock_guard<std::mutex> g(slow_);
   // The context was destroyed (forget_all deleted b with its segment) or is being destroyed
   // (its memory goes with it): no driver call on an address that may be someone else's.
@@ -612,4 +544,4 @@ CUresult cache_resource::free_exported(Block* b, ring::Api api, uint64_t aux, ui
   return CUDA_SUCCESS;
 }
 
-}  // namespace cuw::backends
+}  // namespace cuw::backends::pool

@@ -1,26 +1,25 @@
-// cuwarden interposer: the `cache` backend's driver allocations (segments) once made: giving
+// cuwarden interposer: a pool's segments (driver allocations, or ranges) once made: giving
 // them back (release; a destroyed context's forget_all), and what they answer for (pointer
 // queries, IPC export, the blocks and statistics the seam reports).
-#include "backends/cache/cache_resource.hpp"
+#include "backends/pool/pool.hpp"
 
 #include <algorithm>
 #include <vector>
 
-#include "backends/cache/cache_backend.hpp"
-#include "backends/cache/detail/internal.hpp"
+#include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/log.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
 
-namespace cuw::backends {
+namespace cuw::backends::pool {
 
-using namespace cache_detail;  // this folder's own helpers
+using namespace tuning;  // the pool's tuning and size classes
 
 // ---- release -------------------------------------------------------------------------------
 
-uint64_t cache_resource::release_slow(uint64_t want, Which which) {
+uint64_t pool::release_slow(uint64_t want, Which which) {
   // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
   // would invalidate the program's graph) and it synchronizes the device in any other. None
   // either while the context is being destroyed: its addresses may be someone else's.
@@ -44,7 +43,7 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
     each_block(s, [&](Block* b) {
       if (b->state == kFree) unlink_free_locked(b);
     });
-    if (s->cls >= 0 && carving_[s->cls] == s) carving_[s->cls] = nullptr;
+    if (s->cls >= 0 && free_.carving(s->cls) == s) free_.carving(s->cls) = nullptr;
     ++s->busy;
     s->leaving = true;
     gone.push_back(s);
@@ -65,7 +64,7 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
       each_block(s, [&](Block* b) {
         if (b->state == kFree) push_free_locked(b);
       });
-      if (s->cls >= 0 && s->carved < s->capacity && !carving_[s->cls]) carving_[s->cls] = s;
+      if (s->cls >= 0 && s->carved < s->capacity && !free_.carving(s->cls)) free_.carving(s->cls) = s;
       mu_.unlock();
       continue;
     }
@@ -84,93 +83,23 @@ uint64_t cache_resource::release_slow(uint64_t want, Which which) {
   return total;
 }
 
-uint64_t cache_resource::reclaim_slow(uint64_t want) {
+uint64_t pool::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
-  if (!granules_) return release_slow(want);
-  // The whole granules inside free large blocks, smallest blocks first (the pieces least
-  // likely to serve a request), the last one cut to what is still wanted; then fully free
-  // slabs; then ranges left with nothing mapped. Only free blocks: their freeing work has
-  // completed, and the unmap does not wait. The pieces of granules a free block shares with
-  // its neighbours stay free (they are mapped as long as the neighbours are).
-  const uint64_t gran = gran_;
-  uint64_t idle = granules_->idle_bytes();
-  const uint64_t start = idle;
-  while (idle < want) {
-    // Three blocks may come of one: its low piece, the hole, its high piece.
-    if (!refill_spares_slow()) break;
-    mu_.lock();
-    Block* b = nullptr;
-    // (A block under a granule holds no whole one: the pieces packing leaves are many.)
-    for (auto it = free_large_.lower_bound(gran); it != free_large_.end() && !b;) {
-      if (!it->second) {
-        it = free_large_.erase(it);
-        continue;
-      }
-      for (Block* c = it->second; c && !b; c = c->next)
-        if (whole_granules(*c)) b = c;
-      ++it;
-    }
-    if (!b || spare_blocks_.size() < 2) {
-      mu_.unlock();
-      break;
-    }
-    const uint64_t lo = (b->ptr + gran - 1) / gran * gran;  // the granules inside b
-    const uint64_t hi = lo + whole_granules(*b);
-    unlink_free_locked(b);
-    Block* low = nullptr;
-    if (lo > b->ptr) {
-      split_locked(b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
-      low = b;
-      b = b->hi;
-      unlink_free_locked(b);
-    }
-    uint64_t cut = hi - lo;
-    if (want != ~uint64_t{0}) cut = std::min(cut, (want - idle + gran - 1) / gran * gran);
-    if (cut < b->size) split_locked(b, cut);  // the high piece stays free
-    b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
-    if (low) push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
-    mu_.unlock();
-    const uint64_t size = b->size;
-    const CUresult r = granules_->punch(b->ptr, size);
-    mu_.lock();
-    if (r != CUDA_SUCCESS) {
-      push_free_locked(b);
-      mu_.unlock();
-      break;
-    }
-    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(b, h);
-    if (Block* l = b->lo; l && l->state == kHole) {
-      absorb_locked(l, b);
-      b = l;
-    }
-    // A hole at the top of the arena gives its addresses back to the top (growth maps there).
-    if (Segment* s = b->seg; s->split && b == s->last && b != &s->blocks[0]) {
-      s->last = b->lo;
-      s->last->hi = nullptr;
-      s->top -= b->size;
-      map_.erase(b->ptr);
-      --s->carved;
-      spare_blocks_.push_back(b);
-    }
-    mu_.unlock();
-    idle += size;
-  }
-  if (idle < want) release_slow(want - idle, Which::slabs);
-  release_slow(~uint64_t{0}, Which::holes);
-  return granules_->idle_bytes() - std::min(start, granules_->idle_bytes());
+  if (!arena_ops_) return release_slow(want);
+  return arena_ops_->reclaim(*this, want);
 }
 
-std::size_t cache_resource::release() {
+std::size_t pool::release() {
   std::lock_guard<std::mutex> g(slow_);
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
-  if (!granules_) return release_slow();
+  if (!arena_ops_) return release_slow();
   if (work::capturing()) return 0;  // nothing unmapped or released during a capture
   reclaim_slow(~uint64_t{0});
-  return granules_->trim(0);
+  return arena_ops_->trim(*this);
 }
 
-void cache_resource::set_dying(bool dying) {
+void pool::set_dying(bool dying) {
   std::lock_guard<std::mutex> g(slow_);  // after any driver call of the slow path in flight
   dying_ = dying;
   mu_.lock();
@@ -178,7 +107,7 @@ void cache_resource::set_dying(bool dying) {
   mu_.unlock();
 }
 
-void cache_resource::forget_all() noexcept {
+void pool::forget_all() noexcept {
   std::lock_guard<std::mutex> g(slow_);
   mu_.lock();
   dead_ = true;
@@ -211,11 +140,7 @@ void cache_resource::forget_all() noexcept {
   }
   segments_.clear();
   arena_ = nullptr;
-  std::fill(std::begin(free_small_), std::end(free_small_), nullptr);
-  std::fill(std::begin(carving_), std::end(carving_), nullptr);
-  free_large_.clear();
-  free_large_bytes_ = 0;
-  largest_free_ = 0;
+  free_.clear();
   publish_free_locked();
   open_head_ = nullptr;
   open_count_ = 0;
@@ -226,13 +151,13 @@ void cache_resource::forget_all() noexcept {
   map_.shrink();
   mu_.unlock();
   fence_.forget_batches();  // the context's events went with it
-  if (granules_) granules_->forget();  // uncharges what it held
+  if (arena_ops_) arena_ops_->forget(*this);  // uncharges what it held
   else tracker_.uncharge(slot_, total);
 }
 
 // ---- queries -------------------------------------------------------------------------------
 
-bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
+bool pool::locate(CUdeviceptr p, range* out, bool* live) {
   mu_.lock();
   // A segment being given back holds nothing live, and its addresses may be the driver's
   // again; so may a destroyed context's, where the hooks count a new allocation.
@@ -252,14 +177,14 @@ bool cache_resource::locate(CUdeviceptr p, range* out, bool* live) {
   return true;
 }
 
-block_info cache_resource::describe_locked(const Block& b) const noexcept {
+block_info pool::describe_locked(const Block& b) const noexcept {
   const bool in_use = b.state == kLive || (b.state == kPending && b.exported);
   return block_info{b.ptr, b.size, in_use ? b.requested : 0, ordinal_,
                     in_use ? block_info::state::live
                            : b.state == kPending ? block_info::state::pending : block_info::state::free};
 }
 
-bool cache_resource::blocks(std::vector<block_info>& out) {
+bool pool::blocks(std::vector<block_info>& out) {
   // Room first, outside the lock (the hot path's: no allocation while it is held); again
   // should the cache have carved more meanwhile.
   auto carved = [this] {
@@ -290,7 +215,7 @@ bool cache_resource::blocks(std::vector<block_info>& out) {
   }
 }
 
-pool_stats cache_resource::stats() {
+pool_stats pool::stats() {
   pool_stats st;
   uint64_t in_use = 0;
   mu_.lock();
@@ -306,13 +231,9 @@ pool_stats cache_resource::stats() {
   // large_round_) from a free whole block at least that size, or a small one from its class's
   // free list or a slab with room. A whole block made of exactly a request's bytes under a cap
   // may be smaller than kLargeRound, and then serves neither (nothing rounds down to it).
-  for (auto it = free_large_.rbegin(); it != free_large_.rend(); ++it) {
-    if (!it->second) continue;
-    st.largest_free = it->first / large_round_ * large_round_;  // sizes are sorted: the first is the largest
-    break;
-  }
+  st.largest_free = free_.largest_size() / large_round_ * large_round_;
   for (int cls = kClasses - 1; cls >= 0; --cls) {
-    if (!free_small_[cls] && !carving_[cls]) continue;
+    if (!free_.small_available(cls)) continue;
     st.largest_free = std::max(st.largest_free, class_size(cls));
     break;
   }
@@ -321,7 +242,7 @@ pool_stats cache_resource::stats() {
   return st;
 }
 
-CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
+CUresult pool::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
   mu_.lock();
   Segment* s = segment_at_locked(p);
   if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {  // (as locate)
@@ -352,7 +273,7 @@ CUresult cache_resource::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_s
   return upstream_->ipc_handle(handle, base);
 }
 
-void cache_resource::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
+void pool::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
   const Segment* s = b.seg;
   // A large vmm block lies in the granules that cover it (shared with its neighbours at
   // either end); a small block lies in its slab (one driver allocation, or one range of
@@ -373,7 +294,7 @@ void cache_resource::describe_span_locked(const Block& b, ipc_span* out) const n
   out->exportable = !granules_ || granules_->exportable();
 }
 
-CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
+CUresult pool::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
   // The pool's lock only (no driver call): the slow path may hold its own across a wait for
   // the GPU, and an importer must not wait for that.
   mu_.lock();
@@ -387,4 +308,4 @@ CUresult cache_resource::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* o
   return CUDA_SUCCESS;
 }
 
-}  // namespace cuw::backends
+}  // namespace cuw::backends::pool

@@ -1,20 +1,20 @@
-// cuwarden interposer: the `cache` backend's batches of freed blocks (cache_resource.hpp:
+// cuwarden interposer: a pool's batches of freed blocks (pool.hpp:
 // cudaFree's promise). Freed blocks wait in an open batch; a seal puts them behind the
 // fence's events (backends/pool/fence.hpp); a sealed batch's blocks go back to the free lists
 // once its events have completed.
-#include "backends/cache/cache_resource.hpp"
+#include "backends/pool/pool.hpp"
 
-#include "backends/cache/detail/internal.hpp"
+#include "backends/pool/tuning.hpp"
 #include "base/work_epoch.hpp"
 #include "cuw/attrs.hpp"
 
-namespace cuw::backends {
+namespace cuw::backends::pool {
 
-using namespace cache_detail;  // this folder's own helpers
+using namespace tuning;  // the pool's tuning and size classes
 
 // ---- batches (under slow_) -----------------------------------------------------------------
 
-void cache_resource::seal_locked_slow() {
+void pool::seal_locked_slow() {
   mu_.lock();
   Block* head = open_head_;
   const uint64_t bytes = open_bytes_;
@@ -36,7 +36,7 @@ void cache_resource::seal_locked_slow() {
   mu_.unlock();
 }
 
-void cache_resource::retire_front() {
+void pool::retire_front() {
   auto& bt = fence_.front();
   mu_.lock();
   for (Block* b = bt.head; b;) {
@@ -50,7 +50,7 @@ void cache_resource::retire_front() {
   if (fence_.pop_front()) retire_open_if_idle();
 }
 
-void cache_resource::retire_open_if_idle() {
+void pool::retire_open_if_idle() {
   mu_.lock();
   if (!open_head_ || !fence_.idle()) {
     mu_.unlock();
@@ -71,7 +71,7 @@ void cache_resource::retire_open_if_idle() {
   mu_.unlock();
 }
 
-bool cache_resource::poll_slow() {
+bool pool::poll_slow() {
   bool any = false;
   if (!fence_.empty()) {
     CtxScope scope(ctx_);
@@ -83,7 +83,7 @@ bool cache_resource::poll_slow() {
   return any;
 }
 
-bool cache_resource::wait_oldest_slow() {
+bool pool::wait_oldest_slow() {
   if (fence_.empty()) return false;
   bool done;
   {
@@ -98,7 +98,7 @@ bool cache_resource::wait_oldest_slow() {
   return true;
 }
 
-void cache_resource::wait_all_slow() {
+void pool::wait_all_slow() {
   if (work::capturing()) return;
   seal_locked_slow();
   while (wait_oldest_slow()) {
@@ -107,26 +107,26 @@ void cache_resource::wait_all_slow() {
 
 // ---- streams ---------------------------------------------------------------------------------
 
-void cache_resource::add_stream(CUstream s) {
+void pool::add_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   fence_.add_stream(s);
 }
 
-bool cache_resource::remove_stream(CUstream s) {
+bool pool::remove_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   if (!fence_.remove_stream(s)) return false;
   orphan_slow(s);
   return true;
 }
 
-void cache_resource::orphan_stream(CUstream s) {
+void pool::orphan_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   orphan_slow(s);
 }
 
-void cache_resource::orphan_slow(CUstream s) {
+void pool::orphan_slow(CUstream s) {
   if (dead_ || dying_) return;  // the context's memory is going: no driver call on it
   fence_.orphan(s);
 }
 
-}  // namespace cuw::backends
+}  // namespace cuw::backends::pool

@@ -1,20 +1,20 @@
-// cuwarden interposer: the `cache` backend (see cache_backend.hpp): the caches of the process's
-// contexts, and what the hooks ask of them.
-#include "backends/cache/cache_backend.hpp"
+// cuwarden interposer: the pooling backends' members (pooled_backend.hpp): the pools of the
+// process's contexts, and what the hooks ask of them. Included only by a layout's file, which
+// instantiates pooled_backend for its layout.
+#pragma once
+
+#include "backends/pool/pooled_backend.hpp"
 
 #include <algorithm>
 #include <new>
 
-#include "backends/cache/detail/internal.hpp"
+#include "backends/driver_calls.hpp"
 #include "backends/ipc.hpp"
-#include "backends/vmm/granules.hpp"
 #include "base/log.hpp"
 #include "base/work_epoch.hpp"
 #include "cuw/attrs.hpp"
 
 namespace cuw::backends {
-
-using namespace cache_detail;  // this folder's own helpers
 
 // ---- the program's allocations ---------------------------------------------------------------
 // Pooled blocks are not in the core's live table: a cache's own block map is authoritative.
@@ -23,9 +23,10 @@ using namespace cache_detail;  // this folder's own helpers
 
 // Hot path: the cache's allocate (a hit: one lock for the free list, the counters and the
 // event; no driver call).
-CUresult cache_backend::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
+template <class Layout>
+CUresult pooled_backend<Layout>::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
   if (dptr && bytes != 0)
-    if (cache_resource* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
+    if (pool::pool* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
   return passthrough_.allocate(t, dptr, bytes, real);
 }
 
@@ -33,7 +34,8 @@ CUresult cache_backend::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t 
 // CUDA_ERROR_INVALID_VALUE when it lies in a cache's memory but is no live block's start (a
 // second free: never passed to the driver, which would free the slab or block under the
 // cache); otherwise the driver's (not the caches' memory).
-CUresult cache_backend::do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) {
+template <class Layout>
+CUresult pooled_backend<Layout>::do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) {
   if (dptr)
     if (const CUresult r = free_traced(dptr, ring::Api::cuMemFree, 0, core::now_ns()); r != CUDA_ERROR_NOT_FOUND)
       return r;
@@ -41,7 +43,8 @@ CUresult cache_backend::do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_f
 }
 
 // Stream-ordered allocations stay in the driver's pools.
-CUresult cache_backend::do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+template <class Layout>
+CUresult pooled_backend<Layout>::do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
                                           alloc_async_fn real) {
   return passthrough_.allocate_async(t, dptr, bytes, stream, real);
 }
@@ -51,7 +54,8 @@ CUresult cache_backend::do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, s
 // being captured: the free would belong to a graph that runs later, and the block could be
 // reused before it runs; the driver's own answer for memory a graph did not allocate is an
 // error too.
-CUresult cache_backend::do_deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
+template <class Layout>
+CUresult pooled_backend<Layout>::do_deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
                                             free_async_fn real) {
   if (dptr) {
     if (work::capturing()) {
@@ -67,25 +71,25 @@ CUresult cache_backend::do_deallocate_async(core::Tracker& t, CUdeviceptr dptr, 
 
 // ---- the caches ---------------------------------------------------------------------------------
 
-namespace {
 // The calling thread's last context and its cache (initial-exec: the library is preloaded,
-// its TLS is static; no __tls_get_addr call).
-thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
-thread_local cache_resource* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
-thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
-}  // namespace
+// its TLS is static; no __tls_get_addr call). Internal linkage: each layout's file has its
+// own, and a process runs one backend.
+static thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
+static thread_local pool::pool* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+static thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
 
-CUW_HOT cache_resource* cache_backend::for_current() noexcept {
+template <class Layout>
+CUW_HOT pool::pool* pooled_backend<Layout>::for_current() noexcept {
   static auto get_current = drv().ctx_get_current;
   CUcontext ctx = nullptr;
   if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
   const uint64_t gen = generation_.load(std::memory_order_acquire);
   if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache;
-  cache_resource* found = nullptr;
+  pool::pool* found = nullptr;
   const int n = count_.load(std::memory_order_acquire);
   if (ctx != dying_.load(std::memory_order_acquire)) {
     for (int i = 0; i < n && !found; ++i) {
-      cache_resource* c = caches_[i].load(std::memory_order_acquire);
+      pool::pool* c = caches_[i].load(std::memory_order_acquire);
       if (c && c->context() == ctx) found = c;
     }
   }
@@ -96,12 +100,13 @@ CUW_HOT cache_resource* cache_backend::for_current() noexcept {
   return found;
 }
 
-cache_resource* cache_backend::create(CUcontext ctx) noexcept {
+template <class Layout>
+pool::pool* pooled_backend<Layout>::create(CUcontext ctx) noexcept {
   std::lock_guard<std::mutex> g(mu_);
   const int n = count_.load(std::memory_order_relaxed);
   int slot_index = n;  // the first free slot (a destroyed context's), else a new one
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+    pool::pool* c = caches_[i].load(std::memory_order_relaxed);
     if (c && c->context() == ctx) return c;
     if (!c && slot_index == n) slot_index = i;
   }
@@ -110,51 +115,34 @@ cache_resource* cache_backend::create(CUcontext ctx) noexcept {
   if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
   ring::DeviceSlot* slot = tracker_.device(dev);
   if (!slot) return nullptr;
-  cache_resource* c = nullptr;
+  pool::pool* c = nullptr;
   try {
-    std::unique_ptr<granule_resource> granules;
-    if (vmm_) {
-      granules = std::make_unique<granule_resource>(ctx, dev, *slot, tracker_);
-      if (!granules->supported()) {
-        granules.reset();
-        static std::atomic<bool> said{false};
-        if (!said.exchange(true))
-          log::always("cuwarden: CUWARDEN_POOL=vmm: device %d (or its driver) has no virtual memory management; "
-                      "its pool keeps whole driver allocations, as CUWARDEN_POOL=cache does",
-                      static_cast<int>(dev));
-      }
-    }
-    if (granules) {
-      granule_resource* gr = granules.get();
-      c = new cache_resource(std::move(granules), ctx, dev, *slot, tracker_, *this, gr);
-      // Peers enabled before this pool existed.
-      for (CUdevice p : peers_[dev & (ring::kMaxDevices - 1)]) gr->grant_peer(p);
-    } else {
-      c = new cache_resource(std::make_unique<driver_resource>(&tracker_, dev), ctx, dev, *slot, tracker_, *this);
-    }
+    c = Layout::make(ctx, dev, *slot, tracker_, *this, peers_[dev & (ring::kMaxDevices - 1)]);
   } catch (...) {
     return nullptr;
   }
+  if (!c) return nullptr;
   caches_[slot_index].store(c, std::memory_order_release);
   if (slot_index == n) count_.store(n + 1, std::memory_order_release);
   return c;
 }
 
-CUW_HOT CUresult cache_backend::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
+template <class Layout>
+CUW_HOT CUresult pooled_backend<Layout>::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   // The block map answers whatever the current context is: try the thread's last cache
   // first without asking the driver (a dropped cache finds nothing and is skipped). The
   // cache of a context being destroyed is asked last: once the driver destroyed it, another
   // context's cache may hold a block where one of the dying cache's starts.
-  cache_resource* first = t_cache;
+  pool::pool* first = t_cache;
   if (!first) first = for_current();
   const CUcontext going = dying_.load(std::memory_order_acquire);
-  cache_resource* last = nullptr;
+  pool::pool* last = nullptr;
   if (__builtin_expect(going != nullptr, 0) && first && first->context() == going) std::swap(first, last);
   if (first)
     if (const CUresult r = first->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (!c || c == first || c == last) continue;
     if (going && c->context() == going) {
       last = c;
@@ -165,13 +153,14 @@ CUW_HOT CUresult cache_backend::free_traced(CUdeviceptr p, ring::Api api, uint64
   return last ? last->free_traced(p, api, aux, now) : CUDA_ERROR_NOT_FOUND;
 }
 
-cache_resource* cache_backend::owner_of(CUdeviceptr p, range* out, bool* live) {
+template <class Layout>
+pool::pool* pooled_backend<Layout>::owner_of(CUdeviceptr p, range* out, bool* live) {
   // As free_traced: a context being destroyed is asked last.
   const CUcontext going = dying_.load(std::memory_order_acquire);
-  cache_resource* last = nullptr;
+  pool::pool* last = nullptr;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (!c) continue;
     if (going && c->context() == going) {
       last = c;
@@ -182,23 +171,26 @@ cache_resource* cache_backend::owner_of(CUdeviceptr p, range* out, bool* live) {
   return last && last->locate(p, out, live) ? last : nullptr;
 }
 
-uint64_t cache_backend::release_all_except(const cache_resource* skip) {
+template <class Layout>
+uint64_t pooled_backend<Layout>::release_all_except(const pool::pool* skip) {
   uint64_t total = 0;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
+    if (pool::pool* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
   return total;
 }
 
-void cache_backend::do_stream_created(core::Tracker&, CUstream s, unsigned flags) {
+template <class Layout>
+void pooled_backend<Layout>::do_stream_created(core::Tracker&, CUstream s, unsigned flags) {
   if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // covered by the legacy stream's event
-  if (cache_resource* c = for_current()) c->add_stream(s);
+  if (pool::pool* c = for_current()) c->add_stream(s);
 }
 
-void cache_backend::do_stream_destroying(core::Tracker&, CUstream s) {
+template <class Layout>
+void pooled_backend<Layout>::do_stream_destroying(core::Tracker&, CUstream s) {
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->remove_stream(s)) return;
   }
   // A blocking stream (not tracked: the legacy stream's event follows its work while it
@@ -209,7 +201,7 @@ void cache_backend::do_stream_destroying(core::Tracker&, CUstream s) {
       drv().stream_get_ctx(s, &ctx) != CUDA_SUCCESS || !ctx)
     return;
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->context() == ctx) {
       c->orphan_stream(s);
       return;
@@ -217,7 +209,8 @@ void cache_backend::do_stream_destroying(core::Tracker&, CUstream s) {
   }
 }
 
-bool cache_backend::do_context_destroy(core::Tracker&, call_ref<CUcontext()> which, call_ref<bool()> destroy) {
+template <class Layout>
+bool pooled_backend<Layout>::do_context_destroy(core::Tracker&, call_ref<CUcontext()> which, call_ref<bool()> destroy) {
   std::lock_guard<std::mutex> g(mu_);
   const CUcontext ctx = which();
   if (!ctx) return destroy();
@@ -227,12 +220,12 @@ bool cache_backend::do_context_destroy(core::Tracker&, call_ref<CUcontext()> whi
   generation_.fetch_add(1, std::memory_order_acq_rel);
   const int n0 = count_.load(std::memory_order_relaxed);
   for (int i = 0; i < n0; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
+    if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
   const bool gone = destroy();
   if (gone) {
     const int n = count_.load(std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
-      cache_resource* c = caches_[i].load(std::memory_order_relaxed);
+      pool::pool* c = caches_[i].load(std::memory_order_relaxed);
       if (c && c->context() == ctx) {
         c->forget_all();
         caches_[i].store(nullptr, std::memory_order_release);
@@ -242,14 +235,15 @@ bool cache_backend::do_context_destroy(core::Tracker&, call_ref<CUcontext()> whi
     generation_.fetch_add(1, std::memory_order_acq_rel);
   } else {
     for (int i = 0; i < n0; ++i)
-      if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
+      if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
   }
   dying_.store(nullptr, std::memory_order_release);
   return gone;
 }
 
-void cache_backend::do_peer_access_changed(core::Tracker&, CUcontext peer, bool enabled) {
-  if (!vmm_ || !enabled || !peer || !drv().ctx_get_device) return;
+template <class Layout>
+void pooled_backend<Layout>::do_peer_access_changed(core::Tracker&, CUcontext peer, bool enabled) {
+  if (!Layout::kGrantsPeers || !enabled || !peer || !drv().ctx_get_device) return;
   CUdevice self = -1, other = -1;
   if (drv().ctx_get_device(&self) != CUDA_SUCCESS) return;
   {
@@ -264,11 +258,12 @@ void cache_backend::do_peer_access_changed(core::Tracker&, CUcontext peer, bool 
   if (std::find(peers.begin(), peers.end(), self) == peers.end()) peers.push_back(self);
   const int n = count_.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_relaxed); c && c->ordinal() == other && c->granules())
-      c->granules()->grant_peer(self);
+    if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->ordinal() == other)
+      Layout::grant_peer(*c, self);
 }
 
-CUresult cache_backend::do_context_retain(core::Tracker&, call_ref<CUresult()> call) {
+template <class Layout>
+CUresult pooled_backend<Layout>::do_context_retain(core::Tracker&, call_ref<CUresult()> call) {
   std::lock_guard<std::mutex> g(mu_);
   return call();
 }
@@ -277,13 +272,15 @@ CUresult cache_backend::do_context_retain(core::Tracker&, call_ref<CUresult()> c
 // The driver knows the caches' driver allocations, not the blocks in them: for a pooled
 // address these answer with the program's allocation (the block).
 
-bool cache_backend::do_locate(core::Tracker&, CUdeviceptr p, range* out, bool* live) {
+template <class Layout>
+bool pooled_backend<Layout>::do_locate(core::Tracker&, CUdeviceptr p, range* out, bool* live) {
   return owner_of(p, out, live) != nullptr;
 }
 
-CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) {
+template <class Layout>
+CUresult pooled_backend<Layout>::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) {
   bool live = false;
-  if (cache_resource* c = owner_of(p, nullptr, &live)) {
+  if (pool::pool* c = owner_of(p, nullptr, &live)) {
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
     ipc_span span;
     const CUresult r = c->ipc_handle(handle, p, &span);
@@ -293,28 +290,31 @@ CUresult cache_backend::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, 
   return passthrough_.ipc_export(t, handle, p, real);
 }
 
-CUresult cache_backend::do_ipc_describe(core::Tracker&, CUdeviceptr p, uint64_t bytes, ipc_span* out) {
+template <class Layout>
+CUresult pooled_backend<Layout>::do_ipc_describe(core::Tracker&, CUdeviceptr p, uint64_t bytes, ipc_span* out) {
   bool live = false;
-  cache_resource* c = owner_of(p, nullptr, &live);
+  pool::pool* c = owner_of(p, nullptr, &live);
   if (!c || !live) return CUDA_ERROR_INVALID_HANDLE;
   return c->ipc_describe(p, bytes, out);
 }
 
-bool cache_backend::do_for_each_block(core::Tracker&, call_ref<void(const block_info&)> visit) {
+template <class Layout>
+bool pooled_backend<Layout>::do_for_each_block(core::Tracker&, call_ref<void(const block_info&)> visit) {
   std::vector<block_info> all;
   bool complete = true;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (cache_resource* c = caches_[i].load(std::memory_order_acquire)) complete = c->blocks(all) && complete;
+    if (pool::pool* c = caches_[i].load(std::memory_order_acquire)) complete = c->blocks(all) && complete;
   for (const block_info& b : all) visit(b);
   return complete;
 }
 
-pool_stats cache_backend::do_stats(core::Tracker&, int ordinal) {
+template <class Layout>
+pool_stats pooled_backend<Layout>::do_stats(core::Tracker&, int ordinal) {
   pool_stats total;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    cache_resource* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool* c = caches_[i].load(std::memory_order_acquire);
     if (!c || c->ordinal() != ordinal) continue;
     const pool_stats s = c->stats();
     total.reserved += s.reserved;
