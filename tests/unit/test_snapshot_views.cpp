@@ -814,7 +814,7 @@ TEST_CASE("since: the call sites whose live bytes changed between two samples, l
   CHECK_THROWS_AS(changed_sites(then, other), std::invalid_argument);
 }
 
-TEST_CASE("leaks: a model's weights, allocated once after start, are not a leak; a real grower is") {
+TEST_CASE("leaks: a model's weights allocated once after start are not a leak but a real grower is") {
   // Samples every 30 s from the first allocation at T: the weights load over the first minute
   // (0 -> 128 MiB -> 256 MiB) and are held; the grower adds 2 MiB a sample; a cache creeps by
   // 100 KiB a sample (under 1 MiB); a buffer grows then falls back within the last three.

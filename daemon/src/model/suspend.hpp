@@ -36,6 +36,7 @@ struct SuspendTarget {
   uint64_t host_bytes = 0;    ///< resume: what the host held for it
   uint64_t since_ns = 0;      ///< resume: when it was suspended (CLOCK_REALTIME)
   double seconds = 0;         ///< how long the driver took (suspend: lock and checkpoint; resume: restore and unlock)
+  double first_seconds = 0;   ///< of `seconds`, the first call's share (suspend: the lock; resume: the restore)
   bool done = false;          ///< the driver's work on it succeeded (finish_suspend records it)
 };
 

@@ -40,7 +40,9 @@ SuspendResult Suspender::run(const Peer& peer, const SuspendRequest& req) {
     for (; locked < r.processes.size(); ++locked) {
       began[locked] = std::chrono::steady_clock::now();
       const uint32_t pid = r.processes[locked].pid;
-      if (const int rc = driver_.lock(pid, req.timeout_ms); rc != 0) {
+      const int rc = driver_.lock(pid, req.timeout_ms);
+      r.processes[locked].first_seconds = seconds_since(began[locked]);
+      if (rc != 0) {
         failure = fmt::format("{} was not suspended: pid {} could not be locked within {} ms ({}){}", what, pid,
                               req.timeout_ms, driver_.error_text(rc),
                               rc == 600 ? ": its submitted work did not finish in time" : "");
@@ -62,12 +64,16 @@ SuspendResult Suspender::run(const Peer& peer, const SuspendRequest& req) {
         }
         t.done = true;
         t.seconds = seconds_since(began[i]);
+        spdlog::info("suspend: pid {} ({} bytes on the GPU): lock {:.3f} s, checkpoint {:.3f} s", t.pid,
+                     t.device_bytes, t.first_seconds, t.seconds - t.first_seconds);
       }
     }
   } else {
     for (SuspendTarget& t : r.processes) {
       const auto t0 = std::chrono::steady_clock::now();
-      if (const int rc = driver_.restore(t.pid); rc != 0) {
+      const int restored = driver_.restore(t.pid);
+      t.first_seconds = seconds_since(t0);
+      if (const int rc = restored; rc != 0) {
         failure += fmt::format("{}pid {}'s restore failed ({})", failure.empty() ? "" : "; ", t.pid, driver_.error_text(rc));
         continue;
       }
@@ -78,6 +84,8 @@ SuspendResult Suspender::run(const Peer& peer, const SuspendRequest& req) {
       }
       t.done = true;
       t.seconds = seconds_since(t0);
+      spdlog::info("resume: pid {}: restore {:.3f} s, unlock {:.3f} s", t.pid, t.first_seconds,
+                   t.seconds - t.first_seconds);
     }
   }
   on_loop_([&] { reg_.finish_suspend(peer, r); });
