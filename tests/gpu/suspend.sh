@@ -11,8 +11,13 @@
 #
 #   BUILD_DIR=build OUT=gpu-out SIZES="2 8 24" tests/gpu/suspend.sh
 #
-# Runs the daemon as the caller with its own run and state directories under OUT (the
-# victims are the caller's own processes, so no root is needed).
+# Runs the daemon as the caller with its own state directory under OUT and a run directory
+# under /tmp (the victims are the caller's own processes, so no root is needed). As root:
+#   DAEMON_CAPS=unit  the daemon keeps only the capabilities the systemd unit keeps
+#                     (packaging/systemd/cuwardend.service.in's CapabilityBoundingSet), no new
+#                     privileges; its W+X mappings are counted (the unit's MemoryDenyWriteExecute)
+#   VICTIM_USER=NAME  the sized victims run as that user: root's daemon suspends another
+#                     user's process
 set -uo pipefail
 
 START_CWD=$(pwd)
@@ -30,8 +35,12 @@ BIN=$BUILD/bin
 mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
 
-export CUWARDEN_RUN_DIR=$OUT/run
-mkdir -p "$CUWARDEN_RUN_DIR"
+DAEMON_CAPS=${DAEMON_CAPS:-all}
+VICTIM_USER=${VICTIM_USER:-}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cuw-suspend.XXXXXX")  # reachable by VICTIM_USER
+chmod 0755 "$WORK"
+export CUWARDEN_RUN_DIR=$WORK/run
+mkdir -m 1777 "$CUWARDEN_RUN_DIR"
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 used_mib() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0; }
@@ -40,11 +49,20 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
 python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
 
-"$BIN/cuwardend" --state-dir "$OUT/state" --log-level debug 2>"$OUT/daemon.log" &
+daemon_cmd=("$BIN/cuwardend" --state-dir "$OUT/state" --log-level debug)
+if [[ $DAEMON_CAPS == unit ]]; then
+  caps=$(sed -n 's/^CapabilityBoundingSet=//p' "$REPO/packaging/systemd/cuwardend.service.in")
+  [[ -n $caps ]] || { echo "no CapabilityBoundingSet in $REPO/packaging/systemd/cuwardend.service.in"; exit 2; }
+  bset=-all
+  for c in $caps; do c=${c#CAP_}; bset+=",+${c,,}"; done
+  daemon_cmd=(setpriv --bounding-set "$bset" --inh-caps -all --no-new-privs "${daemon_cmd[@]}")
+  echo "# the daemon keeps the unit's capabilities only: $caps"
+fi
+"${daemon_cmd[@]}" 2>"$OUT/daemon.log" &
 daemon=$!
 victim=""
 # Not a bare `wait`: it would wait for the tee above, which waits for this script to end.
-trap 'kill $victim $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
+trap 'kill $victim $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq 200); do "$BIN/cuwarden" --json >/dev/null 2>&1 && break; sleep 0.1; done
 
 echo "## host-device copy bandwidth (8 GiB, torch, best of 3)"
@@ -63,7 +81,7 @@ for pinned in (True, False):
     del h
 PY
 
-cat >"$OUT/victim.py" <<'PY'
+cat >"$WORK/victim.py" <<'PY'
 import sys, time, torch
 gib = float(sys.argv[1])
 x = torch.full((int(gib * (1 << 28)),), 7.0, device="cuda")
@@ -76,13 +94,19 @@ for line in sys.stdin:
         break
 PY
 
+as_victim=()
+if [[ -n $VICTIM_USER ]]; then
+  as_victim=(setpriv --reuid="$VICTIM_USER" --regid="$(id -g "$VICTIM_USER")" --clear-groups env HOME="$WORK")
+  cp "$LIB" "$WORK/" && LIB=$WORK/$(basename "$LIB")  # the build may be where that user cannot read
+  echo "# the sized victims run as $VICTIM_USER (uid $(id -u "$VICTIM_USER"))"
+fi
 echo "## suspend and resume a process holding GIB GiB"
 echo "| GiB | GPU MiB before | while suspended | after | suspend ms | lock s | checkpoint s | resume ms | restore s | unlock s | data intact |" >"$OUT/sizes.md"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" >>"$OUT/sizes.md"
 for gib in $SIZES; do
   echo "### $gib GiB"
   # exec: VICTIM_PID is then python's pid, not a subshell's.
-  coproc VICTIM { exec env LD_PRELOAD="$LIB" python3 "$OUT/victim.py" "$gib" 2>"$OUT/victim-$gib.err"; }
+  coproc VICTIM { exec "${as_victim[@]}" env LD_PRELOAD="$LIB" python3 "$WORK/victim.py" "$gib" 2>"$OUT/victim-$gib.err"; }
   victim=$VICTIM_PID
   in=${VICTIM[1]} out=${VICTIM[0]}
   read -r -t 180 _ <&"$out" || { fail "$gib GiB victim did not start"; continue; }
@@ -92,6 +116,8 @@ for gib in $SIZES; do
   "$BIN/cuwarden" suspend "$victim" --timeout 30s || fail "$gib GiB: suspend exited $?"
   suspend_ms=$(($(now_ms) - t))
   during=$(used_mib)
+  grep -E "^Cap(Prm|Eff|Bnd)" "/proc/$daemon/status" | tr '\n' ' '
+  echo "daemon W+X mappings: $(grep -c ' rwxp ' "/proc/$daemon/maps")"
   "$BIN/cuwarden" --json >"$OUT/state-suspended-$gib.json"
   python3 - "$OUT/state-suspended-$gib.json" "$victim" <<'PY' || fail "$gib GiB: --json does not say suspended"
 import json, sys
