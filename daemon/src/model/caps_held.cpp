@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "base/util.hpp"
 #include "cuw/paths.hpp"
@@ -30,6 +31,18 @@ int end_process(int pidfd, uint32_t pid, uint64_t start_time) {
   if (pidfd >= 0) return ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) == 0 ? 0 : errno;
   if (paths::process_start_time(pid) != start_time) return ESRCH;
   return ::kill(static_cast<pid_t>(pid), SIGKILL) == 0 ? 0 : errno;
+}
+
+/// A limit change the daemon made on its own (not at anyone's request) to process `pid`.
+LimitChange daemon_change(uint32_t pid, std::string outcome, std::string reason) {
+  LimitChange c;
+  c.time_ns = now_ns();
+  c.by = "daemon";
+  c.target = "pid " + std::to_string(pid);
+  c.pid = pid;
+  c.outcome = std::move(outcome);
+  c.reason = std::move(reason);
+  return c;
 }
 
 }  // namespace
@@ -55,17 +68,12 @@ void Registry::check_caps_held(Process& p) {
                      "put back",
                      p.pid, p.user, d, cap_text(ds.limit), cap_text(ceiling));
         record_change(&p, static_cast<int>(d), ds.limit, ceiling, ds.used, StoredEvent::kFromTamper, 0);
-        LimitChange c;
-        c.time_ns = now_ns();
-        c.by = "daemon";
-        c.target = "pid " + std::to_string(p.pid);
-        c.pid = p.pid;
+        LimitChange c =
+            daemon_change(p.pid, "restored", "the process raised its own cap past what the daemon allows (tamper)");
         c.device = d;
         c.has_limits = true;
         c.old_limit = ds.limit;
         c.new_limit = ceiling;
-        c.outcome = "restored";
-        c.reason = "the process raised its own cap past what the daemon allows (tamper)";
         log_limit(std::move(c));
       }
     }
@@ -100,20 +108,14 @@ void Registry::check_caps_held(Process& p) {
   if (p.kill_tried) return;
   p.kill_tried = true;
   const int err = end_process(p.pidfd, p.pid, p.start_time);
-  LimitChange c;
-  c.time_ns = now_ns();
-  c.by = "daemon";
-  c.target = "pid " + std::to_string(p.pid);
-  c.pid = p.pid;
-  c.outcome = err == 0 ? "killed" : "failed";
-  c.reason = err == 0 ? "over its cap's ceiling at two scans in a row; the policy says enforce = \"kill\""
-                      : std::string("could not end it: ") + std::strerror(err);
   if (err == 0)
     spdlog::warn("pid {} ({}): still over its cap's ceiling; ended with SIGKILL (enforce = \"kill\")", p.pid, p.user);
   else
     spdlog::error("pid {} ({}): over its cap's ceiling; enforce = \"kill\" could not end it: {}", p.pid, p.user,
                   std::strerror(err));
-  log_limit(std::move(c));
+  log_limit(daemon_change(p.pid, err == 0 ? "killed" : "failed",
+                          err == 0 ? "over its cap's ceiling at two scans in a row; the policy says enforce = \"kill\""
+                                   : std::string("could not end it: ") + std::strerror(err)));
 }
 
 }  // namespace cuw::daemon
