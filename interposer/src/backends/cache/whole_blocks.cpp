@@ -1,10 +1,11 @@
-// cuwarden interposer: the `cache` backend (whole_blocks.hpp): its pools, and the backend's
-// members for this layout.
+// cuwarden interposer: the `cache` backend (whole_blocks.hpp): its pools, the pool's members
+// (pool_impl.hpp), and the backend's members for this layout.
 #include "backends/cache/whole_blocks.hpp"
 
 #include <memory>
 
 #include "backends/memory_resource.hpp"
+#include "backends/pool/pool_impl.hpp"
 #include "backends/pool/pooled_backend_impl.hpp"
 
 namespace cuw::backends {

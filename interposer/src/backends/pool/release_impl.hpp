@@ -1,6 +1,8 @@
 // cuwarden interposer: a pool's segments (driver allocations, or ranges) once made: giving
 // them back (release; a destroyed context's forget_all), and what they answer for (pointer
-// queries, IPC export, the blocks and statistics the seam reports).
+// queries, IPC export, the blocks and statistics the seam reports). Included by pool_impl.hpp.
+#pragma once
+
 #include "backends/pool/pool.hpp"
 
 #include <algorithm>

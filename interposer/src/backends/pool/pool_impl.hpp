@@ -1,5 +1,8 @@
 // cuwarden interposer: a pool's blocks (pool.hpp has the design): size
-// classes, the block map, the free lists, and the hot paths, allocate and free.
+// classes, the block map, the free lists, and the hot paths, allocate and free. Included,
+// with release_impl.hpp and batches_impl.hpp, by the file that defines the pool's members.
+#pragma once
+
 #include "backends/pool/pool.hpp"
 
 #include <algorithm>
@@ -545,3 +548,6 @@ CUresult pool::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now
 }
 
 }  // namespace cuw::backends::pool
+
+#include "backends/pool/batches_impl.hpp"
+#include "backends/pool/release_impl.hpp"

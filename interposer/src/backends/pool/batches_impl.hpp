@@ -1,7 +1,9 @@
 // cuwarden interposer: a pool's batches of freed blocks (pool.hpp:
 // cudaFree's promise). Freed blocks wait in an open batch; a seal puts them behind the
 // fence's events (backends/pool/fence.hpp); a sealed batch's blocks go back to the free lists
-// once its events have completed.
+// once its events have completed. Included by pool_impl.hpp.
+#pragma once
+
 #include "backends/pool/pool.hpp"
 
 #include "backends/pool/tuning.hpp"
