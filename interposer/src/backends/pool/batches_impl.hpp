@@ -16,7 +16,8 @@ using namespace tuning;  // the pool's tuning and size classes
 
 // ---- batches (under slow_) -----------------------------------------------------------------
 
-void pool::seal_locked_slow() {
+template <class Layout>
+void pool<Layout>::seal_locked_slow() {
   mu_.lock();
   Block* head = open_head_;
   const uint64_t bytes = open_bytes_;
@@ -38,7 +39,8 @@ void pool::seal_locked_slow() {
   mu_.unlock();
 }
 
-void pool::retire_front() {
+template <class Layout>
+void pool<Layout>::retire_front() {
   auto& bt = fence_.front();
   mu_.lock();
   for (Block* b = bt.head; b;) {
@@ -52,7 +54,8 @@ void pool::retire_front() {
   if (fence_.pop_front()) retire_open_if_idle();
 }
 
-void pool::retire_open_if_idle() {
+template <class Layout>
+void pool<Layout>::retire_open_if_idle() {
   mu_.lock();
   if (!open_head_ || !fence_.idle()) {
     mu_.unlock();
@@ -73,7 +76,8 @@ void pool::retire_open_if_idle() {
   mu_.unlock();
 }
 
-bool pool::poll_slow() {
+template <class Layout>
+bool pool<Layout>::poll_slow() {
   bool any = false;
   if (!fence_.empty()) {
     CtxScope scope(ctx_);
@@ -85,7 +89,8 @@ bool pool::poll_slow() {
   return any;
 }
 
-bool pool::wait_oldest_slow() {
+template <class Layout>
+bool pool<Layout>::wait_oldest_slow() {
   if (fence_.empty()) return false;
   bool done;
   {
@@ -100,7 +105,8 @@ bool pool::wait_oldest_slow() {
   return true;
 }
 
-void pool::wait_all_slow() {
+template <class Layout>
+void pool<Layout>::wait_all_slow() {
   if (work::capturing()) return;
   seal_locked_slow();
   while (wait_oldest_slow()) {
@@ -109,24 +115,28 @@ void pool::wait_all_slow() {
 
 // ---- streams ---------------------------------------------------------------------------------
 
-void pool::add_stream(CUstream s) {
+template <class Layout>
+void pool<Layout>::add_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   fence_.add_stream(s);
 }
 
-bool pool::remove_stream(CUstream s) {
+template <class Layout>
+bool pool<Layout>::remove_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   if (!fence_.remove_stream(s)) return false;
   orphan_slow(s);
   return true;
 }
 
-void pool::orphan_stream(CUstream s) {
+template <class Layout>
+void pool<Layout>::orphan_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   orphan_slow(s);
 }
 
-void pool::orphan_slow(CUstream s) {
+template <class Layout>
+void pool<Layout>::orphan_slow(CUstream s) {
   if (dead_ || dying_) return;  // the context's memory is going: no driver call on it
   fence_.orphan(s);
 }
