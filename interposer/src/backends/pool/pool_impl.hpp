@@ -123,7 +123,8 @@ void pool<Layout>::absorb_locked(Block* a, Block* h) noexcept {
 template <class Layout>
 CUW_HOT void pool<Layout>::push_free_locked(Block* b) noexcept {
   b->state = kFree;
-  if (__builtin_expect(b->seg->split, 0)) {
+  // (A layout that never splits drops this test at compile time: its splits() is constexpr.)
+  if (__builtin_expect(b->seg->split, 0) && layout_.splits()) {
     // Merge with free neighbours (never across a live, pending or unmapped one).
     if (Block* h = b->hi; h && h->state == kFree) {
       unlink_free_locked(h);
