@@ -31,15 +31,14 @@
 // allocations use ready blocks or fall back to the driver (cuMemAlloc, as the program's own
 // call would have).
 //
-// Caps: every driver allocation the cache makes is charged (Tracker::charge) and every one
-// it frees is uncharged, so cached bytes count against the cap. Before an allocation is
-// refused, the cache waits for its pending frees and gives every fully free driver
-// allocation back, then charges again; a refusal is for real need only.
+// Caps: all memory the pool takes from its upstream is charged (Tracker::charge) and what it
+// gives back is uncharged, so cached bytes count against the cap. Before an allocation is
+// refused, the pool waits for its pending frees and gives its free memory back, then
+// charges again; a refusal is for real need only.
 //
 // No hoarding: before it takes more from its upstream, a pool whose memory would pass its
 // budget gives back free memory first; an idle pool's next free trims it to its budget
 // (backends/pool/budget.hpp).
-//
 #pragma once
 
 #include <cuda.h>
@@ -160,7 +159,8 @@ class owner {
 ///                                                  and given back at once; a slab's bytes
 ///   bool counts_upstream()    the ledger counts each segment reserved and cached (else the
 ///                             upstream counts what it backs)
-///   bool splits()             large blocks live in split segments
+///   bool splits()             large blocks live in split segments (constexpr false: the
+///                             free path is compiled without its merge test)
 ///   Block* take_large_locked(pool&, uint64_t rounded)   a hit of a large request (under mu_)
 ///   uint64_t served_locked(const free_blocks&)          the largest request free large blocks
 ///                                                       serve (the device's fragmentation)
