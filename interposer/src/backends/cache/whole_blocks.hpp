@@ -39,6 +39,7 @@ struct whole_blocks {
   /// Each driver allocation is counted reserved (and cached while free) by the pool.
   static constexpr bool counts_upstream() noexcept { return true; }
   static constexpr bool splits() noexcept { return false; }
+  static pool::Block* merge_locked(pool_type&, pool::Block* b) noexcept { return b; }  // (never called)
   /// A large block is one driver allocation: its legacy handle names it exactly.
   static constexpr bool handles_whole() noexcept { return true; }
   /// Best fit within the slack (pool::take_whole_locked).
@@ -57,7 +58,7 @@ struct whole_blocks {
   static uint64_t reclaim_slow(pool_type& p, uint64_t want);
   static void trim_slow(pool_type& p, uint64_t want) { reclaim_slow(p, want); }
   static uint64_t release_slow(pool_type& p);
-  static void added_locked(pool::Segment*) noexcept {}
+  static void added_locked(pool_type&, pool::Segment*, pool::Block*, uint64_t) noexcept {}
   static void dropping_locked(pool::Segment*) noexcept {}
   /// The driver freed the context's allocations: uncharge them.
   static void forget(pool_type& p, uint64_t bytes) noexcept;

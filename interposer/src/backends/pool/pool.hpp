@@ -161,6 +161,8 @@ class owner {
 ///                             upstream counts what it backs)
 ///   bool splits()             large blocks live in split segments (constexpr false: the
 ///                             free path is compiled without its merge test)
+///   Block* merge_locked(pool&, Block* freed)   a freed block of a split segment merged with
+///                                              its free neighbours (the block to push)
 ///   Block* take_large_locked(pool&, uint64_t rounded)   a hit of a large request (under mu_)
 ///   uint64_t served_locked(const free_blocks&)          the largest request free large blocks
 ///                                                       serve (the device's fragmentation)
@@ -171,7 +173,10 @@ class owner {
 ///   uint64_t reclaim_slow(pool&, uint64_t want)  give back free memory (nothing forbids it)
 ///   void trim_slow(pool&, uint64_t want)         the idle trim's, past the budget
 ///   uint64_t release_slow(pool&)                 release()'s, pending frees waited for
-///   void added_locked(Segment*), dropping_locked(Segment*)  a segment made, given back
+///   void added_locked(pool&, Segment*, Block* first, uint64_t take)  a segment made, its
+///                             first block about to be handed out (a split one: cut to `take`)
+///   void dropping_locked(Segment*)  a segment given back or forgotten (the Blocks the layout
+///                             made for it are its own again)
 ///   void forget(pool&, uint64_t bytes)           the context is gone: uncharge what the
 ///                                                pool held (`bytes`: its segments' counted)
 ///   bool handles_whole()          a whole large block is one upstream allocation, which a
@@ -303,11 +308,6 @@ class pool final {
   }
   void map_insert_locked(Block* b) { map_.insert(b, every_block()); }
   Block* carve_locked(Segment* s) noexcept;
-  /// Split segments: cut `b` (free) to `bytes`; the rest becomes a free block (a spare).
-  void split_locked(Block* b, uint64_t bytes) noexcept;
-  /// Split segments: `a` takes over its higher neighbour `h` (a free or hole pair), which
-  /// becomes a spare.
-  void absorb_locked(Block* a, Block* h) noexcept;
   void hand_out_locked(Block* b, uint64_t requested) noexcept;
 
   CUresult free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now);  // takes slow_
@@ -375,8 +375,6 @@ class pool final {
   bool ctx_going_ = false;                     ///< dying_, under mu_ (the free path holds mu_ only,
                                                ///< and reads it): once the driver destroyed the
                                                ///< context, its addresses may be someone else's
-  std::vector<Block*> spare_blocks_;           ///< split segments: for splits (under mu_; filled
-                                               ///< under slow_ by the layout)
   budget budget_;                              ///< peak, keep, idle trim (under slow_; trim_due lock-free)
 
   void retire_open_if_idle();

@@ -43,16 +43,11 @@ pool<Layout>::pool(std::unique_ptr<memory_resource> upstream, Layout layout, CUc
 template <class Layout>
 pool<Layout>::~pool() {
   // Segments are not freed: the pool lives as long as the process (or its context).
+  // The layout takes back the Blocks it made for a segment (its own to delete).
   for (auto& [base, s] : segments_) {
-    if (s->split)
-      for (Block* b = s->blocks[0].hi; b;) {
-        Block* next = b->hi;
-        delete b;
-        b = next;
-      }
+    layout_.dropping_locked(s);
     delete s;
   }
-  for (Block* b : spare_blocks_) delete b;
 }
 
 // ---- segments and free lists (under mu_) --------------------------------------------
@@ -90,52 +85,11 @@ Block* pool<Layout>::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
 }
 
 template <class Layout>
-void pool<Layout>::split_locked(Block* b, uint64_t bytes) noexcept {
-  Block* r = spare_blocks_.back();
-  spare_blocks_.pop_back();
-  *r = Block{};
-  r->ptr = b->ptr + bytes;
-  r->size = b->size - bytes;
-  r->seg = b->seg;
-  r->lo = b;
-  r->hi = b->hi;
-  if (b->hi) b->hi->lo = r;
-  b->hi = r;
-  if (b->seg->last == b) b->seg->last = r;
-  b->size = bytes;
-  b->state = kLive;  // taken: the rest must not merge back into it
-  ++b->seg->carved;
-  map_insert_locked(r);
-  push_free_locked(r);
-}
-
-template <class Layout>
-void pool<Layout>::absorb_locked(Block* a, Block* h) noexcept {
-  a->size += h->size;
-  a->hi = h->hi;
-  if (h->hi) h->hi->lo = a;
-  if (a->seg->last == h) a->seg->last = a;
-  map_.erase(h->ptr);
-  --a->seg->carved;
-  spare_blocks_.push_back(h);  // room reserved by refill_spares_slow: no allocation
-}
-
-template <class Layout>
 CUW_HOT void pool<Layout>::push_free_locked(Block* b) noexcept {
   b->state = kFree;
-  // (A layout that never splits drops this test at compile time: its splits() is constexpr.)
-  if (__builtin_expect(b->seg->split, 0) && layout_.splits()) {
-    // Merge with free neighbours (never across a live, pending or unmapped one).
-    if (Block* h = b->hi; h && h->state == kFree) {
-      unlink_free_locked(h);
-      absorb_locked(b, h);
-    }
-    if (Block* l = b->lo; l && l->state == kFree) {
-      unlink_free_locked(l);
-      absorb_locked(l, b);
-      b = l;
-    }
-  }
+  // A split segment's block merges with its free neighbours (the layout's). A layout that
+  // never splits drops this test at compile time: its splits() is constexpr false.
+  if (__builtin_expect(b->seg->split, 0) && layout_.splits()) b = layout_.merge_locked(*this, b);
   if (free_.push(b)) publish_free_locked();
 }
 
@@ -187,7 +141,7 @@ template <class Layout>
 CUW_HOT void pool<Layout>::hand_out_locked(Block* b, uint64_t requested) noexcept {
   b->state = kLive;
   b->requested = requested;
-  b->generation = ++hand_outs_;  // the pool's count: a Block reused from the spares starts no count anew
+  b->generation = ++hand_outs_;  // the pool's count: a Block the layout reuses starts no count anew
   ++b->seg->busy;
 }
 
@@ -388,10 +342,9 @@ void pool<Layout>::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_
     if (s->split) {
       s->top = b->size;
       s->last = b;
-      if (take && take < b->size && !spare_blocks_.empty()) split_locked(b, take);  // the rest stays free
     }
   }
-  layout_.added_locked(s);
+  layout_.added_locked(*this, s, b, take);  // (may split b to `take`: the rest stays free)
   hand_out_locked(b, bytes);
   *out = b->ptr;
   // (Else the upstream counted what it backs reserved and cached; its block is live now.)

@@ -72,8 +72,6 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
     }
     drop_locked(s);
     total += s->bytes;
-    if (s->split)
-      for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);  // room: the layout's spares
     // (Else the upstream counts what it backs, and gives it back itself.)
     if (layout_.counts_upstream()) ledger_.moved(-static_cast<int64_t>(s->bytes), -static_cast<int64_t>(s->bytes));
     mu_.unlock();
@@ -134,8 +132,6 @@ void pool<Layout>::forget_all() noexcept {
     each_block(s, [&](Block* b) {
       if (counted_live(*b)) ledger_.forgot(b->ptr, b->requested, now);
     });
-    if (s->split)
-      for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);
     if (counts) ledger_.forgot_segment(base);  // (else the upstream's forget)
     layout_.dropping_locked(s);
     delete s;

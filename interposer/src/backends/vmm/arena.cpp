@@ -125,7 +125,7 @@ CUresult granule_arena::extend_arena(pool_type& p, CUdeviceptr* out, uint64_t by
   }
   if (f && need == 0) {
     // Large enough already (a hit that found no spare Block to split with).
-    if (f->size > rounded && !p.spare_blocks_.empty()) p.split_locked(f, rounded);
+    if (f->size > rounded && !spares_.empty()) split_locked(p, f, rounded);
     p.hand_out_locked(f, bytes);
     p.ledger_.handed_out(f->size, false);
     *out = f->ptr;
@@ -173,15 +173,15 @@ CUresult granule_arena::extend_arena(pool_type& p, CUdeviceptr* out, uint64_t by
   const CUdeviceptr down_at = f ? f->ptr - down : 0;
   // A new block's Block, taken now: hot-path splits may use up the spares meanwhile.
   Block* fresh = nullptr;
-  if (!f && !p.spare_blocks_.empty()) {
-    fresh = p.spare_blocks_.back();
-    p.spare_blocks_.pop_back();
+  if (!f && !spares_.empty()) {
+    fresh = spares_.back();
+    spares_.pop_back();
   }
   p.mu_.unlock();
   auto unclaim = [&] {
     p.mu_.lock();
     if (f) p.push_free_locked(f);
-    if (fresh) p.spare_blocks_.push_back(fresh);  // back where it came from: within capacity
+    if (fresh) spares_.push_back(fresh);  // back where it came from: within capacity
     p.mu_.unlock();
   };
   if ((!f && !fresh) || down > below) {
@@ -225,7 +225,7 @@ CUresult granule_arena::extend_arena(pool_type& p, CUdeviceptr* out, uint64_t by
         if (h->hi) h->hi->lo = b;
         if (a->last == h) a->last = b;
         --a->carved;
-        p.spare_blocks_.push_back(h);
+        spares_.push_back(h);
       }
     }
     a->top += up - from_hole;  // the rest came from above the top
@@ -239,14 +239,14 @@ CUresult granule_arena::extend_arena(pool_type& p, CUdeviceptr* out, uint64_t by
       if (l->lo) l->lo->hi = b;
       p.map_.erase(l->ptr);
       --a->carved;
-      p.spare_blocks_.push_back(l);
+      spares_.push_back(l);
     }
     p.map_.erase(b->ptr);
     b->ptr -= down;
     b->size += down;
     p.map_insert_locked(b);
   }
-  if (b->size > rounded && !p.spare_blocks_.empty()) p.split_locked(b, rounded);  // the rest stays free
+  if (b->size > rounded && !spares_.empty()) split_locked(p, b, rounded);  // the rest stays free
   p.hand_out_locked(b, bytes);
   p.ledger_.handed_out(b->size, false);
   *out = b->ptr;
@@ -269,7 +269,7 @@ uint64_t granule_arena::reclaim_arena_slow(pool_type& p, uint64_t want) {
     if (!refill_spares_slow(p)) break;
     p.mu_.lock();
     Block* b = p.free_.find_with_whole();
-    if (!b || p.spare_blocks_.size() < 2) {
+    if (!b || spares_.size() < 2) {
       p.mu_.unlock();
       break;
     }
@@ -278,14 +278,14 @@ uint64_t granule_arena::reclaim_arena_slow(pool_type& p, uint64_t want) {
     p.unlink_free_locked(b);
     Block* low = nullptr;
     if (lo > b->ptr) {
-      p.split_locked(b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
+      split_locked(p, b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
       low = b;
       b = b->hi;
       p.unlink_free_locked(b);
     }
     uint64_t cut = hi - lo;
     if (want != ~uint64_t{0}) cut = std::min(cut, (want - idle + gran - 1) / gran * gran);
-    if (cut < b->size) p.split_locked(b, cut);  // the high piece stays free
+    if (cut < b->size) split_locked(p, b, cut);  // the high piece stays free
     b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
     if (low) p.push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
     p.mu_.unlock();
@@ -297,9 +297,9 @@ uint64_t granule_arena::reclaim_arena_slow(pool_type& p, uint64_t want) {
       p.mu_.unlock();
       break;
     }
-    if (Block* h = b->hi; h && h->state == kHole) p.absorb_locked(b, h);
+    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(p, b, h);
     if (Block* l = b->lo; l && l->state == kHole) {
-      p.absorb_locked(l, b);
+      absorb_locked(p, l, b);
       b = l;
     }
     // A hole at the top of the arena gives its addresses back to the top (growth maps there).
@@ -309,7 +309,7 @@ uint64_t granule_arena::reclaim_arena_slow(pool_type& p, uint64_t want) {
       s->top -= b->size;
       p.map_.erase(b->ptr);
       --s->carved;
-      p.spare_blocks_.push_back(b);
+      spares_.push_back(b);
     }
     p.mu_.unlock();
     idle += size;
@@ -321,7 +321,7 @@ uint64_t granule_arena::reclaim_arena_slow(pool_type& p, uint64_t want) {
 
 bool granule_arena::refill_spares_slow(pool_type& p) {
   p.mu_.lock();
-  const size_t have = p.spare_blocks_.size();
+  const size_t have = spares_.size();
   p.mu_.unlock();
   if (have >= kSpareBlocks) return true;
   Block* fresh[kSpareBlocks * 2];
@@ -332,7 +332,7 @@ bool granule_arena::refill_spares_slow(pool_type& p) {
   try {
     p.mu_.lock();
     const size_t want = (heap_blocks_ + n) * 2;
-    const size_t cap = p.spare_blocks_.capacity();
+    const size_t cap = spares_.capacity();
     p.mu_.unlock();
     // A vector with room for every block this pool owns (absorb_locked pushes without
     // allocating), made outside the lock.
@@ -342,12 +342,12 @@ bool granule_arena::refill_spares_slow(pool_type& p) {
     return false;
   }
   p.mu_.lock();
-  if (room.capacity() > p.spare_blocks_.capacity()) {
-    room.assign(p.spare_blocks_.begin(), p.spare_blocks_.end());  // within capacity: no allocation
-    p.spare_blocks_.swap(room);
+  if (room.capacity() > spares_.capacity()) {
+    room.assign(spares_.begin(), spares_.end());  // within capacity: no allocation
+    spares_.swap(room);
   }
-  const size_t fit = std::min(n, p.spare_blocks_.capacity() - heap_blocks_);
-  for (size_t i = 0; i < fit; ++i) p.spare_blocks_.push_back(fresh[i]);
+  const size_t fit = std::min(n, spares_.capacity() - heap_blocks_);
+  for (size_t i = 0; i < fit; ++i) spares_.push_back(fresh[i]);
   heap_blocks_ += fit;
   p.mu_.unlock();
   for (size_t i = fit; i < n; ++i) delete fresh[i];

@@ -59,6 +59,11 @@ class granule_arena {
   /// `granules`: the pool's upstream (the pool owns it), or nullptr: the device has no
   /// virtual memory management, and the pool keeps whole driver allocations.
   explicit granule_arena(granule_resource* granules) noexcept;
+  granule_arena(granule_arena&&) noexcept = default;  // (into its pool, before any Block is made)
+  granule_arena(const granule_arena&) = delete;
+  granule_arena& operator=(const granule_arena&) = delete;
+  /// Deletes the spare Blocks (the pool's destructor gave back those of its segments).
+  ~granule_arena();
 
   // ---- the pool's steps (pool.hpp) ------------------------------------------------------
   uint64_t large_round() const noexcept { return granules_ ? kFineRound : whole_blocks::large_round(); }
@@ -67,6 +72,9 @@ class granule_arena {
   /// The granules count what they map reserved and cached (granules.hpp).
   bool counts_upstream() const noexcept { return !granules_; }
   bool splits() const noexcept { return granules_ != nullptr; }
+  /// A freed block merged with its free neighbours (never across a live, pending or
+  /// unmapped one); the block to push free.
+  pool::Block* merge_locked(pool_type& p, pool::Block* b) noexcept;
   /// A large block is a stretch of the arena: no legacy handle names it.
   bool handles_whole() const noexcept { return !granules_; }
   /// Best fit over every free large block, split to the request.
@@ -93,18 +101,26 @@ class granule_arena {
   /// reclaim_slow, then the idle granules go back to the driver.
   void trim_slow(pool_type& p, uint64_t want);
   uint64_t release_slow(pool_type& p);
-  void added_locked(pool::Segment* s) noexcept {
-    if (s->split) arena_ = s;
-  }
-  void dropping_locked(pool::Segment* s) noexcept {
-    if (s == arena_) arena_ = nullptr;
-  }
+  /// A new range of the arena: where large blocks grow from now on; its first block cut to
+  /// `take` bytes (when given), the rest staying free.
+  void added_locked(pool_type& p, pool::Segment* s, pool::Block* first, uint64_t take) noexcept;
+  /// The Blocks of a range given back or forgotten become spares (room for them is kept:
+  /// no allocation).
+  void dropping_locked(pool::Segment* s) noexcept;
   /// Forget the granules (the driver freed them with the context) and uncharge them.
   void forget(pool_type& p, uint64_t bytes) noexcept;
   /// Granules (their size, whether exportable as file descriptors).
   void describe(ipc_span* out) const noexcept;
 
  private:
+  /// Spare Block objects kept for splits, at least this many before a miss's attempts.
+  static constexpr size_t kSpareBlocks = 32;
+
+  /// Cut `b` (free, of a split segment) to `bytes`; the rest becomes a free block (a spare).
+  void split_locked(pool_type& p, pool::Block* b, uint64_t bytes) noexcept;
+  /// `a` takes over its higher neighbour `h` (a free or hole pair), which becomes a spare.
+  void absorb_locked(pool_type& p, pool::Block* a, pool::Block* h) noexcept;
+
   // The arena's slow path (arena.cpp).
   CUresult grow_arena_slow(pool_type& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                            bool* cap_refused);
@@ -120,6 +136,8 @@ class granule_arena {
   uint64_t unit_;               ///< what is mapped and unmapped at once (the granularity)
   uint64_t slab_bytes_;         ///< a slab: one granule
   pool::Segment* arena_ = nullptr;  ///< where large blocks grow (under mu_)
+  std::vector<pool::Block*> spares_;  ///< for splits (under mu_; filled under slow_), with room
+                                      ///< for every Block allocated (absorb pushes without allocating)
   size_t heap_blocks_ = 0;          ///< Blocks allocated one by one, spare or in use (under slow_)
 };
 
