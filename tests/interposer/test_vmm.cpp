@@ -1,6 +1,6 @@
 // Interposer tests: what the `vmm` layout adds to the pool (CUWARDEN_POOL=vmm), on the
 // simulated driver (granules of 2 MiB, as on the H200). The promises both pooled backends
-// keep (cudaFree's, captures, caps, contexts) are test_cache.cpp's and
+// keep (cudaFree's, captures, caps, contexts, pointer queries) are test_cache.cpp's and
 // test_cache_adversarial.cpp's cases, which ctest runs under vmm too.
 //
 // Tags, each in its own process (tests/interposer/CMakeLists.txt): [vmm] (two 1 GiB devices,
@@ -26,42 +26,6 @@ void fill(CUdeviceptr p, size_t n, unsigned char v) { REQUIRE(cuMemsetD8(p, v, n
 uint64_t calls(const char* name) { return fakecuda_call_count(name); }
 
 }  // namespace
-
-TEST_CASE("vmm: pointer queries describe the program's block, not the mapped range", "[vmm]") {
-  make_context();
-  touch_interposer();
-  REQUIRE(std::string(own_ring().pool) == "vmm");
-  CUdeviceptr big = 0, small = 0;
-  REQUIRE(cuMemAlloc(&big, 5 * kMiB + 3) == CUDA_SUCCESS);
-  REQUIRE(cuMemAlloc(&small, 1000) == CUDA_SUCCESS);
-  CHECK(big % 512 == 0);         // a stretch of a range (large blocks pack to 512 bytes)
-  CHECK(small % 256 == 0);       // cudaMalloc's alignment
-  for (CUdeviceptr p : {big, small}) {
-    const size_t want = p == big ? 5 * kMiB + 3 : 1000;
-    INFO("block " << want << " bytes");
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    // The driver alone would answer with a 2 MiB chunk of the mapping (cuMemGetAddressRange)
-    // or the whole reservation (the range attributes): the program sees its allocation.
-    REQUIRE(cuMemGetAddressRange(&base, &size, p + want - 1) == CUDA_SUCCESS);
-    CHECK(base == p);
-    CHECK(size == want);
-    CUdeviceptr start = 0;
-    size_t rsize = 0;
-    REQUIRE(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 1) == CUDA_SUCCESS);
-    REQUIRE(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 1) == CUDA_SUCCESS);
-    CHECK(start == p);
-    CHECK(rsize == want);
-    fill(p, want, 0x3C);
-    CHECK(all_bytes(p, want, 0x3C));
-  }
-  REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  CHECK(cuMemGetAddressRange(&base, &size, big) == CUDA_ERROR_NOT_FOUND);  // freed: as the driver says
-  CHECK(cuMemFree(big) == CUDA_ERROR_INVALID_VALUE);                       // a second free
-  REQUIRE(cuMemFree(small) == CUDA_SUCCESS);
-}
 
 TEST_CASE("vmm: a freed large block is split for smaller requests and merges back, with no driver call",
           "[vmm]") {

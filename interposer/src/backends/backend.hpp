@@ -10,8 +10,10 @@
 //      `passthrough` member. What you serve, you count and record by calling the ledger
 //      (core/ledger.hpp: a block handed out, freed, driver memory taken and given back),
 //      under the tracker's lock with your own free lists; caps: Tracker::charge for what you
-//      take from the driver. A pool of another layout is a layout type for
-//      pool/pooled_backend.hpp instead: backends/cache/whole_blocks.hpp is the example.
+//      take from the driver. A pool of another layout is a layout type instead (the steps
+//      pool/pool.hpp lists, and what pool/pooled_backend.hpp asks) whose own file
+//      instantiates pool<Layout> and pooled_backend<Layout>: backends/cache/whole_blocks.hpp
+//      is the example.
 //   2. One case in backends/start.cpp: CUWARDEN_POOL=<name> constructs it (its literal in
 //      the options row, cuw/options.hpp, and core::PoolKind in core/config.hpp).
 //   3. Tests: copy the cache's cases in tests/interposer (test_cache.cpp,

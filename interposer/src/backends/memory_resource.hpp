@@ -2,8 +2,8 @@
 // device_memory_resource: a public non-virtual allocate/deallocate calling private virtual
 // do_allocate / do_deallocate; deallocate receives the size when the caller knows it. A pool
 // owns its upstream (std::unique_ptr):
-//   pool::pool over driver_resource            CUWARDEN_POOL=cache: whole driver allocations
-//   pool::pool over granule_resource           CUWARDEN_POOL=vmm: granules mapped into an arena (vmm/)
+//   pool<whole_blocks> over driver_resource    CUWARDEN_POOL=cache: whole driver allocations
+//   pool<granule_arena> over granule_resource  CUWARDEN_POOL=vmm: granules mapped into an arena (vmm/)
 // An upstream exports what it allocated (ipc_handle) where the driver can describe exactly
 // that. Caps are not here: the pool charges what it takes from its upstream (Tracker::charge)
 // and uncharges what it gives back.

@@ -1,7 +1,7 @@
 // cuwarden interposer: a pool's free lists: one per small size class, the slab each class is
 // carving, and the free large blocks by size (a list per size, for best fit), with the bytes
 // they hold. Generic over the pool's block type (ptr, size, seg (with cls: the class, or -1
-// for a large block; split: the block lies in an arena), prev, next). Blocks are pushed and
+// for a large block; split: the block lies in a split segment), prev, next). Blocks are pushed and
 // unlinked whole: merging neighbours and carving slabs are the pool's.
 #pragma once
 
@@ -16,17 +16,18 @@
 
 namespace cuw::backends::pool {
 
-/// The free blocks of one pool, `Classes` small classes. `granule`: what the arena maps at
-/// once (the whole granules inside a free arena block are counted apart: stitching serves
-/// them). Not thread-safe: the pool's lock guards it.
+/// The free blocks of one pool, `Classes` small classes. `unit`: what the layout backs at
+/// once (the whole units inside a free block of a split segment are counted apart: the
+/// layout can give them back and back them again where a request needs them). Not
+/// thread-safe: the pool's lock guards it.
 template <class Block, int Classes>
 class free_lists {
  public:
   using Segment = std::remove_pointer_t<decltype(Block::seg)>;
 
-  explicit free_lists(uint64_t granule) noexcept : gran_(granule) {}
+  explicit free_lists(uint64_t unit) noexcept : gran_(unit) {}
 
-  /// The bytes of the whole granules inside `b` (what unmapping it gives back).
+  /// The bytes of the whole units inside `b` (what giving its memory back frees).
   uint64_t whole(const Block& b) const noexcept {
     const uint64_t lo = (b.ptr + gran_ - 1) / gran_ * gran_, hi = (b.ptr + b.size) / gran_ * gran_;
     return hi > lo ? hi - lo : 0;
@@ -57,7 +58,7 @@ class free_lists {
       auto it = large_.find(b->size);
       if (it != large_.end() && it->second == b) {
         it->second = b->next;
-        // An arena's size whose list empties leaves the map (sizes are many: best fit walks them).
+        // A split segment's size whose list empties leaves the map (sizes are many: best fit walks them).
         if (!b->next && b->seg->split) large_.erase(it);
         else if (!b->next && b->size == largest_) largest_emptied(it);
       }
@@ -102,7 +103,7 @@ class free_lists {
     }
     return nullptr;
   }
-  /// An arena: the smallest free large block of at least `rounded` bytes, taken off its
+  /// Split segments: the smallest free large block of at least `rounded` bytes, taken off its
   /// list; nullptr when none, or when it is larger and `can_split` is false (nothing taken).
   Block* take_best(uint64_t rounded, bool can_split) noexcept {
     auto it = large_.lower_bound(rounded);
@@ -118,10 +119,10 @@ class free_lists {
     whole_bytes_ -= whole(*b);
     return b;
   }
-  /// An arena: a free large block holding at least one whole granule, from the smallest
+  /// Split segments: a free large block holding at least one whole unit, from the smallest
   /// sizes up; nullptr when none. Stays on its list.
   Block* find_with_whole() noexcept {
-    // (A block under a granule holds no whole one: the pieces packing leaves are many.)
+    // (A block under a unit holds no whole one: the pieces packing leaves are many.)
     for (auto it = large_.lower_bound(gran_); it != large_.end();) {
       if (!it->second) {
         it = large_.erase(it);
@@ -141,7 +142,7 @@ class free_lists {
   }
 
   uint64_t large_bytes() const noexcept { return large_bytes_; }  ///< bytes of the free large blocks
-  uint64_t whole_bytes() const noexcept { return whole_bytes_; }  ///< an arena's whole granules in them
+  uint64_t whole_bytes() const noexcept { return whole_bytes_; }  ///< the whole units in them (split segments)
   uint64_t largest() const noexcept { return largest_; }          ///< whole blocks: the largest free one
 
   /// Forgets every block (the context's memory is gone).
@@ -172,9 +173,9 @@ class free_lists {
   const uint64_t gran_;
   Block* small_[Classes] = {};
   Segment* carving_[Classes] = {};  ///< a slab of the class with uncarved room
-  std::map<uint64_t, Block*> large_;  ///< size -> list of free large blocks (arena: no empty list)
+  std::map<uint64_t, Block*> large_;  ///< size -> list of free large blocks (split: no empty list)
   uint64_t large_bytes_ = 0;          ///< their bytes
-  uint64_t whole_bytes_ = 0;          ///< arena: the whole granules inside them (stitchable)
+  uint64_t whole_bytes_ = 0;          ///< split: the whole units inside them
   uint64_t largest_ = 0;              ///< whole blocks: the largest size with a free block
 };
 

@@ -1,5 +1,6 @@
-// cuwarden interposer: the pool of one CUDA context (CUWARDEN_POOL=cache and vmm;
-// pool/pooled_backend.hpp finds the one of the calling thread). The design:
+// cuwarden interposer: the pool of one CUDA context, generic over its layout (the backend's
+// layouts: backends/README.md; pool/pooled_backend.hpp finds the pool of the calling thread).
+// The design:
 //
 // Layout of what it keeps:
 //   small requests (<= 1 MiB) are rounded to one of 40 size classes (512 B steps up to
@@ -9,7 +10,10 @@
 //   large requests (> 1 MiB) are rounded to 2 MiB and kept whole, one driver allocation
 //   each; a freed one serves the smallest request it fits with at most 1/8 (or 2 MiB) to
 //   spare (best fit). No splitting: a driver allocation is one block, so IPC handles and
-//   range queries stay exact. (The vmm backend is where large free space is stitched.)
+//   range queries stay exact. That is the layout of whole blocks; a layout may instead
+//   keep large blocks in a split segment (Segment::split: blocks split to a request and
+//   merged with their free neighbours, stretches given back as holes), and says how large
+//   requests round, what it maps at once, how it grows and how it gives memory back.
 //
 // cudaFree's promise: a freed block is not handed out again until all work submitted before
 // the free has finished, on every stream of the context (backends/pool/fence.hpp: the fast
@@ -27,30 +31,14 @@
 // allocations use ready blocks or fall back to the driver (cuMemAlloc, as the program's own
 // call would have).
 //
-// Caps: every driver allocation the cache makes is charged (Tracker::charge) and every one
-// it frees is uncharged, so cached bytes count against the cap. Before an allocation is
-// refused, the cache waits for its pending frees and gives every fully free driver
-// allocation back, then charges again; a refusal is for real need only.
+// Caps: all memory the pool takes from its upstream is charged (Tracker::charge) and what it
+// gives back is uncharged, so cached bytes count against the cap. Before an allocation is
+// refused, the pool waits for its pending frees and gives its free memory back, then
+// charges again; a refusal is for real need only.
 //
 // No hoarding: before it takes more from its upstream, a pool whose memory would pass its
 // budget gives back free memory first; an idle pool's next free trims it to its budget
 // (backends/pool/budget.hpp).
-//
-// The vmm layout (CUWARDEN_POOL=vmm, backends/vmm/granules.hpp): the same pool over
-// physical granules. Slabs are one granule each. Large requests are rounded to 512 bytes
-// (not to granules: neighbours share the granule between them, so a block of 9 MiB + 1 byte
-// holds 9 MiB + 512 bytes, not 10 MiB) and live in one arena of addresses (a Segment with split
-// blocks, mapped from its base up to `top`): served from any free large block at least that
-// size, split, the rest staying free (best fit); a freed block merges with its free
-// neighbours. A miss grows the free block that needs the fewest new granules into the
-// unmapped addresses above or below it (extend_arena), else adds a block at the top. A large
-// block is a stretch of the arena, so pointer queries answer from the pool and IPC handles
-// cannot name it. Past the budget, or when the cap or the device refuses, the whole granules
-// inside free blocks are unmapped, smallest blocks first (holes: kHole blocks, granule-aligned;
-// a hole at the top lowers it; the pieces of granules a free block shares with a neighbour
-// stay mapped and free) and mapped where the new block goes: stitching, the slow path (on
-// the H200 about 28 ms per GiB unmapped and mapped again, against 1.5 ms for cuMemFree and
-// cuMemAlloc).
 #pragma once
 
 #include <cuda.h>
@@ -76,72 +64,138 @@ namespace cuw::core {
 class Tracker;
 }
 
-namespace cuw::backends {
-
-class granule_resource;
-
-}  // namespace cuw::backends
-
 namespace cuw::backends::pool {
 
+// ---- sizes ---------------------------------------------------------------------------------
+// Sizes as every pool rounds them (exposed for tests and benchmarks).
+inline constexpr uint64_t kSmallMax = 1ULL << 20;    ///< largest request packed into slabs
+inline constexpr uint64_t kSlabBytes = 2ULL << 20;   ///< slab size, bytes (at least)
+inline constexpr uint64_t kLargeRound = 2ULL << 20;  ///< large requests round to this (whole blocks)
+inline constexpr int kClasses = 40;
+
+/// Size class of a small request (1..kSmallMax bytes): index and rounded size.
+CUW_HOT inline int small_class(uint64_t n, uint64_t* rounded) noexcept {
+  if (n <= 2048) {
+    const uint64_t r = n == 0 ? 512 : (n + 511) & ~uint64_t{511};
+    *rounded = r;
+    return static_cast<int>(r >> 9) - 1;
+  }
+  const int k = 63 - __builtin_clzll(n - 1);  // 2^k < n <= 2^(k+1), k >= 11
+  const uint64_t step = 1ULL << (k - 2);
+  const uint64_t r = (n + step - 1) & ~(step - 1);
+  *rounded = r;
+  return 4 + (k - 11) * 4 + static_cast<int>(r >> (k - 2)) - 5;
+}
+
+// ---- blocks and segments -------------------------------------------------------------------
+
+struct Segment;
+/// A block a pool hands out, keeps free or waits on (under the pool's lock).
+struct Block {
+  CUdeviceptr ptr = 0;
+  uint64_t size = 0;       ///< bytes of the block
+  uint64_t requested = 0;  ///< the program's request while live
+  Segment* seg = nullptr;
+  Block* prev = nullptr;   ///< free list or batch list
+  Block* next = nullptr;
+  Block* lo = nullptr;     ///< address neighbours in a split segment
+  Block* hi = nullptr;
+  uint8_t state = 0;       ///< kFree, kLive, kPending, kHole, kClaimed
+  bool exported = false;   ///< an IPC handle was handed out for it
+  uint32_t generation = 0; ///< the pool's hand-out count when it was handed out: an exported
+                           ///< block is still the one exported
+};
+/// What a pool took from its upstream at once: a slab, a whole large block, or a split
+/// segment of large blocks.
+struct Segment {
+  CUdeviceptr base = 0;
+  uint64_t bytes = 0;
+  int cls = -1;            ///< small class, or -1: large blocks
+  uint32_t capacity = 0;   ///< blocks it can hold
+  uint32_t carved = 0;     ///< blocks made so far (a slab is carved on demand)
+  uint32_t busy = 0;       ///< blocks live or pending
+  bool leaving = false;    ///< being given back to the upstream (release_slow, free_exported):
+                           ///< nothing in it is live, and once the upstream's free returns its
+                           ///< range may be handed to anyone (drop_locked)
+  bool split = false;      ///< blocks[0] heads an address list (lo/hi) of blocks split and
+                           ///< merged as needed; `carved` counts them
+  uint64_t top = 0;        ///< split: bytes from base that blocks cover (backed or holes)
+  Block* last = nullptr;   ///< split: the block that ends at top
+  std::unique_ptr<Block[]> blocks;
+};
+/// kHole: a stretch of a split segment whose memory went back to the upstream; in no list.
+/// kClaimed: a free block the slow path is growing: in no list, not live.
+inline constexpr uint8_t kFree = 0, kLive = 1, kPending = 2, kHole = 3, kClaimed = 4;
+
+/// A pool's free lists.
+using free_blocks = free_lists<Block, kClasses>;
+
+template <class Layout>
 class pool;
 
 /// What a pool asks of the backend that holds it (pooled_backend.hpp).
+template <class Layout>
 class owner {
  public:
   /// Give back what every other pool of the process keeps (waiting for their pending frees);
   /// the bytes. From a pool's slow path after the cap or the driver refused it; thread-safe.
-  virtual uint64_t release_all_except(const pool* skip) = 0;
+  virtual uint64_t release_all_except(const pool<Layout>* skip) = 0;
 
  protected:
   ~owner() = default;
 };
 
-/// What an arena layout adds to a pool's slow path (backends/vmm/arena.cpp): growth over
-/// granules, unmapping free blocks, spare Blocks for splits, and its granules' trim and
-/// forget. A pool of whole blocks has none, and its objects link without the arena's.
-class arena_ops {
- public:
-  /// A new slab or large block for a miss (see pool::grow_slow).
-  virtual CUresult grow(pool& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
-                        bool* cap_refused) = 0;
-  /// Unmap the whole granules of free blocks until `want` bytes of granules are idle; the bytes.
-  virtual uint64_t reclaim(pool& p, uint64_t want) = 0;
-  /// Enough spare Blocks that a hit can split; false when out of memory.
-  virtual bool refill_spares(pool& p) = 0;
-  /// Give idle granules back to the driver; the bytes.
-  virtual uint64_t trim(pool& p) = 0;
-  /// The context is gone: forget the granules (and uncharge them).
-  virtual void forget(pool& p) = 0;
-
- protected:
-  ~arena_ops() = default;
-};
-struct arena_steps;
-
-/// The caching backend for one CUDA context (see the top of this file). Thread-safe: the
-/// tracker's lock guards the free lists (held for a few dozen instructions, never
-/// across a driver call); a mutex serializes the slow path (driver allocation, event
-/// record, query and wait, release). Allocations and frees it serves are counted and
-/// recorded (events) here, not by the hooks. Memory is given back to the driver only by release(), by
-/// the cap, or by the driver's own out-of-memory answer; the destructor gives back nothing.
+/// The pool of one CUDA context (see the top of this file), its memory laid out by `Layout`.
+/// Thread-safe: the tracker's lock guards the free lists (held for a few dozen
+/// instructions, never across a driver call); a mutex serializes the slow path (upstream
+/// allocation, event record, query and wait, release). Allocations and frees it serves are
+/// counted and recorded (events) here, through the ledger, not by the hooks. Memory is given
+/// back only by release(), by the budget, by the cap, or by the upstream's own out-of-memory
+/// answer; the destructor gives back nothing.
+///
+/// `Layout` is an object of the pool (`layout()`), a friend, and provides these steps (static
+/// or member functions; its own file instantiates pool<Layout>, so a layout links alone):
+///   uint64_t large_round(), unit(), slab_bytes()   large requests round to; what is backed
+///                                                  and given back at once; a slab's bytes
+///   bool counts_upstream()    the ledger counts each segment reserved and cached (else the
+///                             upstream counts what it backs)
+///   bool splits()             large blocks live in split segments (constexpr false: the
+///                             free path is compiled without its merge test)
+///   Block* merge_locked(pool&, Block* freed)   a freed block of a split segment merged with
+///                                              its free neighbours (the block to push)
+///   Block* take_large_locked(pool&, uint64_t rounded)   a hit of a large request (under mu_)
+///   uint64_t served_locked(const free_blocks&)          the largest request free large blocks
+///                                                       serve (the device's fragmentation)
+///   bool may_serve(const Block& pending, uint64_t rounded)  a pending large block may, once free
+///   void prepare_slow(pool&)                 before a miss's slow path (under slow_)
+///   CUresult grow_slow(pool&, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded,
+///                      bool last, bool* cap_refused)      a miss's growth (as pool::grow_whole_slow)
+///   uint64_t reclaim_slow(pool&, uint64_t want)  give back free memory (nothing forbids it)
+///   void trim_slow(pool&, uint64_t want)         the idle trim's, past the budget
+///   uint64_t release_slow(pool&)                 release()'s, pending frees waited for
+///   void added_locked(pool&, Segment*, Block* first, uint64_t take)  a segment made, its
+///                             first block about to be handed out (a split one: cut to `take`)
+///   void dropping_locked(Segment*)  a segment given back or forgotten (the Blocks the layout
+///                             made for it are its own again)
+///   void forget(pool&, uint64_t bytes)           the context is gone: uncharge what the
+///                                                pool held (`bytes`: its segments' counted)
+///   bool handles_whole()          a whole large block is one upstream allocation, which a
+///                                 legacy IPC handle names
+///   void describe(ipc_span*)      how another process maps a block (kind, unit, exportable)
+template <class Layout>
 class pool final {
  public:
-  /// `upstream` provides driver allocations (driver_resource; owned): the cache layout; or
-  /// a granule_resource, given again as `granules`, with the arena's slow path (`arena`) and
-  /// the granules' size (`granularity`): the vmm layout (see the top of the file). `slot` holds the device's counters (cap, used, reserved, cached), `ordinal` its
-  /// CUDA ordinal.
-  pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
-                 core::Tracker& tracker, owner& holder, granule_resource* granules = nullptr,
-       arena_ops* arena = nullptr, uint64_t granularity = 0);
+  /// `upstream` provides the memory (owned), `layout` lays it out. `slot` holds the device's
+  /// counters (cap, used, reserved, cached), `ordinal` its CUDA ordinal.
+  pool(std::unique_ptr<memory_resource> upstream, Layout layout, CUcontext ctx, int ordinal, ring::DeviceSlot& slot,
+       core::Tracker& tracker, owner<Layout>& holder);
   ~pool();
   pool(const pool&) = delete;
   pool& operator=(const pool&) = delete;
 
   CUcontext context() const noexcept { return ctx_; }
   int ordinal() const noexcept { return ordinal_; }
-  /// The vmm layout's granules, nullptr in the cache layout.
-  granule_resource* granules() const noexcept { return granules_; }
+  Layout& layout() noexcept { return layout_; }
 
   /// The program's allocation of `bytes` (> 0) through `api`, aligned to at least 256 bytes
   /// (cudaMalloc's promise): *out and CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY when neither
@@ -151,40 +205,41 @@ class pool final {
   CUresult allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now_ns);
   /// The program's free of `p`: its event (`api`, `aux` = stream or 0, stamped `now_ns`)
   /// under the same lock. Having done nothing: CUDA_ERROR_INVALID_VALUE
-  /// when `p` lies in memory this cache holds but is not the start of a live block (freed
+  /// when `p` lies in memory this pool holds but is not the start of a live block (freed
   /// twice, or an interior pointer: the driver's answer), CUDA_ERROR_NOT_FOUND when it is
-  /// not this cache's memory at all (the caller passes it to the driver), which includes
-  /// memory this cache is giving back, or whose context is being destroyed, that the driver
+  /// not this pool's memory at all (the caller passes it to the driver), which includes
+  /// memory this pool is giving back, or whose context is being destroyed, that the driver
   /// handed out again (holds_locked).
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
 
-  /// Whether `p` lies in memory this cache took from the driver; if in a live block, *out
+  /// Whether `p` lies in memory this pool took from its upstream; if in a live block, *out
   /// describes that block as the program's allocation and `live` is set.
   bool locate(CUdeviceptr p, range* out, bool* live);
-  /// Appends every block this cache has carved to `out` (live, free or pending), in one
+  /// Appends every block this pool has carved to `out` (live, free or pending), in one
   /// critical section (allocates outside it). Returns false if memory ran out.
   bool blocks(std::vector<block_info>& out);
   /// Reserved and cached bytes, and the largest request served without the driver now.
   pool_stats stats();
   /// cuIpcGetMemHandle for the live block at (or containing) `p`: a handle of its whole driver
-  /// allocation (a large block is one), which the cache then never hands out again;
-  /// CUDA_ERROR_NOT_SUPPORTED and *pooled (the block's span; for a slab, with its legacy
-  /// handle) for a block no legacy handle names (packed into a slab with others, or mapped
-  /// from granules); CUDA_ERROR_INVALID_VALUE for a freed block; CUDA_ERROR_NOT_FOUND when
-  /// `p` is not this cache's memory; or the driver's error for the slab's handle.
+  /// allocation (a large block of whole blocks is one), which the pool then never hands out
+  /// again; CUDA_ERROR_NOT_SUPPORTED and *pooled (the block's span; for a slab of driver
+  /// memory, with its legacy handle) for a block no legacy handle names (packed into a slab
+  /// with others, or laid out by a layout without handles); CUDA_ERROR_INVALID_VALUE for a
+  /// freed block; CUDA_ERROR_NOT_FOUND when `p` is not this pool's memory; or the driver's
+  /// error for the slab's handle.
   CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled);
   /// The live block at `p` of `bytes` requested, as another process maps it (see
   /// backend::ipc_describe; no legacy handle filled in). CUDA_ERROR_INVALID_HANDLE when no
   /// such block is live. Takes the pool's lock only; no driver call.
   CUresult ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out);
-  /// Give back to the driver every segment no block of which is in use, after waiting for
+  /// Give back to the upstream every segment no block of which is in use, after waiting for
   /// pending frees (not during a capture, nor while the context is being destroyed); the bytes.
   std::size_t release();
 
   /// A non-blocking stream of this context was created: later batches record on it too.
   void add_stream(CUstream s);
   /// `s` is about to be destroyed: if it is ours, record an event on it that every later
-  /// batch waits for, and stop recording on it. True if it was one of this cache's streams.
+  /// batch waits for, and stop recording on it. True if it was one of this pool's streams.
   bool remove_stream(CUstream s);
   /// A blocking stream of this context is about to be destroyed: record an event on it that
   /// every later batch waits for (while a capture is active: synchronize the context before
@@ -199,54 +254,11 @@ class pool final {
 
   /// The context was destroyed or reset: its memory went with it. Forget every block
   /// without calling the driver, count the live ones freed (free events, api cuCtxDestroy),
-  /// and take the cache's bytes off the counters.
+  /// and take the pool's bytes off the counters.
   void forget_all() noexcept;
 
-  /// Sizes as the cache rounds them (exposed for tests and benchmarks).
-  static constexpr uint64_t kSmallMax = 1ULL << 20;  ///< largest request packed into slabs
-  static constexpr uint64_t kSlabBytes = 2ULL << 20;  ///< slab size, bytes
-  static constexpr uint64_t kLargeRound = 2ULL << 20;  ///< large requests round to this
-  static constexpr uint64_t kFineRound = 512;  ///< ... in the vmm layout, where blocks share granules
-  static constexpr int kClasses = 40;
-  /// Size class of a small request (1..kSmallMax bytes): index and rounded size.
-  static int small_class(uint64_t bytes, uint64_t* rounded) noexcept;
-
  private:
-  friend struct arena_steps;
-  struct Segment;
-  struct Block {
-    CUdeviceptr ptr = 0;
-    uint64_t size = 0;       ///< bytes of the block
-    uint64_t requested = 0;  ///< the program's request while live
-    Segment* seg = nullptr;
-    Block* prev = nullptr;   ///< free list or batch list
-    Block* next = nullptr;
-    Block* lo = nullptr;     ///< address neighbours in a split segment (vmm layout)
-    Block* hi = nullptr;
-    uint8_t state = 0;       ///< kFree, kLive, kPending, kHole
-    bool exported = false;   ///< an IPC handle was handed out for it
-    uint32_t generation = 0; ///< the pool's hand-out count when it was handed out: an exported
-                             ///< block is still the one exported
-  };
-  struct Segment {
-    CUdeviceptr base = 0;
-    uint64_t bytes = 0;
-    int cls = -1;            ///< small class, or -1: one whole block
-    uint32_t capacity = 0;   ///< blocks it can hold
-    uint32_t carved = 0;     ///< blocks made so far (a slab is carved on demand)
-    uint32_t busy = 0;       ///< blocks live or pending
-    bool leaving = false;    ///< being given back to the driver (release_slow, free_exported):
-                             ///< nothing in it is live, and once the driver's free returns its
-                             ///< range may be handed to anyone (drop_locked)
-    bool split = false;      ///< vmm arena: blocks[0] heads an address list (lo/hi) of
-                             ///< blocks split and merged as needed; `carved` counts them
-    uint64_t top = 0;        ///< vmm arena: bytes from base that blocks cover (mapped or holes)
-    Block* last = nullptr;   ///< vmm arena: the block that ends at top
-    std::unique_ptr<Block[]> blocks;
-  };
-  /// kHole: an unmapped stretch of a vmm range (its granules given back); in no list.
-  /// kClaimed: a free block the slow path is growing (extend_arena): in no list, not live.
-  static constexpr uint8_t kFree = 0, kLive = 1, kPending = 2, kHole = 3, kClaimed = 4;
+  friend Layout;
 
   /// Calls f(Block*) for each block of `s` (carved, or on its address list).
   template <class F>
@@ -271,20 +283,22 @@ class pool final {
   /// The span another process maps for the live block `b` (ipc_handle, ipc_describe).
   void describe_span_locked(const Block& b, ipc_span* out) const noexcept;
   Block* take_locked(int cls, uint64_t rounded) noexcept;
+  /// Whole blocks: the free large block that fits `rounded` best, within the slack.
+  Block* take_whole_locked(uint64_t rounded) noexcept;
   void push_free_locked(Block* b) noexcept;
   void unlink_free_locked(Block* b) noexcept;
   void publish_free_locked() noexcept;
   /// The segment whose range holds `p`, or nullptr.
   Segment* segment_at_locked(CUdeviceptr p) const noexcept;
   /// A free of `p`, which is no live block's start, is refused (CUDA_ERROR_INVALID_VALUE)
-  /// rather than passed on: p lies in memory this cache holds. Not so in a segment being
+  /// rather than passed on: p lies in memory this pool holds. Not so in a segment being
   /// given back, or of a context being destroyed, where the hooks count a live allocation at
-  /// p (the driver's, or another cache's block): the driver handed the address out again
+  /// p (the driver's, or another pool's block): the driver handed the address out again
   /// before the segment was dropped.
   bool holds_locked(CUdeviceptr p) const noexcept;
-  /// `s` was given back to the driver: out of segments_ and the block map, so its addresses
+  /// `s` was given back to the upstream: out of segments_ and the block map, so its addresses
   /// answer as someone else's. (Segments are added and given back under slow_: no newer
-  /// segment of this cache can lie at its addresses meanwhile.)
+  /// segment of this pool can lie at its addresses meanwhile.)
   void drop_locked(Segment* s) noexcept;
   /// Calls f(Block*) for every block of every segment (the block map's rebuild).
   auto every_block() {
@@ -294,19 +308,13 @@ class pool final {
   }
   void map_insert_locked(Block* b) { map_.insert(b, every_block()); }
   Block* carve_locked(Segment* s) noexcept;
-  /// vmm: the bytes of the whole granules inside `b` (what unmapping it gives back).
-  uint64_t whole_granules(const Block& b) const noexcept { return free_.whole(b); }
-  /// vmm: cut `b` (free, split segment) to `bytes`; the rest becomes a free block (a spare).
-  void split_locked(Block* b, uint64_t bytes) noexcept;
-  /// vmm: `a` takes over its higher neighbour `h` (a free or hole pair), which becomes a spare.
-  void absorb_locked(Block* a, Block* h) noexcept;
   void hand_out_locked(Block* b, uint64_t requested) noexcept;
 
   CUresult free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now);  // takes slow_
 
   // Under slow_.
   // `last` = false: a refusal by the cap, or the driver's out-of-memory, is not counted but
-  // reported in *cap_refused (the caller makes room in the other caches and tries once more
+  // reported in *cap_refused (the caller makes room in the other pools and tries once more
   // with `last`).
   CUresult slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   bool try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded);
@@ -315,55 +323,46 @@ class pool final {
   bool poll_slow();
   bool wait_oldest_slow();
   void wait_all_slow();
-  /// Which free segments release_slow gives back: any, slabs only, or ranges left with
-  /// nothing mapped (vmm).
+  /// Which free segments release_slow gives back: any, slabs only, or split segments left
+  /// with nothing backed (holes only).
   enum class Which { any, slabs, holes };
   /// Gives back segments with no live or pending block (`which`), until `want` bytes.
   uint64_t release_slow(uint64_t want = ~uint64_t{0}, Which which = Which::any);
-  CUresult grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
+  /// Whole blocks' growth: a new slab or large block, one upstream allocation, charged.
+  CUresult grow_whole_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   bool charge_segment(uint64_t bytes, bool quiet);
   /// A new segment at `base` from the upstream (charged), its first block handed out for a
   /// request of `bytes` (class `cls`, or -1: the whole segment); *out is that block.
-  /// vmm: an arena of `seg_bytes` addresses whose first `first` bytes are mapped, the block
-  /// handed out (its first `take` bytes when given: the rest stays free).
+  /// Split (the layout's splits()): `seg_bytes` of addresses whose first `first` bytes are
+  /// backed, the block handed out (its first `take` bytes when given: the rest stays free).
   void add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
                    uint64_t first = 0, uint64_t take = 0);
-  /// vmm: a large block of `rounded` bytes at the top of the arena (the free block there
-  /// extended, or a new one), or the first of a new arena; handed out (*out).
-  CUresult extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet, bool* by_cap);
-  CUresult grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last, bool* cap_refused);
   /// Whether taking `more` bytes from the upstream would pass the budget (budget::over).
   bool over_budget(uint64_t more) noexcept;
   /// From a free, once the budget's trim is due: give back what passes the budget.
   void trim_idle() noexcept;
-  /// Give back free memory: whole free segments (the cache layout: to the driver, until
-  /// `want` bytes; vmm: their granules idle), then, in the vmm layout, free large blocks,
-  /// smallest first, until `want` bytes of granules are idle. Returns bytes given back.
+  /// Give back free memory (the layout's reclaim_slow), unless a capture or the context's
+  /// end forbids it. Returns bytes given back.
   uint64_t reclaim_slow(uint64_t want);
-  /// vmm: reclaim_slow's work, once it checked that nothing forbids it (vmm/arena.cpp).
-  uint64_t reclaim_arena_slow(uint64_t want);
-  /// vmm: enough spare Block objects that a hit can split (allocates outside mu_).
-  bool refill_spares_slow();
 
   std::unique_ptr<memory_resource> upstream_;
+  Layout layout_;
   CUcontext ctx_;
   int ordinal_;
   ring::DeviceSlot& slot_;
   core::Tracker& tracker_;
-  owner& owner_;  ///< the backend this pool is one of
-  granule_resource* const granules_;  ///< the upstream, in the vmm layout; else nullptr
-  arena_ops* const arena_ops_;        ///< the vmm layout's slow path; else nullptr
+  owner<Layout>& owner_;  ///< the backend this pool is one of
   core::Ledger ledger_;               ///< what the pool's calls count (the only writer of slot_)
-  const uint64_t large_round_;        ///< large requests round to this (kFineRound in vmm)
-  const uint64_t gran_;               ///< vmm: what is mapped and unmapped at once (the granularity)
+  const uint64_t large_round_;        ///< large requests round to this (the layout's)
+  const uint64_t gran_;               ///< what is backed and given back at once (the layout's unit)
   const uint64_t slab_bytes_;         ///< a slab's bytes
 
   /// The tracker's lock (Tracker::lock()): guards the free lists, the open batch and the
-  /// block map, and the device counters the cache writes (cached, pool_hits, pool_waits,
+  /// block map, and the device counters the pool writes (cached, pool_hits, pool_waits,
   /// reserved, live_allocations, alloc_count, free_count, driver_errors) and the ring, so a
   /// hit or a free takes one lock for all of them and its event.
   spin_lock& mu_;
-  free_lists<Block, kClasses> free_;       ///< free blocks and slabs with room (gran_ granules)
+  free_blocks free_;                       ///< free blocks and slabs with room (gran_ units)
   uint32_t hand_outs_ = 0;                 ///< blocks handed out so far: Block::generation
   Block* open_head_ = nullptr;             ///< freed, not yet behind an event
   uint32_t open_count_ = 0;
@@ -376,10 +375,7 @@ class pool final {
   bool ctx_going_ = false;                     ///< dying_, under mu_ (the free path holds mu_ only,
                                                ///< and reads it): once the driver destroyed the
                                                ///< context, its addresses may be someone else's
-  std::vector<Block*> spare_blocks_;           ///< vmm: for splits (under mu_; filled under slow_)
-  Segment* arena_ = nullptr;                   ///< vmm: where large blocks grow (under mu_)
   budget budget_;                              ///< peak, keep, idle trim (under slow_; trim_due lock-free)
-  size_t heap_blocks_ = 0;                     ///< vmm: Blocks allocated one by one (spare or in use)
 
   void retire_open_if_idle();
 

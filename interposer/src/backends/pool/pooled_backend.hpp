@@ -1,7 +1,6 @@
-// cuwarden interposer: the pooling backends (CUWARDEN_POOL=cache, vmm): one pool per CUDA
-// context (pool.hpp has the design), found from the calling thread's current context, made
-// by the backend's layout: whole driver allocations (backends/cache/whole_blocks.hpp) or an
-// arena over granules (backends/vmm/granule_arena.hpp). What the pools do not serve
+// cuwarden interposer: the pooling backends: one pool per CUDA context (pool.hpp has the
+// design), found from the calling thread's current context, made by the backend's layout
+// (the layouts: backends/README.md). What the pools do not serve
 // (stream-ordered allocations, calls without a context, IPC imports) goes to passthrough.
 // The members are defined in pooled_backend_impl.hpp, instantiated once per layout in the
 // layout's own file.
@@ -26,26 +25,28 @@ namespace cuw::backends {
 
 /// Every pool of the process, one per CUDA context, each made by `Layout`, which provides
 ///   static constexpr core::PoolKind kind;        the CUWARDEN_POOL value it serves
-///   static pool::pool* make(CUcontext, CUdevice, ring::DeviceSlot&, core::Tracker&,
-///                           pool::owner&, const std::vector<CUdevice>& peers);
+///   static constexpr bool kGrantsPeers;          whether a peer's access is the pools' to grant
+///   static pool::pool<Layout>* make(CUcontext, CUdevice, ring::DeviceSlot&, core::Tracker&,
+///                           pool::owner<Layout>&, const std::vector<CUdevice>& peers);
 ///                                                a context's pool (may throw)
-///   static void grant_peer(pool::pool&, CUdevice); let a peer device map the pool's memory
+///   static void grant_peer(pool::pool<Layout>&, CUdevice); let a peer device map the pool's memory
+/// and the pool's steps (pool.hpp).
 /// Thread-safe.
 template <class Layout>
-class pooled_backend final : public backend, public pool::owner {
+class pooled_backend final : public backend, public pool::owner<Layout> {
  public:
   explicit pooled_backend(core::Tracker& t) : backend(true), tracker_(t) {}
 
   /// The cache of the calling thread's current context, created on first use; nullptr
   /// without a current context or for a device past what the ring tracks. Cost when the
   /// context is the thread's last one: one cuCtxGetCurrent and two compares.
-  pool::pool* for_current() noexcept;
+  pool::pool<Layout>* for_current() noexcept;
   /// Free live block `p` in whichever cache owns it (free_traced; the thread's last cache
   /// first). CUDA_ERROR_INVALID_VALUE when `p` is inside a cache's memory but not a live
   /// block's start; CUDA_ERROR_NOT_FOUND when no cache holds it.
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
   /// The cache whose memory contains `p` (live or not), or nullptr.
-  pool::pool* owner_of(CUdeviceptr p, range* out, bool* live);
+  pool::pool<Layout>* owner_of(CUdeviceptr p, range* out, bool* live);
 
   /// Give back to the driver everything every cache keeps (waiting for pending frees,
   /// except during a capture); returns the bytes. For a driver allocation that failed with
@@ -54,7 +55,7 @@ class pooled_backend final : public backend, public pool::owner {
   uint64_t release() override { return release_all_except(nullptr); }
   /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
   /// has just released itself).
-  uint64_t release_all_except(const pool::pool* skip) override;
+  uint64_t release_all_except(const pool::pool<Layout>* skip) override;
 
  private:
   CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override;
@@ -79,10 +80,10 @@ class pooled_backend final : public backend, public pool::owner {
   /// Runs `call` (cuDevicePrimaryCtxRetain) under the backend's lock, so that no retain falls
   /// between a release and the check of whether that release destroyed the context.
   CUresult do_context_retain(core::Tracker& t, call_ref<CUresult()> call) override;
-  /// The cache layout: nothing to do (cuMemAlloc memory, which the driver maps for a peer
-  /// itself). vmm: cuCtxEnablePeerAccess does not cover mapped memory: the current context's
-  /// device gets access to every range of the pools on the peer's device, present and future
-  /// (disabling takes nothing away: the program's own access rules still apply).
+  /// A layout whose memory the driver maps for a peer itself: nothing to do. Else
+  /// (Layout::kGrantsPeers: cuCtxEnablePeerAccess does not cover mapped memory) the current
+  /// context's device gets access to every range of the pools on the peer's device, present
+  /// and future (disabling takes nothing away: the program's own access rules still apply).
   void do_peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) override;
   bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) override;
   /// A whole driver allocation: the driver's handle. A block no legacy handle names: one of
@@ -101,17 +102,17 @@ class pooled_backend final : public backend, public pool::owner {
   bool do_for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) override;
   pool_stats do_stats(core::Tracker& t, int ordinal) override;
 
-  pool::pool* create(CUcontext ctx) noexcept;
+  pool::pool<Layout>* create(CUcontext ctx) noexcept;
 
   core::Tracker& tracker_;
   passthrough passthrough_;
   static constexpr int kMax = 64;  ///< contexts with a cache at once (slots of destroyed ones are reused)
   std::mutex mu_;
-  std::atomic<pool::pool*> caches_[kMax] = {};
+  std::atomic<pool::pool<Layout>*> caches_[kMax] = {};
   std::atomic<int> count_{0};  ///< slots in use or freed, [0, count_)
   std::atomic<CUcontext> dying_{nullptr};  ///< being destroyed (do_context_destroy; under mu_)
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
-  std::vector<pool::pool*> dropped_;  ///< caches of contexts that went away (never freed)
+  std::vector<pool::pool<Layout>*> dropped_;  ///< caches of contexts that went away (never freed)
   std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< devices given access, by device (under mu_)
 };
 

@@ -26,7 +26,7 @@ namespace cuw::backends {
 template <class Layout>
 CUresult pooled_backend<Layout>::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
   if (dptr && bytes != 0)
-    if (pool::pool* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
+    if (pool::pool<Layout>* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
   return passthrough_.allocate(t, dptr, bytes, real);
 }
 
@@ -71,42 +71,43 @@ CUresult pooled_backend<Layout>::do_deallocate_async(core::Tracker& t, CUdevicep
 
 // ---- the caches ---------------------------------------------------------------------------------
 
-// The calling thread's last context and its cache (initial-exec: the library is preloaded,
+// The calling thread's last context and its pool (initial-exec: the library is preloaded,
 // its TLS is static; no __tls_get_addr call). Internal linkage: each layout's file has its
 // own, and a process runs one backend.
 static thread_local CUcontext t_ctx __attribute__((tls_model("initial-exec"))) = nullptr;
-static thread_local pool::pool* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+template <class Layout>
+static thread_local pool::pool<Layout>* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
 static thread_local uint64_t t_gen __attribute__((tls_model("initial-exec"))) = 0;
 
 template <class Layout>
-CUW_HOT pool::pool* pooled_backend<Layout>::for_current() noexcept {
+CUW_HOT pool::pool<Layout>* pooled_backend<Layout>::for_current() noexcept {
   static auto get_current = drv().ctx_get_current;
   CUcontext ctx = nullptr;
   if (!get_current || get_current(&ctx) != CUDA_SUCCESS || !ctx) return nullptr;
   const uint64_t gen = generation_.load(std::memory_order_acquire);
-  if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache;
-  pool::pool* found = nullptr;
+  if (__builtin_expect(ctx == t_ctx && gen == t_gen, 1)) return t_cache<Layout>;
+  pool::pool<Layout>* found = nullptr;
   const int n = count_.load(std::memory_order_acquire);
   if (ctx != dying_.load(std::memory_order_acquire)) {
     for (int i = 0; i < n && !found; ++i) {
-      pool::pool* c = caches_[i].load(std::memory_order_acquire);
+      pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire);
       if (c && c->context() == ctx) found = c;
     }
   }
   if (!found) found = create(ctx);  // waits for a destruction of ctx in progress (mu_)
   t_ctx = ctx;
-  t_cache = found;
+  t_cache<Layout> = found;
   t_gen = gen;
   return found;
 }
 
 template <class Layout>
-pool::pool* pooled_backend<Layout>::create(CUcontext ctx) noexcept {
+pool::pool<Layout>* pooled_backend<Layout>::create(CUcontext ctx) noexcept {
   std::lock_guard<std::mutex> g(mu_);
   const int n = count_.load(std::memory_order_relaxed);
   int slot_index = n;  // the first free slot (a destroyed context's), else a new one
   for (int i = 0; i < n; ++i) {
-    pool::pool* c = caches_[i].load(std::memory_order_relaxed);
+    pool::pool<Layout>* c = caches_[i].load(std::memory_order_relaxed);
     if (c && c->context() == ctx) return c;
     if (!c && slot_index == n) slot_index = i;
   }
@@ -115,7 +116,7 @@ pool::pool* pooled_backend<Layout>::create(CUcontext ctx) noexcept {
   if (drv().ctx_get_device(&dev) != CUDA_SUCCESS) return nullptr;
   ring::DeviceSlot* slot = tracker_.device(dev);
   if (!slot) return nullptr;
-  pool::pool* c = nullptr;
+  pool::pool<Layout>* c = nullptr;
   try {
     c = Layout::make(ctx, dev, *slot, tracker_, *this, peers_[dev & (ring::kMaxDevices - 1)]);
   } catch (...) {
@@ -133,16 +134,16 @@ CUW_HOT CUresult pooled_backend<Layout>::free_traced(CUdeviceptr p, ring::Api ap
   // first without asking the driver (a dropped cache finds nothing and is skipped). The
   // cache of a context being destroyed is asked last: once the driver destroyed it, another
   // context's cache may hold a block where one of the dying cache's starts.
-  pool::pool* first = t_cache;
+  pool::pool<Layout>* first = t_cache<Layout>;
   if (!first) first = for_current();
   const CUcontext going = dying_.load(std::memory_order_acquire);
-  pool::pool* last = nullptr;
+  pool::pool<Layout>* last = nullptr;
   if (__builtin_expect(going != nullptr, 0) && first && first->context() == going) std::swap(first, last);
   if (first)
     if (const CUresult r = first->free_traced(p, api, aux, now); r != CUDA_ERROR_NOT_FOUND) return r;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    pool::pool* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire);
     if (!c || c == first || c == last) continue;
     if (going && c->context() == going) {
       last = c;
@@ -154,13 +155,13 @@ CUW_HOT CUresult pooled_backend<Layout>::free_traced(CUdeviceptr p, ring::Api ap
 }
 
 template <class Layout>
-pool::pool* pooled_backend<Layout>::owner_of(CUdeviceptr p, range* out, bool* live) {
+pool::pool<Layout>* pooled_backend<Layout>::owner_of(CUdeviceptr p, range* out, bool* live) {
   // As free_traced: a context being destroyed is asked last.
   const CUcontext going = dying_.load(std::memory_order_acquire);
-  pool::pool* last = nullptr;
+  pool::pool<Layout>* last = nullptr;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    pool::pool* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire);
     if (!c) continue;
     if (going && c->context() == going) {
       last = c;
@@ -172,25 +173,25 @@ pool::pool* pooled_backend<Layout>::owner_of(CUdeviceptr p, range* out, bool* li
 }
 
 template <class Layout>
-uint64_t pooled_backend<Layout>::release_all_except(const pool::pool* skip) {
+uint64_t pooled_backend<Layout>::release_all_except(const pool::pool<Layout>* skip) {
   uint64_t total = 0;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (pool::pool* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
+    if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
   return total;
 }
 
 template <class Layout>
 void pooled_backend<Layout>::do_stream_created(core::Tracker&, CUstream s, unsigned flags) {
   if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // covered by the legacy stream's event
-  if (pool::pool* c = for_current()) c->add_stream(s);
+  if (pool::pool<Layout>* c = for_current()) c->add_stream(s);
 }
 
 template <class Layout>
 void pooled_backend<Layout>::do_stream_destroying(core::Tracker&, CUstream s) {
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    pool::pool* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->remove_stream(s)) return;
   }
   // A blocking stream (not tracked: the legacy stream's event follows its work while it
@@ -201,7 +202,7 @@ void pooled_backend<Layout>::do_stream_destroying(core::Tracker&, CUstream s) {
       drv().stream_get_ctx(s, &ctx) != CUDA_SUCCESS || !ctx)
     return;
   for (int i = 0; i < n; ++i) {
-    pool::pool* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire);
     if (c && c->context() == ctx) {
       c->orphan_stream(s);
       return;
@@ -220,12 +221,12 @@ bool pooled_backend<Layout>::do_context_destroy(core::Tracker&, call_ref<CUconte
   generation_.fetch_add(1, std::memory_order_acq_rel);
   const int n0 = count_.load(std::memory_order_relaxed);
   for (int i = 0; i < n0; ++i)
-    if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
+    if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(true);
   const bool gone = destroy();
   if (gone) {
     const int n = count_.load(std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
-      pool::pool* c = caches_[i].load(std::memory_order_relaxed);
+      pool::pool<Layout>* c = caches_[i].load(std::memory_order_relaxed);
       if (c && c->context() == ctx) {
         c->forget_all();
         caches_[i].store(nullptr, std::memory_order_release);
@@ -235,7 +236,7 @@ bool pooled_backend<Layout>::do_context_destroy(core::Tracker&, call_ref<CUconte
     generation_.fetch_add(1, std::memory_order_acq_rel);
   } else {
     for (int i = 0; i < n0; ++i)
-      if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
+      if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_relaxed); c && c->context() == ctx) c->set_dying(false);
   }
   dying_.store(nullptr, std::memory_order_release);
   return gone;
@@ -258,7 +259,7 @@ void pooled_backend<Layout>::do_peer_access_changed(core::Tracker&, CUcontext pe
   if (std::find(peers.begin(), peers.end(), self) == peers.end()) peers.push_back(self);
   const int n = count_.load(std::memory_order_relaxed);
   for (int i = 0; i < n; ++i)
-    if (pool::pool* c = caches_[i].load(std::memory_order_relaxed); c && c->ordinal() == other)
+    if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_relaxed); c && c->ordinal() == other)
       Layout::grant_peer(*c, self);
 }
 
@@ -280,7 +281,7 @@ bool pooled_backend<Layout>::do_locate(core::Tracker&, CUdeviceptr p, range* out
 template <class Layout>
 CUresult pooled_backend<Layout>::do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) {
   bool live = false;
-  if (pool::pool* c = owner_of(p, nullptr, &live)) {
+  if (pool::pool<Layout>* c = owner_of(p, nullptr, &live)) {
     if (!handle) return CUDA_ERROR_INVALID_VALUE;
     ipc_span span;
     const CUresult r = c->ipc_handle(handle, p, &span);
@@ -293,7 +294,7 @@ CUresult pooled_backend<Layout>::do_ipc_export(core::Tracker& t, CUipcMemHandle*
 template <class Layout>
 CUresult pooled_backend<Layout>::do_ipc_describe(core::Tracker&, CUdeviceptr p, uint64_t bytes, ipc_span* out) {
   bool live = false;
-  pool::pool* c = owner_of(p, nullptr, &live);
+  pool::pool<Layout>* c = owner_of(p, nullptr, &live);
   if (!c || !live) return CUDA_ERROR_INVALID_HANDLE;
   return c->ipc_describe(p, bytes, out);
 }
@@ -304,7 +305,7 @@ bool pooled_backend<Layout>::do_for_each_block(core::Tracker&, call_ref<void(con
   bool complete = true;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
-    if (pool::pool* c = caches_[i].load(std::memory_order_acquire)) complete = c->blocks(all) && complete;
+    if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire)) complete = c->blocks(all) && complete;
   for (const block_info& b : all) visit(b);
   return complete;
 }
@@ -314,7 +315,7 @@ pool_stats pooled_backend<Layout>::do_stats(core::Tracker&, int ordinal) {
   pool_stats total;
   const int n = count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
-    pool::pool* c = caches_[i].load(std::memory_order_acquire);
+    pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire);
     if (!c || c->ordinal() != ordinal) continue;
     const pool_stats s = c->stats();
     total.reserved += s.reserved;

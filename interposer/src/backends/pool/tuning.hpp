@@ -17,7 +17,6 @@ inline constexpr uint32_t kPollEvery = 16;              ///< a free polls sealed
 inline constexpr uint64_t kGrowPending = 64ULL << 20;   ///< past this many pending bytes, wait rather than grow
 inline constexpr uint32_t kSealMinBlocks = 16;          ///< a missing small request seals a batch this large
 inline constexpr uint64_t kSealMinBytes = 8ULL << 20;   ///< ... or holding this many bytes
-inline constexpr size_t kSpareBlocks = 32;              ///< vmm: spare Block objects kept for splits
 
 inline uint64_t class_size(int cls) noexcept {
   if (cls < 4) return static_cast<uint64_t>(cls + 1) * 512;
@@ -26,7 +25,7 @@ inline uint64_t class_size(int cls) noexcept {
 }
 
 inline uint64_t large_slack(uint64_t rounded) noexcept {
-  return std::max<uint64_t>(pool::kLargeRound, rounded / 8);
+  return std::max<uint64_t>(kLargeRound, rounded / 8);
 }
 
 

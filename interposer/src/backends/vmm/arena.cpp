@@ -1,4 +1,4 @@
-// cuwarden interposer: the vmm layout's arena (backends/pool/pool.hpp, "The vmm layout"): how a
+// cuwarden interposer: the vmm layout's arena (granule_arena.hpp has the design): how a
 // pool over granules grows: a slab from a new range, a large block by extending a free
 // block of the arena into the unmapped addresses around it, or at the top; past the budget,
 // or when the cap or the device refuses, from granules unmapped out of free blocks
@@ -8,44 +8,49 @@
 #include <new>
 #include <vector>
 
-#include "backends/pool/pool.hpp"
 #include "backends/vmm/granule_arena.hpp"
+#include "backends/pool/pool.hpp"
 #include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 
-namespace cuw::backends::pool {
+namespace cuw::backends {
 
-using namespace tuning;  // the pool's tuning and size classes
+using namespace pool::tuning;  // the pool's tuning and size classes
+using pool::Block;
+using pool::Segment;
+using pool::kFree;
+using pool::kHole;
+using pool::kClaimed;
 
 // The vmm layout's growth: a new range from idle granules (the ones free blocks gave back)
 // before new ones, and past the budget, or when the cap or the device refuses, stitched
 // from free blocks unmapped for it (reclaim_slow).
-CUresult pool::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
-                                       bool* cap_refused) {
-  const uint64_t seg_bytes = cls >= 0 ? slab_bytes_ : rounded;
+CUresult granule_arena::grow_arena_slow(pool_type& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded,
+                                        bool last, bool* cap_refused) {
+  const uint64_t seg_bytes = cls >= 0 ? p.slab_bytes_ : rounded;
   // Nothing is unmapped during a capture: the unmap would not wait for the captured work.
   const bool capture = work::capturing();
-  if (cls >= 0 && !capture && over_budget(seg_bytes)) {  // (large: extend_arena, which knows what it needs)
+  if (cls >= 0 && !capture && p.over_budget(seg_bytes)) {  // (large: extend_arena, which knows what it needs)
     // Pending frees first (as long as cudaFree's own synchronization would have taken):
     // stitching uses free memory only.
-    wait_all_slow();
-    reclaim_slow(seg_bytes);
+    p.wait_all_slow();
+    p.reclaim_slow(seg_bytes);
   }
   bool by_cap = false;
   auto attempt = [&](bool quiet) -> CUresult {
-    if (cls < 0) return extend_arena(out, bytes, rounded, quiet, &by_cap);
+    if (cls < 0) return extend_arena(p, out, bytes, rounded, quiet, &by_cap);
     CUdeviceptr base = 0;
     const CUresult e = granules_->map_range(&base, seg_bytes, quiet, &by_cap);
-    if (e == CUDA_SUCCESS) add_segment(out, base, seg_bytes, bytes, cls);
+    if (e == CUDA_SUCCESS) p.add_segment(out, base, seg_bytes, bytes, cls);
     return e;
   };
   CUresult r = attempt(true);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     if (!capture) {  // (during a capture nothing is waited for or unmapped: the second try counts)
-      wait_all_slow();
-      reclaim_slow(~uint64_t{0});
+      p.wait_all_slow();
+      p.reclaim_slow(~uint64_t{0});
     }
     by_cap = false;
     r = attempt(!last);
@@ -58,8 +63,8 @@ CUresult pool::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t
     }
     if (!by_cap) {  // the driver's answer (a cap's refusal was counted by the charge)
       const uint64_t now = core::now_ns();
-      std::lock_guard<spin_lock> lk(mu_);
-      ledger_.driver_error(seg_bytes, r, now);
+      std::lock_guard<spin_lock> lk(p.mu_);
+      p.ledger_.driver_error(seg_bytes, r, now);
     }
     return r;
   }
@@ -73,9 +78,9 @@ CUresult pool::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t
 // each other merge. Past the budget, the granules come from free blocks unmapped for it
 // (reclaim_slow). Without a free block to grow, a new block goes at the top. Growth comes in
 // whole granules: what the request leaves of them stays free, where the next block packs.
-CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
-                                      bool* by_cap) {
-  const uint64_t gran = gran_;
+CUresult granule_arena::extend_arena(pool_type& p, CUdeviceptr* out, uint64_t bytes, uint64_t rounded, bool quiet,
+                                     bool* by_cap) {
+  const uint64_t gran = unit_;
   if (rounded > ~uint64_t{0} - gran) return CUDA_ERROR_OUT_OF_MEMORY;  // no granules hold it
   auto whole = [gran](uint64_t n) { return (n + gran - 1) / gran * gran; };
   // Room to grow `f` (a free block of the arena, or nullptr: a new block at the top).
@@ -85,10 +90,10 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
     if (f && h && h->state == kHole) *above = h->size;
     if (!f || !h || (h->state == kHole && h == a->last)) *above += a->bytes - a->top;
     if (f && f->lo && f->lo->state == kHole)
-      *below = f->lo == &a->blocks[0] ? f->lo->size - std::min(f->lo->size, gran_) : f->lo->size;
+      *below = f->lo == &a->blocks[0] ? f->lo->size - std::min(f->lo->size, unit_) : f->lo->size;
   };
-  const bool uncapped = tracker_.uncapped(slot_, ordinal_);
-  mu_.lock();
+  const bool uncapped = p.tracker_.uncapped(p.slot_, p.ordinal_);
+  p.mu_.lock();
   Segment* a = arena_;
   Block* f = nullptr;
   uint64_t need = whole(rounded);  // new granules: rooms (holes, the top) are whole granules
@@ -115,34 +120,34 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
     }
   }
   if (f) {
-    unlink_free_locked(f);
+    p.unlink_free_locked(f);
     f->state = kClaimed;  // neither taken, merged, unmapped nor freed meanwhile
   }
   if (f && need == 0) {
     // Large enough already (a hit that found no spare Block to split with).
-    if (f->size > rounded && !spare_blocks_.empty()) split_locked(f, rounded);
-    hand_out_locked(f, bytes);
-    ledger_.handed_out(f->size, false);
+    if (f->size > rounded && !spares_.empty()) split_locked(p, f, rounded);
+    p.hand_out_locked(f, bytes);
+    p.ledger_.handed_out(f->size, false);
     *out = f->ptr;
-    mu_.unlock();
+    p.mu_.unlock();
     return CUDA_SUCCESS;
   }
-  mu_.unlock();
+  p.mu_.unlock();
   // No hoarding: past the budget, the granules for this come from free blocks (stitching).
-  if (!work::capturing() && over_budget(need)) {
-    wait_all_slow();
-    reclaim_slow(need);
+  if (!work::capturing() && p.over_budget(need)) {
+    p.wait_all_slow();
+    p.reclaim_slow(need);
     // Reclaiming may have given back an arena left with nothing mapped (never f's: f is
     // claimed): choose the top again.
     if (!f) {
-      mu_.lock();
+      p.mu_.lock();
       a = arena_;
       if (a) {
         uint64_t up, down;
         room(a, nullptr, &up, &down);
         if (up < need) a = nullptr;
       }
-      mu_.unlock();
+      p.mu_.unlock();
     }
   }
   if (!a) {
@@ -152,14 +157,14 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
     CUresult r = granules_->reserve(&base, span, gran);  // (blocks and holes align to gran in addresses)
     if (r == CUDA_SUCCESS) r = granules_->map_at(base, need, quiet, by_cap);
     if (r != CUDA_SUCCESS) {
-      if (base) upstream_->deallocate(base, span);
+      if (base) p.upstream_->deallocate(base, span);
       return r;
     }
-    add_segment(out, base, span, bytes, -1, need, rounded);
+    p.add_segment(out, base, span, bytes, -1, need, rounded);
     return CUDA_SUCCESS;
   }
   // Where the new granules go: above first (the block keeps its address), then below.
-  mu_.lock();
+  p.mu_.lock();
   uint64_t above, below;
   room(a, f, &above, &below);
   const uint64_t up = std::min(need, above);
@@ -168,16 +173,16 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
   const CUdeviceptr down_at = f ? f->ptr - down : 0;
   // A new block's Block, taken now: hot-path splits may use up the spares meanwhile.
   Block* fresh = nullptr;
-  if (!f && !spare_blocks_.empty()) {
-    fresh = spare_blocks_.back();
-    spare_blocks_.pop_back();
+  if (!f && !spares_.empty()) {
+    fresh = spares_.back();
+    spares_.pop_back();
   }
-  mu_.unlock();
+  p.mu_.unlock();
   auto unclaim = [&] {
-    mu_.lock();
-    if (f) push_free_locked(f);
-    if (fresh) spare_blocks_.push_back(fresh);  // back where it came from: within capacity
-    mu_.unlock();
+    p.mu_.lock();
+    if (f) p.push_free_locked(f);
+    if (fresh) spares_.push_back(fresh);  // back where it came from: within capacity
+    p.mu_.unlock();
   };
   if ((!f && !fresh) || down > below) {
     unclaim();
@@ -192,7 +197,7 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
     unclaim();
     return r;
   }
-  mu_.lock();
+  p.mu_.lock();
   Block* b = f;
   if (!b) {
     b = fresh;
@@ -203,24 +208,24 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
     if (a->last) a->last->hi = b;
     a->last = b;
     ++a->carved;
-    map_insert_locked(b);
+    p.map_insert_locked(b);
   }
   if (up) {
     Block* h = f ? f->hi : nullptr;
     uint64_t from_hole = 0;
     if (h && h->state == kHole) {
       from_hole = std::min(up, h->size);
-      map_.erase(h->ptr);
+      p.map_.erase(h->ptr);
       h->ptr += from_hole;
       h->size -= from_hole;
       if (h->size > 0) {
-        map_insert_locked(h);
+        p.map_insert_locked(h);
       } else {
         b->hi = h->hi;
         if (h->hi) h->hi->lo = b;
         if (a->last == h) a->last = b;
         --a->carved;
-        spare_blocks_.push_back(h);
+        spares_.push_back(h);
       }
     }
     a->top += up - from_hole;  // the rest came from above the top
@@ -232,69 +237,69 @@ CUresult pool::extend_arena(CUdeviceptr* out, uint64_t bytes, uint64_t rounded, 
     if (l->size == 0) {
       b->lo = l->lo;
       if (l->lo) l->lo->hi = b;
-      map_.erase(l->ptr);
+      p.map_.erase(l->ptr);
       --a->carved;
-      spare_blocks_.push_back(l);
+      spares_.push_back(l);
     }
-    map_.erase(b->ptr);
+    p.map_.erase(b->ptr);
     b->ptr -= down;
     b->size += down;
-    map_insert_locked(b);
+    p.map_insert_locked(b);
   }
-  if (b->size > rounded && !spare_blocks_.empty()) split_locked(b, rounded);  // the rest stays free
-  hand_out_locked(b, bytes);
-  ledger_.handed_out(b->size, false);
+  if (b->size > rounded && !spares_.empty()) split_locked(p, b, rounded);  // the rest stays free
+  p.hand_out_locked(b, bytes);
+  p.ledger_.handed_out(b->size, false);
   *out = b->ptr;
-  mu_.unlock();
+  p.mu_.unlock();
   return CUDA_SUCCESS;
 }
 
 // The arena part of reclaim_slow (which checked that nothing forbids it).
-uint64_t pool::reclaim_arena_slow(uint64_t want) {
+uint64_t granule_arena::reclaim_arena_slow(pool_type& p, uint64_t want) {
   // The whole granules inside free large blocks, smallest blocks first (the pieces least
   // likely to serve a request), the last one cut to what is still wanted; then fully free
   // slabs; then ranges left with nothing mapped. Only free blocks: their freeing work has
   // completed, and the unmap does not wait. The pieces of granules a free block shares with
   // its neighbours stay free (they are mapped as long as the neighbours are).
-  const uint64_t gran = gran_;
+  const uint64_t gran = unit_;
   uint64_t idle = granules_->idle_bytes();
   const uint64_t start = idle;
   while (idle < want) {
     // Three blocks may come of one: its low piece, the hole, its high piece.
-    if (!refill_spares_slow()) break;
-    mu_.lock();
-    Block* b = free_.find_with_whole();
-    if (!b || spare_blocks_.size() < 2) {
-      mu_.unlock();
+    if (!refill_spares_slow(p)) break;
+    p.mu_.lock();
+    Block* b = p.free_.find_with_whole();
+    if (!b || spares_.size() < 2) {
+      p.mu_.unlock();
       break;
     }
     const uint64_t lo = (b->ptr + gran - 1) / gran * gran;  // the granules inside b
-    const uint64_t hi = lo + whole_granules(*b);
-    unlink_free_locked(b);
+    const uint64_t hi = lo + p.free_.whole(*b);
+    p.unlink_free_locked(b);
     Block* low = nullptr;
     if (lo > b->ptr) {
-      split_locked(b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
+      split_locked(p, b, lo - b->ptr);  // (the rest, b->hi, is pushed free: taken back below)
       low = b;
       b = b->hi;
-      unlink_free_locked(b);
+      p.unlink_free_locked(b);
     }
     uint64_t cut = hi - lo;
     if (want != ~uint64_t{0}) cut = std::min(cut, (want - idle + gran - 1) / gran * gran);
-    if (cut < b->size) split_locked(b, cut);  // the high piece stays free
+    if (cut < b->size) split_locked(p, b, cut);  // the high piece stays free
     b->state = kHole;  // claimed: neither taken nor merged while it is unmapped
-    if (low) push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
-    mu_.unlock();
+    if (low) p.push_free_locked(low);  // (its neighbours: a block that was not free, and the hole)
+    p.mu_.unlock();
     const uint64_t size = b->size;
     const CUresult r = granules_->punch(b->ptr, size);
-    mu_.lock();
+    p.mu_.lock();
     if (r != CUDA_SUCCESS) {
-      push_free_locked(b);
-      mu_.unlock();
+      p.push_free_locked(b);
+      p.mu_.unlock();
       break;
     }
-    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(b, h);
+    if (Block* h = b->hi; h && h->state == kHole) absorb_locked(p, b, h);
     if (Block* l = b->lo; l && l->state == kHole) {
-      absorb_locked(l, b);
+      absorb_locked(p, l, b);
       b = l;
     }
     // A hole at the top of the arena gives its addresses back to the top (growth maps there).
@@ -302,22 +307,22 @@ uint64_t pool::reclaim_arena_slow(uint64_t want) {
       s->last = b->lo;
       s->last->hi = nullptr;
       s->top -= b->size;
-      map_.erase(b->ptr);
+      p.map_.erase(b->ptr);
       --s->carved;
-      spare_blocks_.push_back(b);
+      spares_.push_back(b);
     }
-    mu_.unlock();
+    p.mu_.unlock();
     idle += size;
   }
-  if (idle < want) release_slow(want - idle, Which::slabs);
-  release_slow(~uint64_t{0}, Which::holes);
+  if (idle < want) p.release_slow(want - idle, pool_type::Which::slabs);
+  p.release_slow(~uint64_t{0}, pool_type::Which::holes);
   return granules_->idle_bytes() - std::min(start, granules_->idle_bytes());
 }
 
-bool pool::refill_spares_slow() {
-  mu_.lock();
-  const size_t have = spare_blocks_.size();
-  mu_.unlock();
+bool granule_arena::refill_spares_slow(pool_type& p) {
+  p.mu_.lock();
+  const size_t have = spares_.size();
+  p.mu_.unlock();
   if (have >= kSpareBlocks) return true;
   Block* fresh[kSpareBlocks * 2];
   size_t n = 0;
@@ -325,10 +330,10 @@ bool pool::refill_spares_slow() {
     if (!(fresh[n] = new (std::nothrow) Block)) break;
   std::vector<Block*> room;
   try {
-    mu_.lock();
+    p.mu_.lock();
     const size_t want = (heap_blocks_ + n) * 2;
-    const size_t cap = spare_blocks_.capacity();
-    mu_.unlock();
+    const size_t cap = spares_.capacity();
+    p.mu_.unlock();
     // A vector with room for every block this pool owns (absorb_locked pushes without
     // allocating), made outside the lock.
     if (cap < heap_blocks_ + n) room.reserve(want);
@@ -336,34 +341,17 @@ bool pool::refill_spares_slow() {
     for (size_t i = 0; i < n; ++i) delete fresh[i];
     return false;
   }
-  mu_.lock();
-  if (room.capacity() > spare_blocks_.capacity()) {
-    room.assign(spare_blocks_.begin(), spare_blocks_.end());  // within capacity: no allocation
-    spare_blocks_.swap(room);
+  p.mu_.lock();
+  if (room.capacity() > spares_.capacity()) {
+    room.assign(spares_.begin(), spares_.end());  // within capacity: no allocation
+    spares_.swap(room);
   }
-  const size_t fit = std::min(n, spare_blocks_.capacity() - heap_blocks_);
-  for (size_t i = 0; i < fit; ++i) spare_blocks_.push_back(fresh[i]);
+  const size_t fit = std::min(n, spares_.capacity() - heap_blocks_);
+  for (size_t i = 0; i < fit; ++i) spares_.push_back(fresh[i]);
   heap_blocks_ += fit;
-  mu_.unlock();
+  p.mu_.unlock();
   for (size_t i = fit; i < n; ++i) delete fresh[i];
   return true;
 }
 
-// The arena's slow path, as a pool of granules calls it.
-struct arena_steps final : arena_ops {
-  CUresult grow(pool& p, CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
-                bool* cap_refused) override {
-    return p.grow_vmm_slow(out, bytes, cls, rounded, last, cap_refused);
-  }
-  uint64_t reclaim(pool& p, uint64_t want) override { return p.reclaim_arena_slow(want); }
-  bool refill_spares(pool& p) override { return p.refill_spares_slow(); }
-  uint64_t trim(pool& p) override { return p.granules_->trim(0); }
-  void forget(pool& p) override { p.granules_->forget(); }
-};
-namespace {
-constinit arena_steps g_steps;
-}  // namespace
-
-arena_ops& arena_calls() noexcept { return g_steps; }
-
-}  // namespace cuw::backends::pool
+}  // namespace cuw::backends

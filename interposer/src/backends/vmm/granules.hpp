@@ -1,7 +1,7 @@
 // cuwarden interposer: the `vmm` backend's upstream (CUWARDEN_POOL=vmm): physical memory in
 // granules (cuMemCreate at the device's recommended granularity, 2 MiB on the H200), each a
-// handle of its own, mapped into reserved virtual ranges. The pool (pool::pool, vmm
-// layout) reserves an arena and has granules mapped into it where its blocks need them
+// handle of its own, mapped into reserved virtual ranges. The pool (pool::pool<granule_arena>,
+// granule_arena.hpp) reserves an arena and has granules mapped into it where its blocks need them
 // (map_at), and takes slabs as ranges of one granule (map_range); what it gives back is
 // unmapped (punch, deallocate) and its granules become idle, ready to be mapped again
 // wherever a block needs them: free memory in pieces scattered over the arena becomes one

@@ -1,5 +1,8 @@
-// cuwarden interposer: a pool's blocks (pool.hpp has the design): size
-// classes, the block map, the free lists, and the hot paths, allocate and free.
+// cuwarden interposer: a pool's blocks (pool.hpp has the design): the block map, the free
+// lists, and the hot paths, allocate and free, and whole blocks' growth. Included by a
+// layout's file (with release_impl.hpp and batches_impl.hpp), which instantiates pool<Layout>.
+#pragma once
+
 #include "backends/pool/pool.hpp"
 
 #include <algorithm>
@@ -14,38 +17,22 @@ namespace cuw::backends::pool {
 
 using namespace tuning;  // the pool's tuning and size classes
 
-// ---- size classes ------------------------------------------------------------------------
-
-CUW_HOT int pool::small_class(uint64_t n, uint64_t* rounded) noexcept {
-  if (n <= 2048) {
-    const uint64_t r = n == 0 ? 512 : (n + 511) & ~uint64_t{511};
-    *rounded = r;
-    return static_cast<int>(r >> 9) - 1;
-  }
-  const int k = 63 - __builtin_clzll(n - 1);  // 2^k < n <= 2^(k+1), k >= 11
-  const uint64_t step = 1ULL << (k - 2);
-  const uint64_t r = (n + step - 1) & ~(step - 1);
-  *rounded = r;
-  return 4 + (k - 11) * 4 + static_cast<int>(r >> (k - 2)) - 5;
-}
-
 // ---- construction ------------------------------------------------------------------------
 
-pool::pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal,
-                               ring::DeviceSlot& slot, core::Tracker& tracker, owner& holder,
-                               granule_resource* granules, arena_ops* arena, uint64_t granularity)
+template <class Layout>
+pool<Layout>::pool(std::unique_ptr<memory_resource> upstream, Layout layout, CUcontext ctx, int ordinal,
+                   ring::DeviceSlot& slot, core::Tracker& tracker, owner<Layout>& holder)
     : upstream_(std::move(upstream)),
+      layout_(std::move(layout)),
       ctx_(ctx),
       ordinal_(ordinal),
       slot_(slot),
       tracker_(tracker),
       owner_(holder),
-      granules_(granules),
-      arena_ops_(arena),
       ledger_(tracker, slot, ordinal),
-      large_round_(granules ? kFineRound : kLargeRound),
-      gran_(granules ? std::max(kLargeRound, granularity) : kLargeRound),
-      slab_bytes_(granules ? std::max(kSlabBytes, granularity) : kSlabBytes),
+      large_round_(layout_.large_round()),
+      gran_(layout_.unit()),
+      slab_bytes_(layout_.slab_bytes()),
       mu_(tracker.lock()),
       free_(gran_),
       budget_(tracker.config().pool_keep, uint64_t{tracker.config().pool_idle_ms} * 1000000),
@@ -53,41 +40,41 @@ pool::pool(std::unique_ptr<memory_resource> upstream, CUcontext ctx, int ordinal
   work::start_counting();
 }
 
-pool::~pool() {
-  // Segments are not freed: the cache lives as long as the process (or its context).
+template <class Layout>
+pool<Layout>::~pool() {
+  // Segments are not freed: the pool lives as long as the process (or its context).
+  // The layout takes back the Blocks it made for a segment (its own to delete).
   for (auto& [base, s] : segments_) {
-    if (s->split)
-      for (Block* b = s->blocks[0].hi; b;) {
-        Block* next = b->hi;
-        delete b;
-        b = next;
-      }
+    layout_.dropping_locked(s);
     delete s;
   }
-  for (Block* b : spare_blocks_) delete b;
 }
 
 // ---- segments and free lists (under mu_) --------------------------------------------
 
-pool::Segment* pool::segment_at_locked(CUdeviceptr p) const noexcept {
+template <class Layout>
+Segment* pool<Layout>::segment_at_locked(CUdeviceptr p) const noexcept {
   auto it = segments_.upper_bound(p);
   if (it == segments_.begin()) return nullptr;
   Segment* s = std::prev(it)->second;
   return p - s->base < s->bytes ? s : nullptr;
 }
 
-bool pool::holds_locked(CUdeviceptr p) const noexcept {
+template <class Layout>
+bool pool<Layout>::holds_locked(CUdeviceptr p) const noexcept {
   const Segment* s = segment_at_locked(p);
   return s && !((s->leaving || ctx_going_) && tracker_.counts_live_locked(p));
 }
 
-void pool::drop_locked(Segment* s) noexcept {
+template <class Layout>
+void pool<Layout>::drop_locked(Segment* s) noexcept {
   segments_.erase(s->base);
   each_block(s, [&](Block* b) { map_.erase(b->ptr); });
-  if (s == arena_) arena_ = nullptr;
+  layout_.dropping_locked(s);
 }
 
-pool::Block* pool::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
+template <class Layout>
+Block* pool<Layout>::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
   if (s->split) {
     for (Block* b = &s->blocks[0]; b; b = b->hi)
       if (p - b->ptr < b->size) return b;
@@ -97,67 +84,31 @@ pool::Block* pool::block_at_locked(Segment* s, CUdeviceptr p) const noexcept {
   return idx < s->carved ? &s->blocks[idx] : nullptr;
 }
 
-void pool::split_locked(Block* b, uint64_t bytes) noexcept {
-  Block* r = spare_blocks_.back();
-  spare_blocks_.pop_back();
-  *r = Block{};
-  r->ptr = b->ptr + bytes;
-  r->size = b->size - bytes;
-  r->seg = b->seg;
-  r->lo = b;
-  r->hi = b->hi;
-  if (b->hi) b->hi->lo = r;
-  b->hi = r;
-  if (b->seg->last == b) b->seg->last = r;
-  b->size = bytes;
-  b->state = kLive;  // taken: the rest must not merge back into it
-  ++b->seg->carved;
-  map_insert_locked(r);
-  push_free_locked(r);
-}
-
-void pool::absorb_locked(Block* a, Block* h) noexcept {
-  a->size += h->size;
-  a->hi = h->hi;
-  if (h->hi) h->hi->lo = a;
-  if (a->seg->last == h) a->seg->last = a;
-  map_.erase(h->ptr);
-  --a->seg->carved;
-  spare_blocks_.push_back(h);  // room reserved by refill_spares_slow: no allocation
-}
-
-CUW_HOT void pool::push_free_locked(Block* b) noexcept {
+template <class Layout>
+CUW_HOT void pool<Layout>::push_free_locked(Block* b) noexcept {
   b->state = kFree;
-  if (__builtin_expect(b->seg->split, 0)) {
-    // Merge with free neighbours (never across a live, pending or unmapped one).
-    if (Block* h = b->hi; h && h->state == kFree) {
-      unlink_free_locked(h);
-      absorb_locked(b, h);
-    }
-    if (Block* l = b->lo; l && l->state == kFree) {
-      unlink_free_locked(l);
-      absorb_locked(l, b);
-      b = l;
-    }
-  }
+  // A split segment's block merges with its free neighbours (the layout's). A layout that
+  // never splits drops this test at compile time: its splits() is constexpr false.
+  if (__builtin_expect(b->seg->split, 0) && layout_.splits()) b = layout_.merge_locked(*this, b);
   if (free_.push(b)) publish_free_locked();
 }
 
 // The pool's free large blocks in the device's slot (its `fragmentation`): their bytes, and
-// the largest request they serve (vmm: the whole granules in them, which stitching serves
-// together, a little less than the most when one block's own ends would add to it; the
-// cache: its largest block). Where several contexts share a device, the last pool to change
-// writes them.
-CUW_HOT void pool::publish_free_locked() noexcept {
-  ledger_.free_memory(free_.large_bytes(), granules_ ? free_.whole_bytes() : free_.largest());
+// the largest request they serve (the layout's answer). Where several contexts share a
+// device, the last pool to change writes them.
+template <class Layout>
+CUW_HOT void pool<Layout>::publish_free_locked() noexcept {
+  ledger_.free_memory(free_.large_bytes(), layout_.served_locked(free_));
 }
 
-void pool::unlink_free_locked(Block* b) noexcept {
+template <class Layout>
+void pool<Layout>::unlink_free_locked(Block* b) noexcept {
   free_.unlink(b);
   if (b->seg->cls < 0) publish_free_locked();
 }
 
-pool::Block* pool::carve_locked(Segment* s) noexcept {
+template <class Layout>
+Block* pool<Layout>::carve_locked(Segment* s) noexcept {
   const uint64_t size = class_size(s->cls);
   Block* b = &s->blocks[s->carved];
   b->ptr = s->base + s->carved * size;
@@ -169,40 +120,28 @@ pool::Block* pool::carve_locked(Segment* s) noexcept {
   return b;
 }
 
-CUW_HOT pool::Block* pool::take_locked(int cls, uint64_t rounded) noexcept {
+template <class Layout>
+CUW_HOT Block* pool<Layout>::take_locked(int cls, uint64_t rounded) noexcept {
   if (cls >= 0) {
     if (Block* b = free_.pop_small(cls)) return b;
     if (Segment* s = free_.carving(cls)) return carve_locked(s);
     return nullptr;
   }
-  if (granules_) {
-    // Best fit over every free large block, split to the request.
-    Block* b = free_.take_best(rounded, !spare_blocks_.empty());  // (no spare: the slow path refills)
-    if (!b) return nullptr;
-    // A request of whole granules starts on a granule where the block leaves room: its
-    // neighbours then share none of its granules, and its own come back whole when it is freed.
-    if (rounded % gran_ == 0 && b->ptr % gran_ && b->size - rounded >= gran_ - b->ptr % gran_ &&
-        spare_blocks_.size() >= 2) {
-      split_locked(b, gran_ - b->ptr % gran_);  // b: the head, the rest pushed free
-      Block* rest = b->hi;
-      unlink_free_locked(rest);
-      rest->state = kLive;  // taken: the head must not merge it back
-      push_free_locked(b);  // the head stays free
-      b = rest;
-    }
-    if (b->size > rounded) split_locked(b, rounded);  // (pushes the rest: publishes)
-    else publish_free_locked();
-    return b;
-  }
+  return layout_.take_large_locked(*this, rounded);
+}
+
+template <class Layout>
+Block* pool<Layout>::take_whole_locked(uint64_t rounded) noexcept {
   Block* b = free_.take_within(rounded, large_slack(rounded));
   if (b) publish_free_locked();
   return b;
 }
 
-CUW_HOT void pool::hand_out_locked(Block* b, uint64_t requested) noexcept {
+template <class Layout>
+CUW_HOT void pool<Layout>::hand_out_locked(Block* b, uint64_t requested) noexcept {
   b->state = kLive;
   b->requested = requested;
-  b->generation = ++hand_outs_;  // the pool's count: a Block reused from the spares starts no count anew
+  b->generation = ++hand_outs_;  // the pool's count: a Block the layout reuses starts no count anew
   ++b->seg->busy;
 }
 
@@ -210,7 +149,8 @@ CUW_HOT void pool::hand_out_locked(Block* b, uint64_t requested) noexcept {
 
 // Fast path, a hit: class computation, the lock, pop of a free list, four counters, the
 // event. No driver call, no clock read (the caller read the time before).
-CUW_HOT CUresult pool::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
+template <class Layout>
+CUW_HOT CUresult pool<Layout>::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring::Api api, uint64_t now) {
   uint64_t rounded;
   int cls;
   if (bytes <= kSmallMax) {
@@ -236,8 +176,8 @@ CUW_HOT CUresult pool::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring
     r = slow_allocate(out, bytes, cls, rounded, false, &cap_refused);
   }
   if (__builtin_expect(cap_refused, 0)) {
-    // The cap (or the driver, out of memory) refused even after this cache gave back what
-    // it keeps: the other contexts' caches give back theirs (outside this one's slow_: each
+    // The cap (or the driver, out of memory) refused even after this pool gave back what
+    // it keeps: the other contexts' pools give back theirs (outside this one's slow_: each
     // takes its own), and the last try's refusal is the one counted.
     owner_.release_all_except(this);
     std::lock_guard<std::mutex> g(slow_);
@@ -251,7 +191,8 @@ CUW_HOT CUresult pool::allocate_traced(CUdeviceptr* out, std::size_t bytes, ring
   return r;
 }
 
-bool pool::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
+template <class Layout>
+bool pool<Layout>::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded) {
   mu_.lock();
   Block* b = take_locked(cls, rounded);
   if (!b) {
@@ -265,11 +206,12 @@ bool pool::try_take(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded)
   return true;
 }
 
-CUresult pool::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+template <class Layout>
+CUresult pool<Layout>::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
                                        bool* cap_refused) {
   if (dead_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   const bool cap_active = work::capturing();
-  if (arena_ops_) arena_ops_->refill_spares(*this);
+  layout_.prepare_slow(*this);
   if (!cap_active) poll_slow();
   if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
   if (!cap_active) {
@@ -293,27 +235,25 @@ CUresult pool::slow_allocate(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t
     if (!grow) {
       for (;;) {
         const bool fit = fence_.any_block([&](const Block* b) {
-          // vmm: any large block may merge with its neighbours into a fit.
-          return cls >= 0 ? b->seg->cls == cls
-                          : b->seg->cls < 0 && (granules_ || (b->size >= rounded &&
-                                                              b->size - rounded <= large_slack(rounded)));
+          return cls >= 0 ? b->seg->cls == cls : b->seg->cls < 0 && layout_.may_serve(*b, rounded);
         });
         if (!fit || !wait_oldest_slow()) break;
         if (try_take(out, bytes, cls, rounded)) return CUDA_SUCCESS;
       }
     }
   }
-  return grow_slow(out, bytes, cls, rounded, last, cap_refused);
+  return layout_.grow_slow(*this, out, bytes, cls, rounded, last, cap_refused);
 }
 
-bool pool::charge_segment(uint64_t bytes, bool quiet) {
+template <class Layout>
+bool pool<Layout>::charge_segment(uint64_t bytes, bool quiet) {
   return tracker_.charge(slot_, ordinal_, bytes, ring::Api::cuMemAlloc, false, quiet) == core::Tracker::Charge::ok;
 }
 
-CUresult pool::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
-                                   bool* cap_refused) {
-  if (arena_ops_) return arena_ops_->grow(*this, out, bytes, cls, rounded, last, cap_refused);
-  uint64_t seg_bytes = cls >= 0 ? kSlabBytes : rounded;
+template <class Layout>
+CUresult pool<Layout>::grow_whole_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rounded, bool last,
+                                       bool* cap_refused) {
+  uint64_t seg_bytes = cls >= 0 ? slab_bytes_ : rounded;
   // No hoarding: past the budget, free driver allocations go back before another is made.
   if (over_budget(seg_bytes) && !work::capturing()) reclaim_slow(seg_bytes);
   auto fits = [this](uint64_t n) { return core::Tracker::fits(slot_, n); };
@@ -337,7 +277,7 @@ CUresult pool::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rou
   }
   if (!charge_segment(seg_bytes, true)) {
     // Refused (a job's cap, which fits() does not see, or another thread's charge in
-    // between): give back what this cache keeps, then charge again.
+    // between): give back what this pool keeps, then charge again.
     release_slow();
     if (!work::capturing()) {
       wait_all_slow();
@@ -351,14 +291,14 @@ CUresult pool::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rou
   CUdeviceptr base = 0;
   CUresult r = upstream_->allocate(&base, seg_bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-    // The driver itself is out of memory: what the cache keeps may be the reason.
+    // The driver itself is out of memory: what the pool keeps may be the reason.
     if (!work::capturing()) wait_all_slow();
     if (release_slow() > 0) r = upstream_->allocate(&base, seg_bytes);
   }
   if (r != CUDA_SUCCESS) {
     tracker_.uncharge(slot_, seg_bytes);
     if (r == CUDA_ERROR_OUT_OF_MEMORY && !last && cap_refused) {
-      // Other contexts' caches may hold what the driver lacks: the caller has them give it
+      // Other contexts' pools may hold what the driver lacks: the caller has them give it
       // back and tries once more; only that try's failure is counted.
       *cap_refused = true;
       return r;
@@ -372,17 +312,18 @@ CUresult pool::grow_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t rou
   return CUDA_SUCCESS;
 }
 
-void pool::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
+template <class Layout>
+void pool<Layout>::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, uint64_t bytes, int cls,
                                  uint64_t first, uint64_t take) {
   auto* s = new Segment;
   s->base = base;
   s->bytes = seg_bytes;
   s->cls = cls;
-  s->split = granules_ && cls < 0;
+  s->split = layout_.splits() && cls < 0;
   s->capacity = cls >= 0 ? static_cast<uint32_t>(seg_bytes / class_size(cls)) : 1;
   s->blocks.reset(new Block[s->capacity]);
   mu_.lock();
-  // An allocation the hooks still count at this address (not the cache's: freed with a
+  // An allocation the hooks still count at this address (not the pool's: freed with a
   // context another thread destroyed a moment ago) was freed: Tracker::count_freed_unseen_locked.
   core::LiveRecord stale;
   const bool reused = ledger_.reused(base, &stale, core::now_ns());
@@ -401,25 +342,26 @@ void pool::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_bytes, u
     if (s->split) {
       s->top = b->size;
       s->last = b;
-      arena_ = s;
-      if (take && take < b->size && !spare_blocks_.empty()) split_locked(b, take);  // the rest stays free
     }
   }
+  layout_.added_locked(*this, s, b, take);  // (may split b to `take`: the rest stays free)
   hand_out_locked(b, bytes);
   *out = b->ptr;
-  // vmm: the granules counted the range reserved and cached; its block is live now.
-  if (!granules_) ledger_.moved(static_cast<int64_t>(seg_bytes), static_cast<int64_t>(seg_bytes));
+  // (Else the upstream counted what it backs reserved and cached; its block is live now.)
+  if (layout_.counts_upstream()) ledger_.moved(static_cast<int64_t>(seg_bytes), static_cast<int64_t>(seg_bytes));
   ledger_.handed_out(b->size, false);
   mu_.unlock();
   if (__builtin_expect(reused, 0)) tracker_.job_uncharge(stale.device, stale.bytes);
 }
 
-bool pool::over_budget(uint64_t more) noexcept {
+template <class Layout>
+bool pool<Layout>::over_budget(uint64_t more) noexcept {
   return budget_.over(slot_.reserved.load(std::memory_order_relaxed), slot_.cached.load(std::memory_order_relaxed),
                       more, core::now_ns());
 }
 
-void pool::trim_idle() noexcept {
+template <class Layout>
+void pool<Layout>::trim_idle() noexcept {
   if (!slow_.try_lock()) return;  // another thread is in the slow path: it will do
   std::lock_guard<std::mutex> g(slow_, std::adopt_lock);
   const uint64_t now = core::now_ns();
@@ -432,12 +374,7 @@ void pool::trim_idle() noexcept {
   const uint64_t live = reserved > cached ? reserved - cached : 0;
   const uint64_t b = budget_.restart(live, now);  // the old peak is forgotten
   if (reserved <= b) return;
-  if (arena_ops_) {
-    reclaim_slow(reserved - b);
-    arena_ops_->trim(*this);
-  } else {
-    release_slow(reserved - b);
-  }
+  layout_.trim_slow(*this, reserved - b);
   // Pending frees may still hold memory past the budget: look again after another while.
   if (slot_.reserved.load(std::memory_order_relaxed) > b) budget_.retry(now);
 }
@@ -447,19 +384,20 @@ void pool::trim_idle() noexcept {
 // Fast path: one lock, one map probe, a push onto a free list (idle) or the open batch,
 // four counters, the event. Not idle: every kSealBlocks-th free also seals the batch (one
 // event per stream), every kPollEvery-th polls.
-CUW_HOT CUresult pool::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
+template <class Layout>
+CUW_HOT CUresult pool<Layout>::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   mu_.lock();
   if (__builtin_expect(ctx_going_, 0) && tracker_.pointers().contains(p)) {
-    // The driver destroyed the context, freeing this cache's memory, and handed p out again:
+    // The driver destroyed the context, freeing this pool's memory, and handed p out again:
     // the free is the new owner's even where a block of ours that was never freed starts.
     mu_.unlock();
     return CUDA_ERROR_NOT_FOUND;
   }
   Block* b = map_.find(p);
   if (__builtin_expect(!b || b->state != kLive, 0)) {
-    // Inside memory this cache holds but not a live block's start (a second free, an
+    // Inside memory this pool holds but not a live block's start (a second free, an
     // interior pointer): the driver's answer for a pointer it did not hand out. Passing it
-    // on would free the driver allocation under the cache's other blocks.
+    // on would free the driver allocation under the pool's other blocks.
     const bool ours = holds_locked(p);
     mu_.unlock();
     return ours ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_FOUND;
@@ -507,7 +445,8 @@ CUW_HOT CUresult pool::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, u
 // as the program's own call would have). The free is counted only once the driver did it:
 // a refused one (inside a global-mode capture, say) leaves the block live and returns the
 // driver's error, as the program's own call would.
-CUresult pool::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now) {
+template <class Layout>
+CUresult pool<Layout>::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now) {
   std::lock_guard<std::mutex> g(slow_);
   // The context was destroyed (forget_all deleted b with its segment) or is being destroyed
   // (its memory goes with it): no driver call on an address that may be someone else's.
@@ -545,3 +484,6 @@ CUresult pool::free_exported(Block* b, ring::Api api, uint64_t aux, uint64_t now
 }
 
 }  // namespace cuw::backends::pool
+
+#include "backends/pool/batches_impl.hpp"
+#include "backends/pool/release_impl.hpp"

@@ -1,7 +1,9 @@
 // cuwarden interposer: a pool's batches of freed blocks (pool.hpp:
 // cudaFree's promise). Freed blocks wait in an open batch; a seal puts them behind the
 // fence's events (backends/pool/fence.hpp); a sealed batch's blocks go back to the free lists
-// once its events have completed.
+// once its events have completed. Included by pool_impl.hpp.
+#pragma once
+
 #include "backends/pool/pool.hpp"
 
 #include "backends/pool/tuning.hpp"
@@ -14,7 +16,8 @@ using namespace tuning;  // the pool's tuning and size classes
 
 // ---- batches (under slow_) -----------------------------------------------------------------
 
-void pool::seal_locked_slow() {
+template <class Layout>
+void pool<Layout>::seal_locked_slow() {
   mu_.lock();
   Block* head = open_head_;
   const uint64_t bytes = open_bytes_;
@@ -36,7 +39,8 @@ void pool::seal_locked_slow() {
   mu_.unlock();
 }
 
-void pool::retire_front() {
+template <class Layout>
+void pool<Layout>::retire_front() {
   auto& bt = fence_.front();
   mu_.lock();
   for (Block* b = bt.head; b;) {
@@ -50,7 +54,8 @@ void pool::retire_front() {
   if (fence_.pop_front()) retire_open_if_idle();
 }
 
-void pool::retire_open_if_idle() {
+template <class Layout>
+void pool<Layout>::retire_open_if_idle() {
   mu_.lock();
   if (!open_head_ || !fence_.idle()) {
     mu_.unlock();
@@ -71,7 +76,8 @@ void pool::retire_open_if_idle() {
   mu_.unlock();
 }
 
-bool pool::poll_slow() {
+template <class Layout>
+bool pool<Layout>::poll_slow() {
   bool any = false;
   if (!fence_.empty()) {
     CtxScope scope(ctx_);
@@ -83,7 +89,8 @@ bool pool::poll_slow() {
   return any;
 }
 
-bool pool::wait_oldest_slow() {
+template <class Layout>
+bool pool<Layout>::wait_oldest_slow() {
   if (fence_.empty()) return false;
   bool done;
   {
@@ -98,7 +105,8 @@ bool pool::wait_oldest_slow() {
   return true;
 }
 
-void pool::wait_all_slow() {
+template <class Layout>
+void pool<Layout>::wait_all_slow() {
   if (work::capturing()) return;
   seal_locked_slow();
   while (wait_oldest_slow()) {
@@ -107,24 +115,28 @@ void pool::wait_all_slow() {
 
 // ---- streams ---------------------------------------------------------------------------------
 
-void pool::add_stream(CUstream s) {
+template <class Layout>
+void pool<Layout>::add_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   fence_.add_stream(s);
 }
 
-bool pool::remove_stream(CUstream s) {
+template <class Layout>
+bool pool<Layout>::remove_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   if (!fence_.remove_stream(s)) return false;
   orphan_slow(s);
   return true;
 }
 
-void pool::orphan_stream(CUstream s) {
+template <class Layout>
+void pool<Layout>::orphan_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   orphan_slow(s);
 }
 
-void pool::orphan_slow(CUstream s) {
+template <class Layout>
+void pool<Layout>::orphan_slow(CUstream s) {
   if (dead_ || dying_) return;  // the context's memory is going: no driver call on it
   fence_.orphan(s);
 }

@@ -1,13 +1,14 @@
 // cuwarden interposer: a pool's segments (driver allocations, or ranges) once made: giving
 // them back (release; a destroyed context's forget_all), and what they answer for (pointer
-// queries, IPC export, the blocks and statistics the seam reports).
+// queries, IPC export, the blocks and statistics the seam reports). Included by pool_impl.hpp.
+#pragma once
+
 #include "backends/pool/pool.hpp"
 
 #include <algorithm>
 #include <vector>
 
 #include "backends/pool/tuning.hpp"
-#include "backends/vmm/granules.hpp"
 #include "base/log.hpp"
 #include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
@@ -19,7 +20,8 @@ using namespace tuning;  // the pool's tuning and size classes
 
 // ---- release -------------------------------------------------------------------------------
 
-uint64_t pool::release_slow(uint64_t want, Which which) {
+template <class Layout>
+uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
   // No cuMemFree while a capture is active: it is not allowed in a global-mode capture (it
   // would invalidate the program's graph) and it synchronizes the device in any other. None
   // either while the context is being destroyed: its addresses may be someone else's.
@@ -52,7 +54,7 @@ uint64_t pool::release_slow(uint64_t want, Which which) {
   mu_.unlock();
   if (gone.empty()) return 0;
   // Each segment is dropped as soon as the driver's free returns: from then on the driver
-  // may hand its addresses to anyone (another thread's allocation, a cache's new segment).
+  // may hand its addresses to anyone (another thread's allocation, a pool's new segment).
   uint64_t total = 0;
   for (Segment* s : gone) {
     const bool freed = upstream_->deallocate(s->base, s->bytes) == CUDA_SUCCESS;
@@ -70,36 +72,31 @@ uint64_t pool::release_slow(uint64_t want, Which which) {
     }
     drop_locked(s);
     total += s->bytes;
-    if (s->split)
-      for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);  // room: see refill_spares_slow
-    if (!granules_) {
-      // (vmm: the granules went idle, still reserved and cached: trim() gives them back.)
-      ledger_.moved(-static_cast<int64_t>(s->bytes), -static_cast<int64_t>(s->bytes));
-    }
+    // (Else the upstream counts what it backs, and gives it back itself.)
+    if (layout_.counts_upstream()) ledger_.moved(-static_cast<int64_t>(s->bytes), -static_cast<int64_t>(s->bytes));
     mu_.unlock();
-    if (!granules_) tracker_.uncharge(slot_, s->bytes);
+    if (layout_.counts_upstream()) tracker_.uncharge(slot_, s->bytes);
     delete s;
   }
   return total;
 }
 
-uint64_t pool::reclaim_slow(uint64_t want) {
+template <class Layout>
+uint64_t pool<Layout>::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
-  if (!arena_ops_) return release_slow(want);
-  return arena_ops_->reclaim(*this, want);
+  return layout_.reclaim_slow(*this, want);
 }
 
-std::size_t pool::release() {
+template <class Layout>
+std::size_t pool<Layout>::release() {
   std::lock_guard<std::mutex> g(slow_);
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
-  if (!arena_ops_) return release_slow();
-  if (work::capturing()) return 0;  // nothing unmapped or released during a capture
-  reclaim_slow(~uint64_t{0});
-  return arena_ops_->trim(*this);
+  return layout_.release_slow(*this);
 }
 
-void pool::set_dying(bool dying) {
+template <class Layout>
+void pool<Layout>::set_dying(bool dying) {
   std::lock_guard<std::mutex> g(slow_);  // after any driver call of the slow path in flight
   dying_ = dying;
   mu_.lock();
@@ -107,7 +104,8 @@ void pool::set_dying(bool dying) {
   mu_.unlock();
 }
 
-void pool::forget_all() noexcept {
+template <class Layout>
+void pool<Layout>::forget_all() noexcept {
   std::lock_guard<std::mutex> g(slow_);
   mu_.lock();
   dead_ = true;
@@ -126,20 +124,19 @@ void pool::forget_all() noexcept {
     });
   }
   // The counters first, then the events (ring.hpp): the memory went with the context
-  // (vmm: the granules' forget below takes theirs).
-  ledger_.lost(live, granules_ ? 0 : total, total - live_bytes);
+  // (an upstream that counts what it backs takes its own in the layout's forget below).
+  const bool counts = layout_.counts_upstream();
+  ledger_.lost(live, counts ? total : 0, total - live_bytes);
   for (auto& [base, s] : segments_) {
     // Freed by the driver with the context: a free, as forget_driver_freed counts one.
     each_block(s, [&](Block* b) {
       if (counted_live(*b)) ledger_.forgot(b->ptr, b->requested, now);
     });
-    if (s->split)
-      for (Block* b = s->blocks[0].hi; b; b = b->hi) spare_blocks_.push_back(b);
-    if (!granules_) ledger_.forgot_segment(base);  // (vmm: the granules' forget)
+    if (counts) ledger_.forgot_segment(base);  // (else the upstream's forget)
+    layout_.dropping_locked(s);
     delete s;
   }
   segments_.clear();
-  arena_ = nullptr;
   free_.clear();
   publish_free_locked();
   open_head_ = nullptr;
@@ -147,17 +144,17 @@ void pool::forget_all() noexcept {
   open_bytes_ = 0;
   map_.rebuild(every_block());
   pending_bytes_.store(0, std::memory_order_relaxed);
-  // Keep what a dropped cache holds small (it stays allocated for racing readers).
+  // Keep what a dropped pool holds small (it stays allocated for racing readers).
   map_.shrink();
   mu_.unlock();
   fence_.forget_batches();  // the context's events went with it
-  if (arena_ops_) arena_ops_->forget(*this);  // uncharges what it held
-  else tracker_.uncharge(slot_, total);
+  layout_.forget(*this, total);  // uncharges what the pool held
 }
 
 // ---- queries -------------------------------------------------------------------------------
 
-bool pool::locate(CUdeviceptr p, range* out, bool* live) {
+template <class Layout>
+bool pool<Layout>::locate(CUdeviceptr p, range* out, bool* live) {
   mu_.lock();
   // A segment being given back holds nothing live, and its addresses may be the driver's
   // again; so may a destroyed context's, where the hooks count a new allocation.
@@ -177,16 +174,18 @@ bool pool::locate(CUdeviceptr p, range* out, bool* live) {
   return true;
 }
 
-block_info pool::describe_locked(const Block& b) const noexcept {
+template <class Layout>
+block_info pool<Layout>::describe_locked(const Block& b) const noexcept {
   const bool in_use = b.state == kLive || (b.state == kPending && b.exported);
   return block_info{b.ptr, b.size, in_use ? b.requested : 0, ordinal_,
                     in_use ? block_info::state::live
                            : b.state == kPending ? block_info::state::pending : block_info::state::free};
 }
 
-bool pool::blocks(std::vector<block_info>& out) {
+template <class Layout>
+bool pool<Layout>::blocks(std::vector<block_info>& out) {
   // Room first, outside the lock (the hot path's: no allocation while it is held); again
-  // should the cache have carved more meanwhile.
+  // should the pool have carved more meanwhile.
   auto carved = [this] {
     size_t n = 0;
     for (const auto& [base, s] : segments_) n += s->carved;
@@ -215,7 +214,8 @@ bool pool::blocks(std::vector<block_info>& out) {
   }
 }
 
-pool_stats pool::stats() {
+template <class Layout>
+pool_stats pool<Layout>::stats() {
   pool_stats st;
   uint64_t in_use = 0;
   mu_.lock();
@@ -242,7 +242,8 @@ pool_stats pool::stats() {
   return st;
 }
 
-CUresult pool::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
+template <class Layout>
+CUresult pool<Layout>::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
   mu_.lock();
   Segment* s = segment_at_locked(p);
   if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {  // (as locate)
@@ -254,30 +255,32 @@ CUresult pool::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* poole
     mu_.unlock();
     return CUDA_ERROR_INVALID_VALUE;  // freed memory, as the driver answers
   }
-  if (granules_ || s->cls >= 0) {
-    // Mapped granules, or a block packed into a slab with others: no legacy handle names
-    // exactly its bytes (backends/ipc.hpp hands out one of ours). An interior pointer
-    // exports its block, as the driver exports a whole allocation.
+  const bool handles = layout_.handles_whole();
+  if (!handles || s->cls >= 0) {
+    // A layout without legacy handles, or a block packed into a slab with others: no
+    // legacy handle names exactly its bytes (backends/ipc.hpp hands out one of ours). An
+    // interior pointer exports its block, as the driver exports a whole allocation.
     describe_span_locked(*b, pooled);
     mu_.unlock();
-    if (granules_) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!handles) return CUDA_ERROR_NOT_SUPPORTED;
     // The slab's own handle, which the importer opens: a live block keeps its slab.
     const CUresult r = upstream_->ipc_handle(&pooled->legacy, pooled->base);
     return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_SUPPORTED : r;
   }
   // A whole driver allocation: the handle maps exactly this block. It will not be reused
-  // by the cache once freed (see free_block).
+  // by the pool once freed (see free_exported).
   b->exported = true;
   const CUdeviceptr base = s->base;
   mu_.unlock();
   return upstream_->ipc_handle(handle, base);
 }
 
-void pool::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
+template <class Layout>
+void pool<Layout>::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
   const Segment* s = b.seg;
-  // A large vmm block lies in the granules that cover it (shared with its neighbours at
-  // either end); a small block lies in its slab (one driver allocation, or one range of
-  // granules).
+  *out = ipc_span{};  // a legacy span unless the layout says otherwise
+  // A block of a split segment lies in the units that cover it (shared with its neighbours
+  // at either end); any other block lies in its segment (a slab, or a whole block).
   out->block = b.ptr;
   out->requested = b.requested;
   out->generation = b.generation;
@@ -289,12 +292,11 @@ void pool::describe_span_locked(const Block& b, ipc_span* out) const noexcept {
     out->bytes = s->bytes;
   }
   out->offset = b.ptr - out->base;
-  out->how = granules_ ? ipc_span::kind::granules : ipc_span::kind::legacy;
-  out->granule_bytes = granules_ ? granules_->granularity() : 0;
-  out->exportable = !granules_ || granules_->exportable();
+  layout_.describe(out);  // its kind, unit and exportability
 }
 
-CUresult pool::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
+template <class Layout>
+CUresult pool<Layout>::ipc_describe(CUdeviceptr p, uint64_t bytes, ipc_span* out) {
   // The pool's lock only (no driver call): the slow path may hold its own across a wait for
   // the GPU, and an importer must not wait for that.
   mu_.lock();
