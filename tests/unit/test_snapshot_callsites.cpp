@@ -142,6 +142,20 @@ TEST_CASE("callsites: three sites through one helper chain are told apart by the
   CHECK(label[2] == "pool::level_12 (/src/pool.cpp:112) < make_buffers (/src/model.cpp:52) (+11)");
   CHECK(label[3] == "pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:44) (+11)");
   CHECK(j["sites"][0]["head_frame"] == 2);
+  // The label's parts, for the web page: the head, the frame that tells the site apart (its
+  // index in frames and the frames skipped before it), the frames in calling order.
+  for (const auto& site : j["sites"]) {
+    if (site["id"] != 1) continue;
+    CHECK(site["label_head"] == "pool::level_12 (/src/pool.cpp:112)");
+    REQUIRE(site["label_via"].size() == 1);
+    CHECK(site["label_via"][0]["text"] == "load_weights (/src/model.cpp:40)");
+    CHECK(site["label_via"][0]["skipped"] == 11);
+    const auto via = site["label_via"][0]["frame"].get<std::size_t>();
+    CHECK(site["frames"][via]["function"] == "load_weights");
+    REQUIRE(site["calling_order"].size() == site["frames"].size());
+    CHECK(site["calling_order"][0] == 0);  // native only: the frames' own order
+    CHECK(site["calling_order"][via] == via);
+  }
   CHECK(j["segments_note"] == "");  // no framework's allocator: nothing to say
   CHECK(t.find("caching allocator") == std::string::npos);
   CHECK(j["sites"][0]["frames"][16]["class"] == "libc");

@@ -53,12 +53,16 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
 ///   allocations: [{address, bytes, device, stream, time_ns, age_ns, site, api, kind}]
 ///     by address; kind "device" | "pooled" | "handle" | "array" | "host"; api by name
 ///   segments: [{address, bytes, device}]   driver memory a pool holds, by address
-///   sites: [{id, live_bytes, live_allocations, label, label_folded, head_frame,
-///     frames: [{python, function, file, line, module, offset, pc, class}]}]   by id; frames
-///     innermost first (native, then Python); label: the printed form on one line
-///     (cuw/frames.hpp Label::one_line), label_folded: "8 frames in ..." ("" when none),
-///     head_frame: the index in frames of the label's head (-1: none); class: "user" |
-///     "framework" | "cuda" | "interpreter" | "libc" | "cuwarden"
+///   sites: [{id, live_bytes, live_allocations, label, label_head, label_folded, label_via,
+///     head_frame, calling_order, frames: [{python, function, file, line, module, offset, pc,
+///     class, text}]}]   by id; frames innermost first (native, then Python), text: as the
+///     text report prints the frame; label: the printed
+///     form on one line (cuw/frames.hpp Label::one_line), label_head: its head,
+///     label_folded: "8 frames in ..." ("" when none), label_via: [{frame, skipped, text}]
+///     the frames that tell it apart (Label::via: index in frames, frames skipped before it),
+///     head_frame: the index in frames of the label's head (-1: none), calling_order: the
+///     indices of frames in calling order, innermost first (frames::calling_order); class:
+///     "user" | "framework" | "cuda" | "interpreter" | "libc" | "cuwarden"
 ///   segments_note: where a framework's caching allocator runs, that its sites are where its
 ///     segments were made, not the tensors in them, and what shows tensors; "" otherwise
 ///   trace: [{time_ns, kind, api, device, address, bytes, used_after, stream, aux, site, result}]
