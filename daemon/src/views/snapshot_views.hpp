@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -98,6 +99,20 @@ std::string snapshot_pytorch(const Snapshot& s);
 /// time, instant events (process scope) for refusals and cap changes, process and thread
 /// names; ts in microseconds since the Unix epoch; displayTimeUnit "ms".
 std::string snapshot_perfetto(const Snapshot& s);
+
+/// Call sites grouped by what the user sees: sites whose user frames (cuw/frames.hpp's class
+/// user, by their printed text, in calling order) are equal become one, the one with the
+/// smallest id, which their allocations and events then name (so every view adds their
+/// counts and bytes). A site without user frames is grouped by the name the presenter gives it
+/// (an operator's, "(backward) MmBackward0"); one without frames with none. Call it once the
+/// frames are named. Returns each merged id and the id it went into; `snapshot --by native`
+/// keeps the sites apart by skipping this.
+std::map<uint32_t, uint32_t> merge_sites_by_user_frames(Snapshot& s, const frames::Rules* rules = nullptr);
+
+/// Renames sites as merge_sites_by_user_frames returned (`to`: id -> id it went into) in
+/// another snapshot of the same process (a sample, whose frames may not be named): its
+/// allocations and events name the new ids, the merged sites are dropped.
+void remap_sites(Snapshot& s, const std::map<uint32_t, uint32_t>& to);
 
 /// Live device memory as folded stacks, the input of flamegraph.pl, inferno and speedscope: one
 /// line per call site, `frame;frame;...;frame BYTES`, the outermost frame first (calling
