@@ -105,6 +105,7 @@ struct SnapshotOptions {
   bool full = false;            ///< --full: every frame of a call site, not only its printed form
   std::string since;            ///< --since 10m: what changed since the daemon's sample of then
   std::string leak_warmup;      ///< --leak-warmup: with --leaks, the samples this long after the first allocation left out
+  std::string by;               ///< --by native: one call site per native stack; empty or "user": merged by user frames
 };
 /// A duration as `snapshot --since` and `--leak-warmup` take it: seconds, bare or with s, m
 /// (or min) or h ("90", "30s", "10m", "1h"); nullopt when malformed or past 2^64 ns. Pure.

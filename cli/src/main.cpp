@@ -198,6 +198,10 @@ int main(int argc, char** argv) {
                        "with --leaks: leave out the samples of this long after the process's first allocation "
                        "(default 60s; 0: none)");
   snapshot->add_flag("--full", so.full, "list every frame of each call site (with its class), not only its printed form");
+  snapshot->add_option("--by", so.by,
+                       "how call sites are grouped: user (default: sites whose user frames are equal are one, their bytes "
+                       "added) or native (one per native stack, as captured)")
+      ->check(CLI::IsMember({"user", "native"}));
   snapshot->add_option("--socket", socket, "daemon socket");
   auto* summary = app.add_subcommand("summary", "a memory_summary-like table of a process, any program");
   SnapshotOptions sumo;

@@ -91,6 +91,7 @@ int cmd_snapshot(const SnapshotOptions& o) {
   json req{{"pid", o.pid}, {"format", o.format}, {"top", o.top}};
   if (o.oom >= 0) req["oom"] = o.oom;
   if (o.full) req["full"] = 1;
+  if (!o.by.empty()) req["by"] = o.by;
   if (!o.since.empty()) {
     const auto secs = parse_seconds(o.since);
     if (!secs || (o.format != "text" && o.format != "json")) {

@@ -11,7 +11,8 @@
 //    recording moves on by itself) and waits until the state changes and the page shows the new
 //    numbers without reloading; with --expect-ooms, also until a new refusal shows in the
 //    table and as a mark on the process's timeline;
-// 4. each process's call-site panel answers (200 with call sites, or 403 explained);
+// 4. each process's call-site panel answers (200 with call sites, or 403 explained), and the
+//    flame graph of one with call sites is drawn;
 // 5. the range switch loads the day; screenshots (PNG) go to the artefact directory.
 // Chromium is the system's (/usr/bin/chromium, or CUWARDEN_CHROMIUM); none is downloaded.
 import { execSync } from 'node:child_process';
@@ -191,8 +192,15 @@ try {
   const withSites = Object.keys(statuses).find(pid => statuses[pid] === '200');
   if (withSites) {
     await page.click(`#proc-table tbody tr[data-pid="${withSites}"]`);
+    // ... and its flame graph, once d3-flame-graph has grown each rectangle to its width (its
+    // label box has that width at once).
     await page.waitForFunction(pid => document.getElementById('callsites').dataset.status === '200'
-      && document.querySelector(`#proc-table tr.selected[data-pid="${pid}"]`), withSites);
+      && document.querySelector(`#proc-table tr.selected[data-pid="${pid}"]`)
+      && document.getElementById('flame').dataset.status === 'drawn'
+      && [...document.querySelectorAll('#flame g.frame')].every(g => {
+        const w = Number(g.querySelector('rect')?.getAttribute('width'));
+        return w > 0 && Math.abs(w - Number(g.querySelector('foreignObject')?.getAttribute('width'))) < 0.01;
+      }), withSites);
   }
   noErrors('after the call-site panels');
   await page.screenshot({ path: join(args.artefacts, 'dashboard.png'), fullPage: true });

@@ -182,27 +182,41 @@ def snapshot_4101(t):
     dev.pop("driver_used_bytes")
     dev.pop("outside_cap_bytes")
 
-    def py(fn, file, line):
-        return {"python": True, "function": fn, "file": file, "line": line, "module": "", "offset": 0, "pc": 0}
+    def py(fn, file, line, cls="user"):
+        return {"python": True, "function": fn, "file": file, "line": line, "module": "", "offset": 0, "pc": 0,
+                "class": cls, "text": f"{fn} ({file}:{line})"}
 
-    def native(fn, module, offset):
+    def native(fn, module, offset, cls):
         return {"python": False, "function": fn, "file": "", "line": 0, "module": module, "offset": offset,
-                "pc": 0x7f3a10000000 + offset}
+                "pc": 0x7f3a10000000 + offset, "class": cls, "text": f"{fn} ({module.rsplit('/', 1)[-1]}+{offset:#x})"}
 
+    def site(i, live, count, frames, head, folded=""):
+        # As the daemon labels them (cuw/frames.hpp): the heads differ, so no frame is added to
+        # tell them apart; frames are native first, then Python, which is also their calling
+        # order here (no interpreter frame).
+        return {"id": i, "live_bytes": live, "live_allocations": count, "label": frames[head]["text"],
+                "label_head": frames[head]["text"], "label_folded": folded, "label_via": [], "head_frame": head,
+                "calling_order": list(range(len(frames))), "frames": frames}
+
+    torch = "/usr/lib/python3/dist-packages/torch"
     sites = [
-        {"id": 0, "live_bytes": 0, "live_allocations": 0, "frames": []},
-        {"id": 1, "live_bytes": 4 * GiB, "live_allocations": 16,
-         "frames": [py("forward", "/home/alice/model.py", 88), py("train_step", "/home/alice/train.py", 42),
-                    native("c10::cuda::CUDACachingAllocator::malloc", "/usr/lib/python3/dist-packages/torch/lib/libc10_cuda.so", 0x3a2f0)]},
-        {"id": 2, "live_bytes": 4 * GiB, "live_allocations": 8,
-         "frames": [py("step", "/usr/lib/python3/dist-packages/torch/optim/adam.py", 213), py("train_step", "/home/alice/train.py", 47)]},
-        {"id": 3, "live_bytes": 2 * GiB, "live_allocations": 16,
-         "frames": [py("<module>", "/home/alice/train.py", 12)]},
+        {"id": 0, "live_bytes": 0, "live_allocations": 0, "label": "(no call site)", "label_head": "(no call site)",
+         "label_folded": "", "label_via": [], "head_frame": -1, "calling_order": [], "frames": []},
+        site(1, 4 * GiB, 16, [native("c10::cuda::CUDACachingAllocator::malloc", torch + "/lib/libc10_cuda.so", 0x3a2f0,
+                                     "framework"),
+                              py("forward", "/home/alice/model.py", 88), py("train_step", "/home/alice/train.py", 42)],
+             1, "1 frame in libc10_cuda.so"),
+        site(2, 4 * GiB, 8, [py("step", torch + "/optim/adam.py", 213, "framework"),
+                             py("train_step", "/home/alice/train.py", 47)], 1, "1 frame in torch"),
+        site(3, 2 * GiB, 16, [py("<module>", "/home/alice/train.py", 12)], 0),
     ]
     return {"pid": 4101, "process_name": p["name"], "comm": p["name"], "cmdline": p["cmdline"], "user": p["user"],
             "job": "", "pool": p["pool"], "time_ns": int(t * 1e9), "exited": False, "exact": True, "events_dropped": 0,
             "callsite_frames": 16, "devices": [dict(dev, live_bytes=10 * GiB, live_allocations=40)],
-            "host": {"bytes": 0, "allocations": 0}, "allocations": [], "segments": [], "sites": sites, "trace": []}
+            "host": {"bytes": 0, "allocations": 0}, "allocations": [], "segments": [], "sites": sites,
+            "segments_note": "The process runs PyTorch's caching allocator: a call site here is where a segment it "
+                             "sub-allocates was made, not where the tensors now in it were "
+                             "(torch.cuda.memory._snapshot() shows its tensors).", "trace": []}
 
 
 def metrics(t):

@@ -174,6 +174,8 @@ def mode_api(args):
     web = tempfile.mkdtemp(prefix="cuwt-web-")
     with open(os.path.join(web, "index.html"), "w") as f:
         f.write("<!doctype html><title>cuwarden test page</title>\n")
+    with open(os.path.join(web, "flame.js"), "w") as f:  # a module of the page
+        f.write("export const x = 1;\n")
     e = Env(args, ["--http-snapshots", "--web-root", web])
     try:
         capped = e.workload("64M", job="slurm-4242")  # named as the Slurm plugin names jobs
@@ -250,6 +252,11 @@ def mode_api(args):
               "a snapshot over HTTP (--http-snapshots) names the call site holding the 16 MiB")
         status, _, body = e.get(f"/api/v1/processes/{pid}/snapshot?format=summary")
         check(status == 200 and b"Allocations" in body, "the summary format")
+        native = e.get_json(f"/api/v1/processes/{pid}/snapshot?format=json&top=5&by=native")
+        check([(s["id"], s["live_bytes"]) for s in native["sites"]] == [(s["id"], s["live_bytes"]) for s in snap["sites"]],
+              "by=native: one site per native stack (the same sites here)")
+        status, _, body = e.get(f"/api/v1/processes/{pid}/snapshot?format=json&by=stack")
+        check(status == 400 and json.loads(body)["error"] == "by must be user or native", "a bad by: 400 saying why")
 
         # The event stream: live, and resumed with Last-Event-ID.
         events, stop = [], threading.Event()
@@ -280,6 +287,9 @@ def mode_api(args):
         check(status == 200 and b"cuwarden test page" in body and headers["Content-Type"].startswith("text/html"),
               "/ serves the dashboard's index.html from --web-root")
         check(e.get("/nope.js")[0] == 404, "a missing file: 404")
+        status, headers, body = e.get("/flame.js")
+        check(status == 200 and headers["Content-Type"].startswith("text/javascript"),
+              "the page's modules are served as JavaScript (module scripts need it)")
         status, _, body = e.get("/api/v1/%97%ff")
         check(status == 404 and json.loads(body)["error"].startswith("no such path"),
               "a path that is not UTF-8: 404 with a JSON error")

@@ -171,6 +171,15 @@ def main():
         check(len(labels) == 3 and len(set(labels)) == 3, f"three distinct labels in the JSON ({labels})")
         check(all(f["class"] in ("user", "framework", "cuda", "interpreter", "libc", "cuwarden")
                   for s in doc["sites"] for f in s["frames"]), "every frame carries its class")
+        # Grouping: each of these sites has user frames of its own, so --by native (one site per
+        # native stack) lists the same sites as the default grouping by user frames.
+        native = json.loads(cli("snapshot", pid, "--format", "json", "--by", "native"))
+        check(sorted((s["id"], s["live_bytes"]) for s in native["sites"])
+              == sorted((s["id"], s["live_bytes"]) for s in doc["sites"]),
+              "--by native lists the same sites here (none shares its user frames)")
+        r = subprocess.run([args.cli, "snapshot", pid, "--by", "stack", "--socket", sock], env=env,
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode != 0 and "--by" in r.stderr, f"--by takes user or native ({r.stderr.strip()})")
         once = subprocess.run([args.cli, "top", "--once", "--pid", pid, "--socket", sock], env=env,
                               capture_output=True, text=True, timeout=60)
         for fn, line in (("load_weights", lw), ("load_weights", lw2), ("make_buffers", mb)):

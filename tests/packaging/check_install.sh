@@ -28,6 +28,8 @@ for f in bin/cuwarden bin/cuwardend lib/systemd/system/cuwardend.service lib/tmp
          share/man/man1/cuwarden.1 share/man/man1/cuwardend.1 \
          share/bash-completion/completions/cuwarden share/bash-completion/completions/cuwardend \
          share/cuwarden/web/index.html share/cuwarden/web/uPlot.iife.min.js share/cuwarden/web/LICENSE \
+         share/cuwarden/web/app.js share/cuwarden/web/flame.js share/cuwarden/web/d3.min.js \
+         share/cuwarden/web/d3-flamegraph.min.js share/cuwarden/web/d3.LICENSE share/cuwarden/web/d3-flame-graph.LICENSE \
          share/cuwarden/grafana/cuwarden.json share/cuwarden/prometheus/prometheus.yml \
          share/cuwarden/prometheus/cuwarden.rules.yml; do
   [[ -e $P/$f ]] || fail "not installed: $f"

@@ -26,6 +26,7 @@ for f in /usr/bin/cuwarden /usr/bin/cuwardend '/usr/lib/[^/]+/cuwarden/libcuward
          /usr/share/doc/cuwarden/examples/cuwarden.toml /usr/share/man/man1/cuwarden.1.gz /usr/share/man/man1/cuwardend.1.gz \
          /usr/share/bash-completion/completions/cuwarden /usr/lib/tmpfiles.d/cuwarden.conf '(/usr)?/lib/systemd/system/cuwardend.service' \
          /usr/share/cuwarden/web/index.html /usr/share/cuwarden/web/uPlot.iife.min.js \
+         /usr/share/cuwarden/web/d3.min.js /usr/share/cuwarden/web/d3-flamegraph.min.js /usr/share/cuwarden/web/flame.js \
          /usr/share/cuwarden/grafana/cuwarden.json /usr/share/cuwarden/prometheus/cuwarden.rules.yml; do
   grep -Eqx -- "$f" "$T/files" || fail "not in the package: $f"
 done

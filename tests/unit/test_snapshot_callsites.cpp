@@ -142,6 +142,20 @@ TEST_CASE("callsites: three sites through one helper chain are told apart by the
   CHECK(label[2] == "pool::level_12 (/src/pool.cpp:112) < make_buffers (/src/model.cpp:52) (+11)");
   CHECK(label[3] == "pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:44) (+11)");
   CHECK(j["sites"][0]["head_frame"] == 2);
+  // The label's parts, for the web page: the head, the frame that tells the site apart (its
+  // index in frames and the frames skipped before it), the frames in calling order.
+  for (const auto& site : j["sites"]) {
+    if (site["id"] != 1) continue;
+    CHECK(site["label_head"] == "pool::level_12 (/src/pool.cpp:112)");
+    REQUIRE(site["label_via"].size() == 1);
+    CHECK(site["label_via"][0]["text"] == "load_weights (/src/model.cpp:40)");
+    CHECK(site["label_via"][0]["skipped"] == 11);
+    const auto via = site["label_via"][0]["frame"].get<std::size_t>();
+    CHECK(site["frames"][via]["function"] == "load_weights");
+    REQUIRE(site["calling_order"].size() == site["frames"].size());
+    CHECK(site["calling_order"][0] == 0);  // native only: the frames' own order
+    CHECK(site["calling_order"][via] == via);
+  }
   CHECK(j["segments_note"] == "");  // no framework's allocator: nothing to say
   CHECK(t.find("caching allocator") == std::string::npos);
   CHECK(j["sites"][0]["frames"][16]["class"] == "libc");
@@ -205,4 +219,46 @@ TEST_CASE("callsites: folded stacks, root first, read back by a parser of the fo
   CHECK(text.find('\x1b') == std::string::npos);
   CHECK(text.find("evil,name?[31m") != std::string::npos);
   CHECK(snapshot_folded(Snapshot{}).empty());
+}
+
+TEST_CASE("callsites: sites whose user frames are equal are one, their bytes added") {
+  Snapshot s = chain_snapshot();
+  // Site 4: load_weights at line 40 again, through another path of cudart (another native
+  // stack, the same user frames): it goes into site 1. Site 5 and 6: no user frame, named by
+  // their operator; 7: another operator.
+  SnapSite again = chain_site(4, "load_weights", 40);
+  again.frames[1] = native("cudaMallocAsync", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000109000);
+  auto backward = [](uint32_t id, const std::string& op, uint64_t pc) {
+    SnapSite b;
+    b.id = id;
+    b.frames = {native("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000),
+                native("c10::cuda::CUDACachingAllocator::malloc", "", 0, "/opt/torch/lib/libc10_cuda.so", pc),
+                native("torch::autograd::generated::" + op + "::apply", "", 0, "/opt/torch/lib/libtorch_cpu.so", pc + 0x100)};
+    return b;
+  };
+  s.sites.push_back(again);
+  s.sites.push_back(backward(5, "MmBackward0", 0x7f0000500000));
+  s.sites.push_back(backward(6, "MmBackward0", 0x7f0000600000));
+  s.sites.push_back(backward(7, "AddmmBackward0", 0x7f0000700000));
+  for (uint32_t id : {4u, 5u, 6u, 7u}) {
+    SnapAlloc a;
+    a.address = 0x20000000 + id * 0x1000000;
+    a.bytes = id * kMiB;
+    a.device = 0;
+    a.site = id;
+    a.time_ns = T;
+    s.allocations.push_back(a);
+  }
+  Snapshot native_view = s;  // --by native: as captured
+  const auto to = merge_sites_by_user_frames(s);
+  CHECK(to == std::map<uint32_t, uint32_t>{{4, 1}, {6, 5}});
+  std::map<uint32_t, uint64_t> bytes;
+  const auto j = snapshot_json(s);
+  for (const auto& site : j["sites"]) bytes[site["id"].get<uint32_t>()] = site["live_bytes"].get<uint64_t>();
+  CHECK(bytes == std::map<uint32_t, uint64_t>{{1, 68 * kMiB}, {2, 32 * kMiB}, {3, 16 * kMiB}, {5, 11 * kMiB}, {7, 7 * kMiB}});
+  // The same renaming applies to a sample of the process (the leak and since views).
+  remap_sites(native_view, to);
+  CHECK(native_view.sites.size() == s.sites.size());
+  CHECK(native_view.allocations.back().site == 7);
+  CHECK(native_view.allocations[native_view.allocations.size() - 2].site == 5);
 }

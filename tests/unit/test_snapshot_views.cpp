@@ -583,6 +583,12 @@ TEST_CASE("json: every part of the snapshot under its documented key") {
   CHECK(j["sites"][0]["label"] == "forward (/home/alice/train.py:42)");
   CHECK(j["sites"][0]["label_folded"] == "3 frames in libc10_cuda.so, libcudart.so.12, libcuwarden.so");
   CHECK(j["sites"][0]["head_frame"] == 3);
+  CHECK(j["sites"][0]["label_head"] == "forward (/home/alice/train.py:42)");
+  CHECK(j["sites"][0]["frames"][3]["text"] == "forward (/home/alice/train.py:42)");
+  CHECK(j["sites"][0]["frames"][1]["text"].get<std::string>().rfind("cudaMalloc (libcudart.so.12+0x", 0) == 0);
+  CHECK(j["sites"][0]["label_via"].empty());
+  // Calling order: the native frames up to the interpreter's, then the Python ones.
+  CHECK(j["sites"][0]["calling_order"][3] == 3);
   CHECK(j["segments_note"].get<std::string>().find("PyTorch's caching allocator") != std::string::npos);
   CHECK(j["trace"][7]["kind"] == "limit_change");
   CHECK(j["trace"][7]["aux"] == cuw::ring::kNoLimit);

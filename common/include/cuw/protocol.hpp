@@ -151,6 +151,9 @@ inline constexpr RequestKey kGetSnapshotKeys[] = {
     {"leak_warmup", "uint|null", false, "\"leak_warmup\" must be a number of seconds"},
     // 1: text views list every frame of a call site (with its class), not only its printed form
     {"full", "uint|null", false, "\"full\" must be 0 or 1"},
+    // "user" (default): call sites whose user frames are equal are one, their bytes added;
+    // "native": one per native stack, as captured
+    {"by", "string|null", false, "\"by\" must be user or native"},
 };
 inline constexpr RequestKey kGetOomsKeys[] = {
     // only this process's reports

@@ -13,6 +13,7 @@ constexpr HttpParamError kHttpParamErrors[] = {
     {"format", "format must be json, text, pytorch, perfetto, summary or folded"},
     {"range", "range must be hour or day"},
     {"top", "top must be a number from 1 to 100000"},
+    {"by", "by must be user or native"},
     {"pid", "pid must be a process id"},
 };
 

@@ -28,6 +28,10 @@ struct SnapshotArgs {
   bool full = false;                  ///< text: every frame of a call site, not its printed form
   std::optional<uint64_t> leak_warmup_s;  ///< leaks: samples this long after the first allocation left out
   std::optional<uint64_t> since_s;    ///< what changed since the sample this many seconds back instead
+  /// How call sites are grouped: "user" (absent: the same) merges those whose user frames
+  /// are equal (views/snapshot_views.hpp merge_sites_by_user_frames), "native" keeps one per
+  /// native stack, as captured; anything else is refused.
+  std::optional<std::string> by;
 };
 
 /// The snapshot of process `args.pid` (or of one of its out-of-memory reports), its frames

@@ -139,13 +139,17 @@ Answer http_view(const Backend& b, const TakenSnapshot& taken, uint64_t pid, con
 }
 
 /// The call sites that only grew over the process's samples and `taken`, in `format`.
-Answer leaks_view(const Backend& b, const State& st, const TakenSnapshot& taken, uint64_t pid, const std::string& format,
+Answer leaks_view(const Backend& b, const State& st, const TakenSnapshot& taken,
+                  const std::map<uint32_t, uint32_t>& merged, uint64_t pid, const std::string& format,
                   const SnapshotArgs& args, Via via) {
   if (format != "text" && format != "json") return failure(400, "bad request: --leaks takes the text or json format");
   std::vector<Snapshot> window;
   for (const ProcessState& ps : st.processes)
     if (ps.pid == pid && ps.start_time == taken.start_time && ps.samples)  // not a pid's earlier owner
-      for (const auto& sample : *ps.samples) window.push_back(*sample);
+      for (const auto& sample : *ps.samples) {
+        window.push_back(*sample);
+        remap_sites(window.back(), merged);
+      }
   window.push_back(taken.snap);
   const TextOptions opts = text_options(b, args);
   LeakOptions leak;
@@ -161,7 +165,8 @@ Answer leaks_view(const Backend& b, const State& st, const TakenSnapshot& taken,
 
 /// The call sites whose live bytes changed between the process's sample of `args.since_s`
 /// seconds ago (the newest at or before then, else the oldest kept) and `taken`.
-Answer since_view(const Backend& b, const State& st, const TakenSnapshot& taken, uint64_t pid, const std::string& format,
+Answer since_view(const Backend& b, const State& st, const TakenSnapshot& taken,
+                  const std::map<uint32_t, uint32_t>& merged, uint64_t pid, const std::string& format,
                   const SnapshotArgs& args, Via via) {
   if (format != "text" && format != "json") return failure(400, "bad request: --since takes the text or json format");
   std::shared_ptr<const Snapshot> then;
@@ -177,13 +182,15 @@ Answer since_view(const Backend& b, const State& st, const TakenSnapshot& taken,
         then = ps.samples->front();
   if (!then) return failure(404, "no sample of pid " + std::to_string(pid) + " yet (the daemon samples each process's live "
                                  "memory every --leak-sample seconds)");
+  Snapshot was = *then;
+  remap_sites(was, merged);
   const TextOptions opts = text_options(b, args);
   ojson j;
   j["pid"] = pid;
   j["format"] = format;
   j["exact"] = taken.snap.exact;
   j["encoding"] = "utf-8";
-  j["body"] = format == "json" ? since_json(*then, taken.snap, opts.rules).dump(1) : since_text(*then, taken.snap, opts);
+  j["body"] = format == "json" ? since_json(was, taken.snap, opts.rules).dump(1) : since_text(was, taken.snap, opts);
   return json_answer(j, via);
 }
 
@@ -194,6 +201,7 @@ Answer get_snapshot(const Backend& b, const Peer* who, const SnapshotArgs& args,
   if (!proto::is_snapshot_format(format)) return bad_value(via, proto::Command::get_snapshot, "format");
   if (via == Via::http && args.top && (*args.top == 0 || *args.top > kMaxHttpTop))
     return bad_value(via, proto::Command::get_snapshot, "top");
+  if (args.by && *args.by != "user" && *args.by != "native") return bad_value(via, proto::Command::get_snapshot, "by");
   const auto st = b.store->load();
   const uint64_t pid = args.pid;
   TakenSnapshot taken;
@@ -216,8 +224,12 @@ Answer get_snapshot(const Backend& b, const Peer* who, const SnapshotArgs& args,
         p->header, p->history.get());
   }
   if (b.symbolize) symbolize(taken, *b.symbolize);
-  if (args.since_s) return since_view(b, *st, taken, pid, format, args, via);
-  if (args.leaks) return leaks_view(b, *st, taken, pid, format, args, via);
+  // Grouped by what the user sees, once the frames are named; the samples the leak and
+  // since views compare with are renamed the same way.
+  std::map<uint32_t, uint32_t> merged;
+  if (!args.by || *args.by == "user") merged = merge_sites_by_user_frames(taken.snap, rules_of(b));
+  if (args.since_s) return since_view(b, *st, taken, merged, pid, format, args, via);
+  if (args.leaks) return leaks_view(b, *st, taken, merged, pid, format, args, via);
   return via == Via::socket ? socket_view(b, taken, pid, format, args) : http_view(b, taken, pid, format, args);
 }
 
@@ -230,7 +242,17 @@ Answer get_ooms(const Backend& b, const Peer& peer, std::optional<uint32_t> pid)
   for (const auto& r : reps) {
     TakenSnapshot named = r->snapshot;
     if (b.symbolize) symbolize(named, *b.symbolize);
-    rows.push_back(oom_json(*r, named.snap, index[r->pid]++, 3, rules_of(b)));
+    const auto merged = merge_sites_by_user_frames(named.snap, rules_of(b));
+    // The report's own copy of the refusal names its site too: renamed as the merge did.
+    OomReport head;
+    head.pid = r->pid;
+    head.uid = r->uid;
+    head.start_time = r->start_time;
+    head.process_name = r->process_name;
+    head.user = r->user;
+    head.event = r->event;
+    if (auto it = merged.find(head.event.e.site); it != merged.end()) head.event.e.site = it->second;
+    rows.push_back(oom_json(head, named.snap, index[r->pid]++, 3, rules_of(b)));
   }
   for (auto it = rows.rbegin(); it != rows.rend(); ++it) list.push_back(std::move(*it));  // oldest first
   ojson j;

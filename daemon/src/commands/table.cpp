@@ -44,6 +44,7 @@ Answer socket_snapshot(const Backend& b, const Peer& peer, const json& req) {
   if (has(req, "leak_warmup")) a.leak_warmup_s = req["leak_warmup"].get<uint64_t>();
   a.full = req.contains("full") && req["full"].is_number() && req["full"].get<uint64_t>() != 0;
   if (has(req, "since")) a.since_s = req["since"].get<uint64_t>();
+  if (req.contains("by") && req["by"].is_string()) a.by = req["by"].get<std::string>();
   return get_snapshot(b, &peer, a, Via::socket);
 }
 
@@ -80,6 +81,7 @@ Answer http_snapshot(const Backend& b, const RouteRequest& r) {
   // Not a number: 0, which the handler refuses in the same words as one out of range.
   if (const auto top = param(r, "top")) a.top = parse_u64(*top).value_or(0);
   a.full = param(r, "full").value_or("0") == "1";
+  a.by = param(r, "by");
   return get_snapshot(b, nullptr, a, Via::http);
 }
 

@@ -153,7 +153,8 @@ nlohmann::ordered_json frame_json(const SnapFrame& f, const frames::Rules& rules
   return {{"python", f.python},      {"function", pickle::valid_utf8(f.function)},
           {"file", pickle::valid_utf8(f.file)}, {"line", f.line},
           {"module", pickle::valid_utf8(f.module)}, {"offset", f.offset},
-          {"pc", f.pc}, {"class", frames::class_name(frame_class(f, rules))}};
+          {"pc", f.pc}, {"class", frames::class_name(frame_class(f, rules))},
+          {"text", pickle::valid_utf8(frame_text(f))}};
 }
 
 const frames::Rules& rules_or_builtin(const frames::Rules* r) { return r ? *r : frames::Rules::builtin(); }

@@ -77,12 +77,26 @@ json snapshot_json(const Snapshot& s, const frames::Rules* rules_in) {
     auto t = totals.find(st->id);
     auto l = labels.find(st->id);
     const bool labelled = l != labels.end();
+    // The label's parts, so that a page prints (and a flame graph folds) as the text does
+    // without redoing the presenter: the head, the frames that tell the site apart, the
+    // frames in calling order.
+    json via = json::array(), order = json::array();
+    if (labelled)
+      for (const frames::Via& v : l->second.via)
+        via.push_back({{"frame", v.frame}, {"skipped", v.skipped}, {"text", pickle::valid_utf8(v.text)}});
+    std::vector<frames::Frame> presented;
+    presented.reserve(st->frames.size());
+    for (const SnapFrame& f : st->frames) presented.push_back(present(f, rules));
+    for (std::size_t i : frames::calling_order(presented)) order.push_back(i);
     sites.push_back({{"id", st->id},
                      {"live_bytes", t != totals.end() ? t->second.bytes : 0},
                      {"live_allocations", t != totals.end() ? t->second.count : 0},
                      {"label", labelled ? pickle::valid_utf8(l->second.one_line()) : std::string("(no call site)")},
+                     {"label_head", labelled ? pickle::valid_utf8(l->second.head) : std::string("(no call site)")},
                      {"label_folded", labelled ? pickle::valid_utf8(l->second.folded_text) : std::string()},
+                     {"label_via", std::move(via)},
                      {"head_frame", labelled ? l->second.head_frame : -1},
+                     {"calling_order", std::move(order)},
                      {"frames", std::move(frames)}});
   }
   json trace = json::array();

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -53,12 +54,16 @@ std::string snapshot_text(const Snapshot& s, const TextOptions& opts = {});
 ///   allocations: [{address, bytes, device, stream, time_ns, age_ns, site, api, kind}]
 ///     by address; kind "device" | "pooled" | "handle" | "array" | "host"; api by name
 ///   segments: [{address, bytes, device}]   driver memory a pool holds, by address
-///   sites: [{id, live_bytes, live_allocations, label, label_folded, head_frame,
-///     frames: [{python, function, file, line, module, offset, pc, class}]}]   by id; frames
-///     innermost first (native, then Python); label: the printed form on one line
-///     (cuw/frames.hpp Label::one_line), label_folded: "8 frames in ..." ("" when none),
-///     head_frame: the index in frames of the label's head (-1: none); class: "user" |
-///     "framework" | "cuda" | "interpreter" | "libc" | "cuwarden"
+///   sites: [{id, live_bytes, live_allocations, label, label_head, label_folded, label_via,
+///     head_frame, calling_order, frames: [{python, function, file, line, module, offset, pc,
+///     class, text}]}]   by id; frames innermost first (native, then Python), text: as the
+///     text report prints the frame; label: the printed
+///     form on one line (cuw/frames.hpp Label::one_line), label_head: its head,
+///     label_folded: "8 frames in ..." ("" when none), label_via: [{frame, skipped, text}]
+///     the frames that tell it apart (Label::via: index in frames, frames skipped before it),
+///     head_frame: the index in frames of the label's head (-1: none), calling_order: the
+///     indices of frames in calling order, innermost first (frames::calling_order); class:
+///     "user" | "framework" | "cuda" | "interpreter" | "libc" | "cuwarden"
 ///   segments_note: where a framework's caching allocator runs, that its sites are where its
 ///     segments were made, not the tensors in them, and what shows tensors; "" otherwise
 ///   trace: [{time_ns, kind, api, device, address, bytes, used_after, stream, aux, site, result}]
@@ -94,6 +99,20 @@ std::string snapshot_pytorch(const Snapshot& s);
 /// time, instant events (process scope) for refusals and cap changes, process and thread
 /// names; ts in microseconds since the Unix epoch; displayTimeUnit "ms".
 std::string snapshot_perfetto(const Snapshot& s);
+
+/// Call sites grouped by what the user sees: sites whose user frames (cuw/frames.hpp's class
+/// user, by their printed text, in calling order) are equal become one, the one with the
+/// smallest id, which their allocations and events then name (so every view adds their
+/// counts and bytes). A site without user frames is grouped by the name the presenter gives it
+/// (an operator's, "(backward) MmBackward0"); one without frames with none. Call it once the
+/// frames are named. Returns each merged id and the id it went into; `snapshot --by native`
+/// keeps the sites apart by skipping this.
+std::map<uint32_t, uint32_t> merge_sites_by_user_frames(Snapshot& s, const frames::Rules* rules = nullptr);
+
+/// Renames sites as merge_sites_by_user_frames returned (`to`: id -> id it went into) in
+/// another snapshot of the same process (a sample, whose frames may not be named): its
+/// allocations and events name the new ids, the merged sites are dropped.
+void remap_sites(Snapshot& s, const std::map<uint32_t, uint32_t>& to);
 
 /// Live device memory as folded stacks, the input of flamegraph.pl, inferno and speedscope: one
 /// line per call site, `frame;frame;...;frame BYTES`, the outermost frame first (calling
