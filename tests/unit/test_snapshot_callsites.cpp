@@ -262,3 +262,28 @@ TEST_CASE("callsites: sites whose user frames are equal are one, their bytes add
   CHECK(native_view.allocations.back().site == 7);
   CHECK(native_view.allocations[native_view.allocations.size() - 2].site == 5);
 }
+
+TEST_CASE("callsites: no segments note where PyTorch allocates each tensor itself") {
+  Snapshot s = chain_snapshot();
+  SnapSite torch;
+  torch.id = 9;
+  torch.frames = {native("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000),
+                  native("c10::cuda::CUDACachingAllocator::malloc", "", 0, "/opt/torch/lib/libc10_cuda.so", 0x7f0000500000)};
+  s.sites.push_back(torch);
+  auto alloc = [&](uint64_t address, uint64_t bytes) {
+    SnapAlloc a;
+    a.address = address;
+    a.bytes = bytes;
+    a.device = 0;
+    a.site = 9;
+    a.time_ns = T;
+    s.allocations.push_back(a);
+  };
+  // Its caching allocator's segments: 2 MiB and 20 MiB, the sizes it asks the driver for.
+  alloc(0x40000000, 2 * kMiB);
+  alloc(0x41000000, 20 * kMiB);
+  CHECK(snapshot_json(s)["segments_note"].get<std::string>().find("PyTorch's caching allocator") != std::string::npos);
+  // PYTORCH_NO_CUDA_MEMORY_CACHING=1: a tensor of 512 bytes straight from the driver.
+  alloc(0x42000000, 512);
+  CHECK(snapshot_json(s)["segments_note"] == "");
+}

@@ -196,16 +196,35 @@ std::string segments_note(const Snapshot& s) {
       {"cupy::cuda::memory", "CuPy's"},
       {"cupy/cuda/memory", "CuPy's"},
   };
-  for (const SnapSite& site : s.sites)
+  const auto through = [](const SnapSite& site, std::string_view needle) {
     for (const SnapFrame& f : site.frames)
-      for (const auto& [needle, who] : kPools)
-        if (f.function.find(needle) != std::string::npos || f.file.find(needle) != std::string::npos ||
-            f.module.find(needle) != std::string::npos)
-          return "The process runs " + std::string(who.substr(0, who.find(' '))) +
-                 " caching allocator: a call site here is where a segment it sub-allocates was made, not where the "
-                 "tensors now in it were" +
-                 (who.find('(') != std::string_view::npos ? " " + std::string(who.substr(who.find('('))) : std::string()) +
-                 ".";
+      if (f.function.find(needle) != std::string::npos || f.file.find(needle) != std::string::npos ||
+          f.module.find(needle) != std::string::npos)
+        return true;
+    return false;
+  };
+  // PyTorch's caching allocator asks the driver for whole segments, each a multiple of 2 MiB
+  // (its small pool's 2 MiB, its large pool's 20 MiB, a larger request rounded up to 2 MiB).
+  // Without it (PYTORCH_NO_CUDA_MEMORY_CACHING=1) the same functions allocate each tensor,
+  // of any size: then a site is where the tensor was made, and there is nothing to say.
+  const auto pytorch_uncached = [&] {
+    std::set<uint32_t> sites;
+    for (const SnapSite& site : s.sites)
+      if (through(site, kPools[0][0])) sites.insert(site.id);
+    for (const SnapAlloc& a : s.allocations)
+      if (sites.count(a.site) && a.bytes % (2u << 20) != 0) return true;
+    return false;
+  };
+  for (const SnapSite& site : s.sites)
+    for (const auto& [needle, who] : kPools)
+      if (through(site, needle)) {
+        if (needle == kPools[0][0] && pytorch_uncached()) return {};
+        return "The process runs " + std::string(who.substr(0, who.find(' '))) +
+               " caching allocator: a call site here is where a segment it sub-allocates was made, not where the "
+               "tensors now in it were" +
+               (who.find('(') != std::string_view::npos ? " " + std::string(who.substr(who.find('('))) : std::string()) +
+               ".";
+      }
   return {};
 }
 
