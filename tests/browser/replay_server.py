@@ -38,9 +38,10 @@ Recording format, version 1: a directory with
   events.txt          GET /api/v1/events as received: one line per line of the stream,
                       receive time <TAB> the line without its newline (blank lines, which end
                       an SSE message, have nothing after the tab); a message's time is that of
-                      its first line
+                      its first line; or events.txt.xz, the same compressed (xz) where a
+                      training's allocations make it long
   metrics.txt         GET /metrics at the end (optional)
-  snapshot-PID.json   GET /api/v1/processes/PID/snapshot?format=json&top=10 (optional, any
+  snapshot-PID.json   GET /api/v1/processes/PID/snapshot?format=json&top=N (optional, any
   snapshot-PID.status number of pids): the body, and the HTTP status as a decimal line
 
 tests/gpu/dashboard_record.sh writes one from a running daemon; tests/browser/recording-sample/
@@ -50,6 +51,7 @@ import argparse
 import bisect
 import copy
 import json
+import lzma
 import pathlib
 import re
 import sys
@@ -143,9 +145,15 @@ class Recording:
     @staticmethod
     def _read_events(path):
         messages, lines, first = [], [], None
-        if not path.exists():
+        xz = path.with_name(path.name + ".xz")  # a long recording's stream, compressed
+        if path.exists():
+            text = path.read_text(encoding="utf-8", errors="replace")
+        elif xz.exists():
+            with lzma.open(xz, "rt", encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        else:
             return messages
-        for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for raw in text.splitlines():
             t, sep, line = raw.partition("\t")
             if not sep:
                 continue

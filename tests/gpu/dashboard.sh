@@ -33,6 +33,8 @@ note() { echo "$*" | tee -a "$RES"; }
 
 note "date: $(date -u +%FT%TZ)"
 note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+[[ -n ${PYTORCH_NO_CUDA_MEMORY_CACHING:-} ]] &&
+  note "PYTORCH_NO_CUDA_MEMORY_CACHING=$PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor is a driver allocation cuwarden sees"
 note "torch: $(python3 -c 'import torch,sys; print(torch.__version__, "cuda", torch.version.cuda, "python", sys.version.split()[0])')"
 if ldd "$DAEMON" | grep -q 'not found' && [[ -d $BUILD/lib/fallback ]]; then
   export LD_LIBRARY_PATH=$BUILD/lib/fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -10,7 +10,8 @@
 # with --http-snapshots to record a snapshot too. Records into OUT_DIR (new or empty):
 #   - GET /api/v1/state once a second (states/NNNNNN.json, states.tsv: receive time, file, status);
 #   - GET /api/v1/events for the whole time (curl -N), each line with its receive time (events.txt);
-#   - every 10 s, the snapshot (format=json, top=10) of the running process that uses the most
+#   - every 10 s, the snapshot (format=json, top=SNAPSHOT_TOP, default 200: the page's own) of the
+#     running process that uses the most
 #     (snapshot-PID.json and .status; a 403, the daemon's answer without --http-snapshots, is
 #     recorded once and not asked again);
 #   - at the end, /api/v1/history?range=hour and range=day, and /metrics; meta.json.
@@ -94,7 +95,7 @@ SNAP_FORBIDDEN=0
 snapshot() {
   local pid=$1 code
   code=$(curl -sS -m 60 -o "$OUT/snapshot.tmp" -w '%{http_code}' \
-    "$BASE/api/v1/processes/$pid/snapshot?format=json&top=10" 2>>"$LOG") || code=000
+    "$BASE/api/v1/processes/$pid/snapshot?format=json&top=${SNAPSHOT_TOP:-200}" 2>>"$LOG") || code=000
   case $code in
     200) mv "$OUT/snapshot.tmp" "$OUT/snapshot-$pid.json"; echo 200 >"$OUT/snapshot-$pid.status" ;;
     403) mv "$OUT/snapshot.tmp" "$OUT/snapshot-$pid.json"; echo 403 >"$OUT/snapshot-$pid.status"; SNAP_FORBIDDEN=1
