@@ -32,6 +32,9 @@ done
 [[ -s $T/port ]] || { cat "$T/server.log"; echo "FAIL: replay_server.py did not listen within 30 s"; exit 1; }
 # The sample's stream advances by itself: no trigger; it holds a live refusal (--expect-ooms).
 rc=0
-node "$HERE/dashboard_test.mjs" --url "http://127.0.0.1:$(cat "$T/port")/" --artefacts "$ART" --expect-ooms || rc=$?
+# REPLAY_TIMEOUT: seconds each step may wait (default 12); a recording whose refusal comes
+# later than 12 s after its first allocation needs more.
+node "$HERE/dashboard_test.mjs" --url "http://127.0.0.1:$(cat "$T/port")/" --artefacts "$ART" --expect-ooms \
+  --timeout "${REPLAY_TIMEOUT:-12}" || rc=$?
 [[ $rc == 0 ]] || cat "$T/server.log"
 exit $rc
