@@ -202,15 +202,22 @@ TEST_CASE("policy: enforce is report unless a section says kill and the user's o
 }
 
 TEST_CASE("policy: a character the TOML parser mishandles is refused with its place") {
-  // toml++ 3.3.0 reaches __builtin_unreachable on U+00A1..U+0499 and U+FB56..U+FEFE where it
-  // records a key or value (the fuzzer's input: a table header; a user name with an accent).
+  // toml++ 3.3.0 reaches __builtin_unreachable on U+00A1..U+0499, U+2C5E..U+2FFF,
+  // U+3001..U+3057 and U+FB26..U+FEFE where it asks whether a character is whitespace (the
+  // fuzzer's inputs: a table header; U+FB3B opening the file; a user name with an accent).
   CHECK_THAT(errors_of("[defFFF\xc4\xb9" "FF]\nlimit = \"1G\"\n"),
              Catch::StartsWith("p.toml:1:8: character U+0139 is not accepted"));
   CHECK_THAT(errors_of("[default]\nlimit = \"1G\"\n[user.jos\xc3\xa9]\nlimit = \"2G\"\n"),
              Catch::StartsWith("p.toml:3:10: character U+00E9"));
   CHECK_THAT(errors_of("# caf\xc3\xa9\n[default]\nlimit = \"1G\"\n"), Catch::StartsWith("p.toml:1:6: character U+00E9"));
   CHECK_THAT(errors_of("[default]\nlimit = 1\xef\xbb\xbd\n"), Catch::StartsWith("p.toml:2:10: character U+FEFD"));
-  // Outside those ranges, and as an escape in a quoted key, it parses.
+  CHECK_THAT(errors_of("\xef\xac\xbb"), Catch::StartsWith("p.toml:1:1: character U+FB3B"));
+  for (const char* edge : {"\xe2\xb1\x9e", "\xe2\xbf\xbf", "\xe3\x80\x81", "\xe3\x81\x97", "\xef\xac\xa6"})
+    CHECK_THAT(errors_of(std::string("# ") + edge + "\n[default]\nlimit = \"1G\"\n"), Catch::Contains("is not accepted"));
+  // Outside those ranges (U+3000, U+3058, U+FB25, U+FEFF are whitespace or ruled out before
+  // the switch), and as an escape in a quoted key, it parses.
+  for (const char* fine : {"\xe3\x80\x80", "\xe3\x81\x98", "\xef\xac\xa5", "\xe2\xb1\x9d"})
+    CHECK(errors_of(std::string("# x") + fine + "\n[default]\nlimit = \"1G\"\n").empty());
   CHECK(errors_of("# \xe6\x97\xa5\xe6\x9c\xac\n[default]\nlimit = \"1G\"\n").empty());
   CHECK(errors_of("[default]\nlimit = \"1G\"\n[user.\"jos\\u00E9\"]\nlimit = \"2G\"\n").empty());
 }

@@ -5,7 +5,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <toml++/toml.h>
+
+#include "base/toml_guard.hpp"
 
 namespace cuw::daemon {
 
@@ -16,9 +20,23 @@ bool load_frame_rules(const std::string& path, bool must_exist, frames::Rules* r
     *error = path + ": " + std::strerror(errno);
     return false;
   }
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream text;
+  if (!f || !(text << f.rdbuf())) {
+    *error = path + ": cannot read it";
+    return false;
+  }
+  if (text.str().size() > (1u << 20)) {
+    *error = path + ": larger than 1 MiB; refused";
+    return false;
+  }
+  if (std::string bad = toml_unsafe_message(text.str(), path, "frames file"); !bad.empty()) {
+    *error = std::move(bad);
+    return false;
+  }
   toml::table doc;
   try {
-    doc = toml::parse_file(path);
+    doc = toml::parse(text.str(), path);
   } catch (const toml::parse_error& e) {
     *error = path + ": line " + std::to_string(e.source().begin.line) + ": " + std::string(e.description());
     return false;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "base/toml_guard.hpp"
 #include "cuw/ring.hpp"
 
 namespace cuw::daemon {
@@ -149,40 +150,6 @@ std::string where(const std::string& source, const toml::source_region& r) {
   return fmt::format("{}:{}:{}", source, r.begin.line, r.begin.column);
 }
 
-/// The first character of `text` on which Debian's toml++ 3.3.0 reaches __builtin_unreachable
-/// (undefined behaviour, not an error) when its parser meets it where it records a key or a
-/// value: is_non_ascii_horizontal_whitespace() has no case for U+00A1..U+0499 and
-/// U+FB56..U+FEFE (upstream marzer/tomlplusplus issues 190 and 295, fixed after 3.3.0). Such
-/// characters are refused anywhere in the file (Latin-1 letters, Greek and Cyrillic among
-/// them: in a comment too), before toml++ sees it. Sets *line and *column (1-based, column in
-/// bytes) and returns the code point, or 0 when there is none. Bytes that are not UTF-8 are
-/// left to toml++, which refuses them.
-char32_t toml_unsafe_char(std::string_view text, std::size_t* line, std::size_t* column) {
-  std::size_t ln = 1, line_start = 0;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    if (b == '\n') {
-      ++ln;
-      line_start = i + 1;
-      continue;
-    }
-    if (b < 0xc0) continue;
-    auto cont = [&](std::size_t k) { return k < text.size() && (static_cast<unsigned char>(text[k]) & 0xc0) == 0x80; };
-    char32_t cp = 0;
-    if (b < 0xe0 && cont(i + 1))
-      cp = char32_t(b & 0x1f) << 6 | (static_cast<unsigned char>(text[i + 1]) & 0x3f);
-    else if (b >= 0xe0 && b < 0xf0 && cont(i + 1) && cont(i + 2))
-      cp = char32_t(b & 0x0f) << 12 | char32_t(static_cast<unsigned char>(text[i + 1]) & 0x3f) << 6 |
-           (static_cast<unsigned char>(text[i + 2]) & 0x3f);
-    if ((cp >= 0xa1 && cp <= 0x499) || (cp >= 0xfb56 && cp <= 0xfefe)) {
-      *line = ln;
-      *column = i - line_start + 1;
-      return cp;
-    }
-  }
-  return 0;
-}
-
 struct Parser {
   const std::string& source;
   std::vector<std::string>* errors;
@@ -309,12 +276,8 @@ struct Parser {
 std::optional<Policy> parse_policy(std::string_view text, const std::string& source, std::vector<std::string>* errors,
                                    std::vector<std::string>* warnings) {
   const std::size_t errors_before = errors->size();
-  std::size_t line = 0, column = 0;
-  if (const char32_t c = toml_unsafe_char(text, &line, &column)) {
-    errors->push_back(fmt::format("{}:{}:{}: character U+{:04X} is not accepted in a policy file (the TOML parser "
-                                  "this build uses mishandles U+00A1..U+0499 and U+FB56..U+FEFE; write it as an "
-                                  "escape such as \\u{:04X} inside a quoted string, or leave it out)",
-                                  source, line, column, static_cast<uint32_t>(c), static_cast<uint32_t>(c)));
+  if (std::string bad = toml_unsafe_message(text, source, "policy file"); !bad.empty()) {
+    errors->push_back(std::move(bad));
     return std::nullopt;
   }
   toml::table doc;
