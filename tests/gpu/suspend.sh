@@ -32,6 +32,7 @@ LIB=$BUILD/lib/libcuwarden.so
 [[ -f $LIB ]] || LIB=$BUILD/libcuwarden.so
 BIN=$BUILD/bin
 [[ -x $BIN/cuwardend ]] || BIN=$BUILD
+[[ -x $BIN/cuwardend && -x $BIN/cuwarden && -f $LIB ]] || { echo "no cuwardend, cuwarden and libcuwarden.so in $BUILD"; exit 2; }
 mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
 

@@ -56,7 +56,8 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
       t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
       [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; }, nullptr,
       core::ForgetArray{&t});
-  // Made to be exported as a shareable handle: the driver's checkpoint cannot carry it.
+  // Made to be exportable as a shareable handle: whether it was exported, and so whether the
+  // checkpoint can carry it, is not seen here (cuMemExportToShareableHandle is not hooked).
   if (r == CUDA_SUCCESS && prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE)
     core::count_uncarried(t, prop->location.id, &ring::DeviceSlot::shared_handles);
   return r;
