@@ -37,6 +37,10 @@ if [ "$_cuw_sim" = 1 ]; then
       *) export LD_LIBRARY_PATH="$_cuw_build/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
     esac
     export CUWARDEN_FAKE_DEVICES=${CUWARDEN_FAKE_DEVICES:-1} CUWARDEN_FAKE_MEMORY=${CUWARDEN_FAKE_MEMORY:-16G}
+    # One simulated GPU for every process of this user, as a real one is shared: its used
+    # memory (the simulated NVML) and `cuwarden suspend` work across processes.
+    export CUWARDEN_FAKE_DIR=${CUWARDEN_FAKE_DIR:-${TMPDIR:-/tmp}/cuwarden-sim-$(id -u)}
+    mkdir -p -m 0700 "$CUWARDEN_FAKE_DIR"
     echo "cuwarden: $_cuw_build/bin on PATH; CUDA programs in this shell use the simulated driver (${CUWARDEN_FAKE_DEVICES} GPU, ${CUWARDEN_FAKE_MEMORY})"
   fi
 else

@@ -244,6 +244,8 @@ int main(int argc, char** argv) {
   resume->add_option("target", uo.target, "PID, job:NAME or job:USER/NAME")->required();
   resume->add_flag("--json", uo.json, "print the daemon's reply as JSON");
   resume->add_option("--socket", socket, "daemon socket");
+  int resume_gpu = -1;
+  resume->add_option("--gpu", resume_gpu, "restore onto GPU N (not built yet: refused with exit status 2)");
   resume->footer("Refused (exit status 3) while its GPUs lack the free memory it needs back, with the figures.");
 
   // `run [options] -- CMD ...` (and `fit`): CLI11 sees only what precedes "--"; the rest is the command
@@ -327,6 +329,11 @@ int main(int argc, char** argv) {
     return cmd_suspend(sus);
   }
   if (*resume) {
+    if (resume->count("--gpu")) {
+      std::fprintf(stderr, "cuwarden resume: --gpu is not built yet; the process resumes on the GPUs it was "
+                           "suspended from (leave --gpu out)\n");
+      return 2;
+    }
     uo.socket = socket;
     return cmd_suspend(uo);
   }

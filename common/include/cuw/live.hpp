@@ -89,16 +89,30 @@ constexpr uint32_t tag_site(uint64_t tag) noexcept { return static_cast<uint32_t
 constexpr uint64_t make_tag(uint64_t time_ns, uint32_t site) noexcept {
   return (time_ns >> kTagShift & 0xffffffffULL) | uint64_t{site} << 32;
 }
+/// How long before the segment's creation time a tag may have been taken, in tag units
+/// (about 4.3 s): allocations read a coarse clock, which runs a few ms behind the precise one
+/// the creation time comes from, so the process's first allocations can predate it.
+inline constexpr uint64_t kTagSlack = uint64_t{1} << 12;
 /// The time a tag holds, in ns, for a segment created at `created_ns` (the tag's 32 bits
-/// wrap every 52 days: the first such time at or after creation, less one unit of slack).
+/// wrap every 52 days: the first such time at or after creation, less kTagSlack).
 constexpr uint64_t tag_time_ns(uint64_t tag, uint64_t created_ns) noexcept {
+  constexpr uint64_t kWrap = uint64_t{1} << 32;
   const uint64_t base = created_ns >> kTagShift;
-  uint64_t t = (base & ~0xffffffffULL) | (tag & 0xffffffffULL);
-  if (t + 1 < base) t += 1ULL << 32;
+  uint64_t t = (base & ~(kWrap - 1)) | (tag & (kWrap - 1));
+  if (t + kTagSlack < base) t += kWrap;                                    // wrapped since creation
+  else if (t >= kWrap && t > base + kWrap - kTagSlack) t -= kWrap;         // just before, across a wrap
   return t << kTagShift;
 }
 static_assert(tag_time_ns(make_tag(1'700'000'123'456'789ULL, 7), 1'700'000'000'000'000ULL) >> kTagShift ==
               1'700'000'123'456'789ULL >> kTagShift);
+// Taken 3 ms before the creation time: that time, not 52 days later.
+static_assert(tag_time_ns(make_tag(1'700'000'000'000'000ULL - 3'000'000, 1), 1'700'000'000'000'000ULL) >>
+                  kTagShift ==
+              (1'700'000'000'000'000ULL - 3'000'000) >> kTagShift);
+// Taken 3 ms before a creation time just past a wrap of the 32 bits.
+static_assert(tag_time_ns(make_tag((uint64_t{5} << 52) - 3'000'000, 1), (uint64_t{5} << 52) + 1'000'000) >>
+                  kTagShift ==
+              ((uint64_t{5} << 52) - 3'000'000) >> kTagShift);
 static_assert(tag_site(make_tag(1, 7)) == 7);
 
 /// Where a table's slots are: `offset` bytes into the file, `capacity` slots (0: none yet).

@@ -43,9 +43,12 @@ SuspendResult Suspender::run(const Peer& peer, const SuspendRequest& req) {
       const int rc = driver_.lock(pid, req.timeout_ms);
       r.processes[locked].first_seconds = seconds_since(began[locked]);
       if (rc != 0) {
-        failure = fmt::format("{} was not suspended: pid {} could not be locked within {} ms ({}){}", what, pid,
-                              req.timeout_ms, driver_.error_text(rc),
-                              rc == 600 ? ": its submitted work did not finish in time" : "");
+        // CUDA_ERROR_NOT_READY (600): the lock's timeout passed; anything else failed at once.
+        failure = rc == 600 ? fmt::format("{} was not suspended: pid {} could not be locked within {} ms ({}): its "
+                                          "submitted work did not finish in time",
+                                          what, pid, req.timeout_ms, driver_.error_text(rc))
+                            : fmt::format("{} was not suspended: the driver could not lock pid {} ({})", what, pid,
+                                          driver_.error_text(rc));
         break;
       }
     }
