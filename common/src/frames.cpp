@@ -182,9 +182,19 @@ std::vector<std::size_t> calling_order(const std::vector<Frame>& f) {
   std::vector<std::size_t> native, python;
   for (std::size_t i = 0; i < f.size(); ++i) (f[i].python ? python : native).push_back(i);
   if (python.empty()) return native;
-  std::vector<std::size_t> out;
+  // The Python frames run in the evaluator (the python binary or libpython): they go just
+  // inside its first frame. Interpreter frames inner to it (libffi and _ctypes under a ctypes
+  // call, numba's and cuda-python's way to the driver) are called from them.
+  const auto evaluator = [&](const Frame& x) {
+    return x.cls == Class::interpreter && (x.where.rfind("python", 0) == 0 || x.where.rfind("libpython", 0) == 0);
+  };
   std::size_t n = 0;
-  while (n < native.size() && f[native[n]].cls != Class::interpreter) out.push_back(native[n++]);
+  while (n < native.size() && !evaluator(f[native[n]])) ++n;
+  if (n == native.size()) {  // no evaluator frame seen: before the first interpreter frame
+    n = 0;
+    while (n < native.size() && f[native[n]].cls != Class::interpreter) ++n;
+  }
+  std::vector<std::size_t> out(native.begin(), native.begin() + static_cast<std::ptrdiff_t>(n));
   out.insert(out.end(), python.begin(), python.end());
   out.insert(out.end(), native.begin() + static_cast<std::ptrdiff_t>(n), native.end());
   return out;

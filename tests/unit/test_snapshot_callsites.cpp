@@ -134,6 +134,9 @@ TEST_CASE("callsites: three sites through one helper chain are told apart by the
   CHECK(tf.find("        cudaMalloc (libcudart.so.13+0x2000)  [cuda]") != std::string::npos);
   CHECK(tf.find("        pool::level_11 (/src/pool.cpp:111)  [user]") != std::string::npos);
   CHECK(tf.find("        __libc_start_main (libc.so.6+0x3000)  [libc]") != std::string::npos);
+  // Every frame outward of the head, the one that tells the site apart among them, marked.
+  CHECK(tf.find("      < load_weights (/src/model.cpp:40)  [user]") != std::string::npos);
+  CHECK(tf.find("        pool::level_1 (/src/pool.cpp:101)  [user]") != std::string::npos);
 
   const auto j = snapshot_json(s);
   std::map<uint64_t, std::string> label;

@@ -245,20 +245,26 @@ std::vector<std::string> site_lines(const SnapSite& site, const frames::Label& l
   } else if (!l.folded_text.empty()) {
     out.push_back("(" + l.folded_text + ")");
   }
-  for (const frames::Via& v : l.via)
-    out.push_back("< " + v.text + "  (+" + std::to_string(v.skipped) + (v.skipped == 1 ? " frame)" : " frames)"));
-  if (full) {  // the rest of the stack, outward of the head: every frame not printed above
-    std::vector<bool> shown(site.frames.size(), false);
-    for (std::size_t i : l.folded) shown[i] = true;
-    if (l.head_frame >= 0) shown[static_cast<std::size_t>(l.head_frame)] = true;
-    for (const frames::Via& v : l.via) shown[v.frame] = true;
-    bool any = false;
-    for (std::size_t i = 0; i < site.frames.size(); ++i) {
-      if (shown[i]) continue;
-      if (!any) out.push_back("all frames outward:");
-      any = true;
-      out.push_back("  " + frame_text(site.frames[i]) + "  [" + frames::class_name(frame_class(site.frames[i], rules)) + "]");
-    }
+  if (!full) {
+    for (const frames::Via& v : l.via)
+      out.push_back("< " + v.text + "  (+" + std::to_string(v.skipped) + (v.skipped == 1 ? " frame)" : " frames)"));
+    return out;
+  }
+  // The rest of the stack, outward of the head, in calling order (Python frames where the
+  // evaluator ran them); the frames that tell the site apart are marked "<".
+  std::vector<frames::Frame> fs;
+  fs.reserve(site.frames.size());
+  for (const SnapFrame& f : site.frames) fs.push_back(present(f, rules));
+  std::vector<bool> shown(site.frames.size(), false), via(site.frames.size(), false);
+  for (std::size_t i : l.folded) shown[i] = true;
+  if (l.head_frame >= 0) shown[static_cast<std::size_t>(l.head_frame)] = true;
+  for (const frames::Via& v : l.via) via[v.frame] = true;
+  bool any = false;
+  for (std::size_t i : frames::calling_order(fs)) {
+    if (shown[i]) continue;
+    if (!any) out.push_back("all frames outward:");
+    any = true;
+    out.push_back((via[i] ? "< " : "  ") + fs[i].text + "  [" + frames::class_name(fs[i].cls) + "]");
   }
   return out;
 }
