@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <fmt/format.h>
+#include <regex>
 #include <tuple>
 #include <utility>
 
@@ -513,8 +514,10 @@ std::vector<std::string> top_sites(const json& snap, std::size_t n, std::size_t 
     const std::string lead =
         fmt::format("{:>11}  {:>14}  ", format_bytes(sites[i].bytes), plural(sites[i].count, "allocation", "allocations"));
     std::string where = sites[i].where;
-    // Too wide: the head is cut, never the frames after it that tell the site apart.
+    // Too wide: files by their base names first, then the head is cut, never the frames
+    // after it that tell the site apart.
     const std::size_t cols = width > lead.size() ? width - lead.size() : 0;
+    if (width && where.size() > cols) where = std::regex_replace(where, std::regex(R"(\([^()]*/([^/()]+:\d+)\))"), "($1)");
     const std::size_t via = where.find(" < ");
     if (width && where.size() > cols && via != std::string::npos && where.size() - via + 3 < cols) {
       const std::size_t keep = cols - (where.size() - via) - 2;

@@ -305,8 +305,15 @@ TEST_CASE("top.top_sites_from_a_snapshot") {
   CHECK(top_sites(labelled, 1)[0] ==
         "   8.00 MiB    1 allocation  pool::level_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:40) (+11)");
   const std::string narrow = top_sites(labelled, 1, 80)[0];
-  CHECK(narrow == "   8.00 MiB    1 allocation  pool::le.. < load_weights (/src/model.cpp:40) (+11)");
+  CHECK(narrow == "   8.00 MiB    1 allocation  pool::level_1.. < load_weights (model.cpp:40) (+11)");
   CHECK(narrow.size() <= 80);
+  // Long paths: files by their base names, so that the differing frame fits at 90 columns.
+  labelled["sites"][1]["label"] =
+      "chain_12(unsigned long) (../tests/integration/snapshot_app.cpp:70) < load_weights "
+      "(../tests/integration/snapshot_app.cpp:75) (+11)";
+  const std::string ninety = top_sites(labelled, 1, 90)[0];
+  CHECK(ninety.find("< load_weights (snapshot_app.cpp:75) (+11)") != std::string::npos);
+  CHECK(ninety.size() <= 90);
   json off = snap;
   off["callsite_frames"] = 0u;
   off["sites"] = json::array();
