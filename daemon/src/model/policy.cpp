@@ -27,7 +27,9 @@ std::string PolicyValue::str() const { return unlimited ? "none" : size.str(); }
 
 bool Policy::empty() const noexcept {
   auto none = [](const PolicyCaps& c) {
-    return !c.limit && !c.max_limit && !c.job_limit && !c.max_job_limit && !c.enforce;
+#define CUW_POLICY_UNSET_(key, type) &&!c.key
+    return true CUW_POLICY_KEYS(CUW_POLICY_UNSET_);
+#undef CUW_POLICY_UNSET_
   };
   if (!none(defaults)) return false;
   for (const auto& [n, c] : users)
@@ -35,6 +37,12 @@ bool Policy::empty() const noexcept {
   for (const auto& [n, c] : groups)
     if (!none(c)) return false;
   return true;
+}
+
+PolicyPriority EffectivePolicy::priority_for(std::optional<PolicyPriority> asked) const noexcept {
+  const PolicyPriority base = priority.value_or(0);
+  const PolicyPriority most = max_priority.value_or(base);  // sections may set the two apart
+  return std::clamp(std::min(asked.value_or(base), most), kMinPriority, kMaxPriority);
 }
 
 namespace {
@@ -70,16 +78,20 @@ void identity(uint32_t uid, std::string* user, std::vector<std::string>* group_k
   }
 }
 
-/// The lower of two values (unlimited is the highest); percentages compare as-is only
-/// with percentages, otherwise the absolute one is taken as the tighter (it does not
-/// depend on the device). Used to combine several groups.
-const PolicyValue& lower(const PolicyValue& a, const PolicyValue& b) {
-  if (a.unlimited) return b;
-  if (b.unlimited) return a;
-  if (a.size.percent != b.size.percent) return a.size.percent ? b : a;
-  if (a.size.percent) return a.size.share <= b.size.share ? a : b;
-  return a.size.bytes <= b.size.bytes ? a : b;
+/// Whether `a` is tighter than `b`, for combining several groups: the lower of two sizes
+/// (unlimited is the highest; percentages compare as-is only with percentages, otherwise
+/// the absolute one is taken as the tighter: it does not depend on the device), the stricter
+/// enforcement, the lower priority, the shorter duration.
+bool tighter(const PolicyValue& a, const PolicyValue& b) {
+  if (a.unlimited) return false;
+  if (b.unlimited) return true;
+  if (a.size.percent != b.size.percent) return !a.size.percent;
+  if (a.size.percent) return a.size.share < b.size.share;
+  return a.size.bytes < b.size.bytes;
 }
+bool tighter(Enforce a, Enforce b) { return a > b; }
+bool tighter(PolicyPriority a, PolicyPriority b) { return a < b; }
+bool tighter(const PolicyDuration& a, const PolicyDuration& b) { return a < b; }
 
 }  // namespace
 
@@ -97,7 +109,8 @@ const EffectivePolicy& Policy::for_user(uint32_t uid) const {
   for (const auto& k : gkeys)
     if (auto it = groups.find(k); it != groups.end()) gs.emplace_back(k, &it->second);
   std::vector<std::string> sources;
-  auto pick = [&](std::optional<PolicyValue> PolicyCaps::*key, std::optional<PolicyValue>& out) {
+  // Each key: the user's own section, else the tightest of the groups', else [default].
+  auto pick = [&]<class T>(std::optional<T> PolicyCaps::*key, std::optional<T>& out) {
     if (u && (u->*key)) {
       out = u->*key;
       sources.push_back("user " + user);
@@ -105,11 +118,9 @@ const EffectivePolicy& Policy::for_user(uint32_t uid) const {
     }
     std::string from;
     for (const auto& [name, caps] : gs)
-      if (caps->*key) {
-        if (!out || &lower(*out, *(caps->*key)) != &*out) {
-          out = caps->*key;
-          from = "group " + name;
-        }
+      if (caps->*key && (!out || tighter(*(caps->*key), *out))) {
+        out = caps->*key;
+        from = "group " + name;
       }
     if (out) {
       sources.push_back(from);
@@ -120,22 +131,9 @@ const EffectivePolicy& Policy::for_user(uint32_t uid) const {
       sources.push_back("default");
     }
   };
-  pick(&PolicyCaps::limit, e.limit);
-  pick(&PolicyCaps::max_limit, e.max_limit);
-  pick(&PolicyCaps::job_limit, e.job_limit);
-  pick(&PolicyCaps::max_job_limit, e.max_job_limit);
-  // The user's own section, else the strictest of the groups', else [default].
-  if (u && u->enforce) {
-    e.enforce = *u->enforce;
-  } else {
-    bool from_group = false;
-    for (const auto& [name, caps] : gs)
-      if (caps->enforce) {
-        e.enforce = from_group ? std::max(e.enforce, *caps->enforce) : *caps->enforce;
-        from_group = true;
-      }
-    if (!from_group && defaults.enforce) e.enforce = *defaults.enforce;
-  }
+#define CUW_POLICY_PICK_(key, type) pick(&PolicyCaps::key, e.key);
+  CUW_POLICY_KEYS(CUW_POLICY_PICK_)
+#undef CUW_POLICY_PICK_
   std::sort(sources.begin(), sources.end());
   sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
   for (const auto& s : sources) e.source += (e.source.empty() ? "" : ", ") + s;
@@ -181,6 +179,21 @@ char32_t toml_unsafe_char(std::string_view text, std::size_t* line, std::size_t*
     }
   }
   return 0;
+}
+
+/// Every key of a section, for messages: "limit, max_limit, ...".
+std::string key_list() {
+  std::string out;
+#define CUW_POLICY_NAME_(key, type) out += (out.empty() ? "" : ", ") + std::string(#key);
+  CUW_POLICY_KEYS(CUW_POLICY_NAME_)
+#undef CUW_POLICY_NAME_
+  return out;
+}
+
+bool is_key(const std::string& key) {
+#define CUW_POLICY_IS_(name, type) || key == #name
+  return false CUW_POLICY_KEYS(CUW_POLICY_IS_);
+#undef CUW_POLICY_IS_
 }
 
 struct Parser {
@@ -237,28 +250,68 @@ struct Parser {
     return pv;
   }
 
+  bool parse(const std::string& key, const toml::node& v, PolicyValue* out) {
+    auto pv = value(key, v);
+    if (pv) *out = *pv;
+    return pv.has_value();
+  }
+  bool parse(const std::string& key, const toml::node& v, Enforce* out) {
+    const auto* str = v.as_string();
+    if (str && str->get() == "report") *out = Enforce::report;
+    else if (str && str->get() == "kill") *out = Enforce::kill;
+    else error(v.source(), fmt::format("{} must be \"report\" or \"kill\"", key));
+    return str && (str->get() == "report" || str->get() == "kill");
+  }
+  bool parse(const std::string& key, const toml::node& v, PolicyPriority* out) {
+    const auto* i = v.as_integer();
+    if (!i || i->get() < kMinPriority || i->get() > kMaxPriority) {
+      error(v.source(), fmt::format("{} must be an integer from {} to {} (higher goes first)", key, kMinPriority,
+                                    kMaxPriority));
+      return false;
+    }
+    *out = static_cast<PolicyPriority>(i->get());
+    return true;
+  }
+  bool parse(const std::string& key, const toml::node& v, PolicyDuration* out) {
+    double ms = -1;
+    if (const auto* i = v.as_integer()) {
+      ms = static_cast<double>(i->get()) * 1000;
+    } else if (const auto* str = v.as_string()) {
+      const std::string& text = str->get();
+      std::size_t n = 0;
+      double x = -1;
+      try {
+        x = std::stod(text, &n);
+      } catch (const std::exception&) {
+        n = 0;
+      }
+      const std::string unit = n ? text.substr(n) : "?";
+      ms = unit == "ms" ? x : unit == "s" ? x * 1000 : unit == "m" || unit == "min" ? x * 60'000 : -1;
+    }
+    if (!(ms >= 1 && ms <= 3'600'000)) {
+      error(v.source(), fmt::format("{} must be a duration from 1ms to 1h such as \"30s\" or \"500ms\"", key));
+      return false;
+    }
+    out->ms = static_cast<uint64_t>(ms);
+    return true;
+  }
+
   PolicyCaps section(const std::string& what, const toml::table& t) {
     PolicyCaps c;
     for (auto&& [k, v] : t) {
       const std::string key(k.str());
-      if (key == "enforce") {
-        const auto* str = v.as_string();
-        if (str && str->get() == "report") c.enforce = Enforce::report;
-        else if (str && str->get() == "kill") c.enforce = Enforce::kill;
-        else error(v.source(), "enforce must be \"report\" or \"kill\"");
-        continue;
-      }
-      std::optional<PolicyValue>* slot = key == "limit"           ? &c.limit
-                                         : key == "max_limit"     ? &c.max_limit
-                                         : key == "job_limit"     ? &c.job_limit
-                                         : key == "max_job_limit" ? &c.max_job_limit
-                                                                  : nullptr;
-      if (!slot) {
-        error(k.source(), fmt::format("unknown key '{}' in [{}] (use limit, max_limit, job_limit, max_job_limit, enforce)",
-                                      key, what));
-        continue;
-      }
-      *slot = value(key, v);
+      bool known = false;
+      // One branch per row of CUW_POLICY_KEYS: a value of the key's type, or an error.
+#define CUW_POLICY_PARSE_(name, type)                            \
+  if (key == #name) {                                            \
+    known = true;                                                \
+    type parsed{};                                               \
+    if (parse(key, v, &parsed)) c.name = parsed;                 \
+  }
+      CUW_POLICY_KEYS(CUW_POLICY_PARSE_)
+#undef CUW_POLICY_PARSE_
+      if (!known)
+        error(k.source(), fmt::format("unknown key '{}' in [{}] (use {})", key, what, key_list()));
     }
     auto above = [&](const std::optional<PolicyValue>& d, const std::optional<PolicyValue>& m, const char* dn,
                      const char* mn) {
@@ -269,6 +322,8 @@ struct Parser {
     };
     above(c.limit, c.max_limit, "limit", "max_limit");
     above(c.job_limit, c.max_job_limit, "job_limit", "max_job_limit");
+    if (c.priority && c.max_priority && *c.priority > *c.max_priority)
+      error(t.source(), fmt::format("[{}]: priority {} is above max_priority {}", what, *c.priority, *c.max_priority));
     return c;
   }
 
@@ -336,8 +391,7 @@ std::optional<Policy> parse_policy(std::string_view text, const std::string& sou
       p.named_sections("user", v, &pol.users);
     } else if (key == "group") {
       p.named_sections("group", v, &pol.groups);
-    } else if (key == "limit" || key == "max_limit" || key == "job_limit" || key == "max_job_limit" ||
-               key == "enforce") {
+    } else if (is_key(key)) {
       p.error(k.source(), fmt::format("'{}' outside a section: put it under [default] (or [user.NAME], [group.NAME])", key));
     } else {
       p.error(k.source(), fmt::format("unknown section or key '{}' (use [default], [user.NAME], [group.NAME])", key));
