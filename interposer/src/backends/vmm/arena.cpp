@@ -13,6 +13,7 @@
 #include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
+#include "core/room.hpp"
 #include "core/tracker.hpp"
 
 namespace cuw::backends::pool {
@@ -60,6 +61,7 @@ CUresult pool::grow_vmm_slow(CUdeviceptr* out, uint64_t bytes, int cls, uint64_t
       const uint64_t now = core::now_ns();
       std::lock_guard<spin_lock> lk(mu_);
       ledger_.driver_error(seg_bytes, r, now);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) core::note_driver_oom(ordinal_, bytes, true);  // after reclaim_slow()
     }
     return r;
   }
