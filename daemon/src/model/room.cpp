@@ -170,6 +170,9 @@ RoomPlan Registry::plan_room(const Peer& peer, const RoomRequest& req) {
   for (const NvmlGpu& x : gpus)
     if (x.uuid == out.uuid) g = &x;
   if (!g) return no(fmt::format("NVML does not list its GPU {}", out.uuid));
+  if (req.bytes > g->memory_total)
+    return no(fmt::format("{} is more than GPU {} holds ({})", format_bytes(req.bytes), g->index,
+                          format_bytes(g->memory_total)));
   const uint64_t free = g->memory_total > g->memory_used ? g->memory_total - g->memory_used : 0;
   const uint64_t need = req.bytes + resume_margin(req.bytes);
   if (free >= need) {
