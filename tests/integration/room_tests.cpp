@@ -218,3 +218,25 @@ TEST_CASE("room.a_resumed_process_runs_min_run_before_it_can_be_chosen_again") {
   CHECK(std::chrono::steady_clock::now() - resumed >= std::chrono::seconds(3));
   CHECK(d.process(low.pid())["state"] == "suspended");
 }
+
+TEST_CASE("room.a_job_the_policy_never_suspends_is_never_chosen") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[job.keep]\nsuspend = \"never\"\n"));
+  Victim kept(s, {"CUWARDEN_PRIORITY=-10", "CUWARDEN_JOB=keep"});
+  REQUIRE(contains(kept.ask("reserve " + std::to_string(160 * kMiB)), "ptr 0x"));
+  Victim high(s);
+  REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  wait_process(d, kept.pid());
+  wait_process(d, high.pid());
+  CHECK(high.ask("reserve_retry " + std::to_string(128 * kMiB)) == "rc 2");
+  CHECK(contains(slurp(d.log), "1 lower-priority process(es), 0 of them eligible"));
+  CHECK(d.process(kept.pid())["state"] == "running");
+  // Another job of the same priority is.
+  Victim other(s, {"CUWARDEN_PRIORITY=-10", "CUWARDEN_JOB=batch"});
+  REQUIRE(contains(other.ask("reserve " + std::to_string(64 * kMiB)), "ptr 0x"));
+  wait_process(d, other.pid());
+  CHECK(contains(high.ask("reserve_retry " + std::to_string(64 * kMiB)), "ptr 0x"));
+  CHECK(d.process(other.pid())["state"] == "suspended");
+  CHECK(d.process(kept.pid())["state"] == "running");
+}

@@ -263,3 +263,18 @@ TEST_CASE("policy: priorities default to 0, a process may only lower its own unl
   CHECK_THAT(errors_of("[default]\npriorty = 1\n"), Catch::Contains("unknown key 'priorty' in [default] (use limit, "));
   CHECK_THAT(errors_of("priority = 1\n"), Catch::Contains("'priority' outside a section"));
 }
+
+TEST_CASE("policy: a job's section says whether it may be suspended to make room") {
+  std::vector<std::string> errors, warnings;
+  auto p = parse_policy("[job.nightly]\nsuspend = \"never\"\n[job.batch]\nsuspend = \"allowed\"\n", "p.toml", &errors,
+                        &warnings);
+  REQUIRE(p);
+  CHECK(p->never_suspend("nightly"));
+  CHECK_FALSE(p->never_suspend("batch"));
+  CHECK_FALSE(p->never_suspend("other"));
+  CHECK_FALSE(p->never_suspend(""));
+  CHECK_FALSE(p->empty());
+  CHECK_THAT(errors_of("[job.x]\nsuspend = \"sometimes\"\n"), Catch::StartsWith("p.toml:2:11: suspend must be \"never\""));
+  CHECK_THAT(errors_of("[job.x]\nlimit = \"1G\"\n"), Catch::Contains("unknown key 'limit' in [job.x] (use suspend)"));
+  CHECK_THAT(errors_of("[jobs.x]\nsuspend = \"never\"\n"), Catch::Contains("[job.NAME]"));
+}

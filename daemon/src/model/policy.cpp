@@ -36,6 +36,8 @@ bool Policy::empty() const noexcept {
     if (!none(c)) return false;
   for (const auto& [n, c] : groups)
     if (!none(c)) return false;
+  for (const auto& [n, j] : jobs)
+    if (j.never_suspend) return false;
   return true;
 }
 
@@ -327,6 +329,36 @@ struct Parser {
     return c;
   }
 
+  /// [job.NAME] sections: `suspend = "never"` (or "allowed", the default), nothing else.
+  void job_sections(const toml::node& n, std::map<std::string, JobRules>* out) {
+    const toml::table* t = n.as_table();
+    if (!t) {
+      error(n.source(), "'job' must be a table of sections such as [job.NAME]");
+      return;
+    }
+    for (auto&& [k, v] : *t) {
+      const std::string name(k.str());
+      const toml::table* st = v.as_table();
+      if (!st) {
+        error(k.source(), fmt::format("'job.{}' must be a section [job.{}]", name, name));
+        continue;
+      }
+      JobRules r;
+      for (auto&& [jk, jv] : *st) {
+        const std::string key(jk.str());
+        const auto* s = jv.as_string();
+        if (key != "suspend") {
+          error(jk.source(), fmt::format("unknown key '{}' in [job.{}] (use suspend)", key, name));
+        } else if (!s || (s->get() != "never" && s->get() != "allowed")) {
+          error(jv.source(), "suspend must be \"never\" or \"allowed\"");
+        } else {
+          r.never_suspend = s->get() == "never";
+        }
+      }
+      (*out)[name] = r;
+    }
+  }
+
   void named_sections(const std::string& kind, const toml::node& n, std::map<std::string, PolicyCaps>* out) {
     const toml::table* t = n.as_table();
     if (!t) {
@@ -391,10 +423,13 @@ std::optional<Policy> parse_policy(std::string_view text, const std::string& sou
       p.named_sections("user", v, &pol.users);
     } else if (key == "group") {
       p.named_sections("group", v, &pol.groups);
+    } else if (key == "job") {
+      p.job_sections(v, &pol.jobs);
     } else if (is_key(key)) {
       p.error(k.source(), fmt::format("'{}' outside a section: put it under [default] (or [user.NAME], [group.NAME])", key));
     } else {
-      p.error(k.source(), fmt::format("unknown section or key '{}' (use [default], [user.NAME], [group.NAME])", key));
+      p.error(k.source(),
+              fmt::format("unknown section or key '{}' (use [default], [user.NAME], [group.NAME], [job.NAME])", key));
     }
   }
   if (errors->size() != errors_before) return std::nullopt;

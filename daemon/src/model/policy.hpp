@@ -17,6 +17,8 @@
 //   max_limit = "20G"
 //   [group.students]          # by group name (or numeric gid)
 //   max_limit = "10G"
+//   [job.nightly-eval]        # by job name (CUWARDEN_JOB; the Slurm plugin's slurm-JOBID)
+//   suspend = "never"         # never suspended to make room for another (by hand still may be)
 //
 // Every key is one row of CUW_POLICY_KEYS below, which makes the sections' fields, the
 // parser's list of keys, the precedence and `empty()`.
@@ -115,12 +117,24 @@ struct EffectivePolicy {
 };
 #undef CUW_POLICY_FIELD_
 
+/// The keys of a [job.NAME] section.
+struct JobRules {
+  bool never_suspend = false;  ///< suspend = "never": never chosen to make room
+};
+
 class Policy {
  public:
   std::string file;  ///< where it came from ("" = no policy file)
   PolicyCaps defaults;
   std::map<std::string, PolicyCaps> users;   ///< by name or numeric uid as written
   std::map<std::string, PolicyCaps> groups;  ///< by name or numeric gid as written
+  std::map<std::string, JobRules> jobs;      ///< by job name, whoever's job it is
+
+  /// Whether processes of job `job` ("" : none) are never suspended to make room.
+  bool never_suspend(const std::string& job) const {
+    const auto it = job.empty() ? jobs.end() : jobs.find(job);
+    return it != jobs.end() && it->second.never_suspend;
+  }
 
   bool empty() const noexcept;
   /// The policy for `uid` (NSS lookups cached per Policy object; the daemon makes a new

@@ -9,7 +9,8 @@
 // covers the Slurm plugin's slurm-JOBID and a pod's pod-NAME), its Slurm job or pod (by their
 // cgroup), its pod directory, its session, or its process tree (an ancestor or a descendant);
 // never one itself waiting for room (its interposer holds a thread in a hook: a lock would
-// wait on it), nor one resumed less than its min_run ago.
+// wait on it), nor one resumed less than its min_run ago, nor one of a job the policy says
+// is never suspended ([job.NAME] suspend = "never").
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -194,6 +195,7 @@ RoomPlan Registry::plan_room(const Peer& peer, const RoomRequest& req) {
     if (q.resumed_mono && mono - q.resumed_mono < min_run_ns) continue;
     RingSnapshot qs;
     if (!q.ring->snapshot(qs) || !uncarried(q, qs).empty()) continue;
+    if (policy_ && policy_->never_suspend(field_text(qs.job, sizeof qs.job))) continue;
     uint64_t bytes = 0;
     if (auto it = g->process_used.find(q.pid); it != g->process_used.end()) bytes = it->second;
     if (bytes == 0) continue;
