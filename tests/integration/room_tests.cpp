@@ -240,3 +240,28 @@ TEST_CASE("room.a_job_the_policy_never_suspends_is_never_chosen") {
   CHECK(d.process(other.pid())["state"] == "suspended");
   CHECK(d.process(kept.pid())["state"] == "running");
 }
+
+TEST_CASE("room.past_max_suspended_it_is_reported_and_resumed_once_memory_allows") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[job.short]\nmax_suspended = \"1s\"\n[default]\nresume_after = \"1h\"\n"));
+  Victim low(s, {"CUWARDEN_PRIORITY=-10", "CUWARDEN_JOB=short"});
+  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  Victim high(s);
+  REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  wait_process(d, low.pid());
+  wait_process(d, high.pid());
+  REQUIRE(contains(high.ask("reserve_retry " + std::to_string(128 * kMiB)), "ptr 0x"));
+  REQUIRE(d.process(low.pid())["state"] == "suspended");
+  // Past its 1 s with the room still taken: reported, and it stays suspended.
+  REQUIRE(wait_until([&] { return d.process(low.pid())["suspended_overdue"] == true; }));
+  CHECK(contains(slurp(d.log), "past its max_suspended"));
+  CHECK(d.process(low.pid())["state"] == "suspended");
+  // Once the room is back it resumes at once (resume_after, an hour here, is not waited for).
+  REQUIRE(high.ask("free_reserved") == "rc 0");
+  REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
+  CHECK(d.process(low.pid())["suspended_overdue"].is_null());
+  low.send("check");
+  CHECK(low.line() == "calling");
+  CHECK(contains(low.line(), "ok 0x"));
+}

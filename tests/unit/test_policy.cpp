@@ -275,6 +275,13 @@ TEST_CASE("policy: a job's section says whether it may be suspended to make room
   CHECK_FALSE(p->never_suspend(""));
   CHECK_FALSE(p->empty());
   CHECK_THAT(errors_of("[job.x]\nsuspend = \"sometimes\"\n"), Catch::StartsWith("p.toml:2:11: suspend must be \"never\""));
-  CHECK_THAT(errors_of("[job.x]\nlimit = \"1G\"\n"), Catch::Contains("unknown key 'limit' in [job.x] (use suspend)"));
+  CHECK_THAT(errors_of("[job.x]\nlimit = \"1G\"\n"),
+             Catch::Contains("unknown key 'limit' in [job.x] (use suspend, max_suspended)"));
+  auto q = parse_policy("[job.long]\nmax_suspended = \"36h\"\n", "p.toml", &errors, &warnings);
+  REQUIRE(q);
+  REQUIRE(q->job_rules("long"));
+  CHECK(q->job_rules("long")->max_suspended_ms == 36 * 3'600'000ULL);
+  CHECK_FALSE(q->job_rules("long")->never_suspend);
+  CHECK_THAT(errors_of("[job.x]\nmax_suspended = \"30d\"\n"), Catch::Contains("max_suspended must be a duration from 1ms to a week"));
   CHECK_THAT(errors_of("[jobs.x]\nsuspend = \"never\"\n"), Catch::Contains("[job.NAME]"));
 }

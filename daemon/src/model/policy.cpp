@@ -37,7 +37,7 @@ bool Policy::empty() const noexcept {
   for (const auto& [n, c] : groups)
     if (!none(c)) return false;
   for (const auto& [n, j] : jobs)
-    if (j.never_suspend) return false;
+    if (j.never_suspend || j.max_suspended_ms) return false;
   return true;
 }
 
@@ -274,7 +274,8 @@ struct Parser {
     *out = static_cast<PolicyPriority>(i->get());
     return true;
   }
-  bool parse(const std::string& key, const toml::node& v, PolicyDuration* out) {
+  static constexpr uint64_t kHourMs = 3'600'000, kWeekMs = 7 * 24 * kHourMs;
+  bool parse(const std::string& key, const toml::node& v, PolicyDuration* out, uint64_t most_ms = kHourMs) {
     double ms = -1;
     if (const auto* i = v.as_integer()) {
       ms = static_cast<double>(i->get()) * 1000;
@@ -288,10 +289,13 @@ struct Parser {
         n = 0;
       }
       const std::string unit = n ? text.substr(n) : "?";
-      ms = unit == "ms" ? x : unit == "s" ? x * 1000 : unit == "m" || unit == "min" ? x * 60'000 : -1;
+      ms = unit == "ms" ? x : unit == "s" ? x * 1000 : unit == "m" || unit == "min" ? x * 60'000
+         : unit == "h"                                                   ? x * 3'600'000
+                                                                         : -1;
     }
-    if (!(ms >= 1 && ms <= 3'600'000)) {
-      error(v.source(), fmt::format("{} must be a duration from 1ms to 1h such as \"30s\" or \"500ms\"", key));
+    if (!(ms >= 1 && ms <= static_cast<double>(most_ms))) {
+      error(v.source(), fmt::format("{} must be a duration from 1ms to {} such as \"30s\" or \"500ms\"", key,
+                                    most_ms == kHourMs ? "1h" : "a week"));
       return false;
     }
     out->ms = static_cast<uint64_t>(ms);
@@ -329,7 +333,8 @@ struct Parser {
     return c;
   }
 
-  /// [job.NAME] sections: `suspend = "never"` (or "allowed", the default), nothing else.
+  /// [job.NAME] sections: `suspend = "never"` (or "allowed", the default) and
+  /// `max_suspended` (a duration up to a week), nothing else.
   void job_sections(const toml::node& n, std::map<std::string, JobRules>* out) {
     const toml::table* t = n.as_table();
     if (!t) {
@@ -347,8 +352,11 @@ struct Parser {
       for (auto&& [jk, jv] : *st) {
         const std::string key(jk.str());
         const auto* s = jv.as_string();
-        if (key != "suspend") {
-          error(jk.source(), fmt::format("unknown key '{}' in [job.{}] (use suspend)", key, name));
+        if (key == "max_suspended") {
+          PolicyDuration d;
+          if (parse(key, jv, &d, kWeekMs)) r.max_suspended_ms = d.ms;
+        } else if (key != "suspend") {
+          error(jk.source(), fmt::format("unknown key '{}' in [job.{}] (use suspend, max_suspended)", key, name));
         } else if (!s || (s->get() != "never" && s->get() != "allowed")) {
           error(jv.source(), "suspend must be \"never\" or \"allowed\"");
         } else {

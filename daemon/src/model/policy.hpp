@@ -19,6 +19,7 @@
 //   max_limit = "10G"
 //   [job.nightly-eval]        # by job name (CUWARDEN_JOB; the Slurm plugin's slurm-JOBID)
 //   suspend = "never"         # never suspended to make room for another (by hand still may be)
+//   max_suspended = "2h"      # suspended by policy longer: resumed when memory allows, else reported
 //
 // Every key is one row of CUW_POLICY_KEYS below, which makes the sections' fields, the
 // parser's list of keys, the precedence and `empty()`.
@@ -120,6 +121,9 @@ struct EffectivePolicy {
 /// The keys of a [job.NAME] section.
 struct JobRules {
   bool never_suspend = false;  ///< suspend = "never": never chosen to make room
+  /// max_suspended, ms: suspended by policy longer, it is resumed as soon as its memory is
+  /// free (without waiting for resume_after or for higher ones), else reported as overdue.
+  std::optional<uint64_t> max_suspended_ms;
 };
 
 class Policy {
@@ -132,8 +136,13 @@ class Policy {
 
   /// Whether processes of job `job` ("" : none) are never suspended to make room.
   bool never_suspend(const std::string& job) const {
+    const JobRules* r = job_rules(job);
+    return r && r->never_suspend;
+  }
+  /// The [job.NAME] section of job `job` ("": none), or null.
+  const JobRules* job_rules(const std::string& job) const {
     const auto it = job.empty() ? jobs.end() : jobs.find(job);
-    return it != jobs.end() && it->second.never_suspend;
+    return it == jobs.end() ? nullptr : &it->second;
   }
 
   bool empty() const noexcept;

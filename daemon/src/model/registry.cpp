@@ -603,6 +603,7 @@ void Registry::publish() {
     ps.suspended_by = p->suspended_by;
     ps.priority = p->priority;
     ps.waiting_for_room = p->waiting_for_room;
+    ps.suspended_overdue = p->suspended_overdue;
     ps.history = p->history.view();
     ps.samples = p->samples;
   }

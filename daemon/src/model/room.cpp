@@ -237,10 +237,35 @@ std::vector<PolicyResume> Registry::policy_resumes_due() {
   });
   std::map<std::string, uint64_t> budget;  // free bytes per GPU not yet promised to a higher one
   for (const NvmlGpu& g : nvml_->query()) budget[g.uuid] = g.memory_total > g.memory_used ? g.memory_total - g.memory_used : 0;
+  std::map<std::string, uint64_t> free_now = budget;  // what an overdue one may take
   const uint64_t mono = mono_ns();
   const EffectivePolicy none;
-  std::vector<PolicyResume> due;
+  std::vector<PolicyResume> due, overdue;
   for (Process* q : waiting) {
+    // Past its job's max_suspended: resumed as soon as its memory is free, whatever a higher
+    // one waits for; otherwise reported (once), and it keeps waiting. No restore is forced.
+    RingSnapshot qs;
+    const JobRules* jr = policy_ && q->ring->snapshot(qs) ? policy_->job_rules(field_text(qs.job, sizeof qs.job)) : nullptr;
+    if (jr && jr->max_suspended_ms && now_ns() - q->suspended_ns >= *jr->max_suspended_ms * 1'000'000ULL) {
+      bool fits_now = true;
+      for (const auto& [uuid, bytes] : q->suspended_footprint) {
+        auto it = free_now.find(uuid);
+        if (it == free_now.end() || it->second < bytes + resume_margin(bytes)) fits_now = false;
+      }
+      if (fits_now) {
+        for (const auto& [uuid, bytes] : q->suspended_footprint) {
+          free_now[uuid] -= bytes + resume_margin(bytes);
+          budget[uuid] -= std::min(budget[uuid], bytes + resume_margin(bytes));
+        }
+        overdue.push_back({q->pid, q->start_time, q->priority});
+        continue;
+      }
+      if (!q->suspended_overdue)
+        spdlog::warn("suspend: pid {} (job '{}') has been suspended by policy past its max_suspended ({} s) and its "
+                     "GPU has no room for it yet: it stays suspended until there is",
+                     q->pid, field_text(qs.job, sizeof qs.job), *jr->max_suspended_ms / 1000);
+      q->suspended_overdue = true;
+    }
     bool fits = true;
     for (const auto& [uuid, bytes] : q->suspended_footprint) {
       auto it = budget.find(uuid);
@@ -257,7 +282,8 @@ std::vector<PolicyResume> Registry::policy_resumes_due() {
     const uint64_t after_ns = (policy_ ? policy_->for_user(q->uid) : none).resume_after_ms() * 1'000'000ULL;
     if (mono - q->room_since_mono >= after_ns) due.push_back({q->pid, q->start_time, q->priority});
   }
-  return due;
+  overdue.insert(overdue.end(), due.begin(), due.end());
+  return overdue;
 }
 
 }  // namespace cuw::daemon

@@ -329,6 +329,7 @@ void Registry::forget_suspension(Process& p, const char* why) {
   p.suspended_host_bytes = 0;
   p.suspended_by.clear();
   p.suspended_by_policy = false;
+  p.suspended_overdue = false;
   p.room_since_mono = 0;
   p.suspended_footprint.clear();
   if (!suspend_dir_.empty()) ::unlink((suspend_dir_ + "/" + record_name(p.pid, p.start_time)).c_str());

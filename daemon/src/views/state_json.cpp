@@ -188,6 +188,7 @@ json state_json(const State& st) {
         {"suspended_by", p.suspended ? json(p.suspended_by) : json(nullptr)},
         {"priority", p.priority},
         {"waiting_for_room", p.waiting_for_room},
+        {"suspended_overdue", p.suspended ? json(p.suspended_overdue) : json(nullptr)},
     });
   }
 

@@ -79,6 +79,7 @@ struct Registry::Process {
   bool waiting_for_room = false;  ///< its interposer is waiting for an answer to a room request
   uint64_t resumed_mono = 0;      ///< when it was last resumed (min_run counts from it); 0: never
   uint64_t room_since_mono = 0;   ///< suspended by policy: since when its footprint has been free (0: not now)
+  bool suspended_overdue = false; ///< suspended by policy past its job's max_suspended, no room to resume
   /// In the last State published (retire() reads its header there when the ring faults).
   bool published = false;
 };
