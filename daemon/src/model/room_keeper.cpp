@@ -83,10 +83,14 @@ void RoomKeeper::resume_loop(int stop_fd) {
 
 int RoomKeeper::resume_due() {
   int resumed = 0;
-  // One at a time: each restore takes memory the next one's check must see.
+  const uint64_t now = mono_ns();
+  std::erase_if(retry_at_, [&](const auto& kv) { return kv.second <= now; });
+  // One at a time: each restore takes memory the next one's check must see. One that failed
+  // waits kResumeRetryNs before it is tried again (and said again in the log).
   for (int round = 0; round < 64; ++round) {
     std::vector<PolicyResume> due;
     on_loop_([&] { due = reg_.policy_resumes_due(); });
+    std::erase_if(due, [&](const PolicyResume& d) { return retry_at_.count({d.pid, d.start_time}) != 0; });
     if (due.empty()) break;
     SuspendRequest sr;
     sr.action = SuspendRequest::Action::resume;
@@ -95,8 +99,10 @@ int RoomKeeper::resume_due() {
     sr.by_policy = true;
     const SuspendResult r = suspender_.run(policy_peer(), sr);
     if (r.outcome != SuspendResult::Outcome::done) {
-      spdlog::warn("policy resume of pid {} failed: {}", sr.pid, r.reason);
-      break;
+      spdlog::warn("policy resume of pid {} failed: {}; tried again in {} s", sr.pid, r.reason,
+                   kResumeRetryNs / 1'000'000'000ULL);
+      retry_at_[{sr.pid, sr.start_time}] = mono_ns() + kResumeRetryNs;
+      continue;
     }
     ++resumed;
   }

@@ -6,7 +6,10 @@
 // it from a thread of its own every kResumeCheckMs.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
+#include <utility>
 
 #include "model/peer.hpp"
 #include "model/room.hpp"
@@ -39,9 +42,14 @@ class RoomKeeper {
   void resume_loop(int stop_fd);
 
  private:
+  /// A resume that failed is not tried again before this long, ns (the resume thread's own).
+  static constexpr uint64_t kResumeRetryNs = 30'000'000'000ULL;
+
   Suspender& suspender_;
   Registry& reg_;
   std::function<void(const std::function<void()>&)> on_loop_;
+  /// (pid, start time) -> when a failed resume may be tried again (mono ns); resume thread only.
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> retry_at_;
 };
 
 }  // namespace cuw::daemon
