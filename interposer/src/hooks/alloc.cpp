@@ -29,7 +29,9 @@ CUW_EXPORT_HOT __attribute__((aligned(4096))) CUresult hook_cuMemAlloc_v2(CUdevi
   Tracker& t = Tracker::get();
   const core::SiteScope site(t, bytesize);
   const CUresult r = with_backend(t, [&](auto& b) CUW_LAMBDA_INLINE { return b.allocate(t, dptr, bytesize, real); });
-  if (__builtin_expect(r == CUDA_ERROR_OUT_OF_MEMORY, 0)) return cuw::backends::allocate_after_room(t, dptr, bytesize, real);
+  // The driver out of memory: the daemon may make room (backends/after_room.cpp, cold).
+  if (__builtin_expect(r == CUDA_ERROR_OUT_OF_MEMORY, 0))
+    return cuw::backends::allocate_after_room(t, dptr, bytesize, real);
   return r;
 }
 
