@@ -256,6 +256,8 @@ TEST_CASE("room.past_max_suspended_it_is_reported_and_resumed_once_memory_allows
   // Past its 1 s with the room still taken: reported, and it stays suspended.
   REQUIRE(wait_until([&] { return d.process(low.pid())["suspended_overdue"] == true; }));
   CHECK(contains(slurp(d.log), "past its max_suspended"));
+  const auto kinds = event_kinds(d, low.pid());
+  CHECK(std::count(kinds.begin(), kinds.end(), "suspend_overdue") == 1);
   CHECK(d.process(low.pid())["state"] == "suspended");
   // Once the room is back it resumes at once (resume_after, an hour here, is not waited for).
   REQUIRE(high.ask("free_reserved") == "rc 0");

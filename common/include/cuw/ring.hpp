@@ -94,6 +94,8 @@ enum class EventKind : uint8_t {
                       ///< now on the host)
   resume = 12,        ///< written by the daemon: the process was resumed (bytes: its device footprint;
                       ///< aux: how long it was suspended, ns)
+  suspend_overdue = 13,  ///< written by the daemon: suspended by policy past its job's max_suspended
+                         ///< with no room to resume it yet (bytes: its footprint; aux: how long, ns)
 };
 
 /// Which driver entry point produced an event. Stored as uint16_t in EventSlot::api.

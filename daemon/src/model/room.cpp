@@ -260,10 +260,22 @@ std::vector<PolicyResume> Registry::policy_resumes_due() {
         overdue.push_back({q->pid, q->start_time, q->priority});
         continue;
       }
-      if (!q->suspended_overdue)
+      if (!q->suspended_overdue) {
         spdlog::warn("suspend: pid {} (job '{}') has been suspended by policy past its max_suspended ({} s) and its "
                      "GPU has no room for it yet: it stays suspended until there is",
                      q->pid, field_text(qs.job, sizeof qs.job), *jr->max_suspended_ms / 1000);
+        StoredEvent ev;
+        ev.seq = ++seq_;
+        ev.by_uid = StoredEvent::kFromPolicy;
+        ev.e.time_ns = now_ns();
+        ev.e.kind = static_cast<uint8_t>(ring::EventKind::suspend_overdue);
+        ev.e.api = static_cast<uint16_t>(ring::Api::control);
+        ev.e.device = -1;
+        for (const auto& [uuid, bytes] : q->suspended_footprint) ev.e.bytes += bytes;
+        ev.e.aux = ev.e.time_ns - q->suspended_ns;
+        q->history.push(ev);
+        if (journal_) journal_->append(q->pid, q->start_time, ev);
+      }
       q->suspended_overdue = true;
     }
     bool fits = true;
