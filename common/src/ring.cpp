@@ -18,7 +18,8 @@ static_assert(sizeof(kApiNames) / sizeof(kApiNames[0]) == static_cast<size_t>(Ap
 
 constexpr const char* kKindNames[] = {"unknown", "alloc", "free", "refuse", "driver_error",
                                       "limit_change", "host_alloc", "host_free", "job_refuse",
-                                      "segment_alloc", "segment_free", "suspend", "resume"};
+                                      "segment_alloc", "segment_free", "suspend", "resume",
+                                      "suspend_overdue"};
 
 constexpr bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 

@@ -47,6 +47,7 @@
 #include "model/policy.hpp"
 #include "model/registry.hpp"
 #include "model/series.hpp"
+#include "model/room_keeper.hpp"
 #include "model/suspender.hpp"
 #include "model/symbolize_worker.hpp"
 #include "transports/handler.hpp"
@@ -199,31 +200,6 @@ std::string default_web_root() {
   std::string exe(buf, static_cast<std::size_t>(n));
   const std::size_t slash = exe.rfind('/');
   return exe.substr(0, slash) + "/../share/cuwarden/web";
-}
-
-/// The socket thread's loop: serve `server` until `stop_fd` is readable. Throws what the
-/// server throws (the caller stops the daemon).
-void serve_socket(cuw::daemon::Server& server, cuw::daemon::Server* previous, int stop_fd) {
-  std::vector<pollfd> sfds;
-  for (;;) {
-    sfds.clear();
-    sfds.push_back({stop_fd, POLLIN, 0});
-    server.collect(sfds);
-    const std::size_t previous_at = sfds.size();
-    if (previous) previous->collect(sfds);
-    // 100 ms: the granularity of the connection deadlines (seconds); with no connection
-    // there is none to keep, and the thread sleeps until a client or the stop comes.
-    const bool any = server.connection_count() || (previous && previous->connection_count());
-    const int sn = poll(sfds.data(), sfds.size(), any ? 100 : -1);
-    if (sn < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
-    if (sfds[0].revents & POLLIN) return;
-    if (sn > 0) {
-      server.dispatch(sfds, 1);  // each reads its own entries, from where collect() put them
-      if (previous) previous->dispatch(sfds, previous_at);
-    }
-    server.expire(mono_ns());
-    if (previous) previous->expire(mono_ns());
-  }
 }
 
 /// --http's syntax, checked with the other arguments (exit 2) before the daemon takes its run
@@ -425,6 +401,12 @@ int run(const Options& o) {
   backend.suspend = [&](const cuw::daemon::Peer& peer, const cuw::daemon::SuspendRequest& req) {
     return suspender.run(peer, req);
   };
+  // By policy: a room request on the pool as well; resumes on a thread of their own (below).
+  cuw::daemon::RoomKeeper room_keeper(suspender, reg, [&writes](const std::function<void()>& f) { writes.call(f); });
+  if (checkpoint.available())
+    backend.room = [&](const cuw::daemon::Peer& peer, const cuw::daemon::RoomRequest& req) {
+      return room_keeper.ask(peer, req);
+    };
   // Snapshots and reports on the server's pool; limits and state at once, never behind them.
   cuw::daemon::Server server(
       [&](const cuw::daemon::Peer& peer, uint16_t cmd, const std::string& body) {
@@ -509,13 +491,15 @@ int run(const Options& o) {
   std::thread socket_thread([&] {
     ::pthread_setname_np(::pthread_self(), "cuwardend-sock");
     try {
-      serve_socket(server, previous.get(), stop_fd);
+      cuw::daemon::serve_until(server, previous.get(), stop_fd);
     } catch (const std::exception& e) {
       // Not served, not drained either: stop the daemon the way a signal does.
       spdlog::critical("socket thread: {}; stopping", e.what());
       ::kill(::getpid(), SIGTERM);
     }
   });
+  std::thread resume_thread;
+  if (checkpoint.available()) resume_thread = std::thread([&] { room_keeper.resume_loop(stop_fd); });
   // However the loop ends (a signal, or an exception on its way to "fatal" in main), calls
   // still waiting fail ("the daemon is stopping") and the socket thread, which may be
   // blocked in one, is stopped and joined before what it uses goes.
@@ -524,16 +508,18 @@ int run(const Options& o) {
     int stop_fd;
     std::thread& thread;
     std::thread& http_thread;
+    std::thread& resume_thread;
     void stop() {
-      if (!thread.joinable() && !http_thread.joinable()) return;
+      if (!thread.joinable() && !http_thread.joinable() && !resume_thread.joinable()) return;
       writes.close_queue();
       const uint64_t one = 1;
       (void)!write(stop_fd, &one, sizeof one);
       if (thread.joinable()) thread.join();
       if (http_thread.joinable()) http_thread.join();
+      if (resume_thread.joinable()) resume_thread.join();
     }
     ~StopSocketThread() { stop(); }
-  } stop_socket_thread{writes, stop_fd, socket_thread, http_thread};
+  } stop_socket_thread{writes, stop_fd, socket_thread, http_thread, resume_thread};
   // A State is built after every scan and write, and when a query asks for one: not per
   // drain, which would copy every ring's header a hundred times a second for no reader.
   uint64_t next_drain = mono_ns();

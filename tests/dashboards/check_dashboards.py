@@ -43,6 +43,7 @@ OTHER_FAMILIES = {
     "cuwarden_processes": {"hostname"},
     "cuwarden_suspended_processes": {"hostname"},
     "cuwarden_suspended_host_bytes": {"hostname"},
+    "cuwarden_suspended_overdue_processes": {"hostname"},
     "cuwarden_build_info": {"version"},
 }
 TARGET_LABELS = {"job", "instance"}  # added by the scrape

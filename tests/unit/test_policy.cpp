@@ -179,21 +179,21 @@ TEST_CASE("policy: enforce is report unless a section says kill and the user's o
     REQUIRE(p);
     return std::move(*p);
   };
-  CHECK(parse("[default]\nmax_limit = \"8G\"\n").for_user(uid).enforce == Enforce::report);
-  CHECK(parse("[default]\nenforce = \"kill\"\n").for_user(uid).enforce == Enforce::kill);
+  CHECK(parse("[default]\nmax_limit = \"8G\"\n").for_user(uid).enforce_or() == Enforce::report);
+  CHECK(parse("[default]\nenforce = \"kill\"\n").for_user(uid).enforce_or() == Enforce::kill);
   CHECK_FALSE(parse("[default]\nenforce = \"report\"\n").empty());
   // A group's kill over the default's report; the user's own report over both.
-  CHECK(parse("[default]\nenforce = \"report\"\n[group." + gid + "]\nenforce = \"kill\"\n").for_user(uid).enforce ==
+  CHECK(parse("[default]\nenforce = \"report\"\n[group." + gid + "]\nenforce = \"kill\"\n").for_user(uid).enforce_or() ==
         Enforce::kill);
   CHECK(parse("[group." + gid + "]\nenforce = \"kill\"\n[user." + pw->pw_name + "]\nenforce = \"report\"\n")
             .for_user(uid)
-            .enforce == Enforce::report);
+            .enforce_or() == Enforce::report);
   // Of two groups, the stricter.
   if (group* gr = getgrgid(pw->pw_gid))
     CHECK(parse("[group." + gid + "]\nenforce = \"report\"\n[group." + std::string(gr->gr_name) +
                 "]\nenforce = \"kill\"\n")
               .for_user(uid)
-              .enforce == Enforce::kill);
+              .enforce_or() == Enforce::kill);
   // Anything else is an error with its place.
   CHECK_THAT(errors_of("[default]\nenforce = \"terminate\"\n"),
              Catch::StartsWith("p.toml:2:11: enforce must be \"report\" or \"kill\""));
@@ -220,4 +220,75 @@ TEST_CASE("policy: a character the TOML parser mishandles is refused with its pl
     CHECK(errors_of(std::string("# x") + fine + "\n[default]\nlimit = \"1G\"\n").empty());
   CHECK(errors_of("# \xe6\x97\xa5\xe6\x9c\xac\n[default]\nlimit = \"1G\"\n").empty());
   CHECK(errors_of("[default]\nlimit = \"1G\"\n[user.\"jos\\u00E9\"]\nlimit = \"2G\"\n").empty());
+}
+
+TEST_CASE("policy: priorities default to 0, a process may only lower its own unless max_priority allows") {
+  const uid_t uid = getuid();
+  passwd* pw = getpwuid(uid);
+  REQUIRE(pw);
+  const std::string gid = std::to_string(pw->pw_gid);
+  std::vector<std::string> errors, warnings;
+  auto parse = [&](const std::string& text) {
+    errors.clear();
+    auto p = parse_policy(text, "p.toml", &errors, &warnings);
+    REQUIRE(p);
+    return std::move(*p);
+  };
+  {
+    auto p = parse("");
+    const auto& e = p.for_user(uid);
+    CHECK(e.priority_for(std::nullopt) == 0);
+    CHECK(e.priority_for(5) == 0);    // no raise without max_priority
+    CHECK(e.priority_for(-7) == -7);  // lowering is always allowed
+    CHECK(e.room_wait_ms() == 30'000);
+    CHECK(e.resume_after_ms() == 2'000);
+    CHECK(e.min_run_ms() == 10'000);
+  }
+  {
+    auto p = parse("[default]\npriority = 10\nmax_priority = 50\nroom_wait = \"5s\"\nresume_after = 500\n"
+                   "min_run = \"1500ms\"\n[group." + gid + "]\nmax_priority = 20\n");
+    const auto& e = p.for_user(uid);
+    CHECK(e.priority_for(std::nullopt) == 10);
+    CHECK(e.priority_for(100) == 20);  // the group's max, below the default's
+    CHECK(e.priority_for(15) == 15);
+    CHECK(e.room_wait_ms() == 5'000);
+    CHECK(e.resume_after_ms() == 500'000);
+    CHECK(e.min_run_ms() == 1'500);
+    CHECK_FALSE(p.empty());
+  }
+  {
+    // The user's own section wins over the groups'.
+    auto p = parse("[group." + gid + "]\npriority = -5\n[user." + pw->pw_name + "]\npriority = 3\n");
+    CHECK(p.for_user(uid).priority_for(std::nullopt) == 3);
+  }
+  CHECK_THAT(errors_of("[default]\npriority = 2000\n"),
+             Catch::StartsWith("p.toml:2:12: priority must be an integer from -1000 to 1000"));
+  CHECK_THAT(errors_of("[default]\npriority = \"high\"\n"), Catch::Contains("priority must be an integer"));
+  CHECK_THAT(errors_of("[default]\npriority = 5\nmax_priority = 1\n"), Catch::Contains("priority 5 is above max_priority 1"));
+  CHECK_THAT(errors_of("[default]\nroom_wait = \"forever\"\n"), Catch::Contains("room_wait must be a duration"));
+  CHECK_THAT(errors_of("[default]\nmin_run = \"2h\"\n"), Catch::Contains("min_run must be a duration"));
+  CHECK_THAT(errors_of("[default]\npriorty = 1\n"), Catch::Contains("unknown key 'priorty' in [default] (use limit, "));
+  CHECK_THAT(errors_of("priority = 1\n"), Catch::Contains("'priority' outside a section"));
+}
+
+TEST_CASE("policy: a job's section says whether it may be suspended to make room") {
+  std::vector<std::string> errors, warnings;
+  auto p = parse_policy("[job.nightly]\nsuspend = \"never\"\n[job.batch]\nsuspend = \"allowed\"\n", "p.toml", &errors,
+                        &warnings);
+  REQUIRE(p);
+  CHECK(p->never_suspend("nightly"));
+  CHECK_FALSE(p->never_suspend("batch"));
+  CHECK_FALSE(p->never_suspend("other"));
+  CHECK_FALSE(p->never_suspend(""));
+  CHECK_FALSE(p->empty());
+  CHECK_THAT(errors_of("[job.x]\nsuspend = \"sometimes\"\n"), Catch::StartsWith("p.toml:2:11: suspend must be \"never\""));
+  CHECK_THAT(errors_of("[job.x]\nlimit = \"1G\"\n"),
+             Catch::Contains("unknown key 'limit' in [job.x] (use suspend, max_suspended)"));
+  auto q = parse_policy("[job.long]\nmax_suspended = \"36h\"\n", "p.toml", &errors, &warnings);
+  REQUIRE(q);
+  REQUIRE(q->job_rules("long"));
+  CHECK(q->job_rules("long")->max_suspended_ms == 36 * 3'600'000ULL);
+  CHECK_FALSE(q->job_rules("long")->never_suspend);
+  CHECK_THAT(errors_of("[job.x]\nmax_suspended = \"30d\"\n"), Catch::Contains("max_suspended must be a duration from 1ms to a week"));
+  CHECK_THAT(errors_of("[jobs.x]\nsuspend = \"never\"\n"), Catch::Contains("[job.NAME]"));
 }

@@ -68,6 +68,9 @@ namespace cuw::options {
   X(CUWARDEN_RUN_DIR, "/dev/shm/cuwarden", "a path", "where rings, job files and live segments live", "")           \
   X(CUWARDEN_SOCKET, "", "a path",                                                                                     \
     "the daemon's socket (unset: `/run/cuwarden/cuwardend.sock`, or `daemon/cuwardend.sock` in a run directory set)",  \
+    "")                                                                                                                \
+  X(CUWARDEN_PRIORITY, "", "an integer, `-1000` .. `1000`",                                                           \
+    "priority when the daemon makes room on a full GPU (higher first); the policy's unless lower, never above its max", \
     "")
 
 /// One row of CUW_OPTIONS. Every field is a NUL-terminated literal with static storage.

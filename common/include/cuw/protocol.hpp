@@ -49,6 +49,7 @@ enum class Command : uint16_t {
   get_history = 6,
   suspend = 7,
   resume = 8,
+  room = 9,
   error = 0xffff,
 };
 
@@ -186,6 +187,13 @@ inline constexpr OneOf kSuspendOneOf[] = {
     {"pid", "job", "give exactly one of \"pid\" and \"job\""},
 };
 
+inline constexpr RequestKey kRoomKeys[] = {
+    // the CUDA ordinal, as the asking process sees it, that could not serve the allocation
+    {"device", "uint", true, "\"device\" must be a CUDA ordinal 0..15"},
+    // the allocation's size in bytes (1..2^63)
+    {"bytes", "uint", true, "\"bytes\" must be a positive integer"},
+};
+
 /// Every command, in number order. The daemon dispatches through this table: a number not
 /// in it gets {"error":"unknown command N"}.
 inline constexpr CommandInfo kCommands[] = {
@@ -228,6 +236,10 @@ inline constexpr CommandInfo kCommands[] = {
      R"("device_bytes","seconds"}]})",
      R"(refused: {"error":"refused: <why>","refused":true} (the owner or root; free device memory for its footprint )"
      R"(and a margin); <why> when it cannot be done)"},
+    {Command::room, "room", true, kRoomKeys, {}, "sent by the interposer of the asking process itself",
+     R"({"granted":true|false,"reason","shortfall_bytes","suspended":[pid...]} (granted: processes were )"
+     R"(suspended by policy, or the memory is free now: try the allocation once more))",
+     "bad request: <why>"},
 };
 
 /// The row of command number `number`, or null when there is none.

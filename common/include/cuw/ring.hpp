@@ -94,6 +94,8 @@ enum class EventKind : uint8_t {
                       ///< now on the host)
   resume = 12,        ///< written by the daemon: the process was resumed (bytes: its device footprint;
                       ///< aux: how long it was suspended, ns)
+  suspend_overdue = 13,  ///< written by the daemon: suspended by policy past its job's max_suspended
+                         ///< with no room to resume it yet (bytes: its footprint; aux: how long, ns)
 };
 
 /// Which driver entry point produced an event. Stored as uint16_t in EventSlot::api.
@@ -237,7 +239,17 @@ struct RingHeader {
   uint64_t suspended_ns;
   char suspended_by[32];
   std::atomic<uint64_t> resumes;
-  uint64_t reserved_words[24];
+  /// CUWARDEN_PRIORITY as the process asked for it (`priority_asked` 1; 0: it asked for none,
+  /// or a writer that predates it). Read by the daemon once, when it first sees the ring, and
+  /// clamped by its policy: what the process writes later changes nothing.
+  int32_t priority;
+  uint32_t priority_asked;
+  /// Written by the daemon when it first sees the process: how long, in ms, an allocation the
+  /// GPU cannot serve may wait for the daemon to make room (the policy's room_wait); 0: no
+  /// daemon has said (the interposer then waits at most 30 s).
+  std::atomic<uint32_t> room_wait_ms;
+  uint32_t reserved_word2;
+  uint64_t reserved_words[22];
   alignas(64) std::atomic<uint64_t> write_pos;  ///< next position producers claim
   alignas(64) std::atomic<uint64_t> read_pos;   ///< next position the consumer reads
   alignas(64) DeviceSlot devices[kMaxDevices];
@@ -247,6 +259,7 @@ static_assert(offsetof(RingHeader, abi_version) == 8);
 static_assert(offsetof(RingHeader, slot_count) == 20);
 static_assert(offsetof(RingHeader, pidns) == 464, "pidns took the first reserved word of the previous layout");
 static_assert(offsetof(RingHeader, resumes) == 512, "the resume notice took reserved words of the previous layout");
+static_assert(offsetof(RingHeader, priority) == 520, "the priority took the first reserved word of the previous layout");
 
 /// Total file size in bytes for `slot_count` slots.
 constexpr uint64_t file_size(uint32_t slot_count) noexcept {

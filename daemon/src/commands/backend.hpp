@@ -6,6 +6,7 @@
 
 #include "model/control.hpp"
 #include "model/peer.hpp"
+#include "model/room.hpp"
 #include "model/series.hpp"
 #include "model/state.hpp"
 #include "model/suspend.hpp"
@@ -31,6 +32,9 @@ struct Backend {
   /// Suspend or resume as Suspender::run does it (model/suspender.hpp): may take seconds, so
   /// the transport runs it on its pool. Empty: this daemon cannot (the command says why).
   std::function<SuspendResult(const Peer&, const SuspendRequest&)> suspend;
+  /// Make room for the asking process as RoomKeeper::ask does (model/room_keeper.hpp): may
+  /// take seconds, on the transport's pool. Empty: this daemon cannot (the answer is no).
+  std::function<RoomAnswer(const Peer&, const RoomRequest&)> room;
 };
 
 }  // namespace cuw::daemon

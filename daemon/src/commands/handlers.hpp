@@ -67,6 +67,11 @@ Answer set_limit(const Backend& b, const Peer& peer, const nlohmann::json& reque
 /// row), through Backend::suspend; a refusal carries the reason in its body. May take seconds.
 Answer suspend(const Backend& b, const Peer& peer, const nlohmann::json& request, SuspendRequest::Action action);
 
+/// Make room for the asking process (`peer`, its own interposer) as `request` (a body that fits
+/// room's row) says, through Backend::room: {"granted", "reason", "shortfall_bytes",
+/// "suspended"}. May take up to the requester's room_wait.
+Answer room(const Backend& b, const Peer& peer, const nlohmann::json& request);
+
 /// Prometheus' text exposition of the State (views/metrics_text.hpp).
 Answer metrics(const Backend& b);
 

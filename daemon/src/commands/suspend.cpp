@@ -26,4 +26,28 @@ Answer suspend(const Backend& b, const Peer& peer, const nlohmann::json& request
   }
 }
 
+Answer room(const Backend& b, const Peer& peer, const nlohmann::json& request) {
+  RoomRequest req;
+  const uint64_t device = request["device"].get<uint64_t>(), bytes = request["bytes"].get<uint64_t>();
+  if (device >= 16) return failure(400, "bad request: \"device\" must be a CUDA ordinal 0..15");
+  if (bytes == 0 || bytes > (uint64_t{1} << 63)) return failure(400, "bad request: \"bytes\" must be a positive integer");
+  req.device = static_cast<uint32_t>(device);
+  req.bytes = bytes;
+  RoomAnswer a;
+  if (!b.room) {
+    a.reason = "this daemon does not suspend processes (no checkpoint driver)";
+  } else {
+    try {
+      a = b.room(peer, req);
+    } catch (const std::exception& e) {
+      a.reason = e.what();
+    }
+  }
+  nlohmann::ordered_json j = {{"granted", a.granted},
+                      {"reason", a.reason},
+                      {"shortfall_bytes", a.shortfall},
+                      {"suspended", a.suspended}};
+  return json_answer(j, Via::socket);
+}
+
 }  // namespace cuw::daemon

@@ -34,6 +34,8 @@ Answer socket_resume(const Backend& b, const Peer& peer, const json& req) {
   return suspend(b, peer, req, SuspendRequest::Action::resume);
 }
 
+Answer socket_room(const Backend& b, const Peer& peer, const json& req) { return room(b, peer, req); }
+
 Answer socket_snapshot(const Backend& b, const Peer& peer, const json& req) {
   SnapshotArgs a;
   a.pid = req["pid"].get<uint64_t>();
@@ -94,6 +96,7 @@ constexpr CommandRow kRows[] = {
     {proto::Command::get_history, false, socket_history},
     {proto::Command::suspend, true, socket_suspend},
     {proto::Command::resume, true, socket_resume},
+    {proto::Command::room, true, socket_room},
 };
 
 constexpr Route kRoutes[] = {

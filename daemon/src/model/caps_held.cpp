@@ -98,7 +98,7 @@ void Registry::check_caps_held(Process& p) {
   // under `enforce = "kill"` the first was its warning.
   const bool offending = p.tampers != tampers_before || over != 0;
   p.offending_scans = offending ? p.offending_scans + 1 : 0;
-  if (!offending || !policy_ || policy_->for_user(p.uid).enforce != Enforce::kill) return;
+  if (!offending || !policy_ || policy_->for_user(p.uid).enforce_or() != Enforce::kill) return;
   if (p.offending_scans == 1) {
     spdlog::warn("pid {} ({}): over its cap's ceiling; the policy ends it (enforce = \"kill\") if it still is at the "
                  "next scan",

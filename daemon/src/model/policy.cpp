@@ -28,14 +28,24 @@ std::string PolicyValue::str() const { return unlimited ? "none" : size.str(); }
 
 bool Policy::empty() const noexcept {
   auto none = [](const PolicyCaps& c) {
-    return !c.limit && !c.max_limit && !c.job_limit && !c.max_job_limit && !c.enforce;
+#define CUW_POLICY_UNSET_(key, type) &&!c.key
+    return true CUW_POLICY_KEYS(CUW_POLICY_UNSET_);
+#undef CUW_POLICY_UNSET_
   };
   if (!none(defaults)) return false;
   for (const auto& [n, c] : users)
     if (!none(c)) return false;
   for (const auto& [n, c] : groups)
     if (!none(c)) return false;
+  for (const auto& [n, j] : jobs)
+    if (j.never_suspend || j.max_suspended_ms) return false;
   return true;
+}
+
+PolicyPriority EffectivePolicy::priority_for(std::optional<PolicyPriority> asked) const noexcept {
+  const PolicyPriority base = priority.value_or(0);
+  const PolicyPriority most = max_priority.value_or(base);  // sections may set the two apart
+  return std::clamp(std::min(asked.value_or(base), most), kMinPriority, kMaxPriority);
 }
 
 namespace {
@@ -71,16 +81,20 @@ void identity(uint32_t uid, std::string* user, std::vector<std::string>* group_k
   }
 }
 
-/// The lower of two values (unlimited is the highest); percentages compare as-is only
-/// with percentages, otherwise the absolute one is taken as the tighter (it does not
-/// depend on the device). Used to combine several groups.
-const PolicyValue& lower(const PolicyValue& a, const PolicyValue& b) {
-  if (a.unlimited) return b;
-  if (b.unlimited) return a;
-  if (a.size.percent != b.size.percent) return a.size.percent ? b : a;
-  if (a.size.percent) return a.size.share <= b.size.share ? a : b;
-  return a.size.bytes <= b.size.bytes ? a : b;
+/// Whether `a` is tighter than `b`, for combining several groups: the lower of two sizes
+/// (unlimited is the highest; percentages compare as-is only with percentages, otherwise
+/// the absolute one is taken as the tighter: it does not depend on the device), the stricter
+/// enforcement, the lower priority, the shorter duration.
+bool tighter(const PolicyValue& a, const PolicyValue& b) {
+  if (a.unlimited) return false;
+  if (b.unlimited) return true;
+  if (a.size.percent != b.size.percent) return !a.size.percent;
+  if (a.size.percent) return a.size.share < b.size.share;
+  return a.size.bytes < b.size.bytes;
 }
+bool tighter(Enforce a, Enforce b) { return a > b; }
+bool tighter(PolicyPriority a, PolicyPriority b) { return a < b; }
+bool tighter(const PolicyDuration& a, const PolicyDuration& b) { return a < b; }
 
 }  // namespace
 
@@ -98,7 +112,8 @@ const EffectivePolicy& Policy::for_user(uint32_t uid) const {
   for (const auto& k : gkeys)
     if (auto it = groups.find(k); it != groups.end()) gs.emplace_back(k, &it->second);
   std::vector<std::string> sources;
-  auto pick = [&](std::optional<PolicyValue> PolicyCaps::*key, std::optional<PolicyValue>& out) {
+  // Each key: the user's own section, else the tightest of the groups', else [default].
+  auto pick = [&]<class T>(std::optional<T> PolicyCaps::*key, std::optional<T>& out) {
     if (u && (u->*key)) {
       out = u->*key;
       sources.push_back("user " + user);
@@ -106,11 +121,9 @@ const EffectivePolicy& Policy::for_user(uint32_t uid) const {
     }
     std::string from;
     for (const auto& [name, caps] : gs)
-      if (caps->*key) {
-        if (!out || &lower(*out, *(caps->*key)) != &*out) {
-          out = caps->*key;
-          from = "group " + name;
-        }
+      if (caps->*key && (!out || tighter(*(caps->*key), *out))) {
+        out = caps->*key;
+        from = "group " + name;
       }
     if (out) {
       sources.push_back(from);
@@ -121,22 +134,9 @@ const EffectivePolicy& Policy::for_user(uint32_t uid) const {
       sources.push_back("default");
     }
   };
-  pick(&PolicyCaps::limit, e.limit);
-  pick(&PolicyCaps::max_limit, e.max_limit);
-  pick(&PolicyCaps::job_limit, e.job_limit);
-  pick(&PolicyCaps::max_job_limit, e.max_job_limit);
-  // The user's own section, else the strictest of the groups', else [default].
-  if (u && u->enforce) {
-    e.enforce = *u->enforce;
-  } else {
-    bool from_group = false;
-    for (const auto& [name, caps] : gs)
-      if (caps->enforce) {
-        e.enforce = from_group ? std::max(e.enforce, *caps->enforce) : *caps->enforce;
-        from_group = true;
-      }
-    if (!from_group && defaults.enforce) e.enforce = *defaults.enforce;
-  }
+#define CUW_POLICY_PICK_(key, type) pick(&PolicyCaps::key, e.key);
+  CUW_POLICY_KEYS(CUW_POLICY_PICK_)
+#undef CUW_POLICY_PICK_
   std::sort(sources.begin(), sources.end());
   sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
   for (const auto& s : sources) e.source += (e.source.empty() ? "" : ", ") + s;
@@ -148,6 +148,21 @@ namespace {
 
 std::string where(const std::string& source, const toml::source_region& r) {
   return fmt::format("{}:{}:{}", source, r.begin.line, r.begin.column);
+}
+
+/// Every key of a section, for messages: "limit, max_limit, ...".
+std::string key_list() {
+  std::string out;
+#define CUW_POLICY_NAME_(key, type) out += (out.empty() ? "" : ", ") + std::string(#key);
+  CUW_POLICY_KEYS(CUW_POLICY_NAME_)
+#undef CUW_POLICY_NAME_
+  return out;
+}
+
+bool is_key(const std::string& key) {
+#define CUW_POLICY_IS_(name, type) || key == #name
+  return false CUW_POLICY_KEYS(CUW_POLICY_IS_);
+#undef CUW_POLICY_IS_
 }
 
 struct Parser {
@@ -204,28 +219,72 @@ struct Parser {
     return pv;
   }
 
+  bool parse(const std::string& key, const toml::node& v, PolicyValue* out) {
+    auto pv = value(key, v);
+    if (pv) *out = *pv;
+    return pv.has_value();
+  }
+  bool parse(const std::string& key, const toml::node& v, Enforce* out) {
+    const auto* str = v.as_string();
+    if (str && str->get() == "report") *out = Enforce::report;
+    else if (str && str->get() == "kill") *out = Enforce::kill;
+    else error(v.source(), fmt::format("{} must be \"report\" or \"kill\"", key));
+    return str && (str->get() == "report" || str->get() == "kill");
+  }
+  bool parse(const std::string& key, const toml::node& v, PolicyPriority* out) {
+    const auto* i = v.as_integer();
+    if (!i || i->get() < kMinPriority || i->get() > kMaxPriority) {
+      error(v.source(), fmt::format("{} must be an integer from {} to {} (higher goes first)", key, kMinPriority,
+                                    kMaxPriority));
+      return false;
+    }
+    *out = static_cast<PolicyPriority>(i->get());
+    return true;
+  }
+  static constexpr uint64_t kHourMs = 3'600'000, kWeekMs = 7 * 24 * kHourMs;
+  bool parse(const std::string& key, const toml::node& v, PolicyDuration* out, uint64_t most_ms = kHourMs) {
+    double ms = -1;
+    if (const auto* i = v.as_integer()) {
+      ms = static_cast<double>(i->get()) * 1000;
+    } else if (const auto* str = v.as_string()) {
+      const std::string& text = str->get();
+      std::size_t n = 0;
+      double x = -1;
+      try {
+        x = std::stod(text, &n);
+      } catch (const std::exception&) {
+        n = 0;
+      }
+      const std::string unit = n ? text.substr(n) : "?";
+      ms = unit == "ms" ? x : unit == "s" ? x * 1000 : unit == "m" || unit == "min" ? x * 60'000
+         : unit == "h"                                                   ? x * 3'600'000
+                                                                         : -1;
+    }
+    if (!(ms >= 1 && ms <= static_cast<double>(most_ms))) {
+      error(v.source(), fmt::format("{} must be a duration from 1ms to {} such as \"30s\" or \"500ms\"", key,
+                                    most_ms == kHourMs ? "1h" : "a week"));
+      return false;
+    }
+    out->ms = static_cast<uint64_t>(ms);
+    return true;
+  }
+
   PolicyCaps section(const std::string& what, const toml::table& t) {
     PolicyCaps c;
     for (auto&& [k, v] : t) {
       const std::string key(k.str());
-      if (key == "enforce") {
-        const auto* str = v.as_string();
-        if (str && str->get() == "report") c.enforce = Enforce::report;
-        else if (str && str->get() == "kill") c.enforce = Enforce::kill;
-        else error(v.source(), "enforce must be \"report\" or \"kill\"");
-        continue;
-      }
-      std::optional<PolicyValue>* slot = key == "limit"           ? &c.limit
-                                         : key == "max_limit"     ? &c.max_limit
-                                         : key == "job_limit"     ? &c.job_limit
-                                         : key == "max_job_limit" ? &c.max_job_limit
-                                                                  : nullptr;
-      if (!slot) {
-        error(k.source(), fmt::format("unknown key '{}' in [{}] (use limit, max_limit, job_limit, max_job_limit, enforce)",
-                                      key, what));
-        continue;
-      }
-      *slot = value(key, v);
+      bool known = false;
+      // One branch per row of CUW_POLICY_KEYS: a value of the key's type, or an error.
+#define CUW_POLICY_PARSE_(name, type)                            \
+  if (key == #name) {                                            \
+    known = true;                                                \
+    type parsed{};                                               \
+    if (parse(key, v, &parsed)) c.name = parsed;                 \
+  }
+      CUW_POLICY_KEYS(CUW_POLICY_PARSE_)
+#undef CUW_POLICY_PARSE_
+      if (!known)
+        error(k.source(), fmt::format("unknown key '{}' in [{}] (use {})", key, what, key_list()));
     }
     auto above = [&](const std::optional<PolicyValue>& d, const std::optional<PolicyValue>& m, const char* dn,
                      const char* mn) {
@@ -236,7 +295,43 @@ struct Parser {
     };
     above(c.limit, c.max_limit, "limit", "max_limit");
     above(c.job_limit, c.max_job_limit, "job_limit", "max_job_limit");
+    if (c.priority && c.max_priority && *c.priority > *c.max_priority)
+      error(t.source(), fmt::format("[{}]: priority {} is above max_priority {}", what, *c.priority, *c.max_priority));
     return c;
+  }
+
+  /// [job.NAME] sections: `suspend = "never"` (or "allowed", the default) and
+  /// `max_suspended` (a duration up to a week), nothing else.
+  void job_sections(const toml::node& n, std::map<std::string, JobRules>* out) {
+    const toml::table* t = n.as_table();
+    if (!t) {
+      error(n.source(), "'job' must be a table of sections such as [job.NAME]");
+      return;
+    }
+    for (auto&& [k, v] : *t) {
+      const std::string name(k.str());
+      const toml::table* st = v.as_table();
+      if (!st) {
+        error(k.source(), fmt::format("'job.{}' must be a section [job.{}]", name, name));
+        continue;
+      }
+      JobRules r;
+      for (auto&& [jk, jv] : *st) {
+        const std::string key(jk.str());
+        const auto* s = jv.as_string();
+        if (key == "max_suspended") {
+          PolicyDuration d;
+          if (parse(key, jv, &d, kWeekMs)) r.max_suspended_ms = d.ms;
+        } else if (key != "suspend") {
+          error(jk.source(), fmt::format("unknown key '{}' in [job.{}] (use suspend, max_suspended)", key, name));
+        } else if (!s || (s->get() != "never" && s->get() != "allowed")) {
+          error(jv.source(), "suspend must be \"never\" or \"allowed\"");
+        } else {
+          r.never_suspend = s->get() == "never";
+        }
+      }
+      (*out)[name] = r;
+    }
   }
 
   void named_sections(const std::string& kind, const toml::node& n, std::map<std::string, PolicyCaps>* out) {
@@ -299,11 +394,13 @@ std::optional<Policy> parse_policy(std::string_view text, const std::string& sou
       p.named_sections("user", v, &pol.users);
     } else if (key == "group") {
       p.named_sections("group", v, &pol.groups);
-    } else if (key == "limit" || key == "max_limit" || key == "job_limit" || key == "max_job_limit" ||
-               key == "enforce") {
+    } else if (key == "job") {
+      p.job_sections(v, &pol.jobs);
+    } else if (is_key(key)) {
       p.error(k.source(), fmt::format("'{}' outside a section: put it under [default] (or [user.NAME], [group.NAME])", key));
     } else {
-      p.error(k.source(), fmt::format("unknown section or key '{}' (use [default], [user.NAME], [group.NAME])", key));
+      p.error(k.source(),
+              fmt::format("unknown section or key '{}' (use [default], [user.NAME], [group.NAME], [job.NAME])", key));
     }
   }
   if (errors->size() != errors_before) return std::nullopt;

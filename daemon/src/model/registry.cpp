@@ -272,6 +272,7 @@ void Registry::try_open(const std::string& name, uint64_t mono, bool retry_uncha
     restored_.erase(it);
   }
   found_suspended(*p);
+  set_priority(*p, snap);
   // The process's pidfd shows its exit without a read of /proc and without mistaking a
   // reused pid: checked against the start time after it is opened, so it is this process's.
   // Without one (an old kernel, no descriptor left, another pid namespace) /proc is read.
@@ -437,7 +438,7 @@ void Registry::forget(const std::string& name, bool unlink_file) {
   if (p.suspended && p.exited) forget_suspension(p, "exited while suspended");
   else if (p.suspended)
     suspend_records_[{p.pid, p.start_time}] = {p.suspended_ns, p.suspended_host_bytes, p.suspended_by,
-                                               p.suspended_footprint};
+                                               p.suspended_footprint, p.suspended_by_policy};
   spdlog::info("forgot pid {} ({})", p.pid, name);
   retire(p);
   procs_.erase(name);
@@ -600,6 +601,9 @@ void Registry::publish() {
     ps.suspended_since_ns = p->suspended_ns;
     ps.suspended_host_bytes = p->suspended_host_bytes;
     ps.suspended_by = p->suspended_by;
+    ps.priority = p->priority;
+    ps.waiting_for_room = p->waiting_for_room;
+    ps.suspended_overdue = p->suspended_overdue;
     ps.history = p->history.view();
     ps.samples = p->samples;
   }

@@ -32,6 +32,7 @@
 #include "model/policy.hpp"
 #include "model/ring_view.hpp"
 #include "model/state.hpp"
+#include "model/room.hpp"
 #include "model/suspend.hpp"
 
 namespace cuw::daemon {
@@ -124,6 +125,18 @@ class Registry {
   /// the processes' state, an event each, the log, the record in the suspend directory; the
   /// busy marks cleared; then publish(). Loop thread only.
   void finish_suspend(const Peer& peer, const SuspendResult& r);
+  /// Making room by policy (room.cpp). plan_room(): the requester (the peer's own process,
+  /// which must be under cuwarden), the shortfall on the GPU (NVML), and the processes to
+  /// suspend (room.hpp: choose_victims; never one related to the requester, of its priority
+  /// or above, waiting for room itself, or resumed less than min_run ago); on `suspend` the
+  /// requester is marked waiting until end_room(). Loop thread only.
+  RoomPlan plan_room(const Peer& peer, const RoomRequest& req);
+  void end_room(uint32_t pid, uint64_t start_time);
+  /// The processes suspended by policy to resume now, highest priority first: each one's
+  /// footprint and margin have stayed free on its GPUs (NVML) for its resume_after, after
+  /// what any higher one still waiting needs. Loop thread only.
+  std::vector<PolicyResume> policy_resumes_due();
+
   /// Keep a record of each suspended process in `dir` (created if missing), so that a
   /// process suspended while the daemon restarts is found again as suspended; read those
   /// there now. "": none. Before the first scan.
@@ -275,6 +288,11 @@ class Registry {
   void found_suspended(Process& p);
   /// `p` is no longer suspended (it exited, or was resumed): its record removed.
   void forget_suspension(Process& p, const char* why);
+  /// `p`'s priority from the policy and what its ring asked, when it is found (room.cpp).
+  void set_priority(Process& p, const RingSnapshot& s);
+  /// Whether `a` and `b` share a job, a Slurm job, a pod, a session or a process tree: one
+  /// may be waiting on the other, so neither is suspended for the other (room.cpp).
+  bool related(const Process& a, const RingSnapshot& as, const Process& b, const RingSnapshot& bs) const;
   /// Whether `p` could go to the host now, and why not (suspend.cpp).
   std::string uncarried(const Process& p, const RingSnapshot& s) const;
   std::string suspend_dir_;  ///< "": suspensions are not recorded
@@ -282,6 +300,7 @@ class Registry {
     uint64_t since_ns = 0, host_bytes = 0;
     std::string by;
     std::vector<std::pair<std::string, uint64_t>> footprint;
+    bool by_policy = false;
   };
   std::map<std::pair<uint32_t, uint64_t>, SuspendRecord> suspend_records_;  ///< read at start: (pid, start time)
   RetiredCounters retired_;

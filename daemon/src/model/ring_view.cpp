@@ -45,6 +45,8 @@ bool RingView::snapshot(RingSnapshot& out) const noexcept {
     std::memcpy(out.pool, h->pool, sizeof out.pool);
     std::memcpy(&out.cap_scope, &h->cap_scope, sizeof out.cap_scope);
     std::memcpy(&out.pidns, &h->pidns, sizeof out.pidns);
+    std::memcpy(&out.priority, &h->priority, sizeof out.priority);
+    std::memcpy(&out.priority_asked, &h->priority_asked, sizeof out.priority_asked);
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const ring::DeviceSlot& s = h->devices[d];
       DeviceSnapshot& o = out.devices[d];
@@ -113,6 +115,12 @@ RingView::SetLimit RingView::set_limit(uint32_t d, uint64_t expected, uint64_t d
   };
   if (!guarded_call(body)) return SetLimit::fault;
   return r;
+}
+
+bool RingView::set_room_wait(uint32_t ms) noexcept {
+  if (!writable_) return false;
+  auto body = [&] { header()->room_wait_ms.store(ms, std::memory_order_relaxed); };
+  return guarded_call(body);
 }
 
 bool RingView::notify_resumed(uint64_t suspended_ns, const std::string& by) noexcept {

@@ -55,6 +55,8 @@ struct RingSnapshot {
   uint32_t pid = 0, uid = 0, state = 0, device_count = 0;
   uint32_t cap_scope = 0;  ///< ring::CapScope, unchecked (hostile input)
   uint64_t pidns = 0;      ///< RingHeader::pidns: the namespace `pid` is counted in (0: unknown)
+  int32_t priority = 0;          ///< CUWARDEN_PRIORITY as asked (unchecked: hostile input)
+  uint32_t priority_asked = 0;   ///< nonzero: the process asked for `priority`
   uint64_t start_time = 0, created_ns = 0, exited_ns = 0, heartbeat_ns = 0;
   uint64_t events_written = 0, events_dropped = 0, write_pos = 0, read_pos = 0;
   char comm[sizeof(ring::RingHeader::comm)] = {};
@@ -112,6 +114,9 @@ class RingView {
   /// Tell the process it was resumed after `suspended_ns` by `by` (ring.hpp, `resumes`): it
   /// prints one line on its stderr at its next CUDA call. False: read-only or faulted.
   bool notify_resumed(uint64_t suspended_ns, const std::string& by) noexcept;
+  /// Tell the process how long its allocations may wait for room (ring.hpp, room_wait_ms).
+  /// False: read-only or faulted.
+  bool set_room_wait(uint32_t ms) noexcept;
   uint32_t slot_count() const noexcept { return slot_count_; }
   uint64_t mapped_bytes() const noexcept { return size_; }
   dev_t dev() const noexcept { return dev_; }

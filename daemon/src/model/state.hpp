@@ -50,7 +50,10 @@ struct ProcessState {
   bool suspended = false;
   uint64_t suspended_since_ns = 0;    ///< CLOCK_REALTIME ns
   uint64_t suspended_host_bytes = 0;  ///< what the host holds for it
-  std::string suspended_by;           ///< who suspended it (a user name)
+  std::string suspended_by;           ///< who suspended it (a user name, or "policy")
+  int32_t priority = 0;               ///< for making room on a full GPU (higher first)
+  bool waiting_for_room = false;      ///< its allocation waits for the daemon to make room
+  bool suspended_overdue = false;     ///< suspended by policy past its job's max_suspended
   RingSnapshot header;               ///< the ring header as read when the State was built
   std::shared_ptr<const EventHistory::View> history;  ///< never null
   /// Per-call-site samples of its live memory, every kSampleEveryNs (snapshot --leaks);

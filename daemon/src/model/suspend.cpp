@@ -40,13 +40,6 @@ namespace cuw::daemon {
 
 namespace {
 
-/// A resume waits for its footprint plus this share of it, and at least kResumeMarginMin:
-/// another process that allocates meanwhile must not make the restore fail.
-constexpr uint64_t kResumeMarginMin = 16ULL << 20;
-constexpr uint64_t kResumeMarginShare = 20;  // 1/20: 5 %
-
-uint64_t resume_margin(uint64_t bytes) { return std::max(kResumeMarginMin, bytes / kResumeMarginShare); }
-
 std::string read_line(const std::string& path) {
   std::ifstream f(path);
   std::string line;
@@ -148,6 +141,7 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
   SuspendResult out;
   out.action = req.action;
   out.job = req.job;
+  out.by_policy = req.by_policy;
   out.job_name = req.job_name;
   const std::string who = peer.known ? fmt::format("uid {} ({}) pid {}", peer.uid, user_name(peer.uid), peer.pid)
                                      : std::string("an unidentified client");
@@ -166,6 +160,7 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
   if (!req.job) {
     Process* p = find_running(peer, req.pid);
     if (!p && rescan_for_request()) p = find_running(peer, req.pid);
+    if (p && req.start_time && p->start_time != req.start_time) p = nullptr;  // the policy's: that very process
     if (!p)
       return stop(O::refused, fmt::format("no running process with pid {} under cuwarden (it has no ring in {}): the "
                                          "daemon suspends only the processes it manages",
@@ -273,7 +268,7 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
 
 void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
   const bool suspend = r.action == SuspendRequest::Action::suspend;
-  const std::string by = peer.known ? user_name(peer.uid) : std::string("?");
+  const std::string by = r.by_policy ? std::string("policy") : peer.known ? user_name(peer.uid) : std::string("?");
   for (const SuspendTarget& t : r.processes) {
     Process* p = nullptr;
     for (auto& [name, q] : procs_)
@@ -283,7 +278,7 @@ void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
     if (!t.done) continue;
     StoredEvent ev;
     ev.seq = ++seq_;
-    ev.by_uid = peer.known ? peer.uid : StoredEvent::kFromProcess;
+    ev.by_uid = r.by_policy ? StoredEvent::kFromPolicy : peer.known ? peer.uid : StoredEvent::kFromProcess;
     ev.e.time_ns = now_ns();
     ev.e.kind = static_cast<uint8_t>(suspend ? ring::EventKind::suspend : ring::EventKind::resume);
     ev.e.api = static_cast<uint16_t>(ring::Api::control);
@@ -295,12 +290,15 @@ void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
       p->suspended_ns = ev.e.time_ns;
       p->suspended_host_bytes = t.device_bytes;  // the driver copies the device bytes as they are
       p->suspended_by = by;
+      p->suspended_by_policy = r.by_policy;
+      p->room_since_mono = 0;
       p->suspended_footprint = t.footprint;
       spdlog::info("suspend: {} suspended pid {} ({}, uid {}): {} to the host in {:.2f} s", by, p->pid, t.process_name,
                    p->uid, format_bytes(t.device_bytes), t.seconds);
       if (!suspend_dir_.empty()) {
         nlohmann::json j = {{"pid", p->pid}, {"start_time", p->start_time}, {"since_ns", p->suspended_ns},
-                            {"host_bytes", p->suspended_host_bytes}, {"by", by}, {"footprint", t.footprint}};
+                            {"host_bytes", p->suspended_host_bytes}, {"by", by}, {"footprint", t.footprint},
+                            {"by_policy", r.by_policy}};
         const std::string path = suspend_dir_ + "/" + record_name(p->pid, p->start_time);
         const std::string tmp = path + ".tmp";
         std::ofstream f(tmp, std::ios::trunc);
@@ -315,6 +313,7 @@ void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
       spdlog::info("resume: {} resumed pid {} ({}, uid {}) after {} s: {} back on the device in {:.2f} s", by, p->pid,
                    t.process_name, p->uid, ev.e.aux / 1'000'000'000ULL, format_bytes(t.device_bytes), t.seconds);
       if (!p->ring->notify_resumed(ev.e.aux, by)) spdlog::warn("resume: pid {}'s ring could not be told", p->pid);
+      p->resumed_mono = mono_ns();
       forget_suspension(*p, nullptr);
     }
     p->history.push(ev);
@@ -329,6 +328,9 @@ void Registry::forget_suspension(Process& p, const char* why) {
   p.suspended_ns = 0;
   p.suspended_host_bytes = 0;
   p.suspended_by.clear();
+  p.suspended_by_policy = false;
+  p.suspended_overdue = false;
+  p.room_since_mono = 0;
   p.suspended_footprint.clear();
   if (!suspend_dir_.empty()) ::unlink((suspend_dir_ + "/" + record_name(p.pid, p.start_time)).c_str());
 }
@@ -340,6 +342,7 @@ void Registry::found_suspended(Process& p) {
   p.suspended_ns = it->second.since_ns;
   p.suspended_host_bytes = it->second.host_bytes;
   p.suspended_by = it->second.by;
+  p.suspended_by_policy = it->second.by_policy;
   p.suspended_footprint = it->second.footprint;
   suspend_records_.erase(it);
   spdlog::info("suspend: pid {} is suspended since {} s ago (recorded before this start)", p.pid,
@@ -367,6 +370,7 @@ void Registry::set_suspend_dir(const std::string& dir) {
       r.since_ns = j.at("since_ns").get<uint64_t>();
       r.host_bytes = j.at("host_bytes").get<uint64_t>();
       r.by = j.at("by").get<std::string>().substr(0, 64);
+      r.by_policy = j.value("by_policy", false);
       for (const auto& g : j.at("footprint")) r.footprint.emplace_back(g.at(0).get<std::string>().substr(0, 64), g.at(1).get<uint64_t>());
     } catch (const std::exception&) {
       spdlog::warn("suspend: {} is not a suspension record; removed", path);

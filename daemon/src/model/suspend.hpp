@@ -11,6 +11,14 @@
 
 namespace cuw::daemon {
 
+/// What a resume waits for beyond a footprint of `bytes`, and what making room leaves free
+/// beyond an allocation: 5 % of it, at least 16 MiB (another process that allocates meanwhile
+/// must not make a restore fail). Bytes.
+inline uint64_t resume_margin(uint64_t bytes) noexcept {
+  constexpr uint64_t kMin = 16ULL << 20, kShare = 20;
+  return bytes / kShare > kMin ? bytes / kShare : kMin;
+}
+
 /// One suspend or resume request, its types checked.
 struct SuspendRequest {
   enum class Action { suspend, resume };
@@ -21,6 +29,10 @@ struct SuspendRequest {
   std::optional<uint32_t> user_uid;       ///< job: its owner by uid, or
   std::optional<std::string> user_name;   ///< by login name; neither: the requester
   uint32_t timeout_ms = 10'000;  ///< suspend: each lock's timeout (1..600000)
+  /// The daemon's own, to make room (room.hpp) or resume what it suspended so: recorded as
+  /// by "policy"; `start_time` (nonzero) names the very process meant.
+  bool by_policy = false;
+  uint64_t start_time = 0;
 };
 
 /// One process a request comes to.
@@ -47,6 +59,7 @@ struct SuspendResult {
   std::string reason;  ///< refused, failed: why, as the client is told
   SuspendRequest::Action action = SuspendRequest::Action::suspend;
   bool job = false;
+  bool by_policy = false;  ///< SuspendRequest::by_policy
   std::string job_name;
   std::vector<SuspendTarget> processes;
 };

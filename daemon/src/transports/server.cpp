@@ -2,6 +2,7 @@
 #include "transports/server.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -475,6 +476,31 @@ void Server::shutdown() {
     struct stat st{};
     if (lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) unlink(path_.c_str());
     path_.clear();
+  }
+}
+
+/// The socket thread's loop: serve `server` until `stop_fd` is readable. Throws what the
+/// server throws (the caller stops the daemon).
+void serve_until(Server& server, Server* previous, int stop_fd) {
+  std::vector<pollfd> sfds;
+  for (;;) {
+    sfds.clear();
+    sfds.push_back({stop_fd, POLLIN, 0});
+    server.collect(sfds);
+    const std::size_t previous_at = sfds.size();
+    if (previous) previous->collect(sfds);
+    // 100 ms: the granularity of the connection deadlines (seconds); with no connection
+    // there is none to keep, and the thread sleeps until a client or the stop comes.
+    const bool any = server.connection_count() || (previous && previous->connection_count());
+    const int sn = poll(sfds.data(), sfds.size(), any ? 100 : -1);
+    if (sn < 0 && errno != EINTR) throw std::runtime_error(std::string("poll: ") + std::strerror(errno));
+    if (sfds[0].revents & POLLIN) return;
+    if (sn > 0) {
+      server.dispatch(sfds, 1);  // each reads its own entries, from where collect() put them
+      if (previous) previous->dispatch(sfds, previous_at);
+    }
+    server.expire(mono_ns());
+    if (previous) previous->expire(mono_ns());
   }
 }
 

@@ -124,4 +124,9 @@ class Server {
   std::atomic<uint64_t> dropped_{0};
 };
 
+/// The socket thread's loop: serve `server` (and `previous`, the previous release's socket,
+/// when not null) until `stop_fd` is readable. Throws what the server throws (the caller
+/// stops the daemon). Blocks; one thread.
+void serve_until(Server& server, Server* previous, int stop_fd);
+
 }  // namespace cuw::daemon

@@ -103,11 +103,12 @@ std::string metrics_text(const State& st) {
   };
   std::map<RetiredCounters::Key, Sum> sums;
   std::map<std::pair<std::string, std::string>, uint64_t> dropped;
-  unsigned running = 0, suspended = 0;
+  unsigned running = 0, suspended = 0, overdue = 0;
   uint64_t suspended_bytes = 0;
   for (const ProcessState& p : st.processes) {
     if (p.suspended && !p.exited) {
       ++suspended;
+      overdue += p.suspended_overdue ? 1 : 0;
       suspended_bytes += p.suspended_host_bytes;
     }
     const std::string job = field_text(p.header.job, sizeof p.header.job);
@@ -226,6 +227,9 @@ std::string metrics_text(const State& st) {
   sample(b, "suspended_processes", fmt::format("hostname=\"{}\"", host), suspended);
   family(b, "suspended_host_bytes", "gauge", "Device bytes of the suspended processes, held on the host");
   sample(b, "suspended_host_bytes", fmt::format("hostname=\"{}\"", host), suspended_bytes);
+  family(b, "suspended_overdue_processes", "gauge",
+         "Processes suspended by policy past their job's max_suspended, with no room yet to resume them");
+  sample(b, "suspended_overdue_processes", fmt::format("hostname=\"{}\"", host), overdue);
   family(b, "build_info", "gauge", "The daemon's version");
   sample(b, "build_info", fmt::format("version=\"{}\"", CUWARDEN_VERSION), 1);
   return fmt::to_string(b);

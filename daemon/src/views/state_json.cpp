@@ -186,6 +186,9 @@ json state_json(const State& st) {
         {"suspended_host_bytes", p.suspended ? json(p.suspended_host_bytes) : json(nullptr)},
         {"suspended_since_ns", p.suspended ? json(p.suspended_since_ns) : json(nullptr)},
         {"suspended_by", p.suspended ? json(p.suspended_by) : json(nullptr)},
+        {"priority", p.priority},
+        {"waiting_for_room", p.waiting_for_room},
+        {"suspended_overdue", p.suspended ? json(p.suspended_overdue) : json(nullptr)},
     });
   }
 

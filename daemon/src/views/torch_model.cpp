@@ -329,7 +329,8 @@ std::vector<std::vector<TEntry>> raw_traces(const Snapshot& s, const std::vector
       case ring::EventKind::host_alloc:
       case ring::EventKind::host_free:
       case ring::EventKind::suspend:  // the memory moved to the host and back: its blocks stay
-      case ring::EventKind::resume: break;
+      case ring::EventKind::resume:
+      case ring::EventKind::suspend_overdue: break;
     }
     if (e.kind != static_cast<uint8_t>(ring::EventKind::job_refuse)) used[e.device] = e.used_after;
   }

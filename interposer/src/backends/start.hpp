@@ -34,6 +34,14 @@ CUW_INLINE decltype(auto) with_backend(core::Tracker& t, Op&& op) {
   return op(__builtin_expect(b != nullptr, 1) ? static_cast<backend&>(*b) : start(t));
 }
 
+/// A hooked allocation (cuMemAlloc, cuMemAllocAsync) returned CUDA_ERROR_OUT_OF_MEMORY: when
+/// the driver refused it and the daemon made room (core/room.hpp: retry_after_room), the
+/// backend is asked once more; otherwise the error stands. Out of line, so that a hook's hot
+/// path holds only the branch to it. May block up to the policy's room_wait. Cold.
+CUresult allocate_after_room(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real);
+CUresult allocate_async_after_room(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                                   alloc_async_fn real);
+
 /// `t`'s backend if `t` exists and started one, else nullptr (never creates either): for hooks
 /// about memory a pool may hold (pointer queries, IPC, a stream's destruction, retains):
 /// before a backend starts, nothing is pooled. A notice whose state cannot be asked later

@@ -162,6 +162,13 @@ bool int_range(const char* v, Config& c, std::string* why) {
   return true;
 }
 
+/// CUWARDEN_PRIORITY: a whole number in -1000..1000, and that it was given.
+bool priority_value(const char* v, Config& c, std::string* why) {
+  if (!int_range<&Config::priority, -1000, 1000>(v, c, why)) return false;
+  c.priority_asked = true;
+  return true;
+}
+
 /// A log level name (base/log.hpp: parse_level; "critical" is accepted but not advertised).
 template <int Config::*Field>
 bool log_level(const char* v, Config& c, std::string* why) {
@@ -235,6 +242,7 @@ constexpr Binding kBindings[] = {
     {Id::CUWARDEN_LOG_FILE, text<&Config::log_file>},
     {Id::CUWARDEN_RUN_DIR, directory<&Config::run_dir>},
     {Id::CUWARDEN_SOCKET, text<&Config::socket>},
+    {Id::CUWARDEN_PRIORITY, priority_value},
 };
 
 // Each binding names its parser, so none is null; comparing the pointer here would not be a

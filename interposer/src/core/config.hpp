@@ -68,6 +68,8 @@ struct Config {
   fast_clock::Mode clock{};       ///< CUWARDEN_CLOCK (fast_clock.hpp)
   std::string run_dir;            ///< CUWARDEN_RUN_DIR, as paths::run_dir_from() gives it
   std::string socket;             ///< CUWARDEN_SOCKET; empty = paths::socket_path_for's rule
+  int priority{};                 ///< CUWARDEN_PRIORITY, -1000..1000 (when priority_asked)
+  bool priority_asked{};          ///< CUWARDEN_PRIORITY was given
   std::vector<std::string> errors;  ///< one line each, naming the variable, in table order
 
   friend bool operator==(const Config&, const Config&) = default;

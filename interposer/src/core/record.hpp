@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "core/ledger.hpp"
+#include "core/room.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
 #include "cuw/ring.hpp"
@@ -36,7 +37,11 @@ inline CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ord
     Ledger::driver_error(t, d, ordinal, api, 0, bytes, aux, r, now);
   }
   if (charged) t.job_uncharge(ordinal, bytes);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) t.report_oom(ordinal, bytes, api, ring::EventKind::driver_error, r);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    t.report_oom(ordinal, bytes, api, ring::EventKind::driver_error, r);
+    // The hook may ask the daemon for room (room.hpp); with a pool, what it kept went back first.
+    note_driver_oom(ordinal, bytes, t.pooling());
+  }
 }
 
 /// Something the driver's checkpoint API cannot carry (managed memory, an IPC handle) was

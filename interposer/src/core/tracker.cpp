@@ -221,6 +221,8 @@ void Tracker::create_ring() {
   read_small_file("/proc/self/cmdline", header_->cmdline, sizeof header_->cmdline, true);
   copy_str(header_->job, sizeof header_->job, config_.job);
   copy_str(header_->pool, sizeof header_->pool, pool_name(config_.pool));
+  header_->priority = config_.priority;  // the daemon reads it once and clamps it by its policy
+  header_->priority_asked = config_.priority_asked ? 1 : 0;
   header_->cap_scope = static_cast<uint32_t>(process_scope_.load(std::memory_order_relaxed) ? ring::CapScope::process
                                                                                            : ring::CapScope::allocations);
   header_->state.store(static_cast<uint32_t>(ring::ProcessState::running), std::memory_order_relaxed);

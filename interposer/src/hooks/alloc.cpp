@@ -28,7 +28,11 @@ CUW_EXPORT_HOT __attribute__((aligned(4096))) CUresult hook_cuMemAlloc_v2(CUdevi
   CUW_PROLOGUE(cuMemAlloc_v2, dptr, bytesize);
   Tracker& t = Tracker::get();
   const core::SiteScope site(t, bytesize);
-  return with_backend(t, [&](auto& b) CUW_LAMBDA_INLINE { return b.allocate(t, dptr, bytesize, real); });
+  const CUresult r = with_backend(t, [&](auto& b) CUW_LAMBDA_INLINE { return b.allocate(t, dptr, bytesize, real); });
+  // The driver out of memory: the daemon may make room (backends/after_room.cpp, cold).
+  if (__builtin_expect(r == CUDA_ERROR_OUT_OF_MEMORY, 0))
+    return cuw::backends::allocate_after_room(t, dptr, bytesize, real);
+  return r;
 }
 
 // (Right after cuMemAlloc_v2: see there. At a line's start, so that its first line is all its own.)
@@ -71,8 +75,11 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
     CUW_PROLOGUE(name, dptr, bytesize, stream);                                                             \
     Tracker& t = Tracker::get();                                                                            \
     const core::SiteScope site(t, bytesize);                                                                \
-    return with_backend(                                                                                    \
+    const CUresult r = with_backend(                                                                        \
         t, [&](auto& b) CUW_LAMBDA_INLINE { return b.allocate_async(t, dptr, bytesize, stream, real); }); \
+    if (__builtin_expect(r == CUDA_ERROR_OUT_OF_MEMORY, 0))                                                 \
+      return cuw::backends::allocate_async_after_room(t, dptr, bytesize, stream, real);                    \
+    return r;                                                                                               \
   }
 CUW_ASYNC_ALLOC(cuMemAllocAsync)
 CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz)

@@ -4,6 +4,11 @@
 // command per line on stdin and answers one line per command on stdout:
 //   alloc BYTES       cuMemAlloc + a pattern written through cuMemcpyHtoD -> "ptr 0xADDR" | "rc N"
 //   reserve BYTES     cuMemAlloc, nothing written                         -> "ptr 0xADDR" | "rc N"
+//   reserve_retry BYTES  as reserve, and once more after an out-of-memory error, as a
+//                     framework's allocator does after giving back its cache -> "ptr 0xADDR" | "rc N"
+//   free_reserved     cuMemFree of every reserve                          -> "rc N"
+//   spawn_holder BYTES P  a child in a session of its own, CUWARDEN_PRIORITY=-P, that holds
+//                     BYTES (cuMemAlloc) and waits to be killed; the child says "held PID" | "rc N"
 //   vmm               2 MiB through cuMemCreate/AddressReserve/Map/SetAccess, the pattern written
 //                     through cuMemcpyHtoD                                -> "ptr 0xADDR" | "rc N"
 //   vmm_check         reads that mapping back                             -> "ok 0xADDR" | "bad ..." | "rc N"
@@ -35,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "fakecuda.h"
@@ -45,6 +51,7 @@ CUdeviceptr g_first = 0;
 CUdeviceptr g_vmm = 0;
 constexpr size_t kVmmBytes = size_t{2} << 20;
 size_t g_first_bytes = 0;
+std::vector<CUdeviceptr> g_reserved;
 CUstream g_stream = nullptr;
 
 // One whole line per call: two threads may answer.
@@ -123,6 +130,7 @@ int main(int argc, char** argv) {
     say("rc %d", init != CUDA_SUCCESS ? init : cuCheckpointProcessLock(std::atoi(argv[2]), &args));
     return 0;
   }
+  const bool holder = argc == 3 && std::strcmp(argv[1], "holder") == 0;
   CUdevice dev = 0;
   CUcontext ctx = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
@@ -130,6 +138,13 @@ int main(int argc, char** argv) {
       cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
     say("no cuda");
     return 1;
+  }
+  if (holder) {
+    CUdeviceptr p = 0;
+    const CUresult rc = cuMemAlloc(&p, std::strtoull(argv[2], nullptr, 10));
+    if (rc != CUDA_SUCCESS) say("rc %d", rc);
+    else say("held %d", static_cast<int>(getpid()));
+    for (;;) pause();
   }
   say("ready %d", static_cast<int>(getpid()));
   char line[256];
@@ -153,8 +168,33 @@ int main(int argc, char** argv) {
     } else if (c == "reserve") {
       CUdeviceptr p = 0;
       const CUresult rc = cuMemAlloc(&p, a);
+      if (rc == CUDA_SUCCESS) g_reserved.push_back(p);
       if (rc != CUDA_SUCCESS) say("rc %d", rc);
       else say("ptr 0x%llx", static_cast<unsigned long long>(p));
+    } else if (c == "reserve_retry") {
+      CUdeviceptr p = 0;
+      CUresult rc = cuMemAlloc(&p, a);
+      if (rc == CUDA_ERROR_OUT_OF_MEMORY) rc = cuMemAlloc(&p, a);
+      if (rc == CUDA_SUCCESS) g_reserved.push_back(p);
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("ptr 0x%llx", static_cast<unsigned long long>(p));
+    } else if (c == "free_reserved") {
+      CUresult rc = CUDA_SUCCESS;
+      for (CUdeviceptr p : g_reserved)
+        if (CUresult r = cuMemFree(p); r != CUDA_SUCCESS) rc = r;
+      g_reserved.clear();
+      say("rc %d", rc);
+    } else if (c == "spawn_holder") {
+      const std::string bytes = std::to_string(a), priority = "-" + std::to_string(b);
+      std::fflush(stdout);
+      const pid_t child = fork();
+      if (child == 0) {
+        setsid();
+        setenv("CUWARDEN_PRIORITY", priority.c_str(), 1);
+        execl("/proc/self/exe", "ckpt_victim", "holder", bytes.c_str(), static_cast<char*>(nullptr));
+        _exit(127);
+      }
+      if (child < 0) say("rc -1");
     } else if (c == "vmm") {
       const CUresult rc = vmm_map();
       if (rc != CUDA_SUCCESS) say("rc %d", rc);

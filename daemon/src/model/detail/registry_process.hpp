@@ -71,6 +71,15 @@ struct Registry::Process {
   std::string suspended_by;
   /// Its device footprint when suspended (GPU UUID, bytes): what a resume needs free.
   std::vector<std::pair<std::string, uint64_t>> suspended_footprint;
+  /// Suspended by policy to make room for another (room.cpp): the daemon resumes it by itself.
+  bool suspended_by_policy = false;
+  /// Its priority for making room (room.cpp): the policy's for its user and what it asked,
+  /// set once when it was found; never read from its ring again.
+  int32_t priority = 0;
+  bool waiting_for_room = false;  ///< its interposer is waiting for an answer to a room request
+  uint64_t resumed_mono = 0;      ///< when it was last resumed (min_run counts from it); 0: never
+  uint64_t room_since_mono = 0;   ///< suspended by policy: since when its footprint has been free (0: not now)
+  bool suspended_overdue = false; ///< suspended by policy past its job's max_suspended, no room to resume
   /// In the last State published (retire() reads its header there when the ring faults).
   bool published = false;
 };

@@ -10,6 +10,7 @@
 
 #include "backends/pool/tuning.hpp"
 #include "base/work_epoch.hpp"
+#include "core/room.hpp"
 #include "core/tracker.hpp"
 #include "cuw/attrs.hpp"
 
@@ -306,6 +307,7 @@ CUresult pool<Layout>::grow_whole_slow(CUdeviceptr* out, uint64_t bytes, int cls
     const uint64_t now = core::now_ns();
     std::lock_guard<spin_lock> lk(mu_);
     ledger_.driver_error(seg_bytes, r, now);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) core::note_driver_oom(ordinal_, bytes, true);  // after release_slow()
     return r;
   }
   add_segment(out, base, seg_bytes, bytes, cls);

@@ -13,6 +13,7 @@
 #include "backends/pool/tuning.hpp"
 #include "backends/vmm/granules.hpp"
 #include "base/work_epoch.hpp"
+#include "core/room.hpp"
 #include "core/tracker.hpp"
 
 namespace cuw::backends {
@@ -65,6 +66,7 @@ CUresult granule_arena::grow_arena_slow(pool_type& p, CUdeviceptr* out, uint64_t
       const uint64_t now = core::now_ns();
       std::lock_guard<spin_lock> lk(p.mu_);
       p.ledger_.driver_error(seg_bytes, r, now);
+      if (r == CUDA_ERROR_OUT_OF_MEMORY) core::note_driver_oom(p.ordinal(), bytes, true);  // after reclaim_slow()
     }
     return r;
   }
