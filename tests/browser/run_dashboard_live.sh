@@ -18,32 +18,9 @@ command -v node >/dev/null || { echo "skip: node not found (scripts/setup.sh)"; 
 [[ -x $CHROMIUM ]] || { echo "skip: $CHROMIUM not found (scripts/setup.sh installs chromium)"; exit 77; }
 [[ -f $WEB/index.html && -f $WEB/uPlot.iife.min.js ]] || { echo "FAIL: $WEB is not a staged web root (build the cuwarden_web target)"; exit 1; }
 
-T=$(mktemp -d "${TMPDIR:-/tmp}/cuwt-browser-live.XXXXXX")
-pids=()
-cleanup() {
-  exec 3>&- 4>&-   # EOF: the programs exit
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$T"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$T"/*.log "$T"/*.out; do [[ -e $f ]] && { echo "--- $f"; tail -20 "$f"; }; done; exit 1; }
-
-unset LD_PRELOAD CUWARDEN_LIMIT CUWARDEN_POOL CUWARDEN_JOB CUWARDEN_JOB_LIMIT CUWARDEN_CALLSITES
-export CUWARDEN_RUN_DIR=$T/run
-mkdir -p "$CUWARDEN_RUN_DIR"
-"$DAEMON" --run-dir "$CUWARDEN_RUN_DIR" \
-  --http 127.0.0.1:0 --http-snapshots --web-root "$WEB" >"$T/cuwardend.log" 2>&1 &
-pids+=($!)
-port=""
-for _ in $(seq 600); do
-  port=$(sed -n 's/.*serving HTTP on .* (port \([0-9]*\)).*/\1/p' "$T/cuwardend.log" | head -1)
-  [[ -n $port ]] && break
-  kill -0 "${pids[0]}" 2>/dev/null || fail "cuwardend exited"
-  sleep 0.05
-done
-[[ -n $port ]] || fail "cuwardend did not say its HTTP port within 30 s"
-BASE=http://127.0.0.1:$port
+# shellcheck source=tests/browser/live_daemon.sh
+source "$HERE/live_daemon.sh" cuwt-browser-live
+start_daemon "$DAEMON" "$WEB"
 
 # The programs read commands from FIFOs this script holds open (fd 3: A, fd 4: B).
 mkfifo "$T/a.in" "$T/b.in"
