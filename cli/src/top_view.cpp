@@ -517,7 +517,8 @@ std::vector<std::string> top_sites(const json& snap, std::size_t n, std::size_t 
     // Too wide: files by their base names first, then the head is cut, never the frames
     // after it that tell the site apart.
     const std::size_t cols = width > lead.size() ? width - lead.size() : 0;
-    if (width && where.size() > cols) where = std::regex_replace(where, std::regex(R"(\([^()]*/([^/()]+:\d+)\))"), "($1)");
+    static const std::regex kPathedLine(R"(\([^()]*/([^/()]+:\d+)\))");  // "(/a/b/file.py:12)"
+    if (width && where.size() > cols) where = std::regex_replace(where, kPathedLine, "($1)");
     const std::size_t via = where.find(" < ");
     if (width && where.size() > cols && via != std::string::npos && where.size() - via + 3 < cols) {
       const std::size_t keep = cols - (where.size() - via) - 2;
