@@ -1,6 +1,7 @@
 // cuwarden daemon base: the characters Debian's toml++ 3.3.0 cannot be given (toml_guard.hpp).
 #include "base/toml_guard.hpp"
 
+#include <cstdint>
 #include <fmt/format.h>
 
 namespace cuw::daemon {
