@@ -174,7 +174,7 @@ std::string where_of(bool python, std::string_view path) {
 
 std::string Label::one_line() const {
   std::string s = head;
-  for (const Via& v : via) s += " < " + v.text + " (+" + std::to_string(v.skipped) + ")";
+  for (const Via& v : via) s += " < " + v.text + (v.skipped ? " (+" + std::to_string(v.skipped) + ")" : "");
   return s;
 }
 

@@ -21,7 +21,7 @@ function printedForm(s) {
     h('div', { class: 'label-head' }, s.label_head ?? s.label),
     s.label_folded ? h('div', { class: 'label-folded muted' }, `(${s.label_folded})`) : null,
     (s.label_via || []).map(v => h('div', { class: 'label-via' }, `< ${v.text}`,
-      h('span', { class: 'muted' }, `  (+${plural(v.skipped, 'frame')})`))),
+      v.skipped ? h('span', { class: 'muted' }, `  (+${plural(v.skipped, 'frame')})`) : null)),
   ];
 }
 

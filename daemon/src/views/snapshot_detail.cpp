@@ -247,7 +247,8 @@ std::vector<std::string> site_lines(const SnapSite& site, const frames::Label& l
   }
   if (!full) {
     for (const frames::Via& v : l.via)
-      out.push_back("< " + v.text + "  (+" + std::to_string(v.skipped) + (v.skipped == 1 ? " frame)" : " frames)"));
+      out.push_back("< " + v.text +
+                    (v.skipped ? "  (+" + std::to_string(v.skipped) + (v.skipped == 1 ? " frame)" : " frames)") : ""));
     return out;
   }
   // The rest of the stack, outward of the head, in calling order (Python frames where the
