@@ -125,6 +125,10 @@ class Registry {
   /// the processes' state, an event each, the log, the record in the suspend directory; the
   /// busy marks cleared; then publish(). Loop thread only.
   void finish_suspend(const Peer& peer, const SuspendResult& r);
+  /// Tell a restored target's ring it was resumed (its "suspended N s by USER; resumed" line),
+  /// before the driver unlocks it: its first call after the unlock finds the notice. Loop
+  /// thread only.
+  void tell_resumed(const Peer& peer, const SuspendResult& r, const SuspendTarget& t);
   /// Making room by policy (room.cpp). plan_room(): the requester (the peer's own process,
   /// which must be under cuwarden), the shortfall on the GPU (NVML), and the processes to
   /// suspend (room.hpp: choose_victims; never one related to the requester, of its priority

@@ -266,9 +266,25 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
   return out;
 }
 
+namespace {
+
+/// Who a suspend or resume is recorded as done by: "policy", or the asking user's name.
+std::string done_by(const Peer& peer, const SuspendResult& r) {
+  return r.by_policy ? std::string("policy") : peer.known ? user_name(peer.uid) : std::string("?");
+}
+
+}  // namespace
+
+void Registry::tell_resumed(const Peer& peer, const SuspendResult& r, const SuspendTarget& t) {
+  for (auto& [name, p] : procs_)
+    if (p->pid == t.pid && p->start_time == t.start_time && p->suspended &&
+        !p->ring->notify_resumed(now_ns() - p->suspended_ns, done_by(peer, r)))
+      spdlog::warn("resume: pid {}'s ring could not be told", p->pid);
+}
+
 void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
   const bool suspend = r.action == SuspendRequest::Action::suspend;
-  const std::string by = r.by_policy ? std::string("policy") : peer.known ? user_name(peer.uid) : std::string("?");
+  const std::string by = done_by(peer, r);
   for (const SuspendTarget& t : r.processes) {
     Process* p = nullptr;
     for (auto& [name, q] : procs_)
@@ -312,7 +328,6 @@ void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
       ev.e.aux = ev.e.time_ns - p->suspended_ns;
       spdlog::info("resume: {} resumed pid {} ({}, uid {}) after {} s: {} back on the device in {:.2f} s", by, p->pid,
                    t.process_name, p->uid, ev.e.aux / 1'000'000'000ULL, format_bytes(t.device_bytes), t.seconds);
-      if (!p->ring->notify_resumed(ev.e.aux, by)) spdlog::warn("resume: pid {}'s ring could not be told", p->pid);
       p->resumed_mono = mono_ns();
       forget_suspension(*p, nullptr);
     }

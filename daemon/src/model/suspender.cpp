@@ -80,6 +80,8 @@ SuspendResult Suspender::run(const Peer& peer, const SuspendRequest& req) {
         failure += fmt::format("{}pid {}'s restore failed ({})", failure.empty() ? "" : "; ", t.pid, driver_.error_text(rc));
         continue;
       }
+      // Before the unlock: the process's first call after it prints the resume line.
+      on_loop_([&] { reg_.tell_resumed(peer, r, t); });
       if (const int rc = driver_.unlock(t.pid); rc != 0) {
         failure += fmt::format("{}pid {} was restored but not unlocked ({})", failure.empty() ? "" : "; ", t.pid,
                                driver_.error_text(rc));
