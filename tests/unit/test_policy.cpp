@@ -11,19 +11,35 @@
 #include "model/policy.hpp"
 
 using cuw::daemon::parse_policy;
+using cuw::daemon::Policy;
 
 namespace {
 
 constexpr uint64_t kGiB = 1ULL << 30;
 
+/// The errors joined by newlines.
+std::string fmt_errors(const std::vector<std::string>& errors) {
+  std::string all;
+  for (const auto& e : errors) all += e + "\n";
+  return all;
+}
+
 /// Parse `text`; on failure return the errors joined by newlines.
 std::string errors_of(const std::string& text, std::vector<std::string>* warnings = nullptr) {
   std::vector<std::string> errors, w;
   auto p = parse_policy(text, "p.toml", &errors, warnings ? warnings : &w);
-  std::string all;
-  for (const auto& e : errors) all += e + "\n";
+  const std::string all = fmt_errors(errors);
   if (p && !all.empty()) return "parsed despite errors: " + all;
   return all;
+}
+
+/// Parse `text`, which must be a valid policy (the test fails with its errors otherwise).
+Policy parsed(const std::string& text) {
+  std::vector<std::string> errors, warnings;
+  auto p = parse_policy(text, "p.toml", &errors, &warnings);
+  INFO(fmt_errors(errors));
+  REQUIRE(p);
+  return std::move(*p);
 }
 
 }  // namespace
@@ -115,13 +131,7 @@ TEST_CASE("policy: precedence is user, then the lowest of the user's groups, the
   passwd* pw = getpwuid(uid);
   REQUIRE(pw);
   const std::string gid = std::to_string(pw->pw_gid);
-  std::vector<std::string> errors, warnings;
-  auto parse = [&](const std::string& text) {
-    errors.clear();
-    auto p = parse_policy(text, "p.toml", &errors, &warnings);
-    REQUIRE(p);
-    return std::move(*p);
-  };
+  const auto parse = parsed;
   {
     auto p = parse("[default]\nlimit = \"4G\"\nmax_limit = \"80G\"\njob_limit = \"100G\"\n");
     const auto& e = p.for_user(uid);
@@ -171,14 +181,7 @@ TEST_CASE("policy: enforce is report unless a section says kill and the user's o
   passwd* pw = getpwuid(uid);
   REQUIRE(pw);
   const std::string gid = std::to_string(pw->pw_gid);
-  std::vector<std::string> errors, warnings;
-  auto parse = [&](const std::string& text) {
-    errors.clear();
-    auto p = parse_policy(text, "p.toml", &errors, &warnings);
-    INFO(errors.size());
-    REQUIRE(p);
-    return std::move(*p);
-  };
+  const auto parse = parsed;
   CHECK(parse("[default]\nmax_limit = \"8G\"\n").for_user(uid).enforce_or() == Enforce::report);
   CHECK(parse("[default]\nenforce = \"kill\"\n").for_user(uid).enforce_or() == Enforce::kill);
   CHECK_FALSE(parse("[default]\nenforce = \"report\"\n").empty());
@@ -227,13 +230,7 @@ TEST_CASE("policy: priorities default to 0, a process may only lower its own unl
   passwd* pw = getpwuid(uid);
   REQUIRE(pw);
   const std::string gid = std::to_string(pw->pw_gid);
-  std::vector<std::string> errors, warnings;
-  auto parse = [&](const std::string& text) {
-    errors.clear();
-    auto p = parse_policy(text, "p.toml", &errors, &warnings);
-    REQUIRE(p);
-    return std::move(*p);
-  };
+  const auto parse = parsed;
   {
     auto p = parse("");
     const auto& e = p.for_user(uid);
