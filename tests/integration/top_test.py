@@ -239,7 +239,8 @@ def run_tmux(args, tmp, sock, tmux, a, b, daemon):
         check(True, what)
         return last[0]
 
-    scr = until(lambda s: "16.00 MiB" in row_of(s, a.pid) and "48.00 MiB" in row_of(s, b.pid),
+    # The key line is the last drawn: a capture can come between the rows and it.
+    scr = until(lambda s: "16.00 MiB" in row_of(s, a.pid) and "48.00 MiB" in row_of(s, b.pid) and "Sort:" in s,
                 "both processes' rows with their used bytes")
     check("GPU 0" in scr and "caps 256.00 MiB" in scr, "the GPU's line with its caps", scr)
     check("Sort: used, largest first" in scr, "the key line names the sort", scr)
