@@ -131,6 +131,55 @@ def cuwarden_loaded():
         return 0
 
 
+def cuwarden_counters(cli):
+    """This process's counters on its first device, as `cuwarden --json` shows them ({} if none)."""
+    import subprocess
+    out = subprocess.run([cli, "--json"], capture_output=True, text=True, timeout=60).stdout
+    for p in json.loads(out or "{}").get("processes", []):
+        if p.get("pid") == os.getpid() and p.get("devices"):
+            return {k: v for k, v in p["devices"][0].items() if isinstance(v, (int, float))}
+    return {}
+
+
+def profile_steps(n, step, sync):
+    """Runs n steps under torch.profiler; per step: wall ms, GPU busy ms (the union of kernel,
+    copy and set intervals), GPU idle ms, and the host ms and count of each CUDA runtime call."""
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i in range(n):
+            step(i)
+        sync()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    gpu = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                 if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    busy_us, end = 0.0, None
+    for b, e in gpu:
+        if end is None or b > end:
+            busy_us += e - b
+            end = e
+        elif e > end:
+            busy_us += e - end
+            end = e
+    calls = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime":
+            c = calls.setdefault(e["name"], [0, 0.0])
+            c[0] += 1
+            c[1] += e.get("dur", 0) / 1e3
+    span_ms = (gpu[-1][1] - gpu[0][0]) / 1e3 if gpu else 0.0
+    top = sorted(calls.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"steps": n, "wall_ms_per_step": wall_ms / n, "gpu_busy_ms_per_step": busy_us / 1e3 / n,
+            "gpu_idle_ms_per_step": max(0.0, span_ms - busy_us / 1e3) / n,
+            "runtime_calls_per_step": {k: {"count": c / n, "host_ms": ms / n} for k, (c, ms) in top}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=120, help="measured steps")
@@ -147,6 +196,14 @@ def main():
     ap.add_argument("--json", help="also write the result JSON here")
     ap.add_argument("--attention", choices=("math-sdpa", "explicit"), default="math-sdpa",
                     help="math-sdpa falls back to explicit where torch.nn.attention is missing")
+    ap.add_argument("--cuwarden-cli", help="the cuwarden CLI: read this process's counters from the daemon "
+                    "before the first measured step and after the last (pool_calls_per_step)")
+    ap.add_argument("--held-after", type=int, default=-1,
+                    help="with --cuwarden-cli: after each step from this one on, read the pool's reserved "
+                    "bytes (held_bytes: their maximum); -1: not read")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after the measured steps, this many more under torch.profiler: the GPU's idle "
+                    "time between kernels and the host time in cudaMalloc / cudaFree per step")
     a = ap.parse_args()
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -190,9 +247,12 @@ def main():
         return loss
 
     losses, step_ms, nondeterministic = [], [], set()
+    counters_before, held = None, 0
     for step in range(a.warmup + a.steps):
         x, y = data[step % len(data)]
         sync()
+        if a.cuwarden_cli and step == a.warmup:
+            counters_before = cuwarden_counters(a.cuwarden_cli)
         t0 = time.perf_counter()
         if step == 0:  # every op runs in the first step: note any without a deterministic kernel
             with warnings.catch_warnings(record=True) as caught:
@@ -208,6 +268,15 @@ def main():
         if step >= a.warmup:
             step_ms.append((time.perf_counter() - t0) * 1e3)
         losses.append(loss.detach().float())
+        if a.cuwarden_cli and 0 <= a.held_after <= step:
+            held = max(held, cuwarden_counters(a.cuwarden_cli).get("reserved_bytes", 0))
+    per_step = None
+    if counters_before is not None and a.steps:
+        after = cuwarden_counters(a.cuwarden_cli)
+        per_step = {k: (after.get(k, 0) - v) / a.steps for k, v in counters_before.items()
+                    if isinstance(v, (int, float)) and not k.endswith("_bytes")}
+    profile = profile_steps(a.profile_steps, lambda i: train_step(*data[i % len(data)]), sync) \
+        if a.profile_steps else None
     losses = [float(v) for v in torch.stack(losses).cpu().tolist()]
 
     res = {
@@ -229,7 +298,11 @@ def main():
         "losses": losses,
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0,
+        "max_memory_reserved": torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else 0,
         "memory_reserved": torch.cuda.memory_reserved(dev) if dev.type == "cuda" else 0,
+        "pool_calls_per_step": per_step,
+        "held_bytes": held if a.held_after >= 0 else None,
+        "profile": profile,
     }
     if a.json:
         with open(a.json, "w") as f:

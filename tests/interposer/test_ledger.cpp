@@ -106,3 +106,53 @@ TEST_CASE("ledger: an event read from the ring never arrives before the counters
   if (pooled) CHECK(d.pool_hits.load() - hits0 > 0);
   CHECK(d.pool_hits.load() - hits0 <= uint64_t{kPairs});
 }
+
+TEST_CASE("ledger: a pool counts each driver call it makes for memory and for its fence", "[ledger]") {
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters(0);
+  const bool pooled = pool_name() != "off";
+  const uint64_t take0 = d.pool_driver_allocs.load(), give0 = d.pool_driver_frees.load();
+  const uint64_t events0 = d.pool_events.load();
+  fakecuda_reset_counters();
+
+  // Misses (new sizes), frees while a slow "kernel" still runs (the fence's events), reuse
+  // after it (a poll), and the pool's memory given back when the context goes.
+  std::atomic<bool> ran{false};
+  std::vector<CUdeviceptr> held;
+  for (uint64_t mib : {3, 5, 9, 17}) {
+    CUdeviceptr p = 0;
+    REQUIRE(cuMemAlloc(&p, mib * kMiB) == CUDA_SUCCESS);
+    held.push_back(p);
+  }
+  REQUIRE(slow_fill(nullptr, held[0], 0x5A, kMiB, 20, &ran) == CUDA_SUCCESS);
+  for (CUdeviceptr p : held) REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSynchronize() == CUDA_SUCCESS);
+  REQUIRE(ran.load(std::memory_order_acquire));
+  for (uint64_t mib : {3, 5, 9, 17}) {
+    CUdeviceptr p = 0;
+    REQUIRE(cuMemAlloc(&p, mib * kMiB) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  }
+
+  const uint64_t take = d.pool_driver_allocs.load() - take0, give = d.pool_driver_frees.load() - give0;
+  const uint64_t events = d.pool_events.load() - events0;
+  INFO("pool " << pool_name() << ": take " << take << ", give " << give << ", events " << events);
+  if (!pooled) {
+    CHECK(take == 0);  // the program's own calls are not a pool's
+    CHECK(give == 0);
+    CHECK(events == 0);
+    return;
+  }
+  // Every such call the simulated driver saw came from the pool (the program made none).
+  if (vmm_pool()) {
+    CHECK(take == fakecuda_call_count("cuMemCreate") + fakecuda_call_count("cuMemMap"));
+    CHECK(give == fakecuda_call_count("cuMemUnmap") + fakecuda_call_count("cuMemRelease"));
+  } else {
+    CHECK(take == fakecuda_call_count("cuMemAlloc"));
+    CHECK(give == fakecuda_call_count("cuMemFree"));
+  }
+  CHECK(take > 0);
+  CHECK(events == fakecuda_call_count("cuEventRecord") + fakecuda_call_count("cuEventQuery"));
+  CHECK(events > 0);
+}

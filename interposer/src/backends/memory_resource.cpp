@@ -7,9 +7,17 @@
 
 namespace cuw::backends {
 
+namespace {
+void count(core::Tracker* t, int ordinal, core::Ledger::Call c) {
+  if (!t) return;
+  if (ring::DeviceSlot* d = t->device(ordinal)) core::Ledger::called(*d, c);
+}
+}  // namespace
+
 CUresult driver_resource::do_allocate(CUdeviceptr* out, std::size_t bytes) {
   auto real = REAL(cuMemAlloc_v2);
   const CUresult r = real ? real(out, bytes) : CUDA_ERROR_NOT_INITIALIZED;
+  count(tracker_, ordinal_, core::Ledger::Call::take);
   if (r == CUDA_SUCCESS && tracker_) core::Ledger::segment(*tracker_, ordinal_, *out, bytes, true);
   return r;
 }
@@ -21,6 +29,7 @@ CUresult driver_resource::do_deallocate(CUdeviceptr p, std::size_t bytes) {
   // segment, whose record is not to be taken.
   if (tracker_) core::Ledger::segment(*tracker_, ordinal_, p, bytes, false);
   const CUresult r = real(p);
+  count(tracker_, ordinal_, core::Ledger::Call::give);
   if (r != CUDA_SUCCESS && tracker_) core::Ledger::segment(*tracker_, ordinal_, p, bytes, true);  // still ours
   return r;
 }

@@ -124,9 +124,11 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
     for (; made < fresh; ++made) {
       CUmemGenericAllocationHandle h = 0;
       r = v.create(&h, granularity_, &prop_, 0);
+      core::Ledger::called(slot_, core::Ledger::Call::take);
       if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop_.allocFlags.gpuDirectRDMACapable) {
         prop_.allocFlags.gpuDirectRDMACapable = 0;  // refused with it (some platforms): without from now on
         r = v.create(&h, granularity_, &prop_, 0);
+        core::Ledger::called(slot_, core::Ledger::Call::take);
       }
       if (r != CUDA_SUCCESS) break;
       idle_.push_back(h);
@@ -143,12 +145,14 @@ CUresult granule_resource::map_at(CUdeviceptr p, std::size_t bytes, bool quiet, 
   const auto take = idle_.end() - static_cast<std::ptrdiff_t>(count);
   while (mapped < count) {
     r = v.map(p + mapped * granularity_, granularity_, 0, take[static_cast<std::ptrdiff_t>(mapped)], 0);
+    core::Ledger::called(slot_, core::Ledger::Call::take);
     if (r != CUDA_SUCCESS) break;
     ++mapped;
   }
   if (r == CUDA_SUCCESS) r = set_access_locked(p, bytes);
   if (r != CUDA_SUCCESS) {
     for (uint64_t i = 0; i < mapped; ++i) v.unmap(p + i * granularity_, granularity_);
+    core::Ledger::called(slot_, core::Ledger::Call::give, mapped);
     return r;  // the granules stay idle
   }
   for (uint64_t i = 0; i < count; ++i) rg.granules[first + i] = take[static_cast<std::ptrdiff_t>(i)];
@@ -182,6 +186,7 @@ void granule_resource::unmap_locked(CUdeviceptr base, Range& r, uint64_t first, 
       continue;
     }
     vmm().unmap(base + i * granularity_, granularity_);
+    core::Ledger::called(slot_, core::Ledger::Call::give);
     idle_.push_back(h);
     h = 0;
     ++run;
@@ -237,7 +242,9 @@ uint64_t granule_resource::trim(uint64_t keep) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t released = 0;
   while (!idle_.empty() && idle_.size() * granularity_ > keep) {
-    if (vmm().release(idle_.back()) != CUDA_SUCCESS) break;
+    const CUresult r = vmm().release(idle_.back());
+    core::Ledger::called(slot_, core::Ledger::Call::give);
+    if (r != CUDA_SUCCESS) break;
     idle_.pop_back();
     released += granularity_;
   }

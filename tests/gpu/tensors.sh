@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# cuwarden GPU check: every tensor through cuwarden's pool (PyTorch's cache off), against
+# PyTorch's own caching allocator, on a GPT-style training step (bench/train_gpt.py: 6 layers,
+# d 768, batch 8 x 512, bf16 autocast, AdamW; each step timed to completion).
+#   1. interleaved rounds (ROUNDS, default 3) of the configurations
+#        pytorch       PyTorch's caching allocator, no cuwarden
+#        tensors       PYTORCH_NO_CUDA_MEMORY_CACHING=1 under libcuwarden.so, CUWARDEN_POOL=cache
+#        tensors_vmm   the same, CUWARDEN_POOL=vmm
+#        tensors_cs16  tensors with CUWARDEN_CALLSITES=16 and Python frames
+#      and once each: driver (PYTORCH_NO_CUDA_MEMORY_CACHING=1 without cuwarden);
+#   2. where the time goes, one run per pooled configuration with the daemon up: cuwarden's
+#      counters per measured step (driver calls of the pool, hits, waits), the pool's reserved
+#      bytes after each step from the 6th on (held: their maximum), then 5 steps under
+#      torch.profiler (GPU idle time between kernels, host time in each CUDA runtime call);
+#      the same profile for pytorch;
+#   3. a CPU-bound configuration (batch 1 x 64): pytorch and tensors, ROUNDS rounds;
+#   4. CUDA graph capture with PyTorch's cache off: a tensor allocated inside
+#      torch.cuda.graph gets the driver's answer, with and without cuwarden.
+# Writes OUT/summary.md, OUT/tensors.json (the fields tests/gpu/results/*tensors*.json keep),
+# OUT/run.log and each run's JSON under OUT/runs/. Exit 0 when every run completed.
+#
+#   BUILD_DIR=build OUT=gpu-out ROUNDS=3 tests/gpu/tensors.sh
+set -uo pipefail
+
+START_CWD=$(pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+abs() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$START_CWD/$1" ;; esac; }
+OUT=$(abs "${OUT:-./gpu-out}")
+BUILD=$(abs "${BUILD_DIR:-$REPO/build}")
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-40}
+WARMUP=${WARMUP:-10}
+LIB=$BUILD/lib/libcuwarden.so
+BIN=$BUILD/bin
+[[ -x $BIN/cuwardend && -x $BIN/cuwarden && -f $LIB ]] || { echo "no cuwardend, cuwarden and libcuwarden.so in $BUILD"; exit 2; }
+mkdir -p "$OUT/runs"
+exec > >(tee "$OUT/run.log") 2>&1
+unset LD_PRELOAD CUWARDEN_LIMIT CUWARDEN_POOL CUWARDEN_CALLSITES PYTORCH_NO_CUDA_MEMORY_CACHING PYTORCH_CUDA_ALLOC_CONF
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cuw-tensors.XXXXXX")
+export CUWARDEN_RUN_DIR=$WORK/run
+mkdir -p "$CUWARDEN_RUN_DIR"
+daemon=""
+trap '[[ -n $daemon ]] && kill "$daemon" 2>/dev/null; rm -rf "$WORK"' EXIT
+TRAIN=(python3 "$REPO/bench/train_gpt.py" --layers 6)
+failures=0
+
+echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
+python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
+
+# run NAME CONFIG [train_gpt args...]: one process of CONFIG, its JSON in OUT/runs/NAME.json.
+run() {
+  local name=$1 config=$2
+  shift 2
+  local env=()
+  case $config in
+    pytorch) ;;
+    driver) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+    tensors) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=cache) ;;
+    tensors_vmm) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=vmm) ;;
+    tensors_cs16) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=cache CUWARDEN_CALLSITES=16
+                       CUWARDEN_PYFRAMES=1) ;;
+    *) echo "unknown configuration $config"; return 2 ;;
+  esac
+  local t0 rc
+  t0=$(date -u +%FT%TZ)
+  env "${env[@]}" "${TRAIN[@]}" --json "$OUT/runs/$name.json" "$@" >"$OUT/runs/$name.log" 2>&1
+  rc=$?
+  if ((rc != 0)); then
+    echo "FAIL: $name ($config) exited $rc"; tail -n 5 "$OUT/runs/$name.log"; failures=$((failures + 1))
+    return
+  fi
+  python3 - "$OUT/runs/$name.json" "$config" "$t0" <<'EOF'
+import json, sys
+p, config, t0 = sys.argv[1:]
+r = json.load(open(p))
+r["config_name"], r["timestamp"] = config, t0
+json.dump(r, open(p, "w"))
+print(f"{t0} {config:13s} median {r['median_ms']:.2f} ms/step  loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}")
+EOF
+}
+
+echo "== 1. interleaved rounds: batch 8 x 512, $WARMUP warm-up + $STEPS measured steps"
+for r in $(seq "$ROUNDS"); do
+  for c in pytorch tensors tensors_vmm tensors_cs16; do
+    run "r$r-$c" "$c" --steps "$STEPS" --warmup "$WARMUP"
+  done
+done
+run "r1-driver" driver --steps 20 --warmup 5
+
+echo "== 2. where the time goes (the daemon up)"
+"$BIN/cuwardend" --run-dir "$CUWARDEN_RUN_DIR" --no-nvml >"$OUT/cuwardend.log" 2>&1 &
+daemon=$!
+for _ in $(seq 100); do [[ -S $CUWARDEN_RUN_DIR/daemon/cuwardend.sock ]] && break; sleep 0.1; done
+for c in tensors tensors_vmm; do
+  run "calls-$c" "$c" --steps 20 --warmup "$WARMUP" --cuwarden-cli "$BIN/cuwarden" --held-after 5 --profile-steps 5
+done
+run "calls-pytorch" pytorch --steps 20 --warmup "$WARMUP" --profile-steps 5
+kill "$daemon" 2>/dev/null
+wait "$daemon" 2>/dev/null
+daemon=""
+
+echo "== 3. CPU-bound: batch 1 x 64"
+for r in $(seq "$ROUNDS"); do
+  for c in pytorch tensors; do
+    run "cpu-r$r-$c" "$c" --batch 1 --seq 64 --steps 60 --warmup 10
+  done
+done
+
+echo "== 4. graph capture with PyTorch's cache off"
+cat >"$WORK/capture.py" <<'EOF'
+import json, torch
+x = torch.ones(1 << 20, device="cuda")
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+try:
+    with torch.cuda.graph(g):
+        y = x * 2  # a new tensor: an allocation during the capture
+    g.replay()
+    torch.cuda.synchronize()
+    print(json.dumps({"captured": True, "y0": float(y[0])}))
+except Exception as e:  # the driver's answer, as PyTorch reports it
+    print(json.dumps({"captured": False, "error": str(e).splitlines()[0][:200]}))
+EOF
+for c in driver tensors tensors_vmm; do
+  case $c in
+    driver) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+    tensors) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=cache) ;;
+    tensors_vmm) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=vmm) ;;
+  esac
+  out=$(env "${env[@]}" python3 "$WORK/capture.py" 2>"$OUT/runs/capture-$c.err" | tail -n 1)
+  echo "capture $c: $out"
+  echo "$out" >"$OUT/runs/capture-$c.json"
+done
+
+python3 - "$OUT" <<'EOF'
+import glob, json, os, statistics, sys
+out = sys.argv[1]
+runs = {os.path.basename(p)[:-5]: json.load(open(p)) for p in glob.glob(f"{out}/runs/*.json")}
+def med(prefix, config):
+    v = [r["median_ms"] for n, r in runs.items() if n.startswith(prefix) and r.get("config_name") == config]
+    return (statistics.median(v), min(v), max(v)) if v else (None, None, None)
+rounds = [{"name": n, "config": r["config_name"], "timestamp": r["timestamp"], "median_ms": r["median_ms"]}
+          for n, r in sorted(runs.items(), key=lambda kv: kv[1].get("timestamp", "")) if n.startswith("r")]
+pt = med("r", "pytorch")[0]
+res = {"device": next(iter(runs.values()))["device"] if runs else None,
+       "torch": next(iter(runs.values()))["torch"] if runs else None,
+       "model": "bench/train_gpt.py --layers 6 (d 768, 12 heads, seq 512, batch 8, bf16 autocast)",
+       "rounds": rounds}
+for c in ("tensors", "tensors_vmm", "tensors_cs16", "driver"):
+    m = med("r", c)[0]
+    res[f"{c}_ratio"] = m / pt if m and pt else None
+res["ratio"] = res.pop("tensors_ratio")
+res["callsites16_ratio"] = res.pop("tensors_cs16_ratio")
+peak_live = runs.get("calls-pytorch", {}).get("max_memory_allocated")
+for c in ("tensors", "tensors_vmm"):
+    r = runs.get(f"calls-{c}", {})
+    res[f"{c}_calls_per_step"] = r.get("pool_calls_per_step")
+    res[f"{c}_profile"] = r.get("profile")
+    if c == "tensors":
+        res["held_bytes"] = r.get("held_bytes")
+    else:
+        res["vmm_held_bytes"] = r.get("held_bytes")
+res["pytorch_profile"] = runs.get("calls-pytorch", {}).get("profile")
+res["peak_live_bytes"] = peak_live
+res["peak_live_note"] = "PyTorch's max_memory_allocated of the same run with its cache on (requests rounded to 512 B)"
+res["held_over_peak_live"] = res["held_bytes"] / peak_live if res.get("held_bytes") and peak_live else None
+res["vmm_held_over_peak_live"] = res["vmm_held_bytes"] / peak_live if res.get("vmm_held_bytes") and peak_live else None
+p = runs.get("calls-pytorch", {})
+res["pytorch_reserved_over_allocated"] = (p["max_memory_reserved"] / p["max_memory_allocated"]
+                                          if p.get("max_memory_allocated") else None)
+cpu_pt, cpu_t = med("cpu-", "pytorch")[0], med("cpu-", "tensors")[0]
+res["cpu_bound"] = {"pytorch_ms": cpu_pt, "tensors_ms": cpu_t, "ratio": cpu_t / cpu_pt if cpu_pt and cpu_t else None}
+res["capture"] = {c: json.load(open(f"{out}/runs/capture-{c}.json")) if os.path.getsize(f"{out}/runs/capture-{c}.json") else None
+                  for c in ("driver", "tensors", "tensors_vmm")}
+json.dump(res, open(f"{out}/tensors.json", "w"), indent=1)
+L = [f"# Every tensor through cuwarden: {res['device']}, torch {res['torch']}", "",
+     "| configuration | median ms/step (min-max over rounds) | vs pytorch |", "| --- | --- | --- |"]
+for c in ("pytorch", "tensors", "tensors_vmm", "tensors_cs16", "driver"):
+    m, lo, hi = med("r", c)
+    if m:
+        L.append(f"| {c} | {m:.2f} ({lo:.2f}-{hi:.2f}) | {m / pt:.3f} |")
+L += ["", f"held {res.get('held_bytes')} B (vmm {res.get('vmm_held_bytes')}), peak live {peak_live} B: "
+      f"held/peak live {res['held_over_peak_live']}, vmm {res['vmm_held_over_peak_live']}; "
+      f"PyTorch's max reserved / max allocated {res['pytorch_reserved_over_allocated']}", "",
+      f"CPU-bound (batch 1 x 64): {res['cpu_bound']}", "", f"capture: {res['capture']}", ""]
+for c in ("tensors", "tensors_vmm"):
+    L += [f"## {c}: per measured step", "", "```", json.dumps(res[f"{c}_calls_per_step"], indent=1),
+          json.dumps(res[f"{c}_profile"], indent=1), "```", ""]
+L += ["## pytorch profile", "", "```", json.dumps(res["pytorch_profile"], indent=1), "```"]
+open(f"{out}/summary.md", "w").write("\n".join(L) + "\n")
+print("\n".join(L))
+EOF
+echo "tensors.sh: $failures failed runs"
+exit $((failures > 0))
