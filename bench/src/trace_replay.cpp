@@ -1,12 +1,17 @@
 // cuwarden bench: replays a recorded allocation trace (bench/traces/*.trace.gz) against the
 // CUDA driver, the way a program without its own caching allocator would run it.
 //
-//   cuw_trace_replay TRACE [--api malloc|async] [--pass time|held] [--json FILE]
+//   cuw_trace_replay TRACE [--api malloc|async] [--pass time|held] [--use none|memset]
+//                    [--use-bytes N] [--json FILE]
 //
 // --api malloc: cuMemAlloc_v2 / cuMemFree_v2 in trace order (what cudaMalloc / cudaFree reach).
 // --api async:  cuMemAllocAsync / cuMemFreeAsync on one non-blocking stream, the device's
 //               default memory pool with its defaults, one cuStreamSynchronize at the end.
 // --pass time:  wall time of the replay loop (CLOCK_MONOTONIC), nothing else in the loop.
+// --use memset: each allocation is used by GPU work queued right after it: cuMemsetD8Async
+//               of its first --use-bytes bytes (default: all of it) on the legacy stream (on
+//               --api async: the replay's stream), so that frees find work still queued, as a
+//               training step's do while the CPU runs ahead of the GPU. Not with --pass held.
 // --pass held:  after every allocation, what the process holds on device 0: the simulated
 //               driver's fakecuda_live_bytes(0), or on a GPU NVML's used bytes; both less the
 //               same figure taken after context creation. The maximum is held_peak_bytes.
@@ -72,7 +77,8 @@ struct Trace {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "cuw_trace_replay: %s\n"
-               "usage: cuw_trace_replay TRACE [--api malloc|async] [--pass time|held] [--json FILE]\n",
+               "usage: cuw_trace_replay TRACE [--api malloc|async] [--pass time|held] [--use none|memset]\n"
+               "                        [--use-bytes N] [--json FILE]\n",
                why);
   std::exit(kExitInput);
 }
@@ -262,12 +268,14 @@ struct CallCounters {
 constexpr const char* kCountedCalls[] = {
     "cuMemAlloc",      "cuMemFree",      "cuMemAllocAsync",     "cuMemFreeAsync",    "cuMemCreate",
     "cuMemMap",        "cuMemUnmap",     "cuMemSetAccess",      "cuMemRelease",      "cuMemAddressReserve",
-    "cuMemAddressFree", "cuEventRecord", "cuEventQuery",        "cuEventSynchronize"};
+    "cuMemAddressFree", "cuEventRecord", "cuEventQuery",        "cuEventSynchronize",
+    "cuStreamSynchronize", "cuCtxSynchronize"};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string trace_path, api = "malloc", pass = "time", json_path;
+  std::string trace_path, api = "malloc", pass = "time", use = "none", json_path;
+  uint64_t use_bytes = UINT64_MAX;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -280,6 +288,13 @@ int main(int argc, char** argv) {
     } else if (a == "--pass") {
       pass = value();
       if (pass != "time" && pass != "held") usage("--pass is time or held");
+    } else if (a == "--use") {
+      use = value();
+      if (use != "none" && use != "memset") usage("--use is none or memset");
+    } else if (a == "--use-bytes") {
+      const std::string v = value();
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), use_bytes);
+      if (ec != std::errc() || end != v.data() + v.size() || use_bytes == 0) usage("--use-bytes is a positive number");
     } else if (a == "--json") {
       json_path = value();
     } else if (a == "-h" || a == "--help") {
@@ -295,6 +310,8 @@ int main(int argc, char** argv) {
   if (trace_path.empty()) usage("no TRACE given");
   const bool held = pass == "held";
   const bool async = api == "async";
+  const bool used = use == "memset";
+  if (used && held) usage("--use memset is for --pass time");
 
   // Everything read and validated before the driver is touched.
   const Trace trace = read_trace(trace_path);
@@ -346,6 +363,7 @@ int main(int argc, char** argv) {
 
   if (counters.reset) counters.reset();
   const double t0 = now_s();
+  uint64_t use_errors = 0;
   if (!held && !async) {
     // The timed loop: the driver calls and one branch each.
     for (size_t i = 0; i < n_events; ++i) {
@@ -354,6 +372,8 @@ int main(int argc, char** argv) {
         if (CUresult res = cuMemAlloc(&ptr[e.slot], e.bytes); res != CUDA_SUCCESS) {
           ptr[e.slot] = 0;
           refused(i, e, res);
+        } else if (used && cuMemsetD8Async(ptr[e.slot], 0, std::min(e.bytes, use_bytes), nullptr) != CUDA_SUCCESS) {
+          ++use_errors;
         }
       } else if (ptr[e.slot]) {
         if (cuMemFree(ptr[e.slot]) != CUDA_SUCCESS) ++free_errors;
@@ -367,6 +387,8 @@ int main(int argc, char** argv) {
         if (CUresult res = cuMemAllocAsync(&ptr[e.slot], e.bytes, stream); res != CUDA_SUCCESS) {
           ptr[e.slot] = 0;
           refused(i, e, res);
+        } else if (used && cuMemsetD8Async(ptr[e.slot], 0, std::min(e.bytes, use_bytes), stream) != CUDA_SUCCESS) {
+          ++use_errors;
         }
       } else if (ptr[e.slot]) {
         if (cuMemFreeAsync(ptr[e.slot], stream) != CUDA_SUCCESS) ++free_errors;
@@ -402,6 +424,8 @@ int main(int argc, char** argv) {
     }
     if (async && cuStreamSynchronize(stream) != CUDA_SUCCESS) ++free_errors;
   }
+  // The replay ends when its work has: a pool that waited less left more of it queued.
+  if (used && !async && cuCtxSynchronize() != CUDA_SUCCESS) ++use_errors;
   const double seconds = now_s() - t0;
 
   // Counted over the replay only, before the blocks still live are freed.
@@ -434,6 +458,9 @@ int main(int argc, char** argv) {
   out["peak_live_bytes"] = trace.peak_live;
   out["api"] = api;
   out["pass"] = pass;
+  out["use"] = used ? json(use) : json(nullptr);
+  out["use_bytes"] = used ? json(use_bytes == UINT64_MAX ? json("all") : json(use_bytes)) : json(nullptr);
+  out["use_errors"] = used ? json(use_errors) : json(nullptr);
   out["seconds"] = held ? json(nullptr) : json(seconds);
   out["held_peak_bytes"] = held ? json(held_peak) : json(nullptr);
   out["held_over_live"] =
