@@ -138,20 +138,20 @@ TensorsPlan plan_tensors(bool on, const std::string& pool_flag, const std::strin
 }
 
 std::string tensors_help() {
+  const char* pool_var = cuw::options::get(cuw::options::Id::CUWARDEN_POOL).variable;
   std::string s = std::string("Per-tensor mode (--tensors, or ") + cuw::tensors::kVariable +
-                  "=1 in cuwarden run's environment; 0 or unset: off). It sets each framework's switch that sends "
-                  "every buffer to the driver, where cuwarden's pool serves, caps and names each one; a variable "
-                  "the environment already holds is kept:";
+                  "=1 in cuwarden run's environment; 0 or unset: off). It sets each\n"
+                  "framework's switch that sends every buffer to the driver, where cuwarden's pool serves, caps and\n"
+                  "names each one; a variable the environment already holds is kept:";
   for (const cuw::tensors::Switch& sw : cuw::tensors::kSwitches)
     s += std::string("\n  ") + sw.variable + "=" + sw.value + " for " + sw.framework + ": " + plain(sw.effect);
-  s += std::string("\nand ") + cuw::options::get(cuw::options::Id::CUWARDEN_POOL).variable + "=" +
-       cuw::tensors::kPool +
-       " unless --pool or the environment chooses a pool. Before the program starts it says what it set and what "
-       "changes: under PyTorch a refusal is a RuntimeError, not torch.cuda.OutOfMemoryError; memory_stats() "
-       "stops counting tensors; tensors cannot be shared with other processes; CUDA graph capture fails; a pool "
-       "hides what compute-sanitizer checks (docs/tensors.md).\n"
-       "Any run warns about PYTORCH_NO_CUDA_MEMORY_CACHING set to a value other than 1: PyTorch 2.6 and older "
-       "turn the cache off for any value, 0 too.";
+  s += std::string("\nand ") + pool_var + "=" + cuw::tensors::kPool +
+       " unless --pool or the environment chooses a pool. Before the program starts it says\n"
+       "what it set and what changes: under PyTorch a refusal is a RuntimeError, not torch.cuda.OutOfMemoryError;\n"
+       "memory_stats() stops counting tensors; tensors cannot be shared with other processes; CUDA graph capture\n"
+       "fails; a pool hides what compute-sanitizer checks (docs/tensors.md). Any run warns of\n"
+       "PYTORCH_NO_CUDA_MEMORY_CACHING at a value other than 1: PyTorch 2.6 and older turn the cache off for any\n"
+       "value, 0 too.";
   return s;
 }
 
