@@ -133,7 +133,7 @@ TensorsPlan plan_tensors(bool on, const std::string& pool_flag, const std::strin
     p.lines.push_back(conf + " chooses PyTorch's cudaMallocAsync backend, which ignores " + torch.variable +
                       ": its tensors come from the driver's own pool, not one by one through cuwarden's");
   for (const char* change : kChanges) p.lines.push_back(label + ": " + change);
-  p.lines.push_back(label + ": more in docs/tensors.md");
+  p.lines.push_back(label + ": more in docs/tensors.md of cuwarden's source");
   return p;
 }
 
@@ -149,7 +149,7 @@ std::string tensors_help() {
        " unless --pool or the environment chooses a pool. Before the program starts it says\n"
        "what it set and what changes: under PyTorch a refusal is a RuntimeError, not torch.cuda.OutOfMemoryError;\n"
        "memory_stats() stops counting tensors; tensors cannot be shared with other processes; CUDA graph capture\n"
-       "fails; a pool hides what compute-sanitizer checks (docs/tensors.md). Any run warns of\n"
+       "fails; a pool hides what compute-sanitizer checks (docs/tensors.md in the source). Any run warns of\n"
        "PYTORCH_NO_CUDA_MEMORY_CACHING at a value other than 1: PyTorch 2.6 and older turn the cache off for any\n"
        "value, 0 too.";
   return s;
