@@ -68,9 +68,12 @@ struct RunOptions {
   std::string limit, job, job_limit, pool, lib;
   std::string cap_scope;  ///< empty: CUWARDEN_CAP_SCOPE as set (default allocations)
   std::string callsites;  ///< as typed; empty: not given
+  bool tensors = false;   ///< --tensors: the per-tensor mode (tensors_mode.hpp); else CUWARDEN_TENSORS decides
   std::vector<std::string> command;
 };
-/// Returns only on failure (exec replaces the process).
+/// Returns only on failure (exec replaces the process): kExitUsage for bad arguments or a bad
+/// CUWARDEN_TENSORS (nothing runs), kExitFailure when the library is not found, 126/127 when
+/// the command cannot be run.
 int cmd_run(const RunOptions& o);
 
 /// `cuwarden fit`'s exit status when not even the lowest value fits.

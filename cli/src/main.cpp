@@ -11,9 +11,10 @@
 
 #include "client.hpp"
 #include "commands.hpp"
-#include "fields.hpp"
 #include "cuw/options.hpp"
 #include "cuw/paths.hpp"
+#include "fields.hpp"
+#include "tensors_mode.hpp"
 
 namespace {
 
@@ -118,13 +119,16 @@ int main(int argc, char** argv) {
   run_flag(cuw::options::Id::CUWARDEN_JOB_LIMIT, ro.job_limit);
   run_flag(cuw::options::Id::CUWARDEN_POOL, ro.pool);
   run_flag(cuw::options::Id::CUWARDEN_CALLSITES, ro.callsites);
+  run->add_flag("--tensors", ro.tensors,
+                "every tensor through cuwarden's pool: sets each framework's switch that sends every buffer to the "
+                "driver (listed below; also CUWARDEN_TENSORS=1)");
   run->add_option("--lib", ro.lib, "path of libcuwarden.so (default: $CUWARDEN_LIB, then the one installed beside this cuwarden)");
   run->footer(
       "Nested runs: cuwarden run never loosens what it inherits. --limit applies together with the inherited\n"
       "CUWARDEN_LIMIT and CUWARDEN_OUTER_LIMIT (the lowest cap on each device); --job-limit is the lower of it and\n"
       "CUWARDEN_JOB_LIMIT; an inherited CUWARDEN_JOB is kept; --cap-scope only widens to process; with an\n"
       "inherited cap, CUWARDEN_ON_ERROR=open becomes fail. Each of these is said on standard error.\n\n" +
-      environment_help());
+      tensors_help() + "\n\n" + environment_help());
   // Everything from the command on is the command's, with or without "--".
   run->prefix_command();
   run->fallthrough(false);

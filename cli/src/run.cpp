@@ -1,6 +1,7 @@
 // cuwarden CLI: `cuwarden run` — set the CUWARDEN_* environment, preload the interposer,
-// and exec the command. Everything is checked before exec: a typo in a size must fail
-// here, with a clear message, not later inside the application.
+// and exec the command (with --tensors, each framework's per-buffer switch too:
+// tensors_mode.cpp). Everything is checked before exec: a typo in a size must fail here,
+// with a clear message, not later inside the application.
 #include <limits.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "cuw/job.hpp"
 #include "cuw/options.hpp"
 #include "cuw/size.hpp"
+#include "tensors_mode.hpp"
 
 namespace cuw::cli {
 
@@ -190,7 +192,12 @@ int cmd_run(const RunOptions& o) {
     const bool digits = o.callsites.size() <= 2 && o.callsites.find_first_not_of("0123456789") == std::string::npos;
     if (!digits || std::stoi(o.callsites) > 64) return usage_error("bad --callsites '" + o.callsites + "': use 0..64");
   }
+  const EnvLookup env = [](const char* name) -> const char* { return std::getenv(name); };
+  const std::optional<bool> tensors = tensors_mode(o.tensors, env, &err);
+  if (!tensors) return usage_error(err);
   if (o.command.empty()) return usage_error("no command given (cuwarden run [options] -- CMD ...)");
+  // Decided on the environment as inherited, before this run sets anything in it.
+  const TensorsPlan plan = plan_tensors(*tensors, o.pool, o.tensors ? "--tensors" : "CUWARDEN_TENSORS=1", env);
 
   std::string tried;
   const std::string lib = find_library(o.lib, &tried);
@@ -234,6 +241,8 @@ int cmd_run(const RunOptions& o) {
     }
   }
   setenv("LD_PRELOAD", preload.c_str(), 1);
+  for (const auto& [name, value] : plan.set) setenv(name.c_str(), value.c_str(), 1);
+  for (const std::string& line : plan.lines) std::fprintf(stderr, "cuwarden run: %s\n", line.c_str());
 
   std::vector<char*> argv;
   for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The CUWARDEN_* variables are declared once, in the options table (CUW_OPTIONS in
 common/include/cuw/options.hpp). The README's table of variables is generated from it, and
-`cuwarden run --help` lists every row; this fails when either drifts from the table.
+`cuwarden run --help` lists every row; this fails when either drifts from the table. The
+per-tensor mode's framework switches (CUW_TENSOR_SWITCHES in common/include/cuw/tensors.hpp)
+are held to the same rule: docs/tensors.md's table and `cuwarden run --help`.
 
-    check_options.py REPO [--cli PATH]   check the README (and PATH run --help) (ctest scripts.options)
-    check_options.py REPO --write        rewrite the README's table from the options table
+    check_options.py REPO [--cli PATH]   check the README, docs/tensors.md (and PATH run --help) (ctest scripts.options)
+    check_options.py REPO --write        rewrite both tables from their headers
 """
 import pathlib
 import re
@@ -12,22 +14,31 @@ import subprocess
 import sys
 
 HEADER = "common/include/cuw/options.hpp"
-BEGIN = f"<!-- generated from {HEADER}: edit the table there, then run tests/scripts/check_options.py . --write -->"
+TENSORS_HEADER = "common/include/cuw/tensors.hpp"
+TENSORS_DOC = "docs/tensors.md"
+
+
+def begin_marker(header):
+    return f"<!-- generated from {header}: edit the table there, then run tests/scripts/check_options.py . --write -->"
+
+
+BEGIN = begin_marker(HEADER)
 END = "<!-- end of the generated table -->"
 FIELDS = ("variable", "default", "values", "doc", "flag")
+TENSOR_FIELDS = ("framework", "variable", "value", "effect")
 
 
-def macro_body(text):
-    """The text of `#define CUW_OPTIONS(X)`, its line continuations joined."""
-    m = re.search(r"^#define CUW_OPTIONS\(X\)(.*?[^\\])$", text, re.M | re.S)
+def macro_body(text, name="CUW_OPTIONS", header=HEADER):
+    """The text of `#define NAME(X)`, its line continuations joined and /* comments */ dropped."""
+    m = re.search(rf"^#define {name}\(X\)(.*?[^\\])$", text, re.M | re.S)
     if not m:
-        raise SystemExit(f"{HEADER}: no '#define CUW_OPTIONS(X)'")
-    return m.group(1).replace("\\\n", " ")
+        raise SystemExit(f"{header}: no '#define {name}(X)'")
+    return re.sub(r"/\*.*?\*/", " ", m.group(1).replace("\\\n", " "), flags=re.S)
 
 
-def parse_rows(body):
-    """X(IDENT, "lit", "lit", "lit", "lit") rows; adjacent literals are joined. The table
-    allows no backslash or double quote inside a literal (options.hpp asserts it)."""
+def parse_rows(body, fields=FIELDS, header=HEADER):
+    """X(IDENT or "lit", ...) rows; adjacent literals are joined. The tables allow no
+    backslash or double quote inside a literal (their headers assert it)."""
     rows = []
     pos = 0
     token = re.compile(r'\s*(?:(?P<ident>[A-Za-z_]\w*)|(?P<str>"[^"\\]*")|(?P<punct>[(),]))')
@@ -40,7 +51,7 @@ def parse_rows(body):
         while True:
             m = token.match(body, pos)
             if not m:
-                raise SystemExit(f"{HEADER}: cannot read the row at '{body[start:start + 60]}...'")
+                raise SystemExit(f"{header}: cannot read the row at '{body[start:start + 60]}...'")
             pos = m.end()
             if m.group("ident"):
                 current = m.group("ident")
@@ -53,12 +64,12 @@ def parse_rows(body):
                 args.append(current)
                 break
             else:
-                raise SystemExit(f"{HEADER}: unexpected '(' in the row at '{body[start:start + 60]}...'")
-        if len(args) != len(FIELDS) or any(a is None for a in args):
-            raise SystemExit(f"{HEADER}: a row needs {len(FIELDS)} fields ({', '.join(FIELDS)}): {args}")
-        rows.append(dict(zip(FIELDS, args)))
+                raise SystemExit(f"{header}: unexpected '(' in the row at '{body[start:start + 60]}...'")
+        if len(args) != len(fields) or any(a is None for a in args):
+            raise SystemExit(f"{header}: a row needs {len(fields)} fields ({', '.join(fields)}): {args}")
+        rows.append(dict(zip(fields, args)))
     if not rows:
-        raise SystemExit(f"{HEADER}: CUW_OPTIONS has no rows")
+        raise SystemExit(f"{header}: the table has no rows")
     return rows
 
 
@@ -76,9 +87,19 @@ def markdown_table(rows):
     return "\n".join(lines) + "\n"
 
 
-def readme_section(text):
-    """(start, end) of the generated table in the README, END's line included."""
-    b, e = text.find(BEGIN), text.find(END)
+def tensors_table(rows):
+    lines = [begin_marker(TENSORS_HEADER), "| framework | variable | `--tensors` sets | what the framework then does |",
+             "| --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['framework']} | `{r['variable']}` | `{r['value']}` | {r['effect']} |")
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def section(text, begin):
+    """(start, end) of the generated table that opens with `begin`, END's line included."""
+    b = text.find(begin)
+    e = text.find(END, b) if b >= 0 else -1
     if b < 0 or e < b:
         return None
     return b, e + len(END) + 1
@@ -107,32 +128,54 @@ def check_help(cli, rows):
     return problems
 
 
+def check_tensors_help(cli, switches):
+    """`cuwarden run --help` names --tensors and lists every framework switch as
+    `  VARIABLE=VALUE for FRAMEWORK: effect`."""
+    out = subprocess.run([cli, "run", "--help"], capture_output=True, text=True, check=False)
+    lines = out.stdout.splitlines()
+    problems = []
+    if "--tensors" not in out.stdout:
+        problems.append("run --help does not name --tensors")
+    for r in switches:
+        line = f"  {r['variable']}={r['value']} for {r['framework']}: {plain(r['effect'])}"
+        if line not in lines:
+            problems.append(f"run --help has no line '{line.strip()}'")
+    return problems
+
+
 def main(argv):
     if len(argv) < 2:
         raise SystemExit(__doc__)
     repo = pathlib.Path(argv[1])
     rows = parse_rows(macro_body((repo / HEADER).read_text()))
-    readme = repo / "README.md"
-    text = readme.read_text()
-    table = markdown_table(rows)
-    where = readme_section(text)
-    if "--write" in argv[2:]:
-        if not where:
-            raise SystemExit(f"README.md: no generated table to replace (put the lines\n{BEGIN}\n{END}\nwhere it goes)")
-        readme.write_text(text[:where[0]] + table + text[where[1]:])
-        print(f"README.md: table of {len(rows)} variables written")
-        return 0
+    switches = parse_rows(macro_body((repo / TENSORS_HEADER).read_text(), "CUW_TENSOR_SWITCHES", TENSORS_HEADER),
+                          TENSOR_FIELDS, TENSORS_HEADER)
+    # (file, what its table holds, the table's first line, the table, where it comes from)
+    targets = [("README.md", f"table of {len(rows)} variables", BEGIN, markdown_table(rows), "the options table"),
+               (TENSORS_DOC, f"table of {len(switches)} framework switches", begin_marker(TENSORS_HEADER),
+                tensors_table(switches), TENSORS_HEADER)]
     problems = []
-    if not where:
-        problems.append(f"README.md has no generated table of variables (between '{BEGIN}' and '{END}')")
-    elif text[where[0]:where[1]] != table:
-        problems.append("README.md's table of variables is not what the options table makes: "
-                        "run tests/scripts/check_options.py . --write")
+    for name, what, begin, table, source in targets:
+        path = repo / name
+        text = path.read_text()
+        where = section(text, begin)
+        if "--write" in argv[2:]:
+            if not where:
+                raise SystemExit(f"{name}: no generated table to replace (put the lines\n{begin}\n{END}\nwhere it goes)")
+            path.write_text(text[:where[0]] + table + text[where[1]:])
+            print(f"{name}: {what} written")
+        elif not where:
+            problems.append(f"{name} has no generated {what} (between '{begin}' and '{END}')")
+        elif text[where[0]:where[1]] != table:
+            problems.append(f"{name}'s {what} is not what {source} makes: run tests/scripts/check_options.py . --write")
+    if "--write" in argv[2:]:
+        return 0
     if "--cli" in argv[2:]:
-        problems += check_help(argv[argv.index("--cli") + 1], rows)
+        cli = argv[argv.index("--cli") + 1]
+        problems += check_help(cli, rows) + check_tensors_help(cli, switches)
     for p in problems:
         print("FAIL:", p)
-    print(f"{len(rows)} options checked")
+    print(f"{len(rows)} options and {len(switches)} framework switches checked")
     return 1 if problems else 0
 
 
