@@ -1,0 +1,78 @@
+// cuwarden interposer: the real functions of the shared CUDA runtimes a program loaded
+// (base/cudart.hpp says why they are found this way).
+#include "base/cudart.hpp"
+
+#include <dlfcn.h>
+
+#include <atomic>
+
+#include "base/log.hpp"
+#include "base/real.hpp"
+
+namespace cuw::hook::cudart {
+
+namespace {
+
+constexpr int kFns = static_cast<int>(Fn::count_);
+
+const char* const kFnNames[kFns] = {
+#define CUW_CUDART_NAME(ret, name, params, args) #name,
+    CUW_CUDART_HOOKS(CUW_CUDART_NAME)
+#undef CUW_CUDART_NAME
+};
+
+const void* const kHooks[kSlots][kFns] = {
+    {
+#define CUW_CUDART_H12(ret, name, params, args) reinterpret_cast<const void*>(&cuw_rt12_##name),
+        CUW_CUDART_HOOKS(CUW_CUDART_H12)
+#undef CUW_CUDART_H12
+    },
+    {
+#define CUW_CUDART_H13(ret, name, params, args) reinterpret_cast<const void*>(&cuw_rt13_##name),
+        CUW_CUDART_HOOKS(CUW_CUDART_H13)
+#undef CUW_CUDART_H13
+    },
+};
+
+// Constant-initialized: a hook may run before this library's constructors.
+constinit std::atomic<void*> g_real[kSlots][kFns] = {};
+constinit std::atomic<bool> g_missing_logged[kSlots] = {};
+
+/// Resolves every function of `slot` from its library, if loaded. The handle is kept (never
+/// closed): the pointers stay valid for the life of the process, as the program's own
+/// references to the library do. Racing callers resolve the same pointers.
+__attribute__((noinline, cold)) void resolve(int slot) noexcept {
+  void* h = dlopen(kNames[slot], RTLD_LAZY | RTLD_NOLOAD);
+  bool complete = h != nullptr;
+  for (int f = 0; h && f < kFns; ++f) {
+    void* p = real_dlvsym(h, kFnNames[f], kNames[slot]);
+    if (p && is_hook(p)) p = nullptr;  // never call ourselves
+    if (!p) complete = false;
+    if (p) g_real[slot][f].store(p, std::memory_order_release);
+  }
+  if (!complete && !g_missing_logged[slot].exchange(true, std::memory_order_relaxed))
+    log::warn("cuwarden: %s is not loaded, or lacks a runtime entry point cuwarden hooks: its calls "
+              "return cudaErrorInitializationError",
+              kNames[slot]);
+}
+
+}  // namespace
+
+void* real(int slot, Fn f) noexcept {
+  const int i = static_cast<int>(f);
+  void* p = g_real[slot][i].load(std::memory_order_acquire);
+  if (__builtin_expect(p == nullptr, 0)) {
+    resolve(slot);
+    p = g_real[slot][i].load(std::memory_order_acquire);
+  }
+  return p;
+}
+
+bool is_hook(const void* p) noexcept {
+  for (const auto& row : kHooks)
+    for (const void* h : row)
+      if (h == p) return true;
+  return false;
+}
+
+}  // namespace cuw::hook::cudart
