@@ -134,6 +134,21 @@ void run_pool(const User& u13, const User& u12) {
   CHECK(u13.malloc(&a, kMiB) == kSuccess && u13.free(a) == kSuccess);
   CHECK(standin_calls("cudaMalloc") == calls + 1 && standin_calls("cudaFree") == 2);
 
+  // While a stream capture is active, the runtime makes the call (and the driver hooks see it).
+  CUstream s = nullptr;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+  n = answers();
+  void* c = nullptr;
+  const int during = u13.malloc(&c, kMiB);
+  CHECK(answers() == n);
+  CUgraph graph = nullptr;
+  CHECK(cuStreamEndCapture(s, &graph) == CUDA_SUCCESS);
+  if (graph) cuGraphDestroy(graph);
+  CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+  if (during == kSuccess) CHECK(u13.free(c) == kSuccess && answers() == n + 1);
+  u13.last_error();
+
   // A new thread: each runtime's first allocation there goes through the runtime (its lazy
   // initialization for the thread), the next is answered without it.
   std::thread([&] {

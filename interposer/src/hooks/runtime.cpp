@@ -1,8 +1,8 @@
 // cuwarden interposer hooks: cudaMalloc, cudaFree and cudaFreeAsync of a shared CUDA runtime
 // (libcudart.so.12 and .13; base/cudart.hpp: how they bind and how the real ones are found).
 //
-// With passthrough every call goes to the runtime untouched (which reaches the driver hooks).
-// With a pool, the pool answers without the runtime wherever the runtime's state stays what
+// With passthrough, and while a stream capture is active, every call goes to the runtime
+// untouched (which reaches the driver hooks). With a pool, the pool answers without the runtime wherever the runtime's state stays what
 // its own call would have left:
 //   - Initialization: the runtime initializes itself lazily, per thread and device, inside its
 //     calls. A thread's first allocation, and its first after the current context changed
@@ -31,6 +31,7 @@
 #include "base/cudart.hpp"
 #include "base/log.hpp"
 #include "base/real.hpp"
+#include "base/work_epoch.hpp"
 #include "core/tracker.hpp"
 
 namespace core = cuw::core;
@@ -83,6 +84,14 @@ core::Tracker* pooling() noexcept {
   return t && t->pooling() ? t : nullptr;
 }
 
+/// The pool answers here: it is on, no stream capture is active anywhere in the process (a
+/// capture gets exactly what the runtime and the driver hooks make of the call), and the call
+/// is not made from inside a hook.
+core::Tracker* answering() noexcept {
+  core::Tracker* t = pooling();
+  return t && !cuw::work::capturing() && !inside_hook() ? t : nullptr;
+}
+
 /// Whether the runtime `slot` has served a call on this thread in the current context, with
 /// no context destroyed since: its lazy initialization is done there.
 bool ready(int slot) noexcept {
@@ -126,10 +135,10 @@ template <int S>
 cudaError_t rt_cudaMalloc(void** ptr, size_t size) {
   const auto real_rt = real_of<malloc_fn>(S, Fn::cudaMalloc);
   if (__builtin_expect(real_rt == nullptr, 0)) return cudaErrorInitializationError;
-  core::Tracker* t = pooling();
+  core::Tracker* t = answering();
   const auto drv_alloc = REAL(cuMemAlloc_v2);
   // A zero size or a null pointer: the runtime's own answer (cudaMalloc(&p, 0) succeeds).
-  if (!t || !ptr || size == 0 || !drv_alloc || !ready(S) || inside_hook())
+  if (!t || !ptr || size == 0 || !drv_alloc || !ready(S))
     return malloc_through_runtime(S, real_rt, ptr, size);
   CUdeviceptr d = 0;
   CUresult r;
@@ -178,8 +187,8 @@ cudaError_t rt_cudaFree(void* ptr) {
     if (e == cudaSuccess) served(S, gen);
     return e;
   }
-  core::Tracker* t = pooling();
-  if (!t || inside_hook()) return real_rt(ptr);
+  core::Tracker* t = answering();
+  if (!t) return real_rt(ptr);
   t_runtime_ran = false;
   const CUresult r =
       backends::started(t)->deallocate(*t, reinterpret_cast<CUdeviceptr>(ptr), &free_through_runtime<S>);
@@ -195,8 +204,8 @@ template <int S>
 cudaError_t rt_cudaFreeAsync(void* ptr, cudaStream_t stream) {
   const auto real_rt = real_of<rt_free_async_fn>(S, Fn::cudaFreeAsync);
   if (__builtin_expect(real_rt == nullptr, 0)) return cudaErrorInitializationError;
-  core::Tracker* t = pooling();
-  if (!ptr || !t || inside_hook()) return real_rt(ptr, stream);
+  core::Tracker* t = answering();
+  if (!ptr || !t) return real_rt(ptr, stream);
   t_runtime_ran = false;
   // Not the per-thread variant: the runtime's cudaFreeAsync_ptsz (not hooked) is that one.
   const CUresult r = backends::started(t)->deallocate_async(*t, reinterpret_cast<CUdeviceptr>(ptr), stream, false,
