@@ -15,8 +15,9 @@
 //     or the GPU out of memory, counted once here) is recorded there by asking the runtime
 //     for a size no GPU has, under the re-entry guard, so the request reaches the driver
 //     uncounted and the runtime records cudaErrorMemoryAllocation itself. Any other error
-//     from the pool changed nothing: the call is made again through the runtime, which meets
-//     the same answer through the driver hook and records it as its own.
+//     from the pool changed nothing (an allocation's driver error is counted, and counted
+//     again): the call is made again through the runtime, which meets the same answer
+//     through the driver hook and records it as its own.
 //   - Frees: a pointer the pool does not own goes to the runtime's cudaFree (cudaFreeAsync),
 //     counted once. A pooled block freed with cudaFreeAsync waits behind the pool's fence,
 //     which covers the stream's work queued before the free.
@@ -126,9 +127,9 @@ __attribute__((noinline, cold)) void runtime_records_refusal(int slot, malloc_fn
   }
   static std::atomic<bool> logged{false};
   if (e != cudaErrorMemoryAllocation && !logged.exchange(true, std::memory_order_relaxed))
-    cuw::log::warn("cuwarden: %s answered %d to an unservable request: cudaGetLastError may not report a "
-              "refusal",
-              cudart::kNames[slot], static_cast<int>(e));
+    cuw::log::warn("cuwarden: %s answered %d to an unservable request: cudaGetLastError may not report "
+                   "a refusal",
+                   cudart::kNames[slot], static_cast<int>(e));
 }
 
 template <int S>
@@ -136,10 +137,10 @@ cudaError_t rt_cudaMalloc(void** ptr, size_t size) {
   const auto real_rt = real_of<malloc_fn>(S, Fn::cudaMalloc);
   if (__builtin_expect(real_rt == nullptr, 0)) return cudaErrorInitializationError;
   core::Tracker* t = answering();
-  const auto drv_alloc = REAL(cuMemAlloc_v2);
   // A zero size or a null pointer: the runtime's own answer (cudaMalloc(&p, 0) succeeds).
-  if (!t || !ptr || size == 0 || !drv_alloc || !ready(S))
-    return malloc_through_runtime(S, real_rt, ptr, size);
+  if (!t || !ptr || size == 0 || !ready(S)) return malloc_through_runtime(S, real_rt, ptr, size);
+  const auto drv_alloc = REAL(cuMemAlloc_v2);  // resolved by now: the runtime reached the driver
+  if (__builtin_expect(drv_alloc == nullptr, 0)) return malloc_through_runtime(S, real_rt, ptr, size);
   CUdeviceptr d = 0;
   CUresult r;
   {
@@ -158,7 +159,9 @@ cudaError_t rt_cudaMalloc(void** ptr, size_t size) {
     runtime_records_refusal(S, real_rt);
     return cudaErrorMemoryAllocation;
   }
-  return real_rt(ptr, size);  // nothing changed: the runtime's answer and last error
+  // Another error changed nothing but the driver-error count (which the repeat counts again):
+  // the runtime's own answer and last error.
+  return real_rt(ptr, size);
 }
 
 /// A free the pool does not own, through the runtime (the backend's passthrough counted it):
