@@ -149,6 +149,15 @@ void run_pool(const User& u13, const User& u12) {
   if (during == kSuccess) CHECK(u13.free(c) == kSuccess && answers() == n + 1);
   u13.last_error();
 
+  // A context destroyed (the driver call of cudaDeviceReset): the next allocation goes through
+  // the runtime again, which initializes itself anew, and the one after is answered here.
+  CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
+  n = answers();
+  CHECK(u13.malloc(&a, kMiB) == kSuccess && answers() == n);
+  CHECK(u13.free(a) == kSuccess && answers() == n + 1);
+  CHECK(u13.malloc(&a, kMiB) == kSuccess && answers() == n + 2);
+  CHECK(u13.free(a) == kSuccess);
+
   // A new thread: each runtime's first allocation there goes through the runtime (its lazy
   // initialization for the thread), the next is answered without it.
   std::thread([&] {
