@@ -34,21 +34,19 @@ const void* const kHooks[kSlots][kFns] = {
     },
 };
 
-// Constant-initialized: a hook may run before this library's constructors.
-constinit std::atomic<void*> g_real[kSlots][kFns] = {};
 constinit std::atomic<bool> g_missing_logged[kSlots] = {};
 
 /// Resolves every function of `slot` from its library, if loaded. The handle is kept (never
 /// closed): the pointers stay valid for the life of the process, as the program's own
 /// references to the library do. Racing callers resolve the same pointers.
-__attribute__((noinline, cold)) void resolve(int slot) noexcept {
+__attribute__((noinline, cold)) void resolve_all(int slot) noexcept {
   void* h = dlopen(kNames[slot], RTLD_LAZY | RTLD_NOLOAD);
   bool complete = h != nullptr;
   for (int f = 0; h && f < kFns; ++f) {
     void* p = real_dlvsym(h, kFnNames[f], kNames[slot]);
     if (p && is_hook(p)) p = nullptr;  // never call ourselves
     if (!p) complete = false;
-    if (p) g_real[slot][f].store(p, std::memory_order_release);
+    if (p) detail::g_real[slot][f].store(p, std::memory_order_release);
   }
   if (!complete && !g_missing_logged[slot].exchange(true, std::memory_order_relaxed))
     log::warn("cuwarden: %s is not loaded, or lacks a runtime entry point cuwarden hooks: its calls "
@@ -58,14 +56,12 @@ __attribute__((noinline, cold)) void resolve(int slot) noexcept {
 
 }  // namespace
 
-void* real(int slot, Fn f) noexcept {
-  const int i = static_cast<int>(f);
-  void* p = g_real[slot][i].load(std::memory_order_acquire);
-  if (__builtin_expect(p == nullptr, 0)) {
-    resolve(slot);
-    p = g_real[slot][i].load(std::memory_order_acquire);
-  }
-  return p;
+// Constant-initialized: a hook may run before this library's constructors.
+constinit std::atomic<void*> detail::g_real[kSlots][kFns] = {};
+
+void* detail::resolve(int slot, Fn f) noexcept {
+  resolve_all(slot);
+  return g_real[slot][static_cast<int>(f)].load(std::memory_order_acquire);
 }
 
 bool is_hook(const void* p) noexcept {

@@ -26,6 +26,7 @@
 
 #include <driver_types.h>  // cudaError_t, cudaStream_t (the toolkit's, no runtime library)
 
+#include <atomic>
 #include <cstddef>
 
 // X(ret, name, params, args): the runtime hooks (the driver's table is base/hook_table.hpp).
@@ -57,10 +58,20 @@ enum class Fn : int {
       count_
 };
 
+namespace detail {
+/// The real functions by slot and Fn (nullptr: not resolved, or not there).
+extern std::atomic<void*> g_real[kSlots][static_cast<int>(Fn::count_)];
+/// Resolves `slot`'s functions (real()'s slow path); returns `f`'s, or nullptr.
+void* resolve(int slot, Fn f) noexcept;
+}  // namespace detail
+
 /// The real runtime function `f` of slot `slot`'s library, resolved on first use (thread-safe,
 /// idempotent). nullptr when that library is not loaded or lacks the symbol (logged once per
 /// slot): the hook then answers cudaErrorInitializationError. Hot path: one acquire load.
-void* real(int slot, Fn f) noexcept;
+inline void* real(int slot, Fn f) noexcept {
+  void* p = detail::g_real[slot][static_cast<int>(f)].load(std::memory_order_acquire);
+  return __builtin_expect(p != nullptr, 1) ? p : detail::resolve(slot, f);
+}
 
 /// Whether `p` is one of our runtime hooks (resolution rejects them as real functions).
 bool is_hook(const void* p) noexcept;
