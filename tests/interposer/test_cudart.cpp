@@ -38,6 +38,7 @@ struct User {
   int (*free_async)(void*, void*) = nullptr;
   int (*last_error)() = nullptr;
   int (*malloc_async)(void**, size_t) = nullptr;  // the real runtime's only
+  int (*set_device)(int) = nullptr;                // the real runtime's only
   void* handle = nullptr;
 };
 
@@ -56,12 +57,23 @@ User load(const char* path) {
   sym(u.handle, "user_free_async", u.free_async);
   sym(u.handle, "user_last_error", u.last_error);
   sym(u.handle, "user_malloc_async", u.malloc_async);
+  sym(u.handle, "user_set_device", u.set_device);
   CHECK(u.malloc && u.free && u.free_async && u.last_error);
   return u;
 }
 
 cuwt_runtime_answers_fn answers = nullptr;
 cuwt_refusals_fn refusals = nullptr;
+cuwt_blocks_fn blocks = nullptr;
+
+/// The device of the pooled block at `p`, or -1.
+int block_device(const void* p) {
+  cuwt_block b[256];
+  const size_t n = blocks(b, 256);
+  for (size_t i = 0; i < n && i < 256; ++i)
+    if (b[i].address == reinterpret_cast<uint64_t>(p) && b[i].state == 0) return b[i].ordinal;
+  return -1;
+}
 uint64_t (*standin_calls)(const char*) = nullptr;
 
 /// A refusal of `u`'s runtime: cudaErrorMemoryAllocation, counted once by cuwarden, then
@@ -149,6 +161,18 @@ void run_pool(const User& u13, const User& u12) {
   if (during == kSuccess) CHECK(u13.free(c) == kSuccess && answers() == n + 1);
   u13.last_error();
 
+  // The device is the runtime's: after cudaSetDevice(1) (its primary context made current) the
+  // runtime serves the first allocation there, and device 1's pool answers the next.
+  CHECK(u13.set_device);
+  CHECK(u13.set_device(1) == kSuccess);
+  n = answers();
+  CHECK(u13.malloc(&a, kMiB) == kSuccess && answers() == n && block_device(a) == 1);
+  CHECK(u13.malloc(&b, kMiB) == kSuccess && answers() == n + 1 && block_device(b) == 1);
+  CHECK(u13.free(a) == kSuccess && u13.free(b) == kSuccess);
+  CHECK(u13.set_device(0) == kSuccess);
+  CHECK(u13.malloc(&a, kMiB) == kSuccess && block_device(a) == 0);
+  CHECK(u13.free(a) == kSuccess);
+
   // A context destroyed (the driver call of cudaDeviceReset): the next allocation goes through
   // the runtime again, which initializes itself anew, and the one after is answered here.
   CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
@@ -201,7 +225,8 @@ int main(int argc, char** argv) {
   const bool pool = std::strcmp(argv[1], "pool") == 0;
   answers = reinterpret_cast<cuwt_runtime_answers_fn>(dlsym(RTLD_DEFAULT, "cuwarden_testing_runtime_answers"));
   refusals = reinterpret_cast<cuwt_refusals_fn>(dlsym(RTLD_DEFAULT, "cuwarden_testing_refusals"));
-  CHECK(answers && refusals);  // libcuwarden_testing.so is preloaded
+  blocks = reinterpret_cast<cuwt_blocks_fn>(dlsym(RTLD_DEFAULT, "cuwarden_testing_blocks"));
+  CHECK(answers && refusals && blocks);  // libcuwarden_testing.so is preloaded
 
   // No runtime loaded: the hooks are found only by asking for their version, and then fail
   // safely, without a crash.
