@@ -4,7 +4,7 @@
 // (cudart12_standin.c: CUDA 12's runtime is not installed here), both in one process, over the
 // simulated driver, under libcuwarden_testing.so (the product's objects and a few queries).
 //   test_cudart pool|off USER13 USER12
-// pool: CUWARDEN_POOL=cache and CUWARDEN_LIMIT=64MiB, the pool answers; off: passthrough,
+// pool: CUWARDEN_POOL=cache or vmm and CUWARDEN_LIMIT=64MiB, the pool answers; off: passthrough,
 // every call reaches its runtime. Prints "ok" and exits 0, or names the first failed check.
 #include <cuda.h>
 #include <dlfcn.h>
