@@ -35,11 +35,14 @@ const void* const kHooks[kSlots][kFns] = {
 };
 
 constinit std::atomic<bool> g_missing_logged[kSlots] = {};
+constinit std::atomic<bool> g_looked_up[kSlots] = {};  ///< the library was found and searched
 
-/// Resolves every function of `slot` from its library, if loaded. The handle is kept (never
-/// closed): the pointers stay valid for the life of the process, as the program's own
-/// references to the library do. Racing callers resolve the same pointers.
+/// Resolves every function of `slot` from its library, if loaded; once the library was found,
+/// never again (a function it lacks stays missing). The handle is kept (never closed): the
+/// pointers stay valid for the life of the process, as the program's own references to the
+/// library do. Racing first callers each resolve the same pointers (and each keeps a reference).
 __attribute__((noinline, cold)) void resolve_all(int slot) noexcept {
+  if (g_looked_up[slot].load(std::memory_order_acquire)) return;
   void* h = dlopen(kNames[slot], RTLD_LAZY | RTLD_NOLOAD);
   bool complete = h != nullptr;
   for (int f = 0; h && f < kFns; ++f) {
@@ -48,6 +51,7 @@ __attribute__((noinline, cold)) void resolve_all(int slot) noexcept {
     if (!p) complete = false;
     if (p) detail::g_real[slot][f].store(p, std::memory_order_release);
   }
+  if (h) g_looked_up[slot].store(true, std::memory_order_release);
   if (!complete && !g_missing_logged[slot].exchange(true, std::memory_order_relaxed))
     log::warn("cuwarden: %s is not loaded, or lacks a runtime entry point cuwarden hooks: its calls "
               "return cudaErrorInitializationError",
