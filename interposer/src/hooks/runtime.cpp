@@ -2,8 +2,8 @@
 // (libcudart.so.12 and .13; base/cudart.hpp: how they bind and how the real ones are found).
 //
 // With passthrough, and while a stream capture is active, every call goes to the runtime
-// untouched (which reaches the driver hooks). With a pool, the pool answers without the runtime wherever the runtime's state stays what
-// its own call would have left:
+// untouched (which reaches the driver hooks). With a pool, the pool answers without the
+// runtime wherever the runtime's state stays what its own call would have left:
 //   - Initialization: the runtime initializes itself lazily, per thread and device, inside its
 //     calls. A thread's first allocation, and its first after the current context changed
 //     (cudaSetDevice makes the device's primary context current, from CUDA 12 on) or a context
