@@ -6,6 +6,7 @@
 #include "backends/vmm/granule_arena.hpp"
 #include "backends/start.hpp"
 #include "core/tracker.hpp"
+#include "hooks/runtime.hpp"
 
 namespace backends = cuw::backends;
 namespace core = cuw::core;
@@ -47,4 +48,14 @@ extern "C" __attribute__((visibility("default"))) const char* cuwarden_testing_b
   if (dynamic_cast<backends::pooled_backend<backends::whole_blocks>*>(b)) return "cache";
   if (dynamic_cast<backends::pooled_backend<backends::granule_arena>*>(b)) return "vmm";
   return "?";
+}
+
+extern "C" __attribute__((visibility("default"))) uint64_t cuwarden_testing_runtime_answers() {
+  return cuw::hooks::runtime::answered_on_this_thread();
+}
+
+extern "C" __attribute__((visibility("default"))) int64_t cuwarden_testing_refusals(int ordinal) {
+  core::Tracker* t = core::Tracker::instance_if_created();
+  const cuw::ring::DeviceSlot* d = t ? t->device_if_filled(ordinal) : nullptr;
+  return d ? static_cast<int64_t>(d->refusals.load(std::memory_order_acquire)) : -1;
 }

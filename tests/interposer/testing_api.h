@@ -30,6 +30,12 @@ typedef size_t (*cuwt_blocks_fn)(cuwt_block* out, size_t cap);
    NULL when none has started. */
 typedef const char* (*cuwt_backend_name_fn)(void);
 
+/* Runtime calls (cudaMalloc, cudaFree, cudaFreeAsync of a shared runtime) the pool answered on
+   the calling thread without the runtime (interposer/src/hooks/runtime.cpp). */
+typedef uint64_t (*cuwt_runtime_answers_fn)(void);
+/* Device `ordinal`'s refusals counter (the ring's "ooms"); -1 when it has no slot yet. */
+typedef int64_t (*cuwt_refusals_fn)(int ordinal);
+
 #ifdef __cplusplus
 }
 #endif

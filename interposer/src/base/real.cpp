@@ -71,6 +71,15 @@ void* real_dlsym(void* handle, const char* name) noexcept {
   return f ? f(handle, name) : nullptr;
 }
 
+void* real_dlvsym(void* handle, const char* name, const char* version) noexcept {
+  dlvsym_fn f = g_real_dlvsym.load(std::memory_order_acquire);
+  if (__builtin_expect(f == nullptr, 0)) {
+    resolve_libc();
+    f = g_real_dlvsym.load(std::memory_order_acquire);
+  }
+  return f ? f(handle, name, version) : nullptr;
+}
+
 bool resolve_lib(int lib, bool load) noexcept {
   if (g_resolved[lib].load(std::memory_order_acquire)) return true;
   void* h = g_lib[lib].load(std::memory_order_acquire);

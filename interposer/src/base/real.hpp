@@ -83,6 +83,8 @@ void* redirect_proc(const char* symbol, void* real, int cuda_version, cuuint64_t
 
 /// glibc's dlsym, not ours.
 void* real_dlsym(void* handle, const char* name) noexcept;
+/// glibc's dlvsym, not ours (nullptr when libc has none).
+void* real_dlvsym(void* handle, const char* name, const char* version) noexcept;
 
 }  // namespace cuw::hook
 

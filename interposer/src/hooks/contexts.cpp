@@ -12,6 +12,7 @@
 #include "core/context_sweep.hpp"
 #include "core/tracker.hpp"
 #include "hooks/prologue.hpp"
+#include "hooks/runtime.hpp"
 
 using cuw::core::ArrayOwners;
 using cuw::core::Tracker;
@@ -103,6 +104,7 @@ CUW_EXPORT CUresult hook_cuCtxDestroy_v2(CUcontext ctx) {
   };
   if (backends::chosen(*t).context_destroy(*t, [ctx] { return ctx; }, destroy)) {
     backends::ipc::context_gone(ctx);
+    cuw::hooks::runtime::contexts_changed();
     core::forget_driver_freed(*t, arrays);
     // CUWARDEN_CAP_SCOPE=process: its memory went with it (on whichever device it was).
     for (int d = 0; d < static_cast<int>(cuw::ring::kMaxDevices); ++d) t->measure_context(d, true);
@@ -146,6 +148,7 @@ CUresult primary_call(CUdevice dev, bool reset, Call&& call) {
   };
   if (backends::chosen(*t).context_destroy(*t, which, run)) {
     backends::ipc::context_gone(primary);
+    cuw::hooks::runtime::contexts_changed();
     core::forget_driver_freed(*t, arrays);
     t->measure_context(dev, true);  // CUWARDEN_CAP_SCOPE=process: its memory went with it
   }
