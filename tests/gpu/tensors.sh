@@ -4,9 +4,9 @@
 # d 768, batch 8 x 512, bf16 autocast, AdamW; each step timed to completion).
 #   1. interleaved rounds (ROUNDS, default 3) of the configurations
 #        pytorch       PyTorch's caching allocator, no cuwarden
-#        tensors       PYTORCH_NO_CUDA_MEMORY_CACHING=1 under libcuwarden.so, CUWARDEN_POOL=cache
-#        tensors_vmm   the same, CUWARDEN_POOL=vmm
-#        tensors_cs16  tensors with CUWARDEN_CALLSITES=16 and Python frames
+#        tensors       cuwarden run --tensors (PyTorch's cache off, the cache pool)
+#        tensors_vmm   cuwarden run --tensors --pool vmm
+#        tensors_cs16  cuwarden run --tensors --callsites 16 (Python frames too)
 #      and once each: driver (PYTORCH_NO_CUDA_MEMORY_CACHING=1 without cuwarden);
 #   2. where the time goes, one run per pooled configuration with the daemon up: cuwarden's
 #      counters per measured step (driver calls of the pool, hits, waits), the pool's reserved
@@ -41,7 +41,8 @@ export CUWARDEN_RUN_DIR=$WORK/run
 mkdir -p "$CUWARDEN_RUN_DIR"
 daemon=""
 trap '[[ -n $daemon ]] && kill "$daemon" 2>/dev/null; rm -rf "$WORK"' EXIT
-TRAIN=(python3 "$REPO/bench/train_gpt.py" --layers 6)
+TRAIN=(python3 "${TRAIN_PY:-$REPO/bench/train_gpt.py}" --layers 6)  # TRAIN_PY: a stand-in, to try this script
+RUN=("$BIN/cuwarden" run --lib "$LIB" --tensors)  # the cache pool unless --pool says otherwise
 failures=0
 
 echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
@@ -51,19 +52,18 @@ python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.vers
 run() {
   local name=$1 config=$2
   shift 2
-  local env=()
+  local pre=()
   case $config in
     pytorch) ;;
-    driver) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
-    tensors) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=cache) ;;
-    tensors_vmm) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=vmm) ;;
-    tensors_cs16) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=cache CUWARDEN_CALLSITES=16
-                       CUWARDEN_PYFRAMES=1) ;;
+    driver) pre=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+    tensors) pre=("${RUN[@]}" --) ;;
+    tensors_vmm) pre=("${RUN[@]}" --pool vmm --) ;;
+    tensors_cs16) pre=("${RUN[@]}" --callsites 16 --) ;;  # Python frames too (CUWARDEN_PYFRAMES=1)
     *) echo "unknown configuration $config"; return 2 ;;
   esac
   local t0 rc
   t0=$(date -u +%FT%TZ)
-  env "${env[@]}" "${TRAIN[@]}" --json "$OUT/runs/$name.json" "$@" >"$OUT/runs/$name.log" 2>&1
+  "${pre[@]}" "${TRAIN[@]}" --json "$OUT/runs/$name.json" "$@" >"$OUT/runs/$name.log" 2>&1
   rc=$?
   if ((rc != 0)); then
     echo "FAIL: $name ($config) exited $rc"; tail -n 5 "$OUT/runs/$name.log"; failures=$((failures + 1))
@@ -123,13 +123,13 @@ except Exception as e:  # the driver's answer, as PyTorch reports it
 EOF
 for c in driver tensors tensors_vmm; do
   case $c in
-    driver) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
-    tensors) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=cache) ;;
-    tensors_vmm) env=(PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD=$LIB CUWARDEN_POOL=vmm) ;;
+    driver) pre=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
+    tensors) pre=("${RUN[@]}" --) ;;
+    tensors_vmm) pre=("${RUN[@]}" --pool vmm --) ;;
   esac
-  out=$(env "${env[@]}" python3 "$WORK/capture.py" 2>"$OUT/runs/capture-$c.err" | tail -n 1)
+  out=$("${pre[@]}" python3 "$WORK/capture.py" 2>"$OUT/runs/capture-$c.err" | tail -n 1)
   echo "capture $c: $out"
-  echo "$out" >"$OUT/runs/capture-$c.json"
+  echo "$out" >"$OUT/runs/capture-$c.txt"
 done
 
 python3 - "$OUT" <<'EOF'
@@ -170,7 +170,7 @@ res["pytorch_reserved_over_allocated"] = (p["max_memory_reserved"] / p["max_memo
                                           if p.get("max_memory_allocated") else None)
 cpu_pt, cpu_t = med("cpu-", "pytorch")[0], med("cpu-", "tensors")[0]
 res["cpu_bound"] = {"pytorch_ms": cpu_pt, "tensors_ms": cpu_t, "ratio": cpu_t / cpu_pt if cpu_pt and cpu_t else None}
-res["capture"] = {c: json.load(open(f"{out}/runs/capture-{c}.json")) if os.path.getsize(f"{out}/runs/capture-{c}.json") else None
+res["capture"] = {c: json.loads(open(f"{out}/runs/capture-{c}.txt").read().strip() or "null")
                   for c in ("driver", "tensors", "tensors_vmm")}
 json.dump(res, open(f"{out}/tensors.json", "w"), indent=1)
 L = [f"# Every tensor through cuwarden: {res['device']}, torch {res['torch']}", "",
