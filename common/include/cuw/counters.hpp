@@ -71,7 +71,11 @@
   X(ipc_handles, "ipc_handles", "ipc_handles", "IPC", "ipc_handles_total", counter, count, plain,             \
     "CUDA IPC handles made or opened (the checkpoint API cannot carry them: no suspend)")                           \
   X(shared_handles, "shared_handles", "shared_handles", "Shared", "shared_handles_total", counter, count, plain,      \
-    "cuMem allocations made exportable as shareable handles (the checkpoint API cannot carry them: no suspend)")
+    "cuMem allocations made exportable as shareable handles, or imported from one (the checkpoint API cannot carry " \
+    "them: no suspend)")                                                                                               \
+  X(mps_client, "mps_client", "mps_client", "MPS", "process_mps_client", gauge, count, plain,                          \
+    "1 when the process's contexts on the device go through an MPS server (the checkpoint API cannot carry an MPS "  \
+    "client: no suspend)")
 
 namespace cuw::counters {
 
