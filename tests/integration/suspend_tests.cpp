@@ -29,6 +29,12 @@ TEST_CASE("suspend.by_hand") {
   const CmdResult t = cli(s, {});
   INFO(t.out);
   CHECK(contains(t.out, "suspended 64MiB host"));
+  // nvidia-smi's query lists it too: nothing on the device, its state and host bytes beside.
+  const CmdResult q = cli(s, {"--query-compute-apps=pid,used_memory,state,suspended_host_memory,suspended_since",
+                              "--format=csv,noheader,nounits"});
+  INFO(q.out << q.err);
+  CHECK(q.status == 0);
+  CHECK(contains(q.out, std::to_string(v.pid()) + ", 0, suspended, 64, 20"));
 
   // Its calls stop: one waits at the closed gate until the resume.
   v.send("check");
@@ -47,6 +53,9 @@ TEST_CASE("suspend.by_hand") {
   CHECK(p["state"] == "running");
   CHECK(p["suspended_host_bytes"].is_null());
   CHECK(p["devices"][0]["used_bytes"].get<uint64_t>() == 64 * kMiB);
+  const CmdResult q2 = cli(s, {"--query-compute-apps=pid,used_memory,state,suspended_host_memory,suspended_since",
+                               "--format=csv,noheader,nounits"});
+  CHECK(contains(q2.out, std::to_string(v.pid()) + ", 64, running, [N/A], [N/A]"));
   REQUIRE(wait_until([&] { return driver_used(d) >= used_before; }));
   const auto kinds = event_kinds(d, v.pid());
   CHECK(std::count(kinds.begin(), kinds.end(), "suspend") == 1);
