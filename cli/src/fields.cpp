@@ -15,34 +15,77 @@ namespace {
 /// nvidia-smi's fields, in its order; used_memory is the `used` counter's row.
 constexpr const char* kNvidiaSmi[] = {"pid", "process_name", "used_memory", "gpu_uuid", "gpu_name", "gpu_bus_id",
                                       "timestamp"};
-/// cuwarden's fields that are not device counters.
-constexpr const char* kProcessFields[] = {"job", "user", "fragmentation", "driver_used_memory", "outside_cap_memory",
-                                          "cap_scope"};
-/// What each field that is not a counter holds.
-struct Help {
+
+/// What a field that is not a device counter reads: the state, the process entry, its device
+/// entry and the state's GPU entries by UUID.
+struct Row {
+  const json& st;
+  const json& p;
+  const json& d;
+  const std::map<std::string, json>& gpu_by_uuid;
+};
+
+/// Every field that is not a device counter: nvidia-smi's (but used_memory), then cuwarden's
+/// own, in the order they are listed. Adding one is one line here.
+struct Own {
   const char* name;
-  const char* text;
+  CellKind kind;
+  const char* help;
+  Cell (*cell)(const Row&);
 };
-constexpr Help kHelp[] = {
-    {"pid", "Process id, as the host sees it"},
-    {"process_name", "Process name, from its command line"},
-    {"gpu_uuid", "UUID of the GPU"},
-    {"gpu_name", "Product name of the GPU"},
-    {"gpu_bus_id", "PCI bus id of the GPU (from NVML; [N/A] without it)"},
-    {"timestamp", "When the daemon answered, local time: YYYY/MM/DD HH:MM:SS.mmm"},
-    {"job", "The job (CUWARDEN_JOB) the process belongs to, or empty"},
-    {"user", "The user the process runs as"},
-    {"fragmentation",
+constexpr Own kOwn[] = {
+    {"pid", CellKind::integer, "Process id, as the host sees it",
+     [](const Row& r) { return jcell(r.p, "pid", CellKind::integer); }},
+    {"process_name", CellKind::text, "Process name, from its command line",
+     [](const Row& r) { return Cell::str(jstr(r.p, "process_name")); }},
+    {"gpu_uuid", CellKind::text, "UUID of the GPU", [](const Row& r) { return Cell::str(jstr(r.d, "uuid")); }},
+    {"gpu_name", CellKind::text, "Product name of the GPU", [](const Row& r) { return Cell::str(jstr(r.d, "name")); }},
+    {"gpu_bus_id", CellKind::text, "PCI bus id of the GPU (from NVML; [N/A] without it)",
+     [](const Row& r) {
+       auto it = r.gpu_by_uuid.find(jstr(r.d, "uuid"));
+       return it != r.gpu_by_uuid.end() && it->second.contains("bus_id") ? Cell::str(jstr(it->second, "bus_id"))
+                                                                         : Cell::none();
+     }},
+    {"timestamp", CellKind::text, "When the daemon answered, local time: YYYY/MM/DD HH:MM:SS.mmm",
+     [](const Row& r) { return Cell::str(local_time(jnum(r.st, "time_ns"), "%Y/%m/%d %H:%M:%S", true)); }},
+    {"job", CellKind::text, "The job (CUWARDEN_JOB) the process belongs to, or empty",
+     [](const Row& r) { return Cell::str(jstr(r.p, "job")); }},
+    {"user", CellKind::text, "The user the process runs as", [](const Row& r) { return Cell::str(jstr(r.p, "user")); }},
+    {"fragmentation", CellKind::text,
      "Share of a pool's free large blocks that one request cannot get: 0 % under vmm (it stitches), [N/A] without a "
-     "pool"},
-    {"driver_used_memory", "What NVML says the process holds on the GPU (context and modules included)"},
-    {"outside_cap_memory", "Of the driver's figure, what no cap counts"},
-    {"cap_scope", "What the process's caps count: allocations, or process (also its context and modules)"},
+     "pool",
+     [](const Row& r) {
+       const std::string pool = jstr(r.p, "pool", "off");
+       if (pool.empty() || pool == "off") return Cell::none();
+       const double free = jnum(r.d, "pool_free_bytes"), largest = jnum(r.d, "pool_largest_free_bytes");
+       const long pct = free > 0 ? std::lround(100.0 * (1.0 - std::min(largest, free) / free)) : 0;
+       return Cell::str(std::to_string(pct) + " %");
+     }},
+    {"driver_used_memory", CellKind::bytes,
+     "What NVML says the process holds on the GPU (context and modules included)",
+     [](const Row& r) { return jcell(r.d, "driver_used_bytes", CellKind::bytes); }},
+    {"outside_cap_memory", CellKind::bytes, "Of the driver's figure, what no cap counts",
+     [](const Row& r) { return jcell(r.d, "outside_cap_bytes", CellKind::bytes); }},
+    {"cap_scope", CellKind::text,
+     "What the process's caps count: allocations, or process (also its context and modules)",
+     [](const Row& r) { return Cell::str(jstr(r.p, "cap_scope", "allocations")); }},
+    {"state", CellKind::text,
+     "running, or suspended (its device memory on the host: used_memory is 0 until it is resumed)",
+     [](const Row& r) { return Cell::str(jstr(r.p, "state")); }},
+    {"suspended_host_memory", CellKind::bytes,
+     "While suspended, the device memory the process holds on the host ([N/A] while it runs)",
+     [](const Row& r) { return jcell(r.p, "suspended_host_bytes", CellKind::bytes); }},
+    {"suspended_since", CellKind::text,
+     "While suspended, since when, local time: YYYY/MM/DD HH:MM:SS.mmm ([N/A] while it runs)",
+     [](const Row& r) {
+       if (!r.p.contains("suspended_since_ns") || !r.p["suspended_since_ns"].is_number_unsigned()) return Cell::none();
+       return Cell::str(local_time(jnum(r.p, "suspended_since_ns"), "%Y/%m/%d %H:%M:%S", true));
+     }},
 };
-const char* help_of(const std::string& name) {
-  for (const auto& h : kHelp)
-    if (name == h.name) return h.text;
-  return "";
+const Own* own_named(const std::string& name) {
+  for (const auto& o : kOwn)
+    if (name == o.name) return &o;
+  return nullptr;
 }
 /// Other names nvidia-smi accepts for the same field.
 struct Alias {
@@ -51,12 +94,7 @@ struct Alias {
 };
 constexpr Alias kAliases[] = {{"name", "process_name"}, {"used_gpu_memory", "used_memory"}};
 
-CellKind kind_of(const char* name) {
-  const std::string n = name;
-  if (n == "pid") return CellKind::integer;
-  if (n == "driver_used_memory" || n == "outside_cap_memory") return CellKind::bytes;
-  return CellKind::text;
-}
+QueryField own_field(const Own& o) { return {o.name, o.name, o.kind, "", o.help}; }
 
 QueryField counter_field(const counters::Info& row) {
   QueryField f;
@@ -77,14 +115,17 @@ std::vector<QueryField> query_fields(std::span<const counters::Info> counters) {
       if (row.query == name) return &row;
     return nullptr;
   };
+  auto theirs = [](std::string_view name) {
+    return std::find(std::begin(kNvidiaSmi), std::end(kNvidiaSmi), name) != std::end(kNvidiaSmi);
+  };
   for (const char* name : kNvidiaSmi) {
     if (const counters::Info* row = counter_named(name)) out.push_back(counter_field(*row));
-    else out.push_back({name, name, kind_of(name), "", help_of(name)});
+    else if (const Own* o = own_named(name)) out.push_back(own_field(*o));
   }
   for (const auto& row : counters)
-    if (!row.query.empty() && std::find(std::begin(kNvidiaSmi), std::end(kNvidiaSmi), row.query) == std::end(kNvidiaSmi))
-      out.push_back(counter_field(row));
-  for (const char* name : kProcessFields) out.push_back({name, name, kind_of(name), "", help_of(name)});
+    if (!row.query.empty() && !theirs(row.query)) out.push_back(counter_field(row));
+  for (const auto& o : kOwn)
+    if (!theirs(o.name)) out.push_back(own_field(o));
   return out;
 }
 
@@ -169,29 +210,7 @@ Cell gpu_query_cell(const QueryField& f, const json& st, const json& g) {
 Cell query_cell(const QueryField& f, const json& st, const json& p, const json& d,
                 const std::map<std::string, json>& gpu_by_uuid) {
   if (!f.key.empty()) return jcell(d, f.key.c_str(), f.kind);
-  const std::string& n = f.name;
-  if (n == "pid") return jcell(p, "pid", CellKind::integer);
-  if (n == "process_name") return Cell::str(jstr(p, "process_name"));
-  if (n == "gpu_uuid") return Cell::str(jstr(d, "uuid"));
-  if (n == "gpu_name") return Cell::str(jstr(d, "name"));
-  if (n == "gpu_bus_id") {
-    auto it = gpu_by_uuid.find(jstr(d, "uuid"));
-    return it != gpu_by_uuid.end() && it->second.contains("bus_id") ? Cell::str(jstr(it->second, "bus_id"))
-                                                                    : Cell::none();
-  }
-  if (n == "timestamp") return Cell::str(local_time(jnum(st, "time_ns"), "%Y/%m/%d %H:%M:%S", true));
-  if (n == "job") return Cell::str(jstr(p, "job"));
-  if (n == "user") return Cell::str(jstr(p, "user"));
-  if (n == "driver_used_memory") return jcell(d, "driver_used_bytes", CellKind::bytes);
-  if (n == "outside_cap_memory") return jcell(d, "outside_cap_bytes", CellKind::bytes);
-  if (n == "cap_scope") return Cell::str(jstr(p, "cap_scope", "allocations"));
-  if (n == "fragmentation") {
-    const std::string pool = jstr(p, "pool", "off");
-    if (pool.empty() || pool == "off") return Cell::none();
-    const double free = jnum(d, "pool_free_bytes"), largest = jnum(d, "pool_largest_free_bytes");
-    const long pct = free > 0 ? std::lround(100.0 * (1.0 - std::min(largest, free) / free)) : 0;
-    return Cell::str(std::to_string(pct) + " %");
-  }
+  if (const Own* o = own_named(f.name)) return o->cell(Row{st, p, d, gpu_by_uuid});
   return Cell::none();
 }
 

@@ -1,6 +1,7 @@
 // cuwarden CLI: the fields of --query-compute-apps. nvidia-smi's own fields and cuwarden's
-// process fields are listed here; every device counter that has a query name in its row
-// (counters.hpp) is one too, so a counter added there can be queried with no change here.
+// process fields are one table in fields.cpp (name, kind, help, how its cell is read); every
+// device counter that has a query name in its row (counters.hpp) is one too, so a counter
+// added there can be queried with no change here.
 #pragma once
 
 #include <map>

@@ -411,7 +411,10 @@ int cmd_status(const StatusOptions& o) {
       for (const json* pp : by_pid(*st)) {
         if (gpu_query) break;
         const json& p = *pp;
-        if (jstr(p, "state") != "running") continue;  // nvidia-smi lists running processes
+        // nvidia-smi lists running processes; a suspended one is listed too (its used_memory 0,
+        // its state and host bytes in fields of their own), as it still holds its place.
+        const std::string state = jstr(p, "state");
+        if (state != "running" && state != "suspended") continue;
         for (const auto& d : jarr(p, "devices")) {
           if (!gpu_matches(o.gpu_filter, d, "gpu_index")) continue;
           std::vector<Cell> row;

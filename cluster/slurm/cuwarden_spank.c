@@ -6,7 +6,8 @@
  * plugstack.conf (arguments are optional; sizes as the interposer reads them):
  *   required /usr/lib/x86_64-linux-gnu/cuwarden/cuwarden_spank.so \
  *       lib=/usr/lib/x86_64-linux-gnu/cuwarden/libcuwarden.so default=16G max=80G \
- *       job_default=80G job_max=320G shard_size=10G run_dir=/dev/shm/cuwarden
+ *       job_default=80G job_max=320G shard_size=10G run_dir=/dev/shm/cuwarden \
+ *       qos_priority=normal:0,high:10,scavenger:-10
  *
  * A maximum without a default is also the default: a job that asks for nothing is held to
  * the site's maximum, not left uncapped. shard_size is the GPU memory of one gres/shard: a
@@ -16,6 +17,13 @@
  * TiB, kB MB GB TB), and none under 1 MiB is taken (the interposer refuses those); the
  * interposer checks every value again and names a bad one at the task's first CUDA call. A
  * share ("75%") is passed on when the site sets no maximum.
+ *
+ * qos_priority maps the job's QOS (SLURM_JOB_QOS) to the priority its tasks ask the daemon
+ * for (CUWARDEN_PRIORITY, an integer from -1000 to 1000: who is suspended to make room on a
+ * full GPU). A task may ask for less in its environment, never more; a QOS the table does not
+ * name leaves the environment as it is. What a process gets is still bounded by the daemon's
+ * policy (max_priority), so a QOS named falsely in a task's environment gains nothing the
+ * user could not ask for with CUWARDEN_PRIORITY.
  *
  * What decides enforcement is the plugin's, never the task environment's: every task gets
  * CUWARDEN_ON_ERROR=fail (a bad value stops the task rather than run it uncapped),
@@ -55,6 +63,17 @@ static uint64_t max_limit, max_job_limit; /* bytes; 0 = none */
 static uint64_t shard_size;                /* bytes of GPU memory per gres/shard; 0 = not used */
 static char lib[1024] = "/usr/lib/x86_64-linux-gnu/cuwarden/libcuwarden.so";
 static char run_dir[1024] = DEFAULT_RUN_DIR;
+
+/* qos_priority=: the job's QOS name to the priority its tasks get (the daemon's range). */
+#define MAX_QOS 32
+#define QOS_NAME 64
+#define MIN_PRIORITY (-1000)
+#define MAX_PRIORITY 1000
+static struct {
+  char name[QOS_NAME];
+  int priority;
+} qos_table[MAX_QOS];
+static int qos_count;
 
 /* Bytes of a size, or UINT64_MAX for a share or anything else that is not a size. */
 static uint64_t size_bytes(const char *s) {
@@ -111,8 +130,60 @@ static struct spank_option options[] = {
      on_job_limit},
     SPANK_OPTIONS_TABLE_END};
 
+/* An integer in MIN_PRIORITY..MAX_PRIORITY from all of `s`, into *out; else -1. */
+static int parse_priority(const char *s, int *out) {
+  char *end = NULL;
+  if (!*s || isspace((unsigned char)*s)) return -1;
+  errno = 0;
+  const long v = strtol(s, &end, 10);
+  if (errno || *end || v < MIN_PRIORITY || v > MAX_PRIORITY) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+/* qos_priority=NAME:PRIORITY[,NAME:PRIORITY...] into qos_table; -1 after saying why. */
+static int read_qos_table(const char *v) {
+  qos_count = 0;
+  for (const char *p = v; *p;) {
+    const char *end = strchr(p, ',');
+    const size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[QOS_NAME + 16];
+    const char *colon = memchr(p, ':', len);
+    int priority = 0;
+    if (len >= sizeof item || !colon || colon == p || (size_t)(colon - p) >= QOS_NAME) {
+      slurm_error("cuwarden: plugstack.conf: qos_priority: '%.*s': expected QOS:PRIORITY, such as high:10", (int)len, p);
+      return -1;
+    }
+    snprintf(item, sizeof item, "%.*s", (int)len, p);
+    const size_t nlen = (size_t)(colon - p);
+    if (parse_priority(item + nlen + 1, &priority)) {
+      slurm_error("cuwarden: plugstack.conf: qos_priority: '%s': the priority must be an integer from %d to %d", item,
+                  MIN_PRIORITY, MAX_PRIORITY);
+      return -1;
+    }
+    item[nlen] = 0;
+    for (int i = 0; i < qos_count; ++i)
+      if (!strcmp(qos_table[i].name, item)) {
+        slurm_error("cuwarden: plugstack.conf: qos_priority: QOS '%s' is given twice", item);
+        return -1;
+      }
+    if (qos_count == MAX_QOS) {
+      slurm_error("cuwarden: plugstack.conf: qos_priority: more than %d QOS", MAX_QOS);
+      return -1;
+    }
+    memcpy(qos_table[qos_count].name, item, nlen + 1); /* nlen < QOS_NAME, checked above */
+    qos_table[qos_count++].priority = priority;
+    p = end ? end + 1 : p + len;
+  }
+  if (!qos_count) {
+    slurm_error("cuwarden: plugstack.conf: qos_priority= is empty (expected QOS:PRIORITY, such as high:10)");
+    return -1;
+  }
+  return 0;
+}
+
 /* Reads plugstack.conf's arguments: lib= default= max= job_default= job_max= shard_size=
- * run_dir=. */
+ * run_dir= qos_priority=. */
 static int read_arguments(int ac, char **av) {
   for (int i = 0; i < ac; ++i) {
     const char *a = av[i];
@@ -128,6 +199,8 @@ static int read_arguments(int ac, char **av) {
         return -1;
       }
       snprintf(run_dir, sizeof run_dir, "%s", v);
+    } else if (klen == 12 && !strncmp(a, "qos_priority", 12)) {
+      if (read_qos_table(v)) return -1;
     }
     else if (klen == 7 && !strncmp(a, "default", 7)) {
       if (take_size("plugstack.conf default", v, def_limit)) return -1;
@@ -141,7 +214,7 @@ static int read_arguments(int ac, char **av) {
       max = &shard_size;
     else {
       slurm_error("cuwarden: plugstack.conf: unknown argument '%s' (lib= default= max= job_default= job_max= "
-                  "shard_size= run_dir=)",
+                  "shard_size= run_dir= qos_priority=)",
                   a);
       return -1;
     }
@@ -208,6 +281,31 @@ static void shard_cap(spank_t sp, char *job_limit) {
   const uint64_t cap = shards > UINT64_MAX / shard_size ? UINT64_MAX : shards * shard_size;
   const uint64_t asked = *job_limit ? size_bytes(job_limit) : UINT64_MAX;
   if (asked > cap) snprintf(job_limit, SIZE_TEXT, "%llu", (unsigned long long)cap);
+}
+
+/* CUWARDEN_PRIORITY of a task from its job's QOS (qos_priority=): the QOS's priority, or the
+ * task's own when that is lower; nothing when the table does not name the QOS. -1 when the
+ * environment cannot be set. */
+static int qos_priority(spank_t sp) {
+  char qos[QOS_NAME] = "", own[32] = "";
+  if (!qos_count || spank_getenv(sp, "SLURM_JOB_QOS", qos, sizeof qos) != ESPANK_SUCCESS) return 0;
+  for (int i = 0; i < qos_count; ++i) {
+    if (strcmp(qos_table[i].name, qos)) continue;
+    int priority = qos_table[i].priority, asked = 0;
+    if (spank_getenv(sp, "CUWARDEN_PRIORITY", own, sizeof own) == ESPANK_SUCCESS && *own) {
+      if (parse_priority(own, &asked) == 0) {
+        if (asked < priority) priority = asked;
+      } else {
+        slurm_error("cuwarden: CUWARDEN_PRIORITY=%s in the task's environment is not an integer from %d to %d; "
+                    "QOS %s's priority %d applies",
+                    own, MIN_PRIORITY, MAX_PRIORITY, qos, priority);
+      }
+    }
+    char text[16];
+    snprintf(text, sizeof text, "%d", priority);
+    return spank_setenv(sp, "CUWARDEN_PRIORITY", text, 1) == ESPANK_SUCCESS ? 0 : -1;
+  }
+  return 0;
 }
 
 /* In every process that loads the plugin: reads plugstack.conf's arguments and registers
@@ -350,5 +448,5 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
       spank_setenv(sp, "CUWARDEN_CONFIG", "off", 1) != ESPANK_SUCCESS ||
       spank_setenv(sp, "CUWARDEN_RUN_DIR", run_dir, 1) != ESPANK_SUCCESS)
     return -1;
-  return 0;
+  return qos_priority(sp);
 }

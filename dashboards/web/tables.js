@@ -13,6 +13,29 @@ function usedBar(used, cap, total) {
   return bar;
 }
 
+/** "42 s", "3 min 5 s", "2 h 10 min": how long, for people. */
+function fmtSpan(s) {
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor(s % 3600 / 60)} min`;
+}
+
+/** The State cell: a suspended process also says what it holds on the host and since when
+ *  (the state's suspended_host_bytes and suspended_since_ns; its device bytes read 0). */
+function stateCell(sp) {
+  if (sp.state !== 'suspended') return h('td', { class: 'state', dataset: { state: sp.state } }, sp.state);
+  const since = sp.suspended_since_ns;
+  const host = sp.suspended_host_bytes;
+  const secs = since != null ? Math.max(0, Math.round(model.now - since / 1e9)) : null;
+  return h('td', {
+    class: 'state suspended',
+    dataset: { state: 'suspended', hostBytes: host ?? '', sinceNs: since ?? '' },
+    title: `its device memory is on the host${sp.suspended_by ? `; suspended by ${sp.suspended_by}` : ''}`,
+  }, 'suspended', h('span', { class: 'muted' },
+    ` · ${fmtBytes(host)} on host`,
+    since != null ? h('span', { class: 'since' }, ` · since ${fmtTime(since / 1e9)} (${fmtSpan(secs)})`) : null));
+}
+
 /** The process table, a row per process and GPU; a click on a row calls `onSelect(pid)`. */
 export function drawTable(onSelect) {
   const tbody = document.querySelector('#proc-table tbody');
@@ -25,7 +48,7 @@ export function drawTable(onSelect) {
       const bytes = (cls, v) => h('td', { class: `num ${cls}`, title: v == null ? 'none' : `${v} bytes`,
                                           dataset: { bytes: v == null ? '' : v } }, fmtBytes(v));
       rows.push(h('tr', {
-        class: (sel ? 'selected ' : '') + (sp.state !== 'running' ? 'exited' : ''),
+        class: (sel ? 'selected ' : '') + (sp.state === 'suspended' ? 'suspended' : sp.state !== 'running' ? 'exited' : ''),
         dataset: { pid: sp.pid, gpu: sd.gpu_index }, tabindex: 0,
         onclick: () => onSelect(sp.pid),
       },
@@ -40,7 +63,7 @@ export function drawTable(onSelect) {
       bytes('peak', sd.peak_bytes),
       bytes('cap', sd.limit_bytes),
       h('td', { class: 'num ooms' + (sd.ooms ? ' hot' : ''), dataset: { ooms: sd.ooms } }, sd.ooms),
-      h('td', { class: 'state' }, sp.state)));
+      stateCell(sp)));
     }
   }
   tbody.replaceChildren(...rows);

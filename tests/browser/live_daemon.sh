@@ -3,7 +3,7 @@
 # run_callsites_live.sh): a private directory $T, the programs' pids in pids[] (killed at
 # exit; fds 3 and 4 closed first: programs reading commands from them exit), fail(), and
 # start_daemon, which starts cuwardend with HTTP and snapshots on a free port and sets $BASE.
-#   source live_daemon.sh PREFIX   (then: start_daemon DAEMON WEB_ROOT)
+#   source live_daemon.sh PREFIX   (then: start_daemon DAEMON WEB_ROOT [DAEMON ARGS...])
 T=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
 pids=()
 cleanup() {
@@ -15,11 +15,11 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$T"/*.log "$T"/*.out; do [[ -e $f ]] && { echo "--- $f"; tail -20 "$f"; }; done; exit 1; }
 
-start_daemon() {  # start_daemon DAEMON WEB_ROOT
+start_daemon() {  # start_daemon DAEMON WEB_ROOT [DAEMON ARGS...]
   unset LD_PRELOAD CUWARDEN_LIMIT CUWARDEN_POOL CUWARDEN_JOB CUWARDEN_JOB_LIMIT CUWARDEN_CALLSITES
   export CUWARDEN_RUN_DIR=$T/run
   mkdir -p "$CUWARDEN_RUN_DIR"
-  "$1" --run-dir "$CUWARDEN_RUN_DIR" --http 127.0.0.1:0 --http-snapshots --web-root "$2" >"$T/cuwardend.log" 2>&1 &
+  "$1" --run-dir "$CUWARDEN_RUN_DIR" --http 127.0.0.1:0 --http-snapshots --web-root "$2" "${@:3}" >"$T/cuwardend.log" 2>&1 &
   pids+=($!)
   local port=""
   for _ in $(seq 600); do

@@ -9,7 +9,8 @@
 # its peak per GPU and removes its job file; a cap past the site's maximum is refused by srun
 # before the job starts, the maximum is the default of a job that asks for none, and a
 # maximum lowered while a job waits holds that job at launch; a long LD_PRELOAD of the user's
-# is kept; a job with gres/shards gets their memory as its job cap; scancel of a running job
+# is kept; a job with gres/shards gets their memory as its job cap; the job's QOS sets its
+# tasks' CUWARDEN_PRIORITY through qos_priority=; scancel of a running job
 # leaves no ring behind; the TaskProlog alternative prints the same variables. Exit 77
 # (skipped) when not root or Slurm is absent.
 set -euo pipefail
@@ -73,7 +74,7 @@ for _ in $(seq 50); do
 done
 NODE=cuwtest
 cat >"$T/plugstack.conf" <<EOC
-required $PLUGIN lib=$LIB run_dir=$T/run max=1G shard_size=16M
+required $PLUGIN lib=$LIB run_dir=$T/run max=1G shard_size=16M qos_priority=normal:-5,high:10
 EOC
 cat >"$T/slurm.conf" <<EOC
 ClusterName=cuwtest
@@ -219,6 +220,24 @@ out=$("${SRUN[@]}" --gres=shard:2 --gpu-mem-job-limit=100M printenv CUWARDEN_JOB
 [[ $out == 33554432 ]] || fail "a job cap above the shards' memory: '$out'"
 out=$("${SRUN[@]}" --gres=shard:2 "$PROBE" bytes $(((32 << 20) + 1)) 2>&1) && fail "32 MiB + 1 under 2 shards: $out"
 echo "slurm_test: [${SECONDS}s] 2 of 4 shards at shard_size=16M: the job's cap is 32 MiB"
+
+# The job's QOS to its tasks' priority (qos_priority=normal:-5,high:10 in plugstack.conf): the
+# table's, or the task's own when lower. This Slurm runs without accounting, so it gives a job
+# no QOS; SLURM_JOB_QOS in the submitting environment reaches the task as Slurm's own would.
+show='echo "${SLURM_JOB_QOS-none} ${CUWARDEN_PRIORITY-unset}"'
+out=$("${SRUN[@]}" bash -c "$show" 2>&1) || fail "srun: $out"
+[[ $out == "none unset" ]] || fail "a job with no QOS got '$out'"
+out=$(SLURM_JOB_QOS=high "${SRUN[@]}" bash -c "$show" 2>&1) || fail "srun: $out"
+[[ $out == "high 10" ]] || fail "QOS high: '$out'"
+out=$(SLURM_JOB_QOS=normal "${SRUN[@]}" bash -c "$show" 2>&1) || fail "srun: $out"
+[[ $out == "normal -5" ]] || fail "QOS normal: '$out'"
+out=$(SLURM_JOB_QOS=high CUWARDEN_PRIORITY=3 "${SRUN[@]}" bash -c "$show" 2>&1) || fail "srun: $out"
+[[ $out == "high 3" ]] || fail "QOS high, asking for 3: '$out'"
+out=$(SLURM_JOB_QOS=normal CUWARDEN_PRIORITY=50 "${SRUN[@]}" bash -c "$show" 2>&1) || fail "srun: $out"
+[[ $out == "normal -5" ]] || fail "QOS normal, asking for 50: '$out'"
+out=$(SLURM_JOB_QOS=debug CUWARDEN_PRIORITY=7 "${SRUN[@]}" bash -c "$show" 2>&1) || fail "srun: $out"
+[[ $out == "debug 7" ]] || fail "a QOS the table does not name: '$out'"
+echo "slurm_test: [${SECONDS}s] qos_priority: QOS high runs at 10, normal at -5, a task may ask for less"
 
 # 4. scancel of a running job: its process is killed, and its ring and live segment go with it.
 # The task holds its memory until its stdin closes: a FIFO this script keeps open.

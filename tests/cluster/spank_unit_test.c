@@ -90,6 +90,7 @@ static int arguments(const char *a, const char *b) {
   char *av[2] = {(char *)a, (char *)b};
   max_limit = max_job_limit = shard_size = 0;
   def_limit[0] = def_job_limit[0] = 0;
+  qos_count = 0;
   return read_arguments(b ? 2 : 1, av);
 }
 
@@ -144,10 +145,60 @@ static void the_task_environment_cannot_turn_enforcement_off(void) {
   CHECK(!strcmp(env_get("LD_PRELOAD"), "/a.so:/l/libcuwarden.so"));
 }
 
+/* The priority a task gets from its job's QOS: the table's, or the task's own when lower. */
+static const char *task_priority(const char *qos, const char *own) {
+  env_count = 0;
+  opt_limit[0] = opt_job_limit[0] = 0;
+  if (qos) env_set("SLURM_JOB_QOS", qos);
+  if (own) env_set("CUWARDEN_PRIORITY", own);
+  if (slurm_spank_task_init(NULL, 0, NULL) != 0) return "(task_init failed)";
+  return env_get("CUWARDEN_PRIORITY");
+}
+
+static void the_job_qos_sets_the_priority(void) {
+  CHECK(arguments("qos_priority=normal:0,high:10,scavenger:-10", NULL) == 0 && qos_count == 3);
+  const char *p = task_priority("high", NULL);
+  CHECK(p && !strcmp(p, "10"));
+  p = task_priority("scavenger", NULL);
+  CHECK(p && !strcmp(p, "-10"));
+  p = task_priority("normal", NULL);
+  CHECK(p && !strcmp(p, "0"));
+  /* The task may ask for less, never for more; a value that is not a priority is replaced. */
+  p = task_priority("high", "3");
+  CHECK(p && !strcmp(p, "3"));
+  p = task_priority("normal", "500");
+  CHECK(p && !strcmp(p, "0"));
+  p = task_priority("high", "ten");
+  CHECK(p && !strcmp(p, "10"));
+  p = task_priority("high", "5000");
+  CHECK(p && !strcmp(p, "10"));
+  /* A QOS the table does not name, or none, leaves the environment as it is. */
+  CHECK(task_priority("debug", NULL) == NULL);
+  p = task_priority("debug", "7");
+  CHECK(p && !strcmp(p, "7"));
+  CHECK(task_priority(NULL, NULL) == NULL);
+  /* Without the table, nothing is set whatever the QOS. */
+  CHECK(arguments("max=8G", NULL) == 0);
+  CHECK(task_priority("high", NULL) == NULL);
+
+  /* What the table may say. */
+  CHECK(arguments("qos_priority=high:1000,low:-1000", NULL) == 0 && qos_count == 2);
+  CHECK(arguments("qos_priority=high:1001", NULL) == -1);
+  CHECK(arguments("qos_priority=high:-1001", NULL) == -1);
+  CHECK(arguments("qos_priority=high", NULL) == -1);
+  CHECK(arguments("qos_priority=high:", NULL) == -1);
+  CHECK(arguments("qos_priority=:5", NULL) == -1);
+  CHECK(arguments("qos_priority=high:5x", NULL) == -1);
+  CHECK(arguments("qos_priority=high:5,,low:1", NULL) == -1);
+  CHECK(arguments("qos_priority=high:5,high:6", NULL) == -1);
+  CHECK(arguments("qos_priority=", NULL) == -1);
+}
+
 int main(void) {
   sizes_under_one_mib_are_refused();
   the_library_is_matched_entry_by_entry();
   the_task_environment_cannot_turn_enforcement_off();
+  the_job_qos_sets_the_priority();
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   else printf("all checks passed\n");
   return failures ? 1 : 0;

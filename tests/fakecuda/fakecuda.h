@@ -24,6 +24,8 @@
  *                          stops at the first invalid entry; "" hides every device
  *   CUWARDEN_FAKE_NO_VMM   set: devices say they lack virtual memory management (the
  *                          attribute is 0; the entry points still work)
+ *   CUWARDEN_FAKE_MPS      set: the process is an MPS client (CU_DEVICE_ATTRIBUTE_MPS_ENABLED
+ *                          is 1 on every device); a checkpoint of it fails, leaving it FAILED
  *   CUWARDEN_FAKE_DIR      optional directory shared by cooperating processes (unset: each
  *                          process has devices of its own, as before). Set, it turns on:
  *                          - one device shared by every process naming the same UUID: the

@@ -29,6 +29,12 @@ TEST_CASE("suspend.by_hand") {
   const CmdResult t = cli(s, {});
   INFO(t.out);
   CHECK(contains(t.out, "suspended 64MiB host"));
+  // nvidia-smi's query lists it too: nothing on the device, its state and host bytes beside.
+  const CmdResult q = cli(s, {"--query-compute-apps=pid,used_memory,state,suspended_host_memory,suspended_since",
+                              "--format=csv,noheader,nounits"});
+  INFO(q.out << q.err);
+  CHECK(q.status == 0);
+  CHECK(contains(q.out, std::to_string(v.pid()) + ", 0, suspended, 64, 20"));
 
   // Its calls stop: one waits at the closed gate until the resume.
   v.send("check");
@@ -47,6 +53,9 @@ TEST_CASE("suspend.by_hand") {
   CHECK(p["state"] == "running");
   CHECK(p["suspended_host_bytes"].is_null());
   CHECK(p["devices"][0]["used_bytes"].get<uint64_t>() == 64 * kMiB);
+  const CmdResult q2 = cli(s, {"--query-compute-apps=pid,used_memory,state,suspended_host_memory,suspended_since",
+                               "--format=csv,noheader,nounits"});
+  CHECK(contains(q2.out, std::to_string(v.pid()) + ", 64, running, [N/A], [N/A]"));
   REQUIRE(wait_until([&] { return driver_used(d) >= used_before; }));
   const auto kinds = event_kinds(d, v.pid());
   CHECK(std::count(kinds.begin(), kinds.end(), "suspend") == 1);
@@ -67,9 +76,18 @@ TEST_CASE("suspend.refuses_what_the_driver_cannot_carry") {
   Victim shared(s);
   REQUIRE(contains(shared.ask("alloc 1048576"), "ptr 0x"));
   REQUIRE(shared.ask("vmm_export") == "rc 0");
+  // Another process's cuMem handle imported, with nothing made exportable here.
+  Victim imported(s);
+  REQUIRE(contains(imported.ask("alloc 1048576"), "ptr 0x"));
+  REQUIRE(imported.ask("vmm_import") == "rc 0");
+  // An MPS client: its contexts live in the MPS server.
+  Victim mps(s, {"CUWARDEN_FAKE_MPS=1"});
+  REQUIRE(contains(mps.ask("alloc 1048576"), "ptr 0x"));
   wait_process(d, managed.pid());
   wait_process(d, ipc.pid());
   wait_process(d, shared.pid());
+  wait_process(d, imported.pid());
+  wait_process(d, mps.pid());
 
   const CmdResult m = cli(s, {"suspend", std::to_string(managed.pid())});
   CHECK(m.status == 3);
@@ -80,10 +98,20 @@ TEST_CASE("suspend.refuses_what_the_driver_cannot_carry") {
   const CmdResult e = cli(s, {"suspend", std::to_string(shared.pid())});
   CHECK(e.status == 3);
   CHECK(contains(e.err, "shareable handles"));
-  // Refused before any lock: both run on, not FAILED.
+  const CmdResult im = cli(s, {"suspend", std::to_string(imported.pid())});
+  INFO(im.out << im.err);
+  CHECK(im.status == 3);
+  CHECK(contains(im.err, "imported"));
+  const CmdResult mp = cli(s, {"suspend", std::to_string(mps.pid())});
+  INFO(mp.out << mp.err);
+  CHECK(mp.status == 3);
+  CHECK(contains(mp.err, "MPS client"));
+  // Refused before any lock: all run on, not FAILED.
   CHECK(managed.ask("call") == "rc 0");
   CHECK(ipc.ask("call") == "rc 0");
   CHECK(shared.ask("call") == "rc 0");
+  CHECK(imported.ask("call") == "rc 0");
+  CHECK(mps.ask("call") == "rc 0");
   CHECK(d.process(managed.pid())["state"] == "running");
 }
 

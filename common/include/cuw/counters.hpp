@@ -71,15 +71,17 @@
   X(ipc_handles, "ipc_handles", "ipc_handles", "IPC", "ipc_handles_total", counter, count, plain,             \
     "CUDA IPC handles made or opened (the checkpoint API cannot carry them: no suspend)")                           \
   X(shared_handles, "shared_handles", "shared_handles", "Shared", "shared_handles_total", counter, count, plain,      \
-    "cuMem allocations made exportable as shareable handles (the checkpoint API cannot carry them: no suspend)")      \
+    "cuMem allocations made exportable as shareable handles, or imported from one (the checkpoint API cannot carry " \
+    "them: no suspend)")                                                                                               \
+  X(mps_client, "mps_client", "mps_client", "MPS", "process_mps_client", gauge, count, plain,                          \
+    "1 when the process's contexts on the device go through an MPS server (the checkpoint API cannot carry an MPS "  \
+    "client: no suspend)")                                                                                            \
   X(pool_driver_allocs, "pool_driver_allocations", "pool_driver_allocations", "Pool driver allocs",                   \
     "pool_driver_allocations_total", counter, count, plain,                                                            \
     "Driver calls a pooling backend made to take memory: cuMemAlloc (cache); cuMemCreate and cuMemMap (vmm)")        \
   X(pool_driver_frees, "pool_driver_frees", "pool_driver_frees", "Pool driver frees", "pool_driver_frees_total",      \
     counter, count, plain,                                                                                             \
-    "Driver calls a pooling backend made to give memory back: cuMemFree (cache); cuMemUnmap and cuMemRelease (vmm)") \
-  X(pool_events, "pool_events", "pool_events", "Pool events", "pool_events_total", counter, count, plain,              \
-    "Events a pooling backend recorded or polled to fence freed blocks (cuEventRecord, cuEventQuery)")
+    "Driver calls a pooling backend made to give memory back: cuMemFree (cache); cuMemUnmap and cuMemRelease (vmm)")
 
 namespace cuw::counters {
 

@@ -5,7 +5,8 @@
 // the process FAILED, its context dead. So everything cuwarden can know beforehand is
 // checked here, and refused in cuwarden's own words, before any process is locked:
 //   - what the API cannot carry, as the process's hooks counted it in its ring: managed
-//     memory, CUDA IPC handles made or opened, cuMem allocations made exportable;
+//     memory, CUDA IPC handles made or opened, cuMem allocations made exportable or imported,
+//     an MPS client's contexts;
 //   - room on the host: the driver copies the device memory into the process's own memory,
 //     so its memory cgroup (limit less usage, and swap) and the node (MemAvailable) must
 //     take its device footprint;
@@ -113,13 +114,18 @@ std::string record_name(uint32_t pid, uint64_t start_time) { return fmt::format(
 }  // namespace
 
 std::string Registry::uncarried(const Process& p, const RingSnapshot& s) const {
-  uint64_t managed = 0, ipc = 0, shared = 0;
+  uint64_t managed = 0, ipc = 0, shared = 0, mps = 0;
   for (const DeviceSnapshot& d : s.devices) {
     if (!d.present) continue;
     managed += d.managed_allocs;
     ipc += d.ipc_handles;
     shared += d.shared_handles;
+    mps += d.mps_client != 0;
   }
+  if (mps)
+    return fmt::format("pid {} is an MPS client (its contexts live in the MPS server), which the driver's checkpoint "
+                       "cannot carry: it would leave the process FAILED",
+                       p.pid);
   if (managed)
     return fmt::format("pid {} has made {} managed-memory allocation(s) (cudaMallocManaged), which the driver's "
                        "checkpoint cannot carry: it would leave the process FAILED",
@@ -129,8 +135,9 @@ std::string Registry::uncarried(const Process& p, const RingSnapshot& s) const {
                        "excludes most NCCL jobs): it would leave the process FAILED",
                        p.pid, ipc);
   if (shared)
-    return fmt::format("pid {} has made {} cuMem allocation(s) exportable as shareable handles, which the driver's "
-                       "checkpoint cannot carry: it would leave the process FAILED",
+    return fmt::format("pid {} has {} cuMem allocation(s) made exportable as shareable handles or imported from one, "
+                       "which the driver's checkpoint cannot carry (recent NCCL makes its buffers so: this excludes most "
+                       "NCCL jobs): it would leave the process FAILED",
                        p.pid, shared);
   return "";
 }

@@ -59,6 +59,9 @@
      unsigned long long flags),                                                                                  \
     (handle, size, prop, flags), "cuMemCreate", 10020, 0, 0)                                                    \
   X(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle), (handle), "cuMemRelease", 10020, 0, 0)      \
+  X(CUresult, cuMemImportFromShareableHandle,                                                                    \
+    (CUmemGenericAllocationHandle * handle, void* osHandle, CUmemAllocationHandleType type),                    \
+    (handle, osHandle, type), "cuMemImportFromShareableHandle", 10020, 0, 0)                                    \
   X(CUresult, cuArrayCreate_v2, (CUarray * handle, const CUDA_ARRAY_DESCRIPTOR* desc), (handle, desc),         \
     "cuArrayCreate", 3020, 0, 0)                                                                                \
   X(CUresult, cuArray3DCreate_v2, (CUarray * handle, const CUDA_ARRAY3D_DESCRIPTOR* desc), (handle, desc),     \

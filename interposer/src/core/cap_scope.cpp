@@ -31,7 +31,7 @@ CUW_COLD bool Tracker::measure_context(int ordinal, bool force) noexcept {
   if (!process_scope_.load(std::memory_order_relaxed) || exiting()) return false;  // NVML may be gone at exit
   ring::DeviceSlot* d = device_if_filled(ordinal);
   if (!d) return false;
-  ContextMeasures& m = *context_measures_;
+  ContextMeasures& m = live_->context;
   std::lock_guard<std::mutex> lk(m.mu);
   const uint64_t now = mono_ns();
   if (!force && m.measured_ns[ordinal] != 0 && now - m.measured_ns[ordinal] < kMinIntervalNs) return false;

@@ -174,14 +174,14 @@ class Ledger {
   /// The pool waited for earlier GPU work before reusing a block.
   void waited() noexcept { locked_add(d_.pool_waits, 1); }
 
-  /// What a pool called the driver for (counters.hpp: pool_driver_allocs, pool_driver_frees,
-  /// pool_events): memory taken, memory given back, a fence's event recorded or polled.
-  enum class Call : uint8_t { take, give, event };
+  /// What a pool called the driver for (counters.hpp: pool_driver_allocs, pool_driver_frees):
+  /// memory taken, memory given back. (Its fence's waits are pool_waits: waited().)
+  enum class Call : uint8_t { take, give };
   /// A pool made `n` driver calls of kind `c` for device `d`. An atomic add, without the
   /// tracker's lock: these calls are made under a pool's own mutex or none, and each costs
   /// far more than the add. Thread-safe.
   static void called(ring::DeviceSlot& d, Call c, uint64_t n = 1) noexcept {
-    std::atomic<uint64_t>& f = c == Call::take ? d.pool_driver_allocs : c == Call::give ? d.pool_driver_frees : d.pool_events;
+    std::atomic<uint64_t>& f = c == Call::take ? d.pool_driver_allocs : d.pool_driver_frees;
     f.fetch_add(n, std::memory_order_relaxed);
   }
   /// The pool's upstream failed to provide `bytes` (result `r`).

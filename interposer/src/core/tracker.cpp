@@ -313,6 +313,13 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
   size_t total = 0;
   if (auto f = REAL(cuDeviceTotalMem_v2); f && f(&total, ordinal) == CUDA_SUCCESS) d.physical_total = total;
   d.ordinal = ordinal;
+  // An MPS client's contexts live in the MPS server, which the checkpoint API cannot carry:
+  // the daemon refuses to suspend the process (model/suspend.cpp). A driver too old to know
+  // the attribute answers CUDA_ERROR_INVALID_VALUE (left 0); it has no checkpoint API either.
+  using attr_fn = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  static auto get_attr = reinterpret_cast<attr_fn>(hook::driver_symbol("cuDeviceGetAttribute"));
+  if (int mps = 0; get_attr && get_attr(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, ordinal) == CUDA_SUCCESS && mps == 1)
+    d.mps_client.store(1, std::memory_order_relaxed);
   for (const LimitSpec& l : config_.limits)
     if (const auto spec = l.for_device(ordinal); spec && spec->percent && d.physical_total == 0)
       log::warn("cuwarden: device %d: physical memory unknown, cannot apply %s", ordinal, spec->str().c_str());

@@ -364,7 +364,7 @@ class Tracker {
 
   /// The context of each array in handles() (array_owners.hpp); lock() held to use it. A
   /// forked child's tracker starts with none (its parent's are not its own).
-  ArrayOwners& array_owners() noexcept { return *array_owners_; }
+  ArrayOwners& array_owners() noexcept { return live_->array_owners; }
   const Config& config() const noexcept { return config_; }
   ring::RingHeader& header() noexcept { return *header_; }
 
@@ -480,13 +480,33 @@ class Tracker {
   Config config_;
   bool ring_is_file_ = false;
   std::mutex device_mu_;  ///< serializes fill_device_once and start_backend (both cold)
-  /// measure_context's state (cap_scope.cpp), off the tracker's page.
+  /// measure_context's state (cap_scope.cpp), off the tracker's page (in Live).
   struct ContextMeasures {
     std::mutex mu;                                  ///< serializes measure_context
     uint64_t measured_ns[ring::kMaxDevices] = {};   ///< CLOCK_MONOTONIC of the last measurement
     uint64_t first_try_ns[ring::kMaxDevices] = {};  ///< CLOCK_MONOTONIC of the first try
   };
-  std::unique_ptr<ContextMeasures> context_measures_ = std::make_unique<ContextMeasures>();  ///< never null
+  // The job (CUWARDEN_JOB): segment (job_, above), our slot (job_slot_, above; -1: no
+  // job), the job's GPU index of each ordinal (job_gpu_, above; -1: not counted, e.g. the
+  // job's GPU table is full). Set before the device is marked filled, read after it.
+  // handles_, host_ and live_ fill what pools_' alignment leaves before it: the tracker and
+  // g_hot share one page (tracker.cpp), and what follows pools_ would take a line more.
+  LiveTable handles_;
+  LiveTable host_;
+  /// The live segment, the pool's tables, the call sites, the array owners and the context
+  /// measures: off the tracker's page (which holds the hot line and has a fixed size).
+  struct Live {
+    LiveTable pool_blocks;
+    LiveTable pool_segments;
+    LiveSegment segment;
+    CallSites sites;
+    std::atomic<uint64_t> last_oom_report_ns{0};  ///< the last paragraph (CLOCK_REALTIME ns)
+    std::atomic<uint64_t> last_oom_line_ns{0};    ///< the last paragraph or count line
+    std::atomic<uint64_t> oom_unsaid{0};          ///< refusals since, not yet told
+    ArrayOwners array_owners;
+    ContextMeasures context;
+  };
+  std::unique_ptr<Live> live_ = std::make_unique<Live>();  ///< never null
   /// Per device: the stream-ordered pools seen and what they reserved at the last refresh.
   struct PoolSet {
     static constexpr int kMax = 8;
@@ -498,24 +518,6 @@ class Tracker {
     std::mutex mu;                              ///< serialises refreshes (never on the alloc path)
   };
   PoolSet pools_[ring::kMaxDevices];
-  // The job (CUWARDEN_JOB): segment (job_, above), our slot (job_slot_, above; -1: no
-  // job), the job's GPU index of each ordinal (job_gpu_, above; -1: not counted, e.g. the
-  // job's GPU table is full). Set before the device is marked filled, read after it.
-  LiveTable handles_;
-  LiveTable host_;
-  /// The live segment, the pool's tables and the call sites: off the tracker's page (which
-  /// holds the hot line and has a fixed size).
-  struct Live {
-    LiveTable pool_blocks;
-    LiveTable pool_segments;
-    LiveSegment segment;
-    CallSites sites;
-    std::atomic<uint64_t> last_oom_report_ns{0};  ///< the last paragraph (CLOCK_REALTIME ns)
-    std::atomic<uint64_t> last_oom_line_ns{0};    ///< the last paragraph or count line
-    std::atomic<uint64_t> oom_unsaid{0};          ///< refusals since, not yet told
-  };
-  std::unique_ptr<Live> live_ = std::make_unique<Live>();  ///< never null
-  std::unique_ptr<ArrayOwners> array_owners_ = std::make_unique<ArrayOwners>();  ///< never null
 };
 
 /// The call site of the allocation a hook is making: captured at its start (outside every

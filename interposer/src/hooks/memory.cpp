@@ -57,9 +57,29 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
       [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; }, nullptr,
       core::ForgetArray{&t});
   // Made to be exportable as a shareable handle: whether it was exported, and so whether the
-  // checkpoint can carry it, is not seen here (cuMemExportToShareableHandle is not hooked).
+  // checkpoint can carry it, is not seen here (cuMemExportToShareableHandle is not hooked);
+  // the other end, cuMemImportFromShareableHandle, counts below.
   if (r == CUDA_SUCCESS && prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE)
     core::count_uncarried(t, prop->location.id, &ring::DeviceSlot::shared_handles);
+  return r;
+}
+
+// A handle of another process's memory: the checkpoint cannot carry it, so it is counted on
+// the device that holds the memory (the handle's location; the current device if the driver
+// does not say). The memory is the exporter's, counted there: nothing is charged here.
+CUW_EXPORT CUresult hook_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                                        CUmemAllocationHandleType type) {
+  CUW_PROLOGUE(cuMemImportFromShareableHandle, handle, osHandle, type);
+  const CUresult r = real(handle, osHandle, type);
+  if (r != CUDA_SUCCESS || !handle) return r;
+  Tracker& t = Tracker::get();
+  using props_fn = CUresult (*)(CUmemAllocationProp*, CUmemGenericAllocationHandle);
+  static auto props = reinterpret_cast<props_fn>(cuw::hook::driver_symbol("cuMemGetAllocationPropertiesFromHandle"));
+  CUmemAllocationProp prop{};
+  const bool located = props && props(&prop, *handle) == CUDA_SUCCESS &&
+                       prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+  const int ordinal = located ? prop.location.id : t.current_device();
+  core::count_uncarried(t, ordinal < 0 ? 0 : ordinal, &ring::DeviceSlot::shared_handles);
   return r;
 }
 

@@ -17,7 +17,7 @@
 //               holding nothing. Graph memory (allocation nodes) keeps its pages where they
 //               are, a simplification: its share goes back with the rest. What the driver cannot carry (managed memory,
 //               legacy IPC exports or imports, cuMem handles exported or imported as shareable
-//               handles) fails it: CUDA_ERROR_NOT_SUPPORTED and the process FAILED (the
+//               handles, an MPS client) fails it: CUDA_ERROR_NOT_SUPPORTED and the process FAILED (the
 //               driver does not roll back; driver 595 leaves such a process's context dead,
 //               580 was seen to survive managed memory: this simulates the former).
 //   restore     takes the shares back (CUDA_ERROR_OUT_OF_MEMORY and FAILED when the devices no
@@ -173,7 +173,7 @@ CUresult process_lock(unsigned timeout_ms) {
 CUresult process_checkpoint() {
   std::lock_guard op(g_op_mu);
   if (process_state() != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
-  const char* why = table_uncarryable();
+  const char* why = mps_client() ? "an MPS client's context" : table_uncarryable();
   if (!why) why = vmm_uncarryable();
   if (why) {
     if (trace_level() >= 1) trace("checkpoint: %s cannot be carried: the process FAILED", why);

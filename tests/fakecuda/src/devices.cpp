@@ -159,6 +159,10 @@ size_t parse_size(const char* text, bool* ok) {
 
 void ensure_devices() { std::call_once(g_devices_once, build_devices); }
 bool initialized() { return g_initialized.load(std::memory_order_acquire); }
+bool mps_client() {
+  static const bool mps = std::getenv("CUWARDEN_FAKE_MPS") != nullptr;
+  return mps;
+}
 int device_count() {
   ensure_devices();
   return static_cast<int>(g_visible.size());
@@ -451,6 +455,7 @@ int attribute_value(CUdevice_attribute a, const Device* d) {
       static const bool none = getenv("CUWARDEN_FAKE_NO_VMM") != nullptr;
       return none ? 0 : 1;
     }
+    case CU_DEVICE_ATTRIBUTE_MPS_ENABLED: return mps_client() ? 1 : 0;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: return 32;
     case CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: return 32505856;

@@ -302,6 +302,8 @@ size_t process_host_bytes();  // held on the host while checkpointed
 // imported (vmm.cpp). Each returns a short reason, or nullptr.
 const char* table_uncarryable();
 const char* vmm_uncarryable();
+/// Whether the process plays an MPS client (CUWARDEN_FAKE_MPS set): the checkpoint cannot carry it.
+bool mps_client();
 bool table_mark_exported(uintptr_t base);
 // Device memory of VMM handles, for the checkpoint's copy: (memfd, size) pairs.
 std::vector<std::pair<int, size_t>> vmm_device_handles();

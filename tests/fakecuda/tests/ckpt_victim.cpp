@@ -15,6 +15,8 @@
 //   managed BYTES     cuMemAllocManaged                                   -> "rc N"
 //   ipc               cuIpcGetMemHandle of the first allocation           -> "rc N"
 //   vmm_export        cuMemCreate (shareable) + cuMemExportToShareableHandle -> "rc N"
+//   vmm_import        cuMemImportFromShareableHandle of a 2 MiB memfd, as another process's
+//                     exported handle arrives over a socket (nothing made exportable here) -> "rc N"
 //   fill VALUE MS     on a stream: wait MS ms, then set the first allocation to VALUE -> "queued"
 //   busy MS           on a stream: wait MS ms (nothing waits for it)      -> "queued"
 //   stuck_call        a second thread's cuEventRecord stops inside the driver (the closed
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "fakecuda.h"
@@ -218,6 +221,12 @@ int main(int argc, char** argv) {
       int fd = -1;
       if (rc == CUDA_SUCCESS) rc = cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
       say("rc %d", rc);
+    } else if (c == "vmm_import") {
+      const int fd = memfd_create("ckpt_victim_import", MFD_CLOEXEC);
+      CUmemGenericAllocationHandle h = 0;
+      if (fd < 0 || ftruncate(fd, kVmmBytes) != 0) say("rc -1");
+      else say("rc %d", cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     } else if (c == "fill") {
       fakecuda_stream_fill_async(g_stream, g_first, static_cast<unsigned char>(a), g_first_bytes, static_cast<unsigned>(b));
       say("queued");

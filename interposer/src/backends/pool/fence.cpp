@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "backends/driver_calls.hpp"
-#include "core/ledger.hpp"
 
 namespace cuw::backends::pool {
 
@@ -20,10 +19,6 @@ CUevent stream_events::event() {
   return e;
 }
 
-void stream_events::called() noexcept {
-  if (slot_) core::Ledger::called(*slot_, core::Ledger::Call::event);
-}
-
 bool stream_events::record(seal_mark* out) {
   // Read the work counter (a read-modify-write: it synchronizes with every count before it)
   // before recording: all work counted so far precedes the events.
@@ -36,7 +31,6 @@ bool stream_events::record(seal_mark* out) {
     for (size_t i = 0; ok && i <= streams_.size(); ++i) {
       CUevent e = event();
       CUstream s = i == 0 ? CU_STREAM_LEGACY : streams_[i - 1];
-      if (e) called();
       if (!e || drv().event_record(e, s) != CUDA_SUCCESS) {
         if (e) spare_events_.push_back(e);
         ok = false;
@@ -65,7 +59,6 @@ bool stream_events::done(seal_mark& m, bool wait) {
   // Events of destroyed streams first: every batch waits for them.
   while (!orphans_.empty()) {
     CUevent e = orphans_.back();
-    if (!wait) called();
     const CUresult r = wait ? drv().event_sync(e) : drv().event_query(e);
     if (r == CUDA_ERROR_NOT_READY) return false;
     if (!wait && r != CUDA_SUCCESS) return false;
@@ -74,7 +67,6 @@ bool stream_events::done(seal_mark& m, bool wait) {
   }
   while (!m.events.empty()) {
     CUevent e = m.events.back();
-    if (!wait) called();
     const CUresult r = wait ? drv().event_sync(e) : drv().event_query(e);
     if (r == CUDA_ERROR_NOT_READY) return false;
     if (!wait && r != CUDA_SUCCESS) return false;  // a broken context: only a wait decides
@@ -101,7 +93,6 @@ void stream_events::orphan(CUstream s) {
   }
   CtxScope scope(ctx_);
   CUevent e = event();
-  if (e) called();
   if (e && drv().event_record(e, s) == CUDA_SUCCESS) {
     orphans_.push_back(e);
     return;

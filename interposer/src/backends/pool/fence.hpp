@@ -32,7 +32,6 @@
 
 #include "base/work_epoch.hpp"
 #include "cuw/attrs.hpp"
-#include "cuw/ring.hpp"
 
 namespace cuw::backends::pool {
 
@@ -47,9 +46,6 @@ class stream_events {
   };
 
   explicit stream_events(CUcontext ctx) noexcept : ctx_(ctx) {}
-
-  /// Count the events recorded and polled on `slot` (pool_events); none before this.
-  void count_on(ring::DeviceSlot* slot) noexcept { slot_ = slot; }
 
   /// Nothing queued since a seal whose events were seen complete (see the top).
   CUW_HOT bool idle() const noexcept {
@@ -87,11 +83,8 @@ class stream_events {
 
  private:
   CUevent event();
-  /// One event recorded or polled (pool_events).
-  void called() noexcept;
 
   CUcontext ctx_;
-  ring::DeviceSlot* slot_ = nullptr;
   /// The work counter's value read by the newest seal whose events were seen complete
   /// (written under the slow path's mutex; 0 = none yet). Idle iff the counter still reads this.
   std::atomic<uint64_t> idle_epoch_{0};

@@ -38,7 +38,6 @@ pool<Layout>::pool(std::unique_ptr<memory_resource> upstream, Layout layout, CUc
       free_(gran_),
       budget_(tracker.config().pool_keep, uint64_t{tracker.config().pool_idle_ms} * 1000000),
       fence_(ctx) {
-  fence_.count_on(&slot);
   work::start_counting();
 }
 
