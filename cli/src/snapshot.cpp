@@ -92,6 +92,10 @@ int cmd_snapshot(const SnapshotOptions& o) {
   if (o.oom >= 0) req["oom"] = o.oom;
   if (o.full) req["full"] = 1;
   if (!o.by.empty()) req["by"] = o.by;
+  if (!o.since.empty() && o.leaks) {
+    std::fprintf(stderr, "cuwarden snapshot: --leaks and --since are two views: give one\n");
+    return kExitUsage;
+  }
   if (!o.since.empty()) {
     const auto secs = parse_seconds(o.since);
     if (!secs || (o.format != "text" && o.format != "json")) {

@@ -246,6 +246,10 @@ def main():
         since = cli("snapshot", pid, "--since", "2s")
         check(re.search(r"\n  \+\d+\.\d+ MiB  .*\n      leaky", since) is not None and "big_buffer" not in since,
               f"`snapshot --since 2s` lists the site that grew, not the steady ones ({since})")
+        both = subprocess.run([args.cli, "snapshot", pid, "--since", "2s", "--leaks", "--socket", sock], env=env,
+                              capture_output=True, text=True, timeout=60)
+        check(both.returncode == 2 and "two views" in both.stderr and not both.stdout,
+              f"--since with --leaks is refused, not one of them ignored ({both.returncode}: {both.stderr})")
         sj = json.loads(cli("snapshot", pid, "--since", "2s", "--format", "json"))
         up = [s for s in sj["sites"] if "leaky" in s["label"]]
         check(len(up) == 1 and up[0]["after_bytes"] - up[0]["before_bytes"] >= 2 * MiB,

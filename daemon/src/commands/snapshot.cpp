@@ -202,6 +202,7 @@ Answer get_snapshot(const Backend& b, const Peer* who, const SnapshotArgs& args,
   if (via == Via::http && args.top && (*args.top == 0 || *args.top > kMaxHttpTop))
     return bad_value(via, proto::Command::get_snapshot, "top");
   if (args.by && *args.by != "user" && *args.by != "native") return bad_value(via, proto::Command::get_snapshot, "by");
+  if (args.since_s && args.leaks) return bad_value(via, proto::Command::get_snapshot, "since");  // two views: one
   const auto st = b.store->load();
   const uint64_t pid = args.pid;
   TakenSnapshot taken;
