@@ -114,6 +114,11 @@ TEST_CASE("cli.table_shows_gpus_and_processes") {
 
   // Exited processes are marked, and hold nothing: the driver freed their memory at exit,
   // whatever their counters said last (kept as used_at_exit_bytes).
+  auto& da = s.ra->h->devices[0];
+  da.reserved.store(4096 * kMiB);
+  da.cached.store(512 * kMiB);
+  da.host_bytes.store(64 * kMiB);
+  REQUIRE(wait_until([&] { return s.d->process(s.ra->h->pid)["devices"][0]["cached_bytes"] == 512 * kMiB; }));
   s.a.kill_and_reap();
   REQUIRE(wait_until([&] { return s.d->process(s.ra->h->pid)["state"] == "exited"; }));
   CmdResult r2 = cli({"--socket", s.d->socket});
@@ -121,6 +126,9 @@ TEST_CASE("cli.table_shows_gpus_and_processes") {
   CHECK(contains(r2.out, "1024MiB / 143771MiB"));  // the exited process no longer counts
   const json gone = s.d->process(s.ra->h->pid);
   CHECK(gone["devices"][0]["used_bytes"] == 0);
+  CHECK(gone["devices"][0]["reserved_bytes"] == 0);  // as its history says
+  CHECK(gone["devices"][0]["cached_bytes"] == 0);
+  CHECK(gone["devices"][0]["host_bytes"] == 0);
   CHECK(gone["devices"][0]["used_at_exit_bytes"] == 4096 * kMiB);
   CHECK(gone["devices"][0]["peak_bytes"] == 5000 * kMiB);
   CHECK_FALSE(contains(r2.out, "4096MiB"));

@@ -38,7 +38,7 @@
     "High-water mark of used bytes")                                                                                   \
   X(limit, "limit_bytes", "limit", "Cap", "process_memory_limit_bytes", gauge, bytes, cap,                             \
     "The process's cap on the device (absent when uncapped)")                                                          \
-  X(reserved, "reserved_bytes", "reserved_memory", "Reserved", "process_memory_reserved_bytes", gauge, bytes, plain,   \
+  X(reserved, "reserved_bytes", "reserved_memory", "Reserved", "process_memory_reserved_bytes", gauge, bytes, held,   \
     "Bytes the process holds from the driver (at least used bytes with a pool)")                                       \
   X(live_allocations, "allocations", "allocations", "Allocs", "process_allocations", gauge, count, plain,              \
     "Allocations not yet freed")                                                                                       \
@@ -49,9 +49,9 @@
     "Allocations refused by a process or job cap (out-of-memory errors cuwarden caused)")                                           \
   X(driver_errors, "driver_errors", "driver_errors", "Driver errors", "driver_errors_total", counter, count,           \
     plain, "Allocations the driver itself failed")                                                                     \
-  X(host_bytes, "host_bytes", "host_memory", "Host", "process_host_memory_bytes", gauge, bytes, plain,                 \
+  X(host_bytes, "host_bytes", "host_memory", "Host", "process_host_memory_bytes", gauge, bytes, held,                 \
     "Pinned host memory allocated through the device's context")                                                       \
-  X(cached, "cached_bytes", "cached_memory", "Cached", "process_memory_cached_bytes", gauge, bytes, plain,             \
+  X(cached, "cached_bytes", "cached_memory", "Cached", "process_memory_cached_bytes", gauge, bytes, held,             \
     "Bytes a pooling backend holds that no allocation of the program uses (part of used bytes)")                       \
   D(in_use, "in_use_bytes", "in_use_memory", "In use", "process_memory_in_use_bytes", gauge, bytes, held,              \
     "Bytes the program's allocations hold: used bytes less what the pool caches")                                      \
@@ -59,12 +59,12 @@
     "Allocations a pooling backend served without calling the driver")                                                 \
   X(pool_waits, "pool_waits", "pool_waits", "Pool waits", "pool_waits_total", counter, count, plain,                   \
     "Times a pooling backend waited for earlier GPU work")                                                             \
-  X(context_bytes, "context_bytes", "context_memory", "Context", "process_memory_context_bytes", gauge, bytes, plain,  \
+  X(context_bytes, "context_bytes", "context_memory", "Context", "process_memory_context_bytes", gauge, bytes, held,  \
     "With CUWARDEN_CAP_SCOPE=process: the driver's memory for the context and modules, part of used bytes")            \
-  X(pool_free, "pool_free_bytes", "pool_free_memory", "Pool free", "process_pool_free_bytes", gauge, bytes, plain,      \
+  X(pool_free, "pool_free_bytes", "pool_free_memory", "Pool free", "process_pool_free_bytes", gauge, bytes, held,      \
     "Of a pooling backend's cached bytes, its free blocks for large requests (over 1 MiB; vmm: any piece)")            \
   X(pool_largest_free, "pool_largest_free_bytes", "pool_largest_free_memory", "Largest free",                          \
-    "process_pool_largest_free_bytes", gauge, bytes, plain,                                                            \
+    "process_pool_largest_free_bytes", gauge, bytes, held,                                                            \
     "The largest request a pooling backend serves from its free blocks (vmm: their whole granules, stitched)")     \
   X(managed_allocs, "managed_allocations", "managed_allocations", "Managed", "managed_allocations_total",     \
     counter, count, plain, "Managed-memory allocations made (the checkpoint API cannot carry them: no suspend)")      \
