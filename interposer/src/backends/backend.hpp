@@ -129,6 +129,9 @@ class backend : public core::backend_base {
   }
   /// cuDevicePrimaryCtxRetain, made by `call`: may make a primary context active (again).
   CUresult context_retain(core::Tracker& t, call_ref<CUresult()> call) { return do_context_retain(t, call); }
+  /// A stream capture is about to begin (counted already: base/work_epoch.hpp), before the
+  /// driver's call.
+  void capture_beginning(core::Tracker& t) { do_capture_beginning(t); }
   /// The driver enabled (or disabled) the current context's access to `peer`'s memory.
   void peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) {
     do_peer_access_changed(t, peer, enabled);
@@ -185,6 +188,7 @@ class backend : public core::backend_base {
   virtual bool do_context_destroy(core::Tracker& t, call_ref<CUcontext()> which, call_ref<bool()> destroy) = 0;
   virtual CUresult do_context_retain(core::Tracker& t, call_ref<CUresult()> call) = 0;
   virtual void do_peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) = 0;
+  virtual void do_capture_beginning(core::Tracker& t) = 0;
   virtual bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) = 0;
   virtual CUresult do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) = 0;
   virtual CUresult do_ipc_import(core::Tracker& t, CUdeviceptr* p, CUipcMemHandle handle, unsigned flags,

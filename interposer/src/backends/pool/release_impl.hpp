@@ -53,6 +53,7 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
   }
   mu_.unlock();
   if (gone.empty()) return 0;
+  settle_slow();  // their free blocks may have been handed out by stream order: still in use
   // Each segment is dropped as soon as the driver's free returns: from then on the driver
   // may hand its addresses to anyone (another thread's allocation, a pool's new segment).
   uint64_t total = 0;
@@ -84,6 +85,7 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
 template <class Layout>
 uint64_t pool<Layout>::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
+  settle_slow();  // free blocks handed out by stream order may still be in use
   return layout_.reclaim_slow(*this, want);
 }
 
