@@ -5,8 +5,9 @@ operations, host functions and stream callbacks (which may write memory the CPU 
 prefetches ...).
 
 CUWARDEN_POOL=cache hands a freed block straight out again only while it can prove that no
-work was queued since its last completed event; these hooks are how it learns that work was
-queued. A submitting entry point missing here would let a block be reused under a running
+work was queued since its last completed event, or that all work since went to the legacy
+stream (stream order); these hooks are how it learns that work was queued, and on which
+stream (CUW_WORK_STREAM_<name>: the expression of the hook's parameters naming it). A submitting entry point missing here would let a block be reused under a running
 kernel, so the list is derived from the driver's own export list, not written by hand:
 
   gen_work_hooks.py CUDA_INCLUDE_DIR DRIVER_EXPORTS_TXT > interposer/src/base/work_hooks.inc
