@@ -1,17 +1,20 @@
 // Interposer tests: stream-ordered reuse and stream capture in the pooled backends
 // (backends/pool/fence.hpp), on the simulated driver, under CUWARDEN_POOL=cache and vmm. Each
-// tag runs in a process of its own (one context, one device): what one case does to the
-// process (a non-blocking stream, a capture) would change what another may show.
+// tag runs in a process of its own (device 0's context; device 1's where a case says so):
+// what one case does to the process (a non-blocking stream, a capture, a second context)
+// would change what another may show.
 //
 // What they prove: a block freed while all work went to the legacy stream is handed out at
 // once, with no event and no wait; its old owner's queued work still never sees the new
 // owner's bytes, whether the new owner writes on the legacy stream, a blocking stream, a
 // non-blocking stream that existed before or one made after the hand-out; work on two
-// blocking streams, or on a non-blocking one, holds reuse back. During a capture every
+// blocking streams, or on a non-blocking one, holds reuse back; peer access or a second
+// context's pool waits for such blocks and turns stream order off. During a capture every
 // allocation gets the driver's own answer, never a pooled block.
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -324,5 +327,93 @@ TEST_CASE("order: during a capture every allocation gets the driver's answer, ne
   }
   if (small) REQUIRE(cuMemFree(small) == CUDA_SUCCESS);
   if (big) REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
+namespace {
+
+/// Device 0's context: a block handed out by stream order while its old owner's read is
+/// still queued on the legacy stream; then `reach` lets another context reach device 0's
+/// memory (or makes one). When `reach` returns the old owner's read has run (the pool waited
+/// for its legacy stream), and from then on a free waits for its work even on the legacy stream.
+void another_context_reaches(const std::function<void(CUcontext ctx0)>& reach) {
+  make_context(0);
+  touch_interposer();
+  CUcontext ctx0 = nullptr;
+  REQUIRE(cuCtxGetCurrent(&ctx0) == CUDA_SUCCESS);
+  const size_t n = 3 * kMiB;
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, n) == CUDA_SUCCESS);
+  Seen seen;
+  old_owner_frees(p, n, CU_STREAM_LEGACY, &seen);
+  CUdeviceptr q = 0;
+  REQUIRE(cuMemAlloc(&q, n) == CUDA_SUCCESS);
+  REQUIRE(q == p);
+  REQUIRE_FALSE(seen.ran.load(std::memory_order_acquire));
+  reach(ctx0);
+  CHECK(seen.ran.load(std::memory_order_acquire));
+  CHECK(seen.intact.load());
+  REQUIRE(cuCtxSetCurrent(ctx0) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+  // Stream order is off for good: the legacy stream's pending work holds reuse back.
+  CUdeviceptr p2 = 0;
+  REQUIRE(cuMemAlloc(&p2, n) == CUDA_SUCCESS);
+  Seen seen2;
+  old_owner_frees(p2, n, CU_STREAM_LEGACY, &seen2);
+  bool pending = false;
+  const CUdeviceptr q2 = take_back(p2, n, seen2, &pending);
+  CHECK_FALSE(pending);
+  wait_ran(seen2);
+  CHECK(seen2.intact.load());
+  if (q2) REQUIRE(cuMemFree(q2) == CUDA_SUCCESS);
+}
+
+}  // namespace
+
+TEST_CASE("order: peer access waits for blocks reused by stream order and turns it off", "[order_peer]") {
+  another_context_reaches([](CUcontext ctx0) {
+    make_context(1);
+    REQUIRE(cuCtxEnablePeerAccess(ctx0, 0) == CUDA_SUCCESS);
+  });
+}
+
+TEST_CASE("order: a second context's pool waits for blocks reused by stream order and turns it off",
+          "[order_second_pool]") {
+  another_context_reaches([](CUcontext) {
+    make_context(1);
+    CUdeviceptr r = 0;
+    REQUIRE(cuMemAlloc(&r, 4096) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(r) == CUDA_SUCCESS);
+  });
+}
+
+TEST_CASE("order: a capture's begin first waits for blocks reused by stream order", "[order_capture_begin]") {
+  make_context();
+  touch_interposer();
+  CUstream s = nullptr;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_DEFAULT) == CUDA_SUCCESS);  // blocking: stream order stays on
+  const size_t n = 3 * kMiB;
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, n) == CUDA_SUCCESS);
+  Seen seen;
+  old_owner_frees(p, n, CU_STREAM_LEGACY, &seen);
+  CUdeviceptr q = 0;
+  REQUIRE(cuMemAlloc(&q, n) == CUDA_SUCCESS);
+  REQUIRE(q == p);
+  REQUIRE_FALSE(seen.ran.load(std::memory_order_acquire));
+  // Nothing may be waited for once the capture exists: the wait comes before it.
+  fakecuda_reset_counters();
+  REQUIRE(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CHECK(seen.ran.load(std::memory_order_acquire));
+  CHECK(seen.intact.load());
+  CHECK(fakecuda_call_count("cuStreamSynchronize") == 1);
+  REQUIRE(cuMemsetD8Async(q, 0xBB, n, s) == CUDA_SUCCESS);  // a graph node writing the block
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  REQUIRE(cuStreamIsCapturing(s, &st) == CUDA_SUCCESS);
+  CHECK(st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUgraph g = nullptr;
+  REQUIRE(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
+  REQUIRE(cuGraphDestroy(g) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
 }

@@ -24,10 +24,12 @@
 // context C has no non-blocking stream; the process has no other pool and no peer access
 // (the pool's `unordered_`); no capture is active. Then a block freed now goes straight back
 // to its free list although work that used it may still be queued. Why that keeps the promise:
-//   - the old owner's work W was queued before the free (the program's promise to cudaFree).
-//     W counted before the proof has finished. W counted after it went to a legacy stream;
-//     it touches C's memory, and no other context can (no peer access, one pool: only C's
-//     primary or own streams reach the block), so W is on C's legacy stream.
+//   - the old owner's work W was queued before the free (the program's promise to cudaFree),
+//     so it was counted before the free read the other counter. W counted on the other
+//     counter was counted before the proof's mark and has finished. W counted on the legacy
+//     counter went to a legacy stream, of a context that reaches C's memory: only C itself
+//     does (a context reaches another's memory through peer access, and the process has
+//     none, nor another pool), so W is on C's legacy stream, pending or not.
 //   - the next owner's work W' is queued after the hand-out. On C's legacy stream, on a
 //     blocking stream of C or on a per-thread default stream of C, it runs after all work
 //     queued before it on C's legacy stream (the legacy stream's implicit synchronization):
