@@ -176,12 +176,14 @@ TEST_CASE("order: a non-blocking stream made after a block was reused by stream 
   REQUIRE(cuMemAlloc(&q, n) == CUDA_SUCCESS);
   REQUIRE(q == p);  // handed out at once: no other stream existed
   CHECK_FALSE(seen.ran.load(std::memory_order_acquire));
-  // Made now, the stream is ordered after the legacy stream's queued work (one wait on an
-  // event, no synchronization): the new owner's write waits for the old owner's read.
+  // Made now, each stream is ordered after the legacy stream's queued work (one wait on an
+  // event, no synchronization): the new owner's write waits for the old owner's read, on
+  // whichever of them it goes (PyTorch makes its pool's streams at once, then hands out one).
   fakecuda_reset_counters();
-  CUstream s = nullptr;
+  CUstream first = nullptr, s = nullptr;
+  REQUIRE(cuStreamCreate(&first, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
   REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  CHECK(fakecuda_call_count("cuStreamWaitEvent") == 1);
+  CHECK(fakecuda_call_count("cuStreamWaitEvent") == 2);
   CHECK(fakecuda_call_count("cuEventSynchronize") + fakecuda_call_count("cuStreamSynchronize") == 0);
   REQUIRE(cuMemsetD8Async(q, 0xBB, n, s) == CUDA_SUCCESS);
   wait_ran(seen);
@@ -190,6 +192,7 @@ TEST_CASE("order: a non-blocking stream made after a block was reused by stream 
   CHECK(all_bytes(q, n, 0xBB));
   REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+  REQUIRE(cuStreamDestroy(first) == CUDA_SUCCESS);
 }
 
 TEST_CASE("order: two blocking streams are not ordered with each other; the legacy stream is ordered before both",

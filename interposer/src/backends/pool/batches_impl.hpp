@@ -121,7 +121,9 @@ void pool<Layout>::add_stream(CUstream s) {
   fence_.add_stream(s);
   mu_.lock();
   ++unordered_;  // before the taint is read: no block is handed out by stream order after it
-  const bool tainted = take_taint();
+  // Read, not taken: the wait orders this stream only, and every non-blocking stream made
+  // until a drain needs its own.
+  const bool tainted = tainted_;
   mu_.unlock();
   // (Never during a capture: its begin drained the taint, and nothing taints during one.)
   if (tainted && !dead_ && !dying_ && !work::capturing()) fence_.order_after_legacy(s);

@@ -34,12 +34,13 @@
 //     blocking stream of C or on a per-thread default stream of C, it runs after all work
 //     queued before it on C's legacy stream (the legacy stream's implicit synchronization):
 //     after W. Only a non-blocking stream of C, or another context, can run W' unordered.
-//   - the pool marks itself `tainted_` when it hands a block out this way (under its lock).
-//     Whatever makes such W' possible first turns the shortcut off under the same lock, then,
-//     if tainted, orders the new agent after C's legacy stream: a non-blocking stream created
-//     in C waits for an event recorded on C's legacy stream (cuStreamWaitEvent: all of its
-//     work runs after W); peer access or a second pool waits for C's legacy stream
-//     (drain_legacy). Lock order makes W (queued before a free that took the shortcut, before
+//   - the pool marks itself `tainted_` when it hands a block out this way (under its lock),
+//     until it next waits for C's legacy stream (drain_legacy). Whatever makes such W'
+//     possible first turns the shortcut off under the same lock, then, if tainted, orders the
+//     new agent after C's legacy stream: each non-blocking stream created in C meanwhile waits
+//     for an event recorded on C's legacy stream (cuStreamWaitEvent: all of its work runs
+//     after W; the taint stays, for the next stream); peer access or a second pool waits for
+//     C's legacy stream (drain_legacy, which clears the taint). Lock order makes W (queued before a free that took the shortcut, before
 //     the lock was taken again) precede that event. Giving memory back to the driver
 //     (release, reclaim, trim: an unmap does not wait for the GPU) waits for C's legacy
 //     stream first while tainted.

@@ -394,7 +394,9 @@ class pool final {
   /// kUnorderedForGood (fence.hpp).
   uint32_t unordered_ = 0;
   static constexpr uint32_t kUnorderedForGood = 1u << 31;
-  bool tainted_ = false;  ///< a block was handed out by stream order since the last drain (under mu_)
+  /// A block was handed out by stream order since the last wait for the legacy stream (under
+  /// mu_): each non-blocking stream made meanwhile waits for the legacy stream's queued work.
+  bool tainted_ = false;
 
   void retire_open_if_idle();
   /// Blocks handed out by stream order may still be used by queued work: wait for the
