@@ -420,3 +420,23 @@ TEST_CASE("order: a capture's begin first waits for blocks reused by stream orde
   REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
+
+TEST_CASE("order: exporting a block reused by stream order waits for its old owner's work first", "[order_ipc]") {
+  make_context();
+  touch_interposer();
+  const size_t n = 3 * kMiB;
+  CUdeviceptr p = 0;
+  REQUIRE(cuMemAlloc(&p, n) == CUDA_SUCCESS);
+  Seen seen;
+  old_owner_frees(p, n, CU_STREAM_LEGACY, &seen);
+  CUdeviceptr q = 0;
+  REQUIRE(cuMemAlloc(&q, n) == CUDA_SUCCESS);
+  REQUIRE(q == p);
+  REQUIRE_FALSE(seen.ran.load(std::memory_order_acquire));
+  // Another process's work on the block would be ordered with none of this one's streams.
+  CUipcMemHandle h{};
+  REQUIRE(cuIpcGetMemHandle(&h, q) == CUDA_SUCCESS);
+  CHECK(seen.ran.load(std::memory_order_acquire));
+  CHECK(seen.intact.load());
+  REQUIRE(cuMemFree(q) == CUDA_SUCCESS);
+}

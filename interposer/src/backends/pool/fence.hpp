@@ -42,8 +42,8 @@
 //     after W; the taint stays, for the next stream); peer access or a second pool waits for
 //     C's legacy stream (drain_legacy, which clears the taint). Lock order makes W (queued before a free that took the shortcut, before
 //     the lock was taken again) precede that event. Giving memory back to the driver
-//     (release, reclaim, trim: an unmap does not wait for the GPU) waits for C's legacy
-//     stream first while tainted.
+//     (release, reclaim, trim: an unmap does not wait for the GPU) and exporting a block to
+//     another process (an IPC handle) wait for C's legacy stream first while tainted.
 //   - captures: a capture's begin is counted before the driver's call (no shortcut from then
 //     on) and, where a pool is tainted, waits for its legacy stream before the capture exists
 //     (the drain is not allowed during one), so no shortcut block has pending work while any

@@ -231,7 +231,8 @@ class pool final {
   /// memory, with its legacy handle) for a block no legacy handle names (packed into a slab
   /// with others, or laid out by a layout without handles); CUDA_ERROR_INVALID_VALUE for a
   /// freed block; CUDA_ERROR_NOT_FOUND when `p` is not this pool's memory; or the driver's
-  /// error for the slab's handle.
+  /// error for the slab's handle. Waits for the legacy stream first when a block was handed
+  /// out by stream order since the last such wait (fence.hpp).
   CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled);
   /// The live block at `p` of `bytes` requested, as another process maps it (see
   /// backend::ipc_describe; no legacy handle filled in). CUDA_ERROR_INVALID_HANDLE when no

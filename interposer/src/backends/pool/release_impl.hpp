@@ -246,6 +246,12 @@ pool_stats pool<Layout>::stats() {
 
 template <class Layout>
 CUresult pool<Layout>::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
+  // Another process's work on the block is ordered with none of this one's streams: a block
+  // handed out by stream order waits for its old owner's work before it is exported.
+  mu_.lock();
+  const bool tainted = !dead_ && !ctx_going_ && take_taint();
+  mu_.unlock();
+  if (tainted) drain_legacy(ctx_);
   mu_.lock();
   Segment* s = segment_at_locked(p);
   if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {  // (as locate)
