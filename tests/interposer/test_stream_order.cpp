@@ -69,10 +69,10 @@ void wait_ran(const Seen& seen) {
   REQUIRE(seen.ran.load(std::memory_order_acquire));
 }
 
-/// The old owner: `p` (n bytes) set to 0xAA, then its slow last read queued on `old_stream`,
-/// then the free. Returns with the read still pending.
+/// The old owner: `p` (n bytes) set to 0xAA, then its slow last read, both queued on
+/// `old_stream`, then the free. Returns with the read still pending.
 void old_owner_frees(CUdeviceptr p, size_t n, CUstream old_stream, Seen* seen) {
-  REQUIRE(cuMemsetD8(p, 0xAA, n) == CUDA_SUCCESS);
+  REQUIRE(cuMemsetD8Async(p, 0xAA, n, old_stream) == CUDA_SUCCESS);
   REQUIRE(slow_read(old_stream, p, 0xAA, n, 300, seen) == CUDA_SUCCESS);
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
 }
