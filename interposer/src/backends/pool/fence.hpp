@@ -29,7 +29,9 @@
 //     counter was counted before the proof's mark and has finished. W counted on the legacy
 //     counter went to a legacy stream, of a context that reaches C's memory: only C itself
 //     does (a context reaches another's memory through peer access, and the process has
-//     none, nor another pool), so W is on C's legacy stream, pending or not.
+//     none, nor another pool), so W is on C's legacy stream, pending or not. (A copy that a
+//     context with no pool queues on its own legacy stream is not seen as such: docs/cache.md
+//     names it.)
 //   - the next owner's work W' is queued after the hand-out. On C's legacy stream, on a
 //     blocking stream of C or on a per-thread default stream of C, it runs after all work
 //     queued before it on C's legacy stream (the legacy stream's implicit synchronization):
@@ -40,10 +42,11 @@
 //     new agent after C's legacy stream: each non-blocking stream created in C meanwhile waits
 //     for an event recorded on C's legacy stream (cuStreamWaitEvent: all of its work runs
 //     after W; the taint stays, for the next stream); peer access or a second pool waits for
-//     C's legacy stream (drain_legacy, which clears the taint). Lock order makes W (queued before a free that took the shortcut, before
-//     the lock was taken again) precede that event. Giving memory back to the driver
-//     (release, reclaim, trim: an unmap does not wait for the GPU) and exporting a block to
-//     another process (an IPC handle) wait for C's legacy stream first while tainted.
+//     C's legacy stream (drain_legacy, which clears the taint). Lock order makes W (queued
+//     before a free that took the shortcut, before the lock was taken again) precede that
+//     event or wait. Giving memory back to the driver (release, reclaim, trim: an unmap does
+//     not wait for the GPU) and exporting a block to another process (an IPC handle) wait for
+//     C's legacy stream first while tainted.
 //   - captures: a capture's begin is counted before the driver's call (no shortcut from then
 //     on) and, where a pool is tainted, waits for its legacy stream before the capture exists
 //     (the drain is not allowed during one), so no shortcut block has pending work while any
