@@ -68,7 +68,8 @@ inline uint64_t other_epoch() noexcept { return detail::g_other.load(std::memory
 /// count before it, so all work counted so far precedes what the caller records next (a
 /// seal's events). Lock-free.
 inline marks epoch_for_seal() noexcept {
-  return {detail::g_epoch.fetch_add(0, std::memory_order_acq_rel), detail::g_other.fetch_add(0, std::memory_order_acq_rel)};
+  return {detail::g_epoch.fetch_add(0, std::memory_order_acq_rel),
+          detail::g_other.fetch_add(0, std::memory_order_acq_rel)};
 }
 
 /// True for good once the program was handed a work-queuing entry point that is not

@@ -79,8 +79,8 @@ bool stream_events::done(seal_mark& m, bool wait) {
 void stream_events::order_after_legacy(CUstream s) {
   CtxScope scope(ctx_);
   CUevent e = event();
-  const bool ok = e && drv().event_record && drv().stream_wait_event && drv().event_record(e, CU_STREAM_LEGACY) == CUDA_SUCCESS &&
-                  drv().stream_wait_event(s, e, 0) == CUDA_SUCCESS;
+  const bool ok = e && drv().event_record && drv().stream_wait_event &&
+                  drv().event_record(e, CU_STREAM_LEGACY) == CUDA_SUCCESS && drv().stream_wait_event(s, e, 0) == CUDA_SUCCESS;
   // (A recorded event may be recorded again: the wait is for this record.)
   if (e) spare_events_.push_back(e);
   if (!ok) drain_legacy(ctx_);

@@ -95,7 +95,8 @@ class stream_events {
   CUW_HOT bool idle() const noexcept {
     if (work::untracked()) return false;
     const uint64_t now = work::epoch(), other = work::other_epoch();
-    return idle_epoch_.load(std::memory_order_acquire) == now && ordered_epoch_.load(std::memory_order_acquire) == other;
+    return idle_epoch_.load(std::memory_order_acquire) == now &&
+           ordered_epoch_.load(std::memory_order_acquire) == other;
   }
   /// All work since a proof went to a legacy stream, and no capture is active (see the top:
   /// the pool adds what it knows of its context's streams, peers and taint).
