@@ -5,8 +5,9 @@ operations, host functions and stream callbacks (which may write memory the CPU 
 prefetches ...).
 
 CUWARDEN_POOL=cache hands a freed block straight out again only while it can prove that no
-work was queued since its last completed event; these hooks are how it learns that work was
-queued. A submitting entry point missing here would let a block be reused under a running
+work was queued since its last completed event, or that all work since went to the legacy
+stream (stream order); these hooks are how it learns that work was queued, and on which
+stream (CUW_WORK_STREAM_<name>: the expression of the hook's parameters naming it). A submitting entry point missing here would let a block be reused under a running
 kernel, so the list is derived from the driver's own export list, not written by hand:
 
   gen_work_hooks.py CUDA_INCLUDE_DIR DRIVER_EXPORTS_TXT > interposer/src/base/work_hooks.inc
@@ -75,7 +76,7 @@ def main():
     for m in re.finditer(r"PFN_(cu\w+?)_v(\d+)(_ptds|_ptsz)?\)", typedefs):
         versions.setdefault((m.group(1), m.group(3) or ""), set()).add(int(m.group(2)))
 
-    rows, skipped, failed = [], [], []
+    rows, skipped, failed, streams = [], [], [], []
     for n in exports:
         if not SUBMITS.match(n):
             continue
@@ -115,6 +116,7 @@ def main():
                 break
             args.append(am.group(1))
         params = "(" + proto + ")" if proto != "void" else "()"
+        streams.append(f"#define CUW_WORK_STREAM_{n} {stream_of(n, proto)}")
         rows.append(f'  X(CUresult, {n}, {params}, ({", ".join(args)}), "{base}", {mine[idx]}, '
                     f'{1 if flavor else 0}, 0)')
     if failed:
@@ -138,11 +140,34 @@ def main():
     out.append("#define CUW_WORK_HOOKS(X) \\")
     out.append(" \\\n".join(rows))
     out.append("")
+    out.append("// The stream each queues its work on, as an expression of its parameters (stream order:")
+    out.append("// backends/pool/fence.hpp). Work of several contexts or streams: CU_STREAM_PER_THREAD, which no")
+    out.append("// entry point of the legacy stream names (work::queued counts it as another stream's).")
+    out.extend(streams)
+    out.append("")
     out.append("// The prefixes those names were matched by (X(\"cuLaunch\") ...).")
     out.append("#define CUW_WORK_PREFIXES(X) \\")
     out.append(" \\\n".join(f'  X("{p}")' for p in SUBMIT_PREFIXES))
     out.append("")
     sys.stdout.write("\n".join(out) + "\n")
+
+
+def stream_of(name, proto):
+    """The expression naming the stream `name` queues its work on: its CUstream parameter, the
+    stream of its launch configuration, or, without one, the default stream its flavor names
+    (nullptr: the legacy stream, or the per-thread one for a _ptds/_ptsz variant). Work that
+    spans contexts or devices (peer copies, multi-device launches) is never the legacy
+    stream's: CU_STREAM_PER_THREAD."""
+    if "Peer" in name or "MultiDevice" in name:
+        return "(CU_STREAM_PER_THREAD)"
+    for p in split_params(proto):
+        m = re.match(r"^(?:const\s+)?CUstream\s+(\w+)$", p)
+        if m:
+            return f"({m.group(1)})"
+        m = re.match(r"^const\s+CUlaunchConfig\s*\*\s*(\w+)$", p)
+        if m:
+            return f"({m.group(1)} ? {m.group(1)}->hStream : CU_STREAM_PER_THREAD)"
+    return "(static_cast<CUstream>(nullptr))"
 
 
 def split_params(s):

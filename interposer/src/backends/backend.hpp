@@ -17,15 +17,18 @@
 //   2. One case in backends/start.cpp: CUWARDEN_POOL=<name> constructs it (its literal in
 //      the options row, cuw/options.hpp, and core::PoolKind in core/config.hpp).
 //   3. Tests: copy the cache's cases in tests/interposer (test_cache.cpp,
-//      test_cache_adversarial.cpp and their ctest lines) with CUWARDEN_POOL=<name>: reuse
+//      test_cache_adversarial.cpp, test_stream_order.cpp and their ctest lines) with
+//      CUWARDEN_POOL=<name>: reuse
 //      only after the GPU is done, captures, pointer queries, IPC, peers, caps, context
 //      destruction; then the GPU checks (COMPAT_POOL=<name> tests/gpu/compat.sh, and
 //      tests/gpu/cache_reuse.sh and ctx_gone.sh with the name beside `cache`).
 //
 // The promises every backend keeps: a freed block is not
-// handed out again before all work submitted before the free has finished, on every stream;
-// nothing is synchronized, recorded or freed while a stream capture is active
-// (base/work_epoch.hpp counts captures from the library's load: there is no capture notice);
+// handed out again before all work submitted before the free has finished, on every stream,
+// or is ordered before all work its next owner can queue (pool/fence.hpp: stream order);
+// nothing is synchronized, recorded or freed while a stream capture is active, and every
+// allocation during one gets the driver's own answer (base/work_epoch.hpp counts captures
+// from the library's load; capture_beginning is told of one just before it begins);
 // memory kept for reuse counts against the caps and goes back before an allocation is
 // refused; pointer queries describe the program's allocation, not the pool's segment.
 //
@@ -129,6 +132,9 @@ class backend : public core::backend_base {
   }
   /// cuDevicePrimaryCtxRetain, made by `call`: may make a primary context active (again).
   CUresult context_retain(core::Tracker& t, call_ref<CUresult()> call) { return do_context_retain(t, call); }
+  /// A stream capture is about to begin (counted already: base/work_epoch.hpp), before the
+  /// driver's call.
+  void capture_beginning(core::Tracker& t) { do_capture_beginning(t); }
   /// The driver enabled (or disabled) the current context's access to `peer`'s memory.
   void peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) {
     do_peer_access_changed(t, peer, enabled);
@@ -185,6 +191,7 @@ class backend : public core::backend_base {
   virtual bool do_context_destroy(core::Tracker& t, call_ref<CUcontext()> which, call_ref<bool()> destroy) = 0;
   virtual CUresult do_context_retain(core::Tracker& t, call_ref<CUresult()> call) = 0;
   virtual void do_peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) = 0;
+  virtual void do_capture_beginning(core::Tracker& t) = 0;
   virtual bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) = 0;
   virtual CUresult do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) = 0;
   virtual CUresult do_ipc_import(core::Tracker& t, CUdeviceptr* p, CUipcMemHandle handle, unsigned flags,

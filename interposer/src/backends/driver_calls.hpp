@@ -21,6 +21,7 @@ struct Drv {
   CUresult (*ctx_pop)(CUcontext*) = nullptr;
   CUresult (*ctx_get_device)(CUdevice*) = nullptr;
   CUresult (*stream_sync)(CUstream) = nullptr;
+  CUresult (*stream_wait_event)(CUstream, CUevent, unsigned) = nullptr;
   CUresult (*stream_get_ctx)(CUstream, CUcontext*) = nullptr;
   CUresult (*ctx_sync)() = nullptr;
 };
@@ -43,6 +44,7 @@ inline const Drv& drv() {
     resolve(x.ctx_pop, "cuCtxPopCurrent_v2");
     resolve(x.ctx_get_device, "cuCtxGetDevice");
     resolve(x.stream_sync, "cuStreamSynchronize");
+    resolve(x.stream_wait_event, "cuStreamWaitEvent");
     resolve(x.stream_get_ctx, "cuStreamGetCtx");
     resolve(x.ctx_sync, "cuCtxSynchronize");
     return x;

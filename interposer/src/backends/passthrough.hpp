@@ -52,6 +52,7 @@ class passthrough final : public backend {
   }
   CUresult context_retain(core::Tracker&, call_ref<CUresult()> call) { return call(); }
   void peer_access_changed(core::Tracker&, CUcontext, bool) {}
+  void capture_beginning(core::Tracker&) {}
   bool locate(core::Tracker&, CUdeviceptr, range*, bool*) { return false; }
   CUresult ipc_export(core::Tracker&, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) {
     return real(handle, p);
@@ -88,6 +89,7 @@ class passthrough final : public backend {
   void do_peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) override {
     peer_access_changed(t, peer, enabled);
   }
+  void do_capture_beginning(core::Tracker& t) override { capture_beginning(t); }
   bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) override { return locate(t, p, out, live); }
   CUresult do_ipc_export(core::Tracker& t, CUipcMemHandle* handle, CUdeviceptr p, ipc_export_fn real) override {
     return ipc_export(t, handle, p, real);

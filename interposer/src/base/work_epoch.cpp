@@ -9,8 +9,9 @@
 
 namespace cuw::work {
 
-void queued() noexcept {
-  if (detail::g_counting.load(std::memory_order_relaxed)) detail::g_epoch.fetch_add(1, std::memory_order_release);
+void queued(CUstream stream, bool per_thread) noexcept {
+  if (detail::g_counting.load(std::memory_order_relaxed))
+    (on_legacy(stream, per_thread) ? detail::g_epoch : detail::g_other).fetch_add(1, std::memory_order_release);
 }
 
 bool queues_work(const char* n) noexcept {

@@ -3,10 +3,15 @@
 // A pooling backend may hand a freed block straight out again only when it can prove that no
 // GPU work queued before the free still runs (cudaFree's promise, backends/pool/pool.hpp: "the
 // fast case"). Two process-wide facts let it:
-//   - the work counter (the epoch): every hooked entry point that queues GPU work bumps it
-//     after the driver accepted the work (the generated work hooks, base/work_hooks.inc). A
+//   - the work counters (the epoch): every hooked entry point that queues GPU work bumps one
+//     after the driver accepted the work (the generated work hooks, base/work_hooks.inc):
+//     work on the legacy default stream (handle 0 or CU_STREAM_LEGACY of an entry point that
+//     is not a per-thread variant, or its stream-less synchronous calls) bumps the legacy
+//     counter, all other work (any other stream, per-thread default streams, work across
+//     contexts) the other counter. Nothing counted on the other counter since a proof means
+//     all work since went to a legacy stream: stream order (backends/pool/fence.hpp). A
 //     work-queuing entry point the driver hands out that has no hook (an older ABI variant,
-//     a newer driver's new entry point) turns the proof off for the process, for good;
+//     a newer driver's new entry point) turns both proofs off for the process, for good;
 //   - the stream captures active: while one is, nothing may be recorded, queried, waited
 //     for or freed (it would fail, or become part of the program's graph).
 // Captures are counted from the library's load, before any backend exists (a capture begun
@@ -22,8 +27,9 @@
 namespace cuw::work {
 
 namespace detail {
-// Starts at 1, so that a pool that has seen no completed event (its proof 0) is never idle.
-inline std::atomic<uint64_t> g_epoch{1};
+// Start at 1, so that a pool that has seen no completed event (its proof 0) is never idle.
+inline std::atomic<uint64_t> g_epoch{1};  ///< work on a legacy default stream
+inline std::atomic<uint64_t> g_other{1};  ///< all other work
 // Set once a pool exists (start_counting): before that no pooled block exists for work to use.
 inline std::atomic<bool> g_counting{false};
 inline std::atomic<bool> g_untracked{false};
@@ -33,19 +39,38 @@ inline std::atomic<int> g_captures{0};
 /// From now on queued() counts (a pooling backend, when it makes its first pool). Lock-free.
 inline void start_counting() noexcept { detail::g_counting.store(true, std::memory_order_relaxed); }
 
-/// Called by every hooked entry point that queues GPU work, after the driver accepted it.
-/// One locked add while counting (its release joins the counter's release sequence);
-/// otherwise one load and nothing else. Lock-free, thread-safe, never calls the driver.
-void queued() noexcept;
+/// Whether work queued through an entry point on `stream` runs on the legacy default stream
+/// (`per_thread`: the entry point is a _ptsz/_ptds variant, where 0 names the thread's own
+/// default stream and only CU_STREAM_LEGACY the legacy one).
+inline bool on_legacy(CUstream stream, bool per_thread) noexcept {
+  return stream == CU_STREAM_LEGACY || (!per_thread && stream == nullptr);
+}
 
-/// The counter now (acquire): equal to what a completed seal read means nothing was queued
-/// since. Lock-free.
+/// Called by every hooked entry point that queues GPU work on `stream` (see on_legacy),
+/// after the driver accepted it. One locked add on the legacy or the other counter while
+/// counting (its release joins the counter's release sequence); otherwise one load and
+/// nothing else. Lock-free, thread-safe, never calls the driver.
+void queued(CUstream stream, bool per_thread) noexcept;
+
+/// The counters as one read saw them.
+struct marks {
+  uint64_t legacy = 0;  ///< legacy-stream work
+  uint64_t other = 0;   ///< all other work
+};
+
+/// The legacy counter now (acquire). Lock-free.
 inline uint64_t epoch() noexcept { return detail::g_epoch.load(std::memory_order_acquire); }
+/// The other counter now (acquire): equal to what a completed seal read means all work since
+/// went to a legacy stream. Lock-free.
+inline uint64_t other_epoch() noexcept { return detail::g_other.load(std::memory_order_acquire); }
 
-/// The counter read with a read-modify-write (acq_rel): it synchronizes with every count
-/// before it, so all work counted so far precedes what the caller records next (a seal's
-/// events). Lock-free.
-inline uint64_t epoch_for_seal() noexcept { return detail::g_epoch.fetch_add(0, std::memory_order_acq_rel); }
+/// Both counters read with a read-modify-write each (acq_rel): each synchronizes with every
+/// count before it, so all work counted so far precedes what the caller records next (a
+/// seal's events). Lock-free.
+inline marks epoch_for_seal() noexcept {
+  return {detail::g_epoch.fetch_add(0, std::memory_order_acq_rel),
+          detail::g_other.fetch_add(0, std::memory_order_acq_rel)};
+}
 
 /// True for good once the program was handed a work-queuing entry point that is not
 /// hooked: the counter can no longer prove the GPU idle. Lock-free.
@@ -60,7 +85,9 @@ bool queues_work(const char* name) noexcept;
 /// once. Thread-safe.
 void untracked_entry_point(const char* name, int cuda_version) noexcept;
 
-/// A capture began (the driver accepted cuStreamBeginCapture*). Lock-free.
+/// A capture begins (counted before the driver's cuStreamBeginCapture*, so that no block is
+/// handed out by stream order from then on; capture_ended() takes back a refused one).
+/// Lock-free.
 inline void capture_begun() noexcept { detail::g_captures.fetch_add(1, std::memory_order_acq_rel); }
 /// A capture ended (cuStreamEndCapture* of a stream that was capturing). Never below zero (a
 /// capture begun through an entry point that is not hooked). Lock-free.

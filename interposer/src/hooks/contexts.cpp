@@ -47,15 +47,26 @@ CUW_EXPORT CUresult hook_cuStreamDestroy_v2(CUstream stream) {
 
 // ---- captures (CUDA driver API: Stream Management, stream capture) ----------------------------
 // Counted in base/work_epoch.hpp from the library's load: every way to begin a capture, the
-// driver call, then the count; every way to end one, the count after the driver call if the
-// stream was capturing (a capture begun through an entry point we do not hook never makes
-// the count negative).
+// count, then the backend's notice (a pool whose blocks went back by stream order waits for
+// its legacy stream while that is still allowed: backends/pool/fence.hpp), then the driver
+// call, and the count taken back if it refused; every way to end one, the count after the
+// driver call if the stream was capturing (a capture begun through an entry point we do not
+// hook never makes the count negative).
+
+namespace {
+void capture_notice() {
+  Tracker* t = Tracker::instance_if_created();
+  if (backends::backend* b = backends::started(t)) b->capture_beginning(*t);
+}
+}  // namespace
 
 #define CUW_BEGIN_CAPTURE(name, params, args)                      \
   CUW_EXPORT CUresult hook_##name params {                         \
     CUW_REAL(name);                                                \
+    cuw::work::capture_begun();                                    \
+    capture_notice();                                              \
     const CUresult r = real args;                                  \
-    if (r == CUDA_SUCCESS) cuw::work::capture_begun();             \
+    if (r != CUDA_SUCCESS) cuw::work::capture_ended();             \
     return r;                                                      \
   }
 CUW_BEGIN_CAPTURE(cuStreamBeginCapture_v2, (CUstream stream, CUstreamCaptureMode mode), (stream, mode))

@@ -10,15 +10,16 @@
 #include "hooks/prologue.hpp"
 
 // ---- entry points that queue GPU work (base/work_hooks.inc, generated) ----------------------
-// Each calls the driver, then counts the work, failed calls included: a batch may have
-// queued part of its work. A call that comes back after the daemon resumed the process
+// Each calls the driver, then counts the work on the legacy stream's counter or the other
+// streams' (the stream its arguments name), failed calls included: a batch may have queued
+// part of its work. A call that comes back after the daemon resumed the process
 // says so on stderr (core/resume_notice.hpp).
 
 #define CUW_WORK_HOOK(ret, name, params, args, base, version, pts, lib) \
   CUW_EXPORT ret hook_##name params {                                   \
     CUW_REAL(name);                                                     \
     const ret r = real args;                                            \
-    cuw::work::queued();                                                \
+    cuw::work::queued(CUW_WORK_STREAM_##name, pts);                     \
     cuw::core::check_resume_notice();                                   \
     return r;                                                           \
   }

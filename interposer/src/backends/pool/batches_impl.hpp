@@ -119,14 +119,60 @@ template <class Layout>
 void pool<Layout>::add_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   fence_.add_stream(s);
+  mu_.lock();
+  ++unordered_;  // before the taint is read: no block is handed out by stream order after it
+  // Read, not taken: the wait orders this stream only, and every non-blocking stream made
+  // until a drain needs its own.
+  const bool tainted = tainted_;
+  mu_.unlock();
+  // (Never during a capture: its begin drained the taint, and nothing taints during one.)
+  if (tainted && !dead_ && !dying_ && !work::capturing()) fence_.order_after_legacy(s);
 }
 
 template <class Layout>
 bool pool<Layout>::remove_stream(CUstream s) {
   std::lock_guard<std::mutex> g(slow_);
   if (!fence_.remove_stream(s)) return false;
+  mu_.lock();
+  --unordered_;
+  mu_.unlock();
   orphan_slow(s);
   return true;
+}
+
+template <class Layout>
+bool pool<Layout>::take_taint() noexcept {
+  const bool t = tainted_;
+  tainted_ = false;
+  return t;
+}
+
+// (unorder and capture_beginning: under the backend's lock, so the context is neither dying
+// nor gone; not under slow_, which another thread may hold across a driver call.)
+template <class Layout>
+void pool<Layout>::unorder() {
+  mu_.lock();
+  unordered_ |= kUnorderedForGood;
+  const bool tainted = take_taint();
+  mu_.unlock();
+  if (tainted && !work::capturing()) drain_legacy(ctx_);
+}
+
+template <class Layout>
+void pool<Layout>::capture_beginning() {
+  mu_.lock();
+  const bool tainted = take_taint();
+  mu_.unlock();
+  // (The capture is counted already, but not begun: the drain is still allowed.)
+  if (tainted) drain_legacy(ctx_);
+}
+
+template <class Layout>
+void pool<Layout>::settle_slow() {
+  mu_.lock();
+  const bool tainted = take_taint();
+  mu_.unlock();
+  if (tainted) drain_legacy(ctx_);
 }
 
 template <class Layout>

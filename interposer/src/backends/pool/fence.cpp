@@ -20,8 +20,8 @@ CUevent stream_events::event() {
 }
 
 bool stream_events::record(seal_mark* out) {
-  // Read the work counter (a read-modify-write: it synchronizes with every count before it)
-  // before recording: all work counted so far precedes the events.
+  // Read the work counters (read-modify-writes: each synchronizes with every count before
+  // it) before recording: all work counted so far precedes the events.
   out->epoch = work::epoch_for_seal();
   bool ok = drv().event_record != nullptr;
   {
@@ -74,6 +74,22 @@ bool stream_events::done(seal_mark& m, bool wait) {
     spare_events_.push_back(e);
   }
   return true;
+}
+
+void stream_events::order_after_legacy(CUstream s) {
+  CtxScope scope(ctx_);
+  CUevent e = event();
+  const bool ok = e && drv().event_record && drv().stream_wait_event &&
+                  drv().event_record(e, CU_STREAM_LEGACY) == CUDA_SUCCESS && drv().stream_wait_event(s, e, 0) == CUDA_SUCCESS;
+  // (A recorded event may be recorded again: the wait is for this record.)
+  if (e) spare_events_.push_back(e);
+  if (!ok) drain_legacy(ctx_);
+}
+
+void drain_legacy(CUcontext ctx) {
+  CtxScope scope(ctx);
+  if (!drv().stream_sync || drv().stream_sync(CU_STREAM_LEGACY) != CUDA_SUCCESS)
+    if (drv().ctx_sync) drv().ctx_sync();
 }
 
 bool stream_events::remove_stream(CUstream s) noexcept {

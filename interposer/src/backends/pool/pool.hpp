@@ -16,9 +16,13 @@
 //   requests round, what it maps at once, how it grows and how it gives memory back.
 //
 // cudaFree's promise: a freed block is not handed out again until all work submitted before
-// the free has finished, on every stream of the context (backends/pool/fence.hpp: the fast
-// case, where the device is proven idle and a freed block goes straight back to its free
-// list, as does the open batch; event batches otherwise).
+// the free has finished, on every stream of the context, or is ordered before all work its
+// next owner can queue (backends/pool/fence.hpp: the fast case, where the device is proven
+// idle and a freed block goes straight back to its free list, as does the open batch; stream
+// order, where all work since a proof went to the context's legacy stream, the context has
+// no non-blocking stream, no other context can reach its memory and no capture is active,
+// and a freed block goes straight back too: whatever its next owner queues on a blocking
+// stream runs after the legacy stream's earlier work; event batches otherwise).
 //
 // Frees are collected in an open batch, sealed behind events (the fence); a sealed batch's
 // blocks become reusable when its events have completed (cuEventQuery, polled oldest first
@@ -27,9 +31,10 @@
 // does an allocation wait for
 // the oldest batch (cuEventSynchronize): never longer than the device synchronization
 // that cudaFree itself would have done, earlier. While any stream capture is active in
-// the process nothing is recorded, queried or waited for: frees stay in the open batch,
-// allocations use ready blocks or fall back to the driver (cuMemAlloc, as the program's own
-// call would have).
+// the process nothing is recorded, queried or waited for: frees stay in the open batch, and
+// no allocation reaches the pool: each gets exactly the driver's answer (the backend passes
+// it to cuMemAlloc: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED in a global-mode capture). A pooled
+// block would let the capture succeed and the graph write it later, after its free.
 //
 // Caps: all memory the pool takes from its upstream is charged (Tracker::charge) and what it
 // gives back is uncharged, so cached bytes count against the cap. Before an allocation is
@@ -226,7 +231,8 @@ class pool final {
   /// memory, with its legacy handle) for a block no legacy handle names (packed into a slab
   /// with others, or laid out by a layout without handles); CUDA_ERROR_INVALID_VALUE for a
   /// freed block; CUDA_ERROR_NOT_FOUND when `p` is not this pool's memory; or the driver's
-  /// error for the slab's handle.
+  /// error for the slab's handle. Waits for the legacy stream first when a block was handed
+  /// out by stream order since the last such wait (fence.hpp).
   CUresult ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled);
   /// The live block at `p` of `bytes` requested, as another process maps it (see
   /// backend::ipc_describe; no legacy handle filled in). CUDA_ERROR_INVALID_HANDLE when no
@@ -236,8 +242,17 @@ class pool final {
   /// pending frees (not during a capture, nor while the context is being destroyed); the bytes.
   std::size_t release();
 
-  /// A non-blocking stream of this context was created: later batches record on it too.
+  /// A non-blocking stream of this context was created: later batches record on it too, and
+  /// stream order is off while it exists (blocks handed out by it: `s` waits for the legacy
+  /// stream's work queued so far).
   void add_stream(CUstream s);
+  /// Stream order is off for good: another pool exists or a peer was given access
+  /// (fence.hpp). Blocks handed out by it: waits for the legacy stream's work first. Under
+  /// the backend's lock (the context is live); takes the pool's lock, not its slow path's.
+  void unorder();
+  /// A stream capture is about to begin (already counted: no hand-out by stream order from
+  /// now on): blocks handed out by it, waits for the legacy stream's work first. As unorder().
+  void capture_beginning();
   /// `s` is about to be destroyed: if it is ours, record an event on it that every later
   /// batch waits for, and stop recording on it. True if it was one of this pool's streams.
   bool remove_stream(CUstream s);
@@ -376,8 +391,21 @@ class pool final {
                                                ///< and reads it): once the driver destroyed the
                                                ///< context, its addresses may be someone else's
   budget budget_;                              ///< peak, keep, idle trim (under slow_; trim_due lock-free)
+  /// Stream order is off while nonzero (under mu_): the context's non-blocking streams, plus
+  /// kUnorderedForGood (fence.hpp).
+  uint32_t unordered_ = 0;
+  static constexpr uint32_t kUnorderedForGood = 1u << 31;
+  /// A block was handed out by stream order since the last wait for the legacy stream (under
+  /// mu_): each non-blocking stream made meanwhile waits for the legacy stream's queued work.
+  bool tainted_ = false;
 
   void retire_open_if_idle();
+  /// Blocks handed out by stream order may still be used by queued work: wait for the
+  /// legacy stream (before memory goes back to the upstream, whose unmap does not wait).
+  void settle_slow();
+  /// Whether a block was handed out by stream order since the last wait for the legacy
+  /// stream (under mu_); taken (cleared) by the caller, which then waits.
+  bool take_taint() noexcept;
 
   std::mutex slow_;
   fence<Block> fence_;  ///< sealed batches, events, streams (under slow_; idle() lock-free)

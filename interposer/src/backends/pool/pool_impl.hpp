@@ -383,7 +383,7 @@ void pool<Layout>::trim_idle() noexcept {
 
 // ---- free --------------------------------------------------------------------------------
 
-// Fast path: one lock, one map probe, a push onto a free list (idle) or the open batch,
+// Fast path: one lock, one map probe, a push onto a free list (idle, or stream order) or the open batch,
 // four counters, the event. Not idle: every kSealBlocks-th free also seals the batch (one
 // event per stream), every kPollEvery-th polls.
 template <class Layout>
@@ -411,8 +411,14 @@ CUW_HOT CUresult pool<Layout>::free_traced(CUdeviceptr p, ring::Api api, uint64_
     return free_exported(b, api, aux, now);
   }
   ledger_.freed(p, b->requested, size, api, aux, now);
-  if (fence_.idle()) {
-    // Nothing queued since a completed event: whatever used the block has finished.
+  bool ready = fence_.idle();  // nothing queued since a completed event: whatever used it has finished
+  if (!ready && unordered_ == 0 && fence_.ordered()) {
+    // Stream order (fence.hpp): what used it runs on the legacy stream, before any work of
+    // its next owner; a new non-blocking stream, peer or capture is ordered after it first.
+    ready = true;
+    tainted_ = true;
+  }
+  if (ready) {
     --b->seg->busy;
     push_free_locked(b);
     mu_.unlock();

@@ -85,6 +85,11 @@ class pooled_backend final : public backend, public pool::owner<Layout> {
   /// context's device gets access to every range of the pools on the peer's device, present
   /// and future (disabling takes nothing away: the program's own access rules still apply).
   void do_peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) override;
+  /// Every pool that handed out blocks by stream order waits for its legacy stream first
+  /// (pool/fence.hpp: no such block has work pending while a capture is active).
+  void do_capture_beginning(core::Tracker& t) override;
+  /// Stream order off for good in every pool (another pool, or a peer's access).
+  void unorder_all_locked();
   bool do_locate(core::Tracker& t, CUdeviceptr p, range* out, bool* live) override;
   /// A whole driver allocation: the driver's handle. A block no legacy handle names: one of
   /// ours (backends/ipc.hpp), which importers under cuwarden open.
@@ -114,6 +119,7 @@ class pooled_backend final : public backend, public pool::owner<Layout> {
   std::atomic<uint64_t> generation_{1};  ///< bumped when a cache is dropped
   std::vector<pool::pool<Layout>*> dropped_;  ///< caches of contexts that went away (never freed)
   std::vector<CUdevice> peers_[ring::kMaxDevices];  ///< devices given access, by device (under mu_)
+  bool unordered_ = false;  ///< stream order is off for good in every pool (under mu_)
 };
 
 }  // namespace cuw::backends

@@ -23,9 +23,12 @@ namespace cuw::backends {
 
 // Hot path: the cache's allocate (a hit: one lock for the free list, the counters and the
 // event; no driver call).
+// During a stream capture every allocation gets exactly the driver's answer (in a global-mode
+// capture, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): a pooled block would let the capture
+// succeed and the graph write the block after its free, when it may be someone else's.
 template <class Layout>
 CUresult pooled_backend<Layout>::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
-  if (dptr && bytes != 0)
+  if (dptr && bytes != 0 && __builtin_expect(!work::capturing(), 1))
     if (pool::pool<Layout>* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
   return passthrough_.allocate(t, dptr, bytes, real);
 }
@@ -123,9 +126,29 @@ pool::pool<Layout>* pooled_backend<Layout>::create(CUcontext ctx) noexcept {
     return nullptr;
   }
   if (!c) return nullptr;
+  bool other = unordered_;  // another pool: its context's work is not ordered with this one's
+  for (int i = 0; i < n && !other; ++i) other = caches_[i].load(std::memory_order_relaxed) != nullptr;
+  if (other) c->unorder();
   caches_[slot_index].store(c, std::memory_order_release);
   if (slot_index == n) count_.store(n + 1, std::memory_order_release);
+  if (other) unorder_all_locked();
   return c;
+}
+
+template <class Layout>
+void pooled_backend<Layout>::unorder_all_locked() {
+  unordered_ = true;
+  const int n = count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i)
+    if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_relaxed)) c->unorder();
+}
+
+template <class Layout>
+void pooled_backend<Layout>::do_capture_beginning(core::Tracker&) {
+  std::lock_guard<std::mutex> g(mu_);  // no context is being destroyed meanwhile
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire)) c->capture_beginning();
 }
 
 template <class Layout>
@@ -244,6 +267,10 @@ bool pooled_backend<Layout>::do_context_destroy(core::Tracker&, call_ref<CUconte
 
 template <class Layout>
 void pooled_backend<Layout>::do_peer_access_changed(core::Tracker&, CUcontext peer, bool enabled) {
+  if (enabled) {  // the peer's work may reach this context's memory, unordered with its streams
+    std::lock_guard<std::mutex> g(mu_);
+    unorder_all_locked();
+  }
   if (!Layout::kGrantsPeers || !enabled || !peer || !drv().ctx_get_device) return;
   CUdevice self = -1, other = -1;
   if (drv().ctx_get_device(&self) != CUDA_SUCCESS) return;

@@ -53,6 +53,7 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
   }
   mu_.unlock();
   if (gone.empty()) return 0;
+  settle_slow();  // their free blocks may have been handed out by stream order: still in use
   // Each segment is dropped as soon as the driver's free returns: from then on the driver
   // may hand its addresses to anyone (another thread's allocation, a pool's new segment).
   uint64_t total = 0;
@@ -84,6 +85,7 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
 template <class Layout>
 uint64_t pool<Layout>::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
+  settle_slow();  // free blocks handed out by stream order may still be in use
   return layout_.reclaim_slow(*this, want);
 }
 
@@ -244,6 +246,12 @@ pool_stats pool<Layout>::stats() {
 
 template <class Layout>
 CUresult pool<Layout>::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_span* pooled) {
+  // Another process's work on the block is ordered with none of this one's streams: a block
+  // handed out by stream order waits for its old owner's work before it is exported.
+  mu_.lock();
+  const bool tainted = !dead_ && !ctx_going_ && take_taint();
+  mu_.unlock();
+  if (tainted) drain_legacy(ctx_);
   mu_.lock();
   Segment* s = segment_at_locked(p);
   if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {  // (as locate)
