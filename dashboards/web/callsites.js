@@ -95,7 +95,10 @@ export function drawCallsites(box, snap, name, onRefresh) {
   const table = sites.length ? h('table', { class: 'sites' },
     h('thead', {}, h('tr', {}, h('th', { class: 'num' }, 'Live'), h('th', { class: 'num' }, 'Allocations'),
       h('th', {}, 'Call site: the program\'s own frame first (click to unfold)'))),
-    h('tbody', {}, sites.slice(0, TABLE_SITES).map(siteRow))) : h('p', { class: 'muted' }, 'No live allocations.');
+    h('tbody', {}, sites.slice(0, TABLE_SITES).map(siteRow)))
+    // With call sites off the head says so; the live total may still be above zero.
+    : !body.callsite_frames ? null
+    : h('p', { class: 'muted' }, live ? 'No call site holds live bytes.' : 'No live allocations.');
   box.replaceChildren(...[head, note, table, refresh].filter(Boolean));
   return sites;
 }

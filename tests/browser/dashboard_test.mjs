@@ -184,6 +184,8 @@ try {
     statuses[p.pid] = status;
     if (status === '200' && !sites && !/No live allocations|Call sites are off/.test(text))
       throw new Error(`call sites of ${p.pid}: 200 but no site shown`);
+    if (/Call sites are off/.test(text) && /No live allocations/.test(text) && !/^0 B live/.test(text))
+      throw new Error(`call sites of ${p.pid}: "No live allocations" under a live total: ${text}`);
     if (status === '403' && !text.includes('--http-snapshots'))
       throw new Error(`call sites of ${p.pid}: 403 without the explanation`);
     if (!['200', '403', '404'].includes(status)) throw new Error(`call sites of ${p.pid}: ${status}: ${text}`);
