@@ -13,8 +13,11 @@
 #      bytes after each step from the 6th on (held: their maximum), then 5 steps under
 #      torch.profiler (GPU idle time between kernels, host time in each CUDA runtime call);
 #      the same profile for pytorch;
-#   3. a CPU-bound configuration (batch 1 x 64): pytorch and tensors, ROUNDS rounds;
-#   4. CUDA graph capture with PyTorch's cache off: a tensor allocated inside
+#   3. what the mode shows (tests/gpu/tensors_show.py): cuwarden's live bytes made through
+#      libc10_cuda against torch.cuda.memory_allocated() of the same steps with the cache on,
+#      at 5 marks, and a tensor's own line where the cache would have reused a segment;
+#   4. a CPU-bound configuration (batch 1 x 64): pytorch and tensors, ROUNDS rounds;
+#   5. CUDA graph capture with PyTorch's cache off: a tensor allocated inside
 #      torch.cuda.graph gets the driver's answer, with and without cuwarden.
 # Writes OUT/summary.md, OUT/tensors.json (the fields tests/gpu/results/*tensors*.json keep),
 # OUT/run.log and each run's JSON under OUT/runs/. Exit 0 when every run completed.
@@ -95,18 +98,25 @@ for c in tensors tensors_vmm; do
   run "calls-$c" "$c" --steps 20 --warmup "$WARMUP" --cuwarden-cli "$BIN/cuwarden" --held-after 5 --profile-steps 5
 done
 run "calls-pytorch" pytorch --steps 20 --warmup "$WARMUP" --profile-steps 5
+
+echo "== 3. what the per-tensor mode shows (tests/gpu/tensors_show.py)"
+python3 "$REPO/tests/gpu/tensors_show.py" cached "$OUT/runs/show-cached.out" >/dev/null 2>"$OUT/runs/show-cached.err" ||
+  { echo "FAIL: tensors_show.py cached"; tail -n 5 "$OUT/runs/show-cached.err"; failures=$((failures + 1)); }
+CUWARDEN_CLI="$BIN/cuwarden" "${RUN[@]}" --callsites 16 -- python3 "$REPO/tests/gpu/tensors_show.py" tensors \
+  "$OUT/runs/show-tensors.out" >/dev/null 2>"$OUT/runs/show-tensors.err" ||
+  { echo "FAIL: tensors_show.py tensors"; tail -n 5 "$OUT/runs/show-tensors.err"; failures=$((failures + 1)); }
 kill "$daemon" 2>/dev/null
 wait "$daemon" 2>/dev/null
 daemon=""
 
-echo "== 3. CPU-bound: batch 1 x 64"
+echo "== 4. CPU-bound: batch 1 x 64"
 for r in $(seq "$ROUNDS"); do
   for c in pytorch tensors; do
     run "cpu-r$r-$c" "$c" --batch 1 --seq 64 --steps 60 --warmup 10
   done
 done
 
-echo "== 4. graph capture with PyTorch's cache off"
+echo "== 5. graph capture with PyTorch's cache off"
 cat >"$WORK/capture.py" <<'EOF'
 import json, torch
 x = torch.ones(1 << 20, device="cuda")
@@ -172,6 +182,19 @@ cpu_pt, cpu_t = med("cpu-", "pytorch")[0], med("cpu-", "tensors")[0]
 res["cpu_bound"] = {"pytorch_ms": cpu_pt, "tensors_ms": cpu_t, "ratio": cpu_t / cpu_pt if cpu_pt and cpu_t else None}
 res["capture"] = {c: json.loads(open(f"{out}/runs/capture-{c}.txt").read().strip() or "null")
                   for c in ("driver", "tensors", "tensors_vmm")}
+def load(p):
+    try:
+        return json.load(open(p))
+    except (OSError, ValueError):
+        return None
+cached, tens = load(f"{out}/runs/show-cached.out"), load(f"{out}/runs/show-tensors.out")
+if cached and tens:
+    pairs = [{"mark": c["mark"], "memory_allocated": c["memory_allocated"], "cuwarden_libc10_cuda_bytes": t["libc10_cuda_bytes"],
+              "difference": t["libc10_cuda_bytes"] - c["memory_allocated"], "not_pytorchs_bytes": t["other_bytes"],
+              "not_pytorchs_sites": t["other_sites"]} for c, t in zip(cached["marks"], tens["marks"])]
+    res["memory_allocated"] = {"marks": pairs, "within_1_MiB": all(abs(p["difference"]) <= 1 << 20 for p in pairs)}
+    res["tensor_line"] = {"lines": tens["lines"], "names_tensor_line": tens["names_tensor_line"],
+                          "names_segment_line": tens["names_segment_line"], "small_sites": tens["small_sites"]}
 json.dump(res, open(f"{out}/tensors.json", "w"), indent=1)
 L = [f"# Every tensor through cuwarden: {res['device']}, torch {res['torch']}", "",
      "| configuration | median ms/step (min-max over rounds) | vs pytorch |", "| --- | --- | --- |"]
@@ -182,7 +205,9 @@ for c in ("pytorch", "tensors", "tensors_vmm", "tensors_cs16", "driver"):
 L += ["", f"held {res.get('held_bytes')} B (vmm {res.get('vmm_held_bytes')}), peak live {peak_live} B: "
       f"held/peak live {res['held_over_peak_live']}, vmm {res['vmm_held_over_peak_live']}; "
       f"PyTorch's max reserved / max allocated {res['pytorch_reserved_over_allocated']}", "",
-      f"CPU-bound (batch 1 x 64): {res['cpu_bound']}", "", f"capture: {res['capture']}", ""]
+      f"CPU-bound (batch 1 x 64): {res['cpu_bound']}", "", f"capture: {res['capture']}", "",
+      f"memory_allocated against cuwarden's libc10_cuda bytes: {json.dumps(res.get('memory_allocated'))}", "",
+      f"the tensor's own line: {json.dumps(res.get('tensor_line'))}", ""]
 for c in ("tensors", "tensors_vmm"):
     L += [f"## {c}: per measured step", "", "```", json.dumps(res[f"{c}_calls_per_step"], indent=1),
           json.dumps(res[f"{c}_profile"], indent=1), "```", ""]
