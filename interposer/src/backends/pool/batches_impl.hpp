@@ -78,6 +78,7 @@ void pool<Layout>::retire_open_if_idle() {
 
 template <class Layout>
 bool pool<Layout>::poll_slow() {
+  give_pending_slow(false);  // memory whose give-back waited for its events
   bool any = false;
   if (!fence_.empty()) {
     CtxScope scope(ctx_);
@@ -123,7 +124,7 @@ void pool<Layout>::add_stream(CUstream s) {
   ++unordered_;  // before the taint is read: no block is handed out by stream order after it
   // Read, not taken: the wait orders this stream only, and every non-blocking stream made
   // until a drain needs its own.
-  const bool tainted = tainted_;
+  const bool tainted = tainted_locked();
   mu_.unlock();
   // (Never during a capture: its begin drained the taint, and nothing taints during one.)
   if (tainted && !dead_ && !dying_ && !work::capturing()) fence_.order_after_legacy(s);
@@ -142,8 +143,8 @@ bool pool<Layout>::remove_stream(CUstream s) {
 
 template <class Layout>
 bool pool<Layout>::take_taint() noexcept {
-  const bool t = tainted_;
-  tainted_ = false;
+  const bool t = tainted_locked();
+  settled_ = taints_;
   return t;
 }
 
@@ -168,11 +169,56 @@ void pool<Layout>::capture_beginning() {
 }
 
 template <class Layout>
-void pool<Layout>::settle_slow() {
+bool pool<Layout>::settle_slow(giving* g, bool wait) {
+  if (work::capturing()) return false;  // nothing recorded, queried or waited for
   mu_.lock();
-  const bool tainted = take_taint();
+  const uint64_t taints = taints_;  // (hand-outs counted here were queued after their old owners' work)
+  const bool tainted = tainted_locked();
   mu_.unlock();
-  if (tainted) drain_legacy(ctx_);
+  g->taints = taints;
+  if (!tainted) return true;
+  // Events recorded after the memory was made unreachable: its old owners' work precedes them
+  // (fence.hpp). A poll, not a wait (a synchronizing call would stop the program from running
+  // ahead of the GPU), unless a refusal needs the memory now.
+  if (!fence_.record(&g->mark)) {
+    // Nothing recorded: wait for the legacy stream, as a drain does.
+    mu_.lock();
+    take_taint();
+    mu_.unlock();
+    drain_legacy(ctx_);
+    return true;
+  }
+  bool done;
+  {
+    CtxScope scope(ctx_);
+    done = fence_.done(g->mark, false) || (wait && fence_.done(g->mark, true));
+  }
+  if (!done) return false;
+  mu_.lock();
+  if (taints > settled_) settled_ = taints;
+  mu_.unlock();
+  return true;
+}
+
+template <class Layout>
+uint64_t pool<Layout>::give_pending_slow(bool wait) {
+  if (giving_.empty() || work::capturing() || dying_ || dead_) return 0;
+  uint64_t total = 0;
+  // Oldest first: a later mark's events were recorded after an earlier one's.
+  size_t n = 0;
+  {
+    CtxScope scope(ctx_);
+    while (n < giving_.size() && fence_.done(giving_[n].mark, wait)) ++n;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    mu_.lock();
+    if (giving_[i].taints > settled_) settled_ = giving_[i].taints;
+    mu_.unlock();
+    for (Segment* s : giving_[i].segs) giving_bytes_ -= s->bytes;
+    total += give_back_slow(giving_[i].segs);
+  }
+  giving_.erase(giving_.begin(), giving_.begin() + static_cast<std::ptrdiff_t>(n));
+  return total;
 }
 
 template <class Layout>

@@ -36,17 +36,29 @@
 //     blocking stream of C or on a per-thread default stream of C, it runs after all work
 //     queued before it on C's legacy stream (the legacy stream's implicit synchronization):
 //     after W. Only a non-blocking stream of C, or another context, can run W' unordered.
-//   - the pool marks itself `tainted_` when it hands a block out this way (under its lock),
-//     until it next waits for C's legacy stream (drain_legacy). Whatever makes such W'
-//     possible first turns the shortcut off under the same lock, then, if tainted, orders the
-//     new agent after C's legacy stream: each non-blocking stream created in C meanwhile waits
-//     for an event recorded on C's legacy stream (cuStreamWaitEvent: all of its work runs
-//     after W; the taint stays, for the next stream); peer access or a second pool waits for
-//     C's legacy stream (drain_legacy, which clears the taint). Lock order makes W (queued
-//     before a free that took the shortcut, before the lock was taken again) precede that
-//     event or wait. Giving memory back to the driver (release, reclaim, trim: an unmap does
-//     not wait for the GPU) and exporting a block to another process (an IPC handle) wait for
-//     C's legacy stream first while tainted.
+//   - the pool counts the blocks it hands out this way (`taints_`, under its lock) and how
+//     many of them are settled (`settled_`): it is tainted while they differ, until it next
+//     waits for C's legacy stream (drain_legacy) or sees complete the events of a settle mark
+//     recorded after the hand-outs it counted. Whatever makes such W' possible first turns
+//     the shortcut off under the same lock, then, if tainted, orders the new agent after C's
+//     legacy stream: each non-blocking stream created in C meanwhile waits for an event
+//     recorded on C's legacy stream (cuStreamWaitEvent: all of its work runs after W; the
+//     taint stays, for the next stream); peer access or a second pool waits for C's legacy
+//     stream (drain_legacy, which settles the taint). Lock order makes W (queued before a
+//     free that took the shortcut, before the lock was taken again) precede that event or
+//     wait. Exporting a block to another process (an IPC handle) waits for C's legacy stream
+//     first while tainted.
+//   - giving memory back to the driver (release, reclaim, trim: neither a free nor an unmap
+//     waits for the GPU) while tainted: the memory is first taken out of reach under the lock
+//     (no longer free, not carvable: `leaving`, or a claimed hole), so every W on it was
+//     queued before; then a settle mark records events on C's legacy stream and its
+//     non-blocking streams (record(): all W precede them) and the memory goes back only once
+//     they have completed: polled at once and where the pool polls or grows, never waited
+//     for unless a refusal (or vmm's stitching, which needs the granules now) needs it. Until
+//     then it stays in the pool's segments, counted reserved and charged. A vmm reclaim
+//     settles before it picks the free blocks to unmap, and stops picking once a block was
+//     handed out by stream order since (its W may follow the mark). During a capture nothing
+//     is recorded and nothing goes back.
 //   - captures: a capture's begin is counted before the driver's call (no shortcut from then
 //     on) and, where a pool is tainted, waits for its legacy stream before the capture exists
 //     (the drain is not allowed during one), so no shortcut block has pending work while any

@@ -37,9 +37,11 @@
 // block would let the capture succeed and the graph write it later, after its free.
 //
 // Caps: all memory the pool takes from its upstream is charged (Tracker::charge) and what it
-// gives back is uncharged, so cached bytes count against the cap. Before an allocation is
-// refused, the pool waits for its pending frees and gives its free memory back, then
-// charges again; a refusal is for real need only.
+// gives back is uncharged, so cached bytes count against the cap. Memory on its way back
+// (after blocks were handed out by stream order it waits for events recorded on the legacy
+// stream, fence.hpp) stays charged until the upstream has it; the budget leaves it out.
+// Before an allocation is refused, the pool waits for its pending frees and for that
+// memory, gives its free memory back, then charges again; a refusal is for real need only.
 //
 // No hoarding: before it takes more from its upstream, a pool whose memory would pass its
 // budget gives back free memory first; an idle pool's next free trims it to its budget
@@ -395,16 +397,54 @@ class pool final {
   /// kUnorderedForGood (fence.hpp).
   uint32_t unordered_ = 0;
   static constexpr uint32_t kUnorderedForGood = 1u << 31;
-  /// A block was handed out by stream order since the last wait for the legacy stream (under
-  /// mu_): each non-blocking stream made meanwhile waits for the legacy stream's queued work.
-  bool tainted_ = false;
+  /// Blocks handed out by stream order so far (under mu_), and how many of them are settled:
+  /// their old owners' work has finished (a wait for the legacy stream, or a settle mark seen
+  /// complete, after their hand-out). The pool is tainted while they differ: each non-blocking
+  /// stream made meanwhile waits for the legacy stream's queued work.
+  uint64_t taints_ = 0;
+  uint64_t settled_ = 0;
+  bool tainted_locked() const noexcept { return taints_ != settled_; }
+
+  /// Segments waiting to go back to the upstream until their mark's events complete (under
+  /// slow_): planned (leaving, busy) before the mark was recorded, so every piece of work on
+  /// them precedes its events; still in segments_, reserved and charged.
+  struct giving {
+    stream_events::seal_mark mark;
+    uint64_t taints = 0;  ///< taints_ when the mark was recorded: settled once it completes
+    std::vector<Segment*> segs;
+  };
+  std::vector<giving> giving_;
+  uint64_t giving_bytes_ = 0;  ///< the bytes of giving_'s segments (under slow_)
+  /// A refusal is being decided (under slow_): memory goes back now, waiting for the GPU if
+  /// it must, rather than behind a mark.
+  bool need_now_ = false;
+  /// Sets need_now_ for a refusal's give-back (under slow_).
+  struct needing {
+    explicit needing(pool& p) noexcept : p_(p), was_(p.need_now_) { p.need_now_ = true; }
+    ~needing() { p_.need_now_ = was_; }
+    needing(const needing&) = delete;
+    needing& operator=(const needing&) = delete;
+    pool& p_;
+    bool was_;
+  };
 
   void retire_open_if_idle();
-  /// Blocks handed out by stream order may still be used by queued work: wait for the
-  /// legacy stream (before memory goes back to the upstream, whose unmap does not wait).
-  void settle_slow();
+  /// Whether memory made unreachable before this call (no longer free, not carvable) may go
+  /// back to the upstream now, whose free or unmap does not wait for the GPU: true when no
+  /// block handed out by stream order may still be in use, or once events recorded now on
+  /// the legacy stream (and the context's non-blocking streams) have completed, polled, or
+  /// waited for (`wait`). False: `*g` holds those events (pending: the memory goes back once
+  /// they complete, give_pending_slow), or none (a capture: nothing may be waited for).
+  bool settle_slow(giving* g, bool wait);
+  /// Gives back the segments of every entry of giving_ whose events completed (`wait`: all of
+  /// them, waiting); the bytes. Not during a capture, nor while the context is dying.
+  uint64_t give_pending_slow(bool wait);
+  /// Gives `gone` (planned by release_slow) back to the upstream now; the bytes.
+  uint64_t give_back_slow(std::vector<Segment*>& gone);
+  /// `s` stays: planned to go back, then not (under mu_).
+  void keep_locked(Segment* s) noexcept;
   /// Whether a block was handed out by stream order since the last wait for the legacy
-  /// stream (under mu_); taken (cleared) by the caller, which then waits.
+  /// stream (under mu_); taken (settled) by the caller, which then waits.
   bool take_taint() noexcept;
 
   std::mutex slow_;

@@ -263,6 +263,7 @@ CUresult pool<Layout>::grow_whole_slow(CUdeviceptr* out, uint64_t bytes, int cls
   if (!fits(seg_bytes)) {
     release_slow();
     if (!fits(seg_bytes) && !work::capturing()) {
+      needing n(*this);  // a refusal otherwise: what waits behind marks goes back now
       wait_all_slow();
       release_slow();
     }
@@ -281,6 +282,7 @@ CUresult pool<Layout>::grow_whole_slow(CUdeviceptr* out, uint64_t bytes, int cls
     // between): give back what this pool keeps, then charge again.
     release_slow();
     if (!work::capturing()) {
+      needing n(*this);
       wait_all_slow();
       release_slow();
     }
@@ -293,6 +295,7 @@ CUresult pool<Layout>::grow_whole_slow(CUdeviceptr* out, uint64_t bytes, int cls
   CUresult r = upstream_->allocate(&base, seg_bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     // The driver itself is out of memory: what the pool keeps may be the reason.
+    needing n(*this);
     if (!work::capturing()) wait_all_slow();
     if (release_slow() > 0) r = upstream_->allocate(&base, seg_bytes);
   }
@@ -358,8 +361,12 @@ void pool<Layout>::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_
 
 template <class Layout>
 bool pool<Layout>::over_budget(uint64_t more) noexcept {
-  return budget_.over(slot_.reserved.load(std::memory_order_relaxed), slot_.cached.load(std::memory_order_relaxed),
-                      more, core::now_ns());
+  // Memory on its way back (giving_: free, waiting for its events) is no longer the pool's to
+  // keep: the budget leaves it out (the cap still counts it).
+  const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
+  const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);
+  const uint64_t going = std::min(giving_bytes_, cached);
+  return budget_.over(reserved - going, cached - going, more, core::now_ns());
 }
 
 template <class Layout>
@@ -371,13 +378,16 @@ void pool<Layout>::trim_idle() noexcept {
   budget_.disarm();
   if (dead_ || dying_) return;
   poll_slow();  // frees whose work has completed (no wait on a free)
-  const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed);
-  const uint64_t cached = slot_.cached.load(std::memory_order_relaxed);
+  // (Memory on its way back, giving_, is left out: as over_budget.)
+  const uint64_t cached0 = slot_.cached.load(std::memory_order_relaxed);
+  const uint64_t going = std::min(giving_bytes_, cached0);
+  const uint64_t reserved = slot_.reserved.load(std::memory_order_relaxed) - going, cached = cached0 - going;
   const uint64_t live = reserved > cached ? reserved - cached : 0;
   const uint64_t b = budget_.restart(live, now);  // the old peak is forgotten
   if (reserved <= b) return;
   layout_.trim_slow(*this, reserved - b);
-  // Pending frees may still hold memory past the budget: look again after another while.
+  // Pending frees, or memory waiting to go back, may still hold memory past the budget: look
+  // again after another while.
   if (slot_.reserved.load(std::memory_order_relaxed) > b) budget_.retry(now);
 }
 
@@ -416,7 +426,7 @@ CUW_HOT CUresult pool<Layout>::free_traced(CUdeviceptr p, ring::Api api, uint64_
     // Stream order (fence.hpp): what used it runs on the legacy stream, before any work of
     // its next owner; a new non-blocking stream, peer or capture is ordered after it first.
     ready = true;
-    tainted_ = true;
+    ++taints_;
   }
   if (ready) {
     --b->seg->busy;

@@ -26,6 +26,9 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
   // would invalidate the program's graph) and it synchronizes the device in any other. None
   // either while the context is being destroyed: its addresses may be someone else's.
   if (work::capturing() || dying_ || dead_) return 0;
+  // What waits behind marks first: polled, or, when a refusal needs it, waited for (as long as
+  // cudaFree's own synchronization would have taken).
+  uint64_t total = give_pending_slow(need_now_);
   std::vector<Segment*> gone;
   uint64_t planned = 0;
   mu_.lock();
@@ -52,25 +55,56 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
     planned += s->bytes;
   }
   mu_.unlock();
-  if (gone.empty()) return 0;
-  settle_slow();  // their free blocks may have been handed out by stream order: still in use
+  if (gone.empty()) return total;
+  // Their free blocks may have been handed out by stream order, their old owners' work still
+  // queued: they go back once events recorded now have completed (kept, counted and charged
+  // until then), or now when those already have.
+  // Past kGivePending bytes waiting so, the GPU is far behind: wait for them (as a batch
+  // waits past kGrowPending), rather than hold ever more.
+  giving g;
+  if (!settle_slow(&g, need_now_)) {
+    if (!g.mark.events.empty() && giving_bytes_ + planned > kGivePending) {
+      CtxScope scope(ctx_);
+      if (fence_.done(g.mark, true)) return total + give_back_slow(gone);
+    }
+    if (g.mark.events.empty() || work::capturing()) {  // a capture began: nothing may wait, nothing goes back
+      mu_.lock();
+      for (Segment* s : gone) keep_locked(s);
+      mu_.unlock();
+      return total;
+    }
+    g.segs = std::move(gone);
+    giving_bytes_ += planned;
+    giving_.push_back(std::move(g));
+    return total;
+  }
+  return total + give_back_slow(gone);
+}
+
+template <class Layout>
+void pool<Layout>::keep_locked(Segment* s) noexcept {
+  --s->busy;
+  s->leaving = false;
+  each_block(s, [&](Block* b) {
+    if (b->state == kFree) push_free_locked(b);
+  });
+  if (s->cls >= 0 && s->carved < s->capacity && !free_.carving(s->cls)) free_.carving(s->cls) = s;
+}
+
+template <class Layout>
+uint64_t pool<Layout>::give_back_slow(std::vector<Segment*>& gone) {
   // Each segment is dropped as soon as the driver's free returns: from then on the driver
   // may hand its addresses to anyone (another thread's allocation, a pool's new segment).
   uint64_t total = 0;
   for (Segment* s : gone) {
     const bool freed = upstream_->deallocate(s->base, s->bytes) == CUDA_SUCCESS;
     mu_.lock();
-    --s->busy;
     if (!freed) {
-      // The driver refused to free it: still ours, still counted, usable again.
-      s->leaving = false;
-      each_block(s, [&](Block* b) {
-        if (b->state == kFree) push_free_locked(b);
-      });
-      if (s->cls >= 0 && s->carved < s->capacity && !free_.carving(s->cls)) free_.carving(s->cls) = s;
+      keep_locked(s);  // the driver refused to free it: still ours, still counted, usable again
       mu_.unlock();
       continue;
     }
+    --s->busy;
     drop_locked(s);
     total += s->bytes;
     // (Else the upstream counts what it backs, and gives it back itself.)
@@ -85,7 +119,6 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
 template <class Layout>
 uint64_t pool<Layout>::reclaim_slow(uint64_t want) {
   if (work::capturing() || dying_ || dead_) return 0;
-  settle_slow();  // free blocks handed out by stream order may still be in use
   return layout_.reclaim_slow(*this, want);
 }
 
@@ -93,6 +126,7 @@ template <class Layout>
 std::size_t pool<Layout>::release() {
   std::lock_guard<std::mutex> g(slow_);
   if (dead_ || dying_) return 0;  // the context's memory is going: its addresses may be handed out again
+  needing n(*this);  // (what waits behind marks too)
   wait_all_slow();  // pending frees too (not during a capture): the device-wide wait cudaFree would have done
   return layout_.release_slow(*this);
 }
@@ -146,6 +180,8 @@ void pool<Layout>::forget_all() noexcept {
   open_bytes_ = 0;
   map_.rebuild(every_block());
   pending_bytes_.store(0, std::memory_order_relaxed);
+  giving_.clear();  // (their segments were among segments_; their events went with the context)
+  giving_bytes_ = 0;
   // Keep what a dropped pool holds small (it stays allocated for racing readers).
   map_.shrink();
   mu_.unlock();

@@ -15,6 +15,7 @@ namespace cuw::backends::pool::tuning {
 inline constexpr uint32_t kSealBlocks = 64;             ///< an open batch this large is sealed by the free
 inline constexpr uint32_t kPollEvery = 16;              ///< a free polls sealed batches this often
 inline constexpr uint64_t kGrowPending = 64ULL << 20;   ///< past this many pending bytes, wait rather than grow
+inline constexpr uint64_t kGivePending = 1ULL << 30;    ///< memory waiting to go back past this: wait for it
 inline constexpr uint32_t kSealMinBlocks = 16;          ///< a missing small request seals a batch this large
 inline constexpr uint64_t kSealMinBytes = 8ULL << 20;   ///< ... or holding this many bytes
 

@@ -36,8 +36,10 @@ CUresult granule_arena::grow_arena_slow(pool_type& p, CUdeviceptr* out, uint64_t
   if (cls >= 0 && !capture && p.over_budget(seg_bytes)) {  // (large: extend_arena, which knows what it needs)
     // Pending frees first (as long as cudaFree's own synchronization would have taken):
     // stitching uses free memory only.
+    stitching_ = true;
     p.wait_all_slow();
     p.reclaim_slow(seg_bytes);
+    stitching_ = false;
   }
   bool by_cap = false;
   auto attempt = [&](bool quiet) -> CUresult {
@@ -50,6 +52,7 @@ CUresult granule_arena::grow_arena_slow(pool_type& p, CUdeviceptr* out, uint64_t
   CUresult r = attempt(true);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     if (!capture) {  // (during a capture nothing is waited for or unmapped: the second try counts)
+      pool_type::needing n(p);  // a refusal otherwise: what waits behind marks goes back now
       p.wait_all_slow();
       p.reclaim_slow(~uint64_t{0});
     }
@@ -137,8 +140,10 @@ CUresult granule_arena::extend_arena(pool_type& p, CUdeviceptr* out, uint64_t by
   p.mu_.unlock();
   // No hoarding: past the budget, the granules for this come from free blocks (stitching).
   if (!work::capturing() && p.over_budget(need)) {
+    stitching_ = true;
     p.wait_all_slow();
     p.reclaim_slow(need);
+    stitching_ = false;
     // Reclaiming may have given back an arena left with nothing mapped (never f's: f is
     // claimed): choose the top again.
     if (!f) {
@@ -263,14 +268,25 @@ uint64_t granule_arena::reclaim_arena_slow(pool_type& p, uint64_t want) {
   // slabs; then ranges left with nothing mapped. Only free blocks: their freeing work has
   // completed, and the unmap does not wait. The pieces of granules a free block shares with
   // its neighbours stay free (they are mapped as long as the neighbours are).
+  //
+  // A free block may have been handed out by stream order, its old owner's work still queued
+  // (fence.hpp): blocks are unmapped only once events recorded now have completed (polled;
+  // waited for when a refusal or stitching needs the granules now: the budget forbids new
+  // ones), and only while no block was handed out that way since (a later one's old owner may
+  // follow the events). Else none is unmapped this time (the idle trim looks again later);
+  // the segments below go back behind their own events.
   const uint64_t gran = unit_;
   uint64_t idle = granules_->idle_bytes();
   const uint64_t start = idle;
-  while (idle < want) {
+  p.give_pending_slow(false);
+  pool_type::giving g;
+  const bool settled = p.settle_slow(&g, p.need_now_ || stitching_);
+  if (!settled && !g.mark.events.empty()) p.giving_.push_back(std::move(g));  // settles the taint once done
+  while (settled && idle < want) {
     // Three blocks may come of one: its low piece, the hole, its high piece.
     if (!refill_spares_slow(p)) break;
     p.mu_.lock();
-    Block* b = p.free_.find_with_whole();
+    Block* b = p.taints_ == g.taints ? p.free_.find_with_whole() : nullptr;
     if (!b || spares_.size() < 2) {
       p.mu_.unlock();
       break;

@@ -139,6 +139,9 @@ class granule_arena {
   std::vector<pool::Block*> spares_;  ///< for splits (under mu_; filled under slow_), with room
                                       ///< for every Block allocated (absorb pushes without allocating)
   size_t heap_blocks_ = 0;          ///< Blocks allocated one by one, spare or in use (under slow_)
+  /// Stitching past the budget (under slow_): the granules are needed now, so the unmap waits
+  /// for blocks reused by stream order rather than leave them mapped and create new ones.
+  bool stitching_ = false;
 };
 
 extern template class pool::pool<granule_arena>;
