@@ -40,7 +40,12 @@ TEST_CASE("oom.report_survives_kill_9_of_the_daemon") {
         DIR* s = opendir((state + "/oom").c_str());
         if (s == nullptr) return false;
         bool any = false;
-        while (dirent* e = readdir(s)) any = any || std::strncmp(e->d_name, "oom-", 4) == 0;
+        // A finished report (oom-*.json), not one being written (oom-*.json.tmp): killed
+        // before its rename, the daemon would rightly have lost it.
+        while (dirent* e = readdir(s)) {
+          const std::string n = e->d_name;
+          any = any || (n.rfind("oom-", 0) == 0 && n.size() > 5 && n.compare(n.size() - 5, 5, ".json") == 0);
+        }
         closedir(s);
         return any;
       },
