@@ -319,6 +319,7 @@ TEST_CASE("symbolize.hung_worker_is_killed_at_its_deadline_and_frames_come_back_
                                            20000);
   limits = slurp(proc + "/limits");
   if (worker > 0) ::kill(worker, SIGSTOP);  // hangs for good from here
+  const auto stopped = steady_clock::now();
   asker.join();
   INFO(status << limits);
   CHECK(sandboxed);
@@ -335,10 +336,14 @@ TEST_CASE("symbolize.hung_worker_is_killed_at_its_deadline_and_frames_come_back_
 #endif
   CHECK(limits.find("Max cpu time              9") != std::string::npos);
   const double took = duration<double>(steady_clock::now() - t0).count();
-  std::printf("snapshot answered after %.2f s (deadline 8 s), worker %d\n", took, static_cast<int>(worker));
+  const double hung = duration<double>(steady_clock::now() - stopped).count();
+  std::printf("snapshot answered after %.2f s, %.2f s after the worker hung (deadline 8 s from its start), worker %d\n",
+              took, hung, static_cast<int>(worker));
   REQUIRE(worker > 0);
   REQUIRE(error.empty());
-  CHECK(took < 30);
+  // The deadline runs from the worker's start, which a loaded machine (or a sanitizer) may
+  // delay by seconds before it hangs: what it bounds is the wait after the hang.
+  CHECK(hung < 20);
   CHECK(doc.value("symbols_note", "").find("did not finish") != std::string::npos);
   const auto by = functions_by_module(doc);
   CHECK(by.count(exe) >= 20000);

@@ -367,7 +367,7 @@ TEST_CASE("a forked child gets its own ring; an exec'd child is interposed too",
   for (const auto& f : files) {
     const int fd = ::open((dir + "/" + f).c_str(), O_RDONLY | O_CLOEXEC);
     REQUIRE(fd >= 0);
-    uint64_t buf[2048];
+    alignas(cuw::ring::RingHeader) uint64_t buf[2048];  // read as a RingHeader below
     // DeviceSlot 0's `used` is at a fixed offset; read it through the shared layout.
     REQUIRE(::pread(fd, buf, sizeof buf, 0) == static_cast<ssize_t>(sizeof buf));
     ::close(fd);
