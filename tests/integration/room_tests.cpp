@@ -267,3 +267,34 @@ TEST_CASE("room.past_max_suspended_it_is_reported_and_resumed_once_memory_allows
   CHECK(low.line() == "calling");
   CHECK(contains(low.line(), "ok 0x"));
 }
+
+TEST_CASE("room.every_allocation_call_asks") {
+  // Pitched, managed and cuMem allocations and the program's own pool's, each refused by the
+  // full device: the second failure asks, a lower-priority process is suspended, the retry
+  // succeeds.
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[default]\nmin_run = \"1ms\"\nresume_after = \"100ms\"\n"));
+  Victim low(s, {"CUWARDEN_PRIORITY=-10"});
+  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  wait_process(d, low.pid());
+  for (const char* kind : {"pitch", "managed", "vmm", "pool"}) {
+    INFO(kind);
+    Victim high(s);
+    REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+    wait_process(d, high.pid());
+    REQUIRE(d.process(low.pid())["state"] == "running");
+    // 160 MiB of 256 held: 128 MiB cannot be had without the lower one's.
+    const std::string r = high.ask(std::string("retry_as ") + kind + " " + std::to_string(128 * kMiB));
+    INFO(r << "\n" << slurp(d.log) << high.err());
+    CHECK(r == "ok");  // each kind said on its own
+    if (r != "ok") continue;
+    CHECK(d.process(low.pid())["state"] == "suspended");
+    CHECK(d.process(low.pid())["suspended_by"] == "policy");
+    REQUIRE(high.ask("free_kept") == "rc 0");
+    REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
+  }
+  low.send("check");
+  CHECK(low.line() == "calling");
+  CHECK(contains(low.line(), "ok 0x"));
+}
