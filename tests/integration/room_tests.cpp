@@ -298,3 +298,44 @@ TEST_CASE("room.every_allocation_call_asks") {
   CHECK(low.line() == "calling");
   CHECK(contains(low.line(), "ok 0x"));
 }
+
+TEST_CASE("room.a_lower_process_is_held_back_while_a_higher_one_waits_to_resume") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[default]\nresume_after = \"5s\"\n"));
+  Victim low(s, {"CUWARDEN_PRIORITY=-10"});
+  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  // Lower still, too small to make the room: never chosen, so it keeps running.
+  Victim lowest(s, {"CUWARDEN_PRIORITY=-20"});
+  REQUIRE(contains(lowest.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  Victim high(s);
+  REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  wait_process(d, low.pid());
+  wait_process(d, lowest.pid());
+  wait_process(d, high.pid());
+  REQUIRE(contains(high.ask("reserve_retry " + std::to_string(128 * kMiB)), "ptr 0x"));
+  REQUIRE(d.process(low.pid())["state"] == "suspended");
+  REQUIRE(d.process(lowest.pid())["state"] == "running");
+
+  // About 126 MiB free, which the driver would give: held back for the suspended one.
+  INFO(slurp(d.log));
+  CHECK(lowest.ask("reserve " + std::to_string(64 * kMiB)) == "rc 2");
+  // The higher one frees: low waits its resume_after with the memory free, and the lower
+  // one still cannot take it.
+  REQUIRE(high.ask("free_reserved") == "rc 0");
+  CHECK(lowest.ask("reserve " + std::to_string(128 * kMiB)) == "rc 2");
+  CHECK(d.process(low.pid())["state"] == "suspended");
+  CHECK(contains(lowest.err(), "held back by the daemon"));
+  CHECK(contains(slurp(d.log), "room: pid " + std::to_string(lowest.pid()) + " (priority -20) held back on device 0"));
+  // The higher one is not held back.
+  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+
+  // Once low is resumed, the lower one allocates again.
+  REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
+  CHECK(contains(lowest.ask("reserve " + std::to_string(64 * kMiB)), "ptr 0x"));
+  low.send("check");
+  CHECK(low.line() == "calling");
+  CHECK(contains(low.line(), "ok 0x"));
+  const auto kinds = event_kinds(d, lowest.pid());
+  CHECK(std::count(kinds.begin(), kinds.end(), "refuse") == 2);
+}

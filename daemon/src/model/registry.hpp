@@ -140,6 +140,11 @@ class Registry {
   /// footprint and margin have stayed free on its GPUs (NVML) for its resume_after, after
   /// what any higher one still waiting needs. Loop thread only.
   std::vector<PolicyResume> policy_resumes_due();
+  /// Hold back the allocations of every process of lower priority than one suspended by
+  /// policy from the same GPU, which waits to be resumed there (ring.hpp: held_back), and
+  /// release them once none such waits (resumed, exited, or resumed by hand). Writes a ring
+  /// only when its mask changes. Loop thread only.
+  void hold_back_for_restores();
 
   /// Keep a record of each suspended process in `dir` (created if missing), so that a
   /// process suspended while the daemon restarts is found again as suspended; read those

@@ -135,6 +135,9 @@ void Registry::set_priority(Process& p, const RingSnapshot& s) {
   if (asked && *asked != p.priority)
     spdlog::info("pid {} asked for priority {}; the policy ({}) gives it {}", p.pid, *asked, eff.source, p.priority);
   p.ring->set_room_wait(static_cast<uint32_t>(eff.room_wait_ms()));
+  // A mark a previous daemon left (hold_back_for_restores writes it again where it holds).
+  p.ring->set_held_back(0);
+  p.held_back = 0;
 }
 
 RoomPlan Registry::plan_room(const Peer& peer, const RoomRequest& req) {
@@ -296,6 +299,39 @@ std::vector<PolicyResume> Registry::policy_resumes_due() {
   }
   overdue.insert(overdue.end(), due.begin(), due.end());
   return overdue;
+}
+
+void Registry::hold_back_for_restores() {
+  // Per GPU, the highest priority among the processes suspended by policy from it: each
+  // waits to be resumed there (with its footprint and margin free), and what a lower one
+  // took meanwhile would keep it waiting.
+  std::map<std::string, std::pair<int32_t, uint32_t>> waiting;  // UUID -> (priority, pid)
+  for (auto& [name, q] : procs_)
+    if (q->suspended && q->suspended_by_policy && !q->exited)
+      for (const auto& [uuid, bytes] : q->suspended_footprint) {
+        auto [it, fresh] = waiting.try_emplace(uuid, q->priority, q->pid);
+        if (!fresh && q->priority > it->second.first) it->second = {q->priority, q->pid};
+      }
+  for (auto& [name, qp] : procs_) {
+    Process& q = *qp;
+    if (q.exited) continue;
+    uint32_t mask = 0;
+    std::string why;
+    RingSnapshot qs;
+    if (!waiting.empty() && q.ring->snapshot(qs))
+      for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+        if (!qs.devices[d].present) continue;
+        const auto it = waiting.find(format_uuid(qs.devices[d].uuid));
+        if (it == waiting.end() || q.priority >= it->second.first) continue;
+        mask |= 1u << d;
+        why += fmt::format("{}device {} (pid {} waits to be resumed there)", why.empty() ? "" : ", ", d,
+                           it->second.second);
+      }
+    if (mask == q.held_back || !q.ring->set_held_back(mask)) continue;
+    if (mask) spdlog::info("room: pid {} (priority {}) held back on {}", q.pid, q.priority, why);
+    else spdlog::info("room: pid {} no longer held back", q.pid);
+    q.held_back = mask;
+  }
 }
 
 }  // namespace cuw::daemon

@@ -85,6 +85,7 @@ int RoomKeeper::resume_due() {
   int resumed = 0;
   const uint64_t now = mono_ns();
   std::erase_if(retry_at_, [&](const auto& kv) { return kv.second <= now; });
+  on_loop_([&] { reg_.hold_back_for_restores(); });
   // One at a time: each restore takes memory the next one's check must see. One that failed
   // waits kResumeRetryNs before it is tried again (and said again in the log).
   for (int round = 0; round < 64; ++round) {

@@ -341,6 +341,8 @@ void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
     p->history.push(ev);
     if (journal_) journal_->append(p->pid, p->start_time, ev);
   }
+  // Those of lower priority held back at once (a suspension by policy), or released (a resume).
+  hold_back_for_restores();
   publish();
 }
 
