@@ -339,3 +339,34 @@ TEST_CASE("room.a_lower_process_is_held_back_while_a_higher_one_waits_to_resume"
   const auto kinds = event_kinds(d, lowest.pid());
   CHECK(std::count(kinds.begin(), kinds.end(), "refuse") == 2);
 }
+
+TEST_CASE("room.past_max_suspended_the_claim_ends_where_the_policy_says_so") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[job.short]\nmax_suspended = \"1s\"\non_overdue = \"end_claim\"\n"
+                               "[default]\nresume_after = \"1h\"\n"));
+  Victim low(s, {"CUWARDEN_PRIORITY=-10", "CUWARDEN_JOB=short"});
+  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  Victim high(s);
+  REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  wait_process(d, low.pid());
+  wait_process(d, high.pid());
+  REQUIRE(contains(high.ask("reserve_retry " + std::to_string(128 * kMiB)), "ptr 0x"));
+  REQUIRE(d.process(low.pid())["state"] == "suspended");
+  // Before the limit the higher one may still grow (about 126 MiB are free).
+  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  // Past its 1 s: the claim of the one it was suspended for ends. That one is held back.
+  REQUIRE(wait_until([&] { return d.process(low.pid())["suspended_overdue"] == true; }));
+  INFO(slurp(d.log));
+  REQUIRE(wait_until([&] { return contains(slurp(d.log), "room: pid " + std::to_string(high.pid()) + " (priority 0) held back"); }));
+  CHECK(contains(slurp(d.log), "loses its claim"));
+  CHECK(high.ask("reserve " + std::to_string(kMiB)) == "rc 2");
+  // Once it frees, the overdue one resumes at once (resume_after, an hour here, is not waited
+  // for), and the higher one allocates again.
+  REQUIRE(high.ask("free_reserved") == "rc 0");
+  REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
+  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  low.send("check");
+  CHECK(low.line() == "calling");
+  CHECK(contains(low.line(), "ok 0x"));
+}

@@ -133,9 +133,10 @@ class Registry {
   /// which must be under cuwarden), the shortfall on the GPU (NVML), and the processes to
   /// suspend (room.hpp: choose_victims; never one related to the requester, of its priority
   /// or above, waiting for room itself, or resumed less than min_run ago); on `suspend` the
-  /// requester is marked waiting until end_room(). Loop thread only.
+  /// requester is marked waiting until end_room(), which also records it as what each of
+  /// `suspended` (those suspended for it) was suspended for. Loop thread only.
   RoomPlan plan_room(const Peer& peer, const RoomRequest& req);
-  void end_room(uint32_t pid, uint64_t start_time);
+  void end_room(uint32_t pid, uint64_t start_time, const std::vector<RoomCandidate>& suspended);
   /// The processes suspended by policy to resume now, highest priority first: each one's
   /// footprint and margin have stayed free on its GPUs (NVML) for its resume_after, after
   /// what any higher one still waiting needs. Loop thread only.
