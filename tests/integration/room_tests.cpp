@@ -267,3 +267,106 @@ TEST_CASE("room.past_max_suspended_it_is_reported_and_resumed_once_memory_allows
   CHECK(low.line() == "calling");
   CHECK(contains(low.line(), "ok 0x"));
 }
+
+TEST_CASE("room.every_allocation_call_asks") {
+  // Pitched, managed and cuMem allocations and the program's own pool's, each refused by the
+  // full device: the second failure asks, a lower-priority process is suspended, the retry
+  // succeeds.
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[default]\nmin_run = \"1ms\"\nresume_after = \"100ms\"\n"));
+  Victim low(s, {"CUWARDEN_PRIORITY=-10"});
+  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  wait_process(d, low.pid());
+  for (const char* kind : {"pitch", "managed", "vmm", "pool"}) {
+    INFO(kind);
+    Victim high(s);
+    REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+    wait_process(d, high.pid());
+    REQUIRE(d.process(low.pid())["state"] == "running");
+    // 160 MiB of 256 held: 128 MiB cannot be had without the lower one's.
+    const std::string r = high.ask(std::string("retry_as ") + kind + " " + std::to_string(128 * kMiB));
+    INFO(r << "\n" << slurp(d.log) << high.err());
+    CHECK(r == "ok");  // each kind said on its own
+    if (r != "ok") continue;
+    CHECK(d.process(low.pid())["state"] == "suspended");
+    CHECK(d.process(low.pid())["suspended_by"] == "policy");
+    REQUIRE(high.ask("free_kept") == "rc 0");
+    REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
+  }
+  low.send("check");
+  CHECK(low.line() == "calling");
+  CHECK(contains(low.line(), "ok 0x"));
+}
+
+TEST_CASE("room.a_lower_process_is_held_back_while_a_higher_one_waits_to_resume") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[default]\nresume_after = \"5s\"\n"));
+  Victim low(s, {"CUWARDEN_PRIORITY=-10"});
+  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  // Lower still, too small to make the room: never chosen, so it keeps running.
+  Victim lowest(s, {"CUWARDEN_PRIORITY=-20"});
+  REQUIRE(contains(lowest.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  Victim high(s);
+  REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  wait_process(d, low.pid());
+  wait_process(d, lowest.pid());
+  wait_process(d, high.pid());
+  REQUIRE(contains(high.ask("reserve_retry " + std::to_string(128 * kMiB)), "ptr 0x"));
+  REQUIRE(d.process(low.pid())["state"] == "suspended");
+  REQUIRE(d.process(lowest.pid())["state"] == "running");
+
+  // About 126 MiB free, which the driver would give: held back for the suspended one.
+  INFO(slurp(d.log));
+  CHECK(lowest.ask("reserve " + std::to_string(64 * kMiB)) == "rc 2");
+  // The higher one frees: low waits its resume_after with the memory free, and the lower
+  // one still cannot take it.
+  REQUIRE(high.ask("free_reserved") == "rc 0");
+  CHECK(lowest.ask("reserve " + std::to_string(128 * kMiB)) == "rc 2");
+  CHECK(d.process(low.pid())["state"] == "suspended");
+  CHECK(contains(lowest.err(), "held back by the daemon"));
+  CHECK(contains(slurp(d.log), "room: pid " + std::to_string(lowest.pid()) + " (priority -20) held back on device 0"));
+  // The higher one is not held back.
+  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+
+  // Once low is resumed, the lower one allocates again.
+  REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
+  CHECK(contains(lowest.ask("reserve " + std::to_string(64 * kMiB)), "ptr 0x"));
+  low.send("check");
+  CHECK(low.line() == "calling");
+  CHECK(contains(low.line(), "ok 0x"));
+  const auto kinds = event_kinds(d, lowest.pid());
+  CHECK(std::count(kinds.begin(), kinds.end(), "refuse") == 2);
+}
+
+TEST_CASE("room.past_max_suspended_the_claim_ends_where_the_policy_says_so") {
+  Setup s;
+  ScopedEnv env(s.env);
+  SuspendDaemon d(s, policy(s, "[job.short]\nmax_suspended = \"1s\"\non_overdue = \"end_claim\"\n"
+                               "[default]\nresume_after = \"1h\"\n"));
+  Victim low(s, {"CUWARDEN_PRIORITY=-10", "CUWARDEN_JOB=short"});
+  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  Victim high(s);
+  REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  wait_process(d, low.pid());
+  wait_process(d, high.pid());
+  REQUIRE(contains(high.ask("reserve_retry " + std::to_string(128 * kMiB)), "ptr 0x"));
+  REQUIRE(d.process(low.pid())["state"] == "suspended");
+  // Before the limit the higher one may still grow (about 126 MiB are free).
+  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  // Past its 1 s: the claim of the one it was suspended for ends. That one is held back.
+  REQUIRE(wait_until([&] { return d.process(low.pid())["suspended_overdue"] == true; }));
+  INFO(slurp(d.log));
+  REQUIRE(wait_until([&] { return contains(slurp(d.log), "room: pid " + std::to_string(high.pid()) + " (priority 0) held back"); }));
+  CHECK(contains(slurp(d.log), "loses its claim"));
+  CHECK(high.ask("reserve " + std::to_string(kMiB)) == "rc 2");
+  // Once it frees, the overdue one resumes at once (resume_after, an hour here, is not waited
+  // for), and the higher one allocates again.
+  REQUIRE(high.ask("free_reserved") == "rc 0");
+  REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
+  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  low.send("check");
+  CHECK(low.line() == "calling");
+  CHECK(contains(low.line(), "ok 0x"));
+}

@@ -280,12 +280,19 @@ TEST_CASE("policy: a job's section says whether it may be suspended to make room
   CHECK_FALSE(p->empty());
   CHECK_THAT(errors_of("[job.x]\nsuspend = \"sometimes\"\n"), Catch::StartsWith("p.toml:2:11: suspend must be \"never\""));
   CHECK_THAT(errors_of("[job.x]\nlimit = \"1G\"\n"),
-             Catch::Contains("unknown key 'limit' in [job.x] (use suspend, max_suspended)"));
+             Catch::Contains("unknown key 'limit' in [job.x] (use suspend, max_suspended, on_overdue)"));
   auto q = parse_policy("[job.long]\nmax_suspended = \"36h\"\n", "p.toml", &errors, &warnings);
   REQUIRE(q);
   REQUIRE(q->job_rules("long"));
   CHECK(q->job_rules("long")->max_suspended_ms == 36 * 3'600'000ULL);
   CHECK_FALSE(q->job_rules("long")->never_suspend);
+  CHECK_FALSE(q->job_rules("long")->end_claim);
+  auto e = parse_policy("[job.short]\nmax_suspended = \"1h\"\non_overdue = \"end_claim\"\n", "p.toml", &errors, &warnings);
+  REQUIRE(e);
+  REQUIRE(e->job_rules("short"));
+  CHECK(e->job_rules("short")->end_claim);
+  CHECK_FALSE(e->empty());
+  CHECK_THAT(errors_of("[job.x]\non_overdue = \"kill\"\n"), Catch::Contains("on_overdue must be \"wait\" or \"end_claim\""));
   CHECK_THAT(errors_of("[job.x]\nmax_suspended = \"30d\"\n"), Catch::Contains("max_suspended must be a duration from 1ms to a week"));
   CHECK_THAT(errors_of("[jobs.x]\nsuspend = \"never\"\n"), Catch::Contains("[job.NAME]"));
 }

@@ -248,7 +248,14 @@ struct RingHeader {
   /// GPU cannot serve may wait for the daemon to make room (the policy's room_wait); 0: no
   /// daemon has said (the interposer then waits at most 30 s).
   std::atomic<uint32_t> room_wait_ms;
-  uint32_t reserved_word2;
+  /// Written by the daemon: bit N set while allocations on the process's device N (its CUDA
+  /// ordinal) are held back, because a process of higher priority suspended from that GPU by
+  /// policy waits to be resumed there. While it is set, an allocation that would take device
+  /// memory from the driver is refused (CUDA_ERROR_OUT_OF_MEMORY, counted and recorded as
+  /// cuwarden's refusal), unless the daemon has not written `consumer_heartbeat_ns` for 5 s
+  /// (a daemon gone leaves no process held back). 0: none held back, or a daemon that
+  /// predates it.
+  std::atomic<uint32_t> held_back;
   uint64_t reserved_words[22];
   alignas(64) std::atomic<uint64_t> write_pos;  ///< next position producers claim
   alignas(64) std::atomic<uint64_t> read_pos;   ///< next position the consumer reads
@@ -260,6 +267,8 @@ static_assert(offsetof(RingHeader, slot_count) == 20);
 static_assert(offsetof(RingHeader, pidns) == 464, "pidns took the first reserved word of the previous layout");
 static_assert(offsetof(RingHeader, resumes) == 512, "the resume notice took reserved words of the previous layout");
 static_assert(offsetof(RingHeader, priority) == 520, "the priority took the first reserved word of the previous layout");
+static_assert(offsetof(RingHeader, held_back) == 532, "held_back took the reserved word after room_wait_ms");
+static_assert(kMaxDevices <= 32, "held_back has one bit per device");
 
 /// Total file size in bytes for `slot_count` slots.
 constexpr uint64_t file_size(uint32_t slot_count) noexcept {

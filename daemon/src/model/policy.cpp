@@ -38,7 +38,7 @@ bool Policy::empty() const noexcept {
   for (const auto& [n, c] : groups)
     if (!none(c)) return false;
   for (const auto& [n, j] : jobs)
-    if (j.never_suspend || j.max_suspended_ms) return false;
+    if (j.never_suspend || j.max_suspended_ms || j.end_claim) return false;
   return true;
 }
 
@@ -300,8 +300,9 @@ struct Parser {
     return c;
   }
 
-  /// [job.NAME] sections: `suspend = "never"` (or "allowed", the default) and
-  /// `max_suspended` (a duration up to a week), nothing else.
+  /// [job.NAME] sections: `suspend = "never"` (or "allowed", the default), `max_suspended`
+  /// (a duration up to a week) and `on_overdue` ("wait", the default, or "end_claim"),
+  /// nothing else.
   void job_sections(const toml::node& n, std::map<std::string, JobRules>* out) {
     const toml::table* t = n.as_table();
     if (!t) {
@@ -322,8 +323,14 @@ struct Parser {
         if (key == "max_suspended") {
           PolicyDuration d;
           if (parse(key, jv, &d, kWeekMs)) r.max_suspended_ms = d.ms;
+        } else if (key == "on_overdue") {
+          if (!s || (s->get() != "wait" && s->get() != "end_claim"))
+            error(jv.source(), "on_overdue must be \"wait\" or \"end_claim\"");
+          else
+            r.end_claim = s->get() == "end_claim";
         } else if (key != "suspend") {
-          error(jk.source(), fmt::format("unknown key '{}' in [job.{}] (use suspend, max_suspended)", key, name));
+          error(jk.source(),
+                fmt::format("unknown key '{}' in [job.{}] (use suspend, max_suspended, on_overdue)", key, name));
         } else if (!s || (s->get() != "never" && s->get() != "allowed")) {
           error(jv.source(), "suspend must be \"never\" or \"allowed\"");
         } else {

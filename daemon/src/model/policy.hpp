@@ -20,6 +20,7 @@
 //   [job.nightly-eval]        # by job name (CUWARDEN_JOB; the Slurm plugin's slurm-JOBID)
 //   suspend = "never"         # never suspended to make room for another (by hand still may be)
 //   max_suspended = "2h"      # suspended by policy longer: resumed when memory allows, else reported
+//   on_overdue = "end_claim"  # past max_suspended: the process it was suspended for loses its claim
 //
 // Every key is one row of CUW_POLICY_KEYS below, which makes the sections' fields, the
 // parser's list of keys, the precedence and `empty()`.
@@ -124,6 +125,10 @@ struct JobRules {
   /// max_suspended, ms: suspended by policy longer, it is resumed as soon as its memory is
   /// free (without waiting for resume_after or for higher ones), else reported as overdue.
   std::optional<uint64_t> max_suspended_ms;
+  /// on_overdue = "end_claim": past max_suspended with no room, the claim of the process it
+  /// was suspended for ends (its room requests are answered no, and it is held back on the
+  /// GPU until this one is resumed); "wait" (the default): it only waits.
+  bool end_claim = false;
 };
 
 class Policy {

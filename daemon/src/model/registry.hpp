@@ -133,13 +133,19 @@ class Registry {
   /// which must be under cuwarden), the shortfall on the GPU (NVML), and the processes to
   /// suspend (room.hpp: choose_victims; never one related to the requester, of its priority
   /// or above, waiting for room itself, or resumed less than min_run ago); on `suspend` the
-  /// requester is marked waiting until end_room(). Loop thread only.
+  /// requester is marked waiting until end_room(), which also records it as what each of
+  /// `suspended` (those suspended for it) was suspended for. Loop thread only.
   RoomPlan plan_room(const Peer& peer, const RoomRequest& req);
-  void end_room(uint32_t pid, uint64_t start_time);
+  void end_room(uint32_t pid, uint64_t start_time, const std::vector<RoomCandidate>& suspended);
   /// The processes suspended by policy to resume now, highest priority first: each one's
   /// footprint and margin have stayed free on its GPUs (NVML) for its resume_after, after
   /// what any higher one still waiting needs. Loop thread only.
   std::vector<PolicyResume> policy_resumes_due();
+  /// Hold back the allocations of every process of lower priority than one suspended by
+  /// policy from the same GPU, which waits to be resumed there (ring.hpp: held_back), and
+  /// release them once none such waits (resumed, exited, or resumed by hand). Writes a ring
+  /// only when its mask changes. Loop thread only.
+  void hold_back_for_restores();
 
   /// Keep a record of each suspended process in `dir` (created if missing), so that a
   /// process suspended while the daemon restarts is found again as suspended; read those

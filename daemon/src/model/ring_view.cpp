@@ -123,6 +123,12 @@ bool RingView::set_room_wait(uint32_t ms) noexcept {
   return guarded_call(body);
 }
 
+bool RingView::set_held_back(uint32_t mask) noexcept {
+  if (!writable_) return false;
+  auto body = [&] { header()->held_back.store(mask, std::memory_order_relaxed); };
+  return guarded_call(body);
+}
+
 bool RingView::notify_resumed(uint64_t suspended_ns, const std::string& by) noexcept {
   if (!writable_) return false;
   auto body = [&] {

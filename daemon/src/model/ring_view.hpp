@@ -117,6 +117,9 @@ class RingView {
   /// Tell the process how long its allocations may wait for room (ring.hpp, room_wait_ms).
   /// False: read-only or faulted.
   bool set_room_wait(uint32_t ms) noexcept;
+  /// Hold the process's allocations back on the devices of `mask` (ring.hpp, held_back: bit
+  /// per ordinal; 0 releases them). False: read-only or faulted.
+  bool set_held_back(uint32_t mask) noexcept;
   uint32_t slot_count() const noexcept { return slot_count_; }
   uint64_t mapped_bytes() const noexcept { return size_; }
   dev_t dev() const noexcept { return dev_; }

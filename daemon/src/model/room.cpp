@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -135,6 +136,9 @@ void Registry::set_priority(Process& p, const RingSnapshot& s) {
   if (asked && *asked != p.priority)
     spdlog::info("pid {} asked for priority {}; the policy ({}) gives it {}", p.pid, *asked, eff.source, p.priority);
   p.ring->set_room_wait(static_cast<uint32_t>(eff.room_wait_ms()));
+  // A mark a previous daemon left (hold_back_for_restores writes it again where it holds).
+  p.ring->set_held_back(0);
+  p.held_back = 0;
 }
 
 RoomPlan Registry::plan_room(const Peer& peer, const RoomRequest& req) {
@@ -160,6 +164,9 @@ RoomPlan Registry::plan_room(const Peer& peer, const RoomRequest& req) {
   out.wait_ms = eff.room_wait_ms();
   if (p->suspended || p->suspend_busy) return no("it is being suspended");
   if (p->waiting_for_room) return no("it is waiting for room already");
+  for (auto& [name, q] : procs_)
+    if (q->claim_ended && q->suspended && q->suspended_for == p->pid && q->suspended_for_start == p->start_time)
+      return no(fmt::format("its claim ended: pid {}, suspended for it, is past its job's max_suspended", q->pid));
   RingSnapshot s;
   if (!p->ring->snapshot(s)) return no("its ring could not be read");
   if (req.device >= ring::kMaxDevices || !s.devices[req.device].present)
@@ -220,9 +227,15 @@ RoomPlan Registry::plan_room(const Peer& peer, const RoomRequest& req) {
   return out;
 }
 
-void Registry::end_room(uint32_t pid, uint64_t start_time) {
-  for (auto& [name, q] : procs_)
+void Registry::end_room(uint32_t pid, uint64_t start_time, const std::vector<RoomCandidate>& suspended) {
+  for (auto& [name, q] : procs_) {
     if (q->pid == pid && q->start_time == start_time) q->waiting_for_room = false;
+    for (const RoomCandidate& v : suspended)
+      if (q->pid == v.pid && q->start_time == v.start_time && q->suspended) {
+        q->suspended_for = pid;
+        q->suspended_for_start = start_time;
+      }
+  }
   publish();
 }
 
@@ -277,6 +290,16 @@ std::vector<PolicyResume> Registry::policy_resumes_due() {
         if (journal_) journal_->append(q->pid, q->start_time, ev);
       }
       q->suspended_overdue = true;
+      bool claimant = false;  // the process it was suspended for, still running
+      for (auto& [name, r] : procs_)
+        if (!r->exited && r->pid == q->suspended_for && r->start_time == q->suspended_for_start) claimant = true;
+      if (jr->end_claim && !q->claim_ended && claimant) {
+        q->claim_ended = true;
+        spdlog::warn("suspend: pid {} is past its max_suspended (on_overdue = \"end_claim\"): pid {}, for which it was "
+                     "suspended, loses its claim: its room requests are answered no and it is held back until pid {} "
+                     "is resumed",
+                     q->pid, q->suspended_for, q->pid);
+      }
     }
     bool fits = true;
     for (const auto& [uuid, bytes] : q->suspended_footprint) {
@@ -296,6 +319,49 @@ std::vector<PolicyResume> Registry::policy_resumes_due() {
   }
   overdue.insert(overdue.end(), due.begin(), due.end());
   return overdue;
+}
+
+void Registry::hold_back_for_restores() {
+  // Per GPU, the highest priority among the processes suspended by policy from it: each
+  // waits to be resumed there (with its footprint and margin free), and what a lower one
+  // took meanwhile would keep it waiting.
+  std::map<std::string, std::pair<int32_t, uint32_t>> waiting;  // UUID -> (priority, pid)
+  // A process whose claim ended (on_overdue = "end_claim") is held back there too, whatever
+  // its priority: (its pid, start time, UUID) -> the overdue one's pid.
+  std::map<std::tuple<uint32_t, uint64_t, std::string>, uint32_t> ended;
+  for (auto& [name, q] : procs_)
+    if (q->suspended && q->suspended_by_policy && !q->exited)
+      for (const auto& [uuid, bytes] : q->suspended_footprint) {
+        auto [it, fresh] = waiting.try_emplace(uuid, q->priority, q->pid);
+        if (!fresh && q->priority > it->second.first) it->second = {q->priority, q->pid};
+        if (q->claim_ended) ended[{q->suspended_for, q->suspended_for_start, uuid}] = q->pid;
+      }
+  for (auto& [name, qp] : procs_) {
+    Process& q = *qp;
+    if (q.exited) continue;
+    uint32_t mask = 0;
+    std::string why;
+    RingSnapshot qs;
+    if (!waiting.empty() && q.ring->snapshot(qs))
+      for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
+        if (!qs.devices[d].present) continue;
+        const std::string uuid = format_uuid(qs.devices[d].uuid);
+        const auto it = waiting.find(uuid);
+        if (it == waiting.end()) continue;
+        uint32_t waiter = it->second.second;
+        if (q.priority >= it->second.first) {
+          const auto e = ended.find({q.pid, q.start_time, uuid});
+          if (e == ended.end()) continue;
+          waiter = e->second;
+        }
+        mask |= 1u << d;
+        why += fmt::format("{}device {} (pid {} waits to be resumed there)", why.empty() ? "" : ", ", d, waiter);
+      }
+    if (mask == q.held_back || !q.ring->set_held_back(mask)) continue;
+    if (mask) spdlog::info("room: pid {} (priority {}) held back on {}", q.pid, q.priority, why);
+    else spdlog::info("room: pid {} no longer held back", q.pid);
+    q.held_back = mask;
+  }
 }
 
 }  // namespace cuw::daemon

@@ -44,6 +44,7 @@ RoomAnswer RoomKeeper::ask(const Peer& peer, const RoomRequest& req) {
   const uint64_t deadline = t0 + plan.wait_ms * 1'000'000ULL;
   uint64_t freed = 0;
   std::string failures;
+  std::vector<RoomCandidate> done;
   for (const RoomCandidate& v : plan.victims) {
     const uint64_t now = mono_ns();
     if (now + 1'000'000ULL >= deadline) {
@@ -59,12 +60,13 @@ RoomAnswer RoomKeeper::ask(const Peer& peer, const RoomRequest& req) {
     const SuspendResult r = suspender_.run(policy_peer(), sr);
     if (r.outcome == SuspendResult::Outcome::done && !r.processes.empty() && r.processes[0].done) {
       a.suspended.push_back(v.pid);
+      done.push_back(v);
       freed += v.bytes;
     } else {
       failures += fmt::format("; pid {} not suspended: {}", v.pid, r.reason);
     }
   }
-  on_loop_([&] { reg_.end_room(plan.pid, plan.start_time); });
+  on_loop_([&] { reg_.end_room(plan.pid, plan.start_time, done); });
   a.granted = freed >= plan.shortfall;
   a.reason = plan.reason + failures;
   spdlog::info("room: pid {}: {} ({})", plan.pid, a.granted ? "granted" : "not granted", a.reason);
@@ -85,6 +87,7 @@ int RoomKeeper::resume_due() {
   int resumed = 0;
   const uint64_t now = mono_ns();
   std::erase_if(retry_at_, [&](const auto& kv) { return kv.second <= now; });
+  on_loop_([&] { reg_.hold_back_for_restores(); });
   // One at a time: each restore takes memory the next one's check must see. One that failed
   // waits kResumeRetryNs before it is tried again (and said again in the log).
   for (int round = 0; round < 64; ++round) {

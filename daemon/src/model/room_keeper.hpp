@@ -2,8 +2,10 @@
 // process's room request: the registry's plan on the loop thread, the suspensions through the
 // Suspender on the caller's thread (a worker: a lock may wait its timeout), bounded by the
 // requester's room_wait. resume_due() resumes, highest priority first, the processes
-// suspended by policy whose memory has stayed free for their resume_after; the daemon calls
-// it from a thread of its own every kResumeCheckMs.
+// suspended by policy whose memory has stayed free for their resume_after, after holding
+// back the allocations of lower-priority processes on their GPUs while they wait
+// (Registry::hold_back_for_restores); the daemon calls it from a thread of its own every
+// kResumeCheckMs.
 #pragma once
 
 #include <cstdint>

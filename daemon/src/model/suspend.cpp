@@ -341,6 +341,8 @@ void Registry::finish_suspend(const Peer& peer, const SuspendResult& r) {
     p->history.push(ev);
     if (journal_) journal_->append(p->pid, p->start_time, ev);
   }
+  // Those of lower priority held back at once (a suspension by policy), or released (a resume).
+  hold_back_for_restores();
   publish();
 }
 
@@ -352,6 +354,9 @@ void Registry::forget_suspension(Process& p, const char* why) {
   p.suspended_by.clear();
   p.suspended_by_policy = false;
   p.suspended_overdue = false;
+  p.suspended_for = 0;
+  p.suspended_for_start = 0;
+  p.claim_ended = false;
   p.room_since_mono = 0;
   p.suspended_footprint.clear();
   if (!suspend_dir_.empty()) ::unlink((suspend_dir_ + "/" + record_name(p.pid, p.start_time)).c_str());

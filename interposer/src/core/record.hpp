@@ -73,7 +73,8 @@ struct ForgetArray {
 /// the driver. `on_insert(key)` runs in the insert's critical section (the tracker's lock
 /// held). Hot path: the device slot (one branch); with a cap or in a job, charge (one
 /// lock) before the call; the driver call; then one lock for the table insert, the
-/// counters (and, uncapped, the charge) and the event.
+/// counters (and, uncapped, the charge) and the event. Uncapped, one load more before the
+/// call: whether the daemon holds the device back (Tracker::held_back), which refuses.
 template <class Call, class Key, class OnInsert = NoInsertHook>
 CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ring::Api api, int ordinal, bool assumed,
                                      uint64_t bytes, uint64_t aux, Call&& call, Key&& key_of_result,
@@ -92,6 +93,8 @@ CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ri
       c = t.charge(*d, ordinal, bytes, api, assumed);  // a refusal now is counted and recorded
     }
     if (__builtin_expect(c != Tracker::Charge::ok, 0)) return c == Tracker::Charge::refused ? CUDA_ERROR_OUT_OF_MEMORY : call();
+  } else if (__builtin_expect(t.any_held_back(), 0) && t.held_back_refused(*d, ordinal, bytes, api, assumed)) {
+    return CUDA_ERROR_OUT_OF_MEMORY;  // (charge() asks it itself)
   }
   CUresult r = call();
   t.prefetch_commit(*d);

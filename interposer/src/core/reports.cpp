@@ -143,6 +143,8 @@ void Tracker::flush_oom_report(uint64_t asked) noexcept {
         s += "job '" + config_.job + "' holds " + format_bytes(jused) + " of its cap of " + format_bytes(jcap) + "; ";
     } else if (kind == ring::EventKind::driver_error) {
       s += "the driver refused (CUresult " + std::to_string(result) + "); ";
+    } else if (kind == ring::EventKind::refuse && held_back(ordinal)) {
+      s += "held back by the daemon: a process of higher priority suspended from this GPU waits for its memory; ";
     }
     s += "this process uses " + format_bytes(used);
     if (limit != ring::kNoLimit) s += " of its cap of " + format_bytes(limit);

@@ -379,8 +379,28 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
   return Charge::refused;
 }
 
+CUW_COLD bool Tracker::held_back_slow(uint32_t mask, int ordinal) const noexcept {
+  if (static_cast<unsigned>(ordinal) >= ring::kMaxDevices || !(mask >> ordinal & 1)) return false;
+  // A daemon that stopped (killed while a restore was pending) leaves its mark behind: one
+  // that has not drained the ring for 5 s holds nothing back (it beats every 250 ms).
+  const uint64_t beat = header_->consumer_heartbeat_ns.load(std::memory_order_relaxed);
+  const uint64_t now = fast_clock::realtime_ns_slow();
+  return beat != 0 && (beat > now || now - beat <= 5'000'000'000ULL);
+}
+
+CUW_COLD bool Tracker::held_back_refused(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
+                                         bool assumed) {
+  return held_back(ordinal) && refuse(d, ordinal, bytes, api, assumed) == Charge::refused;
+}
+
 CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
                                         bool assumed, bool quiet) {
+  // Held back for a higher-priority process waiting to be resumed on this GPU: refused as a
+  // cap refuses (a pool gives back what it keeps first, as for a cap).
+  if (__builtin_expect(held_back(ordinal), 0)) {
+    if (quiet) return assumed && current_device() < 0 ? Charge::no_context : Charge::refused;
+    return refuse(d, ordinal, bytes, api, assumed);
+  }
   // CUWARDEN_CAP_SCOPE=process: the context's figure made current first where it matters (a
   // device not measured yet, an allocation that comes near a cap), so that the test below
   // sees it and nothing is charged to be taken back.

@@ -187,6 +187,23 @@ class Tracker {
   CUW_INLINE bool uncapped(const ring::DeviceSlot& dev, int ordinal) const noexcept {
     return dev.limit.load(std::memory_order_relaxed) == ring::kNoLimit && job_gpu(ordinal) < 0;
   }
+  /// Whether the daemon holds back allocations on `ordinal` (ring.hpp: held_back, which it
+  /// sets while a higher-priority process suspended from that GPU waits to be resumed), from
+  /// a daemon that still writes its heartbeat (5 s). charge() refuses while it holds; a hook
+  /// that does not charge asks held_back_refused() before its driver call. Lock-free.
+  CUW_INLINE bool held_back(int ordinal) const noexcept {
+    const uint32_t mask = header_->held_back.load(std::memory_order_relaxed);
+    return __builtin_expect(mask != 0, 0) && held_back_slow(mask, ordinal);
+  }
+  /// Whether the daemon holds back any device: one relaxed load of a header word it writes
+  /// only while a restore is pending. Lock-free.
+  CUW_INLINE bool any_held_back() const noexcept {
+    return header_->held_back.load(std::memory_order_relaxed) != 0;
+  }
+  /// For an allocation that was not charged, after any_held_back(): whether held_back()
+  /// refuses it, as charge() would (counted, a refuse event, the report); false also when
+  /// `assumed` and the thread has no context (the driver answers). Cold.
+  bool held_back_refused(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api, bool assumed);
   /// Give back bytes counted by charge() (a failed driver call, or a free): `used` under
   /// lock() (taken here), then the job's share.
   void uncharge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
@@ -407,8 +424,11 @@ class Tracker {
   ~Tracker() = delete;  // never destroyed: CUDA calls made by other destructors still work
   static Tracker& create();
   ring::DeviceSlot* fill_device_once(int ordinal);
-  /// charge()'s refusal by the process cap (lock() not held): the context check, the count
-  /// and the event.
+  /// held_back() with a mask that is not 0: whether it has `ordinal`'s bit, from a daemon
+  /// that still writes its heartbeat (5 s). Cold.
+  bool held_back_slow(uint32_t mask, int ordinal) const noexcept;
+  /// charge()'s refusal by the process cap or a hold (lock() not held): the context check,
+  /// the count and the event.
   Charge refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api, bool assumed);
   /// charge()'s first step under CUWARDEN_CAP_SCOPE=process: measure_context when `d` was
   /// never measured, or when `bytes` more would bring it near its cap or its job's cap

@@ -47,8 +47,12 @@ CUW_EXPORT CUresult hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, u
   Tracker& t = Tracker::get();
   const core::SiteScope site(t, bytesize);
   const int ordinal = t.current_device();
-  const CUresult r = core::tracked_alloc(t, ring::Api::cuMemAllocManaged, ordinal, false, bytesize, 0, dptr,
-                                         [&] { return real(dptr, bytesize, flags); });
+  auto attempt = [&] {
+    return core::tracked_alloc(t, ring::Api::cuMemAllocManaged, ordinal, false, bytesize, 0, dptr,
+                               [&] { return real(dptr, bytesize, flags); });
+  };
+  // The driver out of memory: the daemon may make room (core/room.hpp), as for cuMemAlloc.
+  const CUresult r = core::again_after_room(t, bytesize, attempt(), attempt);
   if (r == CUDA_SUCCESS) core::count_uncarried(t, ordinal, &ring::DeviceSlot::managed_allocs);
   return r;
 }
@@ -62,8 +66,11 @@ CUW_EXPORT CUresult hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, si
   // The pitch is only known afterwards: charge an estimate (rows of 512 bytes, the
   // driver's smallest pitch alignment) and settle on the real pitch * height after.
   const uint64_t est = ((static_cast<uint64_t>(width) + 511) & ~uint64_t{511}) * height;
-  const CUresult r = core::tracked_alloc(t, ring::Api::cuMemAllocPitch, ordinal, false, est, 0, dptr,
-                                         [&] { return real(dptr, pitch, width, height, elem); });
+  auto attempt = [&] {
+    return core::tracked_alloc(t, ring::Api::cuMemAllocPitch, ordinal, false, est, 0, dptr,
+                               [&] { return real(dptr, pitch, width, height, elem); });
+  };
+  const CUresult r = core::again_after_room(t, est, attempt(), attempt);  // the driver's refusal noted `est`
   if (r == CUDA_SUCCESS && pitch) core::settle_pitch(t, ordinal, *dptr, est, static_cast<uint64_t>(*pitch) * height);
   return r;
 }
@@ -85,13 +92,18 @@ CUW_ASYNC_ALLOC(cuMemAllocAsync)
 CUW_ASYNC_ALLOC(cuMemAllocAsync_ptsz)
 #undef CUW_ASYNC_ALLOC
 
-// The program's own pool: never a backend's.
+// The program's own pool: never a backend's. The driver out of memory, after the pool gave
+// back what it kept: the daemon may make room, as for cuMemAllocAsync.
 #define CUW_POOL_ALLOC(name)                                                                                 \
   CUW_EXPORT_HOT CUresult hook_##name(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) { \
     CUW_PROLOGUE(name, dptr, bytesize, pool, stream);                                                        \
-    const core::SiteScope site(Tracker::get(), bytesize);                                                    \
-    return core::tracked_alloc_async(Tracker::get(), ring::Api::cuMemAllocFromPoolAsync, pool, stream,     \
-                                     bytesize, dptr, [&] { return real(dptr, bytesize, pool, stream); });   \
+    Tracker& t = Tracker::get();                                                                             \
+    const core::SiteScope site(t, bytesize);                                                                 \
+    auto attempt = [&] {                                                                                     \
+      return core::tracked_alloc_async(t, ring::Api::cuMemAllocFromPoolAsync, pool, stream, bytesize, dptr, \
+                                       [&] { return real(dptr, bytesize, pool, stream); });                  \
+    };                                                                                                       \
+    return core::again_after_room(t, bytesize, attempt(), attempt);                                          \
   }
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync)
 CUW_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz)

@@ -52,10 +52,14 @@ CUW_EXPORT CUresult hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_
     return real(handle, size, prop, flags);  // host-located memory: not device memory, not capped
   Tracker& t = Tracker::get();
   const core::SiteScope site(t, size);
-  const CUresult r = core::tracked_alloc_in(
-      t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
-      [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; }, nullptr,
-      core::ForgetArray{&t});
+  auto attempt = [&] {
+    return core::tracked_alloc_in(
+        t, t.handles(), ring::Api::cuMemCreate, prop->location.id, false, size, 0,
+        [&] { return real(handle, size, prop, flags); }, [handle] { return uint64_t{*handle}; }, nullptr,
+        core::ForgetArray{&t});
+  };
+  // The driver out of memory: the daemon may make room (core/room.hpp), as for cuMemAlloc.
+  const CUresult r = core::again_after_room(t, size, attempt(), attempt);
   // Made to be exportable as a shareable handle: whether it was exported, and so whether the
   // checkpoint can carry it, is not seen here (cuMemExportToShareableHandle is not hooked);
   // the other end, cuMemImportFromShareableHandle, counts below.

@@ -7,6 +7,11 @@
 //   reserve_retry BYTES  as reserve, and once more after an out-of-memory error, as a
 //                     framework's allocator does after giving back its cache -> "ptr 0xADDR" | "rc N"
 //   free_reserved     cuMemFree of every reserve                          -> "rc N"
+//   retry_as KIND BYTES  as reserve_retry, through another allocation call: KIND pitch
+//                     (cuMemAllocPitch, rows of 1 MiB), managed (cuMemAllocManaged), vmm
+//                     (cuMemCreate of a handle, not mapped), pool (cuMemAllocFromPoolAsync from
+//                     a pool of its own, then cuStreamSynchronize) -> "ok" | "rc N"
+//   free_kept         frees what retry_as kept                            -> "rc N"
 //   spawn_holder BYTES P  a child in a session of its own, CUWARDEN_PRIORITY=-P, that holds
 //                     BYTES (cuMemAlloc) and waits to be killed; the child says "held PID" | "rc N"
 //   vmm               2 MiB through cuMemCreate/AddressReserve/Map/SetAccess, the pattern written
@@ -69,6 +74,68 @@ __attribute__((format(printf, 1, 2))) void say(const char* fmt, ...) {
   std::fputs(buf, stdout);
   std::fflush(stdout);
   funlockfile(stdout);
+}
+
+/// What retry_as kept, by kind, to be freed by free_kept.
+std::vector<CUdeviceptr> g_kept_ptrs;  // pitch, managed, pool
+std::vector<CUmemGenericAllocationHandle> g_kept_handles;  // vmm
+CUmemoryPool g_own_pool = nullptr;
+
+/// One allocation of `bytes` through the call `kind` names.
+CUresult allocate_as(const std::string& kind, size_t bytes) {
+  CUdeviceptr p = 0;
+  if (kind == "pitch") {
+    size_t pitch = 0;
+    const size_t row = size_t{1} << 20;
+    const CUresult rc = cuMemAllocPitch(&p, &pitch, row, (bytes + row - 1) / row, 4);
+    if (rc == CUDA_SUCCESS) g_kept_ptrs.push_back(p);
+    return rc;
+  }
+  if (kind == "managed") {
+    const CUresult rc = cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (rc == CUDA_SUCCESS) g_kept_ptrs.push_back(p);
+    return rc;
+  }
+  if (kind == "vmm") {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h = 0;
+    const size_t granule = size_t{2} << 20;
+    const CUresult rc = cuMemCreate(&h, (bytes + granule - 1) / granule * granule, &prop, 0);
+    if (rc == CUDA_SUCCESS) g_kept_handles.push_back(h);
+    return rc;
+  }
+  if (kind == "pool") {
+    if (!g_own_pool) {
+      CUmemPoolProps props{};
+      props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+      props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      props.location.id = 0;
+      if (CUresult rc = cuMemPoolCreate(&g_own_pool, &props)) return rc;
+    }
+    CUresult rc = cuMemAllocFromPoolAsync(&p, bytes, g_own_pool, g_stream);
+    if (rc == CUDA_SUCCESS) rc = cuStreamSynchronize(g_stream);
+    if (rc == CUDA_SUCCESS) g_kept_ptrs.push_back(p);
+    return rc;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult free_kept() {
+  CUresult rc = CUDA_SUCCESS;
+  for (CUdeviceptr p : g_kept_ptrs)
+    if (CUresult r = cuMemFree(p); r != CUDA_SUCCESS) rc = r;
+  for (CUmemGenericAllocationHandle h : g_kept_handles)
+    if (CUresult r = cuMemRelease(h); r != CUDA_SUCCESS) rc = r;
+  g_kept_ptrs.clear();
+  g_kept_handles.clear();
+  if (g_own_pool) {  // the pool keeps what was freed into it until trimmed
+    if (CUresult r = cuCtxSynchronize(); r != CUDA_SUCCESS) rc = r;
+    if (CUresult r = cuMemPoolTrimTo(g_own_pool, 0); r != CUDA_SUCCESS) rc = r;
+  }
+  return rc;
 }
 
 unsigned char pattern(size_t i) { return static_cast<unsigned char>((i * 131 + 7) >> 3); }
@@ -181,6 +248,16 @@ int main(int argc, char** argv) {
       if (rc == CUDA_SUCCESS) g_reserved.push_back(p);
       if (rc != CUDA_SUCCESS) say("rc %d", rc);
       else say("ptr 0x%llx", static_cast<unsigned long long>(p));
+    } else if (c == "retry_as") {
+      char kind[32] = {};
+      unsigned long long bytes = 0;
+      std::sscanf(line, "%*s %31s %llu", kind, &bytes);
+      CUresult rc = allocate_as(kind, bytes);
+      if (rc == CUDA_ERROR_OUT_OF_MEMORY) rc = allocate_as(kind, bytes);
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("ok");
+    } else if (c == "free_kept") {
+      say("rc %d", free_kept());
     } else if (c == "free_reserved") {
       CUresult rc = CUDA_SUCCESS;
       for (CUdeviceptr p : g_reserved)

@@ -80,6 +80,14 @@ struct Registry::Process {
   uint64_t resumed_mono = 0;      ///< when it was last resumed (min_run counts from it); 0: never
   uint64_t room_since_mono = 0;   ///< suspended by policy: since when its footprint has been free (0: not now)
   bool suspended_overdue = false; ///< suspended by policy past its job's max_suspended, no room to resume
+  /// The held_back mask last written into its ring (room.cpp: hold_back_for_restores): bit
+  /// per ordinal whose GPU a higher-priority process suspended by policy waits to come back to.
+  uint32_t held_back = 0;
+  /// Suspended by policy: the process it was suspended for (pid, start time; 0: none known).
+  uint32_t suspended_for = 0;
+  uint64_t suspended_for_start = 0;
+  /// Past its job's max_suspended with on_overdue = "end_claim": that process's claim has ended.
+  bool claim_ended = false;
   /// In the last State published (retire() reads its header there when the ring faults).
   bool published = false;
 };
