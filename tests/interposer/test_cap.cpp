@@ -291,12 +291,24 @@ TEST_CASE("memory the driver frees with a destroyed context stops counting again
 }
 
 namespace {
-/// Busy-waits until `v` holds `want`, giving the CPU away between looks once it has spun a
-/// little: the race tests below run more busy threads than a CI machine has cores, and a
-/// waiter that spins out its time slice only delays the thread it waits for.
+/// Waits until `v` holds `want`: spins for up to 50 us (awake when the other side signals,
+/// the race tests start both sides close together), then sleeps on the value (a futex) until
+/// publish() changes it. A waiter that spins or yields for longer stays runnable: beside
+/// busy processes on a 2-core machine each of the thousands of handoffs below then waited for
+/// a time slice (70 s instead of 0.3 s).
 void await_value(const std::atomic<int>& v, int want) {
-  for (int looks = 0; v.load() != want; ++looks)
-    if (looks >= 64) std::this_thread::yield();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  for (int looks = 1; v.load() != want; ++looks)
+    if (looks % 64 == 0 && std::chrono::steady_clock::now() > until) {
+      for (int now = v.load(); now != want; now = v.load()) v.wait(now);
+      return;
+    }
+}
+
+/// Stores `value` in `v` and wakes every await_value() on it.
+void publish(std::atomic<int>& v, int value) {
+  v.store(value);
+  v.notify_all();
 }
 
 /// Every event published since the last call (the ring drained as a daemon would), but a
@@ -643,10 +655,13 @@ TEST_CASE("an array created in a primary context another thread made active agai
   const uint64_t live0 = d.live_allocations.load();
   const CUDA_ARRAY_DESCRIPTOR small = float_2d(1);
   constexpr int kIters = 20000;
-  // Per iteration: A retains (refs 1) and signals go; A releases (destroying the primary
-  // unless B retained first) while B retains and creates an array; when both are done, B
-  // checks that its live array is counted, destroys it and releases.
-  std::atomic<int> go{0}, made{0}, check{0}, done{0};
+  // Per iteration, two handoffs (each can wait for a time slice on a loaded machine): A
+  // retains (refs 1) and signals go; A releases (destroying the primary unless B retained
+  // first) while B retains and creates an array; when B has made it, A (whose release and
+  // sweep are over) checks that the live array is counted, destroys it and drops B's reference.
+  std::atomic<int> go{0}, made{0};
+  std::atomic<CUarray> array{nullptr};
+  std::atomic<CUresult> result{CUDA_ERROR_UNKNOWN};
   std::atomic<uint64_t> swept_live{0}, created{0}, unexpected{0};
   std::thread b([&] {
     for (int i = 1; i <= kIters; ++i) {
@@ -656,29 +671,26 @@ TEST_CASE("an array created in a primary context another thread made active agai
       if (cuDevicePrimaryCtxRetain(&p, dev) != CUDA_SUCCESS || p != primary) ++unexpected;
       if (i == 1 && cuCtxSetCurrent(p) != CUDA_SUCCESS) ++unexpected;
       CUarray h = nullptr;
-      const CUresult r = cuArrayCreate(&h, &small);
-      made.store(i);
-      await_value(check, i);
-      if (r == CUDA_SUCCESS) {
-        ++created;
-        // The array is the driver's (its destroy below succeeds): it must be counted.
-        if (d.live_allocations.load() != live0 + 1) ++swept_live;
-        if (cuArrayDestroy(h) != CUDA_SUCCESS) ++unexpected;
-      } else {
-        ++unexpected;
-      }
-      if (cuDevicePrimaryCtxRelease(dev) != CUDA_SUCCESS) ++unexpected;
-      done.store(i);
+      result.store(cuArrayCreate(&h, &small));
+      array.store(h);
+      publish(made, i);
     }
   });
   for (int i = 1; i <= kIters; ++i) {
     CUcontext p = nullptr;
     REQUIRE(cuDevicePrimaryCtxRetain(&p, dev) == CUDA_SUCCESS);  // active, refs 1
-    go.store(i);
+    publish(go, i);
     REQUIRE(cuDevicePrimaryCtxRelease(dev) == CUDA_SUCCESS);  // destroys it unless B retained first
     await_value(made, i);
-    check.store(i);  // A's release (and its sweep) is over
-    await_value(done, i);
+    if (result.load() == CUDA_SUCCESS) {
+      ++created;
+      // The array is the driver's (its destroy below succeeds): it must be counted.
+      if (d.live_allocations.load() != live0 + 1) ++swept_live;
+      if (cuArrayDestroy(array.load()) != CUDA_SUCCESS) ++unexpected;
+    } else {
+      ++unexpected;
+    }
+    if (cuDevicePrimaryCtxRelease(dev) != CUDA_SUCCESS) ++unexpected;  // B's reference
   }
   b.join();
   REQUIRE(cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS);
@@ -716,7 +728,7 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
       const CUresult r = cuArrayDestroy(arr.load());
       if (r == CUDA_ERROR_INVALID_HANDLE) ++lost_to_ctx;
       else if (r != CUDA_SUCCESS) ++unexpected;
-      a_done.store(i);
+      publish(a_done, i);
     }
   });
   std::thread b([&] {
@@ -726,7 +738,7 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
       for (int s = 0; s < ((i / 32) % 32) * 16; ++s) __asm__ volatile("" ::: "memory");
       if (const int us = delay_b.load()) std::this_thread::sleep_for(std::chrono::microseconds(us));
       if (cuCtxDestroy(ctx.load()) != CUDA_SUCCESS) ++unexpected;
-      b_done.store(i);
+      publish(b_done, i);
     }
   });
   uint64_t drift_at = 0;
@@ -748,14 +760,14 @@ TEST_CASE("an array destroy that loses to its context's destruction is counted f
     REQUIRE(cuCtxSetCurrent(primary) == CUDA_SUCCESS);
     ctx.store(x);
     arr.store(h);
-    go.store(i);
+    publish(go, i);
     await_value(a_done, i);
     await_value(b_done, i);
     done = i;
     if (!drift_at && d.live_allocations.load() != live0) drift_at = static_cast<uint64_t>(i);
   }
   rounds.store(done);
-  go.store(done + 1);  // releases both threads from their wait for a round that does not come
+  publish(go, done + 1);  // releases both threads from their wait for a round that does not come
   a.join();
   b.join();
   INFO("array destroys that lost to the context: " << lost_to_ctx.load() << " of " << done
