@@ -3,7 +3,9 @@
 // serve asks the daemon for room on its second failure (the victim program's reserve_retry,
 // as a framework retries after giving back its cache); the daemon suspends lower-priority
 // processes and resumes them once the memory has stayed free.
+#include <chrono>
 #include <csignal>
+#include <memory>
 
 #include "suspend_test_support.hpp"
 
@@ -340,33 +342,150 @@ TEST_CASE("room.a_lower_process_is_held_back_while_a_higher_one_waits_to_resume"
   CHECK(std::count(kinds.begin(), kinds.end(), "refuse") == 2);
 }
 
-TEST_CASE("room.past_max_suspended_the_claim_ends_where_the_policy_says_so") {
+namespace {
+
+/// What the on_overdue = "end_claim" cases share: a daemon whose policy ends the claim of the
+/// process one of job "short" was suspended for once that one is past `max_suspended`, and
+/// resumes it otherwise only after an hour (resume_after); `low` of that job (priority -10)
+/// holds 160 MiB of device 0's 256 and `high` (priority 0) 1 MiB, both seen by the daemon.
+/// `devices`: the simulated GPUs (256 MiB each); `more`: policy lines for [default].
+struct EndClaim {
   Setup s;
-  ScopedEnv env(s.env);
-  SuspendDaemon d(s, policy(s, "[job.short]\nmax_suspended = \"1s\"\non_overdue = \"end_claim\"\n"
-                               "[default]\nresume_after = \"1h\"\n"));
-  Victim low(s, {"CUWARDEN_PRIORITY=-10", "CUWARDEN_JOB=short"});
-  REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
-  Victim high(s);
-  REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
-  wait_process(d, low.pid());
-  wait_process(d, high.pid());
-  REQUIRE(contains(high.ask("reserve_retry " + std::to_string(128 * kMiB)), "ptr 0x"));
-  REQUIRE(d.process(low.pid())["state"] == "suspended");
+  ScopedEnv env{s.env};
+  std::unique_ptr<SuspendDaemon> d;
+  Victim low{s, {"CUWARDEN_PRIORITY=-10", "CUWARDEN_JOB=short"}};
+  Victim high{s};
+
+  explicit EndClaim(const std::string& max_suspended, int devices = 1, const std::string& more = "")
+      : s("256M", devices) {
+    d = std::make_unique<SuspendDaemon>(s, policy(s, "[job.short]\nmax_suspended = \"" + max_suspended +
+                                                         "\"\non_overdue = \"end_claim\"\n"
+                                                         "[default]\nresume_after = \"1h\"\n" + more));
+    REQUIRE(contains(low.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+    REQUIRE(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+    wait_process(*d, low.pid());
+    wait_process(*d, high.pid());
+  }
+  /// high asks for 128 MiB on device 0, which only low's suspension makes room for.
+  void suspend_low_for_high() {
+    const std::string r = high.ask("reserve_retry " + std::to_string(128 * kMiB));
+    INFO(r << "\n" << slurp(d->log));
+    REQUIRE(contains(r, "ptr 0x"));
+    REQUIRE(d->process(low.pid())["state"] == "suspended");
+  }
+  /// Once low is past max_suspended: whether the daemon has held high back for it.
+  bool high_held_back() const {
+    return contains(slurp(d->log), "room: pid " + std::to_string(high.pid()) + " (priority 0) held back");
+  }
+  /// low reads its data back, intact.
+  void low_intact() {
+    low.send("check");
+    CHECK(low.line() == "calling");
+    CHECK(contains(low.line(), "ok 0x"));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("room.past_max_suspended_the_claim_ends_where_the_policy_says_so") {
+  EndClaim c("1s");
+  c.suspend_low_for_high();
   // Before the limit the higher one may still grow (about 126 MiB are free).
-  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  CHECK(contains(c.high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
   // Past its 1 s: the claim of the one it was suspended for ends. That one is held back.
-  REQUIRE(wait_until([&] { return d.process(low.pid())["suspended_overdue"] == true; }));
-  INFO(slurp(d.log));
-  REQUIRE(wait_until([&] { return contains(slurp(d.log), "room: pid " + std::to_string(high.pid()) + " (priority 0) held back"); }));
-  CHECK(contains(slurp(d.log), "loses its claim"));
-  CHECK(high.ask("reserve " + std::to_string(kMiB)) == "rc 2");
+  REQUIRE(wait_until([&] { return c.d->process(c.low.pid())["suspended_overdue"] == true; }));
+  INFO(slurp(c.d->log));
+  REQUIRE(wait_until([&] { return c.high_held_back(); }));
+  CHECK(contains(slurp(c.d->log), "loses its claim"));
+  CHECK(c.high.ask("reserve " + std::to_string(kMiB)) == "rc 2");
   // Once it frees, the overdue one resumes at once (resume_after, an hour here, is not waited
   // for), and the higher one allocates again.
-  REQUIRE(high.ask("free_reserved") == "rc 0");
-  REQUIRE(wait_until([&] { return d.process(low.pid())["state"] == "running"; }));
-  CHECK(contains(high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
-  low.send("check");
-  CHECK(low.line() == "calling");
-  CHECK(contains(low.line(), "ok 0x"));
+  REQUIRE(c.high.ask("free_reserved") == "rc 0");
+  REQUIRE(wait_until([&] { return c.d->process(c.low.pid())["state"] == "running"; }));
+  CHECK(contains(c.high.ask("reserve " + std::to_string(kMiB)), "ptr 0x"));
+  c.low_intact();
+}
+
+TEST_CASE("room.after_its_claim_ended_a_process_is_told_no_until_the_overdue_one_resumes") {
+  // Two GPUs: high is held back on device 0, where low waits to be resumed; on device 1,
+  // where a process it could otherwise have suspended holds what it lacks, it asks for room.
+  EndClaim c("1s", 2, "room_wait = \"100s\"\n");
+  Victim other(c.s, {"CUWARDEN_PRIORITY=-10"});
+  REQUIRE(other.ask("device 1") == "rc 0");
+  REQUIRE(contains(other.ask("alloc " + std::to_string(160 * kMiB)), "ptr 0x"));
+  wait_process(*c.d, other.pid());
+  c.suspend_low_for_high();
+  REQUIRE(wait_until([&] { return c.high_held_back(); }));
+  REQUIRE(c.high.ask("device 1") == "rc 0");
+
+  // Told no at once: the allocation fails well before the policy's 100 s wait.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string r = c.high.ask("reserve_retry " + std::to_string(128 * kMiB));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  INFO(slurp(c.d->log) << c.high.err());
+  CHECK(r == "rc 2");
+  CHECK(took < std::chrono::seconds(50));
+  CHECK(contains(slurp(c.d->log), "room: pid " + std::to_string(c.high.pid()) + " asked for 128.00 MiB on device 1: "
+                                  "no: its claim ended: pid " + std::to_string(c.low.pid())));
+  CHECK(c.d->process(other.pid())["state"] == "running");
+
+  // The claim is over once low is resumed: the same request is served as any other.
+  REQUIRE(c.high.ask("device 0") == "rc 0");
+  REQUIRE(c.high.ask("free_reserved") == "rc 0");
+  REQUIRE(wait_until([&] { return c.d->process(c.low.pid())["state"] == "running"; }));
+  REQUIRE(c.high.ask("device 1") == "rc 0");
+  CHECK(contains(c.high.ask("reserve_retry " + std::to_string(128 * kMiB)), "ptr 0x"));
+  CHECK(c.d->process(other.pid())["state"] == "suspended");
+  CHECK(c.d->process(other.pid())["suspended_by"] == "policy");
+  c.low_intact();
+}
+
+TEST_CASE("room.a_claimant_that_exited_has_no_claim_to_end") {
+  EndClaim c("1s");
+  // 90 MiB more held: once high is gone, low's 160 MiB and margin still do not fit.
+  Victim other(c.s);
+  REQUIRE(contains(other.ask("reserve " + std::to_string(90 * kMiB)), "ptr 0x"));
+  wait_process(*c.d, other.pid());
+  // high exits while low is being suspended for it (low's lock waits 3 s for its queued
+  // work): low is suspended for a process already gone, well before its max_suspended.
+  REQUIRE(c.low.ask("busy 3000") == "queued");
+  const uint32_t gone = c.high.pid();
+  c.high.send("reserve_retry " + std::to_string(128 * kMiB));
+  REQUIRE(wait_until([&] { return c.d->process(gone)["waiting_for_room"] == true; }));
+  c.high.kill();
+  REQUIRE(wait_until([&] { return c.d->process(c.low.pid())["suspended_overdue"] == true; }));
+  const std::string log = slurp(c.d->log);
+  INFO(log);
+  CHECK(contains(log, "pid " + std::to_string(gone) + " exited"));
+  CHECK(contains(log, "past its max_suspended"));
+  CHECK(!contains(log, "loses its claim"));
+  CHECK(!contains(log, ") held back on"));
+  CHECK(c.d->process(c.low.pid())["state"] == "suspended");
+  // What frees goes to no one in particular: low resumes once it fits.
+  REQUIRE(other.ask("free_reserved") == "rc 0");
+  REQUIRE(wait_until([&] { return c.d->process(c.low.pid())["state"] == "running"; }));
+  c.low_intact();
+}
+
+TEST_CASE("room.a_daemon_restarted_since_the_suspension_ends_no_claim") {
+  EndClaim c("2s");
+  c.suspend_low_for_high();
+  const std::size_t before = slurp(c.d->log).size();
+  c.d.reset();
+  c.d = std::make_unique<SuspendDaemon>(c.s, std::vector<std::string>{"--config", c.s / "policy.toml"});
+  // Found again as suspended by policy, it goes overdue under the new daemon, which never
+  // linked it to high: no claim ends.
+  json p = wait_process(*c.d, c.low.pid());
+  CHECK(p["state"] == "suspended");
+  CHECK(p["suspended_by"] == "policy");
+  REQUIRE(wait_until([&] { return c.d->process(c.low.pid())["suspended_overdue"] == true; }));
+  const std::string log = slurp(c.d->log).substr(before);
+  INFO(log);
+  CHECK(contains(log, "recorded before this start"));
+  CHECK(contains(log, "past its max_suspended"));
+  CHECK(!contains(log, "loses its claim"));
+  // The new daemon resumes it by itself once high frees.
+  REQUIRE(c.high.ask("free_reserved") == "rc 0");
+  REQUIRE(wait_until([&] { return c.d->process(c.low.pid())["state"] == "running"; }));
+  c.low_intact();
 }

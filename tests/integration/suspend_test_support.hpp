@@ -26,11 +26,12 @@ inline constexpr uint64_t kGiB = 1ULL << 30;
 inline bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
 /// A run directory, a fake driver directory and a state directory every user can reach, and
-/// the environment the daemon and the processes share.
+/// the environment the daemon and the processes share: `devices` simulated GPUs of `memory`
+/// each.
 struct Setup : TempDir {
   std::string run, fake, state;
   std::vector<std::string> env;
-  explicit Setup(const std::string& memory = "256M") {
+  explicit Setup(const std::string& memory = "256M", int devices = 1) {
     ::chmod(path.c_str(), 0755);
     run = *this / "run";
     fake = *this / "fake";
@@ -40,7 +41,8 @@ struct Setup : TempDir {
     ::mkdir(fake.c_str(), 01777);
     ::chmod(fake.c_str(), 01777);
     env = {"LD_LIBRARY_PATH=" + std::string(CUWT_FAKECUDA_DIR), "CUWARDEN_FAKE_DIR=" + fake,
-           "CUWARDEN_FAKE_DEVICES=1", "CUWARDEN_FAKE_MEMORY=" + memory, "CUWARDEN_RUN_DIR=" + run,
+           "CUWARDEN_FAKE_DEVICES=" + std::to_string(devices), "CUWARDEN_FAKE_MEMORY=" + memory,
+           "CUWARDEN_RUN_DIR=" + run,
            "CUWARDEN_SOCKET=" + (*this / "d.sock")};
   }
 };

@@ -246,6 +246,28 @@ TEST_CASE("vmm: a destroyed context's granules go back to the device", "[vmm]") 
   REQUIRE(cuCtxSetCurrent(prev) == CUDA_SUCCESS);
 }
 
+TEST_CASE("vmm: a destroyed context's pool leaves no free memory on the device's gauges", "[vmm]") {
+  make_context();
+  touch_interposer();
+  // Device 1: no other context's pool writes its gauges.
+  auto& d = dev_counters(1);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 1) == CUDA_SUCCESS);
+  CUcontext prev = nullptr, ctx = nullptr;
+  REQUIRE(cuCtxGetCurrent(&prev) == CUDA_SUCCESS);
+  REQUIRE(cuCtxCreate(&ctx, nullptr, 0, dev) == CUDA_SUCCESS);
+  CUdeviceptr p = 0, q = 0;
+  REQUIRE(cuMemAlloc(&p, 40 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemAlloc(&q, 8 * kMiB) == CUDA_SUCCESS);
+  REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
+  REQUIRE(d.pool_free.load() >= 40 * kMiB);
+  REQUIRE(d.pool_largest_free.load() >= 40 * kMiB);
+  REQUIRE(cuCtxDestroy(ctx) == CUDA_SUCCESS);
+  CHECK(d.pool_free.load() == 0);
+  CHECK(d.pool_largest_free.load() == 0);
+  REQUIRE(cuCtxSetCurrent(prev) == CUDA_SUCCESS);
+}
+
 TEST_CASE("vmm: the cap counts physical memory, and refuses only what stitching cannot serve", "[vmm_cap]") {
   make_context();
   touch_interposer();

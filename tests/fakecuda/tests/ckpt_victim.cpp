@@ -31,6 +31,8 @@
 //   check             says "calling", then reads the first allocation back -> "ok 0xADDR" | "bad ..." | "rc N"
 //   filled VALUE      reads the first allocation back                     -> "filled" | "bad ..." | "rc N"
 //   call              cuCtxGetDevice                                      -> "rc N"
+//   device N          makes device N's primary context current (what follows allocates
+//                     there)                                              -> "rc N"
 //   info              cuMemGetInfo                                        -> "free F total T"
 // `ckpt_victim restore PID` instead asks for PID's restore without calling cuInit first and
 // prints "rc N" (the driver requires cuInit or persistence mode before a restore);
@@ -326,6 +328,13 @@ int main(int argc, char** argv) {
       check();
     } else if (c == "filled") {
       filled(static_cast<unsigned>(a));
+    } else if (c == "device") {
+      CUdevice d = -1;
+      CUcontext x = nullptr;
+      CUresult rc = cuDeviceGet(&d, static_cast<int>(a));
+      if (rc == CUDA_SUCCESS) rc = cuDevicePrimaryCtxRetain(&x, d);
+      if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(x);
+      say("rc %d", rc);
     } else if (c == "call") {
       CUdevice d = -1;
       say("rc %d", cuCtxGetDevice(&d));

@@ -150,6 +150,7 @@ class free_lists {
     for (int c = 0; c < Classes; ++c) small_[c] = nullptr, carving_[c] = nullptr;
     large_.clear();
     large_bytes_ = 0;
+    whole_bytes_ = 0;
     largest_ = 0;
   }
 
