@@ -18,7 +18,8 @@
 #      at 5 marks, and a tensor's own line where the cache would have reused a segment;
 #   4. a CPU-bound configuration (batch 1 x 64): pytorch and tensors, ROUNDS rounds;
 #   5. CUDA graph capture with PyTorch's cache off: a tensor allocated inside
-#      torch.cuda.graph gets the driver's answer, with and without cuwarden.
+#      torch.cuda.graph gets the driver's answer, with and without cuwarden; and
+#      torch.compile(mode="reduce-overhead") (CUDA graphs) on a Linear layer, with and without.
 # Writes OUT/summary.md, OUT/tensors.json (the fields tests/gpu/results/*tensors*.json keep),
 # OUT/run.log and each run's JSON under OUT/runs/. Exit 0 when every run completed.
 #
@@ -131,6 +132,19 @@ try:
 except Exception as e:  # the driver's answer, as PyTorch reports it
     print(json.dumps({"captured": False, "error": str(e).splitlines()[0][:200]}))
 EOF
+cat >"$WORK/compile.py" <<'EOF'
+import json, torch
+m = torch.nn.Linear(256, 256).cuda()
+f = torch.compile(m, mode="reduce-overhead")  # CUDA graphs, captured on a later call
+x = torch.randn(64, 256, device="cuda")
+try:
+    for _ in range(4):
+        y = f(x)
+    torch.cuda.synchronize()
+    print(json.dumps({"compiled": True, "matches_eager": bool(torch.allclose(y, m(x), atol=1e-3))}))
+except Exception as e:
+    print(json.dumps({"compiled": False, "error": str(e).splitlines()[0][:200]}))
+EOF
 for c in driver tensors tensors_vmm; do
   case $c in
     driver) pre=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1) ;;
@@ -140,6 +154,10 @@ for c in driver tensors tensors_vmm; do
   out=$("${pre[@]}" python3 "$WORK/capture.py" 2>"$OUT/runs/capture-$c.err" | tail -n 1)
   echo "capture $c: $out"
   echo "$out" >"$OUT/runs/capture-$c.txt"
+  [[ $c == tensors_vmm ]] && continue  # torch.compile: the driver's answer and cuwarden's cache pool
+  out=$(timeout 90 "${pre[@]}" python3 "$WORK/compile.py" 2>"$OUT/runs/compile-$c.err" | tail -n 1)
+  echo "torch.compile reduce-overhead $c: $out"
+  echo "$out" >"$OUT/runs/compile-$c.txt"
 done
 
 python3 - "$OUT" <<'EOF'
@@ -180,8 +198,13 @@ res["pytorch_reserved_over_allocated"] = (p["max_memory_reserved"] / p["max_memo
                                           if p.get("max_memory_allocated") else None)
 cpu_pt, cpu_t = med("cpu-", "pytorch")[0], med("cpu-", "tensors")[0]
 res["cpu_bound"] = {"pytorch_ms": cpu_pt, "tensors_ms": cpu_t, "ratio": cpu_t / cpu_pt if cpu_pt and cpu_t else None}
-res["capture"] = {c: json.loads(open(f"{out}/runs/capture-{c}.txt").read().strip() or "null")
-                  for c in ("driver", "tensors", "tensors_vmm")}
+def first_json(p):
+    try:
+        return json.loads(open(p).read().strip() or "null")
+    except (OSError, ValueError):
+        return None
+res["capture"] = {c: first_json(f"{out}/runs/capture-{c}.txt") for c in ("driver", "tensors", "tensors_vmm")}
+res["compile_reduce_overhead"] = {c: first_json(f"{out}/runs/compile-{c}.txt") for c in ("driver", "tensors")}
 def load(p):
     try:
         return json.load(open(p))
@@ -205,7 +228,7 @@ for c in ("pytorch", "tensors", "tensors_vmm", "tensors_cs16", "driver"):
 L += ["", f"held {res.get('held_bytes')} B (vmm {res.get('vmm_held_bytes')}), peak live {peak_live} B: "
       f"held/peak live {res['held_over_peak_live']}, vmm {res['vmm_held_over_peak_live']}; "
       f"PyTorch's max reserved / max allocated {res['pytorch_reserved_over_allocated']}", "",
-      f"CPU-bound (batch 1 x 64): {res['cpu_bound']}", "", f"capture: {res['capture']}", "",
+      f"CPU-bound (batch 1 x 64): {res['cpu_bound']}", "", f"capture: {res['capture']}", "", f"torch.compile(mode='reduce-overhead'): {res['compile_reduce_overhead']}", "",
       f"memory_allocated against cuwarden's libc10_cuda bytes: {json.dumps(res.get('memory_allocated'))}", "",
       f"the tensor's own line: {json.dumps(res.get('tensor_line'))}", ""]
 for c in ("tensors", "tensors_vmm"):
