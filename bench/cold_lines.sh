@@ -28,7 +28,7 @@ PAIRS=300
 W=$(mktemp -d "${TMPDIR:-/tmp}/cuwarden-cold.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/run"
-(cd "$W" && env -u LD_PRELOAD LD_LIBRARY_PATH="$BUILD/fakecuda" CUWARDEN_FAKE_DEVICES=1 CUWARDEN_FAKE_MEMORY=16G \
+(cd "$W" && env -i PATH=/usr/local/bin:/usr/bin:/bin LD_LIBRARY_PATH="$BUILD/fakecuda" CUWARDEN_FAKE_DEVICES=1 CUWARDEN_FAKE_MEMORY=16G \
    FAKECUDA_THRASH_KB=4096 LD_PRELOAD="$LIB" CUWARDEN_POOL=off CUWARDEN_RUN_DIR="$W/run" \
    valgrind --tool=callgrind --collect-atstart=no --cache-sim=yes --I1=32768,8,64 --D1=49152,12,64 \
    --LL=2097152,16,64 --callgrind-out-file="$W/cg.out" "$BUILD/bin/cuw_callgrind_pairs" "${ASYNC[@]}" \
