@@ -1,6 +1,9 @@
 // cuwarden integration tests: `cuwarden resume PID|job:NAME --gpu N`, a restore onto another
 // GPU, on the simulated driver with several devices sharing one CUWARDEN_FAKE_DIR
 // (suspend_test_support.hpp); and the simulated driver's own checks of a restore's GPU pairs.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "suspend_test_support.hpp"
 
 using namespace cuwt;
@@ -58,12 +61,53 @@ int channel_state(const Setup& s, uint32_t pid) {
   return ok ? static_cast<int>(v) : -1;
 }
 
+/// Body of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
+std::string http_body(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  const std::size_t at = got.find("\r\n\r\n");
+  return at == std::string::npos ? std::string() : got.substr(at + 4);
+}
+
+/// The `cuwarden_process_memory_used_bytes` line of `pid` in /metrics ("" if none).
+std::string used_metric(int port, uint32_t pid) {
+  const std::string text = http_body(port, "/metrics");
+  std::size_t at = 0;
+  for (std::size_t end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+    const std::string line = text.substr(at, end - at);
+    if (line.rfind("cuwarden_process_memory_used_bytes{", 0) == 0 && contains(line, "pid=\"" + std::to_string(pid) + "\""))
+      return line;
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("suspend.move.onto_another_gpu") {
   Setup s = multi_gpu(2);
   ScopedEnv env(s.env);
-  auto d = std::make_unique<SuspendDaemon>(s);
+  auto d = std::make_unique<SuspendDaemon>(s, std::vector<std::string>{"--http", "127.0.0.1:0"});
+  int port = 0;
+  REQUIRE(wait_until([&] {
+    const std::string log = slurp(d->log);
+    const std::size_t at = log.find("(port ");
+    if (at != std::string::npos) port = std::atoi(log.c_str() + at + 6);
+    return port > 0;
+  }));
   Victim v(s);
   REQUIRE(v.ask("uuid 0") == uuid_of(0));
   REQUIRE(contains(v.ask("alloc " + std::to_string(64 * kMiB)), "ptr 0x"));
@@ -93,6 +137,11 @@ TEST_CASE("suspend.move.onto_another_gpu") {
   REQUIRE(p["devices"].size() == 1);
   CHECK(p["devices"][0]["uuid"] == uuid_of(1));
   CHECK(p["devices"][0]["used_bytes"].get<uint64_t>() == 64 * kMiB);
+  // /metrics too: its series carry GPU 1's index and UUID.
+  const std::string metric = used_metric(port, v.pid());
+  INFO(metric);
+  CHECK(contains(metric, "gpu=\"1\",uuid=\"" + uuid_of(1) + "\""));
+  CHECK(contains(metric, "} 67108864"));
   // The driver answers the new UUID for its old ordinal.
   CHECK(v.ask("uuid 0") == uuid_of(1));
   // Its next allocation rewrites the ring: a daemon started afresh (no record of the move)
