@@ -253,10 +253,10 @@ int main(int argc, char** argv) {
   resume->footer(
       "Refused (exit status 3) while its GPUs lack the free memory it needs back, with the figures.\n"
       "--gpu N moves a process suspended from one GPU onto GPU N: it keeps its device addresses, its\n"
-      "job share moves with it. Refused (exit status 3), before the driver is called: a process that held\n"
-      "memory on several GPUs (unless N is the one it is on), a GPU of another chip, a GPU without its\n"
-      "footprint free plus a margin; an unknown GPU fails (exit status 1). A job moves whole: every member\n"
-      "is checked before any is restored.");
+      "job share moves with it; one that held memory on N already resumes where it was. Refused (exit\n"
+      "status 3), before the driver is called: a process that held memory on several GPUs, a GPU of\n"
+      "another chip, a GPU without its footprint free plus a margin; an unknown GPU fails (exit status 1).\n"
+      "A job moves whole: every member is checked before any is restored.");
 
   // `run [options] -- CMD ...` (and `fit`): CLI11 sees only what precedes "--"; the rest is the command
   // verbatim. Without "--", prefix_command() stops at the first non-option (the command).

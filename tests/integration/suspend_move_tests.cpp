@@ -269,7 +269,7 @@ TEST_CASE("suspend.move.refusals_leave_it_suspended_and_restorable") {
   CHECK(contains(unknown.err, "no GPU 7"));
   const CmdResult bad_uuid = cli(s, {"resume", pid, "--gpu", "GPU-00000000-0000-0000-0000-000000000000"});
   CHECK(bad_uuid.status == 1);
-  const CmdResult several = cli(s, {"resume", std::to_string(two.pid()), "--gpu", "1"});
+  const CmdResult several = cli(s, {"resume", std::to_string(two.pid()), "--gpu", "2"});
   INFO(several.err);
   CHECK(several.status == 3);
   CHECK(contains(several.err, "several GPUs (GPU 0 (" + uuid_of(0) + ")"));
@@ -285,7 +285,15 @@ TEST_CASE("suspend.move.refusals_leave_it_suspended_and_restorable") {
   const CmdResult back = cli(s, {"resume", pid});
   INFO(back.err);
   CHECK(back.status == 0);
-  CHECK(cli(s, {"resume", std::to_string(two.pid())}).status == 0);
+  // --gpu naming a GPU it is on already: a plain resume, there (for the one on two GPUs, on both).
+  const CmdResult in_place = cli(s, {"resume", std::to_string(two.pid()), "--gpu", "0"});
+  INFO(in_place.out << in_place.err);
+  CHECK(in_place.status == 0);
+  CHECK(contains(in_place.out, "resumed, 16.00 MiB back on the device"));
+  const json two_now = d.process(two.pid());
+  CHECK(two_now["state"] == "running");
+  CHECK(two_now["devices"][0]["uuid"] == uuid_of(0));
+  CHECK(two_now["devices"][1]["uuid"] == uuid_of(1));
   for (Victim* x : {&v, &two}) {
     x->send("check");
     CHECK(x->line() == "calling");

@@ -244,18 +244,23 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
         return stop(O::refused, fmt::format("pid {}'s {} of device memory would not fit in the node's available memory "
                                             "({} MemAvailable)",
                                             p->pid, format_bytes(t.device_bytes), format_bytes(*avail)));
-    } else if (!req.gpu.empty()) {
-      t.host_bytes = p->suspended_host_bytes;
-      t.since_ns = p->suspended_ns;
-      bool refused = true;
-      if (const std::string why = prepare_move(*p, s, gpus, req.gpu, planned, t, &refused); !why.empty())
-        return stop(refused ? O::refused : O::failed, why);
-      for (const auto& f : t.footprint) t.device_bytes += f.second;
-      planned += t.device_bytes;
     } else {
-      t.footprint = p->suspended_footprint;
       t.host_bytes = p->suspended_host_bytes;
       t.since_ns = p->suspended_ns;
+      // --gpu: onto that GPU, unless it is (one of) the process's own: then where it was.
+      bool in_place = req.gpu.empty();
+      if (!in_place) {
+        bool refused = true;
+        if (const std::string why = prepare_move(*p, s, gpus, req.gpu, planned, t, &refused, &in_place); !why.empty())
+          return stop(refused ? O::refused : O::failed, why);
+      }
+      if (!in_place) {
+        for (const auto& f : t.footprint) t.device_bytes += f.second;
+        planned += t.device_bytes;
+        out.processes.push_back(std::move(t));
+        continue;
+      }
+      t.footprint = p->suspended_footprint;
       for (const auto& [uuid, bytes] : t.footprint) {
         t.device_bytes += bytes;
         const NvmlGpu* g = nullptr;

@@ -7,8 +7,9 @@
 // a restore that fails for want of room leaves the process FAILED. So the daemon checks,
 // before the driver is called, everything it can:
 //   - GPU N is one NVML lists (by index, as nvidia-smi numbers it, or by UUID);
-//   - the process held memory on one GPU (several: refused, saying which; moving several
-//     is not offered), or N is the GPU it is on already (then it is a plain resume);
+//   - N is not a GPU it held memory on (then it is a plain resume, where it was);
+//   - it held memory on one GPU (several: refused, saying which; moving several is not
+//     offered);
 //   - N is the same chip as its GPU (NVML's names compared);
 //   - N has its footprint free now, plus the resume margin (suspend.hpp), counting what the
 //     request's earlier processes take there;
@@ -54,8 +55,10 @@ std::string lower(std::string s) {
 }  // namespace
 
 std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, const std::vector<NvmlGpu>& gpus,
-                                   const std::string& gpu, uint64_t planned, SuspendTarget& t, bool* refused) const {
+                                   const std::string& gpu, uint64_t planned, SuspendTarget& t, bool* refused,
+                                   bool* in_place) const {
   *refused = true;
+  *in_place = false;
   if (!nvml_ || !nvml_->available()) {
     *refused = false;
     return "without NVML the daemon cannot tell the GPUs apart: resume it without --gpu";
@@ -81,6 +84,11 @@ std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, cons
       if (g.uuid == uuid) return fmt::format("GPU {} ({})", g.index, uuid);
     return uuid;
   };
+  for (const auto& h : held)
+    if (h.first == to->uuid) {
+      *in_place = true;  // on it already: a plain resume, with its checks
+      return "";
+    }
   if (held.size() > 1) {
     std::string list;
     for (const auto& [uuid, bytes] : held) list += fmt::format("{}{} with {}", list.empty() ? "" : ", ", name_of(uuid), format_bytes(bytes));
@@ -98,7 +106,7 @@ std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, cons
     *refused = false;
     return fmt::format("pid {} was suspended from {}, which NVML no longer lists", p.pid, from_uuid);
   }
-  if (from != to && from->name != to->name)
+  if (from->name != to->name)
     return fmt::format("GPU {} ({}) is a {}, and pid {} was suspended from GPU {} ({}), a {}: the driver restores "
                        "only onto a GPU of the same chip",
                        to->index, to->uuid, to->name, p.pid, from->index, from->uuid, from->name);
@@ -115,7 +123,6 @@ std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, cons
   t.to_index = to->index;
   t.to_uuid = to->uuid;
   t.footprint = {{to->uuid, bytes}};
-  if (from == to) return "";  // on it already: a plain resume
   if (!p.ring->writable())
     return fmt::format("pid {}'s ring is read-only to the daemon, which could not tell it that its GPU changed",
                        p.pid);
