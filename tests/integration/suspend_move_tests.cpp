@@ -179,6 +179,19 @@ TEST_CASE("suspend.move.the_job_share_moves_and_its_cap_holds") {
     return u.count(uuid_of(0)) && u.at(uuid_of(0)) == 40 * kMiB && u.count(uuid_of(1)) && u.at(uuid_of(1)) == 30 * kMiB;
   }));
   REQUIRE(cli(s, {"suspend", std::to_string(a.pid())}).status == 0);
+  {
+    // While the job holds 70 MiB on GPU 1, a's 40 MiB there would pass the cap: refused.
+    Victim c(s, {"CUWARDEN_JOB=train", "CUWARDEN_JOB_LIMIT=100M"});
+    REQUIRE(contains(c.ask("alloc_on 1 " + std::to_string(40 * kMiB)), "ptr 0x"));
+    REQUIRE(wait_until([&] { return job_used(d, "train")[uuid_of(1)] == 70 * kMiB; }));
+    const CmdResult over = cli(s, {"resume", std::to_string(a.pid()), "--gpu", "1"});
+    INFO(over.err);
+    CHECK(over.status == 3);
+    CHECK(contains(over.err, "job 'train' has a cap of 100.00 MiB per GPU and holds 70.00 MiB on GPU 1"));
+    CHECK(d.process(a.pid())["state"] == "suspended");
+  }
+  // c is gone: its share goes with it (the daemon's sweep).
+  REQUIRE(wait_until([&] { return job_used(d, "train")[uuid_of(1)] == 30 * kMiB; }));
   const CmdResult r = cli(s, {"resume", std::to_string(a.pid()), "--gpu", uuid_of(1)});
   INFO(r.out << r.err << slurp(d.log));
   REQUIRE(r.status == 0);

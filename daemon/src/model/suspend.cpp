@@ -208,7 +208,7 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
 
   // Each one: its state, what the driver could not carry, its footprint and room for it.
   std::vector<NvmlGpu> gpus = nvml_ ? nvml_->query() : std::vector<NvmlGpu>{};
-  uint64_t planned = 0;  // resume --gpu: what the request's processes take on that GPU
+  uint64_t planned = 0, planned_job = 0;  // resume --gpu: what the request's processes take on that GPU
   for (Process* p : procs) {
     if (p->suspend_busy) return stop(O::failed, fmt::format("pid {} is being suspended or resumed already", p->pid));
     if (suspend && p->suspended)
@@ -251,12 +251,13 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
       bool in_place = req.gpu.empty();
       if (!in_place) {
         bool refused = true;
-        if (const std::string why = prepare_move(*p, s, gpus, req.gpu, planned, t, &refused, &in_place); !why.empty())
+        if (const std::string why = prepare_move(*p, s, gpus, req.gpu, planned, planned_job, t, &refused, &in_place); !why.empty())
           return stop(refused ? O::refused : O::failed, why);
       }
       if (!in_place) {
         for (const auto& f : t.footprint) t.device_bytes += f.second;
         planned += t.device_bytes;
+        planned_job += t.job_share;
         out.processes.push_back(std::move(t));
         continue;
       }

@@ -62,6 +62,7 @@ struct SuspendTarget {
   /// pairs: restored in place.
   std::vector<CheckpointDriver::GpuPair> pairs;
   std::vector<std::pair<uint32_t, std::array<uint8_t, 16>>> moved;
+  uint64_t job_share = 0;  ///< resume --gpu: what its job's file counts for it on the GPU it leaves, bytes
   unsigned from_index = 0, to_index = 0;
   std::string from_uuid, to_uuid;
 };

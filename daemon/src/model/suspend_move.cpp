@@ -13,6 +13,7 @@
 //   - N is the same chip as its GPU (NVML's names compared);
 //   - N has its footprint free now, plus the resume margin (suspend.hpp), counting what the
 //     request's earlier processes take there;
+//   - its job's cap per GPU, if any, still holds on N with its share moved there;
 //   - its ring is writable (the daemon must tell the interposer that its UUIDs changed).
 // The pairs name every device the process sees (RingHeader::visible_devices, with each one's
 // UUID), each onto itself but the old GPU onto N, and N, if the process sees it too, onto the
@@ -25,6 +26,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/util.hpp"
+#include "cuw/job.hpp"
 #include "cuw/size.hpp"
 #include "model/detail/registry_process.hpp"
 #include "model/registry.hpp"
@@ -55,8 +57,8 @@ std::string lower(std::string s) {
 }  // namespace
 
 std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, const std::vector<NvmlGpu>& gpus,
-                                   const std::string& gpu, uint64_t planned, SuspendTarget& t, bool* refused,
-                                   bool* in_place) const {
+                                   const std::string& gpu, uint64_t planned, uint64_t planned_job, SuspendTarget& t,
+                                   bool* refused, bool* in_place) {
   *refused = true;
   *in_place = false;
   if (!nvml_ || !nvml_->available()) {
@@ -123,6 +125,25 @@ std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, cons
   t.to_index = to->index;
   t.to_uuid = to->uuid;
   t.footprint = {{to->uuid, bytes}};
+  // Its job's cap per GPU holds on the new GPU too: the job's share moves there (the
+  // interposer moves it at its next allocation, past the cap: it is memory already held).
+  const std::string job_name = field_text(s.job, sizeof s.job);
+  for (uint32_t o = 0; o < ring::kMaxDevices; ++o)
+    if (s.devices[o].present && format_uuid(s.devices[o].uuid) == from->uuid) t.job_share += s.devices[o].used;
+  if (JobTable::Job* j = job_name.empty() ? nullptr : jobs_.find(p.uid, job_name)) {
+    JobTable::View v;
+    if (jobs_.view(*j, &v) && v.cap != job::kNoLimit) {
+      uint64_t there = 0;
+      for (std::size_t i = 0; i < v.gpus.size() && i < v.used.size(); ++i)
+        if (format_uuid(v.gpus[i].uuid) == to->uuid) there = v.used[i];
+      if (there + planned_job + t.job_share > v.cap)
+        return fmt::format("job '{}' has a cap of {} per GPU and holds {} on GPU {} ({}){}: pid {}'s {} would pass it",
+                           job_name, format_bytes(v.cap), format_bytes(there), to->index, to->uuid,
+                           planned_job ? fmt::format(", {} more with the processes before it", format_bytes(planned_job))
+                                       : "",
+                           p.pid, format_bytes(t.job_share));
+    }
+  }
   if (!p.ring->writable())
     return fmt::format("pid {}'s ring is read-only to the daemon, which could not tell it that its GPU changed",
                        p.pid);
