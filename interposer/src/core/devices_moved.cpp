@@ -61,10 +61,11 @@ CUW_COLD void Tracker::devices_moved() noexcept {
     // the old GPU's entry and put on the new one's (the process's own counters stay with
     // the ordinal). The bytes are read, and the ordinal's entry switched, under lock(), so a
     // charge or free counted in `used` before the switch is in `held`, one after it goes to
-    // the new entry. Left open: a call whose `used` change came before the switch but whose
-    // job share (given outside the lock, as everywhere) comes after it lands on the new
-    // entry, leaving its bytes between the two GPUs' entries; the job's total stays exact.
-    // It needs a free in flight while the process resumes, as the daemon unlocks it.
+    // the new entry. Left open: a call that reads the ordinal's entry on one side of the
+    // switch and changes `used` on the other (the job's share is taken and given outside the
+    // lock, as everywhere) leaves its bytes on the wrong one of the two GPUs' entries; the
+    // job's total stays exact. It needs another thread's allocation or free in flight at the
+    // first allocation after the resume.
     const int g_new = job_slot_ >= 0 ? job_->gpu_index(reinterpret_cast<const uint8_t*>(u.bytes), d.physical_total) : -1;
     uint64_t held = 0;
     int g_old = -1;
