@@ -56,6 +56,7 @@ struct SuspendOptions {
   bool resume = false;  ///< `cuwarden resume` rather than `cuwarden suspend`
   std::string target;   ///< "PID", "job:NAME" or "job:USER/NAME"
   std::string timeout;  ///< --timeout: each lock's, "10s", "500ms" (suspend only; empty: the daemon's 10 s)
+  std::string gpu;      ///< --gpu: resume onto this GPU (NVML index or UUID; empty: its own)
   bool json = false;
 };
 /// `cuwarden suspend|resume PID|job:NAME`: the daemon moves the process's device memory to

@@ -248,9 +248,15 @@ int main(int argc, char** argv) {
   resume->add_option("target", uo.target, "PID, job:NAME or job:USER/NAME")->required();
   resume->add_flag("--json", uo.json, "print the daemon's reply as JSON");
   resume->add_option("--socket", socket, "daemon socket");
-  int resume_gpu = -1;
-  resume->add_option("--gpu", resume_gpu, "restore onto GPU N (not built yet: refused with exit status 2)");
-  resume->footer("Refused (exit status 3) while its GPUs lack the free memory it needs back, with the figures.");
+  resume->add_option("--gpu", uo.gpu,
+                     "restore onto GPU N (its index as nvidia-smi numbers it, or its UUID) instead of its own");
+  resume->footer(
+      "Refused (exit status 3) while its GPUs lack the free memory it needs back, with the figures.\n"
+      "--gpu N moves a process suspended from one GPU onto GPU N: it keeps its device addresses, its\n"
+      "job share moves with it; one that held memory on N already resumes where it was. Refused (exit\n"
+      "status 3), before the driver is called: a process that held memory on several GPUs, a GPU of\n"
+      "another chip, a GPU without its footprint free plus a margin; an unknown GPU fails (exit status 1).\n"
+      "A job moves whole: every member is checked before any is restored.");
 
   // `run [options] -- CMD ...` (and `fit`): CLI11 sees only what precedes "--"; the rest is the command
   // verbatim. Without "--", prefix_command() stops at the first non-option (the command).
@@ -333,11 +339,6 @@ int main(int argc, char** argv) {
     return cmd_suspend(sus);
   }
   if (*resume) {
-    if (resume->count("--gpu")) {
-      std::fprintf(stderr, "cuwarden resume: --gpu is not built yet; the process resumes on the GPUs it was "
-                           "suspended from (leave --gpu out)\n");
-      return 2;
-    }
     uo.socket = socket;
     return cmd_suspend(uo);
   }

@@ -1,6 +1,6 @@
 // cuwarden CLI: `cuwarden suspend PID|job:NAME [--timeout 10s]` and `cuwarden resume
-// PID|job:NAME` — the daemon moves a process's (or each member of a job's) device memory to
-// the host through the driver's checkpoint API, and back. The daemon decides whether the
+// PID|job:NAME [--gpu N]` — the daemon moves a process's (or each member of a job's) device
+// memory to the host through the driver's checkpoint API, and back (with --gpu, onto GPU N). The daemon decides whether the
 // caller may (the owner or root) and whether it can be done; this prints the outcome, or the
 // refusal with exit status 3.
 #include <cstdio>
@@ -58,6 +58,16 @@ int cmd_suspend(const SuspendOptions& o) {
     if (pid == 0 || pid > 0x7fffffff) return usage(o, "'" + o.target + "' is not a process id");
     req["pid"] = pid;
   }
+  if (!o.gpu.empty()) {
+    if (!o.resume) return usage(o, "--gpu goes with resume");
+    if (o.gpu.find_first_not_of("0123456789") == std::string::npos) {
+      if (o.gpu.size() > 2) return usage(o, "--gpu '" + o.gpu + "' is neither a GPU index nor a UUID");
+      req["gpu"] = std::stoull(o.gpu);
+    } else {
+      if (o.gpu.size() > 64) return usage(o, "--gpu '" + o.gpu + "' is neither a GPU index nor a UUID");
+      req["gpu"] = o.gpu;
+    }
+  }
   uint64_t timeout_ms = 10000;
   if (!o.timeout.empty()) {
     if (o.resume) return usage(o, "--timeout goes with suspend (a lock's timeout)");
@@ -80,7 +90,14 @@ int cmd_suspend(const SuspendOptions& o) {
     std::printf("job %s: %s\n", r.value("job", "").c_str(), o.resume ? "resumed" : "suspended");
   for (const auto& p : r.value("processes", json::array())) {
     const uint64_t bytes = p.value("device_bytes", uint64_t{0});
-    if (o.resume)
+    if (o.resume && p.contains("to_gpu"))
+      std::printf("pid %llu (%s): resumed onto GPU %llu (%s) from GPU %llu (%s), %s on the device in %.2f s\n",
+                  static_cast<unsigned long long>(p.value("pid", uint64_t{0})), p.value("process_name", "").c_str(),
+                  static_cast<unsigned long long>(p["to_gpu"].value("index", uint64_t{0})),
+                  p["to_gpu"].value("uuid", "").c_str(),
+                  static_cast<unsigned long long>(p["from_gpu"].value("index", uint64_t{0})),
+                  p["from_gpu"].value("uuid", "").c_str(), format_bytes(bytes).c_str(), p.value("seconds", 0.0));
+    else if (o.resume)
       std::printf("pid %llu (%s): resumed, %s back on the device in %.2f s\n",
                   static_cast<unsigned long long>(p.value("pid", uint64_t{0})), p.value("process_name", "").c_str(),
                   format_bytes(bytes).c_str(), p.value("seconds", 0.0));

@@ -17,6 +17,9 @@
  *                          index; an empty entry keeps that device's default
  *                          (GPU-c0dafa7e-5a1e-4000-8000-0000000000NN, NN = physical index)
  *   CUWARDEN_FAKE_NAME     device name (default "cuwarden simulated GPU")
+ *   CUWARDEN_FAKE_NAMES    optional comma list of names by physical index; an empty or
+ *                          missing entry keeps CUWARDEN_FAKE_NAME (a restore onto another GPU
+ *                          needs the same name: the same chip)
  *   CUWARDEN_FAKE_CONTEXT_MEMORY  bytes the driver takes from the device for each live
  *                          context (default 0), counted as the context's own: in cuMemGetInfo
  *                          and NVML's per-process figure, never in an allocation

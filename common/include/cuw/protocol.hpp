@@ -182,6 +182,8 @@ inline constexpr RequestKey kResumeKeys[] = {
     {"pid", "uint", false, "\"pid\" must be a process id"},
     {"job", "string", false, "\"job\" must be a job name"},
     {"user", "string|uint|null", false, "\"user\" must be a user name or a uid"},
+    // the GPU to restore onto (NVML index or UUID); absent: each process's own
+    {"gpu", "string|uint|null", false, "\"gpu\" must be a GPU index or UUID"},
 };
 inline constexpr OneOf kSuspendOneOf[] = {
     {"pid", "job", "give exactly one of \"pid\" and \"job\""},
@@ -233,9 +235,10 @@ inline constexpr CommandInfo kCommands[] = {
      R"(room on the host); <why> when it cannot be done (a lock that timed out: nothing suspended))"},
     {Command::resume, "resume", true, kResumeKeys, kSuspendOneOf, "exactly one of pid and job; user with job only",
      R"({"action":"resume","target":"pid"|"job","job","processes":[{"pid","process_name","user","host_bytes",)"
-     R"("device_bytes","seconds"}]})",
+     R"("device_bytes","seconds"[,"from_gpu":{"index","uuid"},"to_gpu":{"index","uuid"}]}]} (with gpu: the )"
+     R"(GPU each process moved from and to))",
      R"(refused: {"error":"refused: <why>","refused":true} (the owner or root; free device memory for its footprint )"
-     R"(and a margin); <why> when it cannot be done)"},
+     R"(and a margin; with gpu: one GPU of the same chip); <why> when it cannot be done (an unknown gpu))"},
     {Command::room, "room", true, kRoomKeys, {}, "sent by the interposer of the asking process itself",
      R"({"granted":true|false,"reason","shortfall_bytes","suspended":[pid...]} (granted: processes were )"
      R"(suspended by policy, or the memory is free now: try the allocation once more))",

@@ -255,8 +255,26 @@ struct RingHeader {
   /// cuwarden's refusal), unless the daemon has not written `consumer_heartbeat_ns` for 5 s
   /// (a daemon gone leaves no process held back). 0: none held back, or a daemon that
   /// predates it.
+  ///
+  /// Bit 31 (kDevicesMoved), also the daemon's: it restored the process onto other GPUs
+  /// (`cuwarden resume --gpu`; the driver keeps each CUDA ordinal and its addresses but gives
+  /// it another physical GPU), so the UUIDs in `devices` are stale. The interposer learns the
+  /// new ones before its next allocation at no cost on its hot path: every allocation already
+  /// loads this word (a relaxed load, tested against 0) to see whether it is held back, and
+  /// the bit makes that test take its cold branch, which clears the bit, asks the driver for
+  /// each visible device's UUID again (cuDeviceGetUuid), rewrites the slots' `uuid` and moves
+  /// the process's job share (cuw/job.hpp) from the old GPU's entry to the new one's. A word
+  /// of its own would cost a second load on every allocation; a flag set by a signal would
+  /// run in the application's signal context. Until then the daemon shows the new UUIDs from
+  /// its own record of the move. The daemon sets the bit with an atomic OR and writes the
+  /// hold bits with a compare-and-swap that keeps it; the interposer clears it with an AND.
   std::atomic<uint32_t> held_back;
-  uint64_t reserved_words[22];
+  /// How many devices the process sees (cuDeviceGetCount, at most kMaxDevices), written with
+  /// the first device the interposer fills; the `uuid` of each of them is written then too,
+  /// `present` or not (a restore onto another GPU must name every GPU the process has: the
+  /// daemon builds the driver's pairs from them). 0: not known yet, or a writer that predates it.
+  std::atomic<uint32_t> visible_devices;
+  uint64_t reserved_words[21];
   alignas(64) std::atomic<uint64_t> write_pos;  ///< next position producers claim
   alignas(64) std::atomic<uint64_t> read_pos;   ///< next position the consumer reads
   alignas(64) DeviceSlot devices[kMaxDevices];
@@ -268,7 +286,10 @@ static_assert(offsetof(RingHeader, pidns) == 464, "pidns took the first reserved
 static_assert(offsetof(RingHeader, resumes) == 512, "the resume notice took reserved words of the previous layout");
 static_assert(offsetof(RingHeader, priority) == 520, "the priority took the first reserved word of the previous layout");
 static_assert(offsetof(RingHeader, held_back) == 532, "held_back took the reserved word after room_wait_ms");
-static_assert(kMaxDevices <= 32, "held_back has one bit per device");
+static_assert(offsetof(RingHeader, visible_devices) == 536, "visible_devices took the reserved word after held_back");
+static_assert(kMaxDevices <= 31, "held_back has one bit per device, and bit 31 for kDevicesMoved");
+/// RingHeader::held_back's bit that says the process was restored onto other GPUs.
+inline constexpr uint32_t kDevicesMoved = 1u << 31;
 
 /// Total file size in bytes for `slot_count` slots.
 constexpr uint64_t file_size(uint32_t slot_count) noexcept {

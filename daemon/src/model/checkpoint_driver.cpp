@@ -27,6 +27,7 @@ struct RestoreArgs {  // CUcheckpointRestoreArgs
   uint64_t reserved1;
 };
 static_assert(sizeof(LockArgs) == 64 && sizeof(Reserved8) == 64 && sizeof(RestoreArgs) == 64);
+static_assert(sizeof(CheckpointDriver::GpuPair) == 32, "CUcheckpointGpuPair: two CUuuid");
 constexpr int kCudaVersion = 12080;  // the API appeared in CUDA 12.8's driver (570)
 }  // namespace
 
@@ -100,9 +101,14 @@ int CheckpointDriver::checkpoint(uint32_t pid) {
   return api_->checkpoint(static_cast<int>(pid), &a);
 }
 
-int CheckpointDriver::restore(uint32_t pid) {
+int CheckpointDriver::restore(uint32_t pid, const std::vector<GpuPair>& pairs) {
   std::lock_guard lk(mu_);
   RestoreArgs a{};
+  std::vector<GpuPair> copy(pairs);  // the driver's argument is not const
+  if (!copy.empty()) {
+    a.gpu_pairs = copy.data();
+    a.gpu_pairs_count = static_cast<unsigned>(copy.size());
+  }
   return api_->restore(static_cast<int>(pid), &a);
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace cuw::daemon {
 
@@ -31,7 +32,15 @@ class CheckpointDriver {
   /// may take seconds, so never call them on the loop thread.
   int lock(uint32_t pid, uint32_t timeout_ms);
   int checkpoint(uint32_t pid);
-  int restore(uint32_t pid);
+  /// One GPU of a restore onto others (CUcheckpointGpuPair): the UUID it was checkpointed
+  /// on and the one to restore onto (CUuuid bytes).
+  struct GpuPair {
+    uint8_t old_uuid[16];
+    uint8_t new_uuid[16];
+  };
+  /// `pairs` empty: back onto its own GPUs. Else they must name every GPU the process has,
+  /// each onto one of the same chip with room for it (cuda.h); the driver checks that too.
+  int restore(uint32_t pid, const std::vector<GpuPair>& pairs = {});
   int unlock(uint32_t pid);
   ProcState state(uint32_t pid);
 

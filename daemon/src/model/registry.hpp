@@ -305,6 +305,18 @@ class Registry {
   bool related(const Process& a, const RingSnapshot& as, const Process& b, const RingSnapshot& bs) const;
   /// Whether `p` could go to the host now, and why not (suspend.cpp).
   std::string uncarried(const Process& p, const RingSnapshot& s) const;
+  /// resume --gpu (suspend_move.cpp): whether suspended `p` (ring `s`) can be restored onto
+  /// `gpu` (an NVML index or UUID) with `planned` bytes of the same request's footprints, and
+  /// `planned_job` of its job shares, going there before it; "" and `t`'s GPUs, footprint,
+  /// job share and driver pairs filled, or *in_place set
+  /// (`gpu` is one it held memory on: a plain resume), or why not, *refused false where it
+  /// is a failure (an unknown GPU).
+  std::string prepare_move(const Process& p, const RingSnapshot& s, const std::vector<NvmlGpu>& gpus,
+                           const std::string& gpu, uint64_t planned, uint64_t planned_job, SuspendTarget& t,
+                           bool* refused, bool* in_place);
+  /// After a restore onto another GPU, before the unlock: its ring view shows the new
+  /// UUIDs, its interposer is told to read them, its footprint names the new GPU, logged.
+  void note_moved(const SuspendTarget& t);
   std::string suspend_dir_;  ///< "": suspensions are not recorded
   struct SuspendRecord {
     uint64_t since_ns = 0, host_bytes = 0;

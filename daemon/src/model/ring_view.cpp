@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -47,12 +48,14 @@ bool RingView::snapshot(RingSnapshot& out) const noexcept {
     std::memcpy(&out.pidns, &h->pidns, sizeof out.pidns);
     std::memcpy(&out.priority, &h->priority, sizeof out.priority);
     std::memcpy(&out.priority_asked, &h->priority_asked, sizeof out.priority_asked);
+    out.visible_devices = std::min(h->visible_devices.load(std::memory_order_acquire), ring::kMaxDevices);
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
       const ring::DeviceSlot& s = h->devices[d];
       DeviceSnapshot& o = out.devices[d];
       o.present = s.present.load(std::memory_order_acquire) == 1;
+      if (d < out.visible_devices || o.present) std::memcpy(o.uuid, s.uuid, sizeof o.uuid);
+      if (moved_mask_ >> d & 1) std::memcpy(o.uuid, moved_uuid_[d], sizeof o.uuid);
       if (!o.present) continue;
-      std::memcpy(o.uuid, s.uuid, sizeof o.uuid);
       std::memcpy(o.name, s.name, sizeof o.name);
       std::memcpy(&o.physical_total, &s.physical_total, sizeof o.physical_total);
       CUW_COPY_DEVICE_COUNTERS(CUW_DEVICE_COUNTERS)
@@ -125,7 +128,28 @@ bool RingView::set_room_wait(uint32_t ms) noexcept {
 
 bool RingView::set_held_back(uint32_t mask) noexcept {
   if (!writable_) return false;
-  auto body = [&] { header()->held_back.store(mask, std::memory_order_relaxed); };
+  // The interposer's kDevicesMoved stays as it is (it clears it itself); a writer that
+  // scribbles on the word meanwhile only costs another try, a bounded number of times.
+  auto body = [&] {
+    std::atomic<uint32_t>& w = header()->held_back;
+    uint32_t cur = w.load(std::memory_order_relaxed);
+    for (int i = 0; i < 64; ++i)
+      if (w.compare_exchange_weak(cur, (cur & ring::kDevicesMoved) | (mask & ~ring::kDevicesMoved),
+                                  std::memory_order_relaxed))
+        return;
+  };
+  return guarded_call(body);
+}
+
+void RingView::set_moved_uuid(uint32_t ordinal, const uint8_t (&uuid)[16]) noexcept {
+  if (ordinal >= ring::kMaxDevices) return;
+  std::memcpy(moved_uuid_[ordinal], uuid, sizeof uuid);
+  moved_mask_ |= 1u << ordinal;
+}
+
+bool RingView::notify_moved() noexcept {
+  if (!writable_) return false;
+  auto body = [&] { header()->held_back.fetch_or(ring::kDevicesMoved, std::memory_order_relaxed); };
   return guarded_call(body);
 }
 

@@ -63,6 +63,9 @@ struct RingSnapshot {
   char cmdline[sizeof(ring::RingHeader::cmdline)] = {};
   char job[sizeof(ring::RingHeader::job)] = {};
   char pool[sizeof(ring::RingHeader::pool)] = {};
+  /// RingHeader::visible_devices, at most kMaxDevices (0: unknown); the `uuid` of each of
+  /// these devices is copied, present or not.
+  uint32_t visible_devices = 0;
   DeviceSnapshot devices[ring::kMaxDevices];
 };
 
@@ -120,6 +123,13 @@ class RingView {
   /// Hold the process's allocations back on the devices of `mask` (ring.hpp, held_back: bit
   /// per ordinal; 0 releases them). False: read-only or faulted.
   bool set_held_back(uint32_t mask) noexcept;
+  /// The process was restored onto other GPUs: from now on snapshot() gives device
+  /// `ordinal` the UUID `uuid` (what the driver gives it now), whatever the ring still says,
+  /// until the interposer has rewritten it (then both agree). Loop thread only.
+  void set_moved_uuid(uint32_t ordinal, const uint8_t (&uuid)[16]) noexcept;
+  /// Tell the interposer its devices moved (ring.hpp: kDevicesMoved in held_back): it reads
+  /// their UUIDs again before its next allocation. False: read-only or faulted.
+  bool notify_moved() noexcept;
   uint32_t slot_count() const noexcept { return slot_count_; }
   uint64_t mapped_bytes() const noexcept { return size_; }
   dev_t dev() const noexcept { return dev_; }
@@ -137,6 +147,8 @@ class RingView {
   uint64_t size_ = 0;
   uint32_t slot_count_ = 0;
   bool writable_ = false;
+  uint32_t moved_mask_ = 0;  ///< bit d: moved_uuid_[d] replaces the ring's UUID of device d
+  uint8_t moved_uuid_[ring::kMaxDevices][16] = {};
   dev_t dev_ = 0;
   ino_t ino_ = 0;
 };

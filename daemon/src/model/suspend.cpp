@@ -12,7 +12,8 @@
 //     take its device footprint;
 //   - a process the daemon does not manage (no ring), or that is not the requester's.
 // A resume needs its footprint back: it is refused, with the figures, unless NVML shows
-// that much free on each of its GPUs now, plus a margin; it never forces a restore.
+// that much free on each of its GPUs now, plus a margin; it never forces a restore. A resume
+// onto another GPU (--gpu) has its own checks (suspend_move.cpp).
 //
 // Records: <suspend dir>/<pid>-<start time>.json, written when a process is suspended and
 // removed when it is resumed or seen to exit (its host copy died with it); read back at start
@@ -207,6 +208,7 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
 
   // Each one: its state, what the driver could not carry, its footprint and room for it.
   std::vector<NvmlGpu> gpus = nvml_ ? nvml_->query() : std::vector<NvmlGpu>{};
+  uint64_t planned = 0, planned_job = 0;  // resume --gpu: what the request's processes take on that GPU
   for (Process* p : procs) {
     if (p->suspend_busy) return stop(O::failed, fmt::format("pid {} is being suspended or resumed already", p->pid));
     if (suspend && p->suspended)
@@ -243,9 +245,23 @@ SuspendResult Registry::prepare_suspend(const Peer& peer, const SuspendRequest& 
                                             "({} MemAvailable)",
                                             p->pid, format_bytes(t.device_bytes), format_bytes(*avail)));
     } else {
-      t.footprint = p->suspended_footprint;
       t.host_bytes = p->suspended_host_bytes;
       t.since_ns = p->suspended_ns;
+      // --gpu: onto that GPU, unless it is (one of) the process's own: then where it was.
+      bool in_place = req.gpu.empty();
+      if (!in_place) {
+        bool refused = true;
+        if (const std::string why = prepare_move(*p, s, gpus, req.gpu, planned, planned_job, t, &refused, &in_place); !why.empty())
+          return stop(refused ? O::refused : O::failed, why);
+      }
+      if (!in_place) {
+        for (const auto& f : t.footprint) t.device_bytes += f.second;
+        planned += t.device_bytes;
+        planned_job += t.job_share;
+        out.processes.push_back(std::move(t));
+        continue;
+      }
+      t.footprint = p->suspended_footprint;
       for (const auto& [uuid, bytes] : t.footprint) {
         t.device_bytes += bytes;
         const NvmlGpu* g = nullptr;
@@ -283,6 +299,7 @@ std::string done_by(const Peer& peer, const SuspendResult& r) {
 }  // namespace
 
 void Registry::tell_resumed(const Peer& peer, const SuspendResult& r, const SuspendTarget& t) {
+  if (!t.pairs.empty()) note_moved(t);
   for (auto& [name, p] : procs_)
     if (p->pid == t.pid && p->start_time == t.start_time && p->suspended &&
         !p->ring->notify_resumed(now_ns() - p->suspended_ns, done_by(peer, r)))

@@ -4,10 +4,13 @@
 // driver's calls run between those steps on a worker thread (suspender.hpp).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "model/checkpoint_driver.hpp"
 
 namespace cuw::daemon {
 
@@ -29,6 +32,9 @@ struct SuspendRequest {
   std::optional<uint32_t> user_uid;       ///< job: its owner by uid, or
   std::optional<std::string> user_name;   ///< by login name; neither: the requester
   uint32_t timeout_ms = 10'000;  ///< suspend: each lock's timeout (1..600000)
+  /// resume: the GPU to restore onto, as NVML numbers it ("1") or its UUID ("GPU-..."); empty:
+  /// each process comes back on the GPUs it was suspended from (suspend_move.cpp).
+  std::string gpu;
   /// The daemon's own, to make room (room.hpp) or resume what it suspended so: recorded as
   /// by "policy"; `start_time` (nonzero) names the very process meant.
   bool by_policy = false;
@@ -50,6 +56,15 @@ struct SuspendTarget {
   double seconds = 0;         ///< how long the driver took (suspend: lock and checkpoint; resume: restore and unlock)
   double first_seconds = 0;   ///< of `seconds`, the first call's share (suspend: the lock; resume: the restore)
   bool done = false;          ///< the driver's work on it succeeded (finish_suspend records it)
+  /// resume --gpu onto another GPU than its own: the driver's pairs (every GPU the process
+  /// sees, each once: the driver wants them all), what each moved ordinal's UUID is after
+  /// the restore, and the GPU it leaves and the one it comes to (NVML index, UUID). Empty
+  /// pairs: restored in place.
+  std::vector<CheckpointDriver::GpuPair> pairs;
+  std::vector<std::pair<uint32_t, std::array<uint8_t, 16>>> moved;
+  uint64_t job_share = 0;  ///< resume --gpu: what its job's file counts for it on the GPU it leaves, bytes
+  unsigned from_index = 0, to_index = 0;
+  std::string from_uuid, to_uuid;
 };
 
 /// What came of a request.

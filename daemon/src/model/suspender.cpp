@@ -74,7 +74,7 @@ SuspendResult Suspender::run(const Peer& peer, const SuspendRequest& req) {
   } else {
     for (SuspendTarget& t : r.processes) {
       const auto t0 = std::chrono::steady_clock::now();
-      const int restored = driver_.restore(t.pid);
+      const int restored = driver_.restore(t.pid, t.pairs);
       t.first_seconds = seconds_since(t0);
       if (const int rc = restored; rc != 0) {
         failure += fmt::format("{}pid {}'s restore failed ({})", failure.empty() ? "" : "; ", t.pid, driver_.error_text(rc));

@@ -31,6 +31,13 @@ SuspendRequest parse_suspend_request(const nlohmann::json& body, SuspendRequest:
       else throw std::invalid_argument("\"user\" must be a user name or a uid");
     }
   }
+  if (given(body, "gpu")) {
+    if (action != SuspendRequest::Action::resume) throw std::invalid_argument("\"gpu\" goes with resume");
+    const auto& g = body["gpu"];
+    if (g.is_number_unsigned() && g.get<uint64_t>() < 64) r.gpu = std::to_string(g.get<uint64_t>());
+    else if (g.is_string() && !g.get<std::string>().empty() && g.get<std::string>().size() <= 64) r.gpu = g.get<std::string>();
+    else throw std::invalid_argument("\"gpu\" must be a GPU index or UUID");
+  }
   if (given(body, "timeout_ms")) {
     const uint64_t t = body["timeout_ms"].get<uint64_t>();
     if (t == 0 || t > 600'000) throw std::invalid_argument("\"timeout_ms\" must be 1..600000");
@@ -48,6 +55,10 @@ nlohmann::ordered_json suspend_reply_json(const SuspendResult& r) {
                      {"host_bytes", r.action == SuspendRequest::Action::suspend ? t.device_bytes : t.host_bytes},
                      {"device_bytes", t.device_bytes},
                      {"seconds", t.seconds}});
+    if (!t.pairs.empty()) {
+      procs.back()["from_gpu"] = {{"index", t.from_index}, {"uuid", t.from_uuid}};
+      procs.back()["to_gpu"] = {{"index", t.to_index}, {"uuid", t.to_uuid}};
+    }
   }
   return {{"action", r.action == SuspendRequest::Action::suspend ? "suspend" : "resume"},
           {"target", r.job ? "job" : "pid"},

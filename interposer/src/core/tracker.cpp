@@ -111,7 +111,7 @@ CUW_COLD Tracker& Tracker::create() {
 }
 
 Tracker::Tracker() : config_(load_config()) {
-  for (int8_t& g : job_gpu_) g = -1;
+  for (auto& g : job_gpu_) g.store(-1, std::memory_order_relaxed);
   log::init(config_.log_level, config_.log_file);
   {
     // Never the shared directory when another user could delete or replace our files there.
@@ -325,8 +325,9 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
       log::warn("cuwarden: device %d: physical memory unknown, cannot apply %s", ordinal, spec->str().c_str());
   d.limit.store(configured_limit(ordinal, d.physical_total), std::memory_order_relaxed);
   if (job_slot_ >= 0) {
-    job_gpu_[ordinal] = static_cast<int8_t>(job_->gpu_index(d.uuid, d.physical_total));
-    if (job_gpu_[ordinal] < 0)
+    const int g = job_->gpu_index(d.uuid, d.physical_total);
+    job_gpu_[ordinal].store(static_cast<int8_t>(g), std::memory_order_relaxed);
+    if (g < 0)
       log::warn("cuwarden: job %s uses more than %u GPUs; device %d is not counted in the job", config_.job.c_str(),
                 job::kMaxGpus, ordinal);
   }
@@ -336,6 +337,7 @@ void Tracker::fill_device(int ordinal, ring::DeviceSlot& d) {
   static auto get_count = reinterpret_cast<count_fn>(hook::driver_symbol("cuDeviceGetCount"));
   if (int n = 0; ordinal == 0 && get_count && get_count(&n) == CUDA_SUCCESS && n == 1)
     single_device_.store(true, std::memory_order_relaxed);
+  if (header_->visible_devices.load(std::memory_order_relaxed) == 0) note_visible_devices();
   uint32_t count = header_->device_count.load(std::memory_order_relaxed);
   if (static_cast<uint32_t>(ordinal) + 1 > count)
     header_->device_count.store(static_cast<uint32_t>(ordinal) + 1, std::memory_order_relaxed);
@@ -379,7 +381,11 @@ CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint6
   return Charge::refused;
 }
 
-CUW_COLD bool Tracker::held_back_slow(uint32_t mask, int ordinal) const noexcept {
+CUW_COLD bool Tracker::held_back_slow(uint32_t mask, int ordinal) noexcept {
+  if (__builtin_expect(mask & ring::kDevicesMoved, 0)) {
+    devices_moved();
+    mask &= ~ring::kDevicesMoved;
+  }
   if (static_cast<unsigned>(ordinal) >= ring::kMaxDevices || !(mask >> ordinal & 1)) return false;
   // A daemon that stopped (killed while a restore was pending) leaves its mark behind: one
   // that has not drained the ring for 5 s holds nothing back (it beats every 250 ms).

@@ -191,7 +191,10 @@ class Tracker {
   /// sets while a higher-priority process suspended from that GPU waits to be resumed), from
   /// a daemon that still writes its heartbeat (5 s). charge() refuses while it holds; a hook
   /// that does not charge asks held_back_refused() before its driver call. Lock-free.
-  CUW_INLINE bool held_back(int ordinal) const noexcept {
+  /// The same load also carries the daemon's word that the process was restored onto other
+  /// GPUs (ring::kDevicesMoved): its cold branch learns the new UUIDs (devices_moved())
+  /// before the allocation goes on, so it is counted on the new GPU.
+  CUW_INLINE bool held_back(int ordinal) noexcept {
     const uint32_t mask = header_->held_back.load(std::memory_order_relaxed);
     return __builtin_expect(mask != 0, 0) && held_back_slow(mask, ordinal);
   }
@@ -426,7 +429,15 @@ class Tracker {
   ring::DeviceSlot* fill_device_once(int ordinal);
   /// held_back() with a mask that is not 0: whether it has `ordinal`'s bit, from a daemon
   /// that still writes its heartbeat (5 s). Cold.
-  bool held_back_slow(uint32_t mask, int ordinal) const noexcept;
+  bool held_back_slow(uint32_t mask, int ordinal) noexcept;
+  /// The daemon restored the process onto other GPUs (ring::kDevicesMoved): clear the bit,
+  /// ask the driver for each visible device's UUID again, rewrite the ring's slots and move
+  /// the job's share of each moved device to its new GPU's entry. Takes device_mu_ and
+  /// lock(); call with neither held (devices_moved.cpp). Cold.
+  void devices_moved() noexcept;
+  /// The visible devices' count and UUIDs into the ring (RingHeader::visible_devices), with
+  /// the first device filled; device_mu_ held.
+  void note_visible_devices() noexcept;
   /// charge()'s refusal by the process cap or a hold (lock() not held): the context check,
   /// the count and the event.
   Charge refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api, bool assumed);
@@ -462,7 +473,7 @@ class Tracker {
   int job_gpu(int ordinal) const noexcept {
     // In no job is the common case: its test laid out as the straight line.
     return __builtin_expect(job_slot_ >= 0, 0) && ordinal >= 0 && ordinal < static_cast<int>(ring::kMaxDevices)
-               ? job_gpu_[ordinal]
+               ? job_gpu_[ordinal].load(std::memory_order_relaxed)
                : -1;
   }
 
@@ -494,7 +505,8 @@ class Tracker {
   // (end of the first line)
   std::atomic<ctx_get_device_fn> ctx_get_device_{nullptr};
   job::Segment* job_ = nullptr;
-  int8_t job_gpu_[ring::kMaxDevices];  ///< see below
+  /// See below; atomic because devices_moved() rewrites an entry while allocations read it.
+  std::atomic<int8_t> job_gpu_[ring::kMaxDevices];
   static_assert(job::kMaxGpus <= 127, "job_gpu_ holds a job's GPU index in a byte");
 
   Config config_;

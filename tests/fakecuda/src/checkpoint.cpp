@@ -22,7 +22,14 @@
 //               580 was seen to survive managed memory: this simulates the former).
 //   restore     takes the shares back (CUDA_ERROR_OUT_OF_MEMORY and FAILED when the devices no
 //               longer have the room, as the driver's restore fails) and copies the bytes back
-//               to the same device addresses; the process is LOCKED again.
+//               to the same device addresses; the process is LOCKED again. With GPU pairs
+//               (gpuPairs) it first moves each device the process sees onto the device its
+//               pair names (remap_devices: same ordinal, same addresses, the new UUID and the
+//               new device's shared capacity); pairs that leave a device out or name an
+//               unknown one answer CUDA_ERROR_INVALID_VALUE, a device of another name (chip)
+//               CUDA_ERROR_NOT_SUPPORTED, both before anything changes (still CHECKPOINTED:
+//               the driver validates its arguments first); too little room on the new
+//               device is the OUT_OF_MEMORY and FAILED above.
 //   unlock      opens the gate: the waiting calls go on.
 // A FAILED process's calls answer CUDA_ERROR_ILLEGAL_STATE, and so do the four operations.
 #include <fcntl.h>
@@ -227,9 +234,13 @@ CUresult process_checkpoint() {
   return CUDA_SUCCESS;
 }
 
-CUresult process_restore() {
+CUresult process_restore(const CUcheckpointGpuPair* pairs, unsigned count) {
   std::lock_guard op(g_op_mu);
   if (process_state() != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
+  // Onto other GPUs: the pairs are checked before anything moves (a bad pair changes
+  // nothing: the process stays CHECKPOINTED); the shares are then taken on the new devices.
+  if (count > 0)
+    if (const CUresult rc = remap_devices(pairs, count)) return rc;
   const int n = static_cast<int>(g_saved.device_bytes.size());
   for (int i = 0; i < n; ++i) {
     if (device(i)->reserve(g_saved.device_bytes[i])) continue;
@@ -264,11 +275,19 @@ CUresult process_unlock() {
 
 namespace {
 
-CUresult run_op(uint32_t op, uint32_t timeout_ms) {
+CUresult run_op(const ChannelFile* ch, uint32_t op, uint32_t timeout_ms) {
   switch (op) {
     case kOpLock: return process_lock(timeout_ms);
     case kOpCheckpoint: return process_checkpoint();
-    case kOpRestore: return process_restore();
+    case kOpRestore: {
+      // The controller's words: bounded and copied before use.
+      CUcheckpointGpuPair pairs[kMaxPairs];
+      const unsigned n = ch->pair_count;
+      if (n > kMaxPairs) return CUDA_ERROR_INVALID_VALUE;
+      static_assert(sizeof(CUcheckpointGpuPair) == sizeof ch->pairs[0]);
+      std::memcpy(pairs, ch->pairs, n * sizeof pairs[0]);
+      return process_restore(pairs, n);
+    }
     case kOpUnlock: return process_unlock();
     default: return CUDA_ERROR_INVALID_VALUE;
   }
@@ -290,7 +309,7 @@ void service_loop(ChannelFile* ch) {
       futex_wait(&ch->request, want, 0);
       continue;
     }
-    const CUresult rc = run_op(ch->op, ch->timeout_ms);
+    const CUresult rc = run_op(ch, ch->op, ch->timeout_ms);
     ch->result = rc;
     answered = want;
     ch->done.store(want, std::memory_order_release);

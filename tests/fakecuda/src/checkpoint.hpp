@@ -30,7 +30,8 @@
 namespace fc {
 
 constexpr uint32_t kChannelMagic = 0x6b636366;  // "fcck"
-constexpr uint32_t kChannelVersion = 1;
+constexpr uint32_t kChannelVersion = 2;  // 2: the restore's GPU pairs
+constexpr uint32_t kMaxPairs = 16;       // a restore's GPU pairs (CUcheckpointGpuPair) at most
 
 enum ChannelOp : uint32_t { kOpLock = 1, kOpCheckpoint = 2, kOpRestore = 3, kOpUnlock = 4 };
 
@@ -52,11 +53,14 @@ struct ChannelFile {
   uint32_t reserved1;
   std::atomic<uint64_t> host_bytes;  // bytes copied to the host while checkpointed
   uint64_t reserved2[7];
+  uint32_t pair_count;                // kOpRestore: pairs in use (0: restore in place)
+  uint32_t reserved3;
+  uint8_t pairs[kMaxPairs][32];       // kOpRestore: CUcheckpointGpuPair {oldUuid, newUuid}
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex words must be plain 32-bit words");
 static_assert(offsetof(ChannelFile, state) == 32 && offsetof(ChannelFile, host_bytes) == 64);
-static_assert(sizeof(ChannelFile) == 128);
+static_assert(offsetof(ChannelFile, pairs) == 136 && sizeof(ChannelFile) == 136 + kMaxPairs * 32);
 
 // The channel file of process `pid` under CUWARDEN_FAKE_DIR.
 std::string channel_path(int pid);

@@ -7,9 +7,9 @@
 // a process without CUDA, or a zombie: CUDA_ERROR_NOT_INITIALIZED; a lock past its timeout:
 // CUDA_ERROR_NOT_READY). Simulation's own: without CUWARDEN_FAKE_DIR another process cannot be
 // reached (CUDA_ERROR_NOT_INITIALIZED, as if it had no CUDA); a channel the caller may not open
-// (another user's process, the caller not root) is CUDA_ERROR_OPERATING_SYSTEM; a restore onto
-// other GPUs (gpuPairs naming a different UUID) is CUDA_ERROR_NOT_SUPPORTED and changes nothing;
-// a restore needs the caller to have called cuInit (the driver requires cuInit or persistence
+// (another user's process, the caller not root) is CUDA_ERROR_OPERATING_SYSTEM; a restore's
+// GPU pairs (gpuPairs) travel with the request, at most kMaxPairs of them (more:
+// CUDA_ERROR_INVALID_VALUE), and the process checks them (checkpoint.cpp); a restore needs the caller to have called cuInit (the driver requires cuInit or persistence
 // mode, which is off here): CUDA_ERROR_NOT_INITIALIZED. The calls are not gated: a locked
 // process may still query and unlock itself.
 #include <fcntl.h>
@@ -74,8 +74,8 @@ class Remote {
   }
   ChannelFile* channel() const { return ch_; }
 
-  // Sends `op` and waits for its answer.
-  CUresult request(uint32_t op, uint32_t timeout_ms) {
+  // Sends `op` (kOpRestore: with `count` GPU pairs) and waits for its answer.
+  CUresult request(uint32_t op, uint32_t timeout_ms, const CUcheckpointGpuPair* pairs = nullptr, unsigned count = 0) {
     while (flock(fd_, LOCK_EX) != 0)
       if (errno != EINTR) return CUDA_ERROR_OPERATING_SYSTEM;
     CUresult rc = CUDA_SUCCESS;
@@ -86,6 +86,8 @@ class Remote {
     } else {
       ch_->op = op;
       ch_->timeout_ms = timeout_ms;
+      ch_->pair_count = count;
+      if (count) std::memcpy(ch_->pairs, pairs, count * sizeof *pairs);
       ch_->request.store(++seq, std::memory_order_release);
       futex_wake(&ch_->request);
       rc = wait_done(seq) ? static_cast<CUresult>(ch_->result) : CUDA_ERROR_OPERATING_SYSTEM;
@@ -119,20 +121,21 @@ bool all_zero(const T& v) {
   return true;
 }
 
-CUresult operate(int pid, uint32_t op, uint32_t timeout_ms) {
+CUresult operate(int pid, uint32_t op, uint32_t timeout_ms, const CUcheckpointGpuPair* pairs = nullptr,
+                 unsigned count = 0) {
   if (pid <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (pid == getpid()) {
     if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     switch (op) {
       case kOpLock: return process_lock(timeout_ms);
       case kOpCheckpoint: return process_checkpoint();
-      case kOpRestore: return process_restore();
+      case kOpRestore: return process_restore(pairs, count);
       default: return process_unlock();
     }
   }
   Remote r;
   if (CUresult rc = r.open_pid(pid)) return rc;
-  return r.request(op, timeout_ms);
+  return r.request(op, timeout_ms, pairs, count);
 }
 
 }  // namespace
@@ -186,12 +189,10 @@ FC_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* arg
   if (args) {
     if (!all_zero(args->reserved) || args->reserved1 != 0) return CUDA_ERROR_INVALID_VALUE;
     if (args->gpuPairsCount > 0 && !args->gpuPairs) return CUDA_ERROR_INVALID_VALUE;
-    for (unsigned i = 0; i < args->gpuPairsCount; ++i)
-      if (std::memcmp(&args->gpuPairs[i].oldUuid, &args->gpuPairs[i].newUuid, sizeof(CUuuid)) != 0)
-        return CUDA_ERROR_NOT_SUPPORTED;  // the simulated driver restores in place only
+    if (args->gpuPairsCount > kMaxPairs) return CUDA_ERROR_INVALID_VALUE;
   }
   if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-  return operate(pid, kOpRestore, 0);
+  return operate(pid, kOpRestore, 0, args ? args->gpuPairs : nullptr, args ? args->gpuPairsCount : 0);
 }
 
 FC_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args) {

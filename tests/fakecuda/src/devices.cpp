@@ -92,13 +92,19 @@ void build_devices() {
     for (const auto& part : split(u, ',')) uuid_list.push_back(trim(part));
   }
   const char* name_env = std::getenv("CUWARDEN_FAKE_NAME");
-  std::string name = name_env ? name_env : "cuwarden simulated GPU";
+  const std::string name = name_env ? name_env : "cuwarden simulated GPU";
+  // CUWARDEN_FAKE_NAMES: a name per device ("" or a missing entry keeps CUWARDEN_FAKE_NAME), so
+  // that a test can have GPUs of two chips (a restore onto another GPU needs the same chip).
+  std::vector<std::string> names;
+  if (const char* n = std::getenv("CUWARDEN_FAKE_NAMES")) {
+    for (const auto& part : split(n, ',')) names.push_back(trim(part));
+  }
 
   std::vector<Device*> physical;
   for (int i = 0; i < count; ++i) {
     auto* d = new Device;
     d->physical = i;
-    d->name = name;
+    d->name = static_cast<size_t>(i) < names.size() && !names[i].empty() ? names[i] : name;
     d->capacity = sizes[std::min<size_t>(i, sizes.size() - 1)];
     d->pci_bus = i < 8 ? kBuses[i] : 0x10 + i;
     bool have = false;
@@ -197,6 +203,63 @@ void Device::unreserve(size_t bytes) {
   if (shared) shared_device_sub(shared, bytes);
   used.fetch_sub(bytes);
 }
+CUresult remap_devices(const CUcheckpointGpuPair* pairs, unsigned count) {
+  ensure_devices();
+  const int n = static_cast<int>(g_visible.size()), total = static_cast<int>(g_physical.size());
+  auto physical_of = [&](const CUuuid& u) {
+    for (int p = 0; p < total; ++p)
+      if (std::memcmp(g_physical[p]->uuid.bytes, u.bytes, sizeof u.bytes) == 0) return p;
+    return -1;
+  };
+  // Every device the process sees is a checkpointed GPU: each is named once as an old GPU,
+  // and no new GPU twice.
+  std::vector<int> target(static_cast<size_t>(n), -1);
+  std::vector<bool> taken(static_cast<size_t>(total), false);
+  for (unsigned k = 0; k < count; ++k) {
+    const int from = physical_of(pairs[k].oldUuid), to = physical_of(pairs[k].newUuid);
+    if (from < 0 || to < 0 || g_physical[from]->ordinal < 0 || target[g_physical[from]->ordinal] >= 0 || taken[to])
+      return CUDA_ERROR_INVALID_VALUE;
+    target[g_physical[from]->ordinal] = to;
+    taken[to] = true;
+  }
+  for (int i = 0; i < n; ++i)
+    if (target[i] < 0) return CUDA_ERROR_INVALID_VALUE;  // a checkpointed GPU left out
+  for (int i = 0; i < n; ++i)
+    if (g_physical[target[i]]->name != g_visible[i]->name) return CUDA_ERROR_NOT_SUPPORTED;  // another chip
+  // The identities move; each Device object (the ordinal, its arena: the process's device
+  // addresses) stays. A GPU no ordinal moves onto goes to an object the process does not see.
+  struct Identity {
+    int physical, pci_bus;
+    std::string name, uuid_string;
+    CUuuid uuid;
+    size_t capacity;
+    SharedDevice* shared;
+  };
+  std::vector<Identity> ids;
+  for (Device* d : g_physical) ids.push_back({d->physical, d->pci_bus, d->name, d->uuid_string, d->uuid, d->capacity, d->shared});
+  std::vector<Device*> objects(static_cast<size_t>(total), nullptr);
+  for (int i = 0; i < n; ++i) objects[target[i]] = g_visible[i];
+  size_t spare = 0;
+  for (int p = 0; p < total; ++p) {
+    if (objects[p]) continue;
+    while (g_physical[spare]->ordinal >= 0) ++spare;  // the objects no ordinal names, in order
+    objects[p] = g_physical[spare++];
+  }
+  for (int p = 0; p < total; ++p) {
+    Device* d = objects[p];
+    const Identity& id = ids[p];
+    d->physical = id.physical;
+    d->pci_bus = id.pci_bus;
+    d->name = id.name;
+    d->uuid_string = id.uuid_string;
+    d->uuid = id.uuid;
+    d->capacity = id.capacity;
+    d->shared = id.shared;
+  }
+  g_physical = objects;
+  return CUDA_SUCCESS;
+}
+
 size_t Device::device_used() const { return shared ? shared_device_used(shared) : used.load(); }
 
 Arena& Device::arena() {

@@ -132,6 +132,13 @@ int device_count();
 Device* device(int ordinal);  // nullptr if out of range
 CUresult check_device(CUdevice dev);
 size_t parse_size(const char* text, bool* ok);
+// A restore onto other GPUs (cuCheckpointProcessRestore's gpuPairs): every device the process
+// sees moves to the simulated device its pair names, keeping its ordinal and its addresses;
+// cuDeviceGetUuid, the name and the shared capacity file follow the new device. Checks
+// first, changing nothing when they fail: CUDA_ERROR_INVALID_VALUE for a pair that names no
+// simulated device, a visible device named twice or left out, or a new device named twice;
+// CUDA_ERROR_NOT_SUPPORTED for a device of another name (chip).
+CUresult remap_devices(const CUcheckpointGpuPair* pairs, unsigned count);
 
 // ---------------------------------------------------------------- context.cpp
 struct Stream;
@@ -290,7 +297,8 @@ void checkpoint_service_start();
 // This process's side of the API (pid == getpid(), or a request from the channel).
 CUresult process_lock(unsigned timeout_ms);
 CUresult process_checkpoint();
-CUresult process_restore();
+// `pairs` (count 0: none) remap the devices first (remap_devices).
+CUresult process_restore(const CUcheckpointGpuPair* pairs = nullptr, unsigned count = 0);
 CUresult process_unlock();
 CUprocessState process_state();
 int process_restore_tid();

@@ -34,13 +34,19 @@
 //   device N          makes device N's primary context current (what follows allocates
 //                     there)                                              -> "rc N"
 //   info              cuMemGetInfo                                        -> "free F total T"
+//   uuid N            cuDeviceGetUuid of ordinal N                        -> "GPU-..." | "rc N"
+//   alloc_on N BYTES  cuMemAlloc in device N's primary context (then back to device 0's)
+//                                                                         -> "ptr 0xADDR" | "rc N"
 // `ckpt_victim restore PID` instead asks for PID's restore without calling cuInit first and
 // prints "rc N" (the driver requires cuInit or persistence mode before a restore);
-// `ckpt_victim lock PID` calls cuInit, asks for PID's lock (1 s timeout), prints "rc N".
+// `ckpt_victim lock PID` calls cuInit, asks for PID's lock (1 s timeout), prints "rc N";
+// `ckpt_victim move PID OLD=NEW,...` calls cuInit and asks for PID's restore with those GPU
+// pairs (UUIDs), prints "rc N".
 // "calling" comes before a call that may block, so that the test knows the
 // process is on its way into it. EOF on stdin ends it.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +82,23 @@ __attribute__((format(printf, 1, 2))) void say(const char* fmt, ...) {
   std::fputs(buf, stdout);
   std::fflush(stdout);
   funlockfile(stdout);
+}
+
+std::string format_uuid(const CUuuid& u) {
+  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return buf;
+}
+
+bool parse_uuid(const std::string& text, CUuuid* out) {
+  std::string hex;
+  for (char c : text.rfind("GPU-", 0) == 0 ? text.substr(4) : text)
+    if (c != '-') hex.push_back(c);
+  if (hex.size() != 32 || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) return false;
+  for (int i = 0; i < 16; ++i) out->bytes[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  return true;
 }
 
 /// What retry_as kept, by kind, to be freed by free_kept.
@@ -193,6 +216,27 @@ void filled(unsigned value) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "restore") == 0) {
     say("rc %d", cuCheckpointProcessRestore(std::atoi(argv[2]), nullptr));
+    return 0;
+  }
+  if (argc == 4 && std::strcmp(argv[1], "move") == 0) {
+    std::vector<CUcheckpointGpuPair> pairs;
+    std::string list = argv[3];
+    for (std::size_t at = 0; at < list.size();) {
+      const std::size_t end = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, end - at);
+      const std::size_t eq = item.find('=');
+      CUcheckpointGpuPair pair{};
+      if (eq == std::string::npos || !parse_uuid(item.substr(0, eq), &pair.oldUuid) ||
+          !parse_uuid(item.substr(eq + 1), &pair.newUuid))
+        return say("bad pair %s", item.c_str()), 2;
+      pairs.push_back(pair);
+      at = end + 1;
+    }
+    CUcheckpointRestoreArgs args{};
+    args.gpuPairs = pairs.data();
+    args.gpuPairsCount = static_cast<unsigned>(pairs.size());
+    const CUresult init = cuInit(0);
+    say("rc %d", init != CUDA_SUCCESS ? init : cuCheckpointProcessRestore(std::atoi(argv[2]), &args));
     return 0;
   }
   if (argc == 3 && std::strcmp(argv[1], "lock") == 0) {
@@ -338,6 +382,20 @@ int main(int argc, char** argv) {
     } else if (c == "call") {
       CUdevice d = -1;
       say("rc %d", cuCtxGetDevice(&d));
+    } else if (c == "uuid") {
+      CUuuid u{};
+      const CUresult rc = cuDeviceGetUuid(&u, static_cast<CUdevice>(a));
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("%s", format_uuid(u).c_str());
+    } else if (c == "alloc_on") {
+      CUcontext other = nullptr;
+      CUdeviceptr p = 0;
+      CUresult rc = cuDevicePrimaryCtxRetain(&other, static_cast<CUdevice>(a));
+      if (rc == CUDA_SUCCESS) rc = cuCtxSetCurrent(other);
+      if (rc == CUDA_SUCCESS) rc = cuMemAlloc(&p, b);
+      cuCtxSetCurrent(ctx);
+      if (rc != CUDA_SUCCESS) say("rc %d", rc);
+      else say("ptr 0x%llx", static_cast<unsigned long long>(p));
     } else if (c == "info") {
       size_t free = 0, total = 0;
       const CUresult rc = cuMemGetInfo(&free, &total);
