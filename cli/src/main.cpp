@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
   top->footer(
       "Keys: s cycles the sort key; u, p, c, n, P sort by used, peak, cap, name, pid; r reverses;\n"
       "up/down (or j/k) select a process; Enter shows its counters, top call sites and last events;\n"
+      "there f unfolds each call site to every frame (as snapshot --full) and folds it again;\n"
       "Esc or Backspace goes back; q quits. A process's sparkline is its used bytes at the last 60\n"
       "refreshes this cuwarden made (it starts empty; --once has none).\n"
       "Exit status: 0, or 1 when no daemon answers or there is no terminal.");

@@ -274,7 +274,8 @@ int cmd_top(const TopOptions& o) {
     if (ch == 'q' || ch == 'Q') break;
     if (ch == KEY_RESIZE) continue;
     if (detail) {
-      if (ch == 27 || ch == KEY_BACKSPACE || ch == 127 || ch == 8 || ch == KEY_LEFT || ch == 'h') detail.reset();
+      if (ch == 'f') view.unfold = !view.unfold;  // kept for the next process's detail too
+      else if (ch == 27 || ch == KEY_BACKSPACE || ch == 127 || ch == 8 || ch == KEY_LEFT || ch == 'h') detail.reset();
       continue;
     }
     switch (ch) {

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <fmt/format.h>
-#include <regex>
 #include <tuple>
 #include <utility>
 
@@ -465,73 +464,6 @@ std::vector<Line> list_frame(const json& st, const std::vector<ProcRow>& rows, c
   return out;
 }
 
-namespace {
-
-/// One frame of a snapshot's call site: "function (file:line)", or the module and offset.
-std::string frame_text(const json& f) {
-  std::string fn = printable(jstr(f, "function"));
-  const std::string file = printable(jstr(f, "file"));
-  const std::string module = printable(jstr(f, "module"));
-  const auto base = [](const std::string& p) { return p.substr(p.find_last_of('/') + 1); };
-  if (fn.empty()) fn = "??";
-  if (!file.empty()) return fmt::format("{} ({}:{})", fn, base(file), jnum(f, "line"));
-  if (!module.empty()) return fmt::format("{} ({}+{:#x})", fn, base(module), jnum(f, "offset"));
-  return fn;
-}
-
-}  // namespace
-
-std::vector<std::string> top_sites(const json& snap, std::size_t n, std::size_t width) {
-  if (snap.contains("exact") && snap["exact"].is_boolean() && !snap["exact"].get<bool>())
-    return {"The live allocations could not be read: counters and events only."};
-  struct Site {
-    uint64_t bytes, count;
-    std::string where;
-  };
-  std::vector<Site> sites;
-  for (const json& s : jarr(snap, "sites")) {
-    if (!jnum(s, "live_bytes")) continue;
-    // The daemon's printed form (cuw/frames.hpp): the innermost user frame, then the frames
-    // that tell the site from others with the same one. A daemon without it: the innermost
-    // Python frame, else the innermost native one.
-    std::string where = printable(jstr(s, "label"));
-    if (where.empty())
-      for (bool python : {true, false})
-        for (const json& f : jarr(s, "frames"))
-          if (where.empty() && f.value("python", false) == python) where = frame_text(f);
-    sites.push_back({jnum(s, "live_bytes"), jnum(s, "live_allocations"), where.empty() ? "(frames unknown)" : where});
-  }
-  uint64_t bytes = 0, count = 0;  // live device memory no call site was recorded for
-  for (const json& a : jarr(snap, "allocations"))
-    if (jnum(a, "site") == 0 && jstr(a, "kind") != "host") bytes += jnum(a, "bytes"), ++count;
-  if (count)
-    sites.push_back({bytes, count,
-                     jnum(snap, "callsite_frames") ? "(no call site captured)"
-                                                   : "(call sites off: cuwarden run --callsites 16 records them)"});
-  std::stable_sort(sites.begin(), sites.end(), [](const Site& a, const Site& b) { return a.bytes > b.bytes; });
-  std::vector<std::string> out;
-  for (std::size_t i = 0; i < sites.size() && i < n; ++i) {
-    const std::string lead =
-        fmt::format("{:>11}  {:>14}  ", format_bytes(sites[i].bytes), plural(sites[i].count, "allocation", "allocations"));
-    std::string where = sites[i].where;
-    // Too wide: files by their base names first, then the head is cut, never the frames
-    // after it that tell the site apart.
-    const std::size_t cols = width > lead.size() ? width - lead.size() : 0;
-    static const std::regex kPathedLine(R"(\([^()]*/([^/()]+:\d+)\))");  // "(/a/b/file.py:12)"
-    if (width && where.size() > cols) where = std::regex_replace(where, kPathedLine, "($1)");
-    const std::size_t via = where.find(" < ");
-    if (width && where.size() > cols && via != std::string::npos && where.size() - via + 3 < cols) {
-      const std::size_t keep = cols - (where.size() - via) - 2;
-      std::size_t cut = keep;
-      while (cut > 0 && (static_cast<unsigned char>(where[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 sequence
-      where = where.substr(0, cut) + ".." + where.substr(via);
-    }
-    out.push_back(lead + where);
-  }
-  if (sites.empty()) out.push_back("(no live device allocation)");
-  return out;
-}
-
 std::vector<Line> detail_frame(const json& st, const std::vector<ProcRow>& rows, const History& history,
                                const Detail& d, const ViewOptions& view, std::size_t width, std::size_t height) {
   using counters::Id;
@@ -576,9 +508,17 @@ std::vector<Line> detail_frame(const json& st, const std::vector<ProcRow>& rows,
   }
   out.push_back(Line{});
 
-  out.push_back(line("Top call sites (live bytes):", Style::title));
+  out.push_back(line(view.unfold ? "Top call sites (live bytes), every frame:" : "Top call sites (live bytes):",
+                     Style::title));
+  // Unfolded, the sites take what is left but a blank line, the events' title, header and
+  // kEventsKept events, and the key line.
+  constexpr std::size_t kEventsKept = 3;
+  const std::size_t below = 3 + kEventsKept + (view.interactive ? 1 : 0);
+  const std::size_t site_room =
+      height ? std::max<std::size_t>(height > out.size() + below ? height - out.size() - below : 0, 5) : 0;
   if (d.snapshot)
-    for (const std::string& s : top_sites(*d.snapshot, 5, width > 2 ? width - 2 : 0)) out.push_back(line("  " + s));
+    for (const std::string& s : top_sites(*d.snapshot, 5, width > 2 ? width - 2 : 0, view.unfold, site_room))
+      out.push_back(line("  " + s));
   else
     out.push_back(line("  " + (d.snapshot_error.empty() ? std::string("(asking the daemon)") : d.snapshot_error),
                        Style::warn));
@@ -601,7 +541,10 @@ std::vector<Line> detail_frame(const json& st, const std::vector<ProcRow>& rows,
   }
   if (view.interactive) {
     while (height && out.size() + 1 < height) out.push_back(Line{});
-    out.push_back(fill(line("Esc/Backspace: back to the list  q: quit", Style::header), width));
+    out.push_back(fill(line(fmt::format("Esc/Backspace: back to the list  f: {} call sites  q: quit",
+                                        view.unfold ? "fold" : "unfold"),
+                            Style::header),
+                       width));
   }
   if (height && out.size() > height) {  // a short screen: the key help stays, the oldest lines shown go
     Line last = out.back();

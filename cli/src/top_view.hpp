@@ -126,6 +126,7 @@ struct ViewOptions {
   double interval_s = 1;    ///< the refresh interval, which the sparkline's title states
   std::string selected;     ///< key of the selected row
   std::string status;       ///< a warning for the title line ("no daemon ..."); empty: none
+  bool unfold = false;      ///< the detail view lists every frame of a call site (the `f` key)
 };
 
 /// The list view: a title line, one bar per GPU, the process rows (sorted as `rows` are,
@@ -150,10 +151,19 @@ struct Detail {
 /// `n`, one line of text each: bytes, allocations and the site's label (cuw/frames.hpp: "fn
 /// (file.cpp:12) < caller (model.cpp:40) (+11)"), or one line saying why there are none.
 /// `width` (0: none): a longer line has its head cut, keeping the frames that tell it apart.
-std::vector<std::string> top_sites(const nlohmann::ordered_json& snapshot, std::size_t n, std::size_t width = 0);
+/// With `unfold`, a site's line has its head, and every other frame follows on a line of its
+/// own with its class, in the order `cuwarden snapshot --full` lists them (frames::unfold):
+/// the frames inner to the head, an "outward:" line where there are any, then its callers,
+/// "<" marking those that tell it apart; a longer line has its paths cut to base names, then
+/// its end cut. `room` (0: none): the most lines; frames are cut from the outer end of the
+/// site with the most lines until they fit, never one that tells a site apart, each run of
+/// cut frames shown as one line "(+N frames)".
+std::vector<std::string> top_sites(const nlohmann::ordered_json& snapshot, std::size_t n, std::size_t width = 0,
+                                   bool unfold = false, std::size_t room = 0);
 
 /// The detail view of process `d.pid`: its GPUs' counters and sparklines (rows of it in
-/// `rows`), its top call sites, and its last events, newest at the bottom, as many as fit.
+/// `rows`), its top call sites (with `view.unfold` every frame of each, as many as leave a
+/// few events in `height`), and its last events, newest at the bottom, as many as fit.
 std::vector<Line> detail_frame(const nlohmann::ordered_json& st, const std::vector<ProcRow>& rows,
                                const History& history, const Detail& d, const ViewOptions& view, std::size_t width,
                                std::size_t height);

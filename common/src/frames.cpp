@@ -200,6 +200,23 @@ std::vector<std::size_t> calling_order(const std::vector<Frame>& f) {
   return out;
 }
 
+std::vector<Unfolded> unfold(const std::vector<Frame>& frames, const Label& l) {
+  const std::vector<std::size_t> order = calling_order(frames);
+  std::vector<bool> via(frames.size(), false);
+  for (const Via& v : l.via)
+    if (v.frame < frames.size()) via[v.frame] = true;
+  const auto head = std::find(order.begin(), order.end(), static_cast<std::size_t>(l.head_frame));
+  std::vector<Unfolded> out;
+  out.reserve(order.size());
+  if (l.head_frame >= 0 && head != order.end()) {
+    out.push_back({*head, Unfolded::Role::head});
+    for (auto it = order.begin(); it != head; ++it) out.push_back({*it, Unfolded::Role::inner});
+  }
+  for (auto it = head == order.end() ? order.begin() : head + 1; it != order.end(); ++it)
+    out.push_back({*it, via[*it] ? Unfolded::Role::via : Unfolded::Role::outer});
+  return out;
+}
+
 namespace {
 
 struct Work {

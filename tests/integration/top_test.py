@@ -4,6 +4,7 @@ driver (one capped), and the CLI.
 
     top_test.py once --cli C --daemon D --lib L --fakecuda DIR --workload W
     top_test.py tmux --cli C ...
+    top_test.py unfold --cli C ... --app A
 
 once: `top --once` prints one frame as plain text (no escape codes), both processes with
 their used bytes, largest first, the GPU's bar with the caps; ASCII only in the C locale;
@@ -15,6 +16,14 @@ line and the order, the selection and Enter opening a process's detail (its even
 sites), Esc and Backspace going back, the daemon stopping (said in the title line), and `q`
 ending the program with status 0. As root, a second `top` run as nobody shows the daemon's
 refusal of another user's snapshot.
+
+unfold: `top` in a 160x90 tmux pane, on the detail view of tests/integration/snapshot_app.cpp
+after its `chain` command (three sites through one 12-deep helper chain): each site's
+folded line names its caller's line (`< load_weights() (...:75) (+11)`) and no frame of
+the chain; `f` unfolds every frame (chain_11 .. chain_1, then the caller marked `<`, then
+main and libc's), as `cuwarden snapshot --full` lists them; a second `f` folds them again.
+The pane is then made 100x30: unfolded, the sites still fit, the caller's lines kept and
+the outer frames cut into "(+N frames)" lines.
 """
 import argparse
 import json
@@ -80,11 +89,14 @@ def wait_for(pred, timeout=30.0, step=0.1):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["once", "tmux"])
+    ap.add_argument("mode", choices=["once", "tmux", "unfold"])
     for a in ("cli", "daemon", "lib", "fakecuda", "workload"):
         ap.add_argument("--" + a, required=True)
+    ap.add_argument("--app", help="unfold: tests/integration/snapshot_app.cpp's program")
     args = ap.parse_args()
-    if args.mode == "tmux" and not shutil.which("tmux"):
+    if args.mode == "unfold" and not args.app:
+        fail("unfold needs --app")
+    if args.mode != "once" and not shutil.which("tmux"):
         fail("tmux is not installed (scripts/setup.sh installs it)")
 
     tmp = tempfile.mkdtemp(prefix="cuwt-top-")
@@ -100,7 +112,7 @@ def main():
     tmux = None
     try:
         # The CLI's own checks first: no daemon is the same message and status as `cuwarden`'s.
-        for argv in (["top", "--once"], ["top"]):
+        for argv in (["top", "--once"], ["top"]) if args.mode != "unfold" else ():
             r = subprocess.run([args.cli, *argv, "--socket", sock], env=env, capture_output=True, text=True,
                                timeout=30)
             check(r.returncode == 1 and "no daemon is running" in r.stderr and "cuwardend" in r.stderr
@@ -122,6 +134,10 @@ def main():
         if not wait_for(answers, 30):
             fail("the daemon did not start")
         wenv = dict(env, LD_PRELOAD=args.lib)
+        if args.mode == "unfold":
+            tmux = Tmux(tmp, env)
+            run_unfold(args, tmp, sock, tmux, wenv, work)
+            return
         a = Workload(args.workload, dict(wenv, CUWARDEN_LIMIT="256M"))
         work.append(a)
         b = Workload(args.workload, wenv)
@@ -315,6 +331,113 @@ def run_tmux(args, tmp, sock, tmux, a, b, daemon):
     check(status == "0", f"q: the program ended, status 0 ({status!r})", tmux.screen("top"))
     dead = wait_for(lambda: tmux("list-panes", "-t", "top", "-F", "#{pane_dead}").strip() == "1", 30)
     check(dead, "and its pane with it")
+
+
+class App:
+    """tests/integration/snapshot_app.cpp under the interposer with call sites on."""
+
+    def __init__(self, path, env):
+        self.p = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                  bufsize=1)
+        self.pid = self.p.pid
+        self.lines = {}  # "line NAME N": the source line of each allocation
+
+    def ask(self, cmd, want):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                fail(f"the program ended before answering '{cmd}'")
+            m = re.match(r"line (\w+) (\d+)", line)
+            if m:
+                self.lines[m.group(1)] = int(m.group(2))
+            if line.startswith(want):
+                return
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+
+
+def run_unfold(args, tmp, sock, tmux, wenv, work):
+    app = App(args.app, dict(wenv, CUWARDEN_CALLSITES="24"))
+    work.append(app)
+    app.ask("chain", "chained")
+    lw, lw2, mb = app.lines["load_weights"], app.lines["load_weights_2"], app.lines["make_buffers"]
+    callers = (("load_weights", lw), ("load_weights", lw2), ("make_buffers", mb))
+    check(True, f"the program allocated through its helper chain from lines {lw}, {lw2} and {mb}")
+
+    cmd = f"env LANG=C.UTF-8 LC_ALL= {args.cli} top --socket {sock}"
+    tmux("-u", "new-session", "-d", "-x", "160", "-y", "90", "-s", "top", cmd)
+
+    def until(pred, what, timeout=60.0):
+        last = [""]
+
+        def probe():
+            last[0] = tmux.screen("top")
+            return pred(last[0])
+
+        if not wait_for(probe, timeout):
+            fail(what, last[0])
+        check(True, what)
+        return last[0]
+
+    def fn_re(name):  # a function as the symbolizer names it, with its arguments
+        return rf"{name}(\([^)]*\))?"
+
+    def folded(s):
+        return all(re.search(rf"{fn_re('chain_12')} \([^()]*snapshot_app\.cpp:\d+\) < {fn_re(fn)} "
+                             rf"\([^()]*snapshot_app\.cpp:{line}\) \(\+11\)", s) for fn, line in callers)
+
+    until(lambda s: str(app.pid) in s and "Sort:" in s, "the program's row")
+    tmux("send-keys", "-t", "top", "Enter")
+    # The key line is the last drawn: a capture can come between the sites and it.
+    scr = until(lambda s: "Top call sites" in s and folded(s) and "f: unfold call sites" in s,
+                "Enter: the detail view's call sites, folded: each names its caller's line (+11)")
+    check("chain_5" not in scr and "chain_11" not in scr, "no frame of the chain is listed", scr)
+    check("f: unfold call sites" in scr.splitlines()[-1], "the key line offers f: unfold", scr)
+
+    def unfolded(s):
+        # Each site: its head, the chain's frames chain_11 .. chain_1 on lines of their own,
+        # then its caller marked "<", then main.
+        for fn, line in callers:
+            m = re.search(rf"{fn_re('chain_12')} \([^()]*snapshot_app\.cpp:\d+\)\n"
+                          + "".join(rf" +{fn_re(f'chain_{k}')} \([^()]*snapshot_app\.cpp:\d+\)  \[user\]\n"
+                                    for k in range(11, 0, -1))
+                          + rf" +< {fn_re(fn)} \([^()]*snapshot_app\.cpp:{line}\)  \[user\]\n"
+                          + r" +main \(", s)
+            if not m:
+                return False
+        return "every frame" in s and "f: fold call sites" in s
+
+    tmux("send-keys", "-t", "top", "f")
+    scr = until(unfolded, "f: every frame of each site, the chain's on lines of their own, the caller marked <")
+    check(scr.count("chain_5(") == 3 and "(+11)" not in scr, "the chain listed once per site, no fold count", scr)
+    check("__libc_start_main" in scr, "and the outer frames, to libc's", scr)
+    check("f: fold call sites" in scr.splitlines()[-1], "the key line offers f: fold", scr)
+
+    tmux("send-keys", "-t", "top", "f")
+    until(lambda s: folded(s) and "chain_5" not in s and "every frame" not in s and "f: unfold call sites" in s,
+          "a second f: folded again, each site on one line")
+
+    # A smaller pane: unfolded, the frames give way from the outer end; the caller stays.
+    tmux("resize-window", "-t", "top", "-x", "100", "-y", "30")
+    tmux("send-keys", "-t", "top", "f")
+
+    def cut(s):
+        lines = s.splitlines()
+        return (len(lines) <= 30 and "every frame" in s and "f: fold call sites" in s
+                and all(re.search(rf"^ +< {fn_re(fn)} \([^()]*snapshot_app\.cpp:{line}\)", s, re.M)
+                        for fn, line in callers)
+                and re.search(r"^ +\(\+\d+ frames\)$", s, re.M) is not None)
+    scr = until(cut, "100x30, unfolded: each caller's line kept, the outer frames cut into (+N frames)")
+    check("Recent events:" in scr, "and the events' title still shows", scr)
+    tmux("send-keys", "-t", "top", "q")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 // lines, a backward thread with no user frame).
 #include <catch2/catch.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuw/frames.hpp"
@@ -101,6 +102,34 @@ TEST_CASE("sites sharing a helper chain are told apart by the frame where they p
   CHECK(l[2].one_line() == l[0].one_line());
   // A site alone needs no via frame.
   CHECK(label_sites({site("load_weights")})[0].via.empty());
+}
+
+TEST_CASE("unfolded, a site lists the head, the frames inner to it, then its callers") {
+  std::vector<Frame> s = {native("hook", "/lib/libcuwarden.so"), native("cuMemAlloc", "/lib/libcuda.so.1")};
+  for (int i = 3; i >= 1; --i) s.push_back(native("helper_" + std::to_string(i), "/home/me/app"));
+  s.push_back(native("load_weights", "/home/me/app"));
+  s.push_back(native("main", "/home/me/app"));
+  const auto labels = label_sites({s, [&] {
+                                     auto t = s;
+                                     t[5] = native("make_buffers", "/home/me/app");
+                                     return t;
+                                   }()});
+  const Label& l = labels[0];
+  REQUIRE(l.head_frame == 2);  // helper_3, the innermost user frame
+  REQUIRE(l.via.size() == 1);
+  const auto u = unfold(s, l);
+  using Role = Unfolded::Role;
+  std::vector<std::pair<std::size_t, Role>> got;
+  for (const Unfolded& x : u) got.emplace_back(x.frame, x.role);
+  // Every frame once: the head, the inner ones innermost first, the callers outward, the
+  // one that tells the two sites apart as via.
+  CHECK(got == std::vector<std::pair<std::size_t, Role>>{{2, Role::head},  {0, Role::inner}, {1, Role::inner},
+                                                          {3, Role::outer}, {4, Role::outer}, {5, Role::via},
+                                                          {6, Role::outer}});
+  // Without a head (a label rebuilt without one): every frame in calling order.
+  Label none;
+  CHECK(unfold(s, none).size() == s.size());
+  CHECK(unfold(s, none).front().role == Role::outer);
 }
 
 TEST_CASE("a Python function called from two lines prints both lines") {

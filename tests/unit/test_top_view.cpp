@@ -2,6 +2,9 @@
 // from a hand-made state, sorting, the client-side history and its sparklines, the GPU bar,
 // text from processes made harmless, and the list and detail frames.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
 
 #include "commands.hpp"
 #include "top_view.hpp"
@@ -323,6 +326,88 @@ TEST_CASE("top.top_sites_from_a_snapshot") {
   CHECK(top_sites(json::object(), 5) == std::vector<std::string>{"(no live device allocation)"});
 }
 
+namespace {
+
+/// A snapshot of three sites through one helper chain (helper_12 .. helper_1, called from
+/// load_weights at two lines and from make_buffers), as the daemon's JSON gives them.
+json chained_snapshot() {
+  json sites = json::array();
+  const std::pair<const char*, unsigned> callers[] = {{"load_weights", 75}, {"load_weights", 77}, {"make_buffers", 82}};
+  unsigned id = 1;
+  for (auto [fn, line] : callers) {
+    json frames = json::array();
+    const auto frame = [&](std::string f, const std::string& file, unsigned l, const char* cls) {
+      frames.push_back({{"python", false}, {"function", f}, {"file", file}, {"line", l}, {"module", "/src/app"},
+                        {"class", cls}, {"text", f + " (" + file + ":" + std::to_string(l) + ")"}});
+    };
+    frame("cuMemAlloc", "/src/cuda/alloc.c", 10, "cuda");
+    for (unsigned k = 12; k >= 1; --k) frame("helper_" + std::to_string(k), "/src/pool.cpp", 100 + k, "user");
+    frame(fn, "/src/model.cpp", line, "user");
+    frame("main", "/src/main.cpp", 5, "user");
+    frame("__libc_start_main", "/lib/libc.c", 1, "libc");
+    sites.push_back({{"id", id},
+                     {"live_bytes", (4 - id) * kMiB},
+                     {"live_allocations", 1u},
+                     {"label", fmt::format("helper_12 (/src/pool.cpp:112) < {} (/src/model.cpp:{}) (+11)", fn, line)},
+                     {"label_head", "helper_12 (/src/pool.cpp:112)"},
+                     {"label_folded", "1 frame in alloc.c"},
+                     {"label_via", json::array({{{"frame", 13u}, {"skipped", 11u}, {"text", "x"}}})},
+                     {"head_frame", 1},
+                     {"frames", frames}});
+    ++id;
+  }
+  return {{"exact", true}, {"callsite_frames", 24u}, {"sites", sites}};
+}
+
+}  // namespace
+
+TEST_CASE("top.top_sites_unfold_every_frame_and_cut_from_the_outer_end") {
+  const json snap = chained_snapshot();
+  const auto folded = top_sites(snap, 5);
+  REQUIRE(folded.size() == 3);
+  CHECK(folded[0] == "   3.00 MiB    1 allocation  helper_12 (/src/pool.cpp:112) < load_weights (/src/model.cpp:75) (+11)");
+
+  // Unfolded: the head on the site's line, then every frame as --full lists them.
+  const auto all = top_sites(snap, 5, 0, true);
+  const std::string indent(27, ' ');
+  REQUIRE(all.size() == 3 * 17);
+  CHECK(all[0] == "   3.00 MiB    1 allocation  helper_12 (/src/pool.cpp:112)");
+  CHECK(all[1] == indent + "  cuMemAlloc (/src/cuda/alloc.c:10)  [cuda]");
+  CHECK(all[2] == indent + "  outward:");
+  CHECK(all[3] == indent + "  helper_11 (/src/pool.cpp:111)  [user]");
+  CHECK(all[13] == indent + "  helper_1 (/src/pool.cpp:101)  [user]");
+  CHECK(all[14] == indent + "< load_weights (/src/model.cpp:75)  [user]");
+  CHECK(all[15] == indent + "  main (/src/main.cpp:5)  [user]");
+  CHECK(all[16] == indent + "  __libc_start_main (/lib/libc.c:1)  [libc]");
+  CHECK(all[17 + 14] == indent + "< load_weights (/src/model.cpp:77)  [user]");
+  CHECK(all[34 + 14] == indent + "< make_buffers (/src/model.cpp:82)  [user]");
+
+  // 60 columns: paths by base names, then the line's end cut.
+  for (const std::string& l : top_sites(snap, 5, 60, true)) CHECK(columns(l) <= 60);
+  CHECK(top_sites(snap, 5, 64, true)[14] == indent + "< load_weights (model.cpp:75)  [user]");
+
+  // 24 lines for 51: the outer frames go first, then the chain, never the caller's line;
+  // each run of cut frames is one line.
+  const auto cut = top_sites(snap, 5, 0, true, 24);
+  std::string shown;
+  for (const std::string& l : cut) shown += l + "\n";
+  INFO(shown);
+  REQUIRE(cut.size() <= 24);
+  for (const char* caller : {"< load_weights (/src/model.cpp:75)", "< load_weights (/src/model.cpp:77)",
+                             "< make_buffers (/src/model.cpp:82)"})
+    CHECK(std::count_if(cut.begin(), cut.end(), [&](const std::string& l) { return l.find(caller) != std::string::npos; }) == 1);
+  CHECK(std::find(cut.begin(), cut.end(), indent + "  (+2 frames)") != cut.end());  // main and libc's
+  CHECK(std::find(cut.begin(), cut.end(), indent + "  helper_1 (/src/pool.cpp:101)  [user]") == cut.end());
+  CHECK(cut[1] == indent + "  cuMemAlloc (/src/cuda/alloc.c:10)  [cuda]");  // the inner end stays longest
+  // No room at all: the heads and the callers' lines stay.
+  const auto least = top_sites(snap, 5, 0, true, 1);
+  CHECK(least.size() == 3 * 6);  // head, inner, "outward:", a run, the caller, a run
+  // A daemon without the label's parts: one line a site, unfolded or not.
+  json old = snap;
+  for (json& s : old["sites"]) s.erase("head_frame");
+  CHECK(top_sites(old, 5, 0, true) == folded);
+}
+
 TEST_CASE("top.detail_frame_shows_a_refusal_and_the_newest_events") {
   const json st = scene();
   const auto rows = process_rows(st);
@@ -349,7 +434,7 @@ TEST_CASE("top.detail_frame_shows_a_refusal_and_the_newest_events") {
   CHECK(shown.find("GPU 1 Used, last 60 s") != std::string::npos);  // both of its GPUs
   CHECK(shown.find("30.00 MiB") != std::string::npos);              // the newest event shows
   CHECK(shown.find(" 1.00 MiB ") == std::string::npos);             // the oldest did not fit
-  CHECK(lines.back().plain() == "Esc/Backspace: back to the list  q: quit");
+  CHECK(lines.back().plain() == "Esc/Backspace: back to the list  f: unfold call sites  q: quit");
 
   d.pid = 999;
   d.events.reset();
@@ -359,6 +444,20 @@ TEST_CASE("top.detail_frame_shows_a_refusal_and_the_newest_events") {
   CHECK(gone.find("pid 999 is no longer known to the daemon") != std::string::npos);
   CHECK(gone.find("no daemon is running") != std::string::npos);
   CHECK(gone.find("(asking the daemon)") != std::string::npos);  // no snapshot yet, no error
+
+  // f: every frame, as many as leave the events' title and a few events on the screen.
+  d.pid = 100;
+  d.events = json{{"events", evs}};
+  d.snapshot = chained_snapshot();
+  v.unfold = true;
+  const auto unfolded = detail_frame(st, rows, h, d, v, 120, 40);
+  const std::string u = text(unfolded);
+  INFO(u);
+  REQUIRE(unfolded.size() == 40);
+  CHECK(u.find("Top call sites (live bytes), every frame:") != std::string::npos);
+  CHECK(u.find("< make_buffers (/src/model.cpp:82)  [user]") != std::string::npos);
+  CHECK(u.find("30.00 MiB") != std::string::npos);  // the newest event still shows
+  CHECK(unfolded.back().plain() == "Esc/Backspace: back to the list  f: fold call sites  q: quit");
 }
 
 TEST_CASE("top.sparklines_start_from_the_daemons_history") {

@@ -102,6 +102,25 @@ std::vector<Label> label_sites(const std::vector<std::vector<Frame>>& sites);
 /// Python frames, then the rest of its native frames (the interpreter and what runs it).
 std::vector<std::size_t> calling_order(const std::vector<Frame>& frames);
 
+/// One line of a site's unfolded form: a frame and what it is to the site's label.
+struct Unfolded {
+  enum class Role : uint8_t {
+    head,   ///< the label's head frame
+    inner,  ///< a frame inner to the head (one the fold line counts)
+    outer,  ///< a frame outward of the head
+    via,    ///< a frame outward of the head that tells the site apart (Label::via)
+  };
+  std::size_t frame = 0;  ///< index into the site's frames
+  Role role = Role::outer;
+};
+
+/// Every frame of a site as the unfolded views list them (`cuwarden snapshot --full`, `top`'s
+/// unfolded call sites): the head, the frames inner to it (innermost first), then the rest in
+/// calling order, outward. Reads `l.head_frame` and the `frame` of `l.via` only, so that a
+/// view holding a snapshot's JSON can rebuild them; a head_frame out of range: none is the
+/// head, every frame is listed in calling order.
+std::vector<Unfolded> unfold(const std::vector<Frame>& frames, const Label& l);
+
 /// The fold line's name for a native module path (its base name) or a Python file (the
 /// package under site-packages or dist-packages, else the file's base name).
 std::string where_of(bool python, std::string_view path);

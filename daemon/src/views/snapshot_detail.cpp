@@ -239,33 +239,29 @@ std::vector<std::string> site_lines(const SnapSite& site, const frames::Label& l
   std::vector<std::string> out;
   if (site.frames.empty()) return {"(frames unknown)"};
   out.push_back(l.head);
-  if (full) {
-    for (std::size_t i : l.folded)
-      out.push_back("  " + frame_text(site.frames[i]) + "  [" + frames::class_name(frame_class(site.frames[i], rules)) + "]");
-  } else if (!l.folded_text.empty()) {
-    out.push_back("(" + l.folded_text + ")");
-  }
   if (!full) {
+    if (!l.folded_text.empty()) out.push_back("(" + l.folded_text + ")");
     for (const frames::Via& v : l.via)
       out.push_back("< " + v.text +
                     (v.skipped ? "  (+" + std::to_string(v.skipped) + (v.skipped == 1 ? " frame)" : " frames)") : ""));
     return out;
   }
-  // The rest of the stack, outward of the head, in calling order (Python frames where the
+  // Every frame with its class (frames::unfold, as top's unfolded call sites): the frames
+  // inner to the head, then the rest outward in calling order (Python frames where the
   // evaluator ran them); the frames that tell the site apart are marked "<".
   std::vector<frames::Frame> fs;
   fs.reserve(site.frames.size());
   for (const SnapFrame& f : site.frames) fs.push_back(present(f, rules));
-  std::vector<bool> shown(site.frames.size(), false), via(site.frames.size(), false);
-  for (std::size_t i : l.folded) shown[i] = true;
-  if (l.head_frame >= 0) shown[static_cast<std::size_t>(l.head_frame)] = true;
-  for (const frames::Via& v : l.via) via[v.frame] = true;
-  bool any = false;
-  for (std::size_t i : frames::calling_order(fs)) {
-    if (shown[i]) continue;
-    if (!any) out.push_back("all frames outward:");
-    any = true;
-    out.push_back((via[i] ? "< " : "  ") + fs[i].text + "  [" + frames::class_name(fs[i].cls) + "]");
+  bool outward = false;
+  for (const frames::Unfolded& u : frames::unfold(fs, l)) {
+    using Role = frames::Unfolded::Role;
+    if (u.role == Role::head) continue;
+    if (u.role != Role::inner && !outward) {
+      out.push_back("all frames outward:");
+      outward = true;
+    }
+    out.push_back((u.role == Role::via ? "< " : "  ") + fs[u.frame].text + "  [" + frames::class_name(fs[u.frame].cls) +
+                  "]");
   }
   return out;
 }
