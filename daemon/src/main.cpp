@@ -6,11 +6,12 @@
 // drain every few ms, rescan (then publish a State and sample the history) every second.
 // With --http, a third thread serves HTTP from the published States and the history (it
 // never waits for the loop). The socket thread serves the unix socket (snapshots and
-// reports on its small pool of threads): a query has the loop publish a State (or takes one
-// published since it came) and builds and sends its reply from it, so no client, slow or not,
-// holds up draining; set_limit goes through the LoopQueue, run by the model on the loop
-// thread. Snapshot frames are named in a worker process (cuwardend --symbolize-worker), and
-// out-of-memory reports are named and saved to the state directory on a keeper thread.
+// reports on its small pool of threads): a query has the loop publish a State (one shared by
+// the queries that waited for it together) and builds and sends its reply from it, so no
+// client, slow or not, holds up draining; set_limit goes through the LoopQueue, run by the
+// model on the loop thread. Snapshot frames are named in a worker process (cuwardend
+// --symbolize-worker), and out-of-memory reports are named and saved to the state directory
+// on a keeper thread.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -380,18 +381,19 @@ int run(const Options& o) {
     throw std::runtime_error("--frames: " + why);
   backend.series = &series;
   // Ring headers are authoritative and a query promises them as they are now: the loop
-  // publishes a State read after the query came (one publish per query). Building the reply
-  // and sending it stay on the socket thread, or on its pool for snapshots and reports.
+  // publishes a State read after the query came. Queries waiting together share that
+  // publish (SharedLoopCall): a burst of them, from the socket's lane and its pool at once,
+  // costs the loop one publish, not one each. Building the reply and sending it stay on the
+  // socket thread, or on its pool for snapshots and reports.
   // A ring created before the query (its inotify event still queued, or its header not yet
   // written when the event was handled) is looked at before the answer, so that a program
   // that has just run is in it.
   bool scan_now = false;  // an inotify event (or SIGHUP) asks for a scan; the loop's, and queries'
-  backend.refresh = [&] {
-    writes.call([&reg, &take_events, &scan_now] {
-      if (take_events() || scan_now || reg.retry_soon()) reg.scan();
-      reg.publish();
-    });
-  };
+  cuw::daemon::SharedLoopCall query_publish(writes, [&reg, &take_events, &scan_now] {
+    if (take_events() || scan_now || reg.retry_soon()) reg.scan();
+    reg.publish();
+  });
+  backend.refresh = [&query_publish] { query_publish.call(); };
   backend.set_limit = [&](const cuw::daemon::Peer& peer, const cuw::daemon::LimitRequest& req) {
     return writes.call([&] { return reg.set_limit_and_publish(peer, req); });
   };

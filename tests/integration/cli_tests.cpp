@@ -1,8 +1,10 @@
 // cuwarden integration tests for the `cuwarden` CLI: the table, --json, CSV queries,
-// events, `run`, and the plain message when no daemon answers.
+// events, `run`, and the plain message when no daemon answers or one answers too late.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <csignal>
+#include <future>
 
 #include "daemon_test_support.hpp"
 
@@ -62,6 +64,31 @@ TEST_CASE("cli.no_daemon_prints_a_plain_message_and_exits_1") {
   CmdResult r3 = cli({"events", "--socket", sock});
   CHECK(r3.status == 1);
   CHECK(contains(r3.err, "no daemon is running"));
+}
+
+TEST_CASE("cli.a_daemon_that_does_not_answer_in_time_is_timed_out_not_missing") {
+  // A daemon that runs but is stuck (here stopped): the kernel still accepts the connection
+  // and the request, and no reply comes. "No daemon is running" would send the user to
+  // start a second one, and a limit said to have failed may still be applied later.
+  TempDir dir;
+  Daemon d(dir);
+  Child c;
+  REQUIRE(::kill(d.pid, SIGSTOP) == 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{d.pid};
+  // Both at once: each waits out the CLI's 10 s before it gives up.
+  auto status = std::async(std::launch::async, [&] { return run_cmd({CUWT_CLI, "--socket", d.socket}, {}, 30000); });
+  auto limit = std::async(std::launch::async, [&] {
+    return run_cmd({CUWT_CLI, "--socket", d.socket, "limit", std::to_string(c.pid), "1G"}, {}, 30000);
+  });
+  for (CmdResult r : {status.get(), limit.get()}) {
+    INFO(r.err);
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "cuwarden: the daemon at " + d.socket + " accepted the request but did not answer (timed out"));
+    CHECK_FALSE(contains(r.err, "no daemon is running"));
+  }
 }
 
 TEST_CASE("cli.json_is_the_daemon_state") {

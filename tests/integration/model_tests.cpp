@@ -12,8 +12,11 @@
 #include "core/live_segment.hpp"
 #include "core/live_table.hpp"
 #include "daemon_test_support.hpp"
+#include "base/util.hpp"
 #include "model/fault_guard.hpp"
+#include "model/gpus.hpp"
 #include "model/registry.hpp"
+#include "model/series.hpp"
 #include "views/events_json.hpp"
 #include "views/state_json.hpp"
 
@@ -40,6 +43,34 @@ struct ModelRun {
   /// The run directory, opened as the Registry takes it.
   int dirfd() const { return ::open(run.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); }
 };
+
+/// The UUID a hand-made process below names for GPU number `n`.
+std::string hand_uuid(uint32_t n) {
+  uint8_t u[16] = {0xca, 0xfe};
+  for (int i = 0; i < 4; ++i) u[12 + i] = static_cast<uint8_t>(n >> (8 * i));
+  return cuw::daemon::format_uuid(u);
+}
+
+/// A process as a State lists it, made by hand (any uid, no ring): on GPUs `gpus` (numbers
+/// for hand_uuid), 1 MiB used on each.
+cuw::daemon::ProcessState hand_process(uint32_t uid, uint32_t pid, const std::vector<uint32_t>& gpus) {
+  cuw::daemon::ProcessState p;
+  p.file_name = cuw::paths::ring_file_name(pid, 1);
+  p.pid = p.ns_pid = p.header.pid = pid;
+  p.uid = p.header.uid = uid;
+  p.user = std::to_string(uid);
+  p.start_time = p.header.start_time = 1;
+  for (std::size_t d = 0; d < gpus.size() && d < ring::kMaxDevices; ++d) {
+    cuw::daemon::DeviceSnapshot& ds = p.header.devices[d];
+    ds.present = true;
+    for (int i = 0; i < 4; ++i) ds.uuid[12 + i] = static_cast<uint8_t>(gpus[d] >> (8 * i));
+    ds.uuid[0] = 0xca;
+    ds.uuid[1] = 0xfe;
+    ds.used = kMiB;
+  }
+  p.history = std::make_shared<const cuw::daemon::EventHistory::View>();
+  return p;
+}
 
 }  // namespace
 
@@ -256,4 +287,44 @@ TEST_CASE("daemon.model_one_uid_tracks_at_most_its_rings_and_states_share_the_re
   // The freed place goes to the ring that waited.
   reg.scan();
   CHECK(reg.process_count() == 2);
+}
+
+TEST_CASE("daemon.model_one_uid_s_made_up_gpus_crowd_out_no_other_uid_s_gpu_or_its_history") {
+  // Without NVML a GPU is whatever the rings name, and any user writes rings: uid A's 8
+  // running processes name 16 made-up GPUs each, and a new set every second; uid B's one
+  // process uses one GPU (its ring's name sorts last).
+  constexpr uint32_t kA = 50001, kB = 50002, kBGpu = 0xb0b;
+  const std::string b_gpu = hand_uuid(kBGpu);
+  const auto state = [&](uint32_t second, bool b_runs) {
+    cuw::daemon::State st;
+    st.time_ns = (1'700'000'000ULL + second) * 1'000'000'000ULL;
+    for (uint32_t i = 0; i < 8; ++i) {
+      std::vector<uint32_t> gpus;
+      for (uint32_t d = 0; d < 16; ++d) gpus.push_back(1000 * (second + 1) + 16 * i + d);
+      st.processes.push_back(hand_process(kA, 100000 + i, gpus));
+    }
+    if (b_runs) st.processes.push_back(hand_process(kB, 999999, {kBGpu}));
+    return st;
+  };
+  const auto count_of = [](const std::vector<cuw::daemon::GpuRow>& rows, uint32_t uid) {
+    return std::count_if(rows.begin(), rows.end(), [&](const auto& r) { return r.uids == std::vector<uint32_t>{uid}; });
+  };
+
+  // B's GPU is a row; A's rings make at most their share of rows, and A is named as over it.
+  std::set<uint32_t> over;
+  const auto rows = cuw::daemon::gpu_rows(state(0, true), &over);
+  CHECK(std::any_of(rows.begin(), rows.end(), [&](const auto& r) { return r.uuid == b_gpu; }));
+  CHECK(count_of(rows, kA) == static_cast<std::ptrdiff_t>(cuw::daemon::kMaxRingGpusPerUid));
+  CHECK(count_of(rows, kB) == 1);
+  CHECK(over == std::set<uint32_t>{kA});
+
+  // B's GPU has a history, and keeps it once B's process is gone while A goes on naming new
+  // GPUs for 40 s (640 of them, past the 256 GPUs the history keeps in all).
+  cuw::daemon::SeriesStore series;
+  series.record(state(0, true));
+  for (uint32_t t = 1; t <= 40; ++t) series.record(state(t, false));
+  const auto h = series.copy(false, std::nullopt);
+  REQUIRE(h);
+  CHECK(std::any_of(h->gpus.begin(), h->gpus.end(), [&](const auto& g) { return g.uuid == b_gpu; }));
+  CHECK(h->gpus.size() <= cuw::daemon::kMaxRingGpusPerUid + 1);
 }

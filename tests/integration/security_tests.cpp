@@ -4,7 +4,8 @@
 // modules chosen by the test; the daemon runs as root. Checked: symbolization never reads a
 // file the process's owner cannot read, never opens a link's target past its owner's rights,
 // a FIFO or a device; a worker that hangs is killed at its deadline; limits and state are
-// answered while a snapshot's worker is stopped.
+// answered while a snapshot's worker is stopped; one user's rings naming made-up GPUs leave
+// another user's GPU and its history in place.
 // Root only (ctest label `root`): each test prints "SKIPPED: ..." and returns otherwise.
 #include <dlfcn.h>
 #include <elf.h>
@@ -403,4 +404,92 @@ TEST_CASE("serve.limits_and_state_answered_while_a_snapshot_worker_is_stopped") 
   REQUIRE(third.has_value());
   CHECK(third->body.find("busy") != std::string::npos);
   CHECK(v.ring->h->devices[0].limit.load() == (512 + 18) * kMiB);  // the last one, applied
+}
+
+TEST_CASE("security.one_users_made_up_gpus_crowd_out_no_other_users_gpu_or_history") {
+  // Without NVML a GPU is whatever rings name, and all users' rings together make at most 64
+  // GPUs, of which those a running process named keep their index for good. One of the
+  // attacker's programs names 16 made-up GPUs, then 16 others, 4 times (64 kept, had nothing
+  // bounded one user's share); then 4 more of its programs name 16 each at once, before the
+  // victim's process starts on its one GPU.
+  REQUIRE_ROOT();
+  OpenTempDir dir;
+  Daemon d(dir);
+  const User attacker = test_user("cuwarden-test-attacker");
+  struct Spoof {
+    std::unique_ptr<Child> proc;
+    std::unique_ptr<FakeRing> ring;
+    void name_gpus(uint8_t n) {
+      for (uint8_t dev = 0; dev < ring::kMaxDevices; ++dev) {
+        ring::DeviceSlot& slot = ring->device(dev, 0x80);
+        slot.uuid[2] = n;
+        slot.uuid[3] = dev;
+        slot.used.store(kMiB);
+      }
+    }
+  };
+  const auto spoof = [&](uint8_t n) {
+    Spoof s;
+    s.proc = std::make_unique<Child>(std::vector<std::string>{"setpriv", "--reuid=" + std::to_string(attacker.uid),
+                                                              "--regid=" + std::to_string(attacker.gid),
+                                                              "--clear-groups", "sleep", "300"});
+    const pid_t pid = s.proc->pid;
+    REQUIRE(wait_until([&] { return slurp("/proc/" + std::to_string(pid) + "/comm") == "sleep\n"; }));
+    s.ring = std::make_unique<FakeRing>(d.run_dir, static_cast<uint32_t>(pid), s.proc->start_time(), 64, "spoof");
+    s.ring->h->uid = attacker.uid;
+    s.name_gpus(n);
+    REQUIRE(::chown(s.ring->path.c_str(), attacker.uid, attacker.gid) == 0);
+    return s;
+  };
+  const auto shown = [&](uint8_t n) {  // whether a GPU of set n is a row
+    char prefix[16];
+    std::snprintf(prefix, sizeof prefix, "GPU-8081%02x", n);
+    const json st = d.state();
+    for (const auto& g : st["gpus"])
+      if (g["uuid"].get<std::string>().rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  std::vector<Spoof> flood;
+  flood.push_back(spoof(0));
+  REQUIRE(wait_until([&] { return shown(0); }));
+  for (uint8_t n = 1; n < 4; ++n) {
+    flood[0].name_gpus(n);
+    REQUIRE(wait_until([&] { return shown(n); }));
+  }
+  for (uint8_t n = 4; n < 8; ++n) flood.push_back(spoof(n));
+  REQUIRE(wait_until([&] { return d.state()["processes"].size() == 5; }));
+
+  Child mine;
+  const auto my_pid = static_cast<uint32_t>(mine.pid);
+  FakeRing real(d.run_dir, my_pid, mine.start_time(), 64, "trainer");
+  real.device(0, 0x10).used.store(kMiB);
+  json p;
+  REQUIRE(wait_until([&] { return !(p = d.process(my_pid)).is_null(); }));
+  // The victim's process is tracked, on its GPU, which is a row with its index.
+  const json st = d.state();
+  CHECK(p["devices"][0]["gpu_index"].is_number());
+  const auto has_my_gpu = [](const json& gpus) {
+    return std::any_of(gpus.begin(), gpus.end(), [](const json& g) { return g["uuid"] == uuid_for(0x10); });
+  };
+  CHECK(has_my_gpu(st["gpus"]));
+  CHECK(st["gpus"].size() == 16 + 1);  // the attacker's share, and the victim's GPU
+  // Its GPU has a history (sampled about once a second)...
+  CHECK(wait_until([&] {
+    std::string why;
+    const auto h = cuw::proto::request(d.socket, cuw::proto::Command::get_history, "{}", 5000, &why);
+    return h && has_my_gpu(json::parse(h->body)["gpus"]);
+  }));
+  // ... and keeps its place once the process has exited, as a GPU a running process used.
+  mine.kill_and_reap();
+  REQUIRE(wait_until([&] { return d.process(my_pid)["state"] == "exited"; }));
+  CHECK(has_my_gpu(d.state()["gpus"]));
+  // Said once for the attacker's uid, however many publishes see it over its limit (and at
+  // most once by the history, which reaches it when it sampled more than 16 of its GPUs).
+  const std::string log = slurp(d.log), uid = std::to_string(attacker.uid);
+  const std::string said = "uid " + uid + " reached its limit of 16 GPUs that only its rings name (no NVML)";
+  CHECK(log.find(said) != std::string::npos);
+  CHECK(log.find(said) == log.rfind(said));
+  const std::string history_said = "history: uid " + uid + " reached its limit";
+  CHECK(log.find(history_said) == log.rfind(history_said));
+  CHECK(log.find("uid 0 reached") == std::string::npos);
 }

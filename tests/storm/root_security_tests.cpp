@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -41,12 +43,18 @@ User test_user(const std::string& name) {
   return User{pw->pw_uid, pw->pw_gid, name};
 }
 
-#define NEED_ROOT()                                                           \
-  do {                                                                        \
-    if (geteuid() != 0) {                                                     \
-      WARN("skipped: needs root (a second user, mounts or pid namespaces)"); \
-      return;                                                                 \
-    }                                                                         \
+// A test that cannot run here says why and ends: "SKIPPED:" on stdout is what ctest counts
+// as skipped (SKIP_REGULAR_EXPRESSION), rather than as passed.
+#define SKIP_TEST(why)                                        \
+  do {                                                        \
+    std::printf("SKIPPED: %s\n", std::string(why).c_str());   \
+    std::fflush(stdout);                                      \
+    return;                                                   \
+  } while (0)
+
+#define NEED_ROOT()                                                                        \
+  do {                                                                                     \
+    if (geteuid() != 0) SKIP_TEST("needs root (a second user, mounts or pid namespaces)"); \
   } while (0)
 
 /// A temporary directory every user can reach, with a run directory made as root makes it
@@ -147,10 +155,8 @@ TEST_CASE("security.a_full_run_directory_is_no_sigbus_and_the_cap_still_holds") 
   TempDir dir;
   const std::string run = dir / "run";
   REQUIRE(::mkdir(run.c_str(), 0755) == 0);
-  if (::mount("tmpfs", run.c_str(), "tmpfs", 0, "size=512k") != 0) {
-    WARN("skipped: cannot mount a tmpfs here: " << std::strerror(errno));
-    return;
-  }
+  if (::mount("tmpfs", run.c_str(), "tmpfs", 0, "size=512k") != 0)
+    SKIP_TEST(std::string("cannot mount a tmpfs here: ") + std::strerror(errno));
   struct Unmount {
     std::string path;
     ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
@@ -364,4 +370,29 @@ TEST_CASE("security.one_daemon_follows_each_pods_own_run_directory_and_keeps_the
   CHECK(d.process(static_cast<uint32_t>(hb))["state"] == "running");
   ::kill(hb, SIGKILL);
   ::kill(ha2, SIGKILL);
+}
+
+TEST_CASE("security.root_in_another_pid_namespace_is_not_root_to_the_daemon") {
+  // A container's root (a pod without hostPID that reaches the socket) is uid 0 too: by uid
+  // alone it could lift any cap on the node.
+  NEED_ROOT();
+  if (run_cmd({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "/bin/true"}).status != 0)
+    SKIP_TEST("unshare --pid --fork --mount-proc is not allowed here");
+  TempDir dir;
+  Daemon d(dir);
+  Child victim;
+  FakeRing ring(d.run_dir, static_cast<uint32_t>(victim.pid), victim.start_time());
+  ring.device(0, 0x40).limit.store(1ull << 30);
+  REQUIRE(wait_until([&] { return !d.process(static_cast<uint32_t>(victim.pid)).is_null(); }));
+  const std::string pid = std::to_string(victim.pid);
+  auto inside = run_cmd({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", CUWT_CLI, "--socket", d.socket, "limit",
+                         pid, "none"});
+  INFO(inside.err);
+  CHECK(inside.status != 0);  // pid N of its own namespace is no process of ours: refused or not found
+  CHECK(ring.h->devices[0].limit.load() == 1ull << 30);
+  // The same request from the daemon's own namespace is root's, and is carried out.
+  auto host = run_cmd({CUWT_CLI, "--socket", d.socket, "limit", pid, "none"});
+  INFO(host.err);
+  CHECK(host.status == 0);
+  CHECK(ring.h->devices[0].limit.load() == cuw::ring::kNoLimit);
 }

@@ -268,36 +268,6 @@ TEST_CASE("upgrade.a_client_of_the_previous_release_is_told_where_the_daemon_is_
   CHECK(slurp(old_sock) == "x");
 }
 
-TEST_CASE("security.root_in_another_pid_namespace_is_not_root_to_the_daemon") {
-  // A container's root (a pod without hostPID that reaches the socket) is uid 0 too: by uid
-  // alone it could lift any cap on the node.
-  if (getuid() != 0) {
-    WARN("needs root (unshare --pid); skipped");
-    return;
-  }
-  if (run_cmd({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "/bin/true"}).status != 0) {
-    WARN("unshare --pid --fork --mount-proc is not allowed here; skipped");
-    return;
-  }
-  TempDir dir;
-  Daemon d(dir);
-  Child victim;
-  FakeRing ring(d.run_dir, static_cast<uint32_t>(victim.pid), victim.start_time());
-  ring.device(0, 0x40).limit.store(1ull << 30);
-  REQUIRE(wait_until([&] { return !d.process(static_cast<uint32_t>(victim.pid)).is_null(); }));
-  const std::string pid = std::to_string(victim.pid);
-  auto inside = run_cmd({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", CUWT_CLI, "--socket", d.socket, "limit",
-                         pid, "none"});
-  INFO(inside.err);
-  CHECK(inside.status != 0);  // pid N of its own namespace is no process of ours: refused or not found
-  CHECK(ring.h->devices[0].limit.load() == 1ull << 30);
-  // The same request from the daemon's own namespace is root's, and is carried out.
-  auto host = run_cmd({CUWT_CLI, "--socket", d.socket, "limit", pid, "none"});
-  INFO(host.err);
-  CHECK(host.status == 0);
-  CHECK(ring.h->devices[0].limit.load() == cuw::ring::kNoLimit);
-}
-
 TEST_CASE("security.the_interposer_never_creates_the_shared_run_dir") {
   TempDir dir;
   const std::string run = dir / "run";

@@ -1,10 +1,14 @@
 // cuwarden daemon: calls another thread makes on the loop thread (the model's writes), and
 // waits for. The loop polls fd() and calls run_pending(); the caller blocks in call().
+// SharedLoopCall: one run on the loop thread for every caller that waited for it together
+// (queries that each need a State published after they came share one publish).
 #pragma once
 
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
@@ -51,6 +55,12 @@ class LoopQueue {
     }
   }
 
+  /// How many calls wait to be run. Any thread.
+  std::size_t pending() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return tasks_.size();
+  }
+
   /// Run every waiting call, in order. Loop thread only.
   void run_pending() {
     uint64_t n;
@@ -76,9 +86,46 @@ class LoopQueue {
 
  private:
   int fd_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   bool closed_ = false;
   std::deque<std::function<void()>> tasks_;
+};
+
+/// `f` run on the loop thread for callers who each need a run of it begun after they asked
+/// (a query needs a State built after it came), where one run serves every caller waiting
+/// at the time it begins: a burst of queries costs one publish, not one each. Callers still
+/// queue through the LoopQueue, so the loop's other work keeps its order.
+class SharedLoopCall {
+ public:
+  SharedLoopCall(LoopQueue& queue, std::function<void()> f) : queue_(queue), f_(std::move(f)) {}
+
+  /// Returns once a run of `f` that began after this call was made has finished on the loop
+  /// thread (this caller's or another's). Rethrows what `f` threw in the run this caller
+  /// started; a caller served by another's run sees nothing of that run's failure. Throws
+  /// std::runtime_error once the queue is closed. Any thread but the loop's.
+  void call() {
+    uint64_t asked;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      asked = begun_;
+    }
+    // The loop thread runs one task at a time: a run begun after `asked` has also ended
+    // by the time this task runs, and the mutex orders the caller's reads before it.
+    queue_.call([this, asked] {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        if (begun_ != asked) return;
+        ++begun_;
+      }
+      f_();
+    });
+  }
+
+ private:
+  LoopQueue& queue_;
+  std::function<void()> f_;
+  std::mutex mu_;
+  uint64_t begun_ = 0;  ///< runs of f_ begun
 };
 
 }  // namespace cuw::daemon

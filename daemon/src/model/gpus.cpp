@@ -8,7 +8,7 @@
 
 namespace cuw::daemon {
 
-std::vector<GpuRow> gpu_rows(const State& st) {
+std::vector<GpuRow> gpu_rows(const State& st, std::set<uint32_t>* over_limit) {
   struct Acc {
     GpuRow row;
     int first_ordinal = 1 << 30;
@@ -32,21 +32,39 @@ std::vector<GpuRow> gpu_rows(const State& st) {
       for (const auto& m : j.view.members) in_capped_job.insert(m.pid);
   // Rings are any user's to write, so a UUID only a ring names is a row only where NVML is
   // not loaded, only while a process names it that runs or one that ran did (kept in
-  // gpu_index_kept, bounded), and at most kMaxRingGpus of them: fake rings of exited pids
-  // made thousands of rows.
+  // gpu_index_kept, bounded), at most kMaxRingGpus of them (fake rings of exited pids made
+  // thousands of rows), and at most kMaxRingGpusPerUid from one uid's rings (one user's
+  // running processes naming made-up GPUs pushed another user's GPU out of the rows).
   std::set<std::string> from_rings;
+  std::map<uint32_t, std::set<std::string>> by_uid;  // the rows each uid's rings made
   if (!st.nvml) {
-    std::vector<std::string> kept, running;  // kept ones first, then those of running processes
+    const auto take = [&](uint32_t uid, const std::string& uuid) {
+      std::set<std::string>& mine = by_uid[uid];
+      if (mine.count(uuid)) return;
+      if (mine.size() >= kMaxRingGpusPerUid) {
+        if (over_limit) over_limit->insert(uid);
+        return;
+      }
+      if (!from_rings.count(uuid) && from_rings.size() >= kMaxRingGpus) return;
+      mine.insert(uuid);
+      from_rings.insert(uuid);
+    };
+    struct Named {
+      uint32_t uid;
+      std::string uuid;
+      bool kept;
+    };
+    std::vector<Named> named;  // kept ones and those of running processes, each uuid spelt once
     for (const ProcessState& p : st.processes)
       for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
         if (p.header.devices[d].present) {
           std::string uuid = format_uuid(p.header.devices[d].uuid);
-          if (st.gpu_index_kept.count(uuid)) kept.push_back(std::move(uuid));
-          else if (!p.exited) running.push_back(std::move(uuid));
+          const bool kept = st.gpu_index_kept.count(uuid) != 0;
+          if (kept || !p.exited) named.push_back({p.uid, std::move(uuid), kept});
         }
-    for (auto* list : {&kept, &running})
-      for (std::string& uuid : *list)
-        if (from_rings.size() < kMaxRingGpus) from_rings.insert(std::move(uuid));
+    for (const bool kept : {true, false})  // kept ones first, then those of running processes
+      for (const Named& n : named)
+        if (n.kept == kept) take(n.uid, n.uuid);
   }
   for (const ProcessState& p : st.processes) {
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
@@ -86,6 +104,9 @@ std::vector<GpuRow> gpu_rows(const State& st) {
   int next_index = 0;
   for (const Acc* a : order) next_index = std::max(next_index, a->row.index + 1);
   for (const auto& [uuid, index] : st.gpu_index_kept) next_index = std::max(next_index, index + 1);
+  for (const auto& [uid, uuids] : by_uid)
+    for (const std::string& uuid : uuids)
+      if (auto it = gpus.find(uuid); it != gpus.end()) it->second.row.uids.push_back(uid);  // ascending
   std::vector<GpuRow> rows;
   rows.reserve(order.size());
   for (Acc* a : order) {

@@ -642,14 +642,30 @@ void Registry::publish() {
   st->time_ns = now_ns();
   st->gpu_index_kept = gpu_index_kept_;
   // Rings are any user's to write: UUIDs of GPUs NVML does not know count only while a
-  // process that still runs reports them, and the kept list is bounded.
+  // process that still runs reports them, and the kept list is bounded, for each uid's
+  // rings as well (one user's made-up GPUs, kept for good, left no room for another's).
   std::set<std::string> running;
   for (const ProcessState& ps : st->processes)
     if (!ps.exited)
       for (const DeviceSnapshot& ds : ps.header.devices)
         if (ds.present) running.insert(format_uuid(ds.uuid));
-  for (const GpuRow& row : gpu_rows(*st))
-    if (gpu_index_kept_.size() < kGpuIndexKept && running.count(row.uuid)) gpu_index_kept_.emplace(row.uuid, row.index);
+  std::set<uint32_t> over;
+  for (const GpuRow& row : gpu_rows(*st, &over)) {
+    if (gpu_index_kept_.size() >= kGpuIndexKept || !running.count(row.uuid) || gpu_index_kept_.count(row.uuid)) continue;
+    if (row.uids.empty()) gpu_index_kept_.emplace(row.uuid, row.index);  // NVML's
+    for (const uint32_t uid : row.uids) {  // charged to the first of its uids with room left
+      if (std::size_t& n = gpus_kept_by_uid_[uid]; n < kMaxRingGpusPerUid) {
+        ++n;
+        gpu_index_kept_.emplace(row.uuid, row.index);
+        break;
+      }
+      over.insert(uid);
+    }
+  }
+  for (const uint32_t uid : over)
+    if (gpu_limit_logged_.insert(uid).second)
+      spdlog::warn("uid {} reached its limit of {} GPUs that only its rings name (no NVML): further ones are left out",
+                   uid, kMaxRingGpusPerUid);
   st->gpu_index_kept = gpu_index_kept_;
   store_.publish(std::move(st));
 }

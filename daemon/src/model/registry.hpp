@@ -278,6 +278,8 @@ class Registry {
   std::vector<DrainSlot> drain_order_;
   uint64_t fd_limit_ = 1024;  ///< RLIMIT_NOFILE's soft limit when constructed
   std::map<std::string, int> gpu_index_kept_;  ///< State::gpu_index_kept
+  std::map<uint32_t, std::size_t> gpus_kept_by_uid_;  ///< entries of gpu_index_kept_ each uid's rings made
+  std::set<uint32_t> gpu_limit_logged_;               ///< uids told of kMaxRingGpusPerUid
   std::string hostname_;
   std::shared_ptr<const Policy> policy_;
   JobTable jobs_;

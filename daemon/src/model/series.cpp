@@ -101,6 +101,7 @@ void SeriesStore::record(const State& st) {
   for (const GpuRow& r : rows) {
     GpuEntry& e = gpus_[r.uuid];
     e.seen_t = t;
+    e.uids = r.uids;
     e.index = r.index;
     e.name = r.name;
     e.total = r.total;
@@ -109,6 +110,20 @@ void SeriesStore::record(const State& st) {
   // A GPU no longer a row (one a ring named while its process ran) is forgotten after the
   // longest range shown, and the longest unseen go first past kMaxGpus.
   std::erase_if(gpus_, [&](const auto& kv) { return t - kv.second.seen_t > kForgetGpuS; });
+  // Those only one uid's rings made rows are kept at most kMaxRingGpusPerUid, its longest
+  // unseen going first: one user cycling made-up GPUs pushed out the history of another's.
+  std::map<uint32_t, std::vector<std::map<std::string, GpuEntry>::iterator>> alone;
+  for (auto it = gpus_.begin(); it != gpus_.end(); ++it)
+    if (it->second.uids.size() == 1) alone[it->second.uids[0]].push_back(it);
+  for (auto& [uid, its] : alone) {
+    if (its.size() <= kMaxRingGpusPerUid) continue;
+    if (gpu_limit_logged_.insert(uid).second)
+      spdlog::warn("history: uid {} reached its limit of {} GPUs that only its rings name: its longest unseen are "
+                   "forgotten first",
+                   uid, kMaxRingGpusPerUid);
+    std::sort(its.begin(), its.end(), [](const auto& a, const auto& b) { return a->second.seen_t < b->second.seen_t; });
+    for (std::size_t i = 0; i + kMaxRingGpusPerUid < its.size(); ++i) gpus_.erase(its[i]);
+  }
   while (gpus_.size() > kMaxGpus)
     gpus_.erase(std::min_element(gpus_.begin(), gpus_.end(), [](const auto& a, const auto& b) {
       return a.second.seen_t < b.second.seen_t;

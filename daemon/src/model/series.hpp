@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -175,9 +176,11 @@ class SeriesStore {
     std::map<std::string, std::pair<int, HistoryCopy::PairSeries>> gpus;  ///< by UUID: index, series
   };
   static constexpr uint32_t kForgetGpuS = 86400;  ///< a GPU not a row for a day is forgotten
-  static constexpr std::size_t kMaxGpus = 256;     ///< GPUs kept at most
+  static constexpr std::size_t kMaxGpus = 256;     ///< GPUs kept at most; of those only one uid's
+                                                   ///< rings made rows, kMaxRingGpusPerUid (gpus.hpp)
   struct GpuEntry {
     uint32_t seen_t = 0;  ///< when last a row (s)
+    std::vector<uint32_t> uids;  ///< GpuRow::uids when last a row (empty: NVML's)
     int index = -1;
     std::string name;
     uint64_t total = 0;
@@ -190,6 +193,7 @@ class SeriesStore {
   std::map<std::string, ProcessEntry> procs_;  ///< by ring file name
   std::map<std::string, JobEntry> jobs_;       ///< by job file name
   std::map<std::string, GpuEntry> gpus_;       ///< by UUID
+  std::set<uint32_t> gpu_limit_logged_;        ///< uids told of kMaxRingGpusPerUid
 };
 
 }  // namespace cuw::daemon
