@@ -37,7 +37,7 @@
  * ceiling file <run dir>/ceilings/slurm-<jobid> (root's, 0644, in root's 0755 ceilings/;
  * cuw/site_cap.hpp): the task's environment can be changed in a child process, that file
  * cannot, and both the interposer and the daemon hold the job's processes to it. The job
- * epilog removes it. */
+ * epilog removes it where Slurm runs the plugin's job_epilog (docs/clusters.md). */
 #define _GNU_SOURCE /* renameat2 */
 #include <ctype.h>
 #include <errno.h>
