@@ -248,7 +248,7 @@ TEST_CASE("config file: malformed lines keep their messages word for word", "[op
   CHECK(errors[4] == "line 6: holds a NUL byte");
 }
 
-TEST_CASE("config file: fills what the environment leaves unset; the environment wins but over caps",
+TEST_CASE("config file: fills what the environment leaves unset, and a lower cap is the environment's",
           "[options][config_file]") {
   const std::string path =
       write_temp("CUWARDEN_LIMIT=64M\nCUWARDEN_JOB=from-file\nCUWARDEN_JOB_LIMIT=1G\nCUWARDEN_POOL=cache\n");
