@@ -149,8 +149,10 @@ echo "slurm_test: [${SECONDS}s] --gpu-mem-limit=64M holds at the byte"
 out=$("${SRUN[@]}" --gpu-mem-limit=64M bash -c 'f=$1/run/ceilings/slurm-$SLURM_JOB_ID
   stat -c "%U %a" "$(dirname "$f")" "$f"; cat "$f"; CUWARDEN_LIMIT=1G "$0" bytes $(((64 << 20) + 1))' \
   "$PROBE" "$T" 2>&1) && fail "a child's CUWARDEN_LIMIT=1G raised the job's 64M: $out"
-[[ $out == *"root 755"*"root 644"*"CUWARDEN_LIMIT=64M"*"is refused: this Slurm job's ceiling"*refused* ]] ||
-  fail "the job's ceiling file: expected root's 64M and a refused raise, got '$out'"
+# srun forwards the task's stdout and stderr apart: each part is looked for on its own.
+for want in "root 755" "root 644" "CUWARDEN_LIMIT=64M" "CUWARDEN_LIMIT='1G' is refused: this Slurm job's ceiling"; do
+  [[ $out == *"$want"* ]] || fail "the job's ceiling file: expected '$want' (root's 64M, a raise refused), got '$out'"
+done
 echo "slurm_test: [${SECONDS}s] the job's ceiling file is root's and holds a child's raise"
 
 # The same from sbatch: the option reaches the batch script's processes.
