@@ -390,7 +390,9 @@ void hold_to_slurm(Config& c, std::vector<std::string>& notes) {
     std::string ignored;
     const char* v = env(lo.variable);
     const auto asked = v ? parse_limit(v, &ignored) : std::nullopt;
-    if (!v) notes.push_back(std::string(lo.variable) + " is unset: " + where + " sets '" + ceiling.limit_text + "'");
+    // Unset with no outer cap either (`cuwarden run` moves it there): the plugin's was dropped.
+    if (!v && !env(options::get(Id::CUWARDEN_OUTER_LIMIT).variable))
+      notes.push_back(std::string(lo.variable) + " is unset: " + where + " sets '" + ceiling.limit_text + "'");
     else if (asked && above(*asked, *ceiling.limit))
       notes.push_back(refused_note(lo.variable, v, ceiling.limit_text, where));
     c.limits.push_back(*ceiling.limit);
