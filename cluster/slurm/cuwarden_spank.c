@@ -33,7 +33,11 @@
  *
  * As root, before each task starts (task_init_privileged), the plugin makes the job owner's
  * job directory <run dir>/jobs/<uid>/ (mode 0700, the user's), so that no other user can
- * take its name first (cuw/job.hpp in the source). */
+ * take its name first (cuw/job.hpp in the source), and writes the task's caps to the job's
+ * ceiling file <run dir>/ceilings/slurm-<jobid> (root's, 0644, in root's 0755 ceilings/;
+ * cuw/site_cap.hpp): the task's environment can be changed in a child process, that file
+ * cannot, and both the interposer and the daemon hold the job's processes to it. The job
+ * epilog removes it where Slurm runs the plugin's job_epilog (docs/clusters.md). */
 #define _GNU_SOURCE /* renameat2 */
 #include <ctype.h>
 #include <errno.h>
@@ -378,11 +382,15 @@ static int make_user_dir(const char *parent, const char *name, uid_t uid, gid_t 
   return 0;
 }
 
+static void task_caps(spank_t sp);
+static void write_ceiling(uint32_t job);
+
 /* As root, in each task before it drops to the user: the job owner's job directory, so that
  * no other user can take its name first. The run directory and its jobs/ folder are made
  * only where absent (root's, sticky, like /tmp); anything found there is left as it is (the
  * interposer then falls back, and a root daemon renames what other users put there). A
- * failure is said, never fatal: the interposer copes without the directory. */
+ * failure is said, never fatal: the interposer copes without the directory. Then the job's
+ * ceiling file. */
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av) {
   (void)ac;
   (void)av;
@@ -402,6 +410,78 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av) {
   if (make_user_dir(jobs, name, uid, gid) != 0)
     slurm_error("cuwarden: %s/%s is not a 0700 directory of uid %u; the job's members will use a fallback", jobs,
                 name, (unsigned)uid);
+  uint32_t job = 0;
+  if (spank_get_item(sp, S_JOB_ID, &job) == ESPANK_SUCCESS) {
+    task_caps(sp);
+    write_ceiling(job);
+  }
+  return 0;
+}
+
+/* The task's caps, worked out once per task (the privileged hook and task_init run in the
+ * same task process; each says what it clamps only once). "" for none. */
+static char task_limit[SIZE_TEXT], task_job_limit[SIZE_TEXT];
+static int task_caps_known;
+
+static void task_caps(spank_t sp) {
+  if (task_caps_known) return;
+  task_caps_known = 1;
+  /* A cap the user set in the environment (CUWARDEN_LIMIT=8G srun ...) counts as asked for,
+   * within the site's maximum, when no option was given. */
+  char env_limit[SIZE_TEXT] = "", env_job_limit[SIZE_TEXT] = "";
+  if (!*opt_limit) task_env(sp, "CUWARDEN_LIMIT", env_limit);
+  if (!*opt_job_limit) task_env(sp, "CUWARDEN_JOB_LIMIT", env_job_limit);
+  effective(*opt_limit ? opt_limit : env_limit, def_limit, max_limit, "--gpu-mem-limit", 1, task_limit);
+  effective(*opt_job_limit ? opt_job_limit : env_job_limit, def_job_limit, max_job_limit, "--gpu-mem-job-limit", 1,
+            task_job_limit);
+  shard_cap(sp, task_job_limit);
+}
+
+/* <run dir>/ceilings/slurm-<job>, into `out`. */
+static void ceiling_path(uint32_t job, char *out, size_t size) {
+  snprintf(out, size, "%s/ceilings/slurm-%u", run_dir, job);
+}
+
+/* As root: the job's ceiling file (the top of this file), written whole under a temporary
+ * name and renamed into place, so that a reader never sees half of it. Nothing when the task
+ * has no cap. A failure is said, never fatal: the environment still carries the caps. */
+static void write_ceiling(uint32_t job) {
+  if (!*task_limit && !*task_job_limit) return;
+  char dir[2048], path[2200], tmp[2300];
+  struct stat st;
+  snprintf(dir, sizeof dir, "%s/ceilings", run_dir);
+  if (lstat(dir, &st) != 0 && mkdir(dir, 0755) == 0) chmod(dir, 0755);
+  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022)) {
+    slurm_error("cuwarden: %s is not a directory only root may write; the job's caps have no ceiling file", dir);
+    return;
+  }
+  ceiling_path(job, path, sizeof path);
+  snprintf(tmp, sizeof tmp, "%s.new-%ld", path, (long)getpid());
+  const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    slurm_error("cuwarden: cannot write %s: %s", tmp, strerror(errno));
+    return;
+  }
+  char text[2 * SIZE_TEXT + 64];
+  int n = 0;
+  if (*task_limit) n += snprintf(text + n, sizeof text - (size_t)n, "CUWARDEN_LIMIT=%s\n", task_limit);
+  if (*task_job_limit) n += snprintf(text + n, sizeof text - (size_t)n, "CUWARDEN_JOB_LIMIT=%s\n", task_job_limit);
+  const int ok = fchmod(fd, 0644) == 0 && write(fd, text, (size_t)n) == n;
+  if (close(fd) != 0 || !ok || rename(tmp, path) != 0) {
+    slurm_error("cuwarden: cannot write %s: %s", path, strerror(errno));
+    unlink(tmp);
+  }
+}
+
+/* In the job's epilog, as root: its ceiling file goes with it. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av) {
+  (void)ac;
+  (void)av;
+  uint32_t job = 0;
+  char path[2200];
+  if (geteuid() != 0 || spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
+  ceiling_path(job, path, sizeof path);
+  unlink(path);
   return 0;
 }
 
@@ -411,16 +491,10 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av) {
   (void)av;
   uint32_t job = 0;
   if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return -1;
-  /* A cap the user set in the environment (CUWARDEN_LIMIT=8G srun ...) counts as asked for,
-   * within the site's maximum, when no option was given. */
-  char env_limit[SIZE_TEXT] = "", env_job_limit[SIZE_TEXT] = "";
-  if (!*opt_limit) task_env(sp, "CUWARDEN_LIMIT", env_limit);
-  if (!*opt_job_limit) task_env(sp, "CUWARDEN_JOB_LIMIT", env_job_limit);
+  task_caps(sp);
   char limit[SIZE_TEXT], job_limit[SIZE_TEXT];
-  effective(*opt_limit ? opt_limit : env_limit, def_limit, max_limit, "--gpu-mem-limit", 1, limit);
-  effective(*opt_job_limit ? opt_job_limit : env_job_limit, def_job_limit, max_job_limit, "--gpu-mem-job-limit", 1,
-            job_limit);
-  shard_cap(sp, job_limit);
+  snprintf(limit, sizeof limit, "%s", task_limit);
+  snprintf(job_limit, sizeof job_limit, "%s", task_job_limit);
 
   /* The user's own preloads stay, after ours; one too long to read is an error, not dropped. */
   static char preload[65536], old[sizeof preload - 2048];

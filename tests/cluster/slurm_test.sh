@@ -4,7 +4,8 @@
 # munge key and socket, ports, spool; proctrack/linuxproc, task/none, no accounting), and
 # cuwardend on a run directory of its own; the tasks run on the simulated driver.
 #   slurm_test.sh PLUGIN LIB PROBE DAEMON CLI
-# Checks: `srun --gpu-mem-limit=64M` caps at the byte (and from sbatch); two tasks of one job share
+# Checks: `srun --gpu-mem-limit=64M` caps at the byte (and from sbatch), also a child that
+# raises CUWARDEN_LIMIT (the plugin's root-owned ceiling file); two tasks of one job share
 # --gpu-mem-job-limit; `cuwarden` shows the job as slurm-<id>; at the job's end the daemon logs
 # its peak per GPU and removes its job file; a cap past the site's maximum is refused by srun
 # before the job starts, the maximum is the default of a job that asks for none, and a
@@ -142,6 +143,17 @@ if out=$("${SRUN[@]}" --gpu-mem-limit=64M "$PROBE" bytes $(((64 << 20) + 1)) 2>&
 fi
 [[ $out == *refused* ]] || fail "64 MiB + 1 byte: expected a refusal, got '$out'"
 echo "slurm_test: [${SECONDS}s] --gpu-mem-limit=64M holds at the byte"
+
+# The plugin wrote the job's cap, as root, where the task cannot change it; a child process
+# that raises CUWARDEN_LIMIT is held to it and told so.
+out=$("${SRUN[@]}" --gpu-mem-limit=64M bash -c 'f=$1/run/ceilings/slurm-$SLURM_JOB_ID
+  stat -c "%U %a" "$(dirname "$f")" "$f"; cat "$f"; CUWARDEN_LIMIT=1G "$0" bytes $(((64 << 20) + 1))' \
+  "$PROBE" "$T" 2>&1) && fail "a child's CUWARDEN_LIMIT=1G raised the job's 64M: $out"
+# srun forwards the task's stdout and stderr apart: each part is looked for on its own.
+for want in "root 755" "root 644" "CUWARDEN_LIMIT=64M" "CUWARDEN_LIMIT='1G' is refused: this Slurm job's ceiling"; do
+  [[ $out == *"$want"* ]] || fail "the job's ceiling file: expected '$want' (root's 64M, a raise refused), got '$out'"
+done
+echo "slurm_test: [${SECONDS}s] the job's ceiling file is root's and holds a child's raise"
 
 # The same from sbatch: the option reaches the batch script's processes.
 # (Polled here: sbatch -W polls at intervals of up to 10 s.)

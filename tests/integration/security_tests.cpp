@@ -493,3 +493,44 @@ TEST_CASE("security.one_users_made_up_gpus_crowd_out_no_other_users_gpu_or_histo
   CHECK(log.find(history_said) == log.rfind(history_said));
   CHECK(log.find("uid 0 reached") == std::string::npos);
 }
+
+TEST_CASE("caps.a_cap_raised_past_the_slurm_jobs_ceiling_is_put_back") {
+  REQUIRE_ROOT();
+  constexpr uint64_t kGiB = 1ULL << 30;
+  auto contains = [](const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; };
+  // The Slurm plugin, as root, wrote the job's cap to a file the job's user cannot change;
+  // the daemon holds the job's processes to it as to a policy's max_limit (here no policy).
+  OpenTempDir dir;
+  const std::string run = dir / "run";
+  REQUIRE(::mkdir(run.c_str(), 0755) == 0);
+  REQUIRE(::mkdir((run + "/ceilings").c_str(), 0755) == 0);
+  const std::string file = run + "/ceilings/slurm-4244";
+  std::ofstream(file) << "CUWARDEN_LIMIT=2G\n";
+  REQUIRE(::chmod(file.c_str(), 0644) == 0);
+  // Another job's file, written by its user: no ceiling, said once.
+  const User victim = test_user("cuwarden-test-victim");
+  const std::string forged = run + "/ceilings/slurm-4245";
+  std::ofstream(forged) << "CUWARDEN_LIMIT=1G\n";
+  REQUIRE(::chown(forged.c_str(), victim.uid, victim.gid) == 0);
+  Child a, b;
+  FakeRing ra(run, a.pid, a.start_time(), 1024, "fakeproc", "slurm-4244");
+  FakeRing rb(run, b.pid, b.start_time(), 1024, "fakeproc", "slurm-4245");
+  ra.device(0, 0xa0).limit.store(kGiB);
+  rb.device(0, 0xa1).limit.store(4 * kGiB);
+  Daemon d(dir);
+  REQUIRE(wait_until([&] { return !d.process(a.pid).is_null() && !d.process(b.pid).is_null(); }));
+  auto limit = [](FakeRing& r) { return r.h->devices[0].limit.load(); };
+  auto logged = [&](const std::string& what) { return wait_until([&] { return contains(slurp(d.log), what); }, 30000); };
+  CHECK(limit(ra) == kGiB);  // under the ceiling: kept
+  ra.h->devices[0].limit.store(3 * kGiB);  // a child of the job raises it in its own ring
+  CHECK(wait_until([&] { return limit(ra) == 2 * kGiB; }));
+  ra.h->devices[0].limit.store(cuw::ring::kNoLimit);  // or removes it
+  CHECK(wait_until([&] { return limit(ra) == 2 * kGiB; }));
+  CHECK(wait_until([&] { return d.process(a.pid).value("tampers", 0) == 2; }));
+  CHECK(logged("past the 2.00 GiB its Slurm job allows (" + file + "); put back"));
+
+  CHECK(logged(forged + " belongs to uid " + std::to_string(victim.uid)));
+  CHECK(logged(", not root; not a ceiling, ignored"));
+  CHECK(limit(rb) == 4 * kGiB);
+  CHECK(d.process(b.pid).value("tampers", 0) == 0);
+}

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -216,7 +217,8 @@ std::string write_file(const std::string& dir, const std::string& name, const st
   return path;
 }
 
-TEST_CASE("a cap from the config file alone is enforced to the byte; the environment wins", "[process][config]") {
+TEST_CASE("a cap from the config file alone is enforced to the byte; the environment may only lower it",
+          "[process][config]") {
   const std::string dir = make_run_dir();
   const std::string conf = write_file(dir, "process.conf", "# per-container caps\nCUWARDEN_LIMIT=64M\n");
   const std::vector<std::string> env = {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=" + conf};
@@ -225,15 +227,84 @@ TEST_CASE("a cap from the config file alone is enforced to the byte; the environ
   INFO(out);
   CHECK(run({kProbe, "bytes", std::to_string((64ULL << 20) + 1)}, env, &out) == 2);
   CHECK_THAT(out, Catch::Contains("refused"));
-  // The environment's cap wins over the file's, both ways.
+  // The file's cap is the site's ceiling: a raise in the environment is refused, said once
+  // with the site's value, and the file's cap holds.
   auto with = env;
   with.push_back("CUWARDEN_LIMIT=128M");
-  CHECK(run({kProbe, "bytes", std::to_string(128ULL << 20)}, with, &out) == 0);
-  CHECK(run({kProbe, "bytes", std::to_string((128ULL << 20) + 1)}, with, &out) == 2);
+  CHECK(run({kProbe, "bytes", std::to_string((64ULL << 20) + 1)}, with, &out) == 2);
+  const std::string note = "cuwarden: CUWARDEN_LIMIT='128M' is refused: " + conf +
+                           " line 2 sets '64M', a ceiling the environment may only lower; the lower applies\n";
+  CHECK_THAT(out, Catch::Contains(note));
+  CHECK(out.find(note) == out.rfind(note));
+  CHECK(run({kProbe, "bytes", std::to_string(64ULL << 20)}, with, &out) == 0);
+  // A lower one is the environment's to give, without a word.
   with.back() = "CUWARDEN_LIMIT=32M";
+  CHECK(run({kProbe, "bytes", std::to_string(32ULL << 20)}, with, &out) == 0);
+  CHECK_THAT(out, !Catch::Contains("refused:"));
   CHECK(run({kProbe, "bytes", std::to_string((32ULL << 20) + 1)}, with, &out) == 2);
   // `off` ignores the file.
   CHECK(run({kProbe, "alloc", "256"}, {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=off"}, &out) == 0);
+}
+
+/// `run`/ceilings/slurm-<job> holding `text`, the directory 0755 and the file 0644 (the
+/// Slurm plugin's, when the caller is root); the file's path.
+std::string write_ceiling(const std::string& run, uint32_t job, const std::string& text) {
+  REQUIRE(::chmod(run.c_str(), 0755) == 0);
+  const std::string dir = run + "/ceilings";
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+  const std::string path = write_file(dir, "slurm-" + std::to_string(job), text);
+  REQUIRE(::chmod(path.c_str(), 0644) == 0);
+  return path;
+}
+
+TEST_CASE("a Slurm job's ceiling file, root's, holds the environment's cap", "[process][config][root]") {
+  if (::geteuid() != 0) {
+    SUCCEED("SKIPPED: needs root (a ceiling file owned by root)");
+    std::puts("SKIPPED: needs root (a ceiling file owned by root)");
+    return;
+  }
+  const std::string dir = make_run_dir();
+  const std::string file = write_ceiling(dir, 4242, "CUWARDEN_LIMIT=64M\n");
+  const std::vector<std::string> env = {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=off",
+                                        "CUWARDEN_JOB=slurm-4242"};
+  std::string out;
+  // A child that raises the cap the plugin set: refused, said once, the ceiling holds.
+  auto raised = env;
+  raised.push_back("CUWARDEN_LIMIT=128M");
+  CHECK(run({kProbe, "bytes", std::to_string((64ULL << 20) + 1)}, raised, &out) == 2);
+  INFO(out);
+  const std::string note = "cuwarden: CUWARDEN_LIMIT='128M' is refused: this Slurm job's ceiling " + file +
+                           " sets '64M', a ceiling the environment may only lower; the lower applies\n";
+  CHECK_THAT(out, Catch::Contains(note));
+  CHECK(out.find(note) == out.rfind(note));
+  CHECK(run({kProbe, "bytes", std::to_string(64ULL << 20)}, raised, &out) == 0);
+  // One that drops it altogether: the ceiling still holds.
+  CHECK(run({kProbe, "bytes", std::to_string((64ULL << 20) + 1)}, env, &out) == 2);
+  CHECK_THAT(out, Catch::Contains("CUWARDEN_LIMIT is unset: this Slurm job's ceiling " + file + " sets '64M'"));
+  // Lower is the task's own choice.
+  auto lowered = env;
+  lowered.push_back("CUWARDEN_LIMIT=32M");
+  CHECK(run({kProbe, "bytes", std::to_string((32ULL << 20) + 1)}, lowered, &out) == 2);
+  CHECK_THAT(out, !Catch::Contains("refused:"));
+}
+
+TEST_CASE("a Slurm ceiling file that is not root's is ignored and said once", "[process][config]") {
+  const std::string dir = make_run_dir();
+  const std::string file = write_ceiling(dir, 4243, "CUWARDEN_LIMIT=64M\n");
+  // As root, the file is given to nobody; otherwise it (and its directory) is the caller's.
+  if (::geteuid() == 0) REQUIRE(::chown(file.c_str(), 65534, 65534) == 0);
+  const std::vector<std::string> env = {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_CONFIG=off",
+                                        "CUWARDEN_JOB=slurm-4243", "CUWARDEN_LIMIT=128M"};
+  std::string out;
+  CHECK(run({kProbe, "bytes", std::to_string(128ULL << 20)}, env, &out) == 0);
+  INFO(out);
+  const std::string owner = ::geteuid() == 0 ? file + " belongs to uid 65534" : dir + "/ceilings belongs to uid ";
+  CHECK_THAT(out, Catch::Contains("cuwarden: " + owner));
+  CHECK_THAT(out, Catch::Contains(", not root; not a ceiling, ignored\n"));
+  const std::string tail = "not a ceiling, ignored";
+  CHECK(out.find(tail) == out.rfind(tail));
+  CHECK(run({kProbe, "bytes", std::to_string((128ULL << 20) + 1)}, env, &out) == 2);
 }
 
 TEST_CASE("a bad config file is one clear line and exit status 78", "[process][config]") {

@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "cuw/options.hpp"
 #include "cuw/paths.hpp"
+#include "cuw/size.hpp"
 
 using cuw::core::Config;
 using cuw::core::load_config;
@@ -24,11 +25,12 @@ void clear_all() {
   for (const opt::Option& o : opt::kOptions) ::unsetenv(o.variable);
 }
 
-/// load_config() with exactly these variables set.
-Config config_with(const std::vector<std::pair<std::string, std::string>>& vars) {
+/// load_config() with exactly these variables set; its notes into *notes when given.
+Config config_with(const std::vector<std::pair<std::string, std::string>>& vars,
+                   std::vector<std::string>* notes = nullptr) {
   clear_all();
   for (const auto& [name, value] : vars) ::setenv(name.c_str(), value.c_str(), 1);
-  Config c = load_config();
+  Config c = load_config(notes);
   clear_all();
   return c;
 }
@@ -246,7 +248,8 @@ TEST_CASE("config file: malformed lines keep their messages word for word", "[op
   CHECK(errors[4] == "line 6: holds a NUL byte");
 }
 
-TEST_CASE("config file: fills what the environment leaves unset and the environment wins", "[options][config_file]") {
+TEST_CASE("config file: fills what the environment leaves unset, and a lower cap is the environment's",
+          "[options][config_file]") {
   const std::string path =
       write_temp("CUWARDEN_LIMIT=64M\nCUWARDEN_JOB=from-file\nCUWARDEN_JOB_LIMIT=1G\nCUWARDEN_POOL=cache\n");
   const Config file_only = config_with({{"CUWARDEN_CONFIG", path}});
@@ -258,11 +261,12 @@ TEST_CASE("config file: fills what the environment leaves unset and the environm
   CHECK(file_only.job_limit == 1ULL << 30);
   CHECK(file_only.pool == cuw::core::PoolKind::cache);
 
-  const Config both = config_with({{"CUWARDEN_CONFIG", path}, {"CUWARDEN_LIMIT", "2G"}, {"CUWARDEN_POOL", "off"}});
+  std::vector<std::string> notes;
+  const Config both =
+      config_with({{"CUWARDEN_CONFIG", path}, {"CUWARDEN_LIMIT", "32M"}, {"CUWARDEN_POOL", "off"}}, &notes);
   CHECK(both.errors.empty());
-  REQUIRE(both.limits.size() == 1);
-  REQUIRE(both.limits[0].all);
-  CHECK(both.limits[0].all->bytes == 2ULL << 30);
+  CHECK(notes.empty());
+  CHECK(cuw::lowest_cap(both.limits, 0, 0) == 32ULL << 20);  // a lower cap is the environment's to give
   CHECK(both.pool == cuw::core::PoolKind::off);
   CHECK(both.job == "from-file");  // not in the environment: the file's
 
@@ -274,6 +278,53 @@ TEST_CASE("config file: fills what the environment leaves unset and the environm
 
   // `off` reads nothing; the default path, missing, is no error (this test's machine has none).
   CHECK(config_with({{"CUWARDEN_CONFIG", "off"}}) == config_with({}));
+}
+
+TEST_CASE("config file: its caps are ceilings the environment may only lower", "[options][config_file]") {
+  const std::string path = write_temp(
+      "CUWARDEN_LIMIT=64M\nCUWARDEN_JOB=j\nCUWARDEN_JOB_LIMIT=1G\nCUWARDEN_CAP_SCOPE=process\nCUWARDEN_ON_ERROR=fail\n");
+  // A raise of each is refused, said once naming the site's value, and the site's applies.
+  std::vector<std::string> notes;
+  const Config raised = config_with({{"CUWARDEN_CONFIG", path},
+                                     {"CUWARDEN_LIMIT", "8G"},
+                                     {"CUWARDEN_JOB_LIMIT", "64G"},
+                                     {"CUWARDEN_CAP_SCOPE", "allocations"},
+                                     {"CUWARDEN_ON_ERROR", "open"}},
+                                    &notes);
+  CHECK(raised.errors.empty());
+  CHECK(cuw::lowest_cap(raised.limits, 0, 0) == 64ULL << 20);
+  CHECK(cuw::lowest_cap(raised.limits, 3, 0) == 64ULL << 20);
+  CHECK(raised.job_limit == 1ULL << 30);
+  CHECK(raised.cap_scope_process);
+  CHECK_FALSE(raised.fail_open);
+  REQUIRE(notes.size() == 4);
+  CHECK(notes[0] == "CUWARDEN_ON_ERROR='open' is refused: " + path +
+                               " line 5 sets 'fail', which the environment may make stricter, never looser; "
+                               "'fail' applies");
+  CHECK(notes[1] == "CUWARDEN_LIMIT='8G' is refused: " + path +
+                               " line 1 sets '64M', a ceiling the environment may only lower; the lower applies");
+  CHECK(notes[2].rfind("CUWARDEN_JOB_LIMIT='64G' is refused: " + path + " line 3 sets '1G'", 0) == 0);
+  CHECK(notes[3].rfind("CUWARDEN_CAP_SCOPE='allocations' is refused: " + path + " line 4", 0) == 0);
+
+  // Lower (or as strict) is the environment's to choose, and says nothing; per device too.
+  const Config lowered =
+      config_with({{"CUWARDEN_CONFIG", path}, {"CUWARDEN_LIMIT", "0=16M"}, {"CUWARDEN_JOB_LIMIT", "512M"}}, &notes);
+  CHECK(lowered.errors.empty());
+  CHECK(notes.empty());
+  CHECK(cuw::lowest_cap(lowered.limits, 0, 0) == 16ULL << 20);
+  CHECK(cuw::lowest_cap(lowered.limits, 1, 0) == 64ULL << 20);  // the site's, where the environment said nothing
+  CHECK(lowered.job_limit == 512ULL << 20);
+  // A raise on one device of several is one.
+  const Config per_device = config_with({{"CUWARDEN_CONFIG", path}, {"CUWARDEN_LIMIT", "0=16M,1=1G"}}, &notes);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].rfind("CUWARDEN_LIMIT='0=16M,1=1G' is refused", 0) == 0);
+  CHECK(cuw::lowest_cap(per_device.limits, 1, 0) == 64ULL << 20);
+
+  // A bad site value under a good environment value is still the site's error.
+  const std::string bad = write_temp("CUWARDEN_LIMIT=lots\n");
+  const Config c = config_with({{"CUWARDEN_CONFIG", bad}, {"CUWARDEN_LIMIT", "1G"}});
+  REQUIRE(c.errors.size() == 1);
+  CHECK(c.errors[0].rfind("CUWARDEN_LIMIT='lots' (" + bad + " line 1): ", 0) == 0);
 }
 
 TEST_CASE("config file: a bad file is one clear line each", "[options][config_file]") {
@@ -298,6 +349,9 @@ TEST_CASE("config file: a bad file is one clear line each", "[options][config_fi
   CHECK(c.errors[1].rfind("CUWARDEN_LIMIT='lots' (" + bad + " line 1): ", 0) == 0);
   CHECK(c.limits.empty());
 
-  // A bad value in the file is no error when the environment sets the variable.
-  CHECK(config_with({{"CUWARDEN_CONFIG", bad}, {"CUWARDEN_LIMIT", "1G"}}).errors.size() == 1);
+  // A bad value in the file is no error when the environment sets the variable, unless it is
+  // a ceiling (a cap the site gives cannot hold unread).
+  CHECK(config_with({{"CUWARDEN_CONFIG", bad}, {"CUWARDEN_LIMIT", "1G"}}).errors.size() == 2);
+  const std::string bad_pool = write_temp("CUWARDEN_POOL=fast\n");
+  CHECK(config_with({{"CUWARDEN_CONFIG", bad_pool}, {"CUWARDEN_POOL", "cache"}}).errors.empty());
 }

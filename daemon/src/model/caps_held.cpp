@@ -1,18 +1,21 @@
 // cuwarden daemon model: caps that hold against their owner. A process's ring is its owner's
 // own file, so the owner can write a higher cap into it than the daemon allowed; the daemon
 // puts such a raise back at every scan, and compares what the driver (NVML) says the process
-// holds with the same ceiling, which the owner cannot write.
+// holds with the same ceiling, which the owner cannot write. The ceiling is the lower of the
+// policy's (or root's) and the one the site gave the process's Slurm job (cuw/site_cap.hpp).
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "base/util.hpp"
 #include "cuw/paths.hpp"
+#include "cuw/site_cap.hpp"
 #include "model/detail/registry_process.hpp"
 #include "model/registry.hpp"
 
@@ -47,9 +50,32 @@ LimitChange daemon_change(uint32_t pid, std::string outcome, std::string reason)
 
 }  // namespace
 
+void Registry::read_site_ceiling(Process& p) {
+  p.site_read = true;
+  // The job from the process's cgroup, which it cannot leave; else the job name its ring
+  // gives (a name it chose can only bring another job's ceiling on itself).
+  uint32_t job = site_cap::slurm_job_of_cgroup(p.pid);
+  RingSnapshot s;
+  if (!job && p.ring->snapshot(s)) job = site_cap::slurm_job_of_name(field_text(s.job, sizeof s.job));
+  if (!job) return;
+  const std::string path = site_cap::slurm_file(opt_.run_dir, job);
+  site_cap::Ceiling ceiling;
+  std::string why;
+  switch (site_cap::read(path, &ceiling, &why)) {
+    case site_cap::Read::absent: return;
+    case site_cap::Read::refused:
+      if (site_refused_logged_.insert(path).second) spdlog::warn("{}; not a ceiling, ignored", why);
+      return;
+    case site_cap::Read::ok: break;
+  }
+  p.site_limit = std::move(ceiling.limit);
+  p.site_file = path;
+}
+
 void Registry::check_caps_held(Process& p) {
   if (p.exited) return;
-  bool any = false;
+  if (!p.site_read) read_site_ceiling(p);
+  bool any = p.site_limit.has_value();
   for (uint64_t c : p.ceiling) any = any || c != ring::kNoLimit;
   if (!any) return;
   RingSnapshot s;
@@ -57,19 +83,28 @@ void Registry::check_caps_held(Process& p) {
   const uint64_t tampers_before = p.tampers;
   uint32_t over = 0;
   for (uint32_t d = 0; d < ring::kMaxDevices; ++d) {
-    const uint64_t ceiling = p.ceiling[d];
     const DeviceSnapshot& ds = s.devices[d];
-    if (ceiling == ring::kNoLimit || !ds.present) continue;
+    if (!ds.present) continue;
+    // The site's ceiling for its Slurm job holds as the policy's does, the lower of the two.
+    uint64_t site = ring::kNoLimit;
+    if (p.site_limit && !(p.site_lifted & (1u << d)))
+      if (const auto spec = p.site_limit->for_device(static_cast<int>(d)); spec && (!spec->percent || ds.physical_total))
+        site = spec->resolve(ds.physical_total);
+    const uint64_t ceiling = std::min(p.ceiling[d], site);
+    if (ceiling == ring::kNoLimit) continue;
     if (ds.limit > ceiling && p.ring->writable()) {  // kNoLimit (no cap at all) is above any ceiling
       uint64_t actual = 0;
       if (p.ring->set_limit(d, ds.limit, ceiling, &actual) == RingView::SetLimit::ok) {
         ++p.tampers;
-        spdlog::warn("pid {} ({}) device {}: its cap was raised to {} in its own ring, past the {} the daemon allows; "
-                     "put back",
-                     p.pid, p.user, d, cap_text(ds.limit), cap_text(ceiling));
+        const std::string allows =
+            site < p.ceiling[d] ? "its Slurm job allows (" + p.site_file + ")" : std::string("the daemon allows");
+        spdlog::warn("pid {} ({}) device {}: its cap was raised to {} in its own ring, past the {} {}; put back", p.pid,
+                     p.user, d, cap_text(ds.limit), cap_text(ceiling), allows);
         record_change(&p, static_cast<int>(d), ds.limit, ceiling, ds.used, StoredEvent::kFromTamper, 0);
-        LimitChange c =
-            daemon_change(p.pid, "restored", "the process raised its own cap past what the daemon allows (tamper)");
+        LimitChange c = daemon_change(p.pid, "restored",
+                                      "the process raised its own cap past what " +
+                                          (site < p.ceiling[d] ? "its Slurm job" : std::string("the daemon")) +
+                                          " allows (tamper)");
         c.device = d;
         c.has_limits = true;
         c.old_limit = ds.limit;

@@ -325,7 +325,10 @@ LimitResult Registry::set_process_limit(const Peer& peer, const std::string& who
                              r == RingView::SetLimit::fault ? "its ring faulted" : "it kept changing"));
     // Root's word is the ceiling from now on; an owner's lowering leaves the ceiling where it
     // was (the owner may go back up to it, as the policy allows).
-    if (peer.root()) p->ceiling[d] = desired;
+    if (peer.root()) {
+      p->ceiling[d] = desired;
+      p->site_lifted |= 1u << d;
+    }
     spdlog::info("limit: {} set pid {} ({}, uid {}) device {}: {} -> {}{}", who, pid,
                  field_text(s.comm, sizeof s.comm), p->uid, d, cap_text(cur), cap_text(desired),
                  desired < ds.used ? fmt::format(" (below its use, {})", format_bytes(ds.used)) : "");

@@ -212,6 +212,8 @@ class Registry {
   /// Puts back a cap the process raised in its own ring past its ceiling, and counts a
   /// process the driver (NVML) sees holding more than its ceiling allows (caps_held.cpp).
   void check_caps_held(Process& p);
+  /// Reads the site's ceiling for `p`'s Slurm job into it, once (caps_held.cpp).
+  void read_site_ceiling(Process& p);
   /// The running process `peer` means by `pid` (peer_means: numbered in the peer's namespace).
   Process* find_running(const Peer& peer, uint32_t pid);
   /// Logs a refused or failed request: every one of root's, another user's once a second.
@@ -333,6 +335,7 @@ class Registry {
   std::map<std::string, std::size_t> retired_keys_;        ///< by user: keys of their own in retired_
   std::set<std::string> retired_limit_logged_;             ///< users (or "(others)") told of the limit
   std::set<uint32_t> ring_limit_logged_;                   ///< uids told of max_rings_per_uid
+  std::set<std::string> site_refused_logged_;              ///< ceiling files not root's, said once each
   StateStore store_;
   std::vector<NvmlGpu> nvml_gpus_;     ///< last NVML reading
   std::optional<uint64_t> nvml_read_mono_;  ///< when it was taken

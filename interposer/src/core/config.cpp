@@ -10,11 +10,13 @@
 #include "cuw/job.hpp"
 #include "cuw/options.hpp"
 #include "cuw/paths.hpp"
+#include "cuw/site_cap.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
@@ -306,6 +308,110 @@ bool read_small_file(const char* path, bool missing_ok, std::string* text, std::
   return ok;
 }
 
+/// The options whose value from the file is a ceiling the environment may only tighten: the
+/// caps, what a cap counts, and what a bad value does (`open` would run uncapped).
+bool is_ceiling(Id id) {
+  return id == Id::CUWARDEN_LIMIT || id == Id::CUWARDEN_JOB_LIMIT || id == Id::CUWARDEN_CAP_SCOPE ||
+         id == Id::CUWARDEN_ON_ERROR;
+}
+
+/// Whether `asked` allows more than `site` on some device, as far as the texts tell (a share
+/// against bytes needs the device's size: lowest_cap settles it when the device is known).
+bool above(const LimitSpec& asked, const LimitSpec& site) {
+  for (int d = 0; d < 64; ++d) {
+    const auto s = site.for_device(d), a = asked.for_device(d);
+    if (s && a && a->percent == s->percent && (a->percent ? a->share > s->share : a->bytes > s->bytes)) return true;
+  }
+  return false;
+}
+
+/// The note for a raise the site refused: `variable`='asked' against the site's value, a cap
+/// (`cap`) or a setting that decides enforcement.
+std::string refused_note(const char* variable, const std::string& asked, const std::string& site,
+                         const std::string& where, bool cap = true) {
+  return std::string(variable) + "='" + asked + "' is refused: " + where + " sets '" + site +
+         (cap ? "', a ceiling the environment may only lower; the lower applies"
+              : "', which the environment may make stricter, never looser; '" + site + "' applies");
+}
+
+/// The environment's value `v` of ceiling option b.id is in `c`; the file's `fv` (from
+/// `where`) holds it: the stricter of the two stays in `c`, and a raise is noted.
+void hold_to_file(const Binding& b, const char* v, const char* fv, const std::string& where, Config& c,
+                  std::vector<std::string>& notes) {
+  Config site = c;
+  std::string why;
+  const char* variable = options::get(b.id).variable;
+  if (!b.parse(fv, site, &why)) {
+    c.errors.push_back(quoted(variable, fv) + " (" + where + "): " + why);
+    return;
+  }
+  bool raised = false;
+  switch (b.id) {
+    case Id::CUWARDEN_LIMIT: {
+      std::string ignored;
+      const auto asked = parse_limit(v, &ignored), given = parse_limit(fv, &ignored);
+      raised = asked && given && above(*asked, *given);
+      c.limits = std::move(site.limits);  // both apply: the lowest on each device
+      break;
+    }
+    case Id::CUWARDEN_JOB_LIMIT:
+      raised = c.job_limit > site.job_limit;
+      c.job_limit = std::min(c.job_limit, site.job_limit);
+      break;
+    case Id::CUWARDEN_CAP_SCOPE:
+      raised = !c.cap_scope_process && site.cap_scope_process;
+      c.cap_scope_process = c.cap_scope_process || site.cap_scope_process;
+      break;
+    case Id::CUWARDEN_ON_ERROR:
+      raised = c.fail_open && !site.fail_open;
+      c.fail_open = c.fail_open && site.fail_open;
+      break;
+    default: break;
+  }
+  if (raised)
+    notes.push_back(refused_note(variable, v, fv, where, b.id == Id::CUWARDEN_LIMIT || b.id == Id::CUWARDEN_JOB_LIMIT));
+}
+
+/// The Slurm job's ceiling file (cuw/site_cap.hpp), when the process belongs to a Slurm job:
+/// its caps join the environment's, the lower applying, and a raise past them is noted.
+void hold_to_slurm(Config& c, std::vector<std::string>& notes) {
+  uint32_t job = site_cap::slurm_job_of_cgroup(0);
+  if (!job) job = site_cap::slurm_job_of_name(c.job);
+  if (!job) return;
+  const std::string path = site_cap::slurm_file(c.run_dir, job);
+  site_cap::Ceiling ceiling;
+  std::string why;
+  const site_cap::Read r = site_cap::read(path, &ceiling, &why);
+  if (r == site_cap::Read::refused) notes.push_back(why + "; not a ceiling, ignored");
+  if (r != site_cap::Read::ok) return;
+  const std::string where = "this Slurm job's ceiling " + path;
+  const options::Option& lo = options::get(Id::CUWARDEN_LIMIT);
+  if (ceiling.limit) {
+    std::string ignored;
+    const char* v = env(lo.variable);
+    const auto asked = v ? parse_limit(v, &ignored) : std::nullopt;
+    // Unset with no outer cap either (`cuwarden run` moves it there): the plugin's was dropped.
+    if (!v && !env(options::get(Id::CUWARDEN_OUTER_LIMIT).variable))
+      notes.push_back(std::string(lo.variable) + " is unset: " + where + " sets '" + ceiling.limit_text + "'");
+    else if (asked && above(*asked, *ceiling.limit))
+      notes.push_back(refused_note(lo.variable, v, ceiling.limit_text, where));
+    c.limits.push_back(*ceiling.limit);
+  }
+  const options::Option& jo = options::get(Id::CUWARDEN_JOB_LIMIT);
+  if (ceiling.job_limit) {
+    if (c.job.empty()) c.job = "slurm-" + std::to_string(job);
+    if (const char* v = env(jo.variable); v && c.job_limit > *ceiling.job_limit)
+      notes.push_back(refused_note(jo.variable, v, ceiling.job_limit_text, where));
+    c.job_limit = std::min(c.job_limit, *ceiling.job_limit);
+  }
+  // What the plugin decides for enforcement holds with its ceiling (cluster/slurm).
+  if (c.fail_open) {
+    notes.push_back(std::string(options::get(Id::CUWARDEN_ON_ERROR).variable) + "='open' is refused: " + where +
+                      " holds this job's caps; 'fail' applies");
+    c.fail_open = false;
+  }
+}
+
 }  // namespace
 
 FileValues parse_config_text(std::string_view text, std::vector<std::string>* errors) {
@@ -351,8 +457,9 @@ FileValues parse_config_text(std::string_view text, std::vector<std::string>* er
   return f;
 }
 
-Config load_config() {
+Config load_config(std::vector<std::string>* notes_out) {
   Config c;
+  std::vector<std::string> notes;
   // The file first: every other row may fall back to it. Its own errors come first.
   FileValues file;
   file.value.resize(options::kCount);
@@ -376,6 +483,9 @@ Config load_config() {
     const std::size_t i = static_cast<std::size_t>(b.id);
     if (const char* v = env(o.variable)) {
       if (!b.parse(v, c, &why)) c.errors.push_back(quoted(o.variable, v) + ": " + why);
+      else if (is_ceiling(b.id) && !file.value[i].empty())
+        hold_to_file(b, v, file.value[i].c_str(), std::string(path) + " line " + std::to_string(file.line[i]), c,
+                     notes);
     } else if (!file.value[i].empty()) {
       const char* fv = file.value[i].c_str();
       if (!b.parse(fv, c, &why))
@@ -383,6 +493,8 @@ Config load_config() {
                            "): " + why);
     }
   }
+  hold_to_slurm(c, notes);
+  if (notes_out) *notes_out = std::move(notes);
   return c;
 }
 

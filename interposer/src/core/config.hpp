@@ -77,14 +77,21 @@ struct Config {
 
 /// Read every CUWARDEN_* variable of the options table (secure_getenv; one that is unset,
 /// empty or refused leaves the table's default). A variable the environment leaves unset or
-/// empty is taken from the file CUWARDEN_CONFIG names, when that file gives it: the
-/// environment wins. Never exits or throws on a bad value: each adds one line to `errors`
+/// empty is taken from the file CUWARDEN_CONFIG names, when that file gives it; else the
+/// environment wins, except over the site's ceilings: where the file sets a cap
+/// (CUWARDEN_LIMIT, CUWARDEN_JOB_LIMIT), what a cap counts (CUWARDEN_CAP_SCOPE=process) or
+/// CUWARDEN_ON_ERROR=fail, the environment may only make it stricter, and the Slurm job's
+/// ceiling file (cuw/site_cap.hpp; the job from /proc/self/cgroup, else CUWARDEN_JOB
+/// slurm-<id>) holds CUWARDEN_LIMIT and CUWARDEN_JOB_LIMIT the same way. The stricter
+/// applies; each refused raise, and a ceiling file not root's (ignored), adds one line to
+/// `*notes` when given (said, not fatal; kept apart from Config, whose tracker fits one page).
+/// Never exits or throws on a bad value: each adds one line to `errors`
 /// ("CUWARDEN_X='value': why"; from the file "CUWARDEN_X='value' (FILE line N): why"), the
 /// file's own errors first ("CUWARDEN_CONFIG='FILE': ..."), then in table order. Opens and
 /// reads the file (at most kMaxConfigFile bytes, a regular file only; a missing file at the
 /// default path is no error). Allocates: call at the first CUDA call, never on a hook's hot
 /// path. Not safe against a concurrent setenv.
-Config load_config();
+Config load_config(std::vector<std::string>* notes = nullptr);
 
 /// The largest config file read, in bytes; a larger one is an error.
 inline constexpr std::size_t kMaxConfigFile = 64 * 1024;

@@ -103,16 +103,18 @@ CUW_COLD Tracker& Tracker::create() {
       pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
       atfork_registered = true;
     }
-    t = new (hook::g_page.tracker) Tracker();  // never destroyed (a forked child builds anew over it)
+    std::vector<std::string> notes;
+    t = new (hook::g_page.tracker) Tracker(&notes);  // never destroyed (a forked child builds anew over it)
     g_hot.instance.store(t, std::memory_order_release);
   }
   pthread_mutex_unlock(&g_create_mu);
   return *t;
 }
 
-Tracker::Tracker() : config_(load_config()) {
+Tracker::Tracker(std::vector<std::string>* notes) : config_(load_config(notes)) {
   for (auto& g : job_gpu_) g.store(-1, std::memory_order_relaxed);
   log::init(config_.log_level, config_.log_file);
+  for (const std::string& n : *notes) log::always("cuwarden: %s", n.c_str());
   {
     // Never the shared directory when another user could delete or replace our files there.
     std::string note;

@@ -423,7 +423,9 @@ class Tracker {
   struct PoolSet;
   PoolSet& pool_set(int ordinal) noexcept { return pools_[ordinal & (ring::kMaxDevices - 1)]; }
 
-  Tracker();
+  /// `notes`: the caller's scratch for load_config()'s notes, said once the log is set up
+  /// (kept out of the tracker, which fits one page).
+  explicit Tracker(std::vector<std::string>* notes);
   ~Tracker() = delete;  // never destroyed: CUDA calls made by other destructors still work
   static Tracker& create();
   ring::DeviceSlot* fill_device_once(int ordinal);

@@ -5,10 +5,12 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuw/size.hpp"
 #include "model/history.hpp"
 #include "model/registry.hpp"
 #include "model/ring_view.hpp"
@@ -54,6 +56,12 @@ struct Registry::Process {
   /// root last set. A cap in the ring above it is a raise the daemon did not make (the ring is
   /// the process owner's own file): put back at each scan (caps_held.cpp). kNoLimit: none.
   std::array<uint64_t, ring::kMaxDevices> ceiling = filled_no_limit();
+  /// The ceiling the site gave its Slurm job (cuw/site_cap.hpp), read once; held like
+  /// `ceiling`, on each device until root sets a cap there (root's word replaces the site's).
+  std::optional<LimitSpec> site_limit;
+  std::string site_file;         ///< where site_limit came from
+  bool site_read = false;        ///< read_site_ceiling() ran
+  uint32_t site_lifted = 0;      ///< devices root has set a cap on since (bit per ordinal)
   uint64_t tampers = 0;          ///< raises put back, and scans the driver saw it over its ceiling
   uint32_t over_ceiling = 0;     ///< devices the driver last saw over their ceiling (bit per ordinal)
   uint32_t offending_scans = 0;  ///< scans in a row that found it over its ceiling (enforce = "kill")
