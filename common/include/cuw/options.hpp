@@ -35,7 +35,7 @@ namespace cuw::options {
   X(CUWARDEN_ON_ERROR, "fail", "`fail`, `open`",                                                                       \
     "bad configuration: exit with status 78 and one line naming the variable, or warn and run uncapped", "")           \
   X(CUWARDEN_CONFIG, "/etc/cuwarden/process.conf", "a path, `off`",                                                  \
-    "a file of NAME=value lines: the variables the environment leaves unset, and caps it may only lower", "")        \
+    "NAME=value lines: defaults for unset variables; its caps are ceilings", "")        \
   X(CUWARDEN_LIMIT, "", "`8G`, `512MiB`, `75%`, `0=8G,1=4G`",                                                          \
     "per-process cap per device, by CUDA ordinal as the process sees it", "--limit")                                   \
   X(CUWARDEN_OUTER_LIMIT, "", "`1G`, `1G;0=75%`",                                                                      \
