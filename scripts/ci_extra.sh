@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # cuwarden: the reliability run CI adds to scripts/test.sh (issue 6), in order:
 #   1. ASan + UBSan (presets asan, build-asan/): builds everything but bench/ and the nvcc-built
-#      probes (no test runs them there), at -Og -g1 (CMakePresets.json says why); runs every
-#      test but those labelled nosan (packaging, scripts, source checks: tests/CMakeLists.txt).
+#      probes (no test runs them there), at -Og -g1 (CMakePresets.json says why), test programs
+#      of several files as unity builds (CUWARDEN_UNITY_TESTS: the top-level CMakeLists.txt says
+#      why); runs every test but those labelled nosan (packaging, scripts, source checks:
+#      tests/CMakeLists.txt).
 #   2. TSan (presets tsan, build-tsan/): builds only the targets of the tests it runs, the
 #      concurrency tests: unit.*, interposer.cap, interposer.concurrency_nocap,
 #      interposer.cache(_cap), the cache's adversarial churn / contexts / cap cases, ctx_gone,
