@@ -24,11 +24,22 @@ if [[ ${CI:-} == true && $(id -u) == 0 ]] && ! dpkg-query -W cuwarden >/dev/null
   export CUWARDEN_TEST_DPKG=1
 fi
 
+# CPU seconds (user + sys) of this shell's finished children, as scripts/ci_extra.sh prints them.
+cpu_s() {
+  local f
+  read -r -a f <<<"$(sed 's/.*) //' /proc/$$/stat)"  # the fields after the command's name
+  echo $(( (f[13] + f[14]) / $(getconf CLK_TCK) ))  # cutime, cstime
+}
+
 start=$(date +%s)
 scripts/setup.sh
+b=$(date +%s) c=$(cpu_s)
 scripts/build.sh
+echo "test.sh: build took $(( $(date +%s) - b )) s (CPU $(( $(cpu_s) - c )) s)"
+b=$(date +%s) c=$(cpu_s)
 ctest --preset default
-echo "test.sh: build and ctest took $(( $(date +%s) - start )) s"
+echo "test.sh: ctest took $(( $(date +%s) - b )) s (CPU $(( $(cpu_s) - c )) s)"
+echo "test.sh: setup, build and ctest took $(( $(date +%s) - start )) s"
 if (( all )); then
   scripts/ci_extra.sh
   echo "test.sh: everything took $(( $(date +%s) - start )) s"

@@ -14,7 +14,7 @@ using namespace cuwt;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+bool has_text(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
 size_t occurrences(const std::string& s, const std::string& what) {
   size_t n = 0;
@@ -63,13 +63,13 @@ TEST_CASE("cli.run_tensors_sets_each_frameworks_switch_and_the_pool") {
     INFO(label << "\nstdout: " << r.out << "\nstderr: " << r.err);
     REQUIRE(r.status == 0);
     for (const cuw::tensors::Switch& s : cuw::tensors::kSwitches) {
-      CHECK(contains(r.out, std::string(s.variable) + "=" + s.value + "\n"));
+      CHECK(has_text(r.out, std::string(s.variable) + "=" + s.value + "\n"));
       CHECK(occurrences(r.err, "cuwarden run: " + label + " sets " + s.variable + "=" + s.value + " for " +
                                    s.framework + ": ") == 1);
     }
-    CHECK(contains(r.out, std::string("CUWARDEN_POOL=") + cuw::tensors::kPool + "\n"));
-    CHECK(contains(r.out, "CUWARDEN_TENSORS=1\n"));
-    CHECK(contains(r.err, "cuwarden run: " + label + " sets CUWARDEN_POOL=cache (the pool serves every tensor"));
+    CHECK(has_text(r.out, std::string("CUWARDEN_POOL=") + cuw::tensors::kPool + "\n"));
+    CHECK(has_text(r.out, "CUWARDEN_TENSORS=1\n"));
+    CHECK(has_text(r.err, "cuwarden run: " + label + " sets CUWARDEN_POOL=cache (the pool serves every tensor"));
     // What the mode changes, said once, each thing on its own line, before the program's output.
     CHECK(occurrences(r.err, kOomLine) == 1);
     CHECK(occurrences(r.err, "PyTorch neither frees a cache nor retries") == 1);
@@ -83,7 +83,7 @@ TEST_CASE("cli.run_tensors_sets_each_frameworks_switch_and_the_pool") {
       CHECK(r.err.compare(at, 14, "cuwarden run: ") == 0);
     }
     // No warning about PyTorch's variable: the mode set it to 1.
-    CHECK(!contains(r.err, "PyTorch 2.6 and older"));
+    CHECK(!has_text(r.err, "PyTorch 2.6 and older"));
   }
 }
 
@@ -92,25 +92,25 @@ TEST_CASE("cli.run_tensors_keeps_what_the_user_set") {
   CmdResult r = run_tensors({"--tensors"}, show_script(), {"XLA_PYTHON_CLIENT_ALLOCATOR=bfc", "TF_GPU_ALLOCATOR=cuda_malloc"});
   INFO(r.err);
   REQUIRE(r.status == 0);
-  CHECK(contains(r.out, "XLA_PYTHON_CLIENT_ALLOCATOR=bfc\n"));
-  CHECK(contains(r.err, "--tensors keeps XLA_PYTHON_CLIENT_ALLOCATOR='bfc' the environment sets, not platform (JAX)"));
-  CHECK(contains(r.err, "--tensors keeps TF_GPU_ALLOCATOR=cuda_malloc, already set, for TensorFlow"));
-  CHECK(!contains(r.err, "sets XLA_PYTHON_CLIENT_ALLOCATOR"));
-  CHECK(contains(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING=1\n"));  // the others still set
+  CHECK(has_text(r.out, "XLA_PYTHON_CLIENT_ALLOCATOR=bfc\n"));
+  CHECK(has_text(r.err, "--tensors keeps XLA_PYTHON_CLIENT_ALLOCATOR='bfc' the environment sets, not platform (JAX)"));
+  CHECK(has_text(r.err, "--tensors keeps TF_GPU_ALLOCATOR=cuda_malloc, already set, for TensorFlow"));
+  CHECK(!has_text(r.err, "sets XLA_PYTHON_CLIENT_ALLOCATOR"));
+  CHECK(has_text(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING=1\n"));  // the others still set
   // The pool: --pool, then CUWARDEN_POOL, then the mode's.
   r = run_tensors({"--tensors", "--pool", "vmm"}, show_script());
-  CHECK(contains(r.out, "CUWARDEN_POOL=vmm\n"));
-  CHECK(contains(r.err, "--tensors uses the pool --pool vmm chose"));
+  CHECK(has_text(r.out, "CUWARDEN_POOL=vmm\n"));
+  CHECK(has_text(r.err, "--tensors uses the pool --pool vmm chose"));
   r = run_tensors({"--tensors"}, show_script(), {"CUWARDEN_POOL=vmm"});
-  CHECK(contains(r.out, "CUWARDEN_POOL=vmm\n"));
-  CHECK(contains(r.err, "--tensors keeps CUWARDEN_POOL=vmm the environment sets"));
+  CHECK(has_text(r.out, "CUWARDEN_POOL=vmm\n"));
+  CHECK(has_text(r.err, "--tensors keeps CUWARDEN_POOL=vmm the environment sets"));
   r = run_tensors({"--tensors"}, show_script(), {"CUWARDEN_POOL=off"});
-  CHECK(contains(r.out, "CUWARDEN_POOL=off\n"));
-  CHECK(contains(r.err, "every tensor is a driver allocation and free"));
+  CHECK(has_text(r.out, "CUWARDEN_POOL=off\n"));
+  CHECK(has_text(r.err, "every tensor is a driver allocation and free"));
   // PyTorch's cudaMallocAsync backend does not read the switch: said.
   r = run_tensors({"--tensors"}, "true", {"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False,backend:cudaMallocAsync"});
   CHECK(r.status == 0);
-  CHECK(contains(r.err, "PYTORCH_CUDA_ALLOC_CONF chooses PyTorch's cudaMallocAsync backend, which ignores "
+  CHECK(has_text(r.err, "PYTORCH_CUDA_ALLOC_CONF chooses PyTorch's cudaMallocAsync backend, which ignores "
                         "PYTORCH_NO_CUDA_MEMORY_CACHING"));
 }
 
@@ -120,14 +120,14 @@ TEST_CASE("cli.run_warns_of_pytorch_no_caching_at_a_value_other_than_1") {
     CmdResult r = run_tensors({}, show_script(), {"PYTORCH_NO_CUDA_MEMORY_CACHING=" + value});
     INFO("'" << value << "': " << r.err);
     CHECK(r.status == 0);
-    CHECK(contains(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING=" + value + "\n"));  // never changed
+    CHECK(has_text(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING=" + value + "\n"));  // never changed
     CHECK(occurrences(r.err, "cuwarden run: PYTORCH_NO_CUDA_MEMORY_CACHING='" + value +
                                  "' is in the environment: PyTorch 2.6 and older turn their memory cache off for "
                                  "any value, 0 and empty too; 2.7 and later only for 1") == 1);
-    CHECK(!contains(r.err, kOomLine));  // the mode is off: nothing else is said
+    CHECK(!has_text(r.err, kOomLine));  // the mode is off: nothing else is said
     r = run_tensors({"--tensors"}, show_script(), {"PYTORCH_NO_CUDA_MEMORY_CACHING=" + value});
-    CHECK(contains(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING=" + value + "\n"));
-    CHECK(contains(r.err, "--tensors keeps PYTORCH_NO_CUDA_MEMORY_CACHING='" + value + "' the environment sets, not 1"));
+    CHECK(has_text(r.out, "PYTORCH_NO_CUDA_MEMORY_CACHING=" + value + "\n"));
+    CHECK(has_text(r.err, "--tensors keeps PYTORCH_NO_CUDA_MEMORY_CACHING='" + value + "' the environment sets, not 1"));
     CHECK(occurrences(r.err, "PyTorch 2.6 and older") == 1);
   }
   CmdResult one = run_tensors({}, "true", {"PYTORCH_NO_CUDA_MEMORY_CACHING=1"});
@@ -141,8 +141,8 @@ TEST_CASE("cli.run_tensors_off_sets_nothing") {
     CmdResult r = run_tensors({}, show_script(), env);
     INFO((env.empty() ? "unset" : env[0]) << ": " << r.out << r.err);
     CHECK(r.status == 0);
-    for (const cuw::tensors::Switch& s : cuw::tensors::kSwitches) CHECK(contains(r.out, std::string(s.variable) + " unset\n"));
-    CHECK(contains(r.out, "CUWARDEN_POOL unset\n"));
+    for (const cuw::tensors::Switch& s : cuw::tensors::kSwitches) CHECK(has_text(r.out, std::string(s.variable) + " unset\n"));
+    CHECK(has_text(r.out, "CUWARDEN_POOL unset\n"));
     CHECK(r.err.empty());
   }
 }
@@ -164,11 +164,11 @@ TEST_CASE("cli.run_refuses_a_bad_cuwarden_tensors_and_runs_nothing") {
 TEST_CASE("cli.run_help_lists_the_framework_switches") {
   CmdResult r = run_cmd({CUWT_CLI, "run", "--help"});
   REQUIRE(r.status == 0);
-  CHECK(contains(r.out, "--tensors"));
-  CHECK(contains(r.out, "CUWARDEN_TENSORS=1"));
+  CHECK(has_text(r.out, "--tensors"));
+  CHECK(has_text(r.out, "CUWARDEN_TENSORS=1"));
   for (const cuw::tensors::Switch& s : cuw::tensors::kSwitches)
-    CHECK(contains(r.out, std::string("\n  ") + s.variable + "=" + s.value + " for " + s.framework + ": "));
-  CHECK(contains(r.out, std::string("CUWARDEN_POOL=") + cuw::tensors::kPool + " unless --pool"));
+    CHECK(has_text(r.out, std::string("\n  ") + s.variable + "=" + s.value + " for " + s.framework + ": "));
+  CHECK(has_text(r.out, std::string("CUWARDEN_POOL=") + cuw::tensors::kPool + " unless --pool"));
 }
 
 TEST_CASE("cli.run_tensors_gives_the_program_the_pool_on_the_simulated_driver") {
@@ -189,8 +189,8 @@ TEST_CASE("cli.run_tensors_gives_the_program_the_pool_on_the_simulated_driver") 
   INFO(r.out << r.err);
   REQUIRE(r.status == 0);
   REQUIRE(r.out.rfind("ready ", 0) == 0);
-  CHECK(contains(r.out, "\nok\nfreed 1\nok\n"));
-  CHECK(contains(r.err, "--tensors sets CUWARDEN_POOL=cache"));
+  CHECK(has_text(r.out, "\nok\nfreed 1\nok\n"));
+  CHECK(has_text(r.err, "--tensors sets CUWARDEN_POOL=cache"));
   const uint32_t pid = static_cast<uint32_t>(std::stoul(r.out.substr(6)));
   json p;
   REQUIRE(wait_until([&] { return !(p = d.process(pid)).is_null(); }));

@@ -22,6 +22,9 @@
 
 namespace cuwtest {
 
+/// One MiB in bytes; the test files' `using cuwtest::kMiB;` (one definition for unity builds).
+inline constexpr uint64_t kMiB = 1ULL << 20;
+
 /// Calls cuInit and makes device `ordinal`'s primary context current on this thread.
 inline void make_context(int ordinal = 0) {
   REQUIRE(cuInit(0) == CUDA_SUCCESS);

@@ -18,7 +18,7 @@ using namespace cuwtest;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 template <class F>
 F testing(const char* name) {

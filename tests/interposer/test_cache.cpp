@@ -28,8 +28,8 @@ using namespace cuwtest;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
-constexpr uint64_t kCap = 256 * kMiB;
+using cuwtest::kMiB;
+constexpr uint64_t kCacheCap = 256 * kMiB;
 
 using clock_type = std::chrono::steady_clock;
 
@@ -560,8 +560,8 @@ TEST_CASE("cache: counters show reserved vs in use; cuMemGetInfo counts cached b
   CHECK(cached <= used);
   size_t f = 0, t = 0;
   REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);
-  CHECK(t == kCap);
-  CHECK(f == kCap - (used - cached));
+  CHECK(t == kCacheCap);
+  CHECK(f == kCacheCap - (used - cached));
   REQUIRE(cuMemFree(p) == CUDA_SUCCESS);
   // p's whole block moves to cached, or (the cache) a cached block of an earlier case within
   // its slack (2 MiB more) that served the request.
@@ -578,7 +578,7 @@ TEST_CASE("cache: the cap refuses only after the cache gave back what it keeps",
   make_context();
   touch_interposer();
   auto& d = dev_counters();
-  REQUIRE(d.limit.load() == kCap);
+  REQUIRE(d.limit.load() == kCacheCap);
   // Fill the cache: three 64 MiB blocks and many small ones, all freed (pending, not ready:
   // a slow write is queued on a stream).
   CUstream s = make_stream();
@@ -617,7 +617,7 @@ TEST_CASE("cache: the cap refuses only after the cache gave back what it keeps",
   // ps[0] was given back only after its write (a flag the write sets: the stream itself may
   // still run the pool's own event records, queued after it).
   CHECK(written.load(std::memory_order_acquire));
-  CHECK(d.used.load() <= kCap);
+  CHECK(d.used.load() <= kCacheCap);
   // (vmm: stitched from the free blocks under the cap's room, keeping free slabs within
   // CUWARDEN_POOL_KEEP's 16 MiB floor.)
   if (vmm_pool()) CHECK(d.used.load() <= 216 * kMiB);
@@ -626,12 +626,12 @@ TEST_CASE("cache: the cap refuses only after the cache gave back what it keeps",
   CUdeviceptr more = 0;
   CHECK(cuMemAlloc(&more, 60 * kMiB) == CUDA_ERROR_OUT_OF_MEMORY);
   CHECK(d.refusals.load() == refusals + 1);
-  CHECK(d.used.load() <= kCap);
+  CHECK(d.used.load() <= kCacheCap);
   // What fits exactly still fits: the request is not rounded past the cap.
-  const uint64_t room = kCap - d.used.load();
+  const uint64_t room = kCacheCap - d.used.load();
   CUdeviceptr last = 0;
   REQUIRE(cuMemAlloc(&last, room - 100) == CUDA_SUCCESS);
-  CHECK(d.used.load() <= kCap);
+  CHECK(d.used.load() <= kCacheCap);
   REQUIRE(cuMemFree(last) == CUDA_SUCCESS);
   REQUIRE(cuMemFree(big) == CUDA_SUCCESS);
   REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);

@@ -21,8 +21,8 @@ using namespace cuwtest;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
-constexpr uint64_t kCap = 256 * kMiB;
+using cuwtest::kMiB;
+constexpr uint64_t kAdvCap = 256 * kMiB;
 
 struct Snap {
   uint64_t used, reserved, cached, live;
@@ -159,14 +159,14 @@ TEST_CASE("cadv: zero, null and enormous sizes", "[cadv_sizes]") {
   CHECK(cuMemAlloc(nullptr, 4096) == CUDA_ERROR_INVALID_VALUE);
   const size_t kMax = ~size_t{0};
   for (size_t n : {kMax, kMax - 1, kMax - 511, kMax - (2 * kMiB) + 2, kMax - (2 * kMiB) + 1, kMax - (4 * kMiB),
-                   size_t{1} << 63, size_t{1} << 40, size_t{kCap} + 1, size_t{1} << 30, (size_t{1} << 30) + 1}) {
+                   size_t{1} << 63, size_t{1} << 40, size_t{kAdvCap} + 1, size_t{1} << 30, (size_t{1} << 30) + 1}) {
     INFO("bytes " << n);
     p = 0xdead;
     CHECK(cuMemAlloc(&p, n) == CUDA_ERROR_OUT_OF_MEMORY);
     const Snap s = snap();
     CHECK(s.live == s0.live);
     CHECK(s.used - s.cached == s0.used - s0.cached);  // in use unchanged
-    CHECK(s.used <= kCap);
+    CHECK(s.used <= kAdvCap);
   }
   // Boundaries of the size classes and the packing limit.
   for (size_t n : {size_t{1}, size_t{511}, size_t{512}, size_t{513}, size_t{2048}, size_t{2049}, size_t{kMiB - 1},
@@ -204,7 +204,7 @@ TEST_CASE("cadv: an allocation the cache does not serve is not refused while the
   make_context();
   touch_interposer();
   auto& d = dev_counters();
-  REQUIRE(d.limit.load() == kCap);
+  REQUIRE(d.limit.load() == kAdvCap);
   const uint64_t refusals0 = d.refusals.load();
   size_t f = 0, t = 0;
   SECTION("cuMemAllocAsync") {

@@ -16,7 +16,7 @@
 using namespace cuwtest;
 
 namespace {
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 constexpr uint64_t kCap = 64 * kMiB;
 }  // namespace
 

@@ -17,7 +17,7 @@ extern "C" void* cuwt_lookup_next(const char* name);
 extern "C" void* cuwt_lookup_next_v(const char* name);
 
 namespace {
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 bool in_cuwarden(void* p) {
   Dl_info info{};

@@ -19,7 +19,7 @@ using namespace cuwtest;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 /// The old owner's last kernel, held by the test: queued on `s`, it waits until `go` is set
 /// (or 20 s, so that code which waits for it cannot hang the test), then fills `n` bytes at

@@ -17,7 +17,7 @@ using namespace cuwtest;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 struct Seen {
   uint64_t allocs = 0, frees = 0;

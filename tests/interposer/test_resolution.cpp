@@ -96,7 +96,7 @@ const Path kPaths[] = {{"exported symbol", by_export},
                        {"cuGetProcAddress (v1)", by_getproc_v1},
                        {"runtime path (dlsym + cuGetProcAddress_v2)", by_runtime_path}};
 
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 }  // namespace
 

@@ -21,10 +21,10 @@
 using namespace cuwtest;
 
 namespace {
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 /// Every event published since the last call (drained as a daemon would).
-std::vector<cuw::ring::Event> drain_events() {
+std::vector<cuw::ring::Event> drain_single_events() {
   auto& h = own_ring();
   std::vector<cuw::ring::Event> buf(cuw::ring::kDefaultSlotCount);
   auto* slots = reinterpret_cast<cuw::ring::EventSlot*>(reinterpret_cast<char*>(&h) + cuw::ring::kHeaderBytes);
@@ -73,7 +73,7 @@ uint64_t event_clock_now() {
 TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their events", "[single]") {
   make_context();
   touch_interposer();
-  drain_events();
+  drain_single_events();
   const uint64_t clock_before = event_clock_now();
   auto& d = dev_counters();
   const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr;
@@ -94,7 +94,7 @@ TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their
   CHECK(d.free_count.load() == frees + 2);
 
   const uint64_t clock_after = event_clock_now();
-  const auto ev = drain_events();
+  const auto ev = drain_single_events();
   REQUIRE(ev.size() == 4);
   using K = cuw::ring::EventKind;
   CHECK(ev[0].kind == static_cast<uint8_t>(K::alloc));
@@ -128,7 +128,7 @@ TEST_CASE("one device: allocations are counted on ordinal 0, exactly, with their
 TEST_CASE("one device: a thread without a context gets the driver's answer and counts nothing", "[single]") {
   make_context();
   touch_interposer();
-  drain_events();
+  drain_single_events();
   auto& d = dev_counters();
   const uint64_t refusals = d.refusals.load(), errors = d.driver_errors.load();
 
@@ -139,16 +139,16 @@ TEST_CASE("one device: a thread without a context gets the driver's answer and c
   CHECK(used() == 0);
   CHECK(d.driver_errors.load() == errors);
   CHECK(d.refusals.load() == refusals);
-  CHECK(drain_events().empty());
+  CHECK(drain_single_events().empty());
 
   if (std::getenv("CUWARDEN_LIMIT")) {
     // At the cap: still the driver's answer (no context), not a refusal by the cap.
     CUdeviceptr full = 0;
     REQUIRE(cuMemAlloc(&full, 64 * kMiB) == CUDA_SUCCESS);
-    drain_events();
+    drain_single_events();
     CHECK(on_thread_without_context([&] { return cuMemAlloc(&p, kMiB); }) == CUDA_ERROR_INVALID_CONTEXT);
     CHECK(d.refusals.load() == refusals);
-    CHECK(drain_events().empty());
+    CHECK(drain_single_events().empty());
     CHECK(cuMemAlloc(&p, kMiB) == CUDA_ERROR_OUT_OF_MEMORY);  // with a context: refused
     CHECK(d.refusals.load() == refusals + 1);
     REQUIRE(cuMemFree(full) == CUDA_SUCCESS);
@@ -159,7 +159,7 @@ TEST_CASE("one device: a thread without a context gets the driver's answer and c
 TEST_CASE("one device: a free the driver fails leaves the allocation live, counted, and says so", "[single]") {
   make_context();
   touch_interposer();
-  drain_events();
+  drain_single_events();
   auto& d = dev_counters();
   // A cap or a job: a cuMemFree waits for the driver before it is counted.
   const bool capped = std::getenv("CUWARDEN_LIMIT") != nullptr || std::getenv("CUWARDEN_JOB") != nullptr;
@@ -172,14 +172,14 @@ TEST_CASE("one device: a free the driver fails leaves the allocation live, count
     INFO("api " << static_cast<int>(api) << (capped ? " with a cap" : " without a cap"));
     const uint64_t frees = d.free_count.load(), reserved = d.reserved.load(), live = d.live_allocations.load();
     const uint64_t before = used(), job_before = job_used();
-    drain_events();
+    drain_single_events();
     CHECK(fail() == expected);
     CHECK(used() == before);
     CHECK(job_used() == job_before);  // in a job, its share is held again too
     CHECK(d.reserved.load() == reserved);
     CHECK(d.live_allocations.load() == live);
     CHECK(d.free_count.load() == frees);
-    auto ev = drain_events();
+    auto ev = drain_single_events();
     REQUIRE(ev.size() == (early ? 2u : 1u));
     if (early) {
       CHECK(ev[0].kind == static_cast<uint8_t>(K::free));
@@ -199,7 +199,7 @@ TEST_CASE("one device: a free the driver fails leaves the allocation live, count
     if (std::getenv("CUWARDEN_JOB")) CHECK(job_used() == job_before - 2 * kMiB);
     CHECK(d.live_allocations.load() == live - 1);
     CHECK(d.free_count.load() == frees + 1);
-    ev = drain_events();
+    ev = drain_single_events();
     REQUIRE(ev.size() == 1);
     CHECK(ev[0].kind == static_cast<uint8_t>(K::free));
     CHECK(ev[0].address == p);

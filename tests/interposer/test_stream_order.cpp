@@ -25,7 +25,7 @@ using namespace cuwtest;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 /// What the old owner's slow "kernel" saw: set once it ran.
 struct Seen {

@@ -11,7 +11,7 @@
 using namespace cuwtest;
 
 namespace {
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 }
 
 TEST_CASE("ordinals, caps and UUIDs follow CUDA_VISIBLE_DEVICES", "[visible]") {

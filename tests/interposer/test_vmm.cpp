@@ -18,7 +18,7 @@ using namespace cuwtest;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
+using cuwtest::kMiB;
 
 /// Fills `n` bytes at `p` with `v` (synchronously).
 void fill(CUdeviceptr p, size_t n, unsigned char v) { REQUIRE(cuMemsetD8(p, v, n) == CUDA_SUCCESS); }

@@ -23,7 +23,7 @@ namespace proto = cuw::proto;
 namespace {
 
 template <class F>
-bool wait_for(F&& pred, int ms = 10000) {
+bool wait_for_pool(F&& pred, int ms = 10000) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   while (std::chrono::steady_clock::now() < until) {
     if (pred()) return true;
@@ -81,7 +81,7 @@ TEST_CASE("server.a_queued_slow_request_whose_client_left_is_never_run") {
   // A: a slow request that holds the pool's one thread.
   const int a = connect_to(path);
   REQUIRE(proto::send_message(a, proto::Command::get_snapshot, 1, "{}", 1000));
-  REQUIRE(wait_for([&] { return slow_runs == 1; }));
+  REQUIRE(wait_for_pool([&] { return slow_runs == 1; }));
   // B: a slow request of the same user, queued behind A. A fast request answered after it was
   // sent shows B's was read (the server serves connections in the order they came).
   const int b = connect_to(path);
@@ -103,7 +103,7 @@ TEST_CASE("server.a_queued_slow_request_whose_client_left_is_never_run") {
   }
   cv.notify_all();
   CHECK(proto::recv_message(a, 5000).has_value());  // A is answered
-  CHECK(wait_for([&] { return server.dropped_unexecuted() == 1; }));
+  CHECK(wait_for_pool([&] { return server.dropped_unexecuted() == 1; }));
   CHECK(slow_runs == 1);  // B's was never run
   CHECK(fast_runs == 2);
   ::close(a);

@@ -17,10 +17,10 @@ using namespace cuw::daemon;
 
 namespace {
 
-constexpr uint64_t kMiB = 1ULL << 20;
-constexpr uint64_t T = 1'800'000'000'000'000'000ULL;
+constexpr uint64_t kCsMiB = 1ULL << 20;
+constexpr uint64_t kT0 = 1'800'000'000'000'000'000ULL;
 
-SnapFrame native(const std::string& fn, const std::string& file, uint32_t line, const std::string& module, uint64_t pc) {
+SnapFrame native_frame(const std::string& fn, const std::string& file, uint32_t line, const std::string& module, uint64_t pc) {
   SnapFrame f;
   f.function = fn;
   f.file = file;
@@ -36,14 +36,14 @@ SnapFrame native(const std::string& fn, const std::string& file, uint32_t line, 
 SnapSite chain_site(uint32_t id, const std::string& caller, uint32_t line) {
   SnapSite s;
   s.id = id;
-  s.frames.push_back(native("cuw::hooks::cuMemAlloc_v2", "", 0, "/usr/lib/libcuwarden.so", 0x7f0000001000));
-  s.frames.push_back(native("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000));
+  s.frames.push_back(native_frame("cuw::hooks::cuMemAlloc_v2", "", 0, "/usr/lib/libcuwarden.so", 0x7f0000001000));
+  s.frames.push_back(native_frame("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000));
   for (int i = 12; i >= 1; --i)
-    s.frames.push_back(native("pool::level_" + std::to_string(i), "/src/pool.cpp", 100u + static_cast<uint32_t>(i),
+    s.frames.push_back(native_frame("pool::level_" + std::to_string(i), "/src/pool.cpp", 100u + static_cast<uint32_t>(i),
                               "/opt/app/bin/trainer", 0x401000 + static_cast<uint64_t>(i) * 0x10));
-  s.frames.push_back(native(caller, "/src/model.cpp", line, "/opt/app/bin/trainer", 0x402000 + line));
-  s.frames.push_back(native("main", "/src/main.cpp", 9, "/opt/app/bin/trainer", 0x403000));
-  s.frames.push_back(native("__libc_start_main", "", 0, "/usr/lib/x86_64-linux-gnu/libc.so.6", 0x7f0000203000));
+  s.frames.push_back(native_frame(caller, "/src/model.cpp", line, "/opt/app/bin/trainer", 0x402000 + line));
+  s.frames.push_back(native_frame("main", "/src/main.cpp", 9, "/opt/app/bin/trainer", 0x403000));
+  s.frames.push_back(native_frame("__libc_start_main", "", 0, "/usr/lib/x86_64-linux-gnu/libc.so.6", 0x7f0000203000));
   return s;
 }
 
@@ -51,7 +51,7 @@ Snapshot chain_snapshot() {
   Snapshot s;
   s.pid = 77;
   s.comm = "trainer";
-  s.time_ns = T;
+  s.time_ns = kT0;
   s.exact = true;
   s.callsite_frames = 32;
   s.sites = {chain_site(1, "load_weights", 40), chain_site(2, "make_buffers", 52), chain_site(3, "load_weights", 44)};
@@ -61,13 +61,13 @@ Snapshot chain_snapshot() {
     a.bytes = bytes;
     a.device = 0;
     a.site = site;
-    a.time_ns = T;
+    a.time_ns = kT0;
     s.allocations.push_back(a);
   };
-  alloc(0x1000000, 64 * kMiB, 1);
-  alloc(0x9000000, 32 * kMiB, 2);
-  alloc(0xb000000, 16 * kMiB, 3);
-  alloc(0xc000000, 1 * kMiB, 0);
+  alloc(0x1000000, 64 * kCsMiB, 1);
+  alloc(0x9000000, 32 * kCsMiB, 2);
+  alloc(0xb000000, 16 * kCsMiB, 3);
+  alloc(0xc000000, 1 * kCsMiB, 0);
   return s;
 }
 
@@ -206,11 +206,11 @@ TEST_CASE("callsites: folded stacks, root first, read back by a parser of the fo
   REQUIRE(stacks.size() == 4);
   uint64_t total = 0;
   for (const auto& [frames, bytes] : stacks) total += bytes;
-  CHECK(total == 113 * kMiB);
-  CHECK(stacks.at({"(no call site)"}) == 1 * kMiB);
+  CHECK(total == 113 * kCsMiB);
+  CHECK(stacks.at({"(no call site)"}) == 1 * kCsMiB);
   bool found = false;
   for (const auto& [frames, bytes] : stacks) {
-    if (bytes != 64 * kMiB) continue;
+    if (bytes != 64 * kCsMiB) continue;
     found = true;
     REQUIRE(frames.size() == 17);
     CHECK(frames.front() == "__libc_start_main (libc.so.6+0x3000)");
@@ -230,13 +230,13 @@ TEST_CASE("callsites: sites whose user frames are equal are one, their bytes add
   // stack, the same user frames): it goes into site 1. Site 5 and 6: no user frame, named by
   // their operator; 7: another operator.
   SnapSite again = chain_site(4, "load_weights", 40);
-  again.frames[1] = native("cudaMallocAsync", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000109000);
+  again.frames[1] = native_frame("cudaMallocAsync", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000109000);
   auto backward = [](uint32_t id, const std::string& op, uint64_t pc) {
     SnapSite b;
     b.id = id;
-    b.frames = {native("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000),
-                native("c10::cuda::CUDACachingAllocator::malloc", "", 0, "/opt/torch/lib/libc10_cuda.so", pc),
-                native("torch::autograd::generated::" + op + "::apply", "", 0, "/opt/torch/lib/libtorch_cpu.so", pc + 0x100)};
+    b.frames = {native_frame("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000),
+                native_frame("c10::cuda::CUDACachingAllocator::malloc", "", 0, "/opt/torch/lib/libc10_cuda.so", pc),
+                native_frame("torch::autograd::generated::" + op + "::apply", "", 0, "/opt/torch/lib/libtorch_cpu.so", pc + 0x100)};
     return b;
   };
   s.sites.push_back(again);
@@ -246,10 +246,10 @@ TEST_CASE("callsites: sites whose user frames are equal are one, their bytes add
   for (uint32_t id : {4u, 5u, 6u, 7u}) {
     SnapAlloc a;
     a.address = 0x20000000 + id * 0x1000000;
-    a.bytes = id * kMiB;
+    a.bytes = id * kCsMiB;
     a.device = 0;
     a.site = id;
-    a.time_ns = T;
+    a.time_ns = kT0;
     s.allocations.push_back(a);
   }
   Snapshot native_view = s;  // --by native: as captured
@@ -258,7 +258,7 @@ TEST_CASE("callsites: sites whose user frames are equal are one, their bytes add
   std::map<uint32_t, uint64_t> bytes;
   const auto j = snapshot_json(s);
   for (const auto& site : j["sites"]) bytes[site["id"].get<uint32_t>()] = site["live_bytes"].get<uint64_t>();
-  CHECK(bytes == std::map<uint32_t, uint64_t>{{1, 68 * kMiB}, {2, 32 * kMiB}, {3, 16 * kMiB}, {5, 11 * kMiB}, {7, 7 * kMiB}});
+  CHECK(bytes == std::map<uint32_t, uint64_t>{{1, 68 * kCsMiB}, {2, 32 * kCsMiB}, {3, 16 * kCsMiB}, {5, 11 * kCsMiB}, {7, 7 * kCsMiB}});
   // The same renaming applies to a sample of the process (the leak and since views).
   remap_sites(native_view, to);
   CHECK(native_view.sites.size() == s.sites.size());
@@ -270,8 +270,8 @@ TEST_CASE("callsites: no segments note where PyTorch allocates each tensor itsel
   Snapshot s = chain_snapshot();
   SnapSite torch;
   torch.id = 9;
-  torch.frames = {native("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000),
-                  native("c10::cuda::CUDACachingAllocator::malloc", "", 0, "/opt/torch/lib/libc10_cuda.so", 0x7f0000500000)};
+  torch.frames = {native_frame("cudaMalloc", "", 0, "/usr/local/cuda/lib64/libcudart.so.13", 0x7f0000102000),
+                  native_frame("c10::cuda::CUDACachingAllocator::malloc", "", 0, "/opt/torch/lib/libc10_cuda.so", 0x7f0000500000)};
   s.sites.push_back(torch);
   auto alloc = [&](uint64_t address, uint64_t bytes) {
     SnapAlloc a;
@@ -279,12 +279,12 @@ TEST_CASE("callsites: no segments note where PyTorch allocates each tensor itsel
     a.bytes = bytes;
     a.device = 0;
     a.site = 9;
-    a.time_ns = T;
+    a.time_ns = kT0;
     s.allocations.push_back(a);
   };
   // Its caching allocator's segments: 2 MiB and 20 MiB, the sizes it asks the driver for.
-  alloc(0x40000000, 2 * kMiB);
-  alloc(0x41000000, 20 * kMiB);
+  alloc(0x40000000, 2 * kCsMiB);
+  alloc(0x41000000, 20 * kCsMiB);
   CHECK(snapshot_json(s)["segments_note"].get<std::string>().find("PyTorch's caching allocator") != std::string::npos);
   // PYTORCH_NO_CUDA_MEMORY_CACHING=1: a tensor of 512 bytes straight from the driver.
   alloc(0x42000000, 512);

@@ -6,7 +6,7 @@
 
 namespace {
 
-size_t free_bytes() {
+size_t free_bytes_now() {
   size_t f = 0, t = 0;
   REQUIRE(cuMemGetInfo(&f, &t) == CUDA_SUCCESS);
   return f;
@@ -27,7 +27,7 @@ CUDA_ARRAY3D_DESCRIPTOR desc3(size_t w, size_t h, size_t d, CUarray_format f, un
 
 TEST_CASE("a 2D array takes width*height*element bytes, rounded to 512, from the arena", "[arrays]") {
   use_device(1);
-  size_t free0 = free_bytes();
+  size_t free0 = free_bytes_now();
   size_t live0 = fakecuda_live_bytes(1);
   CUDA_ARRAY_DESCRIPTOR d{};
   d.Width = 100;
@@ -39,7 +39,7 @@ TEST_CASE("a 2D array takes width*height*element bytes, rounded to 512, from the
   REQUIRE(a != nullptr);
   const size_t expect = (100 * 30 * 16 + 511) / 512 * 512;
   CHECK(fakecuda_array_bytes(a) == expect);
-  CHECK(free0 - free_bytes() == expect);
+  CHECK(free0 - free_bytes_now() == expect);
   CHECK(fakecuda_live_bytes(1) - live0 == expect);
 
   CUDA_ARRAY_DESCRIPTOR got{};
@@ -54,7 +54,7 @@ TEST_CASE("a 2D array takes width*height*element bytes, rounded to 512, from the
   CHECK(got3.Flags == 0);
 
   REQUIRE(cuArrayDestroy(a) == CUDA_SUCCESS);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
   CHECK(fakecuda_live_bytes(1) == live0);
   CHECK(fakecuda_array_bytes(a) == 0);
 }
@@ -80,11 +80,11 @@ TEST_CASE("1D, 3D, layered and cubemap arrays are sized by their extents", "[arr
   };
   for (const Case& c : cases) {
     INFO("w=" << c.d.Width << " h=" << c.d.Height << " d=" << c.d.Depth << " flags=" << c.d.Flags);
-    size_t free0 = free_bytes();
+    size_t free0 = free_bytes_now();
     CUarray a = nullptr;
     REQUIRE(cuArray3DCreate(&a, &c.d) == CUDA_SUCCESS);
     CHECK(fakecuda_array_bytes(a) == c.bytes);
-    CHECK(free0 - free_bytes() == c.bytes);
+    CHECK(free0 - free_bytes_now() == c.bytes);
     CUDA_ARRAY3D_DESCRIPTOR got{};
     REQUIRE(cuArray3DGetDescriptor(&got, a) == CUDA_SUCCESS);
     CHECK(got.Width == c.d.Width);
@@ -98,13 +98,13 @@ TEST_CASE("1D, 3D, layered and cubemap arrays are sized by their extents", "[arr
       CHECK(cuArrayGetDescriptor(&d2, a) == CUDA_ERROR_INVALID_VALUE);  // a 3D / layered array
     }
     REQUIRE(cuArrayDestroy(a) == CUDA_SUCCESS);
-    CHECK(free_bytes() == free0);
+    CHECK(free_bytes_now() == free0);
   }
 }
 
 TEST_CASE("bad array descriptors are CUDA_ERROR_INVALID_VALUE and take nothing", "[arrays]") {
   use_device(1);
-  size_t free0 = free_bytes();
+  size_t free0 = free_bytes_now();
   const CUDA_ARRAY3D_DESCRIPTOR bad[] = {
       desc3(0, 4, 0, CU_AD_FORMAT_FLOAT, 1),                           // no width
       desc3(4, 4, 0, CU_AD_FORMAT_FLOAT, 3),                           // 3 channels
@@ -133,12 +133,12 @@ TEST_CASE("bad array descriptors are CUDA_ERROR_INVALID_VALUE and take nothing",
   d2.Format = CU_AD_FORMAT_FLOAT;
   d2.NumChannels = 1;
   CHECK(cuArrayCreate(nullptr, &d2) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
 }
 
 TEST_CASE("an array larger than the free memory is CUDA_ERROR_OUT_OF_MEMORY", "[arrays]") {
   use_device(1);  // 32 MiB
-  size_t free0 = free_bytes();
+  size_t free0 = free_bytes_now();
   // 4096 x 4096 x 4 bytes = 64 MiB: more than the device has.
   CUDA_ARRAY_DESCRIPTOR d{};
   d.Width = 4096;
@@ -147,7 +147,7 @@ TEST_CASE("an array larger than the free memory is CUDA_ERROR_OUT_OF_MEMORY", "[
   d.NumChannels = 1;
   CUarray a = nullptr;
   CHECK(cuArrayCreate(&a, &d) == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
   // Fill the device with 4 MiB arrays until it refuses, then free them all.
   d.Height = 256;
   std::vector<CUarray> arrays;
@@ -162,9 +162,9 @@ TEST_CASE("an array larger than the free memory is CUDA_ERROR_OUT_OF_MEMORY", "[
     REQUIRE(arrays.size() < 16);
   }
   CHECK(arrays.size() >= 6);
-  CHECK(free_bytes() < 4 * kMiB);
+  CHECK(free_bytes_now() < 4 * kMiB);
   for (CUarray x : arrays) REQUIRE(cuArrayDestroy(x) == CUDA_SUCCESS);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
 }
 
 TEST_CASE("array destroy of an unknown or destroyed handle is CUDA_ERROR_INVALID_HANDLE", "[arrays]") {
@@ -188,12 +188,12 @@ TEST_CASE("array destroy of an unknown or destroyed handle is CUDA_ERROR_INVALID
 
 TEST_CASE("sparse and deferred-mapping arrays take no memory", "[arrays]") {
   use_device(0);
-  size_t free0 = free_bytes();
+  size_t free0 = free_bytes_now();
   auto d = desc3(256, 256, 0, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_DEFERRED_MAPPING);
   CUarray a = nullptr;
   REQUIRE(cuArray3DCreate(&a, &d) == CUDA_SUCCESS);
   CHECK(fakecuda_array_bytes(a) == 0);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
   CUDA_ARRAY_MEMORY_REQUIREMENTS req{};
   REQUIRE(cuArrayGetMemoryRequirements(&req, a, 0) == CUDA_SUCCESS);
   CHECK(req.size == 256 * 256 * 4);
@@ -201,14 +201,14 @@ TEST_CASE("sparse and deferred-mapping arrays take no memory", "[arrays]") {
 
   d.Flags = CUDA_ARRAY3D_SPARSE;
   REQUIRE(cuArray3DCreate(&a, &d) == CUDA_SUCCESS);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
   CHECK(cuArrayGetMemoryRequirements(&req, a, 0) == CUDA_ERROR_INVALID_VALUE);  // not deferred
   REQUIRE(cuArrayDestroy(a) == CUDA_SUCCESS);
 }
 
 TEST_CASE("a mipmapped array takes the sum of its halved levels, and its levels describe themselves", "[arrays]") {
   use_device(0);
-  size_t free0 = free_bytes();
+  size_t free0 = free_bytes_now();
   auto d = desc3(100, 40, 0, CU_AD_FORMAT_UNSIGNED_INT8, 4);
   CUmipmappedArray m = nullptr;
   REQUIRE(cuMipmappedArrayCreate(&m, &d, 4) == CUDA_SUCCESS);
@@ -217,7 +217,7 @@ TEST_CASE("a mipmapped array takes the sum of its halved levels, and its levels 
   size_t expect = 0;
   for (size_t b : levels) expect += (b + 511) / 512 * 512;
   CHECK(fakecuda_mipmapped_array_bytes(m) == expect);
-  CHECK(free0 - free_bytes() == expect);
+  CHECK(free0 - free_bytes_now() == expect);
 
   const size_t widths[] = {100, 50, 25, 12}, heights[] = {40, 20, 10, 5};
   size_t sum = 0;
@@ -238,7 +238,7 @@ TEST_CASE("a mipmapped array takes the sum of its halved levels, and its levels 
   REQUIRE(cuMipmappedArrayGetLevel(&l, m, 0) == CUDA_SUCCESS);
 
   REQUIRE(cuMipmappedArrayDestroy(m) == CUDA_SUCCESS);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
   CHECK(cuMipmappedArrayDestroy(m) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(cuMipmappedArrayGetLevel(&l, m, 0) == CUDA_ERROR_INVALID_HANDLE);
   CHECK(fakecuda_array_bytes(l) == 0);  // the level died with it
@@ -246,7 +246,7 @@ TEST_CASE("a mipmapped array takes the sum of its halved levels, and its levels 
 
 TEST_CASE("mipmapped arrays: 3D levels halve depth, layered levels keep their layers, limits", "[arrays]") {
   use_device(0);
-  size_t free0 = free_bytes();
+  size_t free0 = free_bytes_now();
   auto d3 = desc3(16, 8, 4, CU_AD_FORMAT_FLOAT, 1);
   CUmipmappedArray m = nullptr;
   // max(16, 8, 4) = 16: at most 5 levels.
@@ -257,7 +257,7 @@ TEST_CASE("mipmapped arrays: 3D levels halve depth, layered levels keep their la
   size_t expect = 0;
   for (size_t e : {16 * 8 * 4, 8 * 4 * 2, 4 * 2 * 1, 2 * 1 * 1, 1}) expect += (e * 4 + 511) / 512 * 512;
   CHECK(fakecuda_mipmapped_array_bytes(m) == expect);
-  CHECK(free0 - free_bytes() == expect);
+  CHECK(free0 - free_bytes_now() == expect);
   REQUIRE(cuMipmappedArrayDestroy(m) == CUDA_SUCCESS);
 
   auto layered = desc3(64, 64, 3, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_LAYERED);
@@ -275,7 +275,7 @@ TEST_CASE("mipmapped arrays: 3D levels halve depth, layered levels keep their la
   auto bad = desc3(16, 0, 4, CU_AD_FORMAT_FLOAT, 1);
   CHECK(cuMipmappedArrayCreate(&m, &bad, 1) == CUDA_ERROR_INVALID_VALUE);
   CHECK(cuMipmappedArrayCreate(nullptr, &d3, 1) == CUDA_ERROR_INVALID_VALUE);
-  CHECK(free_bytes() == free0);
+  CHECK(free_bytes_now() == free0);
 
   use_device(1);  // 32 MiB: a 4096x4096 float mipmap does not fit
   auto big = desc3(4096, 4096, 0, CU_AD_FORMAT_FLOAT, 1);
