@@ -40,7 +40,7 @@ def by_pytorch(snap):
     ours = others = 0
     other_sites = {}
     for a in snap["allocations"]:
-        if a.get("kind") != "device":
+        if a.get("kind") not in ("device", "pooled"):  # pooled: served by cuwarden's pool
             continue
         frames = sites.get(a.get("site"), {}).get("frames", [])
         if any("libc10_cuda" in (f.get("module") or "") for f in frames):
@@ -48,7 +48,9 @@ def by_pytorch(snap):
         else:
             others += a["bytes"]
             label = sites.get(a.get("site"), {}).get("label", "?")
-            other_sites[label] = other_sites.get(label, 0) + a["bytes"]
+            mods = sorted({os.path.basename(f.get("module") or "") for f in frames} - {""})[:6]
+            key = f"{label} [{', '.join(mods)}]"  # what the site's frames name, to see why it is not PyTorch's
+            other_sites[key] = other_sites.get(key, 0) + a["bytes"]
     return ours, others, other_sites
 
 
