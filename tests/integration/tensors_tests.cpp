@@ -69,7 +69,7 @@ TEST_CASE("cli.run_tensors_sets_each_frameworks_switch_and_the_pool") {
     }
     CHECK(has_text(r.out, std::string("CUWARDEN_POOL=") + cuw::tensors::kPool + "\n"));
     CHECK(has_text(r.out, "CUWARDEN_TENSORS=1\n"));
-    CHECK(has_text(r.err, "cuwarden run: " + label + " sets CUWARDEN_POOL=cache (the pool serves every tensor"));
+    CHECK(has_text(r.err, "cuwarden run: " + label + " sets CUWARDEN_POOL=" + cuw::tensors::kPool + " (the pool serves every tensor"));
     // What the mode changes, said once, each thing on its own line, before the program's output.
     CHECK(occurrences(r.err, kOomLine) == 1);
     CHECK(occurrences(r.err, "PyTorch neither frees a cache nor retries") == 1);
@@ -190,7 +190,7 @@ TEST_CASE("cli.run_tensors_gives_the_program_the_pool_on_the_simulated_driver") 
   REQUIRE(r.status == 0);
   REQUIRE(r.out.rfind("ready ", 0) == 0);
   CHECK(has_text(r.out, "\nok\nfreed 1\nok\n"));
-  CHECK(has_text(r.err, "--tensors sets CUWARDEN_POOL=cache"));
+  CHECK(has_text(r.err, std::string("--tensors sets CUWARDEN_POOL=") + cuw::tensors::kPool));
   const uint32_t pid = static_cast<uint32_t>(std::stoul(r.out.substr(6)));
   json p;
   REQUIRE(wait_until([&] { return !(p = d.process(pid)).is_null(); }));

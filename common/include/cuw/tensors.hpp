@@ -78,7 +78,7 @@ constexpr const Switch& get(Id id) noexcept { return kSwitches[static_cast<std::
 /// The pool the per-tensor mode picks when neither `--pool` nor CUWARDEN_POOL chooses one.
 /// One constant, so that the choice (which pool meets the mode's speed and memory targets)
 /// is made here and nowhere else. A literal of CUWARDEN_POOL (checked below).
-inline constexpr const char* kPool = "cache";
+inline constexpr const char* kPool = "vmm";
 static_assert(options::is_literal(options::Id::CUWARDEN_POOL, kPool), "kPool must be a value of CUWARDEN_POOL");
 
 /// The variable that turns the mode on in `cuwarden run`'s environment, and its values.
