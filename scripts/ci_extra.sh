@@ -9,7 +9,8 @@
 #      concurrency tests: unit.*, interposer.cap, interposer.concurrency_nocap,
 #      interposer.cache(_cap), the cache's adversarial churn / contexts / cap cases, ctx_gone,
 #      daemon.* (the test preset's filter).
-#   3. every libFuzzer target for FUZZ_SECONDS (default 10) from its committed corpus
+#   3. every libFuzzer target for FUZZ_SECONDS (default 5; the 30-minute runs are
+#      bench/results/2026-12-06-fuzz-30-minutes.md) from its committed corpus
 #      (preset fuzz, clang, build-fuzz/; scripts/fuzz.sh).
 # The main build and ctest (build/) are scripts/test.sh's. Stops at the first failing step and
 # says which. Prints each step's wall time and CPU time (user + sys of everything it ran).
@@ -48,5 +49,5 @@ step "asan: ctest" ctest --preset asan -j "$JOBS" "${ctest_extra[@]}"
 step "tsan: configure" cmake --preset tsan
 step "tsan: build" cmake --build --preset tsan -j "$JOBS"
 step "tsan: ctest" ctest --preset tsan -j "$JOBS" "${ctest_extra[@]}"
-step "fuzz: ${FUZZ_SECONDS:-10} s per target" scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+step "fuzz: ${FUZZ_SECONDS:-5} s per target" scripts/fuzz.sh "${FUZZ_SECONDS:-5}"
 echo "=== ci_extra: all ok in $(($(date +%s) - t0)) s (CPU $(cpu_s) s)"
