@@ -2,7 +2,6 @@
 // can write, so that no other user can take the file's name first.
 #include <errno.h>
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,21 +9,14 @@
 #include <cstring>
 #include <string>
 
+#include "cuw/paths.hpp"
 #include "cuw/job.hpp"
 
 namespace cuw::job {
 
 namespace {
 
-/// "uid N (name)", or "uid N" when the name is unknown.
-std::string owner_text(uid_t uid) {
-  std::string s = "uid " + std::to_string(uid);
-  passwd pw{}, *found = nullptr;
-  char buf[1024];
-  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found && found->pw_name)
-    s += std::string(" (") + found->pw_name + ")";
-  return s;
-}
+using paths::owner_text;
 
 enum class Dir { usable, absent, foreign };
 

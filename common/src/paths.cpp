@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -310,6 +311,15 @@ int remove_dead_rings(const std::string& dir, uint32_t uid) {
   }
   ::closedir(d);
   return removed;
+}
+
+std::string owner_text(uint32_t uid) {
+  std::string s = "uid " + std::to_string(uid);
+  passwd pw{}, *found = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found && found->pw_name)
+    s += std::string(" (") + found->pw_name + ")";
+  return s;
 }
 
 }  // namespace cuw::paths

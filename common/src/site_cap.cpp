@@ -4,7 +4,6 @@
 #include "cuw/site_cap.hpp"
 
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,21 +11,16 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cuw/paths.hpp"
+
 namespace cuw::site_cap {
 
 namespace {
 
+using paths::owner_text;
+
 /// The largest ceiling file read: two short lines.
 constexpr std::size_t kMaxFile = 4096;
-
-std::string owner_text(uid_t uid) {
-  std::string s = "uid " + std::to_string(uid);
-  passwd pw{}, *found = nullptr;
-  char buf[1024];
-  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found && found->pw_name)
-    s += std::string(" (") + found->pw_name + ")";
-  return s;
-}
 
 /// Root's and writable by root alone; else false with *why naming `path`.
 bool roots(const std::string& path, const struct stat& st, std::string* why) {

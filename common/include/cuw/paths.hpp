@@ -49,6 +49,10 @@ bool trusted_socket_dir(const std::string& path, std::string* why);
 /// *why set otherwise. Thread-safe; one system call.
 bool trusted_peer(int fd, std::string* why);
 
+/// "uid N (name)", or "uid N" when the user database has no name for it: how messages name
+/// the owner of a file that is not used. Reads the user database (getpwuid_r); thread-safe.
+std::string owner_text(uint32_t uid);
+
 /// File name (no directory) of a process's ring: "ring-<pid>-<starttime>.cwr".
 std::string ring_file_name(uint32_t pid, uint64_t start_time);
 
