@@ -3,7 +3,9 @@
 // subprocess, and running a command with a timeout.
 #pragma once
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -339,6 +341,28 @@ inline bool peer_closed(int fd, int timeout_ms) {
     }
   }
   return false;
+}
+
+/// Body of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
+inline std::string http_body(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(fd);
+  const std::size_t at = got.find("\r\n\r\n");
+  return at == std::string::npos ? std::string() : got.substr(at + 4);
 }
 
 }  // namespace cuwt

@@ -61,28 +61,6 @@ int channel_state(const Setup& s, uint32_t pid) {
   return ok ? static_cast<int>(v) : -1;
 }
 
-/// Body of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
-std::string http_body(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string got;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    timeval tv{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[65536];
-      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  ::close(fd);
-  const std::size_t at = got.find("\r\n\r\n");
-  return at == std::string::npos ? std::string() : got.substr(at + 4);
-}
-
 /// The `cuwarden_process_memory_used_bytes` line of `pid` in /metrics ("" if none).
 std::string used_metric(int port, uint32_t pid) {
   const std::string text = http_body(port, "/metrics");
