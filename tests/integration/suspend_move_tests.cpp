@@ -303,13 +303,9 @@ TEST_CASE("suspend.move.only_the_owner_or_root", "[root]") {
     SUCCEED("SKIPPED: needs root (a second and third user)");
     return;
   }
-  for (const char* u : {"cuwarden-test-victim", "cuwarden-test-attacker"})
-    if (!getpwnam(u)) REQUIRE(run_cmd({"/usr/sbin/useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u}).status == 0);
-  passwd victim_user = *getpwnam("cuwarden-test-victim");
-  const std::string victim_name = victim_user.pw_name;
-  victim_user.pw_name = const_cast<char*>(victim_name.c_str());
-  const passwd* attacker = getpwnam("cuwarden-test-attacker");
-  const uid_t att_uid = attacker->pw_uid, att_gid = attacker->pw_gid;
+  const TwoUsers users;
+  const passwd& victim_user = users.victim;
+  const uid_t att_uid = users.attacker_uid, att_gid = users.attacker_gid;
   Setup s = multi_gpu(2);
   ScopedEnv env(s.env);
   SuspendDaemon d(s);

@@ -203,4 +203,25 @@ inline std::vector<std::string> event_kinds(const Daemon& d, uint32_t pid) {
   return kinds;
 }
 
+/// The tests' victim and attacker users (cuwarden-test-victim, cuwarden-test-attacker), made
+/// when missing; root only. `victim` stays valid while this object lives.
+struct TwoUsers {
+  passwd victim{};
+  std::string victim_name;
+  uid_t attacker_uid = 0, attacker_gid = 0;
+  TwoUsers() {
+    for (const char* u : {"cuwarden-test-victim", "cuwarden-test-attacker"})
+      if (!getpwnam(u))
+        REQUIRE(run_cmd({"/usr/sbin/useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", u}).status == 0);
+    victim = *getpwnam("cuwarden-test-victim");
+    victim_name = victim.pw_name;
+    victim.pw_name = victim_name.data();
+    const passwd* attacker = getpwnam("cuwarden-test-attacker");
+    attacker_uid = attacker->pw_uid;
+    attacker_gid = attacker->pw_gid;
+  }
+  TwoUsers(const TwoUsers&) = delete;
+  TwoUsers& operator=(const TwoUsers&) = delete;
+};
+
 }  // namespace cuwt
