@@ -29,6 +29,7 @@ import sys
 from bisect import bisect_right
 
 HELD_AFTER = 5  # the issue's held: the maximum over the steps after 5 warm-up steps
+TICK_NS = 4_000_000  # CLOCK_REALTIME_COARSE's tick at most (CUWARDEN_CLOCK=coarse stamps events)
 MiB = 1 << 20
 
 
@@ -70,18 +71,22 @@ def memory_from_events(events, run, snap=None):
             # the step's start happened after it.
             if after_ns is not None and e.get("time_ns", 0) >= after_ns:
                 held_after = max(held_after, used)
-    before = run.get("counters_before") or {}
-    if after_ns is not None and before.get("reserved_bytes"):
-        held_after = max(held_after, before["reserved_bytes"])  # read at the first measured step
+    # The reserved_bytes counter read before the first measured step and after the last (the
+    # first run's held was the maximum of such reads after each step).
+    reserved = [c.get("reserved_bytes") for c in (run.get("counters_before"), run.get("counters_after"))
+                if c and c.get("reserved_bytes") is not None]
     res = {
         "events": len(evs), "alloc_events": counts.get("alloc", 0), "free_events": counts.get("free", 0),
         "segment_events": counts.get("segment_alloc", 0) + counts.get("segment_free", 0),
         "peak_live_bytes": peak, "peak_live_rounded_bytes": peak512,
-        "peak_live_step": (bisect_right(starts, peak_ns) - 1) if peak_ns is not None and starts else None,
+        # the step the peak was first reached in (the coarse clock is up to a tick, 4 ms, behind)
+        "peak_live_step": (bisect_right(starts, peak_ns + TICK_NS) - 1) if peak_ns is not None and starts else None,
         "held_bytes": held_after if after_ns is not None else None, "held_all_bytes": held_all,
         "held_over_peak_live": held_after / peak if peak and after_ns is not None else None,
         "held_over_peak_live_rounded": held_after / peak512 if peak512 and after_ns is not None else None,
         "held_after_step": HELD_AFTER,
+        "reserved_counter_bytes": max(reserved) if reserved else None,
+        "reserved_counter_over_peak_live": max(reserved) / peak if reserved and peak else None,
     }
     if snap is not None:
         devs = [d for d in snap.get("devices", []) if d.get("alloc_count")]
@@ -212,7 +217,8 @@ def summarize(out):
                "ratio_per_round": per_round, "ratio_median_of_rounds": med(per_round)}
         if mem:
             for k in ("peak_live_bytes", "peak_live_rounded_bytes", "held_bytes", "held_all_bytes",
-                      "held_over_peak_live", "held_over_peak_live_rounded", "peak_live_step"):
+                      "held_over_peak_live", "held_over_peak_live_rounded", "peak_live_step",
+                      "reserved_counter_bytes", "reserved_counter_over_peak_live"):
                 row[k] = med([m.get(k) for m in mem])
             row["held_over_peak_live_range"] = [min(m["held_over_peak_live"] for m in mem if m.get("held_over_peak_live")),
                                                 max(m["held_over_peak_live"] for m in mem if m.get("held_over_peak_live"))] \
@@ -241,8 +247,8 @@ def summarize(out):
         "ratio": default.get("ratio_of_medians"), "held_bytes": default.get("held_bytes"),
         "peak_live_bytes": default.get("peak_live_bytes"), "held_over_peak_live": default.get("held_over_peak_live"),
         "callsites16_ratio": table.get("vmm_cs16", {}).get("ratio_of_medians"),
-        "peak_live_note": "cuwarden's own: the peak of the sum of requested sizes of the same process's "
-                          "allocations, from its events; held: the pool's bytes from the driver (events' used_after), "
+        "peak_live_note": "own peak live: the peak of the sum of requested sizes of the process's allocations, "
+                          "from its events; held: the pool's bytes from the driver (the events' used_after), their "
                           f"maximum from step {HELD_AFTER} on",
     }
     show = cmd_show(out)
@@ -264,7 +270,8 @@ def render(res):
          f"torch {res['torch']})", "",
          "## Speed and memory per configuration (interleaved rounds; medians over rounds)", "",
          "| config | keep | ms/step (min-max) | vs pytorch (per round) | held B | own peak live B | held / own peak live "
-         "| old: held / PyTorch max_memory_allocated | driver allocs / frees per step | waits per step | events complete |",
+         "| old: held / PyTorch max_memory_allocated | driver calls per step: take / give back | waits per step "
+         "| events complete |",
          "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for c, r in res["configs"].items():
         pr = " / ".join(f"{x:.3f}" for x in r.get("ratio_per_round", []))
@@ -276,12 +283,25 @@ def render(res):
                  f"{fmt_ratio(r.get('held_over_peak_live'))} | "
                  f"{fmt_ratio(r.get('old_ratio_held_over_pytorch_max_allocated'))} | {calls} | "
                  f"{fmt_ratio(r.get('pool_waits_per_step'), 2)} | {r.get('events_complete', '-')} |")
+    L += ["", "## Memory per configuration: cuwarden's own figures of the same process (medians over rounds)", "",
+          "| config | own peak live B (requested) | rounded to 512 | in step | held B (events, from step "
+          f"{HELD_AFTER}) | reserved counter B | held / peak live | held / peak rounded | reserved / peak live |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c, r in res["configs"].items():
+        if "peak_live_bytes" not in r:
+            continue
+        L.append(f"| {c} | {fmt_bytes(r.get('peak_live_bytes'))} | {fmt_bytes(r.get('peak_live_rounded_bytes'))} | "
+                 f"{fmt_bytes(r.get('peak_live_step'))} | {fmt_bytes(r.get('held_bytes'))} | "
+                 f"{fmt_bytes(r.get('reserved_counter_bytes'))} | {fmt_ratio(r.get('held_over_peak_live'), 4)} | "
+                 f"{fmt_ratio(r.get('held_over_peak_live_rounded'), 4)} | "
+                 f"{fmt_ratio(r.get('reserved_counter_over_peak_live'), 4)} |")
     p = res["pytorch"]
     L += ["", f"PyTorch's own (cache on): max_memory_allocated {fmt_bytes(p['max_memory_allocated'])} B, "
           f"max_memory_reserved {fmt_bytes(p['max_memory_reserved'])} B, peak requested "
           f"{fmt_bytes(p['max_memory_requested'])} B: reserved / allocated {fmt_ratio(p['reserved_over_allocated'])}, "
           f"reserved / requested {fmt_ratio(p['reserved_over_requested'])}", "",
-          f"Held: {res['peak_live_note']}.", ""]
+          f"The first two tables: {res['peak_live_note']}; driver calls per measured step: pool_driver_allocations "
+          "(vmm: cuMemCreate and cuMemMap) / pool_driver_frees (cuMemUnmap and cuMemRelease).", ""]
     ma = res.get("memory_allocated") or {}
     for tag, v in ma.items():
         if tag == "workspace_size_moves":
