@@ -17,8 +17,9 @@
 #      tensors run (vmm, --callsites 16) at 6 marks, the cuBLAS/cuBLASLt workspaces told apart
 #      by their call sites' frames; then both again with CUBLAS_WORKSPACE_CONFIG=:4096:4 (a
 #      smaller workspace: a difference that is workspaces moves with it).
-# Writes OUT/summary.md, OUT/tensors-keep.json (every figure), OUT/run.log, and under OUT/runs/
-# each run's JSON, log and events. Exit 0 when every run completed. About 5 minutes on an H100
+# Writes OUT/summary.md, OUT/tensors-keep.json (every figure), OUT/run.log and OUT/runs.tar.gz:
+# each run's JSON and log, the daemon's log, and one run's events (KEEP_EVENTS, default
+# r1-vmm_keep5pct; KEEP_RUNS=1 leaves OUT/runs/ unpacked). Exit 0 when every run completed. About 5 minutes on an H100
 # with ROUNDS=3 (a round is 8 runs of ~10 s); a round that would end the script past LIMIT_S
 # seconds (default 480) does not start.
 #
@@ -110,7 +111,9 @@ EOF
   if "$CLI" events --pid "$pid" --json --max 100000 >"$OUT/runs/$name.events.jsonl" 2>"$OUT/runs/$name.events.err"; then
     "${REPORT[@]}" events "$OUT/runs/$name.json" "$OUT/runs/$name.events.jsonl" "$OUT/runs/$name.snapshot.json" ||
       { echo "FAIL: $name: the events' report"; failures=$((failures + 1)); }
-    gzip -f "$OUT/runs/$name.events.jsonl"
+    # One run's events are kept (KEEP_EVENTS, gzipped: ~2 MB); the others' figures are in their JSON.
+    if [[ $name == "${KEEP_EVENTS:-r1-vmm_keep5pct}" ]]; then gzip -f "$OUT/runs/$name.events.jsonl"
+    else rm -f "$OUT/runs/$name.events.jsonl"; fi
   else
     echo "FAIL: $name: cuwarden events"; cat "$OUT/runs/$name.events.err"; failures=$((failures + 1))
   fi
@@ -149,4 +152,9 @@ daemon=""
 
 "${REPORT[@]}" summary "$OUT" || { echo "FAIL: the summary"; failures=$((failures + 1)); }
 echo "tensors_keep.sh: $((SECONDS - t_start)) s, $failures failed runs"
+# A few files come back from a GPU machine: the runs go in one archive (KEEP_RUNS=1: the folder stays).
+if [[ ${KEEP_RUNS:-0} != 1 ]]; then
+  cp "$OUT/cuwardend.log" "$OUT/runs/" 2>/dev/null && rm -f "$OUT/cuwardend.log"
+  tar -C "$OUT" -czf "$OUT/runs.tar.gz" runs && rm -rf "$OUT/runs"
+fi
 exit $((failures > 0))

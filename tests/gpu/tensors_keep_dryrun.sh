@@ -64,7 +64,8 @@ export STAND_IN_LIBS=$LIBS
 rc=0
 TRAIN_PY=$REPO/tests/gpu/train_stand_in.py SHOW_PY=$REPO/tests/gpu/show_stand_in.py BUILD_DIR=$BUILD OUT=$OUT \
   ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-6} WARMUP=${WARMUP:-6} bash "$REPO/tests/gpu/tensors_keep.sh" >/dev/null || rc=$?
-echo "tensors_keep.sh exited $rc; its log: $OUT/run.log"
+echo "tensors_keep.sh exited $rc; its log: $OUT/run.log; OUT: $(cd "$OUT" && echo *)"
+tar -C "$OUT" -xzf "$OUT/runs.tar.gz"  # the runs, archived for the trip back from a GPU machine
 
 python3 - "$OUT" <<'EOF'
 import glob, gzip, json, os, sys
@@ -117,6 +118,10 @@ check(len(moves) == 5 and all(m["workspace_moved"] == m["difference_with_workspa
                               {"model": 0, "forward": 16 << 20}.get(m["mark"], 32 << 20) for m in moves),
       f"the smaller workspace moves the difference by the workspaces: {moves}")
 check(os.path.exists(f"{out}/summary.md"), "summary.md written")
+events = sorted(os.path.basename(p) for p in glob.glob(f"{out}/runs/*.events.jsonl*"))
+check(events == ["r1-vmm_keep5pct.events.jsonl.gz"], f"one run's events kept: {events}")
+top = sorted(os.listdir(out))
+check(top == ["run.log", "runs", "runs.tar.gz", "summary.md", "tensors-keep.json"], f"OUT holds {top}")
 print("dry run:", "all checks passed" if not bad else f"{len(bad)} checks failed")
 sys.exit(1 if bad else 0)
 EOF
