@@ -4,7 +4,7 @@ simulated driver (no GPU): held over peak live and the driver calls of CUWARDEN_
 each CUWARDEN_POOL_KEEP, each trace replayed per event by cuw_trace_replay.
 
     python3 bench/keep_table.py [BUILD_DIR] [--keeps 0,1%,2%,5%,10%,256M] [--pools vmm]
-                                [--use none|memset] [--json FILE]
+                                [--traces NAME|PATH.trace.gz,...] [--use none|memset] [--json FILE]
 
 Per trace and keep, two replays: `--pass held` (held over the trace's peak of live requested
 bytes: the most the process held, the simulated driver's own count, after every allocation;
@@ -58,6 +58,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="cuw-keep-table.") as run_dir:
         for name in a.traces.split(","):
             trace = traces_dir / f"{name}.trace.gz"
+            if name.endswith(".trace.gz"):  # a trace of one's own (tests/gpu/tensors_keep_report.py trace)
+                trace, name = pathlib.Path(name).resolve(), os.path.basename(name)[:-len(".trace.gz")]
             for pool in a.pools.split(","):
                 for keep in a.keeps.split(","):
                     h = replay(build, trace, pool, keep, True, a.use, run_dir)

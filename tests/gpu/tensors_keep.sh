@@ -17,9 +17,11 @@
 #      tensors run (vmm, --callsites 16) at 6 marks, the cuBLAS/cuBLASLt workspaces told apart
 #      by their call sites' frames; then both again with CUBLAS_WORKSPACE_CONFIG=:4096:4 (a
 #      smaller workspace: a difference that is workspaces moves with it).
-# Writes OUT/summary.md, OUT/tensors-keep.json (every figure), OUT/run.log and OUT/runs.tar.gz:
-# each run's JSON and log, the daemon's log, and one run's events (KEEP_EVENTS, default
-# r1-vmm_keep5pct; KEEP_RUNS=1 leaves OUT/runs/ unpacked). Exit 0 when every run completed. About 5 minutes on an H100
+# Writes OUT/summary.md, OUT/tensors-keep.json (every figure), OUT/run.log, OUT/runs.tar.gz (each
+# run's JSON and log, the daemon's log, and one run's events: KEEP_EVENTS, default
+# r1-vmm_keep5pct; KEEP_RUNS=1 leaves OUT/runs/ unpacked) and OUT/tensors-step.trace.gz (that
+# run's allocations as a bench/traces/ trace: bench/keep_table.py --traces replays it on the
+# simulated driver). Exit 0 when every run completed. About 5 minutes on an H100
 # with ROUNDS=3 (a round is 8 runs of ~10 s); a round that would end the script past LIMIT_S
 # seconds (default 480) does not start.
 #
@@ -116,8 +118,15 @@ EOF
     "${REPORT[@]}" events "$OUT/runs/$name.json" "$OUT/runs/$name.events.jsonl" "$OUT/runs/$name.snapshot.json" ||
       { echo "FAIL: $name: the events' report"; failures=$((failures + 1)); }
     # One run's events are kept (KEEP_EVENTS, gzipped: ~2 MB); the others' figures are in their JSON.
-    if [[ $name == "${KEEP_EVENTS:-r1-vmm_keep5pct}" ]]; then gzip -f "$OUT/runs/$name.events.jsonl"
-    else rm -f "$OUT/runs/$name.events.jsonl"; fi
+    # and as an allocation trace (bench/traces/ format), to replay the step's requests on any machine.
+    if [[ $name == "${KEEP_EVENTS:-r1-vmm_keep5pct}" ]]; then
+      "${REPORT[@]}" trace "$OUT/runs/$name.events.jsonl" "$OUT/tensors-step.trace.gz" \
+        "bench/train_gpt.py --layers 6 under cuwarden run --tensors --pool vmm ($name), cuwarden's events" ||
+        { echo "FAIL: $name: the trace"; failures=$((failures + 1)); }
+      gzip -f "$OUT/runs/$name.events.jsonl"
+    else
+      rm -f "$OUT/runs/$name.events.jsonl"
+    fi
   else
     echo "FAIL: $name: cuwarden events"; cat "$OUT/runs/$name.events.err"; failures=$((failures + 1))
   fi

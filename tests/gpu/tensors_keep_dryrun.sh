@@ -121,7 +121,11 @@ check(os.path.exists(f"{out}/summary.md"), "summary.md written")
 events = sorted(os.path.basename(p) for p in glob.glob(f"{out}/runs/*.events.jsonl*"))
 check(events == ["r1-vmm_keep5pct.events.jsonl.gz"], f"one run's events kept: {events}")
 top = sorted(os.listdir(out))
-check(top == ["run.log", "runs", "runs.tar.gz", "summary.md", "tensors-keep.json"], f"OUT holds {top}")
+check(top == ["run.log", "runs", "runs.tar.gz", "summary.md", "tensors-keep.json", "tensors-step.trace.gz"],
+      f"OUT holds {top}")
+head = gzip.open(f"{out}/tensors-step.trace.gz", "rt").read(4096).splitlines()[2]
+kept = json.load(open(f"{out}/runs/r1-vmm_keep5pct.json"))
+check(head.endswith(f"peak live bytes: {kept['expected_peak_live_bytes']}"), f"the trace's header: {head}")
 print("dry run:", "all checks passed" if not bad else f"{len(bad)} checks failed")
 sys.exit(1 if bad else 0)
 EOF

@@ -16,12 +16,17 @@
         libc10_cuda less the cuBLAS/cuBLASLt workspaces, against memory_allocated().
     tensors_keep_report.py summary OUT
         OUT/summary.md and OUT/tensors-keep.json from OUT/runs/*.json.
+    tensors_keep_report.py trace EVENTS_JSONL[.gz] OUT.trace.gz [SOURCE]
+        the process's allocations and frees as an allocation trace of bench/traces/ (record.py
+        gives the format), to replay the same requests on any machine: bench/keep_table.py
+        --traces OUT.trace.gz, cuw_trace_replay.
 
 Held over peak live uses the same process's two figures: under `cuwarden run --tensors` every
 buffer, cuBLAS's workspaces too, goes through the pool, and cuwarden's live bytes count them;
 PyTorch's max_memory_allocated (another process, its cache on) may not. Both are reported.
 """
 import glob
+import gzip
 import json
 import os
 import statistics
@@ -103,7 +108,7 @@ def memory_from_events(events, run, snap=None):
 
 def read_jsonl(path):
     out = []
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             line = line.strip()
             if line.startswith("{"):
@@ -129,6 +134,31 @@ def cmd_events(run_path, events_path, snap_path=None):
         json.dump(run, f)
     print(f"    held {fmt_bytes(m['held_bytes'])} B, own peak live {fmt_bytes(m['peak_live_bytes'])} B: "
           f"{fmt_ratio(m['held_over_peak_live'], 4)}; {m['events']} events, complete {m.get('complete')}")
+
+
+def write_trace(events, path, source):
+    """`events` (one process's) as a trace: 'a ID BYTES' per allocation, 'f ID' per free, in the
+    order the interposer wrote them; ids dense from 0. Returns (events written, peak live bytes)."""
+    ids, sizes, lines = {}, {}, []
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.get("seq", 0)):
+        if e.get("kind") == "alloc":
+            i = len(sizes)
+            ids[e["address"]] = i
+            sizes[i] = e["bytes"]
+            live += e["bytes"]
+            peak = max(peak, live)
+            lines.append(f"a {i} {e['bytes']}\n")
+        elif e.get("kind") == "free" and e["address"] in ids:
+            i = ids.pop(e["address"])
+            live -= sizes[i]
+            lines.append(f"f {i}\n")
+    with gzip.open(path, "wt") as f:
+        f.write("# cuwarden allocation trace v1\n")
+        f.write(f"# source: {source}\n")
+        f.write(f"# events: {len(lines)}, allocations: {len(sizes)}, peak live bytes: {peak}\n")
+        f.writelines(lines)
+    return len(lines), peak
 
 
 def show_rows(cached, tens):
@@ -332,6 +362,10 @@ def render(res):
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "events":
         cmd_events(*sys.argv[2:5])
+    elif len(sys.argv) in (4, 5) and sys.argv[1] == "trace":
+        source = sys.argv[4] if len(sys.argv) == 5 else f"cuwarden events of {os.path.basename(sys.argv[2])}"
+        n, peak = write_trace(read_jsonl(sys.argv[2]), sys.argv[3], source)
+        print(f"{sys.argv[3]}: {n} events, peak live {peak} bytes")
     elif len(sys.argv) == 3 and sys.argv[1] == "show":
         print(json.dumps(cmd_show(sys.argv[2]), indent=1))
     elif len(sys.argv) == 3 and sys.argv[1] == "summary":
