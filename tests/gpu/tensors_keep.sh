@@ -12,7 +12,7 @@
 #      before the first measured step and after the last), and from its events (fetched once it
 #      exited; tests/gpu/tensors_keep_report.py): the peak of live bytes cuwarden counted (the sum
 #      of requested sizes) and what the pool held from step 5 on; held over that peak beside held
-#      over PyTorch's max_memory_allocated of the pytorch runs (the first run's ratio);
+#      over PyTorch's max_memory_allocated of the pytorch runs (the ratio the last GPU run gave);
 #   2. what memory_allocated() counts (tests/gpu/tensors_show.py): the cached run against the
 #      tensors run (vmm, --callsites 16) at 6 marks, the cuBLAS/cuBLASLt workspaces told apart
 #      by their call sites' frames; then both again with CUBLAS_WORKSPACE_CONFIG=:4096:4 (a
@@ -56,7 +56,7 @@ SHOW=(python3 "${SHOW_PY:-$REPO/tests/gpu/tensors_show.py}")
 RUN=("$BIN/cuwarden" run --lib "$LIB" --tensors --pool vmm)
 CLI=$BIN/cuwarden
 failures=0
-seq=0
+run_seq=0
 t_start=$SECONDS
 
 echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0 2>/dev/null)"
@@ -97,8 +97,8 @@ run() {
     rm -f "$OUT/runs/$name.json"
     return
   fi
-  seq=$((seq + 1))
-  python3 - "$OUT/runs/$name.json" "$config" "$t0" "$keep" "$seq" <<'EOF'
+  run_seq=$((run_seq + 1))
+  python3 - "$OUT/runs/$name.json" "$config" "$t0" "$keep" "$run_seq" <<'EOF'
 import json, sys
 p, config, t0, keep, seq = sys.argv[1:]
 r = json.load(open(p))
