@@ -165,7 +165,7 @@ daemon=""
 
 "${REPORT[@]}" summary "$OUT" || { echo "FAIL: the summary"; failures=$((failures + 1)); }
 echo "tensors_keep.sh: $((SECONDS - t_start)) s, $failures failed runs"
-# A few files come back from a GPU machine: the runs go in one archive (KEEP_RUNS=1: the folder stays).
+# The runs in one archive, a handful of files to copy off the machine (KEEP_RUNS=1: the folder stays).
 if [[ ${KEEP_RUNS:-0} != 1 ]]; then
   cp "$OUT/cuwardend.log" "$OUT/runs/" 2>/dev/null && rm -f "$OUT/cuwardend.log"
   tar -C "$OUT" -czf "$OUT/runs.tar.gz" runs && rm -rf "$OUT/runs"
