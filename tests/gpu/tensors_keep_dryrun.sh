@@ -67,7 +67,7 @@ TRAIN_PY=$REPO/tests/gpu/train_stand_in.py SHOW_PY=$REPO/tests/gpu/show_stand_in
 echo "tensors_keep.sh exited $rc; its log: $OUT/run.log; OUT: $(cd "$OUT" && echo *)"
 tar -C "$OUT" -xzf "$OUT/runs.tar.gz"  # the runs, archived
 
-python3 - "$OUT" <<'EOF'
+REPO_GPU=$REPO/tests/gpu python3 - "$OUT" <<'EOF'
 import glob, gzip, json, os, sys
 out = sys.argv[1]
 res = json.load(open(f"{out}/tensors-keep.json"))
@@ -126,6 +126,25 @@ check(top == ["run.log", "runs", "runs.tar.gz", "summary.md", "tensors-keep.json
 head = gzip.open(f"{out}/tensors-step.trace.gz", "rt").read(4096).splitlines()[2]
 kept = json.load(open(f"{out}/runs/r1-vmm_keep5pct.json"))
 check(head.endswith(f"peak live bytes: {kept['expected_peak_live_bytes']}"), f"the trace's header: {head}")
+# Held from step 5 on, on events made up around its start: what the pool held as the step began
+# counts (the stand-in's steps are shorter than the coarse clock's tick: its events can all be
+# stamped before step 5's start).
+sys.path.insert(0, os.environ["REPO_GPU"])
+import tensors_keep_report as rep
+ev = [{"seq": 1, "kind": "segment_alloc", "used_after": 100, "time_ns": 1, "address": 0, "bytes": 100},
+      {"seq": 2, "kind": "alloc", "used_after": 100, "time_ns": 2, "address": 1, "bytes": 60},
+      {"seq": 3, "kind": "segment_alloc", "used_after": 300, "time_ns": 12, "address": 0, "bytes": 200},
+      {"seq": 4, "kind": "alloc", "used_after": 300, "time_ns": 13, "address": 2, "bytes": 150},
+      {"seq": 5, "kind": "free", "used_after": 300, "time_ns": 14, "address": 2, "bytes": 150},
+      {"seq": 6, "kind": "segment_free", "used_after": 120, "time_ns": 45, "address": 0, "bytes": 180},
+      {"seq": 7, "kind": "alloc", "used_after": 120, "time_ns": 55, "address": 3, "bytes": 50}]
+run = {"pid": None, "step_start_ns": [0, 10, 20, 30, 40, 50, 60]}
+m = rep.memory_from_events(ev, run)
+check((m["held_bytes"], m["held_all_bytes"], m["peak_live_bytes"]) == (120, 300, 210),
+      f"held from step 5 120, over the run 300, peak live 210: {m['held_bytes']}, {m['held_all_bytes']}, "
+      f"{m['peak_live_bytes']}")
+m = rep.memory_from_events(ev[:5], run)
+check(m["held_bytes"] == 300, f"no event after step 5's start: held as it began, 300: {m['held_bytes']}")
 print("dry run:", "all checks passed" if not bad else f"{len(bad)} checks failed")
 sys.exit(1 if bad else 0)
 EOF

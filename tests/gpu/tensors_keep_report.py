@@ -52,7 +52,7 @@ def memory_from_events(events, run, snap=None):
     sizes = {}
     live = live512 = peak = peak512 = 0
     peak_ns = None
-    held_all = held_after = 0
+    held_all = held_after = held_at_start = 0
     counts = {}
     for e in evs:
         k = e.get("kind")
@@ -72,10 +72,16 @@ def memory_from_events(events, run, snap=None):
         if k in ("alloc", "free", "segment_alloc", "segment_free"):
             used = e.get("used_after", 0)
             held_all = max(held_all, used)
-            # The coarse clock is never ahead and at most a tick behind: an event stamped after
-            # the step's start happened after it.
-            if after_ns is not None and e.get("time_ns", 0) >= after_ns:
-                held_after = max(held_after, used)
+            # What the pool holds as step HELD_AFTER starts is the last event's used_after before
+            # then: held from then on is that or more. The coarse clock is never ahead and at most
+            # a tick behind, so an event stamped after the step's start happened after it, and
+            # one stamped before it happened at most a tick after.
+            if after_ns is not None:
+                if e.get("time_ns", 0) >= after_ns:
+                    held_after = max(held_after, used)
+                else:
+                    held_at_start = used
+    held_after = max(held_after, held_at_start)
     # The reserved_bytes counter read before the first measured step and after the last (the
     # first run's held was the maximum of such reads after each step).
     reserved = [c.get("reserved_bytes") for c in (run.get("counters_before"), run.get("counters_after"))
