@@ -110,15 +110,28 @@ EOF
   [[ $config == pytorch ]] && return
   local pid
   pid=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$OUT/runs/$name.json")
-  # The exited process stays known to the daemon for a minute: its snapshot (counters, events
-  # dropped), then its events.
-  timeout 60 "$CLI" snapshot "$pid" --format json >"$OUT/runs/$name.snapshot.json" 2>"$OUT/runs/$name.snapshot.err" ||
-    echo "note: no snapshot of $name (pid $pid)"
-  if timeout 60 "$CLI" events --pid "$pid" --json --max 100000 >"$OUT/runs/$name.events.jsonl" 2>"$OUT/runs/$name.events.err"; then
-    "${REPORT[@]}" events "$OUT/runs/$name.json" "$OUT/runs/$name.events.jsonl" "$OUT/runs/$name.snapshot.json" ||
-      { echo "FAIL: $name: the events' report"; failures=$((failures + 1)); }
-    # One run's events are kept (KEEP_EVENTS, gzipped: ~2 MB); the others' figures are in their JSON.
-    # and as an allocation trace (bench/traces/ format), to replay the step's requests on any machine.
+  # The exited process stays known to the daemon for a minute: its snapshot (its counters as it
+  # left them, events dropped), then its events, again until the daemon has drained its ring
+  # (the report exits 3 while an allocation or free has no event yet).
+  local attempt rc_ev=1
+  for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    timeout 60 "$CLI" snapshot "$pid" --format json >"$OUT/runs/$name.snapshot.json" 2>"$OUT/runs/$name.snapshot.err" ||
+      echo "note: no snapshot of $name (pid $pid)"
+    if ! timeout 60 "$CLI" events --pid "$pid" --json --max 100000 >"$OUT/runs/$name.events.jsonl" \
+      2>"$OUT/runs/$name.events.err"; then
+      echo "FAIL: $name: cuwarden events"; cat "$OUT/runs/$name.events.err"; failures=$((failures + 1))
+      break
+    fi
+    "${REPORT[@]}" events "$OUT/runs/$name.json" "$OUT/runs/$name.events.jsonl" "$OUT/runs/$name.snapshot.json"
+    rc_ev=$?
+    ((rc_ev == 3 && attempt < 10)) || break
+    sleep 0.5
+  done
+  ((rc_ev == 0 || rc_ev == 3)) || { echo "FAIL: $name: the events' report"; failures=$((failures + 1)); }
+  if [[ -s $OUT/runs/$name.events.jsonl ]]; then
+    # One run's events are kept (KEEP_EVENTS, gzipped: ~2 MB), and as an allocation trace
+    # (bench/traces/ format) to replay the step's requests on any machine; the others' figures
+    # are in their JSON.
     if [[ $name == "${KEEP_EVENTS:-r1-vmm_keep5pct}" ]]; then
       "${REPORT[@]}" trace "$OUT/runs/$name.events.jsonl" "$OUT/tensors-step.trace.gz" \
         "bench/train_gpt.py --layers 6 under cuwarden run --tensors --pool vmm ($name), cuwarden's events" ||
@@ -127,8 +140,6 @@ EOF
     else
       rm -f "$OUT/runs/$name.events.jsonl"
     fi
-  else
-    echo "FAIL: $name: cuwarden events"; cat "$OUT/runs/$name.events.err"; failures=$((failures + 1))
   fi
   rm -f "$OUT/runs/$name.snapshot.json"  # large (every site); its figures are in the run's JSON
 }

@@ -9,7 +9,7 @@
         from the driver), the maximum from the start of step HELD_AFTER (5) on and over the
         whole run; checked against the counters of the exited process (SNAPSHOT_JSON:
         `cuwarden snapshot PID --format json`): every allocation and free has its event, and no
-        event was dropped.
+        event was dropped (exit 3 when not: the daemon may not have drained the ring yet).
     tensors_keep_report.py show OUT
         the memory_allocated comparison of tests/gpu/tensors_show.py's runs in OUT/runs/
         (show-cached*.out against show-tensors*.out): at each mark, cuwarden's bytes made through
@@ -140,6 +140,10 @@ def cmd_events(run_path, events_path, snap_path=None):
         json.dump(run, f)
     print(f"    held {fmt_bytes(m['held_bytes'])} B, own peak live {fmt_bytes(m['peak_live_bytes'])} B: "
           f"{fmt_ratio(m['held_over_peak_live'], 4)}; {m['events']} events, complete {m.get('complete')}")
+    # Events still to come: fewer than the counters, none dropped (dropped ones never come).
+    pending = m.get("events_dropped") == 0 and (m["alloc_events"] < m.get("counted_allocations", 0)
+                                                 or m["free_events"] < m.get("counted_frees", 0))
+    return 3 if pending else 0
 
 
 def write_trace(events, path, source):
@@ -367,7 +371,7 @@ def render(res):
 
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "events":
-        cmd_events(*sys.argv[2:5])
+        sys.exit(cmd_events(*sys.argv[2:5]))
     elif len(sys.argv) in (4, 5) and sys.argv[1] == "trace":
         source = sys.argv[4] if len(sys.argv) == 5 else f"cuwarden events of {os.path.basename(sys.argv[2])}"
         n, peak = write_trace(read_jsonl(sys.argv[2]), sys.argv[3], source)
