@@ -7,6 +7,7 @@
 #        pytorch          PyTorch's caching allocator, no cuwarden (the baseline of each round)
 #        vmm_keep<K>      cuwarden run --tensors --pool vmm, CUWARDEN_POOL_KEEP=K, for each K of KEEPS
 #        vmm_cs16         the same at the default keep with --callsites 16 (Python frames too)
+#        cache            cuwarden run --tensors --pool cache (its held over its own peak live)
 #      each WARMUP + STEPS steps (ms per step: the median of the measured steps). Of each cuwarden
 #      run, from its own process: the driver calls of the pool per measured step (counters read
 #      before the first measured step and after the last), and from its events (fetched once it
@@ -22,7 +23,7 @@
 # r1-vmm_keep5pct; KEEP_RUNS=1 leaves OUT/runs/ unpacked) and OUT/tensors-step.trace.gz (that
 # run's allocations as a bench/traces/ trace: bench/keep_table.py --traces replays it on the
 # simulated driver). Exit 0 when every run completed. About 5 minutes on an H100
-# with ROUNDS=3 (a round is 8 runs of ~10 s); a round that would end the script past LIMIT_S
+# with ROUNDS=3 (a round is 9 runs of ~10 s); a round that would end the script past LIMIT_S
 # seconds (default 480) does not start.
 #
 #   BUILD_DIR=build OUT=gpu-out ROUNDS=3 tests/gpu/tensors_keep.sh
@@ -54,6 +55,7 @@ trap '[[ -n $daemon ]] && kill "$daemon" 2>/dev/null; rm -rf "$WORK"' EXIT
 TRAIN=(python3 "${TRAIN_PY:-$REPO/bench/train_gpt.py}" --layers 6)  # TRAIN_PY, SHOW_PY: stand-ins, to try this script
 SHOW=(python3 "${SHOW_PY:-$REPO/tests/gpu/tensors_show.py}")
 RUN=("$BIN/cuwarden" run --lib "$LIB" --tensors --pool vmm)
+RUN_CACHE=("$BIN/cuwarden" run --lib "$LIB" --tensors --pool cache)
 CLI=$BIN/cuwarden
 failures=0
 run_seq=0
@@ -81,6 +83,7 @@ run() {
     pytorch) ;;
     vmm_cs16) pre=(env "CUWARDEN_POOL_KEEP=$keep" "${RUN[@]}" --callsites 16 --) ;;  # Python frames too
     vmm_keep*) pre=(env "CUWARDEN_POOL_KEEP=$keep" "${RUN[@]}" --) ;;
+    cache) pre=(env "CUWARDEN_POOL_KEEP=$keep" "${RUN_CACHE[@]}" --) ;;
     *) echo "unknown configuration $config"; return 2 ;;
   esac
   if ((SECONDS - t_start + 45 > LIMIT_S)); then  # a run that hung: leave room for part 2
@@ -157,6 +160,7 @@ for r in $(seq "$ROUNDS"); do
     run "r$r-$(keep_name "$k")" "$(keep_name "$k")" "$k" --steps "$STEPS" --warmup "$WARMUP"
   done
   run "r$r-vmm_cs16" vmm_cs16 5% --steps "$STEPS" --warmup "$WARMUP"
+  run "r$r-cache" cache 5% --steps "$STEPS" --warmup "$WARMUP"
 done
 
 echo "== 2. what memory_allocated() counts (tests/gpu/tensors_show.py)"

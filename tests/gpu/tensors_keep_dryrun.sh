@@ -76,9 +76,10 @@ def check(ok, what):
     print(("ok   " if ok else "FAIL ") + what)
     if not ok:
         bad.append(what)
-want = ["pytorch", "vmm_keep0", "vmm_keep1pct", "vmm_keep2pct", "vmm_keep5pct", "vmm_keep10pct", "vmm_keep256M", "vmm_cs16"]
+want = ["pytorch", "vmm_keep0", "vmm_keep1pct", "vmm_keep2pct", "vmm_keep5pct", "vmm_keep10pct", "vmm_keep256M", "vmm_cs16",
+        "cache"]
 check(list(res["configs"]) == want, f"configurations {list(res['configs'])}")
-runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/runs/r*-vmm_*.json"))]
+runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/runs/r*-vmm_*.json") + glob.glob(f"{out}/runs/r*-cache.json"))]
 check(len(runs) == 2 * (len(want) - 1), f"{len(runs)} cuwarden runs")
 for r in runs:
     m = r.get("cuwarden_memory") or {}
@@ -97,7 +98,7 @@ for cfg in want[1:]:
     row = res["configs"][cfg]
     check(row.get("held_over_peak_live") is not None and row.get("ratio_of_medians") is not None
           and row.get("old_ratio_held_over_pytorch_max_allocated") is not None, f"{cfg}: summary row filled")
-held = {c: res["configs"][c]["held_bytes"] for c in want[1:-1]}
+held = {c: res["configs"][c]["held_bytes"] for c in want[1:]}
 print("held by keep:", held)
 ma = res.get("memory_allocated") or {}
 for tag in ("default", "small_ws"):
