@@ -248,7 +248,8 @@ def summarize(out):
     for c in configs:
         rs = [r for r in runs.values() if r.get("config_name") == c and r.get("median_ms") is not None]
         ms = [r["median_ms"] for r in rs]
-        per_round = [rr[c]["median_ms"] / rr["pytorch"]["median_ms"] for rr in by_round.values()
+        per_round = [rr[c]["median_ms"] / rr["pytorch"]["median_ms"]
+                     for _, rr in sorted(by_round.items(), key=lambda kv: int(kv[0][1:]) if kv[0][1:].isdigit() else 0)
                      if c in rr and "pytorch" in rr and rr["pytorch"].get("median_ms")]
         mem = [r["cuwarden_memory"] for r in rs if r.get("cuwarden_memory")]
         calls = [r["pool_calls_per_step"] for r in rs if r.get("pool_calls_per_step")]
