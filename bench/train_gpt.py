@@ -20,7 +20,9 @@ Each step is timed to completion (torch.cuda.synchronize() after the optimizer s
 Output: a header line, then one JSON object on the last line (also written to --json):
 params, device, torch version, cuwarden (1 when libcuwarden.so is mapped), step_ms (the
 measured steps), median_ms, losses (every step, warm-up included, as Python floats, so
-two runs compare exactly) and the allocator's peak.
+two runs compare exactly), the allocator's peaks (max_memory_requested: the peak sum of
+requested sizes), pid and step_start_ns (CLOCK_REALTIME at each step's start, warm-up
+included: where cuwarden's events of this process fall among the steps).
 Exit 2: the requested device is unavailable.
 """
 import argparse
@@ -248,11 +250,13 @@ def main():
 
     losses, step_ms, nondeterministic = [], [], set()
     counters_before, held = None, 0
+    step_start_ns = []  # CLOCK_REALTIME at each step's start, to place cuwarden's events in steps
     for step in range(a.warmup + a.steps):
         x, y = data[step % len(data)]
         sync()
         if a.cuwarden_cli and step == a.warmup:
             counters_before = cuwarden_counters(a.cuwarden_cli)
+        step_start_ns.append(time.time_ns())
         t0 = time.perf_counter()
         if step == 0:  # every op runs in the first step: note any without a deterministic kernel
             with warnings.catch_warnings(record=True) as caught:
@@ -271,6 +275,8 @@ def main():
         if a.cuwarden_cli and 0 <= a.held_after <= step:
             held = max(held, cuwarden_counters(a.cuwarden_cli).get("reserved_bytes", 0))
     per_step = None
+    measure_end_ns = time.time_ns()
+    after = None
     if counters_before is not None and a.steps:
         after = cuwarden_counters(a.cuwarden_cli)
         per_step = {k: (after.get(k, 0) - v) / a.steps for k, v in counters_before.items()
@@ -299,8 +305,13 @@ def main():
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0,
         "max_memory_reserved": torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else 0,
+        # the peak of the sum of requested sizes (0 with PyTorch's cache off: it keeps no statistics then)
+        "max_memory_requested": torch.cuda.memory_stats(dev).get("requested_bytes.all.peak", 0)
+        if dev.type == "cuda" else 0,
         "memory_reserved": torch.cuda.memory_reserved(dev) if dev.type == "cuda" else 0,
         "pool_calls_per_step": per_step,
+        "counters_before": counters_before, "counters_after": after,
+        "pid": os.getpid(), "step_start_ns": step_start_ns, "measure_end_ns": measure_end_ns,
         "held_bytes": held if a.held_after >= 0 else None,
         "profile": profile,
     }
