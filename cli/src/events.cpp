@@ -50,7 +50,7 @@ std::vector<Cell> event_row(const json& e) {
 
 namespace {
 
-volatile std::sig_atomic_t g_stop = 0;
+volatile std::sig_atomic_t g_events_stop = 0;
 
 /// Whether the daemon knows process `pid` (running, or exited and still shown).
 bool known_process(const std::string& socket, long long pid, bool* asked) {
@@ -81,8 +81,8 @@ int cmd_events(const EventsOptions& o) {
     req["pid"] = o.pid;
   }
   if (o.follow) {
-    std::signal(SIGINT, [](int) { g_stop = 1; });
-    std::signal(SIGTERM, [](int) { g_stop = 1; });
+    std::signal(SIGINT, [](int) { g_events_stop = 1; });
+    std::signal(SIGTERM, [](int) { g_events_stop = 1; });
   }
   const Table table = events_table();
   if (!o.json) std::puts(render_line(table, nullptr).c_str());
@@ -95,8 +95,8 @@ int cmd_events(const EventsOptions& o) {
       if (!waiting) std::fprintf(stderr, "cuwarden events: the daemon is gone; waiting for it to come back\n");
       waiting = true;
       req.erase("after");  // a new daemon numbers its events afresh: all it has is new
-      for (int i = 0; i < 10 && !g_stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (g_stop) return kExitOk;
+      for (int i = 0; i < 10 && !g_events_stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (g_events_stop) return kExitOk;
       continue;
     }
     if (!reply) return kExitFailure;
@@ -112,11 +112,11 @@ int cmd_events(const EventsOptions& o) {
         }
       }
     std::fflush(stdout);
-    if (!o.follow || g_stop) return kExitOk;
+    if (!o.follow || g_events_stop) return kExitOk;
     req["after"] = jnum(*reply, "next");
     req["max"] = 10000;
-    for (int i = 0; i < 4 && !g_stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (g_stop) return kExitOk;
+    for (int i = 0; i < 4 && !g_events_stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (g_events_stop) return kExitOk;
   }
 }
 

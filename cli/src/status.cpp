@@ -309,7 +309,7 @@ void filter_state(json& st, const std::string& filter) {
   }
 }
 
-volatile std::sig_atomic_t g_stop = 0;
+volatile std::sig_atomic_t g_status_stop = 0;
 
 }  // namespace
 
@@ -373,8 +373,8 @@ int cmd_status(const StatusOptions& o) {
   }
 
   if (o.loop_seconds > 0) {
-    std::signal(SIGINT, [](int) { g_stop = 1; });
-    std::signal(SIGTERM, [](int) { g_stop = 1; });
+    std::signal(SIGINT, [](int) { g_status_stop = 1; });
+    std::signal(SIGTERM, [](int) { g_status_stop = 1; });
   }
   for (bool first = true;; first = false) {
     auto st = ask(o.socket, proto::Command::get_state, json::object());
@@ -432,9 +432,9 @@ int cmd_status(const StatusOptions& o) {
     std::fflush(stdout);
     if (o.loop_seconds <= 0) return kExitOk;
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.loop_seconds);
-    while (!g_stop && std::chrono::steady_clock::now() < until)
+    while (!g_status_stop && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (g_stop) return kExitOk;
+    if (g_status_stop) return kExitOk;
     if (!o.json && !query) std::fputs("\n", stdout);
   }
 }

@@ -45,10 +45,6 @@ std::string fit_width(std::string s, std::size_t width) {
   return out;
 }
 
-std::string plural(uint64_t n, const char* one, const char* many) {
-  return fmt::format("{} {}", n, n == 1 ? one : many);
-}
-
 /// A line of a site's unfolded listing below its head.
 struct Entry {
   std::string text;

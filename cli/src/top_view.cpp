@@ -63,11 +63,11 @@ Line fill(Line l, std::size_t width) {
   return l;
 }
 
+}  // namespace
+
 std::string plural(uint64_t n, const char* one, const char* many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
-
-}  // namespace
 
 Line clip(const Line& l, std::size_t width) {
   Line out;

@@ -39,6 +39,9 @@ struct Line {
 /// other programs and must not drive the terminal.
 std::string printable(std::string_view s);
 
+/// "1 site", "3 sites": `n` and `one` or `many`.
+std::string plural(uint64_t n, const char* one, const char* many);
+
 /// Terminal columns of `s`: one per code point (everything top prints is one column wide).
 std::size_t columns(std::string_view s);
 

@@ -17,7 +17,6 @@ namespace cuw::daemon {
 
 namespace {
 
-using json = nlohmann::json;
 
 constexpr std::size_t kMaxStaticFile = 16u << 20;
 
@@ -29,7 +28,7 @@ std::string dump(const J& j, int indent = -1) {
 HttpResponse error(int status, const std::string& what) {
   HttpResponse r;
   r.status = status;
-  r.body = dump(json{{"error", what}}) + "\n";  // `what` may quote the request's bytes
+  r.body = dump(nlohmann::json{{"error", what}}) + "\n";  // `what` may quote the request's bytes
   return r;
 }
 
