@@ -36,8 +36,8 @@
  * take its name first (cuw/job.hpp in the source), and writes the task's caps to the job's
  * ceiling file <run dir>/ceilings/slurm-<jobid> (root's, 0644, in root's 0755 ceilings/;
  * cuw/site_cap.hpp): the task's environment can be changed in a child process, that file
- * cannot, and both the interposer and the daemon hold the job's processes to it. The job
- * epilog removes it where Slurm runs the plugin's job_epilog (docs/clusters.md). */
+ * cannot, and both the interposer and the daemon hold the job's processes to it. The job's
+ * epilog (job_epilog, as root, once the job has ended on the node) removes it. */
 #define _GNU_SOURCE /* renameat2 */
 #include <ctype.h>
 #include <errno.h>
@@ -473,13 +473,14 @@ static void write_ceiling(uint32_t job) {
   }
 }
 
-/* In the job's epilog, as root: its ceiling file goes with it. */
+/* In the job's epilog, as root: its ceiling file goes with it. Slurm (22.05) calls no
+ * slurm_spank_init before the job's prolog and epilog, so plugstack.conf's arguments (run_dir=)
+ * are read here again; a bad one is said and leaves the file, never fails the epilog (that
+ * would drain the node). */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av) {
-  (void)ac;
-  (void)av;
   uint32_t job = 0;
   char path[2200];
-  if (geteuid() != 0 || spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
+  if (geteuid() != 0 || read_arguments(ac, av) || spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
   ceiling_path(job, path, sizeof path);
   unlink(path);
   return 0;

@@ -5,7 +5,8 @@
 # cuwardend on a run directory of its own; the tasks run on the simulated driver.
 #   slurm_test.sh PLUGIN LIB PROBE DAEMON CLI
 # Checks: `srun --gpu-mem-limit=64M` caps at the byte (and from sbatch), also a child that
-# raises CUWARDEN_LIMIT (the plugin's root-owned ceiling file); two tasks of one job share
+# raises CUWARDEN_LIMIT (the plugin's root-owned ceiling file, removed at the job's end by its
+# job epilog, scancel included); two tasks of one job share
 # --gpu-mem-job-limit; `cuwarden` shows the job as slurm-<id>; at the job's end the daemon logs
 # its peak per GPU and removes its job file; a cap past the site's maximum is refused by srun
 # before the job starts, the maximum is the default of a job that asks for none, and a
@@ -147,13 +148,22 @@ echo "slurm_test: [${SECONDS}s] --gpu-mem-limit=64M holds at the byte"
 # The plugin wrote the job's cap, as root, where the task cannot change it; a child process
 # that raises CUWARDEN_LIMIT is held to it and told so.
 out=$("${SRUN[@]}" --gpu-mem-limit=64M bash -c 'f=$1/run/ceilings/slurm-$SLURM_JOB_ID
-  stat -c "%U %a" "$(dirname "$f")" "$f"; cat "$f"; CUWARDEN_LIMIT=1G "$0" bytes $(((64 << 20) + 1))' \
-  "$PROBE" "$T" 2>&1) && fail "a child's CUWARDEN_LIMIT=1G raised the job's 64M: $out"
+  echo "job=$SLURM_JOB_ID"; stat -c "%U %a" "$(dirname "$f")" "$f"; cat "$f"
+  CUWARDEN_LIMIT=1G "$0" bytes $(((64 << 20) + 1))' "$PROBE" "$T" 2>&1) &&
+  fail "a child's CUWARDEN_LIMIT=1G raised the job's 64M: $out"
 # srun forwards the task's stdout and stderr apart: each part is looked for on its own.
 for want in "root 755" "root 644" "CUWARDEN_LIMIT=64M" "CUWARDEN_LIMIT='1G' is refused: this Slurm job's ceiling"; do
   [[ $out == *"$want"* ]] || fail "the job's ceiling file: expected '$want' (root's 64M, a raise refused), got '$out'"
 done
 echo "slurm_test: [${SECONDS}s] the job's ceiling file is root's and holds a child's raise"
+# At the job's end its ceiling file goes (the plugin's job epilog, which slurmd runs once the
+# job has ended, after srun has returned).
+ceiling_job=$(sed -n 's/^job=//p' <<<"$out")
+[[ -n $ceiling_job ]] || fail "the task did not print its job id: $out"
+ceiling_gone() { [[ ! -e $T/run/ceilings/slurm-$1 ]]; }
+for i in $(seq 300); do ceiling_gone "$ceiling_job" && break; sleep 0.1; done
+ceiling_gone "$ceiling_job" || fail "the ceiling file of job $ceiling_job is left after its end: $(ls -l "$T/run/ceilings")"
+echo "slurm_test: [${SECONDS}s] at the job's end its ceiling file is removed"
 
 # The same from sbatch: the option reaches the batch script's processes.
 # (Polled here: sbatch -W polls at intervals of up to 10 s.)
@@ -266,6 +276,10 @@ left() { compgen -G "$T/run/ring-*" || compgen -G "$T/run/live-*"; }
 for i in $(seq 50); do left >/dev/null || break; sleep 0.1; done
 if left >/dev/null; then fail "files left after scancel: $(ls "$T/run")"; fi
 echo "slurm_test: [${SECONDS}s] scancel leaves no ring in the run directory (left: $(ls "$T/run" | tr '\n' ' '))"
+# Every job has ended by now, the cancelled one included: no ceiling file is left.
+for i in $(seq 300); do [[ -z $(ls -A "$T/run/ceilings") ]] && break; sleep 0.1; done
+[[ -z $(ls -A "$T/run/ceilings") ]] || fail "ceiling files left after their jobs: $(ls -l "$T/run/ceilings")"
+echo "slurm_test: [${SECONDS}s] no ceiling file is left once every job has ended, scancel included"
 
 # 5. The TaskProlog alternative, as slurmstepd runs it: the job's variables, the user's cap kept.
 PROLOG=$(dirname "$0")/../../cluster/slurm/cuwarden-taskprolog.sh

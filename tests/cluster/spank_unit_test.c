@@ -194,11 +194,41 @@ static void the_job_qos_sets_the_priority(void) {
   CHECK(arguments("qos_priority=", NULL) == -1);
 }
 
+/* The job's epilog: Slurm runs it with no slurm_spank_init before it, so it reads run_dir=
+ * from its own arguments and removes the job's ceiling file there (job 77 here). It acts only
+ * as root, as slurmd runs it. */
+static void the_epilog_removes_the_ceiling_file_in_its_own_run_dir(void) {
+  if (geteuid() != 0) {
+    printf("the job epilog's check needs root (the epilog acts only as root); skipped\n");
+    return;
+  }
+  char dir[] = "/tmp/cuwt-spank-XXXXXX", ceilings[64], file[96], arg[64];
+  if (!mkdtemp(dir)) {
+    CHECK(!"mkdtemp");
+    return;
+  }
+  snprintf(ceilings, sizeof ceilings, "%s/ceilings", dir);
+  snprintf(file, sizeof file, "%s/slurm-77", ceilings);
+  snprintf(arg, sizeof arg, "run_dir=%s", dir);
+  CHECK(mkdir(ceilings, 0755) == 0);
+  const int fd = open(file, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  CHECK(fd >= 0);
+  if (fd >= 0) close(fd);
+  snprintf(run_dir, sizeof run_dir, "%s", DEFAULT_RUN_DIR); /* a fresh epilog process's */
+  char *av[2] = {"lib=/l/libcuwarden.so", arg};
+  CHECK(slurm_spank_job_epilog(NULL, 2, av) == 0);
+  CHECK(access(file, F_OK) != 0);
+  unlink(file);
+  rmdir(ceilings);
+  rmdir(dir);
+}
+
 int main(void) {
   sizes_under_one_mib_are_refused();
   the_library_is_matched_entry_by_entry();
   the_task_environment_cannot_turn_enforcement_off();
   the_job_qos_sets_the_priority();
+  the_epilog_removes_the_ceiling_file_in_its_own_run_dir();
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   else printf("all checks passed\n");
   return failures ? 1 : 0;
