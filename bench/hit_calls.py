@@ -6,6 +6,7 @@ std::function or call_ref): with a warm pool, the pairs are hits and frees, whic
 object (the driver's entry points, which are resolved at run time) is allowed and listed.
 
     hit_calls.py CALLGRIND_OUT LIBCUWARDEN
+    hit_calls.py --self-test      a virtual call and a function pointer inside a library fail
 
 CALLGRIND_OUT must have been written with --dump-instr=yes --compress-strings=no
 --compress-pos=no (bench/callgrind_guard.sh does), so that each call names the address of
@@ -18,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,20 +73,17 @@ def disassembly(lib):
     return table
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('callgrind_out')
-    ap.add_argument('lib')
-    a = ap.parse_args()
-    sites = call_sites(a.callgrind_out, a.lib)
+def check(callgrind_out, lib):
+    """Prints every call from `lib`; returns 1 if one between its own functions is indirect."""
+    sites = call_sites(callgrind_out, lib)
     if not sites:
-        sys.exit(f'hit_calls: no call from {a.lib} in {a.callgrind_out}')
-    code = disassembly(a.lib)
+        sys.exit(f'hit_calls: no call from {lib} in {callgrind_out}')
+    code = disassembly(lib)
     bad = 0
     for addr, cob, cfn, n in sorted(sites):
         fn, ins = code.get(addr, ('?', '?'))
         indirect = bool(re.match(r'(call|jmp)\w*\s+\*', ins))
-        inside = cob == real(a.lib)
+        inside = cob == real(lib)
         verdict = 'INDIRECT, inside libcuwarden' if indirect and inside else 'indirect, into ' + cob.rsplit('/', 1)[-1] \
             if indirect else 'direct'
         bad += indirect and inside
@@ -94,6 +93,62 @@ def main():
         return 1
     print('hit_calls: OK: every call between libcuwarden\'s own functions is direct')
     return 0
+
+
+SELF_TEST_SRC = r"""
+struct Base { virtual int f(int) = 0; };
+__attribute__((noinline)) static int target(int x) { return x + 1; }
+extern "C" int via_direct(int x) { return target(x) * 2; }
+extern "C" int via_vtable(Base* b, int x) { return b->f(x) * 3; }
+extern "C" int via_pointer(int (*fp)(int), int x) { return fp(x) * 5; }
+"""
+
+
+def self_test():
+    """A small library with a direct call, a virtual call and a call through a pointer, and
+    callgrind files naming those call sites: the direct call, and a pointer's call into
+    another object, pass; the virtual call, or the pointer's call landing in the library,
+    fail."""
+    with tempfile.TemporaryDirectory() as d:
+        src, lib = os.path.join(d, 'calls.cpp'), os.path.join(d, 'libcalls.so')
+        open(src, 'w').write(SELF_TEST_SRC)
+        subprocess.run([os.environ.get('CXX', 'c++'), '-O2', '-fPIC', '-shared', '-o', lib, src], check=True)
+        site = {}
+        for addr, (fn, ins) in disassembly(lib).items():
+            if fn in ('via_direct', 'via_vtable', 'via_pointer') and re.match(r'(call|jmp)\w*\s', ins):
+                site.setdefault(fn, addr)
+        if set(site) != {'via_direct', 'via_vtable', 'via_pointer'}:
+            print('self-test: call sites not found:', site)
+            return 1
+
+        def run(calls):
+            out = os.path.join(d, 'callgrind.out')
+            with open(out, 'w') as f:
+                f.write(f'positions: instr line\nevents: Ir\nob={lib}\n')
+                for fn, cob, cfn in calls:
+                    f.write(f'fn={fn}\ncob={cob}\ncfn={cfn}\ncalls=7 0x0\n{site[fn]:#x} 0 70\n')
+            return check(out, lib)
+
+        other = '/usr/lib/libelsewhere.so'
+        cases = [([('via_direct', lib, 'target'), ('via_pointer', other, 'driver_entry')], 0),
+                 ([('via_direct', lib, 'target'), ('via_vtable', lib, 'Derived::f')], 1),
+                 ([('via_pointer', lib, 'target')], 1)]
+        for calls, want in cases:
+            if run(calls) != want:
+                print(f'self-test: {calls} should give {want}')
+                return 1
+    print('self-test: OK')
+    return 0
+
+
+def main():
+    if sys.argv[1:] == ['--self-test']:
+        return self_test()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('callgrind_out')
+    ap.add_argument('lib')
+    a = ap.parse_args()
+    return check(a.callgrind_out, a.lib)
 
 
 if __name__ == '__main__':
