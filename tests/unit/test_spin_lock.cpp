@@ -64,3 +64,23 @@ TEST_CASE("spin lock: waiters sleep while the holder keeps it (a preempted holde
     CHECK(cpu_ms[static_cast<size_t>(t)] < 50.0);  // a spin budget of microseconds, then asleep
   }
 }
+
+TEST_CASE("spin lock: waiters that slept are all woken, and exclusion holds across sleeps", "[spin_lock]") {
+  // Holders that sometimes keep the lock past the waiters' spin budget, so that waiters mark
+  // it waited for and sleep over and over; a lost wake-up hangs here (the ctest deadline).
+  cuw::spin_lock mu;
+  uint64_t counter = 0;
+  constexpr int kThreads = 4, kEach = 400;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < kEach; ++i) {
+        std::lock_guard<cuw::spin_lock> g(mu);
+        const uint64_t seen = counter;
+        if (i % 16 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        counter = seen + 1;  // a second holder meanwhile would lose an increment
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(counter == uint64_t{kThreads} * kEach);
+}

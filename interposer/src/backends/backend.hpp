@@ -15,7 +15,9 @@
 //      instantiates pool<Layout> and pooled_backend<Layout>: backends/cache/whole_blocks.hpp
 //      is the example.
 //   2. One case in backends/start.cpp: CUWARDEN_POOL=<name> constructs it (its literal in
-//      the options row, cuw/options.hpp, and core::PoolKind in core/config.hpp).
+//      the options row, cuw/options.hpp, and core::PoolKind in core/config.hpp, which is its
+//      kind()); a pool's layout also gets a case in start.cpp's CUW_POOLED, through which
+//      the hooks call its class directly.
 //   3. Tests: copy the cache's cases in tests/interposer (test_cache.cpp,
 //      test_cache_adversarial.cpp, test_stream_order.cpp and their ctest lines) with
 //      CUWARDEN_POOL=<name>: reuse
@@ -96,7 +98,9 @@ using ipc_import_fn = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
 using ipc_close_fn = CUresult (*)(CUdeviceptr);
 
 /// The seam (after RMM's memory resources: public non-virtual methods over private virtual
-/// do_* ones). Return values are the CUresult the program gets.
+/// do_* ones). Return values are the CUresult the program gets. The hooks' allocations and
+/// frees do not go through it: they call the concrete class by kind() (start.hpp); the
+/// virtual methods serve the other calls, and callers that hold only a backend&.
 class backend : public core::backend_base {
  public:
   // ---- the program's allocations ------------------------------------------------------
@@ -175,11 +179,19 @@ class backend : public core::backend_base {
   /// tracker's lock while it walks the pool's blocks: not on a hot path.
   pool_stats stats(core::Tracker& t, int ordinal) { return do_stats(t, ordinal); }
 
+  /// What CUWARDEN_POOL chose, fixed at construction: which concrete class this is
+  /// (passthrough for `off`, pooled_backend<Layout> with Layout::kind otherwise), so that the
+  /// hooks call it as that class, without a virtual call (start.hpp: with_backend).
+  core::PoolKind kind() const noexcept { return kind_; }
+
  protected:
-  constexpr explicit backend(bool pools) noexcept : backend_base(pools) {}
+  constexpr explicit backend(core::PoolKind kind) noexcept
+      : backend_base(kind != core::PoolKind::off), kind_(kind) {}
   ~backend() = default;
 
  private:
+  const core::PoolKind kind_;
+
   virtual CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) = 0;
   virtual CUresult do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) = 0;
   virtual CUresult do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,

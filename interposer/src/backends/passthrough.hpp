@@ -23,7 +23,7 @@ namespace cuw::backends {
 
 class passthrough final : public backend {
  public:
-  constexpr passthrough() noexcept : backend(false) {}
+  constexpr passthrough() noexcept : backend(core::PoolKind::off) {}
 
   CUW_INLINE CUresult allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
     bool assumed = false;

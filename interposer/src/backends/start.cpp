@@ -7,6 +7,7 @@
 #include "backends/vmm/granule_arena.hpp"
 #include "base/log.hpp"
 #include "core/config.hpp"
+#include "cuw/attrs.hpp"
 
 namespace cuw::backends {
 
@@ -27,5 +28,30 @@ CUW_COLD backend& start(core::Tracker& t) {
   });
   return static_cast<backend&>(*b);
 }
+
+// One compare per layout, then a tail call of the class's own method (`b` is its first base).
+#define CUW_POOLED(call)                                                                   \
+  switch (b.kind()) {                                                                     \
+    case core::PoolKind::cache: return static_cast<pooled_backend<whole_blocks>&>(b).call; \
+    case core::PoolKind::vmm: return static_cast<pooled_backend<granule_arena>&>(b).call;  \
+    case core::PoolKind::off: break;                                                      \
+  }                                                                                       \
+  return b.call;
+
+CUW_HOT CUresult pooled_allocate(backend& b, core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
+  CUW_POOLED(allocate(t, dptr, bytes, real))
+}
+CUW_HOT CUresult pooled_deallocate(backend& b, core::Tracker& t, CUdeviceptr dptr, free_fn real) {
+  CUW_POOLED(deallocate(t, dptr, real))
+}
+CUW_HOT CUresult pooled_allocate_async(backend& b, core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                                       alloc_async_fn real) {
+  CUW_POOLED(allocate_async(t, dptr, bytes, stream, real))
+}
+CUW_HOT CUresult pooled_deallocate_async(backend& b, core::Tracker& t, CUdeviceptr dptr, CUstream stream,
+                                         bool per_thread, free_async_fn real) {
+  CUW_POOLED(deallocate_async(t, dptr, stream, per_thread, real))
+}
+#undef CUW_POOLED
 
 }  // namespace cuw::backends

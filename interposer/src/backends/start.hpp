@@ -24,14 +24,54 @@ inline backend& chosen(core::Tracker& t) {
   return __builtin_expect(b != nullptr, 1) ? static_cast<backend&>(*b) : start(t);
 }
 
-/// op(backend) for `t`'s backend: op(g_passthrough) when passthrough is chosen, so that its
-/// inline methods are what runs (the off path costs one load and one compare over calling
-/// the core directly), else op(backend&): a virtual call. `op` is generic: [&](auto& b) {...}.
+/// A started pooling backend's allocations and frees, each made on its layout's class
+/// (pooled_backend<Layout>, picked by b.kind(): one load and a compare per layout) with a
+/// direct call, never a virtual one. Out of line, beside the layouts that start() builds
+/// (start.cpp), so that the hooks name no layout. `b` pools (b.pools()). Thread-safe.
+CUresult pooled_allocate(backend& b, core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real);
+CUresult pooled_deallocate(backend& b, core::Tracker& t, CUdeviceptr dptr, free_fn real);
+CUresult pooled_allocate_async(backend& b, core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                               alloc_async_fn real);
+CUresult pooled_deallocate_async(backend& b, core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
+                                 free_async_fn real);
+
+/// A started pooling backend as the hooks call it: allocations and frees through
+/// pooled_allocate and its siblings (direct calls), notices through backend (virtual; cold).
+class pooled_ref {
+ public:
+  explicit pooled_ref(backend& b) noexcept : b_(b) {}
+  CUresult allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
+    return pooled_allocate(b_, t, dptr, bytes, real);
+  }
+  CUresult deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) { return pooled_deallocate(b_, t, dptr, real); }
+  CUresult allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream, alloc_async_fn real) {
+    return pooled_allocate_async(b_, t, dptr, bytes, stream, real);
+  }
+  CUresult deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
+                            free_async_fn real) {
+    return pooled_deallocate_async(b_, t, dptr, stream, per_thread, real);
+  }
+  void stream_created(core::Tracker& t, CUstream s, unsigned flags) { b_.stream_created(t, s, flags); }
+  void peer_access_changed(core::Tracker& t, CUcontext peer, bool enabled) {
+    b_.peer_access_changed(t, peer, enabled);
+  }
+
+ private:
+  backend& b_;
+};
+
+/// op(backend) for `t`'s backend, without a virtual call once it started: op(g_passthrough)
+/// when passthrough is chosen, so that its inline methods are what runs (the off path costs
+/// one load and one compare over calling the core directly); op(pooled_ref) for a pool;
+/// op(backend&) on the process's first call, which starts the backend (start(): virtual).
+/// `op` is generic: [&](auto& b) {...}, and uses only what pooled_ref has.
 template <class Op>
 CUW_INLINE decltype(auto) with_backend(core::Tracker& t, Op&& op) {
   core::backend_base* b = t.backend();
   if (__builtin_expect(b == &g_passthrough, 1)) return op(g_passthrough);
-  return op(__builtin_expect(b != nullptr, 1) ? static_cast<backend&>(*b) : start(t));
+  if (__builtin_expect(b == nullptr, 0)) return op(start(t));
+  pooled_ref pool(static_cast<backend&>(*b));
+  return op(pool);
 }
 
 /// A hooked allocation (cuMemAlloc, cuMemAllocAsync) returned CUDA_ERROR_OUT_OF_MEMORY: when

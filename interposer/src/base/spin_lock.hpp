@@ -10,17 +10,19 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuw/attrs.hpp"
+
 namespace cuw {
 
 namespace detail {
 
 /// Where waiters past their spin budget sleep, for every spin_lock of the process: one futex
 /// word, so that a lock stays one byte (the tracker's first cache line has no room for a
-/// word of its own). An unlock that sees sleepers wakes them all; those of other locks go
-/// back to sleep. Sleeping is for a holder that lost the CPU, so this is rare.
+/// word of its own). An unlock that finds its lock marked as waited for wakes them all;
+/// those of other locks go back to sleep. Sleeping is for a holder that lost the CPU, so
+/// this is rare.
 struct Parking {
   alignas(64) std::atomic<uint32_t> seq{0};  ///< the futex word: bumped by each wake-up
-  std::atomic<uint32_t> sleepers{0};         ///< waiters about to sleep or asleep
 };
 inline Parking g_parking;
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free,
@@ -28,24 +30,29 @@ static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<u
 
 }  // namespace detail
 
-/// Spin-then-sleep lock of one byte. Uncontended: one atomic exchange to lock; to unlock, a
-/// sequentially consistent store and one load of the sleepers' count (on x86-64 an xchg and
-/// a mov, no call). A waiter spins with pause for many times a critical section's length
-/// (kSpins), then sleeps on a futex until an unlock wakes it: a holder preempted on a busy
-/// machine gets the CPU instead of its waiters burning their time slices (sched_yield,
-/// which CFS barely honours, made each hand-over cost a time slice). Not recursive;
-/// satisfies BasicLockable (std::lock_guard works). Process-private (FUTEX_PRIVATE_FLAG).
+/// Spin-then-sleep lock of one byte: 0 free, 1 held, 2 held and maybe waited for (Drepper,
+/// "Futexes Are Tricky", with the futex word shared: detail::Parking). Uncontended: one
+/// compare-exchange to lock, one locked decrement to unlock (on x86-64 `lock cmpxchg` and
+/// `lock sub` + a branch; no other line touched). A waiter spins with pause for many times a
+/// critical section's length (kSpins), then marks the lock waited for and sleeps on the
+/// futex until an unlock wakes it: a holder preempted on a busy machine gets the CPU instead
+/// of its waiters burning their time slices (sched_yield, which CFS barely honours, made each
+/// hand-over cost a time slice). Not recursive; satisfies BasicLockable (std::lock_guard
+/// works). Process-private (FUTEX_PRIVATE_FLAG).
 class spin_lock {
  public:
-  void lock() noexcept {
-    if (__builtin_expect(!locked_.exchange(true, std::memory_order_acquire), 1)) return;
+  CUW_INLINE void lock() noexcept {
+    uint8_t free = 0;
+    if (__builtin_expect(locked_.compare_exchange_strong(free, 1, std::memory_order_acquire,
+                                                         std::memory_order_relaxed), 1))
+      return;
     contended();
   }
-  void unlock() noexcept {
-    // Sequentially consistent, with the waiter's count then exchange below: either it sees
-    // the lock free, or this unlock sees it counted and wakes it.
-    locked_.store(false, std::memory_order_seq_cst);
-    if (__builtin_expect(detail::g_parking.sleepers.load(std::memory_order_seq_cst) != 0, 0)) wake();
+  CUW_INLINE void unlock() noexcept {
+    // From 1 to 0: nobody waits. From 2 (a waiter marked it before sleeping): free it and
+    // wake the sleepers. The decrement is ordered after a waiter's mark (one location), and
+    // the waiter read the futex word before marking: it sees the wake-up's bump or is woken.
+    if (__builtin_expect(locked_.fetch_sub(1, std::memory_order_acq_rel) != 1, 0)) wake();
   }
 
  private:
@@ -53,7 +60,10 @@ class spin_lock {
 
   __attribute__((noinline)) void contended() noexcept {
     for (int i = 0; i < kSpins; ++i) {
-      if (!locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire)) return;
+      uint8_t free = 0;
+      if (locked_.load(std::memory_order_relaxed) == 0 &&
+          locked_.compare_exchange_strong(free, 1, std::memory_order_acquire, std::memory_order_relaxed))
+        return;
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -63,21 +73,35 @@ class spin_lock {
     detail::Parking& p = detail::g_parking;
     for (;;) {
       const uint32_t seq = p.seq.load(std::memory_order_seq_cst);
-      p.sleepers.fetch_add(1, std::memory_order_seq_cst);
-      const bool got = !locked_.exchange(true, std::memory_order_seq_cst);
+      // Held as 2 when it was free: the unlock then wakes others, who mark it again if they
+      // still wait (one spurious wake-up, never a lost one).
+      if (locked_.exchange(2, std::memory_order_seq_cst) == 0) return;
       // Asleep until a wake-up moves seq on (at once if one already has).
-      if (!got) syscall(SYS_futex, reinterpret_cast<uint32_t*>(&p.seq), FUTEX_WAIT_PRIVATE, seq, nullptr, nullptr, 0);
-      p.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-      if (got || !locked_.exchange(true, std::memory_order_acquire)) return;
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&p.seq), FUTEX_WAIT_PRIVATE, seq, nullptr, nullptr, 0);
     }
   }
-  __attribute__((noinline)) static void wake() noexcept {
+  __attribute__((noinline)) void wake() noexcept {
+    locked_.store(0, std::memory_order_seq_cst);
     detail::Parking& p = detail::g_parking;
     p.seq.fetch_add(1, std::memory_order_seq_cst);
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&p.seq), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
   }
 
-  std::atomic<bool> locked_{false};
+  std::atomic<uint8_t> locked_{0};
+};
+
+/// std::lock_guard for a spin_lock, whose constructor and destructor are always inlined: GCC
+/// keeps std::lock_guard's destructor out of line in a function with several guards and a
+/// path that may throw (Tracker::charge: a call and a stack slot per allocation).
+class spin_guard {
+ public:
+  CUW_INLINE explicit spin_guard(spin_lock& l) noexcept : l_(l) { l_.lock(); }
+  CUW_INLINE ~spin_guard() { l_.unlock(); }
+  spin_guard(const spin_guard&) = delete;
+  spin_guard& operator=(const spin_guard&) = delete;
+
+ private:
+  spin_lock& l_;
 };
 
 }  // namespace cuw

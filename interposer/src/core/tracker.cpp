@@ -414,25 +414,23 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
   // sees it and nothing is charged to be taken back.
   if (__builtin_expect(process_scope_.load(std::memory_order_relaxed), 0)) context_before_charge(d, ordinal, bytes);
   const int g = job_gpu(ordinal);
-  bool over = false;
-  for (bool measured = false;; measured = true) {
-    {
-      std::lock_guard<spin_lock> lk(mu_);
-      const uint64_t limit = d.limit.load(std::memory_order_relaxed);
-      const uint64_t used = d.used.load(std::memory_order_relaxed);
-      over = !within(limit, used, bytes);
-      if (!over) {
-        d.used.store(used + bytes, std::memory_order_relaxed);
-        // In a job the peak waits for the job's answer: a refused request never was held.
-        if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
-          d.peak.store(used + bytes, std::memory_order_relaxed);
-      }
-    }
-    if (__builtin_expect(!over, 1)) break;
-    // Counting the context: its figure may be stale (memory the driver gave back), so it is
-    // measured once before the answer, and the test made again if it fell.
-    if (measured || !process_scope_.load(std::memory_order_relaxed) || !measure_context(ordinal, false)) break;
-  }
+  // The cap's test, and the charge if it passes, under the lock.
+  auto fits = [&]() CUW_LAMBDA_INLINE {
+    const spin_guard lk(mu_);
+    const uint64_t limit = d.limit.load(std::memory_order_relaxed);
+    const uint64_t used = d.used.load(std::memory_order_relaxed);
+    if (!within(limit, used, bytes)) return false;
+    d.used.store(used + bytes, std::memory_order_relaxed);
+    // In a job the peak waits for the job's answer: a refused request never was held.
+    if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
+      d.peak.store(used + bytes, std::memory_order_relaxed);
+    return true;
+  };
+  bool over = !fits();
+  // Counting the context: its figure may be stale (memory the driver gave back), so it is
+  // measured once before the answer, and the test made again if it fell.
+  if (__builtin_expect(over, 0) && process_scope_.load(std::memory_order_relaxed) && measure_context(ordinal, false))
+    over = !fits();
   if (__builtin_expect(over, 0)) {
     if (quiet) return assumed && current_device() < 0 ? Charge::no_context : Charge::refused;
     return refuse(d, ordinal, bytes, api, assumed);

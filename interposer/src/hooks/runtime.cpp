@@ -193,8 +193,9 @@ cudaError_t rt_cudaFree(void* ptr) {
   core::Tracker* t = answering();
   if (!t) return real_rt(ptr);
   t_runtime_ran = false;
-  const CUresult r =
-      backends::started(t)->deallocate(*t, reinterpret_cast<CUdeviceptr>(ptr), &free_through_runtime<S>);
+  // answering(): a pool is in place, called as its class (no virtual call).
+  const CUresult r = backends::pooled_ref(*backends::started(t))
+                         .deallocate(*t, reinterpret_cast<CUdeviceptr>(ptr), &free_through_runtime<S>);
   if (t_runtime_ran) return t_runtime_error;
   if (__builtin_expect(r == CUDA_SUCCESS, 1)) {
     ++t_answered;
@@ -211,8 +212,9 @@ cudaError_t rt_cudaFreeAsync(void* ptr, cudaStream_t stream) {
   if (!ptr || !t) return real_rt(ptr, stream);
   t_runtime_ran = false;
   // Not the per-thread variant: the runtime's cudaFreeAsync_ptsz (not hooked) is that one.
-  const CUresult r = backends::started(t)->deallocate_async(*t, reinterpret_cast<CUdeviceptr>(ptr), stream, false,
-                                                            &free_async_through_runtime<S>);
+  const CUresult r = backends::pooled_ref(*backends::started(t))
+                         .deallocate_async(*t, reinterpret_cast<CUdeviceptr>(ptr), stream, false,
+                                           &free_async_through_runtime<S>);
   if (t_runtime_ran) return t_runtime_error;
   if (__builtin_expect(r == CUDA_SUCCESS, 1)) {
     ++t_answered;

@@ -35,7 +35,23 @@ namespace cuw::backends {
 template <class Layout>
 class pooled_backend final : public backend, public pool::owner<Layout> {
  public:
-  explicit pooled_backend(core::Tracker& t) : backend(true), tracker_(t) {}
+  explicit pooled_backend(core::Tracker& t) : backend(Layout::kind), tracker_(t) {}
+
+  // ---- the program's allocations, called on this class (no virtual call) ------------------
+  // The hooks reach these through start.hpp's with_backend, which names this class by
+  // kind(); they hide backend's methods of the same names, whose do_* overrides below call
+  // them for a caller that holds only a backend&. Each is what backend's says.
+
+  /// backend::allocate: a block of the current context's pool; passthrough's answer during
+  /// a capture, without a context, or for 0 bytes.
+  CUresult allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real);
+  /// backend::deallocate: back to the pool that holds `dptr`, else passthrough's.
+  CUresult deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real);
+  /// backend::allocate_async: passthrough's (stream-ordered allocations stay the driver's).
+  CUresult allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream, alloc_async_fn real);
+  /// backend::deallocate_async: a pooled block retired like a cuMemFree, else passthrough's.
+  CUresult deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
+                            free_async_fn real);
 
   /// The cache of the calling thread's current context, created on first use; nullptr
   /// without a current context or for a device past what the ring tracks. Cost when the
@@ -58,12 +74,20 @@ class pooled_backend final : public backend, public pool::owner<Layout> {
   uint64_t release_all_except(const pool::pool<Layout>* skip) override;
 
  private:
-  CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override;
-  CUresult do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) override;
+  CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override {
+    return allocate(t, dptr, bytes, real);
+  }
+  CUresult do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) override {
+    return deallocate(t, dptr, real);
+  }
   CUresult do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
-                             alloc_async_fn real) override;
+                             alloc_async_fn real) override {
+    return allocate_async(t, dptr, bytes, stream, real);
+  }
   CUresult do_deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
-                               free_async_fn real) override;
+                               free_async_fn real) override {
+    return deallocate_async(t, dptr, stream, per_thread, real);
+  }
   /// A non-blocking stream gets its own event when a batch of frees is sealed.
   void do_stream_created(core::Tracker& t, CUstream s, unsigned flags) override;
   void do_stream_destroying(core::Tracker& t, CUstream s) override;
@@ -108,6 +132,10 @@ class pooled_backend final : public backend, public pool::owner<Layout> {
   pool_stats do_stats(core::Tracker& t, int ordinal) override;
 
   pool::pool<Layout>* create(CUcontext ctx) noexcept;
+  /// passthrough_'s allocate and deallocate, out of line: inlined, passthrough's path (a
+  /// driver call, a lock, the ring) would make a hit's frame its own size.
+  CUresult passed_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real);
+  CUresult passed_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real);
 
   core::Tracker& tracker_;
   passthrough passthrough_;

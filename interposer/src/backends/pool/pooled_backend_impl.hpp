@@ -27,9 +27,15 @@ namespace cuw::backends {
 // capture, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): a pooled block would let the capture
 // succeed and the graph write the block after its free, when it may be someone else's.
 template <class Layout>
-CUresult pooled_backend<Layout>::do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
+CUW_HOT CUresult pooled_backend<Layout>::allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) {
   if (dptr && bytes != 0 && __builtin_expect(!work::capturing(), 1))
     if (pool::pool<Layout>* c = for_current()) return c->allocate_traced(dptr, bytes, ring::Api::cuMemAlloc, core::now_ns());
+  return passed_allocate(t, dptr, bytes, real);
+}
+
+template <class Layout>
+CUW_COLD CUresult pooled_backend<Layout>::passed_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes,
+                                                          alloc_fn real) {
   return passthrough_.allocate(t, dptr, bytes, real);
 }
 
@@ -38,17 +44,22 @@ CUresult pooled_backend<Layout>::do_allocate(core::Tracker& t, CUdeviceptr* dptr
 // second free: never passed to the driver, which would free the slab or block under the
 // cache); otherwise the driver's (not the caches' memory).
 template <class Layout>
-CUresult pooled_backend<Layout>::do_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) {
+CUW_HOT CUresult pooled_backend<Layout>::deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) {
   if (dptr)
     if (const CUresult r = free_traced(dptr, ring::Api::cuMemFree, 0, core::now_ns()); r != CUDA_ERROR_NOT_FOUND)
       return r;
+  return passed_deallocate(t, dptr, real);
+}
+
+template <class Layout>
+CUW_COLD CUresult pooled_backend<Layout>::passed_deallocate(core::Tracker& t, CUdeviceptr dptr, free_fn real) {
   return passthrough_.deallocate(t, dptr, real);
 }
 
 // Stream-ordered allocations stay in the driver's pools.
 template <class Layout>
-CUresult pooled_backend<Layout>::do_allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
-                                          alloc_async_fn real) {
+CUresult pooled_backend<Layout>::allocate_async(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                                                alloc_async_fn real) {
   return passthrough_.allocate_async(t, dptr, bytes, stream, real);
 }
 
@@ -58,8 +69,8 @@ CUresult pooled_backend<Layout>::do_allocate_async(core::Tracker& t, CUdeviceptr
 // reused before it runs; the driver's own answer for memory a graph did not allocate is an
 // error too.
 template <class Layout>
-CUresult pooled_backend<Layout>::do_deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream, bool per_thread,
-                                            free_async_fn real) {
+CUresult pooled_backend<Layout>::deallocate_async(core::Tracker& t, CUdeviceptr dptr, CUstream stream,
+                                                  bool per_thread, free_async_fn real) {
   if (dptr) {
     if (work::capturing()) {
       bool live = false;
