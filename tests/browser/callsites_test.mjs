@@ -132,7 +132,7 @@ try {
     check(new RegExp(`< ${fn}\\b.* \\(.*snapshot_app\\.cpp:${line}\\)\\s+\\(\\+11 frames\\)`).test(text),
           `the ${mib} MiB site shows its differing frame, ${fn} at line ${line} (+11 frames) (${JSON.stringify(text)})`);
     // A frame's function starts its line (after "< " when unfolded): matching the whole text
-    // would find "main" in a checkout path such as /work/main/tests/.
+    // would find "main" in a checkout path such as ~/src/main/tests/.
     check(!/(^|\n)(< )?(chain_5|main)\b/.test(text), `the ${mib} MiB site does not list the folded chain or main`);
     if (s.label_folded) check(text.includes(`(${s.label_folded})`), `the ${mib} MiB site folds its inner frames into one line`);
   }
