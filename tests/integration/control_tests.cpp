@@ -244,9 +244,7 @@ TEST_CASE("control.unprivileged_user_may_not_touch_others_or_raise") {
   if (is_root()) {
     // A process of uid 65534 with its ring, owned by that uid as the interposer would make it.
     theirs = std::make_unique<UserChild>(kNobody);
-    rt = std::make_unique<FakeRing>(dir / "run", theirs->pid, theirs->start_time());
-    rt->h->uid = kNobody;
-    REQUIRE(::chown(rt->path.c_str(), kNobody, kNobody) == 0);
+    rt = std::make_unique<FakeRing>(dir / "run", theirs->pid, theirs->start_time(), FakeRing::Owner{kNobody, kNobody});
     rt->device(0, 0xa0).limit.store(8 * kGiB);
     rt->device(0, 0xa0).used.store(1 * kGiB);
   }

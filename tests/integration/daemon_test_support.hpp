@@ -112,8 +112,20 @@ struct FakeRing {
       : FakeRing(run_dir + "/" + cuw::paths::ring_file_name(pid, start_time), pid, start_time, slots_n, comm, job,
                  pool, true) {}
 
+  /// Whose ring it is: its header's uid and the file's owner, both set before the ring
+  /// appears under its name (a daemon scanning between the two would judge a root ring of
+  /// another user's process, and look again only when the file changes).
+  struct Owner {
+    uid_t uid;
+    gid_t gid;
+  };
+  FakeRing(const std::string& run_dir, uint32_t pid, uint64_t start_time, Owner owner, uint32_t slots_n = 1024,
+           const char* comm = "fakeproc")
+      : FakeRing(run_dir + "/" + cuw::paths::ring_file_name(pid, start_time), pid, start_time, slots_n, comm, "",
+                 "off", true, owner) {}
+
   FakeRing(const std::string& file, uint32_t pid, uint64_t start_time, uint32_t slots_n, const char* comm,
-           const char* job, const char* pool, bool) {
+           const char* job, const char* pool, bool, Owner owner = {::getuid(), ::getgid()}) {
     path = file;
     slot_count = slots_n;
     size = ring::file_size(slots_n);
@@ -128,7 +140,7 @@ struct FakeRing {
     h = static_cast<ring::RingHeader*>(base);
     slots = reinterpret_cast<ring::EventSlot*>(static_cast<char*>(base) + ring::kHeaderBytes);
     h->pid = pid;
-    h->uid = getuid();
+    h->uid = owner.uid;
     h->start_time = start_time;
     h->created_ns = now_ns();
     std::snprintf(h->comm, sizeof h->comm, "%s", comm);
@@ -137,6 +149,7 @@ struct FakeRing {
     std::snprintf(h->pool, sizeof h->pool, "%s", pool);
     ring::init(*h, slots, slots_n);
     h->state.store(static_cast<uint32_t>(ring::ProcessState::running));
+    if (::chown(tmp.c_str(), owner.uid, owner.gid) != 0) throw std::runtime_error("chown " + tmp);
     if (::rename(tmp.c_str(), file.c_str()) != 0) throw std::runtime_error("rename");
   }
   ~FakeRing() {

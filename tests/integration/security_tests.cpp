@@ -106,10 +106,8 @@ struct VictimProcess {
               "--regid=" + std::to_string(test_user("cuwarden-test-victim").gid), "--clear-groups", "sleep", "300"}) {
     REQUIRE(wait_until([&] { return slurp("/proc/" + std::to_string(proc.pid) + "/comm") == "sleep\n"; }));
     start = proc.start_time();
-    ring = std::make_unique<FakeRing>(run, static_cast<uint32_t>(proc.pid), start);
-    ring->h->uid = victim.uid;
+    ring = std::make_unique<FakeRing>(run, static_cast<uint32_t>(proc.pid), start, FakeRing::Owner{victim.uid, victim.gid});
     ring->device(0, 0x20).limit.store(ring::kNoLimit);
-    REQUIRE(::chown(ring->path.c_str(), victim.uid, victim.gid) == 0);
     REQUIRE(seg.open(run, static_cast<uint32_t>(proc.pid), victim.uid, start, now_ns(), 64, false));
     REQUIRE(::chown(seg.path().c_str(), victim.uid, victim.gid) == 0);
   }
@@ -435,10 +433,9 @@ TEST_CASE("security.one_users_made_up_gpus_crowd_out_no_other_users_gpu_or_histo
                                                               "--clear-groups", "sleep", "300"});
     const pid_t pid = s.proc->pid;
     REQUIRE(wait_until([&] { return slurp("/proc/" + std::to_string(pid) + "/comm") == "sleep\n"; }));
-    s.ring = std::make_unique<FakeRing>(d.run_dir, static_cast<uint32_t>(pid), s.proc->start_time(), 64, "spoof");
-    s.ring->h->uid = attacker.uid;
+    s.ring = std::make_unique<FakeRing>(d.run_dir, static_cast<uint32_t>(pid), s.proc->start_time(),
+                                        FakeRing::Owner{attacker.uid, attacker.gid}, 64, "spoof");
     s.name_gpus(n);
-    REQUIRE(::chown(s.ring->path.c_str(), attacker.uid, attacker.gid) == 0);
     return s;
   };
   const auto shown = [&](uint8_t n) {  // whether a GPU of set n is a row
