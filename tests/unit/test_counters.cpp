@@ -34,15 +34,26 @@ struct TestSnapshot {
 };
 constexpr counters::Info kTestRows[] = {TEST_COUNTERS(CUW_COUNTER_INFO_X, CUW_COUNTER_INFO_D)};
 
+// A list of exactly kDeviceCounterWords stored rows: the slot filled to its last word.
+#define FULL_ROW_(X, n) X(w##n, "w" #n, "", "W", "w" #n, gauge, count, plain, "a word")
+#define FULL_ROWS_4_(X, a, b, c, d) FULL_ROW_(X, a) FULL_ROW_(X, b) FULL_ROW_(X, c) FULL_ROW_(X, d)
+#define FULL_COUNTERS(X, D)                                                                         \
+  FULL_ROWS_4_(X, 0, 1, 2, 3) FULL_ROWS_4_(X, 4, 5, 6, 7) FULL_ROWS_4_(X, 8, 9, 10, 11)              \
+  FULL_ROWS_4_(X, 12, 13, 14, 15) FULL_ROWS_4_(X, 16, 17, 18, 19) FULL_ROWS_4_(X, 20, 21, 22, 23)
+struct alignas(64) FullSlot {
+  CUW_DEVICE_SLOT_BODY(FULL_COUNTERS)
+};
+constexpr counters::Info kFullRows[] = {FULL_COUNTERS(CUW_COUNTER_INFO_X, CUW_COUNTER_INFO_D)};
+
 }  // namespace
 
 TEST_CASE("counters.adding_a_counter_is_one_row") {
   // The ring slot: same size, every field where it was, the new one in the first reserved word.
   STATIC_REQUIRE(sizeof(TestSlot) == sizeof(ring::DeviceSlot));
-  CHECK(offsetof(TestSlot, spilled) == offsetof(ring::DeviceSlot, reserved_words));
+  CHECK(offsetof(TestSlot, spilled) == offsetof(ring::DeviceSlot, used) + counters::kDeviceStored * 8);
   CHECK(offsetof(TestSlot, used) == offsetof(ring::DeviceSlot, used));
   CHECK(offsetof(TestSlot, context_bytes) == offsetof(ring::DeviceSlot, context_bytes));
-  CHECK(sizeof(TestSlot::reserved_words) + 8 == sizeof(ring::DeviceSlot::reserved_words));
+  CHECK(decltype(TestSlot::reserved_words)::count + 1 == decltype(ring::DeviceSlot::reserved_words)::count);
 
   // The daemon's snapshot copies it, and the state JSON shows it after the others.
   TestSlot slot{};
@@ -80,6 +91,18 @@ TEST_CASE("counters.adding_a_counter_is_one_row") {
   CHECK(cell.value == 123456);
   CHECK(cuw::cli::query_fields_help(kTestRows).find("spilled_memory") != std::string::npos);
   CHECK(cuw::cli::find_query_field(cuw::cli::query_fields(), "spilled_memory") == nullptr);
+}
+
+TEST_CASE("counters.a_list_may_fill_the_slot_to_its_last_word") {
+  STATIC_REQUIRE(std::size(kFullRows) == ring::kDeviceCounterWords);
+  STATIC_REQUIRE(sizeof(FullSlot) == sizeof(ring::DeviceSlot));
+  STATIC_REQUIRE(decltype(FullSlot::reserved_words)::count == 0);
+  CHECK(offsetof(FullSlot, w0) == offsetof(ring::DeviceSlot, used));
+  CHECK(offsetof(FullSlot, w23) + 8 == sizeof(ring::DeviceSlot));
+  FullSlot slot{};
+  slot.w23.store(7);
+  CHECK(slot.w23.load() == 7);
+  CHECK(slot.w22.load() == 0);
 }
 
 TEST_CASE("counters.names_are_unique_and_valid_where_they_go") {
