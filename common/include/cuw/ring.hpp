@@ -257,7 +257,7 @@ struct RingHeader {
   char comm[32];                  ///< short process name, NUL-terminated
   char cmdline[256];              ///< command line, arguments separated by spaces, truncated
   char job[64];                   ///< CUWARDEN_JOB or empty
-  char pool[16];                  ///< backend: "off", "cache", "vmm"
+  char pool[16];                  ///< backend: a CUWARDEN_POOL value (options.hpp); "off": none
   uint32_t cap_scope;             ///< CapScope: what `used` (and so a cap) counts
   uint32_t reserved_word;
   /// Inode of the writer's pid namespace (/proc/self/ns/pid), in which `pid` is its pid;
