@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "commands/table.hpp"
 #include "daemon_test_support.hpp"
 #include "model/fault_guard.hpp"
 #include "model/registry.hpp"
@@ -219,5 +220,54 @@ TEST_CASE("daemon.protocol_set_limit_range_errors_say_what_the_table_says") {
     auto [err, body] = f.ask(c, k.body);
     CHECK(err);
     CHECK(body["error"] == error_of(k.key));
+  }
+}
+
+TEST_CASE("daemon.protocol_routes_match_by_segment_whatever_their_order") {
+  using cuw::daemon::Answer;
+  using cuw::daemon::Route;
+  using cuw::daemon::match_route;
+  const auto none = [](const cuw::daemon::Backend&, const cuw::daemon::RouteRequest&) { return Answer{}; };
+  // The generic process route first: it must not catch the paths of the specific ones.
+  const Route table[] = {
+      {"/api/v1/processes/{pid}", false, false, none},
+      {"/api/v1/processes/{pid}/history", false, false, none},
+      {"/api/v1/processes/{pid}/snapshot", true, true, none},
+      {"/api/v1/processes/{pid}/{pid}", false, false, none},  // never chosen over a literal
+      {"/api/v1/processes/{pid}/5", false, false, none},
+      {"/api/v1/history", false, false, none},
+  };
+  const auto route_of = [&](std::string_view path) {
+    const auto m = match_route(table, path);
+    return m.route ? m.route->path : std::string_view("none");
+  };
+  CHECK(route_of("/api/v1/processes/5/history") == "/api/v1/processes/{pid}/history");
+  CHECK(match_route(table, "/api/v1/processes/5/history").pid == 5u);
+  CHECK(route_of("/api/v1/processes/77/snapshot") == "/api/v1/processes/{pid}/snapshot");
+  CHECK(match_route(table, "/api/v1/processes/77/snapshot").pid == 77u);
+  CHECK(route_of("/api/v1/processes/5") == "/api/v1/processes/{pid}");
+  CHECK(match_route(table, "/api/v1/processes/5").pid == 5u);
+  CHECK(route_of("/api/v1/processes/5/5") == "/api/v1/processes/{pid}/5");
+  CHECK(route_of("/api/v1/history") == "/api/v1/history");
+  // Not a process id: the route's shape, no pid (the transport answers 404).
+  CHECK(route_of("/api/v1/processes/x/history") == "/api/v1/processes/{pid}/history");
+  CHECK_FALSE(match_route(table, "/api/v1/processes/x/history").pid);
+  CHECK_FALSE(match_route(table, "/api/v1/processes//history").pid);
+  // "{pid}" is one segment, and a path matches the whole shape.
+  CHECK(route_of("/api/v1/processes/5/6/history") == "none");
+  CHECK(route_of("/api/v1/processes/5/history/") == "none");
+  CHECK(route_of("/api/v1/history/x") == "none");
+  CHECK(route_of("/api/v1") == "none");
+  CHECK(route_of("") == "none");
+
+  // The daemon's own table, in either order of its rows, answers the same.
+  const auto real = cuw::daemon::routes();
+  std::vector<Route> reversed(real.rbegin(), real.rend());
+  for (const std::string_view path : {"/metrics", "/api/v1/state", "/api/v1/history", "/api/v1/processes/9/history",
+                                      "/api/v1/processes/9/snapshot", "/api/v1/processes/9", "/api/v1/nothing"}) {
+    INFO(path);
+    const auto a = match_route(path), b = match_route(reversed, path);
+    CHECK((a.route ? a.route->path : "") == (b.route ? b.route->path : ""));
+    CHECK(a.pid == b.pid);
   }
 }

@@ -3,10 +3,14 @@
 common/include/cuw/options.hpp). The README's table of variables is generated from it, and
 `cuwarden run --help` lists every row; this fails when either drifts from the table. The
 per-tensor mode's framework switches (CUW_TENSOR_SWITCHES in common/include/cuw/tensors.hpp)
-are held to the same rule: docs/tensors.md's table and `cuwarden run --help`.
+are held to the same rule: docs/tensors.md's table and `cuwarden run --help`. The shell
+completion (packaging/completion/cuwarden) offers a flag's values as the table lists them.
 
-    check_options.py REPO [--cli PATH]   check the README, docs/tensors.md (and PATH run --help) (ctest scripts.options)
+    check_options.py REPO [--cli PATH]   check the README, docs/tensors.md, the completion (and PATH run --help)
+                                         (ctest scripts.options)
     check_options.py REPO --write        rewrite both tables from their headers
+    check_options.py REPO --self-test    a value added to the table that the completion lacks fails
+                                         (ctest scripts.options_selftest)
 """
 import pathlib
 import re
@@ -143,10 +147,51 @@ def check_tensors_help(cli, switches):
     return problems
 
 
+COMPLETION = "packaging/completion/cuwarden"
+
+
+def literals(values):
+    """The `literal` values of a row's values field, in order."""
+    return re.findall(r"`([^`]*)`", values)
+
+
+def check_completion(text, rows):
+    """Each table flag the completion offers a list of words for (`--flag) COMPREPLY=($(compgen
+    -W 'a b c' ...`) offers its row's `literal` values, all of them and no other."""
+    by_flag = {r["flag"]: r for r in rows if r["flag"]}
+    problems = []
+    for m in re.finditer(r"^\s*((?:--[\w-]+\s*\|\s*)*--[\w-]+)\)\s*COMPREPLY=\(\$\(compgen -W '([^']*)'", text, re.M):
+        for flag in re.split(r"\s*\|\s*", m.group(1)):
+            row = by_flag.get(flag)
+            if row and m.group(2).split() != literals(row["values"]):
+                problems.append(f"{COMPLETION} offers '{m.group(2)}' for {flag}, the options table "
+                                f"'{' '.join(literals(row['values']))}' ({row['variable']})")
+    return problems
+
+
+def self_test(repo):
+    """The real completion passes; with a value added to CUWARDEN_POOL's row, it fails."""
+    rows = parse_rows(macro_body((repo / HEADER).read_text()))
+    text = (repo / COMPLETION).read_text()
+    if check_completion(text, rows):
+        print("FAIL: the completion does not pass as it is:", check_completion(text, rows))
+        return 1
+    pool = next(r for r in rows if r["variable"] == "CUWARDEN_POOL")
+    pool["values"] += ", `exact`"
+    problems = check_completion(text, rows)
+    if not any("--pool" in p for p in problems):
+        print("FAIL: a CUWARDEN_POOL value missing from the completion was not found")
+        return 1
+    print("ok: a value the completion lacks fails:", problems[0])
+    return 0
+
+
 def main(argv):
     if len(argv) < 2:
         raise SystemExit(__doc__)
     repo = pathlib.Path(argv[1])
+    if "--self-test" in argv[2:]:
+        return self_test(repo)
     rows = parse_rows(macro_body((repo / HEADER).read_text()))
     switches = parse_rows(macro_body((repo / TENSORS_HEADER).read_text(), "CUW_TENSOR_SWITCHES", TENSORS_HEADER),
                           TENSOR_FIELDS, TENSORS_HEADER)
@@ -170,6 +215,7 @@ def main(argv):
             problems.append(f"{name}'s {what} is not what {source} makes: run tests/scripts/check_options.py . --write")
     if "--write" in argv[2:]:
         return 0
+    problems += check_completion((repo / COMPLETION).read_text(), rows)
     if "--cli" in argv[2:]:
         cli = argv[argv.index("--cli") + 1]
         problems += check_help(cli, rows) + check_tensors_help(cli, switches)

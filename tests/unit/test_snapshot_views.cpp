@@ -710,6 +710,37 @@ TEST_CASE("summary: a pool's free space that live blocks keep is non-releasable"
   CHECK(lines_with(b, "| Allocations ")[0] == "| Allocations           |       7    |       -    |     100    |      93    |");
 }
 
+TEST_CASE("summary: every backend but off pools, whatever its name") {
+  // A pooling backend the daemon has no list of reads as the cache does: its table is the
+  // cache's, with nothing of the pool's counted as the program's own allocations.
+  // Every line but the one that names the pool.
+  const auto table = [](const std::string& t) {
+    std::string out;
+    std::istringstream in(t);
+    for (std::string line; std::getline(in, line);)
+      if (line.find(", pool ") == std::string::npos) out += line + "\n";
+    return out;
+  };
+  const std::string cache = summary_text(pooled());
+  REQUIRE(cache.find(", pool cache,") != std::string::npos);
+  for (const char* name : {"vmm", "exact", "some-future-pool"}) {
+    INFO(name);
+    Snapshot p = pooled();
+    p.pool = name;
+    const std::string t = summary_text(p);
+    CHECK(t.find(std::string(", pool ") + name + ",") != std::string::npos);
+    CHECK(table(t) == table(cache));
+  }
+  for (const char* name : {"off", ""}) {
+    INFO(name);
+    Snapshot p = pooled();
+    p.pool = name;
+    const std::string t = summary_text(p);
+    CHECK(t.find("a pool's frees still waiting for their streams are not counted") == std::string::npos);
+    CHECK(lines_with(t, "| Active memory ")[0] != lines_with(cache, "| Active memory ")[0]);
+  }
+}
+
 // ---- leaks ----------------------------------------------------------------------------------
 
 TEST_CASE("leaks: the call sites whose live bytes only grew, largest growth first") {

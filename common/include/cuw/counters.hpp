@@ -15,7 +15,7 @@
 //   query   --query-compute-apps field name ("" = none)
 //   column  title when a table shows it
 //   metric  Prometheus name after "cuwarden_" (ARCHITECTURE.md names the first ones);
-//           counters end in _total, byte gauges in _bytes
+//           counters end in _total (in bytes: _bytes_total), gauges in bytes in _bytes
 //   type    gauge or counter (Prometheus)
 //   unit    bytes or count
 //   shown   plain; held (0 once the process exited: the driver freed what it held);

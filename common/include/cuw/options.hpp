@@ -10,6 +10,8 @@
 //   3. Regenerate the README's table: python3 tests/scripts/check_options.py . --write
 //      (ctest scripts.options fails until it is current). `cuwarden run --help` lists the
 //      variable by itself; a `cuwarden run` flag also needs its field in cli/src/main.cpp.
+//      Where packaging/completion/cuwarden offers a flag's values, it offers the row's
+//      `literal` values (scripts.options fails when they differ).
 //
 // Header-only and allocation-free: the interposer reads the rows at its first CUDA call.
 #pragma once

@@ -163,6 +163,20 @@ static_assert(offsetof(EventSlot, result) == 56);
 /// rest reserved (zero): (320 - 128 bytes of identity) / 8.
 inline constexpr std::size_t kDeviceCounterWords = 24;
 
+/// The reserved words after a slot's stored counters: N words of zero, or nothing at all when
+/// the counters fill the slot (a zero-size array is not C++, so the empty case is its own
+/// type, which [[no_unique_address]] lets take no room). N < 0 is a list too long for the slot.
+template <std::ptrdiff_t N>
+struct ReservedWords {
+  static_assert(N >= 0, "the counters fill the DeviceSlot: another one needs a larger slot, a new kAbiVersion");
+  static constexpr std::size_t count = static_cast<std::size_t>(N);
+  uint64_t words[N];
+};
+template <>
+struct ReservedWords<0> {
+  static constexpr std::size_t count = 0;
+};
+
 #define CUW_RING_COUNTER_FIELD_(f, j, q, c, m, t, u, s, help) std::atomic<uint64_t> f;
 /// The body of a DeviceSlot for a counter list (counters.hpp); a test builds one from a
 /// longer list to show where a new counter lands.
@@ -173,7 +187,9 @@ inline constexpr std::size_t kDeviceCounterWords = 24;
   char name[96];                 /* NUL-terminated device name */                                          \
   uint64_t physical_total;       /* device memory reported by the driver, bytes */                         \
   LIST(CUW_RING_COUNTER_FIELD_, CUW_COUNTER_NONE_)                                                         \
-  uint64_t reserved_words[::cuw::ring::kDeviceCounterWords - (0 LIST(CUW_COUNTER_ONE_, CUW_COUNTER_NONE_))];
+  [[no_unique_address]] ::cuw::ring::ReservedWords<static_cast<std::ptrdiff_t>(::cuw::ring::kDeviceCounterWords) -   \
+                                                  (0 LIST(CUW_COUNTER_ONE_, CUW_COUNTER_NONE_))>                      \
+      reserved_words;
 
 /// Per-device counters, indexed by the CUDA ordinal the process sees: the stored rows of
 /// CUW_DEVICE_COUNTERS (counters.hpp says what each counts), in its order, one 64-bit word
@@ -184,6 +200,8 @@ inline constexpr std::size_t kDeviceCounterWords = 24;
 ///
 /// ABI: the counters.hpp rule. A new counter takes the first reserved word, which a writer
 /// built before it leaves zero; no field moves, so the daemon reads older rings as they are.
+/// The counters may fill every word; once they do, the next one needs a larger slot, which
+/// the rule beside kAbiVersion makes a new ring version, read by the daemon beside the others.
 struct alignas(64) DeviceSlot {
   CUW_DEVICE_SLOT_BODY(CUW_DEVICE_COUNTERS)
 };
@@ -191,7 +209,22 @@ static_assert(sizeof(DeviceSlot) % 64 == 0);
 static_assert(sizeof(DeviceSlot) == 320, "DeviceSlot is shared memory: its size is part of the ABI");
 static_assert(offsetof(DeviceSlot, physical_total) == 120 && offsetof(DeviceSlot, used) == 128,
               "the counters start at word 16 of the slot");
-static_assert(offsetof(DeviceSlot, context_bytes) == 128 + 13 * 8, "a stored counter moved: see the ABI rule");
+// Every field of versions 1 and 2 where they wrote it (word w of the counters at 128 + 8 w).
+static_assert(offsetof(DeviceSlot, present) == 0 && offsetof(DeviceSlot, ordinal) == 4 &&
+              offsetof(DeviceSlot, uuid) == 8 && offsetof(DeviceSlot, name) == 24);
+#define CUW_RING_AT_(f, w) offsetof(DeviceSlot, f) == 128 + (w) * 8
+static_assert(CUW_RING_AT_(used, 0) && CUW_RING_AT_(peak, 1) && CUW_RING_AT_(limit, 2) && CUW_RING_AT_(reserved, 3) &&
+                  CUW_RING_AT_(live_allocations, 4) && CUW_RING_AT_(alloc_count, 5) && CUW_RING_AT_(free_count, 6) &&
+                  CUW_RING_AT_(refusals, 7) && CUW_RING_AT_(driver_errors, 8) && CUW_RING_AT_(host_bytes, 9) &&
+                  CUW_RING_AT_(cached, 10) && CUW_RING_AT_(pool_hits, 11) && CUW_RING_AT_(pool_waits, 12) &&
+                  CUW_RING_AT_(context_bytes, 13) && CUW_RING_AT_(pool_free, 14) &&
+                  CUW_RING_AT_(pool_largest_free, 15) && CUW_RING_AT_(managed_allocs, 16) &&
+                  CUW_RING_AT_(ipc_handles, 17) && CUW_RING_AT_(shared_handles, 18) &&
+                  CUW_RING_AT_(mps_client, 19) && CUW_RING_AT_(pool_driver_allocs, 20) &&
+                  CUW_RING_AT_(pool_driver_frees, 21),
+              "a stored counter moved: see the ABI rule");
+#undef CUW_RING_AT_
+static_assert(decltype(DeviceSlot::reserved_words)::count == kDeviceCounterWords - counters::kDeviceStored);
 
 /// What a process's caps count, stored in RingHeader::cap_scope (CUWARDEN_CAP_SCOPE).
 enum class CapScope : uint32_t {
@@ -224,7 +257,7 @@ struct RingHeader {
   char comm[32];                  ///< short process name, NUL-terminated
   char cmdline[256];              ///< command line, arguments separated by spaces, truncated
   char job[64];                   ///< CUWARDEN_JOB or empty
-  char pool[16];                  ///< backend: "off", "cache", "vmm"
+  char pool[16];                  ///< backend: a CUWARDEN_POOL value (options.hpp); "off": none
   uint32_t cap_scope;             ///< CapScope: what `used` (and so a cap) counts
   uint32_t reserved_word;
   /// Inode of the writer's pid namespace (/proc/self/ns/pid), in which `pid` is its pid;

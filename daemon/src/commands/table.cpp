@@ -1,6 +1,8 @@
 // cuwarden daemon commands: the table of commands and routes (see table.hpp).
 #include "commands/table.hpp"
 
+#include <algorithm>
+
 #include "base/util.hpp"
 #include "commands/handlers.hpp"
 
@@ -117,19 +119,44 @@ const CommandRow* find_command_row(uint16_t number) noexcept {
 
 std::span<const Route> routes() noexcept { return kRoutes; }
 
-RouteMatch match_route(std::string_view path) noexcept {
+RouteMatch match_route(std::span<const Route> table, std::string_view path) noexcept {
   constexpr std::string_view kPid = "{pid}";
-  for (const Route& r : kRoutes) {
-    const std::size_t at = r.path.find(kPid);
-    if (at == std::string_view::npos) {
-      if (path == r.path) return {&r, std::nullopt};
-      continue;
+  // Segment by segment: a literal segment matches itself only, "{pid}" any one segment. Of
+  // the routes that match, the one with the most literal segments wins, so the table's order
+  // decides nothing (it has no two routes of one shape).
+  RouteMatch best;
+  int best_literals = -1;
+  for (const Route& r : table) {
+    std::string_view a = r.path, b = path, pid_text;
+    int literals = 0;
+    bool has_pid = false, match = true;
+    while (match && (!a.empty() || !b.empty())) {
+      if (a.empty() || b.empty() || a[0] != '/' || b[0] != '/') {
+        match = false;
+        break;
+      }
+      a.remove_prefix(1);
+      b.remove_prefix(1);
+      const std::size_t ea = std::min(a.find('/'), a.size()), eb = std::min(b.find('/'), b.size());
+      const std::string_view sa = a.substr(0, ea), sb = b.substr(0, eb);
+      if (sa == kPid) {
+        pid_text = sb;
+        has_pid = true;
+      } else if (sa == sb) {
+        ++literals;
+      } else {
+        match = false;
+      }
+      a.remove_prefix(ea);
+      b.remove_prefix(eb);
     }
-    const std::string_view before = r.path.substr(0, at), after = r.path.substr(at + kPid.size());
-    if (path.size() < before.size() + after.size() || !path.starts_with(before) || !path.ends_with(after)) continue;
-    return {&r, parse_pid(path.substr(before.size(), path.size() - before.size() - after.size()))};
+    if (!match || literals <= best_literals) continue;
+    best = {&r, has_pid ? parse_pid(pid_text) : std::nullopt};
+    best_literals = literals;
   }
-  return {};
+  return best;
 }
+
+RouteMatch match_route(std::string_view path) noexcept { return match_route(kRoutes, path); }
 
 }  // namespace cuw::daemon

@@ -66,8 +66,12 @@ struct RouteMatch {
   const Route* route = nullptr;  ///< null: no route has this shape
   std::optional<uint32_t> pid;   ///< the "{pid}" segment, when it is a process id
 };
-/// The route whose shape `path` has: its text before and after "{pid}" around any text, and
-/// .pid when that text is a process id (the caller answers 404 when not). Pure.
+/// The route of `table` whose shape `path` has, segment by segment: each literal segment the
+/// same, and "{pid}" one segment of any text, .pid when that text is a process id (the
+/// caller answers 404 when not). Where several match, the one with the most literal
+/// segments wins, whatever their order. Pure.
+RouteMatch match_route(std::span<const Route> table, std::string_view path) noexcept;
+/// match_route over routes(). Pure.
 RouteMatch match_route(std::string_view path) noexcept;
 
 }  // namespace cuw::daemon

@@ -73,7 +73,9 @@ bool is_free_api(uint16_t api) {
   }
 }
 
-bool pooling(const Snapshot& s) { return s.pool == "cache" || s.pool == "vmm"; }
+// Every backend but "off" pools (CUWARDEN_POOL's values, options.hpp); an empty field is a
+// writer that named none, which ran the driver's calls.
+bool pooling(const Snapshot& s) { return !s.pool.empty() && s.pool != "off"; }
 
 std::string_view base_name(std::string_view path) {
   const auto slash = path.rfind('/');

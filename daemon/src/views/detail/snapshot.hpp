@@ -38,7 +38,7 @@ std::string utc(uint64_t ns);
 const char* kind_name(SnapKind k);
 /// Whether ring API number `api` gives memory back.
 bool is_free_api(uint16_t api);
-/// Whether the process ran a pool (cache or vmm).
+/// Whether the process ran a pool: any backend but "off" (an empty name is "off").
 bool pooling(const Snapshot& s);
 /// What follows the last '/' of `path`.
 std::string_view base_name(std::string_view path);
