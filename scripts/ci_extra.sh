@@ -4,7 +4,8 @@
 #      probes (no test runs them there), at -Og -g1 (CMakePresets.json says why), test programs
 #      of several files as unity builds (CUWARDEN_UNITY_TESTS: the top-level CMakeLists.txt says
 #      why); runs every test but those labelled nosan (packaging, scripts, source checks:
-#      tests/CMakeLists.txt).
+#      tests/CMakeLists.txt), ASAN_TEST_JOBS (default 4) at a time: under ASan the tests wait
+#      more than they compute.
 #   2. TSan (presets tsan, build-tsan/): builds only the targets of the tests it runs, the
 #      concurrency tests: unit.*, interposer.cap, interposer.concurrency_nocap,
 #      interposer.cache(_cap), the cache's adversarial churn / contexts / cap cases, ctx_gone,
@@ -45,7 +46,7 @@ step() {
 
 step "asan: configure" cmake --preset asan
 step "asan: build" cmake --build --preset asan -j "$JOBS"
-step "asan: ctest" ctest --preset asan -j "$JOBS" "${ctest_extra[@]}"
+step "asan: ctest" ctest --preset asan -j "${ASAN_TEST_JOBS:-4}" "${ctest_extra[@]}"
 step "tsan: configure" cmake --preset tsan
 step "tsan: build" cmake --build --preset tsan -j "$JOBS"
 step "tsan: ctest" ctest --preset tsan -j "$JOBS" "${ctest_extra[@]}"

@@ -3,7 +3,7 @@
 #   1. scripts/setup.sh: install the packages that are missing (apt) and check the CUDA toolkit.
 #   2. scripts/build.sh: preset default (RelWithDebInfo, build/): everything, benchmarks and
 #      the nvcc-built probes included.
-#   3. ctest --preset default, two tests at a time: every test (unit, simulated driver,
+#   3. ctest --preset default, three tests at a time: every test (unit, simulated driver,
 #      interposer, daemon, CLI, workloads, storm and security, packaging, scripts and docs, the
 #      callgrind guard).
 # With --all, or when CI is set (CI=true), it then runs scripts/ci_extra.sh: the suite again
