@@ -21,6 +21,11 @@
 #                       has no vmm backend: the row says so and the script goes on)
 #   torch               bench/traces/replay_torch.py: PyTorch's caching allocator
 #   torch expandable    the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+#   vmm, keep K         with KEEPS="K ..." (e.g. "0 2% 10% 256M"): CUWARDEN_POOL=vmm and
+#                       CUWARDEN_POOL_KEEP=K, one row per K, after the rows above (the keep
+#                       setting's Pareto points; the plain vmm row is the default keep)
+# ROWS_ONLY="vmm cache ..." runs only those rows (and cudaMalloc: its held pass gives the
+# trace's peak live bytes).
 # Each row: one held pass (what the process holds on the device, sampled after every
 # allocation: NVML on a GPU, the simulated driver's own figure with BENCH_FAKE=1; torch rows:
 # torch.cuda.max_memory_reserved()), then ROUNDS (3) time passes, rows interleaved per round.
@@ -37,7 +42,11 @@ ROUNDS=${ROUNDS:-3}
 TRACES=${TRACES:-gpt2-train gpt2-generate cupy-grow}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 ROWS=(cudaMalloc cudaMallocAsync cache cache-cap vmm vmm-cap torch torch-expandable)
-COMMAND="BUILD_DIR=${BUILD_DIR:-./build} OUT=${OUT:-./bench-out} ROUNDS=$ROUNDS TRACES='$TRACES'$([[ $FAKE == 1 ]] && echo ' BENCH_FAKE=1') bash bench/vmm_gpu.sh"
+if [[ -n ${ROWS_ONLY:-} ]]; then
+  read -r -a ROWS <<<"cudaMalloc ${ROWS_ONLY//cudaMalloc/}"
+fi
+for k in ${KEEPS:-}; do ROWS+=("vmm-keep-${k//%/pct}"); done
+COMMAND="BUILD_DIR=${BUILD_DIR:-./build} OUT=${OUT:-./bench-out} ROUNDS=$ROUNDS TRACES='$TRACES'${ROWS_ONLY:+ ROWS_ONLY='$ROWS_ONLY'}${KEEPS:+ KEEPS='$KEEPS'}$([[ $FAKE == 1 ]] && echo ' BENCH_FAKE=1') bash bench/vmm_gpu.sh"
 
 RAW="$OUT_DIR/raw-vmm"
 rm -rf "$RAW"
@@ -105,6 +114,9 @@ set_cmd() {
     cache-cap) CMD=("${pre[@]}" CUWARDEN_POOL=cache CUWARDEN_LIMIT="$cap" "$REPLAY" "$trace" --api malloc --pass "$pass") ;;
     vmm) CMD=("${pre[@]}" CUWARDEN_POOL=vmm "$REPLAY" "$trace" --api malloc --pass "$pass") ;;
     vmm-cap) CMD=("${pre[@]}" CUWARDEN_POOL=vmm CUWARDEN_LIMIT="$cap" "$REPLAY" "$trace" --api malloc --pass "$pass") ;;
+    vmm-keep-*)
+      local keep=${row#vmm-keep-}
+      CMD=("${pre[@]}" CUWARDEN_POOL=vmm CUWARDEN_POOL_KEEP="${keep//pct/%}" "$REPLAY" "$trace" --api malloc --pass "$pass") ;;
     torch) CMD=(env python3 "$TORCH_PY" "$trace" --pass "$pass") ;;
     torch-expandable) CMD=(env python3 "$TORCH_PY" "$trace" --expandable --pass "$pass") ;;
   esac

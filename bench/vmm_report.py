@@ -24,6 +24,13 @@ ROWS = [  # (row id in the file names, label in the table)
 TRACE_ORDER = ["gpt2-train", "gpt2-generate", "cupy-grow"]
 
 
+def keep_order(row):
+    """vmm-keep-<K> rows by K: shares (`5pct`) before sizes (`256M`), each by its number."""
+    k = row[len("vmm-keep-"):]
+    digits = "".join(c for c in k if c.isdigit() or c == ".") or "0"
+    return (0 if k.endswith("pct") or k == "0" else 1, float(digits))
+
+
 def gib(n):
     return f"{n / 2**30:.2f}"
 
@@ -59,7 +66,8 @@ def main():
         header = None
         lines = ["| row | held / peak live | held GiB | refusals | median s | spread [min, max] | note |",
                  "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
-        for row, label in ROWS:
+        keeps = sorted({p.name.split("--")[1] for p in raw.glob(f"{name}--vmm-keep-*")}, key=keep_order)
+        for row, label in ROWS + [(k, "vmm, keep " + k[len("vmm-keep-"):].replace("pct", "%")) for k in keeps]:
             held_file, held_err = raw / f"{name}--{row}--held.json", raw / f"{name}--{row}--held.err"
             times = []
             errors = []
