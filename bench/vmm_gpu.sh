@@ -43,7 +43,8 @@ TRACES=${TRACES:-gpt2-train gpt2-generate cupy-grow}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 ROWS=(cudaMalloc cudaMallocAsync cache cache-cap vmm vmm-cap torch torch-expandable)
 if [[ -n ${ROWS_ONLY:-} ]]; then
-  read -r -a ROWS <<<"cudaMalloc ${ROWS_ONLY//cudaMalloc/}"
+  ROWS=(cudaMalloc)
+  for row in $ROWS_ONLY; do [[ $row == cudaMalloc ]] || ROWS+=("$row"); done
 fi
 for k in ${KEEPS:-}; do ROWS+=("vmm-keep-${k//%/pct}"); done
 COMMAND="BUILD_DIR=${BUILD_DIR:-./build} OUT=${OUT:-./bench-out} ROUNDS=$ROUNDS TRACES='$TRACES'${ROWS_ONLY:+ ROWS_ONLY='$ROWS_ONLY'}${KEEPS:+ KEEPS='$KEEPS'}$([[ $FAKE == 1 ]] && echo ' BENCH_FAKE=1') bash bench/vmm_gpu.sh"
