@@ -397,6 +397,23 @@ TEST_CASE("a program refused in a tight loop gets one paragraph and then a count
   CHECK(told == 999);
 }
 
+TEST_CASE("the refusal's paragraph says PyTorch will not retry when its cache is off", "[process]") {
+  const std::string dir = make_run_dir();
+  // Empty: not the "1" that turns PyTorch's cache off, whatever the test's own environment has.
+  const std::vector<std::string> env = {kLib, "CUWARDEN_RUN_DIR=" + dir, "CUWARDEN_LIMIT=16M",
+                                        "PYTORCH_NO_CUDA_MEMORY_CACHING="};
+  std::string cached, uncached;
+  REQUIRE(run({kProbe, "refuse", "64", "1", "0"}, env, &cached) == 0);
+  std::vector<std::string> off = env;
+  off.back() = "PYTORCH_NO_CUDA_MEMORY_CACHING=1";
+  REQUIRE(run({kProbe, "refuse", "64", "1", "0"}, off, &uncached) == 0);
+  INFO("cache on:\n" << cached << "\ncache off:\n" << uncached);
+  CHECK(cached.find("The program may recover (frameworks free their caches and retry)") != std::string::npos);
+  CHECK(uncached.find("PyTorch's cache is off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): it raises this as a CUDA error and "
+                      "does not retry") != std::string::npos);
+  CHECK(uncached.find("may recover") == std::string::npos);
+}
+
 TEST_CASE("CUWARDEN_LOG_FILE gets every line, each with its time and process", "[process][log]") {
   const std::string dir = make_run_dir();
   const std::string file = dir + "/interposer.log";

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -180,8 +181,14 @@ void Tracker::flush_oom_report(uint64_t asked) noexcept {
              " (CUWARDEN_CALLSITES=16 records where each was made).\n";
       }
     }
-    s += "  The program may recover (frameworks free their caches and retry). Full snapshot: cuwarden snapshot " +
-         std::to_string(getpid()) + "\n";
+    // With PyTorch's cache off (`cuwarden run --tensors` sets it) nothing frees a cache and
+    // retries: its uncached path raises the refusal as a CUDA error at once.
+    const char* uncached = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+    s += uncached != nullptr && std::strcmp(uncached, "1") == 0
+             ? "  PyTorch's cache is off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): it raises this as a CUDA error "
+               "and does not retry. Full snapshot: cuwarden snapshot "
+             : "  The program may recover (frameworks free their caches and retry). Full snapshot: cuwarden snapshot ";
+    s += std::to_string(getpid()) + "\n";
     write_stderr(s);
   } catch (...) {
     // No memory for the paragraph: the refusal itself stands, said by its return value.
