@@ -48,6 +48,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <slurm/spank.h>
@@ -437,9 +438,34 @@ static void task_caps(spank_t sp) {
   shard_cap(sp, task_job_limit);
 }
 
-/* <run dir>/ceilings/slurm-<job>, into `out`. */
-static void ceiling_path(uint32_t job, char *out, size_t size) {
-  snprintf(out, size, "%s/ceilings/slurm-%u", run_dir, job);
+/* slurm-<job>, the job's file in <run dir>/ceilings/, into `out`. */
+static void ceiling_name(uint32_t job, char *out, size_t size) { snprintf(out, size, "slurm-%u", job); }
+
+/* As root: a descriptor of <run dir>/ceilings that only root may write, or -1 (said). The run
+ * directory lets every user make entries, so whatever holds the name and is not such a
+ * directory (another user's directory, a symlink, a file) is renamed aside, said, and a
+ * directory of root's made in its place (`make`); without `make` (the epilog), -1. The
+ * checks are on the open descriptor (O_NOFOLLOW), and every file below is reached through
+ * it, so a name swapped after the check changes nothing. */
+static int ceilings_dir(int make) {
+  char dir[2048], aside[2200];
+  snprintf(dir, sizeof dir, "%s/ceilings", run_dir);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (make && mkdir(dir, 0755) != 0 && errno != EEXIST) break;
+    const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == 0) {
+      if (!(st.st_mode & 022) || fchmod(fd, st.st_mode & 0755) == 0) return fd;
+    }
+    if (fd >= 0) close(fd);
+    if (!make) return -1;
+    static int asides; /* a name of its own each time, within one second and process too */
+    snprintf(aside, sizeof aside, "%s.not-root-%ld-%ld-%d", dir, (long)time(NULL), (long)getpid(), ++asides);
+    if (rename(dir, aside) != 0) break;
+    slurm_error("cuwarden: %s was not a directory only root may write: moved aside to %s", dir, aside);
+  }
+  slurm_error("cuwarden: %s is not a directory only root may write; the job's caps have no ceiling file", dir);
+  return -1;
 }
 
 /* As root: the job's ceiling file (the top of this file), written whole under a temporary
@@ -447,19 +473,15 @@ static void ceiling_path(uint32_t job, char *out, size_t size) {
  * has no cap. A failure is said, never fatal: the environment still carries the caps. */
 static void write_ceiling(uint32_t job) {
   if (!*task_limit && !*task_job_limit) return;
-  char dir[2048], path[2200], tmp[2300];
-  struct stat st;
-  snprintf(dir, sizeof dir, "%s/ceilings", run_dir);
-  if (lstat(dir, &st) != 0 && mkdir(dir, 0755) == 0) chmod(dir, 0755);
-  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022)) {
-    slurm_error("cuwarden: %s is not a directory only root may write; the job's caps have no ceiling file", dir);
-    return;
-  }
-  ceiling_path(job, path, sizeof path);
-  snprintf(tmp, sizeof tmp, "%s.new-%ld", path, (long)getpid());
-  const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const int dir = ceilings_dir(1);
+  if (dir < 0) return;
+  char name[64], tmp[96];
+  ceiling_name(job, name, sizeof name);
+  snprintf(tmp, sizeof tmp, "%s.new-%ld", name, (long)getpid());
+  const int fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
-    slurm_error("cuwarden: cannot write %s: %s", tmp, strerror(errno));
+    slurm_error("cuwarden: cannot write %s/ceilings/%s: %s", run_dir, tmp, strerror(errno));
+    close(dir);
     return;
   }
   char text[2 * SIZE_TEXT + 64];
@@ -467,22 +489,27 @@ static void write_ceiling(uint32_t job) {
   if (*task_limit) n += snprintf(text + n, sizeof text - (size_t)n, "CUWARDEN_LIMIT=%s\n", task_limit);
   if (*task_job_limit) n += snprintf(text + n, sizeof text - (size_t)n, "CUWARDEN_JOB_LIMIT=%s\n", task_job_limit);
   const int ok = fchmod(fd, 0644) == 0 && write(fd, text, (size_t)n) == n;
-  if (close(fd) != 0 || !ok || rename(tmp, path) != 0) {
-    slurm_error("cuwarden: cannot write %s: %s", path, strerror(errno));
-    unlink(tmp);
+  if (close(fd) != 0 || !ok || renameat(dir, tmp, dir, name) != 0) {
+    slurm_error("cuwarden: cannot write %s/ceilings/%s: %s", run_dir, name, strerror(errno));
+    unlinkat(dir, tmp, 0);
   }
+  close(dir);
 }
 
-/* In the job's epilog, as root: its ceiling file goes with it. Slurm (22.05) calls no
+/* In the job's epilog, as root: its ceiling file goes with it, from a ceilings directory of
+ * root's only (never through another user's directory or symlink). Slurm (22.05) calls no
  * slurm_spank_init before the job's prolog and epilog, so plugstack.conf's arguments (run_dir=)
  * are read here again; a bad one is said and leaves the file, never fails the epilog (that
  * would drain the node). */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av) {
   uint32_t job = 0;
-  char path[2200];
+  char name[64];
   if (geteuid() != 0 || read_arguments(ac, av) || spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
-  ceiling_path(job, path, sizeof path);
-  unlink(path);
+  const int dir = ceilings_dir(0);
+  if (dir < 0) return 0;
+  ceiling_name(job, name, sizeof name);
+  unlinkat(dir, name, 0);
+  close(dir);
   return 0;
 }
 

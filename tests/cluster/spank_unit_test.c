@@ -4,6 +4,7 @@
  * check holds; each failure is one line on stderr. */
 #include "../../cluster/slurm/cuwarden_spank.c"
 
+#include <dirent.h>
 #include <stdarg.h>
 
 static int failures;
@@ -223,12 +224,90 @@ static void the_epilog_removes_the_ceiling_file_in_its_own_run_dir(void) {
   rmdir(dir);
 }
 
+/* Another user's entries where the ceilings directory belongs (the run directory lets every
+ * user make entries): a symlink is never followed by the epilog's unlink, and a directory or
+ * symlink of someone else's is moved aside before the ceiling file is written into root's
+ * own. As root, as slurmd runs the plugin. */
+static int count_entries_starting(const char *dir, const char *prefix) {
+  int n = 0;
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));)
+    if (!strncmp(e->d_name, prefix, strlen(prefix))) ++n;
+  closedir(d);
+  return n;
+}
+
+static void another_users_ceilings_entry_is_never_followed_and_is_moved_aside(void) {
+  if (geteuid() != 0) {
+    printf("the ceilings directory's checks need root (the plugin writes it as root); skipped\n");
+    return;
+  }
+  char dir[] = "/tmp/cuwt-spank-XXXXXX", ceilings[64], target[64], victim[96], arg[64], file[96];
+  if (!mkdtemp(dir)) {
+    CHECK(!"mkdtemp");
+    return;
+  }
+  snprintf(ceilings, sizeof ceilings, "%s/ceilings", dir);
+  snprintf(target, sizeof target, "%s/elsewhere", dir);
+  snprintf(victim, sizeof victim, "%s/slurm-77", target);
+  snprintf(file, sizeof file, "%s/slurm-77", ceilings);
+  snprintf(arg, sizeof arg, "run_dir=%s", dir);
+  CHECK(mkdir(target, 0755) == 0);
+  int fd = open(victim, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  CHECK(fd >= 0);
+  if (fd >= 0) close(fd);
+  CHECK(symlink(target, ceilings) == 0);
+
+  /* The epilog: the file behind the symlink stays. */
+  snprintf(run_dir, sizeof run_dir, "%s", DEFAULT_RUN_DIR);
+  char *av[1] = {arg};
+  CHECK(slurm_spank_job_epilog(NULL, 1, av) == 0);
+  CHECK(access(victim, F_OK) == 0);
+
+  /* The ceiling file: the symlink goes aside, root's directory holds the file. */
+  snprintf(task_limit, sizeof task_limit, "%s", "8G");
+  task_job_limit[0] = 0;
+  write_ceiling(77);
+  struct stat st;
+  CHECK(lstat(ceilings, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 022));
+  char text[64] = "";
+  fd = open(file, O_RDONLY | O_CLOEXEC);
+  CHECK(fd >= 0);
+  if (fd >= 0) {
+    CHECK(read(fd, text, sizeof text - 1) > 0);
+    close(fd);
+  }
+  CHECK(!strcmp(text, "CUWARDEN_LIMIT=8G\n"));
+  CHECK(access(victim, F_OK) == 0);
+  CHECK(count_entries_starting(dir, "ceilings.not-root-") == 1);
+
+  /* Another user's directory in its place: moved aside too, the next job's file is root's. */
+  unlink(file);
+  char moved[96];
+  snprintf(moved, sizeof moved, "%s/ceilings.squatter", dir);
+  CHECK(rename(ceilings, moved) == 0);
+  CHECK(mkdir(ceilings, 0777) == 0);
+  CHECK(chown(ceilings, 65534, 65534) == 0);
+  write_ceiling(78);
+  CHECK(lstat(ceilings, &st) == 0 && st.st_uid == 0);
+  snprintf(file, sizeof file, "%s/slurm-78", ceilings);
+  CHECK(access(file, F_OK) == 0);
+  CHECK(count_entries_starting(dir, "ceilings.not-root-") == 2);
+  task_limit[0] = 0;
+
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
 int main(void) {
   sizes_under_one_mib_are_refused();
   the_library_is_matched_entry_by_entry();
   the_task_environment_cannot_turn_enforcement_off();
   the_job_qos_sets_the_priority();
   the_epilog_removes_the_ceiling_file_in_its_own_run_dir();
+  another_users_ceilings_entry_is_never_followed_and_is_moved_aside();
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   else printf("all checks passed\n");
   return failures ? 1 : 0;
