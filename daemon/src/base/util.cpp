@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <ctime>
@@ -17,6 +18,12 @@
 #include "cuw/text.hpp"
 
 namespace cuw::daemon {
+
+std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
 
 uint64_t now_ns() noexcept {
   timespec ts{};

@@ -15,6 +15,9 @@ uint64_t now_ns() noexcept;
 /// CLOCK_MONOTONIC in ns: for the daemon's own timers.
 uint64_t mono_ns() noexcept;
 
+/// `s` with ASCII letters lowered (HTTP header names, GPU UUIDs as people type them).
+std::string ascii_lower(std::string_view s);
+
 /// nvidia-smi's spelling of a 16-byte CUuuid: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
 std::string format_uuid(const uint8_t (&uuid)[16]);
 

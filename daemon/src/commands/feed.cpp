@@ -11,7 +11,7 @@ namespace cuw::daemon {
 namespace {
 
 template <class J>
-std::string dump(const J& j) {
+std::string feed_text(const J& j) {
   return j.dump(-1, ' ', false, J::error_handler_t::replace);  // ring text may be any bytes
 }
 
@@ -27,7 +27,7 @@ std::string EventFeed::next(StreamCursor& c, uint64_t mono_now) {
     const auto ev = events_json(*st, req);
     for (const auto& e : ev["events"]) {
       out += "id: " + std::to_string(e["seq"].get<uint64_t>()) + "\nevent: memory\ndata: ";
-      out += dump(e);
+      out += feed_text(e);
       out += "\n\n";
     }
     c.last_seq = ev["next"].get<uint64_t>();
@@ -35,7 +35,7 @@ std::string EventFeed::next(StreamCursor& c, uint64_t mono_now) {
   }
   if (c.state && gen != c.state_generation && (c.state_sent_ns == 0 || mono_now - c.state_sent_ns >= 1'000'000'000ULL)) {
     if (cached_generation_ != gen || cached_state_ != st) {
-      cached_state_doc_ = dump(state_json(*st));
+      cached_state_doc_ = feed_text(state_json(*st));
       cached_generation_ = gen;
       cached_state_ = st;
     }

@@ -13,7 +13,7 @@ namespace {
 using nlohmann::json;
 
 /// A key of a checked body: absent and null are alike (protocol.hpp).
-bool has(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+bool request_gives(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
 
 std::optional<std::string> param(const RouteRequest& r, const char* key) {
   if (auto it = r.query->find(key); it != r.query->end()) return it->second;
@@ -43,24 +43,24 @@ Answer socket_snapshot(const Backend& b, const Peer& peer, const json& req) {
   a.pid = req["pid"].get<uint64_t>();
   if (req.contains("format") && req["format"].is_string()) a.format = req["format"].get<std::string>();
   if (req.contains("top") && req["top"].is_number()) a.top = req["top"].get<uint64_t>();
-  if (has(req, "oom")) a.oom = req["oom"].get<uint64_t>();
+  if (request_gives(req, "oom")) a.oom = req["oom"].get<uint64_t>();
   a.leaks = req.contains("leaks") && req["leaks"].is_number() && req["leaks"].get<uint64_t>() != 0;
-  if (has(req, "leak_warmup")) a.leak_warmup_s = req["leak_warmup"].get<uint64_t>();
+  if (request_gives(req, "leak_warmup")) a.leak_warmup_s = req["leak_warmup"].get<uint64_t>();
   a.full = req.contains("full") && req["full"].is_number() && req["full"].get<uint64_t>() != 0;
-  if (has(req, "since")) a.since_s = req["since"].get<uint64_t>();
+  if (request_gives(req, "since")) a.since_s = req["since"].get<uint64_t>();
   if (req.contains("by") && req["by"].is_string()) a.by = req["by"].get<std::string>();
   return get_snapshot(b, &peer, a, Via::socket);
 }
 
 Answer socket_ooms(const Backend& b, const Peer& peer, const json& req) {
   std::optional<uint32_t> pid;
-  if (has(req, "pid")) pid = static_cast<uint32_t>(req["pid"].get<uint64_t>());
+  if (request_gives(req, "pid")) pid = static_cast<uint32_t>(req["pid"].get<uint64_t>());
   return get_ooms(b, peer, pid);
 }
 
 Answer socket_history(const Backend& b, const Peer&, const json& req) {
   HistoryArgs a;
-  if (has(req, "pid")) a.pid = req["pid"].get<uint64_t>();
+  if (request_gives(req, "pid")) a.pid = req["pid"].get<uint64_t>();
   if (req.contains("range") && req["range"].is_string()) a.range = req["range"].get<std::string>();
   return get_history(b, a, Via::socket);
 }
@@ -123,7 +123,7 @@ RouteMatch match_route(std::span<const Route> table, std::string_view path) noex
   constexpr std::string_view kPid = "{pid}";
   // Segment by segment: a literal segment matches itself only, "{pid}" any one segment. Of
   // the routes that match, the one with the most literal segments wins, so the table's order
-  // decides nothing (it has no two routes of one shape).
+  // decides nothing (it request_gives no two routes of one shape).
   RouteMatch best;
   int best_literals = -1;
   for (const Route& r : table) {

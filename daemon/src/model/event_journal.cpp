@@ -15,7 +15,7 @@ namespace cuw::daemon {
 
 namespace {
 constexpr uint64_t kMagic = 0x314c4e524a574355ULL;  // "CUWJRNL1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kJournalVersion = 1;
 }  // namespace
 
 struct EventJournal::Header {
@@ -44,7 +44,7 @@ struct EventJournal::Slot {
 };
 
 EventJournal::Slot* EventJournal::slots() const noexcept {
-  static_assert(sizeof(Slot) == 80, "the journal's layout (kVersion)");
+  static_assert(sizeof(Slot) == 80, "the journal's layout (kJournalVersion)");
   return reinterpret_cast<Slot*>(static_cast<char*>(base_) + sizeof(Header));
 }
 
@@ -78,10 +78,10 @@ bool EventJournal::open(const std::string& path, std::string* error) {
   base_ = base;
   size_ = want;
   Header* h = header();
-  if (fresh || h->magic != kMagic || h->version != kVersion || h->slot_size != sizeof(Slot) ||
+  if (fresh || h->magic != kMagic || h->version != kJournalVersion || h->slot_size != sizeof(Slot) ||
       h->slots != kJournalSlots) {
     std::memset(base_, 0, sizeof(Header));
-    h->version = kVersion;
+    h->version = kJournalVersion;
     h->slot_size = sizeof(Slot);
     h->slots = kJournalSlots;
     h->head.store(0, std::memory_order_relaxed);

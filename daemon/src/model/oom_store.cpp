@@ -20,8 +20,8 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kVersion = 1;
-constexpr std::size_t kMaxText = 4096;
+constexpr int kOomReportVersion = 1;
+constexpr std::size_t kOomMaxText = 4096;
 constexpr std::size_t kMaxDepth = 8;
 
 // ---- writing ----------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ bool boolean(const json& j) {
 std::string text(const json& j) {
   if (!j.is_string()) throw Bad("not a string");
   const auto& s = j.get_ref<const std::string&>();
-  return s.size() > kMaxText ? s.substr(0, kMaxText) : s;
+  return s.size() > kOomMaxText ? s.substr(0, kOomMaxText) : s;
 }
 const json& list(const json& j, std::size_t max) {
   if (!j.is_array()) throw Bad("not an array");
@@ -176,7 +176,7 @@ std::string oom_report_file_text(const OomReport& r) {
                      {"segments", std::move(segments)},
                      {"sites", std::move(sites)},
                      {"trace", std::move(trace)}};
-  const json doc = {{"cuwarden_oom_report", kVersion},
+  const json doc = {{"cuwarden_oom_report", kOomReportVersion},
                     {"pid", r.pid},
                     {"uid", r.uid},
                     {"start_time", r.start_time},
@@ -201,7 +201,7 @@ std::optional<OomReport> parse_oom_report_file(std::string_view in, std::string*
   const json doc = json::parse(in.begin(), in.end(), nullptr, false);
   if (doc.is_discarded()) return fail("not JSON");
   try {
-    if (i64(at(doc, "cuwarden_oom_report")) != kVersion) return fail("not a report of this version");
+    if (i64(at(doc, "cuwarden_oom_report")) != kOomReportVersion) return fail("not a report of this version");
     OomReport r;
     r.pid = uint_as<uint32_t>(at(doc, "pid"));
     r.uid = uint_as<uint32_t>(at(doc, "uid"));

@@ -49,11 +49,6 @@ bool parse_uuid(const std::string& text, uint8_t (&out)[16]) {
   return true;
 }
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 }  // namespace
 
 std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, const std::vector<NvmlGpu>& gpus,
@@ -67,8 +62,9 @@ std::string Registry::prepare_move(const Process& p, const RingSnapshot& s, cons
   }
   const NvmlGpu* to = nullptr;
   const bool by_index = !gpu.empty() && gpu.size() <= 3 && gpu.find_first_not_of("0123456789") == std::string::npos;
+  const std::string asked = ascii_lower(gpu);
   for (const NvmlGpu& g : gpus)
-    if (by_index ? std::to_string(g.index) == gpu : lower(g.uuid) == lower(gpu) || lower(g.uuid) == "gpu-" + lower(gpu))
+    if (by_index ? std::to_string(g.index) == gpu : ascii_lower(g.uuid) == asked || ascii_lower(g.uuid) == "gpu-" + asked)
       to = &g;
   if (!to) {
     std::string have;

@@ -44,7 +44,7 @@ namespace {
 
 constexpr std::size_t kMaxRequestBytes = 64u << 20;
 constexpr std::size_t kMaxReplyBytes = 64u << 20;  ///< what the daemon reads back at most
-constexpr std::size_t kMaxText = 4096;             ///< a name or file the daemon keeps, bytes
+constexpr std::size_t kMaxNameBytes = 4096;             ///< a name or file the daemon keeps, bytes
 [[maybe_unused]] constexpr rlim_t kAddressSpace = rlim_t{1} << 30;  // unused under a sanitizer (below)
 
 // ---- the worker ------------------------------------------------------------------------------
@@ -205,8 +205,8 @@ std::size_t take_symbolize_reply(std::string& pending, std::vector<std::vector<S
       if (!f.is_array() || f.size() != 3 || !f[0].is_string() || !f[1].is_string() || !f[2].is_number_unsigned())
         continue;
       SnapFrame s;
-      s.function = f[0].get<std::string>().substr(0, kMaxText);
-      s.file = f[1].get<std::string>().substr(0, kMaxText);
+      s.function = f[0].get<std::string>().substr(0, kMaxNameBytes);
+      s.file = f[1].get<std::string>().substr(0, kMaxNameBytes);
       s.line = static_cast<uint32_t>(std::min<uint64_t>(f[2].get<uint64_t>(), UINT32_MAX));
       frames.push_back(std::move(s));
     }

@@ -6,15 +6,11 @@
 #include <algorithm>
 #include <cctype>
 
+#include "base/util.hpp"
+
 namespace cuw::daemon {
 
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -159,7 +155,7 @@ HttpParse parse_http_request(std::string_view in, HttpRequest* out, std::size_t*
     const std::size_t colon = line.find(':');
     if (colon == std::string_view::npos || !is_token(line.substr(0, colon)))
       return fail(400, "malformed header line", status, why);
-    const std::string name = lower(line.substr(0, colon));
+    const std::string name = ascii_lower(line.substr(0, colon));
     const std::string_view value = trim(line.substr(colon + 1));
     if (name == "content-length") {
       if (value.empty() || !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
@@ -169,7 +165,7 @@ HttpParse parse_http_request(std::string_view in, HttpRequest* out, std::size_t*
     } else if (name == "transfer-encoding") {
       return fail(413, "request bodies are not accepted", status, why);
     } else if (name == "connection") {
-      const std::string v = lower(value);
+      const std::string v = ascii_lower(value);
       if (v.find("close") != std::string::npos) saw_connection_close = true;
       if (v.find("keep-alive") != std::string::npos) saw_keep_alive = true;
     } else if (name == "last-event-id") {
@@ -194,10 +190,10 @@ bool host_allowed(std::string_view host, const std::vector<std::string>& names) 
     return (close + 1 == name.size() || name[close + 1] == ':') && inet_pton(AF_INET6, v6.c_str(), &a6) == 1;
   }
   if (const std::size_t colon = name.rfind(':'); colon != std::string_view::npos) name = name.substr(0, colon);
-  const std::string n = lower(name);
+  const std::string n = ascii_lower(name);
   in_addr a4{};
   if (inet_pton(AF_INET, n.c_str(), &a4) == 1 || n == "localhost") return true;
-  return std::any_of(names.begin(), names.end(), [&](const std::string& allowed) { return lower(allowed) == n; });
+  return std::any_of(names.begin(), names.end(), [&](const std::string& allowed) { return ascii_lower(allowed) == n; });
 }
 
 }  // namespace cuw::daemon

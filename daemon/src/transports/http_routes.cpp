@@ -21,14 +21,14 @@ namespace {
 constexpr std::size_t kMaxStaticFile = 16u << 20;
 
 template <class J>
-std::string dump(const J& j, int indent = -1) {
+std::string http_text(const J& j, int indent = -1) {
   return j.dump(indent, ' ', false, J::error_handler_t::replace);  // ring text may be any bytes
 }
 
 HttpResponse error(int status, const std::string& what) {
   HttpResponse r;
   r.status = status;
-  r.body = dump(nlohmann::json{{"error", what}}) + "\n";  // `what` may quote the request's bytes
+  r.body = http_text(nlohmann::json{{"error", what}}) + "\n";  // `what` may quote the request's bytes
   return r;
 }
 

@@ -34,8 +34,8 @@ static_assert(job::kNoLimit == ring::kNoLimit, "the reply writes both kinds of c
   throw std::logic_error("set_limit has no pair of " + std::string(first));
 }
 
-bool has(const nlohmann::json& body, const char* key) { return body.contains(key); }
-bool given(const nlohmann::json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+bool limit_has(const nlohmann::json& body, const char* key) { return body.contains(key); }
+bool limit_gives(const nlohmann::json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
 
 /// A non-negative integer, or nullopt for any other value.
 std::optional<uint64_t> uint_of(const nlohmann::json& v) {
@@ -46,8 +46,8 @@ std::optional<uint64_t> uint_of(const nlohmann::json& v) {
 
 LimitAsk parse_ask(const nlohmann::json& body) {
   LimitAsk a;
-  if (has(body, "bytes") == has(body, "share")) bad_pair("bytes");
-  if (has(body, "bytes")) {
+  if (limit_has(body, "bytes") == limit_has(body, "share")) bad_pair("bytes");
+  if (limit_has(body, "bytes")) {
     const auto& b = body["bytes"];
     if (b.is_null()) {
       a.remove = true;
@@ -67,21 +67,21 @@ LimitAsk parse_ask(const nlohmann::json& body) {
   return a;
 }
 
-json cap_json(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
+json limit_cap_json(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
 
 }  // namespace
 
 LimitRequest parse_limit_request(const nlohmann::json& body) {
   if (!body.is_object()) throw std::invalid_argument("request body must be a JSON object");
-  if (has(body, "pid") == has(body, "job")) bad_pair("pid");
+  if (limit_has(body, "pid") == limit_has(body, "job")) bad_pair("pid");
   LimitRequest r;
-  if (has(body, "pid")) {
+  if (limit_has(body, "pid")) {
     r.target = LimitRequest::Target::pid;
     const auto pid = uint_of(body["pid"]);
     if (!pid || *pid == 0 || *pid > 0x7fffffff) bad_key("pid");
     r.pid = static_cast<uint32_t>(*pid);
-    if (has(body, "user")) throw std::invalid_argument("\"user\" goes with \"job\" only");
-    if (given(body, "device")) {
+    if (limit_has(body, "user")) throw std::invalid_argument("\"user\" goes with \"job\" only");
+    if (limit_gives(body, "device")) {
       const auto d = uint_of(body["device"]);
       if (!d || *d >= ring::kMaxDevices) bad_key("device");
       r.device = static_cast<uint32_t>(*d);
@@ -94,11 +94,11 @@ LimitRequest parse_limit_request(const nlohmann::json& body) {
   r.job = body["job"].get<std::string>();
   std::string why;
   if (!job::valid_job_name(r.job, &why)) throw std::invalid_argument("bad job name: " + why);
-  if (given(body, "device"))
+  if (limit_gives(body, "device"))
     throw std::invalid_argument("\"device\" goes with \"pid\": a job's cap is one size for every GPU it uses");
-  if (has(body, "share")) throw std::invalid_argument("a job's cap is one size for all its GPUs: give \"bytes\"");
+  if (limit_has(body, "share")) throw std::invalid_argument("a job's cap is one size for all its GPUs: give \"bytes\"");
   r.ask = parse_ask(body);
-  if (given(body, "user")) {
+  if (limit_gives(body, "user")) {
     const auto& u = body["user"];
     if (const auto uid = uint_of(u); uid && *uid <= 0xffffffffULL) r.user_uid = static_cast<uint32_t>(*uid);
     else if (u.is_string()) r.user_name = u.get<std::string>();
@@ -113,22 +113,22 @@ json limit_reply_json(const LimitResult& r) {
     for (const auto& c : r.changes)
       changes.push_back({{"device", c.device},
                          {"uuid", format_uuid(c.uuid)},
-                         {"old_limit", cap_json(c.old_limit)},
-                         {"new_limit", cap_json(c.new_limit)},
+                         {"old_limit", limit_cap_json(c.old_limit)},
+                         {"new_limit", limit_cap_json(c.new_limit)},
                          {"used_bytes", c.used_bytes}});
     return {{"target", "pid"},     {"pid", r.pid}, {"process_name", r.process_name},
             {"uid", r.uid},        {"user", r.user}, {"changes", std::move(changes)}};
   }
   json gpus = json::array();
   for (const auto& g : r.gpus)
-    gpus.push_back({{"uuid", format_uuid(g.uuid)}, {"used_bytes", g.used_bytes}, {"new_limit_bytes", cap_json(r.new_limit)}});
+    gpus.push_back({{"uuid", format_uuid(g.uuid)}, {"used_bytes", g.used_bytes}, {"new_limit_bytes", limit_cap_json(r.new_limit)}});
   return {{"target", "job"},
           {"job", r.job},
           {"uid", r.uid},
           {"user", r.user},
           {"members", r.members},
-          {"old_limit", cap_json(r.old_limit)},
-          {"new_limit", cap_json(r.new_limit)},
+          {"old_limit", limit_cap_json(r.old_limit)},
+          {"new_limit", limit_cap_json(r.new_limit)},
           {"gpus", std::move(gpus)}};
 }
 

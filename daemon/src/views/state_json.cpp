@@ -20,7 +20,7 @@ using json = nlohmann::ordered_json;  // fields in the documented order
 namespace {
 
 json null_if_nolimit(uint64_t v) { return v == ring::kNoLimit ? json(nullptr) : json(v); }
-json cap_json(uint64_t v) { return v == job::kNoLimit ? json(nullptr) : json(v); }
+json state_cap_json(uint64_t v) { return v == job::kNoLimit ? json(nullptr) : json(v); }
 
 std::string name_of(const RingSnapshot& s) {
   return process_name(field_text(s.comm, sizeof s.comm), field_text(s.cmdline, sizeof s.cmdline));
@@ -39,7 +39,7 @@ json jobs_json(const State& st, const std::map<std::string, int>& index_of) {
     std::stable_sort(asked_sorted.begin(), asked_sorted.end(),
                      [](const auto& a, const auto& b) { return a.second > b.second; });
     json requested = json::array();
-    for (const auto& [bytes, n] : asked_sorted) requested.push_back({{"bytes", cap_json(bytes)}, {"members", n}});
+    for (const auto& [bytes, n] : asked_sorted) requested.push_back({{"bytes", state_cap_json(bytes)}, {"members", n}});
     json gpus = json::array();
     uint64_t refusals = 0;
     for (std::size_t i = 0; i < v.gpus.size(); ++i) {
@@ -54,7 +54,7 @@ json jobs_json(const State& st, const std::map<std::string, int>& index_of) {
                       {"memory_total_bytes", g.physical_total},
                       {"used_bytes", v.used[i]},
                       {"peak_bytes", g.peak},
-                      {"limit_bytes", cap_json(v.cap)}});
+                      {"limit_bytes", state_cap_json(v.cap)}});
     }
     json members = json::array();
     for (const auto& m : v.members) {
@@ -74,8 +74,8 @@ json jobs_json(const State& st, const std::map<std::string, int>& index_of) {
       members.push_back({{"pid", m.pid},
                          {"slot", m.slot},
                          {"process_name", pname},
-                         {"limit_bytes", cap_json(m.limit)},
-                         {"requested_bytes", cap_json(m.requested)},
+                         {"limit_bytes", state_cap_json(m.limit)},
+                         {"requested_bytes", state_cap_json(m.requested)},
                          {"used_bytes", total},
                          {"charged", std::move(charged)},
                          {"joined_ns", m.joined_ns},
@@ -85,7 +85,7 @@ json jobs_json(const State& st, const std::map<std::string, int>& index_of) {
                    {"user", j.user},
                    {"uid", j.uid},
                    {"file", st.run_dir + "/" + j.file},
-                   {"limit_bytes", cap_json(v.cap)},
+                   {"limit_bytes", state_cap_json(v.cap)},
                    {"caps_requested", std::move(requested)},
                    {"caps_disagree", asked.size() > 1},
                    {"refusals", refusals},
