@@ -56,7 +56,7 @@ void on_signal(int sig) {
 /// else in fit sees EINTR; poll() always does).
 void on_child(int) {}
 
-int usage_error(const std::string& msg) {
+int fit_usage_error(const std::string& msg) {
   std::fprintf(stderr, "cuwarden fit: %s\n", msg.c_str());
   return kExitUsage;
 }
@@ -99,19 +99,19 @@ std::optional<Range> parse_range(const std::string& spec, std::string* err) {
 
 int cmd_fit(const FitOptions& o) {
   std::string err;
-  if (!parse_limit(o.limit, &err)) return usage_error("bad --limit '" + o.limit + "': " + err);
+  if (!parse_limit(o.limit, &err)) return fit_usage_error("bad --limit '" + o.limit + "': " + err);
   using options::Id;
   if (!o.pool.empty() && !options::is_literal(Id::CUWARDEN_POOL, o.pool))
-    return usage_error("bad --pool '" + o.pool + "' (see cuwarden run --help)");
+    return fit_usage_error("bad --pool '" + o.pool + "' (see cuwarden run --help)");
   if (!o.cap_scope.empty() && !options::is_literal(Id::CUWARDEN_CAP_SCOPE, o.cap_scope))
-    return usage_error("bad --cap-scope '" + o.cap_scope + "' (see cuwarden run --help)");
+    return fit_usage_error("bad --cap-scope '" + o.cap_scope + "' (see cuwarden run --help)");
   const auto range = parse_range(o.try_spec, &err);
-  if (!range) return usage_error("bad --try '" + o.try_spec + "': " + err);
-  if (o.command.empty()) return usage_error("no command given (cuwarden fit [options] -- CMD ... {NAME} ...)");
+  if (!range) return fit_usage_error("bad --try '" + o.try_spec + "': " + err);
+  if (o.command.empty()) return fit_usage_error("no command given (cuwarden fit [options] -- CMD ... {NAME} ...)");
   const std::string placeholder = "{" + range->name + "}";
   if (std::none_of(o.command.begin(), o.command.end(),
                    [&](const std::string& a) { return a.find(placeholder) != std::string::npos; }))
-    return usage_error("the command never mentions " + placeholder + ", so every try would be the same");
+    return fit_usage_error("the command never mentions " + placeholder + ", so every try would be the same");
 
   // The path, not /proc/self/exe itself: under a tool that loads us (valgrind) the link
   // names the tool, which readlink() is told about and exec is not.

@@ -16,7 +16,7 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-int usage(const std::string& msg) {
+int limit_usage(const std::string& msg) {
   std::fprintf(stderr, "cuwarden limit: %s\n", msg.c_str());
   return kExitUsage;
 }
@@ -49,11 +49,11 @@ int cmd_limit(const LimitOptions& o) {
     std::string name = o.target.substr(4);
     std::string user = o.user;
     if (const auto slash = name.find('/'); slash != std::string::npos) {
-      if (!user.empty()) return usage("give the job's user once: job:USER/NAME or --user USER");
+      if (!user.empty()) return limit_usage("give the job's user once: job:USER/NAME or --user USER");
       user = name.substr(0, slash);
       name = name.substr(slash + 1);
     }
-    if (name.empty()) return usage("job:NAME needs a job name");
+    if (name.empty()) return limit_usage("job:NAME needs a job name");
     req["job"] = name;
     if (!user.empty()) {
       if (user.find_first_not_of("0123456789") == std::string::npos && user.size() <= 10)
@@ -61,14 +61,14 @@ int cmd_limit(const LimitOptions& o) {
       else
         req["user"] = user;
     }
-    if (o.device >= 0) return usage("--device goes with a PID: a job's cap is one size for every GPU it uses");
+    if (o.device >= 0) return limit_usage("--device goes with a PID: a job's cap is one size for every GPU it uses");
   } else {
     if (o.target.empty() || o.target.find_first_not_of("0123456789") != std::string::npos || o.target.size() > 10)
-      return usage("'" + o.target + "' is neither a PID nor job:NAME");
+      return limit_usage("'" + o.target + "' is neither a PID nor job:NAME");
     const unsigned long long pid = std::stoull(o.target);
-    if (pid == 0 || pid > 0x7fffffff) return usage("'" + o.target + "' is not a process id");
+    if (pid == 0 || pid > 0x7fffffff) return limit_usage("'" + o.target + "' is not a process id");
     req["pid"] = pid;
-    if (!o.user.empty()) return usage("--user goes with job:NAME");
+    if (!o.user.empty()) return limit_usage("--user goes with job:NAME");
     if (o.device >= 0) {
       // --device is the GPU number `cuwarden` shows; the daemon takes the process's own
       // CUDA ordinal of that GPU (they differ under CUDA_VISIBLE_DEVICES).
@@ -92,14 +92,14 @@ int cmd_limit(const LimitOptions& o) {
     }
   }
   if (!job && o.size.find_first_of("=,") != std::string::npos)
-    return usage("'" + o.size + "' is a cap per device, as `cuwarden run --limit` takes it; `cuwarden limit` sets one "
+    return limit_usage("'" + o.size + "' is a cap per device, as `cuwarden run --limit` takes it; `cuwarden limit` sets one "
                  "GPU at a time: cuwarden limit " + o.target + " SIZE --device N (N as `cuwarden` numbers the GPU)");
   if (o.size == "none" || o.size == "unlimited") {
     req["bytes"] = nullptr;
   } else {
     std::string err;
     auto spec = parse_cap(o.size, !job, &err);
-    if (!spec) return usage("bad size '" + o.size + "': " + err + (job && o.size.find('%') != std::string::npos
+    if (!spec) return limit_usage("bad size '" + o.size + "': " + err + (job && o.size.find('%') != std::string::npos
                                                                          ? " (a job's cap is one size for all its GPUs)"
                                                                          : ""));
     if (spec->percent) req["share"] = spec->share;

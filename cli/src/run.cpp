@@ -59,7 +59,7 @@ std::string find_library(const std::string& flag, std::string* tried) {
   return "";
 }
 
-int usage_error(const std::string& msg) {
+int run_usage_error(const std::string& msg) {
   std::fprintf(stderr, "cuwarden run: %s\n", msg.c_str());
   return kExitUsage;
 }
@@ -173,29 +173,29 @@ bool tighten(const RunOptions& o, std::vector<std::pair<cuw::options::Id, std::s
 
 int cmd_run(const RunOptions& o) {
   std::string err;
-  if (!o.limit.empty() && !parse_limit(o.limit, &err)) return usage_error("bad --limit '" + o.limit + "': " + err);
+  if (!o.limit.empty() && !parse_limit(o.limit, &err)) return run_usage_error("bad --limit '" + o.limit + "': " + err);
   if (!o.job_limit.empty()) {
     if (o.job.empty() && inherited(cuw::options::Id::CUWARDEN_JOB).empty())
-      return usage_error("--job-limit needs --job NAME");
+      return run_usage_error("--job-limit needs --job NAME");
     if (!parse_cap(o.job_limit, false, &err))
-      return usage_error("bad --job-limit '" + o.job_limit + "': " +
+      return run_usage_error("bad --job-limit '" + o.job_limit + "': " +
                          (o.job_limit.find('%') != std::string::npos ? "job caps take a size, not a share of a device"
                                                                      : err));
   }
-  if (!o.job.empty() && !cuw::job::valid_job_name(o.job, &err)) return usage_error("bad --job '" + o.job + "': " + err);
+  if (!o.job.empty() && !cuw::job::valid_job_name(o.job, &err)) return run_usage_error("bad --job '" + o.job + "': " + err);
   using cuw::options::Id;
   if (!o.cap_scope.empty() && !cuw::options::is_literal(Id::CUWARDEN_CAP_SCOPE, o.cap_scope))
-    return usage_error("bad --cap-scope '" + o.cap_scope + "': use " + words_of(Id::CUWARDEN_CAP_SCOPE));
+    return run_usage_error("bad --cap-scope '" + o.cap_scope + "': use " + words_of(Id::CUWARDEN_CAP_SCOPE));
   if (!o.pool.empty() && !cuw::options::is_literal(Id::CUWARDEN_POOL, o.pool))
-    return usage_error("bad --pool '" + o.pool + "': use " + words_of(Id::CUWARDEN_POOL));
+    return run_usage_error("bad --pool '" + o.pool + "': use " + words_of(Id::CUWARDEN_POOL));
   if (!o.callsites.empty()) {
     const bool digits = o.callsites.size() <= 2 && o.callsites.find_first_not_of("0123456789") == std::string::npos;
-    if (!digits || std::stoi(o.callsites) > 64) return usage_error("bad --callsites '" + o.callsites + "': use 0..64");
+    if (!digits || std::stoi(o.callsites) > 64) return run_usage_error("bad --callsites '" + o.callsites + "': use 0..64");
   }
   const EnvLookup env = [](const char* name) -> const char* { return std::getenv(name); };
   const std::optional<bool> tensors = tensors_mode(o.tensors, env, &err);
-  if (!tensors) return usage_error(err);
-  if (o.command.empty()) return usage_error("no command given (cuwarden run [options] -- CMD ...)");
+  if (!tensors) return run_usage_error(err);
+  if (o.command.empty()) return run_usage_error("no command given (cuwarden run [options] -- CMD ...)");
   // Decided on the environment as inherited, before this run sets anything in it.
   const TensorsPlan plan = plan_tensors(*tensors, o.pool, o.tensors ? "--tensors" : "CUWARDEN_TENSORS=1", env);
 

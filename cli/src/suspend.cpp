@@ -16,7 +16,7 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-int usage(const SuspendOptions& o, const std::string& msg) {
+int suspend_usage(const SuspendOptions& o, const std::string& msg) {
   std::fprintf(stderr, "cuwarden %s: %s\n", o.resume ? "resume" : "suspend", msg.c_str());
   return kExitUsage;
 }
@@ -49,30 +49,30 @@ int cmd_suspend(const SuspendOptions& o) {
       else
         req["user"] = user;
     }
-    if (name.empty()) return usage(o, "job:NAME needs a job name");
+    if (name.empty()) return suspend_usage(o, "job:NAME needs a job name");
     req["job"] = name;
   } else {
     if (o.target.empty() || o.target.find_first_not_of("0123456789") != std::string::npos || o.target.size() > 10)
-      return usage(o, "'" + o.target + "' is neither a PID nor job:NAME");
+      return suspend_usage(o, "'" + o.target + "' is neither a PID nor job:NAME");
     const unsigned long long pid = std::stoull(o.target);
-    if (pid == 0 || pid > 0x7fffffff) return usage(o, "'" + o.target + "' is not a process id");
+    if (pid == 0 || pid > 0x7fffffff) return suspend_usage(o, "'" + o.target + "' is not a process id");
     req["pid"] = pid;
   }
   if (!o.gpu.empty()) {
-    if (!o.resume) return usage(o, "--gpu goes with resume");
+    if (!o.resume) return suspend_usage(o, "--gpu goes with resume");
     if (o.gpu.find_first_not_of("0123456789") == std::string::npos) {
-      if (o.gpu.size() > 2) return usage(o, "--gpu '" + o.gpu + "' is neither a GPU index nor a UUID");
+      if (o.gpu.size() > 2) return suspend_usage(o, "--gpu '" + o.gpu + "' is neither a GPU index nor a UUID");
       req["gpu"] = std::stoull(o.gpu);
     } else {
-      if (o.gpu.size() > 64) return usage(o, "--gpu '" + o.gpu + "' is neither a GPU index nor a UUID");
+      if (o.gpu.size() > 64) return suspend_usage(o, "--gpu '" + o.gpu + "' is neither a GPU index nor a UUID");
       req["gpu"] = o.gpu;
     }
   }
   uint64_t timeout_ms = 10000;
   if (!o.timeout.empty()) {
-    if (o.resume) return usage(o, "--timeout goes with suspend (a lock's timeout)");
+    if (o.resume) return suspend_usage(o, "--timeout goes with suspend (a lock's timeout)");
     timeout_ms = parse_duration_ms(o.timeout);
-    if (timeout_ms == 0) return usage(o, "--timeout '" + o.timeout + "' is not a duration from 1ms to 10m (e.g. 10s, 500ms)");
+    if (timeout_ms == 0) return suspend_usage(o, "--timeout '" + o.timeout + "' is not a duration from 1ms to 10m (e.g. 10s, 500ms)");
     req["timeout_ms"] = timeout_ms;
   }
   AskError why;

@@ -26,7 +26,7 @@ constexpr std::size_t kMaxDepth = 8;
 
 // ---- writing ----------------------------------------------------------------------------------
 
-json frame_json(const SnapFrame& f) {
+json oom_frame_json(const SnapFrame& f) {
   return json::array({f.pc, f.python, f.function, f.file, f.line, f.module, f.offset});
 }
 
@@ -153,7 +153,7 @@ std::string oom_report_file_text(const OomReport& r) {
   json sites = json::array();
   for (const SnapSite& site : s.sites) {
     json frames = json::array();
-    for (const SnapFrame& f : site.frames) frames.push_back(frame_json(f));
+    for (const SnapFrame& f : site.frames) frames.push_back(oom_frame_json(f));
     sites.push_back({{"id", site.id}, {"frames", std::move(frames)}});
   }
   json trace = json::array();

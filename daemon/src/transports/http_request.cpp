@@ -18,7 +18,7 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-int hex(char c) {
+int hex_digit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
@@ -72,7 +72,7 @@ bool percent_decode(std::string_view in, bool plus_is_space, std::string* out) {
     char c = in[i];
     if (c == '%') {
       if (i + 2 >= in.size()) return false;
-      const int hi = hex(in[i + 1]), lo = hex(in[i + 2]);
+      const int hi = hex_digit(in[i + 1]), lo = hex_digit(in[i + 2]);
       if (hi < 0 || lo < 0) return false;
       c = static_cast<char>(hi * 16 + lo);
       if (c == '\0') return false;
