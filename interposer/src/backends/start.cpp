@@ -30,6 +30,10 @@ CUW_COLD backend& start(core::Tracker& t) {
 }
 
 // One compare per layout, then a tail call of the class's own method (`b` is its first base).
+// Each case casts to the layout whose kind it names: a layout copied without its own kind
+// would be cast to the wrong class.
+static_assert(whole_blocks::kind == core::PoolKind::cache && granule_arena::kind == core::PoolKind::vmm,
+              "CUW_POOLED's cases cast by kind: each layout needs its own");
 #define CUW_POOLED(call)                                                                   \
   switch (b.kind()) {                                                                     \
     case core::PoolKind::cache: return static_cast<pooled_backend<whole_blocks>&>(b).call; \
