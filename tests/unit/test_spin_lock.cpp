@@ -84,3 +84,40 @@ TEST_CASE("spin lock: waiters that slept are all woken, and exclusion holds acro
   for (auto& t : ts) t.join();
   CHECK(counter == uint64_t{kThreads} * kEach);
 }
+
+TEST_CASE("spin lock: locks that share the one futex word wake their own waiters, nested too", "[spin_lock]") {
+  // Every lock parks on one word (detail::Parking): a wake-up for one lock wakes the sleepers
+  // of all, who must go back to sleep or take their own lock, never take another's or stay
+  // asleep. Three locks, six threads, a lock sometimes taken inside another (in one order),
+  // holders that sometimes sleep past the spin budget. A lost wake-up hangs (the ctest deadline).
+  cuw::spin_lock mu[3];
+  uint64_t counter[3] = {0, 0, 0};
+  constexpr int kThreads = 6, kEach = 300;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const int a = (t + i) % 3;
+        std::lock_guard<cuw::spin_lock> g(mu[a]);
+        const uint64_t seen = counter[a];
+        if (i % 16 == t % 16) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        if (a < 2 && i % 5 == 0) {  // nested: always a lower index first, so no deadlock
+          std::lock_guard<cuw::spin_lock> inner(mu[2]);
+          ++counter[2];
+        }
+        counter[a] = seen + 1;
+      }
+    });
+  for (auto& t : ts) t.join();
+  uint64_t nested = 0;
+  for (int t = 0; t < kThreads; ++t)
+    for (int i = 0; i < kEach; ++i) nested += ((t + i) % 3 < 2 && i % 5 == 0) ? 1 : 0;
+  CHECK(counter[0] + counter[1] + counter[2] == uint64_t{kThreads} * kEach + nested);
+  uint64_t expected[3] = {0, 0, 0};
+  for (int t = 0; t < kThreads; ++t)
+    for (int i = 0; i < kEach; ++i) ++expected[(t + i) % 3];
+  expected[2] += nested;
+  CHECK(counter[0] == expected[0]);
+  CHECK(counter[1] == expected[1]);
+  CHECK(counter[2] == expected[2]);
+}
