@@ -356,8 +356,9 @@ inline bool peer_closed(int fd, int timeout_ms) {
   return false;
 }
 
-/// Body of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
-inline std::string http_body(int port, const std::string& path) {
+/// The whole response to GET `path` on 127.0.0.1:`port`, status line, headers and body ("" when
+/// nothing came back; waits at most 5 s for each read).
+inline std::string http_get(int port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -374,8 +375,20 @@ inline std::string http_body(int port, const std::string& path) {
     }
   }
   ::close(fd);
+  return got;
+}
+
+/// Body of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
+inline std::string http_body(int port, const std::string& path) {
+  const std::string got = http_get(port, path);
   const std::size_t at = got.find("\r\n\r\n");
   return at == std::string::npos ? std::string() : got.substr(at + 4);
+}
+
+/// Status line of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
+inline std::string http_status_line(int port, const std::string& path) {
+  const std::string got = http_get(port, path);
+  return got.substr(0, got.find("\r\n"));
 }
 
 }  // namespace cuwt

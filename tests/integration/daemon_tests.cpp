@@ -48,28 +48,6 @@ std::map<int, uint64_t> thread_switches(pid_t pid, const std::string& name) {
   return out;
 }
 
-/// Status line of GET `path` on 127.0.0.1:`port` ("" when nothing came back).
-std::string http_status_line(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string got;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    timeval tv{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      for (ssize_t n; got.find("\r\n") == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
-        got.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  ::close(fd);
-  return got.substr(0, got.find("\r\n"));
-}
-
 /// Times `what` occurs in `text`.
 std::size_t occurrences(const std::string& text, const std::string& what) {
   std::size_t n = 0;
