@@ -16,6 +16,7 @@
 #include "cuw/frames.hpp"
 #include "cuw/live.hpp"
 #include "cuw/size.hpp"
+#include "cuw/tensors.hpp"
 
 namespace cuw::core {
 
@@ -183,12 +184,14 @@ void Tracker::flush_oom_report(uint64_t asked) noexcept {
     }
     // With PyTorch's cache off (`cuwarden run --tensors` sets it) nothing frees a cache and
     // retries: its uncached path raises the refusal as a CUDA error at once.
-    const char* uncached = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
-    s += uncached != nullptr && std::strcmp(uncached, "1") == 0
-             ? "  PyTorch's cache is off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): it raises this as a CUDA error "
-               "and does not retry. Full snapshot: cuwarden snapshot "
-             : "  The program may recover (frameworks free their caches and retry). Full snapshot: cuwarden snapshot ";
-    s += std::to_string(getpid()) + "\n";
+    const tensors::Switch& torch = tensors::get(tensors::Id::PYTORCH_NO_CUDA_MEMORY_CACHING);
+    const char* uncached = std::getenv(torch.variable);
+    if (uncached != nullptr && std::strcmp(uncached, torch.value) == 0)
+      s += std::string("  PyTorch's cache is off (") + torch.variable + "=" + torch.value +
+           "): it raises this as a CUDA error and does not retry.";
+    else
+      s += "  The program may recover (frameworks free their caches and retry).";
+    s += " Full snapshot: cuwarden snapshot " + std::to_string(getpid()) + "\n";
     write_stderr(s);
   } catch (...) {
     // No memory for the paragraph: the refusal itself stands, said by its return value.
