@@ -195,26 +195,38 @@ static void the_job_qos_sets_the_priority(void) {
   CHECK(arguments("qos_priority=", NULL) == -1);
 }
 
+/* As root, a fresh directory from `dir` (a mkdtemp template): 1, or 0 with the reason said
+ * (not root: `what` needs it, as slurmd runs the plugin as root). */
+static int root_scratch_dir(char *dir, const char *what) {
+  if (geteuid() != 0) {
+    printf("%s needs root (the plugin acts on it as root); skipped\n", what);
+    return 0;
+  }
+  if (!mkdtemp(dir)) {
+    CHECK(!"mkdtemp");
+    return 0;
+  }
+  return 1;
+}
+
+/* An empty file at `path`. */
+static void touch(const char *path) {
+  const int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  CHECK(fd >= 0);
+  if (fd >= 0) close(fd);
+}
+
 /* The job's epilog: Slurm runs it with no slurm_spank_init before it, so it reads run_dir=
  * from its own arguments and removes the job's ceiling file there (job 77 here). It acts only
  * as root, as slurmd runs it. */
 static void the_epilog_removes_the_ceiling_file_in_its_own_run_dir(void) {
-  if (geteuid() != 0) {
-    printf("the job epilog's check needs root (the epilog acts only as root); skipped\n");
-    return;
-  }
   char dir[] = "/tmp/cuwt-spank-XXXXXX", ceilings[64], file[96], arg[64];
-  if (!mkdtemp(dir)) {
-    CHECK(!"mkdtemp");
-    return;
-  }
+  if (!root_scratch_dir(dir, "the job epilog's check")) return;
   snprintf(ceilings, sizeof ceilings, "%s/ceilings", dir);
   snprintf(file, sizeof file, "%s/slurm-77", ceilings);
   snprintf(arg, sizeof arg, "run_dir=%s", dir);
   CHECK(mkdir(ceilings, 0755) == 0);
-  const int fd = open(file, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  CHECK(fd >= 0);
-  if (fd >= 0) close(fd);
+  touch(file);
   snprintf(run_dir, sizeof run_dir, "%s", DEFAULT_RUN_DIR); /* a fresh epilog process's */
   char *av[2] = {"lib=/l/libcuwarden.so", arg};
   CHECK(slurm_spank_job_epilog(NULL, 2, av) == 0);
@@ -239,24 +251,15 @@ static int count_entries_starting(const char *dir, const char *prefix) {
 }
 
 static void another_users_ceilings_entry_is_never_followed_and_is_moved_aside(void) {
-  if (geteuid() != 0) {
-    printf("the ceilings directory's checks need root (the plugin writes it as root); skipped\n");
-    return;
-  }
   char dir[] = "/tmp/cuwt-spank-XXXXXX", ceilings[64], target[64], victim[96], arg[64], file[96];
-  if (!mkdtemp(dir)) {
-    CHECK(!"mkdtemp");
-    return;
-  }
+  if (!root_scratch_dir(dir, "the ceilings directory's check")) return;
   snprintf(ceilings, sizeof ceilings, "%s/ceilings", dir);
   snprintf(target, sizeof target, "%s/elsewhere", dir);
   snprintf(victim, sizeof victim, "%s/slurm-77", target);
   snprintf(file, sizeof file, "%s/slurm-77", ceilings);
   snprintf(arg, sizeof arg, "run_dir=%s", dir);
   CHECK(mkdir(target, 0755) == 0);
-  int fd = open(victim, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  CHECK(fd >= 0);
-  if (fd >= 0) close(fd);
+  touch(victim);
   CHECK(symlink(target, ceilings) == 0);
 
   /* The epilog: the file behind the symlink stays. */
@@ -272,7 +275,7 @@ static void another_users_ceilings_entry_is_never_followed_and_is_moved_aside(vo
   struct stat st;
   CHECK(lstat(ceilings, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 022));
   char text[64] = "";
-  fd = open(file, O_RDONLY | O_CLOEXEC);
+  const int fd = open(file, O_RDONLY | O_CLOEXEC);
   CHECK(fd >= 0);
   if (fd >= 0) {
     CHECK(read(fd, text, sizeof text - 1) > 0);
