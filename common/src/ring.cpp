@@ -52,29 +52,6 @@ void init(RingHeader& h, EventSlot* slots, uint32_t slot_count) noexcept {
 
 // Hot path: about 30 instructions uncontended; one acquire load, one CAS, one release store.
 // Every claimed position is published, so write_pos is the count of events written.
-bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
-  const uint64_t mask = slot_count - 1;
-  uint64_t pos = h.write_pos.load(std::memory_order_relaxed);
-  for (int attempt = 0; attempt < kMaxPushAttempts; ++attempt) {
-    EventSlot& s = slots[pos & mask];
-    const uint64_t seq = s.seq.load(std::memory_order_acquire);
-    const int64_t diff = static_cast<int64_t>(seq - pos);
-    if (diff == 0) {
-      if (h.write_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-        publish(s, pos, e);
-        return true;
-      }
-      // CAS failure reloaded pos; retry.
-    } else if (diff < 0) {
-      break;  // full: the consumer is a lap behind (or absent)
-    } else {
-      pos = h.write_pos.load(std::memory_order_relaxed);  // another producer moved on
-    }
-  }
-  h.events_dropped.fetch_add(1, std::memory_order_relaxed);
-  return false;
-}
-
 const char* invalid_reason(Invalid r) noexcept {
   switch (r) {
     case Invalid::none: return "ok";

@@ -8,8 +8,8 @@
 The counters are the stored rows of CUW_DEVICE_COUNTERS (X(field, ...) in cuw/counters.hpp),
 the fields of ring::DeviceSlot. A write is a member access to one of them (`.field` or
 `->field`) that is stored, exchanged or read-modified-written (`.store(`, `.fetch_add(`,
-`.fetch_sub(`, `.exchange(`, `.compare_exchange_*(`), or passed first to locked_add /
-locked_sub. Allowed in core/ledger.hpp (allocations, frees, a pool's memory) and the
+`.fetch_sub(`, `.exchange(`, `.compare_exchange_*(`), or passed first to counter_add /
+counter_sub. Allowed in core/ledger.hpp (allocations, frees, a pool's memory) and the
 tracker's own files (the caps: used, peak, refusals, context bytes): ALLOWED below. A line
 in another file that writes a member of that name which is not a device counter says so with
 a NOT_A_COUNTER entry (file, field, why).
@@ -39,7 +39,7 @@ def writes(text, fields):
     names = "|".join(fields)
     member = rf"(?:\.|->)\s*({names})\b"
     store = re.compile(member + r"\s*\.\s*(?:store|fetch_add|fetch_sub|fetch_or|fetch_and|exchange|compare_exchange_\w+)\s*\(")
-    helper = re.compile(r"\blocked_(?:add|sub)\s*\(\s*[^,;]*?" + member + r"\s*,")
+    helper = re.compile(r"\bcounter_(?:add|sub)\s*\(\s*[^,;]*?" + member + r"\s*,")
     for n, line in enumerate(text.split("\n"), 1):
         for rx in (store, helper):
             for m in rx.finditer(line):
@@ -70,15 +70,15 @@ def self_test():
         def write(rel, text):
             os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
             open(os.path.join(d, rel), "w").write(text)
-        write("core/ledger.hpp", "void hit() { locked_add(d_.pool_hits, 1); d_.cached.store(0); }\n")
+        write("core/ledger.hpp", "void hit() { counter_add(d_.pool_hits, 1); d_.cached.store(0); }\n")
         write("core/tracker.cpp", "void charge() { d.used.store(used + bytes); }\n")
         write("backends/pool.cpp", "void f() { ledger_.hit(p); x.cached_bytes.store(1); slot_.cached.load(); }\n")
         if check(d, fields):
             print("self-test: a clean tree was refused:", *check(d, fields), sep="\n  ")
             return 1
         cases = [
-            "void f() { core::locked_sub(slot_.cached, b->size); }\n",
-            "void f() { core::locked_add(t.header().devices[0].reserved, 1); }\n",
+            "void f() { core::counter_sub(slot_.cached, b->size); }\n",
+            "void f() { core::counter_add(t.header().devices[0].reserved, 1); }\n",
             "void f() { slot_->pool_hits.fetch_add(1, std::memory_order_relaxed); }\n",
             "void f() { d.used.store(0, std::memory_order_relaxed); }\n",
         ]
@@ -89,7 +89,7 @@ def self_test():
                 print(f"self-test: a backend's counter write was not the one problem found: {case.strip()}",
                       *found, sep="\n  ")
                 return 1
-    print("self-test: a backend writing a counter (locked_add/locked_sub, store, fetch_add) is refused; "
+    print("self-test: a backend writing a counter (counter_add/counter_sub, store, fetch_add) is refused; "
           "the ledger and the tracker may, reads and other members pass")
     return 0
 

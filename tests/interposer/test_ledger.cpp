@@ -2,7 +2,7 @@
 // (cuw/ring.hpp, "Counters and events"), under each backend: ctest runs [ledger] as
 // interposer.ledger_off, ledger_cache and ledger_vmm.
 //
-// A thread allocates and frees while this one reads the ring as the daemon does (drain) and,
+// Four threads allocate and free while this one reads the ring as the daemon does (drain) and,
 // after each event, the device's counters: a counter never lags the events already read (an
 // event never arrives before the counter change it explains). The counters are exact at
 // every instant: once the program is quiet they agree with the events, one for one.
@@ -55,22 +55,27 @@ TEST_CASE("ledger: an event read from the ring never arrives before the counters
   const uint64_t dropped0 = own_ring().events_dropped.load();
   const bool pooled = pool_name() != "off";
 
-  constexpr int kPairs = 200000;
+  // Several threads: the counters are atomics written under no common lock (a cap's check,
+  // a pool's hit), so each event's counters must be in place before its own publish.
+  constexpr int kThreads = 4, kPairs = 200000;
+  std::atomic<int> running{kThreads};
   std::atomic<bool> done{false};
   std::atomic<int> failed{0};
-  std::thread program([&] {
-    make_context();
-    for (int i = 0; i < kPairs; ++i) {
-      CUdeviceptr p = 0;
-      // 1 MiB (a slab class: a hit once warm) and 3 MiB (a whole block, or the vmm arena).
-      const uint64_t bytes = i % 4 == 3 ? 3 * kMiB : kMiB;
-      if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) {
-        failed.fetch_add(1);
-        break;
+  std::vector<std::thread> program;
+  for (int t = 0; t < kThreads; ++t)
+    program.emplace_back([&] {
+      make_context();
+      for (int i = 0; i < kPairs / kThreads; ++i) {
+        CUdeviceptr p = 0;
+        // 1 MiB (a slab class: a hit once warm) and 3 MiB (a whole block, or the vmm arena).
+        const uint64_t bytes = i % 4 == 3 ? 3 * kMiB : kMiB;
+        if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) {
+          failed.fetch_add(1);
+          break;
+        }
       }
-    }
-    done.store(true, std::memory_order_release);
-  });
+      if (running.fetch_sub(1) == 1) done.store(true, std::memory_order_release);
+    });
 
   Seen seen;
   uint64_t lagging = 0, checks = 0;
@@ -82,7 +87,7 @@ TEST_CASE("ledger: an event read from the ring never arrives before the counters
     if (allocs < s.allocs || frees < s.frees) ++lagging;
   };
   while (!done.load(std::memory_order_acquire)) drain_counting(seen, check);
-  program.join();
+  for (auto& th : program) th.join();
   while (drain_counting(seen, check) > 0) {
   }
   REQUIRE(failed.load() == 0);

@@ -16,11 +16,15 @@
 //   and advances read_pos. A producer that finds seq < p (the consumer is a lap behind)
 //   drops the event and counts it: the application never waits for the daemon.
 //
-// Counters and events (what a reader may rely on; tests: interposer.ledger_*). The interposer
-// writes a device's counters, live records and an event in one critical section of its
-// lock, counters first, then the event's publish (a release store). So:
+// Counters and events (what a reader may rely on; tests: interposer.ledger_*). Each of the
+// interposer's threads writes a device's counters with atomic read-modify-writes (a cap's
+// check is one compare-and-swap of `used`), under no common lock, and then publishes the
+// event that explains them (a release store). So:
 //   - every counter word is exact at every instant: a load sees a value it really had
-//     (counters are plain 64-bit atomics, each written whole);
+//     (each a 64-bit atomic, written whole by one read-modify-write); a charge never takes
+//     `used` past `limit`, not even for an instant (none is made and then rolled back):
+//     `used` is above `limit` only after the cap was lowered below it, or for bytes the
+//     driver had already given (a pitch wider than asked, the context's own memory);
 //   - an allocation's or a free's event (alloc, free, host_alloc, host_free, driver_error)
 //     never arrives before the counter change it explains: once a reader has read it
 //     (drain's acquire of its slot), every counter it changed already shows it. A pool's
@@ -30,6 +34,9 @@
 //   - a counter may move before the event that explains it is readable (the reader reads a
 //     counter newer than the last event it drained), and two counters loaded one after the
 //     other may straddle an update: totals come from the counters, history from the events;
+//   - events of different threads arrive in the order their pushes claimed positions, which
+//     need not be the order of their counter updates; an event's used_after is `used` as its
+//     thread loaded it after its own update (another thread's may already be in it);
 //   - events are best effort (a full ring drops them, counted in events_dropped); counters
 //     never miss anything.
 //
@@ -344,14 +351,6 @@ struct Event {
   uint32_t site = 0;
 };
 
-/// Producer side. Lock-free, wait-free in practice: at most kMaxPushAttempts CAS tries.
-/// `slot_count` is the producer's private copy (never re-read from shared memory, which a
-/// consumer could scribble on). Returns false (and counts a drop in the header) when the
-/// ring is full. Thread-safe for any number of producers.
-/// Cost: one relaxed and one acquire load, one CAS, one release store.
-inline constexpr int kMaxPushAttempts = 64;
-bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept;
-
 /// Fill a slot claimed at position `pos` and publish it (the release store of seq).
 CUW_INLINE void publish(EventSlot& s, uint64_t pos, const Event& e) noexcept {
   s.time_ns = e.time_ns;
@@ -368,34 +367,44 @@ CUW_INLINE void publish(EventSlot& s, uint64_t pos, const Event& e) noexcept {
   s.seq.store(pos + 1, std::memory_order_release);
 }
 
-/// A dropped event (the ring was full), counted by an exclusive writer. Out of line, so that
-/// the path that pushes stays one stretch of code.
+/// A dropped event (the ring was full, or a consumer scribbled on the positions). Out of
+/// line, so that the path that pushes stays one stretch of code.
 __attribute__((cold, noinline)) inline void count_dropped(RingHeader& h) noexcept {
-  h.events_dropped.store(h.events_dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  h.events_dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
-/// Producer side for a writer that excludes every other producer of this ring itself (the
-/// interposer pushes under its one lock): the same protocol and memory order as push(),
-/// with a plain claim of write_pos instead of the CAS. `write_pos` is the writer's own copy
-/// of h.write_pos (equal to it, and only ever advanced here); the shared field is stored,
-/// never loaded. Returns false (drop counted) when full. Cost: one load (the slot's seq),
-/// the slot's stores, one release store, one relaxed store. Inline (the interposer's hot
-/// path): with `e` built in place, the compiler stores its fields straight into the slot.
-CUW_INLINE bool push_exclusive(RingHeader& h, EventSlot* slots, uint32_t slot_count, uint64_t& write_pos,
-                               const Event& e) noexcept {
-  const uint64_t pos = write_pos;
-  EventSlot& s = slots[pos & (slot_count - 1)];
-  if (__builtin_expect(s.seq.load(std::memory_order_acquire) != pos, 0)) {
-    count_dropped(h);  // full: the consumer is a lap behind (or absent)
-    return false;
+/// Producer side. Lock-free, wait-free in practice: at most kMaxPushAttempts CAS tries.
+/// `slot_count` is the producer's private copy (never re-read from shared memory, which a
+/// consumer could scribble on). Returns false (and counts a drop in the header) when the
+/// ring is full. Thread-safe for any number of producers, with no lock: the interposer's
+/// threads push straight from their hooks (a pool's hit among them). Cost, uncontended: a
+/// relaxed load of write_pos, an acquire load of the slot's seq, one CAS, the slot's stores
+/// and a release store. Inline (the interposer's hot path): with `e` built in place, the
+/// compiler stores its fields straight into the slot.
+inline constexpr int kMaxPushAttempts = 64;
+CUW_INLINE bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
+  const uint64_t mask = slot_count - 1;
+  uint64_t pos = h.write_pos.load(std::memory_order_relaxed);
+  for (int attempt = 0; attempt < kMaxPushAttempts; ++attempt) {
+    EventSlot& s = slots[pos & mask];
+    const int64_t diff = static_cast<int64_t>(s.seq.load(std::memory_order_acquire) - pos);
+    if (__builtin_expect(diff == 0, 1)) {
+      if (__builtin_expect(h.write_pos.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed), 1)) {
+        publish(s, pos, e);
+        // The next event's slot: a line the consumer last read (or not touched for a lap).
+        // Ask for it, for writing, now, so that the next push does not wait for it.
+        __builtin_prefetch(&slots[(pos + 1) & mask], 1, 3);
+        return true;
+      }
+      // The CAS failed and reloaded pos: another producer claimed it; try the next.
+    } else if (diff < 0) {
+      break;  // full: the consumer is a lap behind (or absent)
+    } else {
+      pos = h.write_pos.load(std::memory_order_relaxed);  // another producer moved on
+    }
   }
-  __atomic_store_n(&write_pos, pos + 1, __ATOMIC_RELAXED);  // a prefetcher may read it unlocked
-  h.write_pos.store(pos + 1, std::memory_order_relaxed);
-  publish(s, pos, e);
-  // The next event's slot: a line the consumer last read (or not touched for a lap). Ask
-  // for it, for writing, now, so that the next push does not wait for it.
-  __builtin_prefetch(&slots[(pos + 1) & (slot_count - 1)], 1, 3);
-  return true;
+  count_dropped(h);
+  return false;
 }
 
 /// Initialise a freshly created, zero-filled mapping of file_size(slot_count) bytes.

@@ -6,14 +6,16 @@
 // cuw/counters.hpp and one line here. The caps (used, peak, refusals, the job's share) are
 // the tracker's (Tracker::charge and uncharge).
 //
-// Every call below runs under Tracker::lock(), like the ring push it ends with: counters,
-// records and events of one call move together, and in each call the counters are written
-// before the event is pushed, which is what ring.hpp promises the daemon (an event never
-// arrives before the counter change it explains). The lock stays (counters are plain
-// relaxed load + store under it, not atomic read-modify-writes): the ring's exclusive push,
-// the live tables and a pool's free lists need it anyway, so atomic counters (a cap check
-// by fetch-add, rolled back on refusal) would add locked instructions to a hit rather than
-// take the lock off it; that waits for a ring push and free lists that need no lock.
+// The counters are atomics, each written with one relaxed read-modify-write (counter_add,
+// counter_sub), and the event is pushed with the ring's lock-free CAS, so neither needs a
+// lock: in every call the counters are written before the event is published (a release
+// store), which is what ring.hpp promises the daemon (an event never arrives before the
+// counter change it explains). What still needs Tracker::lock() is what the calls keep
+// besides: the live records (the plain path's tables, a pool's blocks and segments) and a
+// pool's free lists, which its pool holds the same lock for. A pool's hit therefore takes
+// that one lock, for its free list and its block's record: taking it off the hit needs
+// free lists and a block record of the pool's own (a per-pool lock, and per-pool tables in
+// the live segment, which the daemon would read beside the shared one).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +28,9 @@
 namespace cuw::core {
 
 /// The plain path's entries (static) and a pool's book for one device (an instance).
-/// Thread-safety: every member requires Tracker::lock() held, except where it says it takes it.
+/// Thread-safety: a member that touches a live record (a table) requires Tracker::lock()
+/// held; one that writes only counters and events (driver_error, resized, host, handed_out,
+/// moved, lost, waited, called, free_memory) is safe from any thread, with or without it.
 class Ledger {
  public:
   // ---- the plain path: driver allocations the hooks record one by one --------------------
@@ -48,7 +52,7 @@ class Ledger {
     on_insert(key);
     if (!charged) t.count_uncapped_locked(d, bytes);
     count_alloc(t, d, ordinal, bytes, pooled(api));
-    t.emit_locked(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
+    t.emit_at(ring::EventKind::alloc, api, ordinal, key, bytes, aux, CUDA_SUCCESS, now);
   }
   /// The allocation `rec` at `key` (its record already taken) was freed through `api`:
   /// uncharged, counted, its event. The caller gives back the job's share after unlocking.
@@ -56,48 +60,48 @@ class Ledger {
                                uint64_t aux, uint64_t now) noexcept {
     t.uncharge_locked(d, rec.bytes);
     count_free(t, d, rec.device, rec.bytes, pooled(static_cast<ring::Api>(rec.api)));
-    t.emit_locked(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
+    t.emit_at(ring::EventKind::free, api, rec.device, key, rec.bytes, aux, CUDA_SUCCESS, now);
   }
   /// A free counted before its driver call (freed()) that the driver then refused: the
   /// allocation `rec` at `key` is live again, counted even over a cap (the driver holds it).
   static void unfreed(Tracker& t, ring::DeviceSlot& d, const LiveRecord& rec) noexcept {
     t.count_uncapped_locked(d, rec.bytes);
-    if (pooled(static_cast<ring::Api>(rec.api))) locked_add(t.pool_set(rec.device).live, rec.bytes);
-    else locked_add(d.reserved, rec.bytes);
-    locked_add(d.live_allocations, 1);
-    locked_sub(d.free_count, 1);
+    if (pooled(static_cast<ring::Api>(rec.api))) counter_add(t.pool_set(rec.device).live, rec.bytes);
+    else counter_add(d.reserved, rec.bytes);
+    counter_add(d.live_allocations, 1);
+    counter_sub(d.free_count, 1);
   }
   /// An allocation the driver failed (result `r`): counted and its event (`bytes` asked).
   static void driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, ring::Api api, uint64_t address,
                            uint64_t bytes, uint64_t aux, uint32_t r, uint64_t now) noexcept {
-    locked_add(d.driver_errors, 1);
-    t.emit_locked(ring::EventKind::driver_error, api, ordinal, address, bytes, aux, r, now);
+    counter_add(d.driver_errors, 1);
+    t.emit_at(ring::EventKind::driver_error, api, ordinal, address, bytes, aux, r, now);
   }
   /// The driver holds `actual` bytes for an allocation counted as `estimate` (a pitch).
   static void resized(ring::DeviceSlot& d, uint64_t estimate, uint64_t actual) noexcept {
-    locked_add(d.reserved, actual - estimate);  // wraps for a decrease
+    counter_add(d.reserved, actual - estimate);  // wraps for a decrease
   }
   /// Pinned host memory through `d`'s context (nullptr: no tracked device): `bytes` more
   /// (`added`) or fewer. The host record and event are the caller's (host.hpp).
   static void host(ring::DeviceSlot* d, uint64_t bytes, bool added) noexcept {
     if (!d) return;
-    if (added) locked_add(d->host_bytes, bytes);
-    else locked_sub(d->host_bytes, bytes);
+    if (added) counter_add(d->host_bytes, bytes);
+    else counter_sub(d->host_bytes, bytes);
   }
 
   /// What an allocation and a free count on `d`: live allocations, allocations or frees,
   /// and reserved (or, for a stream-ordered one, the driver pools' live bytes).
   CUW_INLINE static void count_alloc(Tracker& t, ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
-    if (__builtin_expect(pooled, 0)) locked_add(t.pool_set(ordinal).live, bytes);
-    else locked_add(d.reserved, bytes);
-    locked_add(d.live_allocations, 1);
-    locked_add(d.alloc_count, 1);
+    if (__builtin_expect(pooled, 0)) counter_add(t.pool_set(ordinal).live, bytes);
+    else counter_add(d.reserved, bytes);
+    counter_add(d.live_allocations, 1);
+    counter_add(d.alloc_count, 1);
   }
   CUW_INLINE static void count_free(Tracker& t, ring::DeviceSlot& d, int ordinal, uint64_t bytes, bool pooled) noexcept {
-    if (__builtin_expect(pooled, 0)) locked_sub(t.pool_set(ordinal).live, bytes);
-    else locked_sub(d.reserved, bytes);
-    locked_sub(d.live_allocations, 1);
-    locked_add(d.free_count, 1);
+    if (__builtin_expect(pooled, 0)) counter_sub(t.pool_set(ordinal).live, bytes);
+    else counter_sub(d.reserved, bytes);
+    counter_sub(d.live_allocations, 1);
+    counter_add(d.free_count, 1);
   }
 
   // ---- a pool's book: one device's counters as a pooling backend moves memory -----------
@@ -108,16 +112,16 @@ class Ledger {
   /// A block of `block` bytes the pool held free is handed to the program: one live
   /// allocation more, `block` bytes fewer cached; `hit`: served without the driver.
   CUW_INLINE void handed_out(uint64_t block, bool hit) noexcept {
-    locked_add(d_.live_allocations, 1);
-    locked_add(d_.alloc_count, 1);
-    locked_sub(d_.cached, block);
-    if (hit) locked_add(d_.pool_hits, 1);
+    counter_add(d_.live_allocations, 1);
+    counter_add(d_.alloc_count, 1);
+    counter_sub(d_.cached, block);
+    if (hit) counter_add(d_.pool_hits, 1);
   }
   /// The program's allocation at `ptr` of `requested` bytes through `api` (counted by
   /// handed_out): its record and its alloc event, stamped `now`.
   CUW_INLINE void recorded(uint64_t ptr, uint64_t requested, ring::Api api, uint64_t now) noexcept {
     t_.pooled_insert_locked(ptr, requested, ordinal_, api, 0, now);
-    t_.emit_locked(ring::EventKind::alloc, api, ordinal_, ptr, requested, 0, CUDA_SUCCESS, now);
+    t_.emit_at(ring::EventKind::alloc, api, ordinal_, ptr, requested, 0, CUDA_SUCCESS, now);
   }
   /// A hit: handed_out and recorded in one.
   CUW_INLINE void hit(uint64_t ptr, uint64_t requested, uint64_t block, ring::Api api, uint64_t now) noexcept {
@@ -129,30 +133,30 @@ class Ledger {
   /// block's, or 0 when the block leaves the pool with it): counters, record, event.
   CUW_INLINE void freed(uint64_t ptr, uint64_t requested, uint64_t cached, ring::Api api, uint64_t aux,
                         uint64_t now) noexcept {
-    locked_sub(d_.live_allocations, 1);
-    locked_add(d_.free_count, 1);
-    locked_add(d_.cached, cached);
+    counter_sub(d_.live_allocations, 1);
+    counter_add(d_.free_count, 1);
+    counter_add(d_.cached, cached);
     t_.pooled_erase_locked(ptr);
-    t_.emit_locked(ring::EventKind::free, api, ordinal_, ptr, requested, aux, CUDA_SUCCESS, now);
+    t_.emit_at(ring::EventKind::free, api, ordinal_, ptr, requested, aux, CUDA_SUCCESS, now);
   }
   /// The pool took `reserved` bytes from its upstream (the driver, or reserved ranges), of
   /// which `cached` are free; or, negative, gave them back.
   CUW_INLINE void moved(int64_t reserved, int64_t cached) noexcept {
-    locked_add(d_.reserved, static_cast<uint64_t>(reserved));  // wraps for a decrease
-    locked_add(d_.cached, static_cast<uint64_t>(cached));
+    counter_add(d_.reserved, static_cast<uint64_t>(reserved));  // wraps for a decrease
+    counter_add(d_.cached, static_cast<uint64_t>(cached));
   }
   /// The context went with `live` blocks of `live_bytes` still handed out: they count as
   /// freed (their events: forgot()), and `reserved` and `cached` bytes leave the counters.
   void lost(uint64_t live, uint64_t reserved, uint64_t cached) noexcept {
-    locked_sub(d_.live_allocations, live);
-    locked_add(d_.free_count, live);
-    locked_sub(d_.reserved, reserved);
-    locked_sub(d_.cached, cached);
+    counter_sub(d_.live_allocations, live);
+    counter_add(d_.free_count, live);
+    counter_sub(d_.reserved, reserved);
+    counter_sub(d_.cached, cached);
   }
   /// A block live when its context went (counted by lost()): its record and free event.
   void forgot(uint64_t ptr, uint64_t requested, uint64_t now) noexcept {
     t_.pooled_erase_locked(ptr);
-    t_.emit_locked(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, ptr, requested, 0, CUDA_SUCCESS, now);
+    t_.emit_at(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, ptr, requested, 0, CUDA_SUCCESS, now);
   }
   /// Driver memory at `base` went with its context: its record (no event: lost() counted it).
   void forgot_segment(uint64_t base) noexcept { t_.pool_segments().take(base, nullptr); }
@@ -172,7 +176,7 @@ class Ledger {
     return true;
   }
   /// The pool waited for earlier GPU work before reusing a block.
-  void waited() noexcept { locked_add(d_.pool_waits, 1); }
+  void waited() noexcept { counter_add(d_.pool_waits, 1); }
 
   /// What a pool called the driver for (counters.hpp: pool_driver_allocs, pool_driver_frees):
   /// memory taken, memory given back. (Its fence's waits are pool_waits: waited().)

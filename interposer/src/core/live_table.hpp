@@ -2,8 +2,8 @@
 // Open addressing with linear probing and tombstones, one array. No allocation per insert
 // (the unordered_map it replaced allocated a node for every cudaMalloc); the array doubles
 // when three quarters full. Not synchronized itself: the interposer calls it under the
-// tracker's lock (Tracker::lock()), which the same critical section uses for the counters
-// and the event, so a hooked call takes one lock for all three.
+// tracker's lock (Tracker::lock()), the one lock a hooked call takes (its counters are
+// atomics and its event a lock-free push, written in the same stretch).
 //
 // Built for the hooks' hot path, which runs with the CPU caches cold (the driver's own work
 // evicted them): the table's header is 24 bytes that sit in the tracker's hot cache line,

@@ -31,11 +31,8 @@ inline CUW_COLD bool has_context(Tracker& t) { return t.current_device() >= 0; }
 /// A failed driver allocation: give back what was charged, count, record; cold.
 inline CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ordinal, ring::Api api,
                                         uint64_t bytes, uint64_t aux, CUresult r, bool charged, uint64_t now) {
-  {
-    std::lock_guard<cuw::spin_lock> lk(t.lock());
-    if (charged) t.uncharge_locked(d, bytes);
-    Ledger::driver_error(t, d, ordinal, api, 0, bytes, aux, r, now);
-  }
+  if (charged) t.uncharge_locked(d, bytes);
+  Ledger::driver_error(t, d, ordinal, api, 0, bytes, aux, r, now);
   if (charged) t.job_uncharge(ordinal, bytes);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {
     t.report_oom(ordinal, bytes, api, ring::EventKind::driver_error, r);
@@ -46,12 +43,9 @@ inline CUW_COLD void count_driver_error(Tracker& t, ring::DeviceSlot& d, int ord
 
 /// Something the driver's checkpoint API cannot carry (managed memory, an IPC handle) was
 /// used on device `ordinal`: counted in its slot, where the daemon looks before it suspends
-/// the process. One locked add; cold.
+/// the process. One atomic add; cold.
 inline CUW_COLD void count_uncarried(Tracker& t, int ordinal, std::atomic<uint64_t> ring::DeviceSlot::*counter) {
-  if (ring::DeviceSlot* d = t.device(ordinal)) {
-    std::lock_guard<cuw::spin_lock> lk(t.lock());
-    cuw::core::locked_add((*d).*counter, 1);
-  }
+  if (ring::DeviceSlot* d = t.device(ordinal)) cuw::core::counter_add((*d).*counter, 1);
 }
 
 /// No-op for tracked_alloc_in's `on_insert`.
@@ -156,7 +150,7 @@ inline CUW_COLD void keep_live(Tracker& t, LiveTable& table, uint64_t key, const
     } else {
       ring::DeviceSlot& d = t.header().devices[rec.device];
       if (committed) Ledger::unfreed(t, d, rec);
-      t.emit_locked(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
+      t.emit_at(ring::EventKind::driver_error, api, rec.device, key, rec.bytes, aux, r, now);
     }
   }
   if (other.has_value()) {
@@ -216,12 +210,10 @@ CUW_INLINE CUresult tracked_free(Tracker& t, cuw::core::LiveTable& table, uint64
     return r;
   }
   if (committed) return r;
+  // The record left the table before the call: the counters and the event need no lock.
   ring::DeviceSlot& d = t.header().devices[rec.device];  // filled when it was allocated
   t.prefetch_commit(d);
-  {
-    std::lock_guard<cuw::spin_lock> lk(t.lock());
-    Ledger::freed(t, d, key, rec, api, aux, now);
-  }
+  Ledger::freed(t, d, key, rec, api, aux, now);
   t.job_uncharge(rec.device, rec.bytes);
   return r;
 }

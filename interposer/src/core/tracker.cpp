@@ -373,12 +373,8 @@ CUW_COLD Tracker::ctx_get_device_fn Tracker::resolve_ctx_get_device() noexcept {
 CUW_COLD Tracker::Charge Tracker::refuse(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api,
                                          bool assumed) {
   if (assumed && current_device() < 0) return Charge::no_context;
-  const uint64_t now = now_ns();
-  {
-    std::lock_guard<spin_lock> lk(mu_);
-    locked_add(d.refusals, 1);
-    emit_locked(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, now);
-  }
+  counter_add(d.refusals, 1);
+  emit_at(ring::EventKind::refuse, api, ordinal, 0, bytes, 0, CUDA_ERROR_OUT_OF_MEMORY, now_ns());
   report_oom(ordinal, bytes, api, ring::EventKind::refuse, CUDA_ERROR_OUT_OF_MEMORY);
   return Charge::refused;
 }
@@ -414,16 +410,18 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
   // sees it and nothing is charged to be taken back.
   if (__builtin_expect(process_scope_.load(std::memory_order_relaxed), 0)) context_before_charge(d, ordinal, bytes);
   const int g = job_gpu(ordinal);
-  // The cap's test, and the charge if it passes, under the lock.
+  // The cap's test and the charge in one compare-and-swap of `used`, no lock: `used` never
+  // passes `limit`, not even for an instant a reader could see, and a request that is
+  // refused never makes another one fail (a fetch-add rolled back on refusal, RMM's
+  // limiting adaptor, would let both). A cap changed meanwhile counts as changed after.
   auto fits = [&]() CUW_LAMBDA_INLINE {
-    const spin_guard lk(mu_);
     const uint64_t limit = d.limit.load(std::memory_order_relaxed);
-    const uint64_t used = d.used.load(std::memory_order_relaxed);
-    if (!within(limit, used, bytes)) return false;
-    d.used.store(used + bytes, std::memory_order_relaxed);
+    uint64_t used = d.used.load(std::memory_order_relaxed);
+    do {
+      if (!within(limit, used, bytes)) return false;
+    } while (__builtin_expect(!d.used.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed), 0));
     // In a job the peak waits for the job's answer: a refused request never was held.
-    if (__builtin_expect(g < 0, 1) && used + bytes > d.peak.load(std::memory_order_relaxed))
-      d.peak.store(used + bytes, std::memory_order_relaxed);
+    if (__builtin_expect(g < 0, 1)) raise_peak(d.peak, used + bytes);
     return true;
   };
   bool over = !fits();
@@ -439,35 +437,26 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
     uint64_t job_cap = 0, job_used = 0;
     const bool ok = job_->charge(job_slot_, g, bytes, &job_cap, &job_used);
     if (!ok && assumed && current_device() < 0) {  // no context: nothing was asked for
-      std::lock_guard<spin_lock> lk(mu_);
       uncharge_locked(d, bytes);  // the job's own share was not taken (refused)
       return Charge::no_context;
     }
-    const uint64_t now = ok ? 0 : now_ns();
     if (!ok) {
-      {
-        std::lock_guard<spin_lock> lk(mu_);
-        locked_sub(d.used, bytes);
-        if (quiet) return Charge::refused;
-        locked_add(d.refusals, 1);
-        // used_after: what the job's other members hold (the figure that refused us).
-        emit_locked(ring::EventKind::job_refuse, api, ordinal, 0, bytes, job_cap, CUDA_ERROR_OUT_OF_MEMORY, now,
-                    job_used);
-      }
+      counter_sub(d.used, bytes);
+      if (quiet) return Charge::refused;
+      counter_add(d.refusals, 1);
+      // used_after: what the job's other members hold (the figure that refused us).
+      emit_at(ring::EventKind::job_refuse, api, ordinal, 0, bytes, job_cap, CUDA_ERROR_OUT_OF_MEMORY, now_ns(),
+              job_used);
       report_oom(ordinal, bytes, api, ring::EventKind::job_refuse, CUDA_ERROR_OUT_OF_MEMORY);
       return Charge::refused;
     }
-    std::lock_guard<spin_lock> lk(mu_);
-    const uint64_t used = d.used.load(std::memory_order_relaxed);
-    if (used > d.peak.load(std::memory_order_relaxed)) d.peak.store(used, std::memory_order_relaxed);
+    raise_peak(d.peak, d.used.load(std::memory_order_relaxed));
   }
   return Charge::ok;
 }
 
 void Tracker::force_charge_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept {
-  const uint64_t next = d.used.load(std::memory_order_relaxed) + bytes;
-  d.used.store(next, std::memory_order_relaxed);
-  if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
+  raise_peak(d.peak, d.used.fetch_add(bytes, std::memory_order_relaxed) + bytes);
 }
 
 CUW_COLD void Tracker::job_uncharge_slow(int g, uint64_t bytes) noexcept { job_->uncharge(job_slot_, g, bytes); }
@@ -477,10 +466,7 @@ void Tracker::job_force_charge(int ordinal, uint64_t bytes) noexcept {
 }
 
 void Tracker::uncharge(ring::DeviceSlot& d, uint64_t bytes) noexcept {
-  {
-    std::lock_guard<spin_lock> lk(mu_);
-    uncharge_locked(d, bytes);
-  }
+  uncharge_locked(d, bytes);
   job_uncharge(d.ordinal, bytes);
 }
 
@@ -521,10 +507,7 @@ void Tracker::refresh_pools(int ordinal, CUmemoryPool pool, bool force, bool dis
   const uint64_t old = ps.reserved.exchange(total, std::memory_order_relaxed);
   ps.refreshed_ns.store(now, std::memory_order_relaxed);
   if (total != old) {
-    if (ring::DeviceSlot* d = device(ordinal)) {
-      std::lock_guard<spin_lock> lk2(mu_);
-      locked_add(d->reserved, total - old);  // wraps for a decrease
-    }
+    if (ring::DeviceSlot* d = device(ordinal)) counter_add(d->reserved, total - old);  // wraps for a decrease
   }
 }
 
@@ -539,9 +522,7 @@ CUW_COLD void Tracker::pooled_refresh(int ordinal, CUmemoryPool pool, CUstream s
 
 void Tracker::emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
                    uint32_t result) noexcept {
-  const uint64_t now = now_ns();
-  std::lock_guard<spin_lock> lk(mu_);
-  emit_locked(kind, api, ordinal, address, bytes, aux, result, now);
+  emit_at(kind, api, ordinal, address, bytes, aux, result, now_ns());
 }
 
 // The process exits (or the library is unloaded): mark it in the ring.
@@ -632,7 +613,7 @@ CUW_COLD void Tracker::record_segment(int ordinal, uint64_t base, uint64_t bytes
   e.used_after = static_cast<unsigned>(ordinal) < ring::kMaxDevices
                      ? header_->devices[ordinal].used.load(std::memory_order_relaxed)
                      : 0;
-  push_locked(e);
+  push_event(e);
 }
 
 void Tracker::count_freed_unseen_locked(uint64_t key, const LiveRecord& rec, ring::Api api, uint64_t now) noexcept {

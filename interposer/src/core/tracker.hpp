@@ -30,13 +30,16 @@
 
 namespace cuw::core {
 
-/// Add to / take from a counter with a plain relaxed load and store (no locked
-/// instruction). Only under Tracker::lock().
-inline void locked_add(std::atomic<uint64_t>& c, uint64_t v) noexcept {
-  c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
-}
-inline void locked_sub(std::atomic<uint64_t>& c, uint64_t v) noexcept {
-  c.store(c.load(std::memory_order_relaxed) - v, std::memory_order_relaxed);
+/// Add to / take from a counter: one atomic read-modify-write (relaxed), so a counter is
+/// right whichever threads write it, under whichever lock or none (a pool's hit holds only
+/// its pool's lock). Readers (the daemon, cuMemGetInfo) load each counter whole.
+CUW_INLINE void counter_add(std::atomic<uint64_t>& c, uint64_t v) noexcept { c.fetch_add(v, std::memory_order_relaxed); }
+CUW_INLINE void counter_sub(std::atomic<uint64_t>& c, uint64_t v) noexcept { c.fetch_sub(v, std::memory_order_relaxed); }
+/// Raise `peak` to `v` if it is lower (a compare-and-swap only when it is).
+CUW_INLINE void raise_peak(std::atomic<uint64_t>& peak, uint64_t v) noexcept {
+  uint64_t p = peak.load(std::memory_order_relaxed);
+  while (__builtin_expect(v > p, 0) && !peak.compare_exchange_weak(p, v, std::memory_order_relaxed)) {
+  }
 }
 
 /// Stream-ordered allocations live in the driver's pools: what the process holds from the
@@ -138,29 +141,27 @@ class Tracker {
   }
 
   /// The hot path's one lock. Held by a hooked call for one short critical section (two
-  /// with a cap or in a job: for an allocation that reaches the driver, before the call and
-  /// after it; for a cuMemFree, cuMemRelease or array destroy, the table before, the
-  /// counters after), never across a driver or system call. It guards, for every device: used and peak (the cap), the
-  /// counters (live_allocations, alloc_count, free_count, reserved, cached, pool_hits,
-  /// pool_waits, driver_errors, host_bytes, refusals), the stream-ordered pools' live
-  /// bytes; the live tables (pointers, handles, host); the ring's write position (events are
-  /// pushed with ring::push_exclusive); a pooling backend's free lists. So one locked instruction
-  /// covers what took a CAS or locked add each. Counters are written with locked_add /
-  /// locked_sub (plain relaxed load and store); readers outside the process (the daemon) and
-  /// inside it (cuMemGetInfo) load each counter atomically, without the lock. The daemon
+  /// for a cuMemFree, cuMemRelease or array destroy that commits after its driver call: the
+  /// record taken before), never across a driver or system call. It guards the live tables
+  /// (pointers, handles, host, and a pooling backend's blocks and segments) and a pooling
+  /// backend's free lists. Not the counters: each is an atomic written with one relaxed
+  /// read-modify-write (counter_add, counter_sub; `used` by charge()'s compare-and-swap),
+  /// so the cap's check and the ring's push (ring::push, a CAS) take no lock, and an
+  /// allocation under a cap takes this lock once, for its record. Readers outside the
+  /// process (the daemon) and inside it (cuMemGetInfo) load each counter whole. The daemon
   /// writes only `limit`, atomically. The job segment (shared between processes) is
   /// lock-free and updated outside this lock.
   spin_lock& lock() noexcept { return mu_; }
 
   /// Try to count `bytes` against `dev`'s cap and, in a job, the job's cap on that GPU.
-  /// Takes lock() (the caller must not hold it): under it `used` never passes `limit`, and
-  /// `peak` follows; then, outside it, the job segment's reserve-then-validate
+  /// Lock-free (the caller may hold lock() or not): one compare-and-swap of `used`, which
+  /// never passes `limit`, and `peak` follows; then the job segment's reserve-then-validate
   /// (cuw/job.hpp). Returns ok, or refused when over either cap (the refusal is counted and
   /// a refuse / job_refuse event emitted). `assumed`: `ordinal` came from
   /// allocation_device() without asking the driver; then a refusal first checks that the
   /// thread has a context at all, and returns no_context (nothing charged, counted or
   /// emitted: the caller passes the call to the driver, which answers for itself). Cost:
-  /// one lock; in a job also one locked add and a read of each member's slot. `quiet`: a
+  /// one compare-and-swap; in a job also one locked add and a read of each member's slot. `quiet`: a
   /// refusal is neither counted nor emitted (the caller can make room, a pool's memory, and
   /// charge again; its last try is not quiet).
   enum class Charge { ok, refused, no_context };
@@ -207,13 +208,15 @@ class Tracker {
   /// refuses it, as charge() would (counted, a refuse event, the report); false also when
   /// `assumed` and the thread has no context (the driver answers). Cold.
   bool held_back_refused(ring::DeviceSlot& d, int ordinal, uint64_t bytes, ring::Api api, bool assumed);
-  /// Give back bytes counted by charge() (a failed driver call, or a free): `used` under
-  /// lock() (taken here), then the job's share.
+  /// Give back bytes counted by charge() (a failed driver call, or a free): `used` (one
+  /// atomic subtract), then the job's share. Lock-free.
   void uncharge(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
-  /// The same with lock() already held: `used` only; call job_uncharge() after unlocking.
-  void uncharge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept { locked_sub(dev.used, bytes); }
-  /// Count bytes that are already allocated, cap or not (a pitch larger than estimated);
-  /// lock() held; call job_force_charge() after unlocking.
+  /// `used` only (one atomic subtract; lock() held or not); call job_uncharge() after
+  /// unlocking.
+  void uncharge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept { counter_sub(dev.used, bytes); }
+  /// Count bytes that are already allocated, cap or not (a pitch larger than estimated):
+  /// `used` and `peak`, atomically (lock() held or not); call job_force_charge() after
+  /// unlocking.
   void force_charge_locked(ring::DeviceSlot& dev, uint64_t bytes) noexcept;
   /// The job's share of uncharge / force_charge (lock-free; no-op outside a job).
   /// `ordinal`: the device's CUDA ordinal (the slot's index).
@@ -251,21 +254,22 @@ class Tracker {
     pooled_refresh(ordinal, pool, stream);
   }
 
-  /// Emit an event into the ring, stamped now; takes lock(). Never blocks on the consumer
-  /// (drops and counts when full).
+  /// Emit an event into the ring, stamped now. Lock-free (ring::push); never blocks on the
+  /// consumer (drops and counts when full).
   void emit(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes, uint64_t aux,
             uint32_t result) noexcept;
-  /// The same with lock() held and the time already read (fast_clock::realtime_ns(), read
-  /// before locking to keep the critical section short). used_after is `ordinal`'s used.
-  CUW_INLINE void emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
-                              uint64_t aux, uint32_t result, uint64_t time_ns) noexcept {
+  /// The same with the time already read (fast_clock::realtime_ns(), read before a critical
+  /// section to keep it short), lock() held or not. used_after is `ordinal`'s used as this
+  /// thread loads it (another thread's charge may land between its counters and this load).
+  CUW_INLINE void emit_at(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
+                          uint64_t aux, uint32_t result, uint64_t time_ns) noexcept {
     const bool known = static_cast<unsigned>(ordinal) < ring::kMaxDevices;
-    emit_locked(kind, api, ordinal, address, bytes, aux, result, time_ns,
-                known ? header_->devices[ordinal].used.load(std::memory_order_relaxed) : 0);
+    emit_at(kind, api, ordinal, address, bytes, aux, result, time_ns,
+            known ? header_->devices[ordinal].used.load(std::memory_order_relaxed) : 0);
   }
   /// The same with used_after given (a job refusal reports what the job's members hold).
-  CUW_INLINE void emit_locked(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
-                              uint64_t aux, uint32_t result, uint64_t time_ns, uint64_t used_after) noexcept {
+  CUW_INLINE void emit_at(ring::EventKind kind, ring::Api api, int ordinal, uint64_t address, uint64_t bytes,
+                          uint64_t aux, uint32_t result, uint64_t time_ns, uint64_t used_after) noexcept {
     ring::Event e;
     e.time_ns = time_ns;
     e.address = address;
@@ -280,7 +284,7 @@ class Tracker {
     if (kind == ring::EventKind::alloc || kind == ring::EventKind::refuse || kind == ring::EventKind::job_refuse ||
         kind == ring::EventKind::driver_error || kind == ring::EventKind::host_alloc)
       e.site = thread_state().site;
-    push_locked(e);
+    push_event(e);
   }
 
   /// Right after a driver call, before the critical section that records it: ask the CPU
@@ -292,7 +296,7 @@ class Tracker {
   CUW_INLINE void prefetch_commit(const ring::DeviceSlot& d) noexcept {
     __builtin_prefetch(&mu_, 1, 3);
     __builtin_prefetch(&d.used, 1, 3);
-    const uint64_t pos = __atomic_load_n(&write_pos_, __ATOMIC_RELAXED);
+    const uint64_t pos = header_->write_pos.load(std::memory_order_relaxed);
     __builtin_prefetch(&slots()[pos & (slot_count_ - 1)], 1, 3);
     __builtin_prefetch(&header_->write_pos, 1, 3);
   }
@@ -399,9 +403,7 @@ class Tracker {
 
   /// `used` and `peak` for an allocation that was not charged (uncapped()); lock() held.
   CUW_INLINE void count_uncapped_locked(ring::DeviceSlot& d, uint64_t bytes) noexcept {
-    const uint64_t next = d.used.load(std::memory_order_relaxed) + bytes;
-    d.used.store(next, std::memory_order_relaxed);
-    if (next > d.peak.load(std::memory_order_relaxed)) d.peak.store(next, std::memory_order_relaxed);
+    raise_peak(d.peak, d.used.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   }
 
   /// A pooling backend took (`added`) or gave back driver memory [base, base + bytes) on
@@ -465,10 +467,10 @@ class Tracker {
   /// kept: the tracker shares one page with g_hot). Allocates; cold paths only.
   std::string ring_path() const;
   void fill_device(int ordinal, ring::DeviceSlot& d);
-  /// Stamp the thread on `e` (time already set) and push it into the ring; lock() held.
-  CUW_INLINE void push_locked(ring::Event& e) noexcept {
+  /// Stamp the thread on `e` (time already set) and push it into the ring. Lock-free.
+  CUW_INLINE void push_event(ring::Event& e) noexcept {
     e.tid = detail::thread_id();
-    ring::push_exclusive(*header_, slots(), slot_count_, write_pos_, e);
+    ring::push(*header_, slots(), slot_count_, e);
   }
   /// Join CUWARDEN_JOB's segment (constructor). Failure is a configuration error.
   void join_job();
@@ -499,9 +501,6 @@ class Tracker {
   int16_t job_slot_ = -1;                  ///< (a job has at most job::kMaxMembers)
   std::atomic<bool> callsites_on_{false};  ///< live_->sites captures (callsites_on())
   ring::RingHeader* header_ = nullptr;
-  /// The ring's write position: only this process writes it, under lock(), so the producer
-  /// keeps its own copy and never reads the shared header's (a line the daemon reads).
-  uint64_t write_pos_ = 0;
   std::atomic<backend_base*> backend_{nullptr};  ///< never destroyed (see start_backend)
   LiveTable pointers_;
   // (end of the first line)

@@ -49,7 +49,7 @@ void pool<Layout>::retire_front() {
     push_free_locked(b);
     b = next;
   }
-  core::locked_sub(pending_bytes_, bt.bytes);
+  pending_bytes_.store(pending_bytes_.load(std::memory_order_relaxed) - bt.bytes, std::memory_order_relaxed);
   mu_.unlock();
   if (fence_.pop_front()) retire_open_if_idle();
 }
@@ -69,7 +69,7 @@ void pool<Layout>::retire_open_if_idle() {
     push_free_locked(b);
     b = next;
   }
-  core::locked_sub(pending_bytes_, open_bytes_);
+  pending_bytes_.store(pending_bytes_.load(std::memory_order_relaxed) - open_bytes_, std::memory_order_relaxed);
   open_head_ = nullptr;
   open_count_ = 0;
   open_bytes_ = 0;

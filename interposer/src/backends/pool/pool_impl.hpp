@@ -439,7 +439,7 @@ CUW_HOT CUresult pool<Layout>::free_traced(CUdeviceptr p, ring::Api api, uint64_
   b->next = open_head_;
   open_head_ = b;
   open_bytes_ += size;
-  core::locked_add(pending_bytes_, size);
+  pending_bytes_.store(pending_bytes_.load(std::memory_order_relaxed) + size, std::memory_order_relaxed);
   const uint32_t n = ++open_count_;
   mu_.unlock();
   // Seal a full batch, or the first free when nothing is sealed (its events may prove the
