@@ -100,7 +100,8 @@ ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs,
   const auto* bytes = static_cast<const unsigned char*>(base);
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kMagic) return ReadError::bad_magic;
   if (load(&h->abi_version) != kAbiVersion) return ReadError::bad_abi;
-  if (load(&h->header_size) < sizeof(LiveHeader) || load(&h->header_size) > kHeaderBytes) return ReadError::bad_abi;
+  const uint32_t header_size = load(&h->header_size);
+  if (header_size < kMinHeaderSize || header_size > kHeaderBytes) return ReadError::bad_abi;
   for (int attempt = 0; attempt < attempts; ++attempt) {
     Contents c;
     c.pid = load(&h->pid);
@@ -115,19 +116,20 @@ ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs,
       sched_yield();
       continue;
     }
-    TableDesc tables[kTables];
+    TableDesc tables[kTableSlots] = {};
     uint64_t log_off[kLogs], log_cap[kLogs], log_used[kLogs];
-    for (uint32_t t = 0; t < kTables; ++t) {
-      tables[t].offset = load(&h->tables[t].offset);
-      tables[t].capacity = load(&h->tables[t].capacity);
-    }
+    for (uint32_t t = 0; t < kTableSlots; ++t)
+      if (const TableDesc* d = table_desc(*h, t, header_size)) {
+        tables[t].offset = load(&d->offset);
+        tables[t].capacity = load(&d->capacity);
+      }
     for (uint32_t l = 0; l < kLogs; ++l) {
       log_off[l] = load(&h->logs[l].offset);
       log_cap[l] = load(&h->logs[l].capacity);
       log_used[l] = h->logs[l].used.load(std::memory_order_acquire);
     }
     bool layout_ok = true;
-    for (uint32_t t = 0; t < kTables && layout_ok; ++t) {
+    for (uint32_t t = 0; t < kTableSlots && layout_ok; ++t) {
       if (tables[t].capacity == 0) continue;
       if (tables[t].capacity > mapped / sizeof(LiveSlot) ||
           !region_ok(tables[t].offset, tables[t].capacity * sizeof(LiveSlot), mapped)) {
@@ -144,7 +146,7 @@ ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs,
         const uint64_t stream = __atomic_load_n(&slots[i].stream, __ATOMIC_ACQUIRE);
         const uint64_t tag = __atomic_load_n(&slots[i].tag, __ATOMIC_ACQUIRE);
         if (load(&slots[i].key) != k1) continue;  // changed under us: removed or being rewritten
-        c.records.push_back(Record{static_cast<Table>(t), k1, rec_bytes(rec), stream, rec_device(rec), rec_api(rec),
+        c.records.push_back(Record{table_of_slot(t), k1, rec_bytes(rec), stream, rec_device(rec), rec_api(rec),
                                    tag_time_ns(tag, c.created_ns), tag_site(tag)});
       }
     }
@@ -236,9 +238,11 @@ bool read_file(const std::string& path, long expect_uid, Contents* out, std::str
         total += n;
         pread_all(bytes + off, n, off);
       };
-      for (uint32_t t = 0; t < kTables; ++t)
-        if (h.tables[t].capacity <= size / sizeof(LiveSlot))
-          region(h.tables[t].offset, h.tables[t].capacity * sizeof(LiveSlot));
+      for (uint32_t t = 0; t < kTableSlots; ++t)
+        if (const TableDesc* d = table_desc(h, t, h.header_size); !d)
+          continue;
+        else if (d->capacity <= size / sizeof(LiveSlot))
+          region(d->offset, d->capacity * sizeof(LiveSlot));
         else
           fits = false;
       if (want_logs)

@@ -6,6 +6,9 @@
 // the queries no hooked entry point answers).
 #include <dlfcn.h>
 
+#include <atomic>
+#include <thread>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -58,6 +61,54 @@ TEST_CASE("backend: the one chosen at start is the one CUWARDEN_POOL names", "[s
   const char* name = testing<cuwt_backend_name_fn>("cuwarden_testing_backend_name")();
   REQUIRE(name);
   CHECK(std::string(name) == (pool ? pool : "off"));
+}
+
+TEST_CASE("backend: a pool's hit and free wait for no lock but their device's pool book", "[seam_cache]") {
+  // The hooks' lock (the live tables) and another device's book held: a thread's hits and
+  // frees on device 0 still complete. Their counters are atomics and their events a
+  // lock-free push; the records of their blocks are device 0's book's.
+  auto hold = testing<cuwt_hold_lock_fn>("cuwarden_testing_hold_lock");
+  make_context();
+  touch_interposer();
+  auto& d = dev_counters();
+  for (int i = 0; i < 50; ++i) {  // warm: a slab of 1 MiB blocks and a large block kept free
+    CUdeviceptr a = 0, b = 0;
+    REQUIRE(cuMemAlloc(&a, kMiB) == CUDA_SUCCESS);
+    REQUIRE(cuMemAlloc(&b, 3 * kMiB) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(a) == CUDA_SUCCESS);
+    REQUIRE(cuMemFree(b) == CUDA_SUCCESS);
+  }
+  constexpr int kPairs = 2000;
+  const uint64_t hits0 = d.pool_hits.load(), allocs0 = d.alloc_count.load();
+  std::atomic<bool> go{false}, done{false};
+  std::atomic<int> failed{0};
+  CUcontext ctx = nullptr;
+  REQUIRE(cuCtxGetCurrent(&ctx) == CUDA_SUCCESS);
+  std::thread program([&] {  // (no Catch2 assertion off the main thread: not thread-safe)
+    if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) failed.fetch_add(1);
+    while (!go.load()) std::this_thread::yield();
+    for (int i = 0; i < kPairs; ++i) {
+      CUdeviceptr p = 0;
+      const uint64_t bytes = i % 2 ? 3 * kMiB : kMiB;
+      if (cuMemAlloc(&p, bytes) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) failed.fetch_add(1);
+    }
+    done.store(true);
+  });
+  REQUIRE(hold(-1, 1) == 0);
+  REQUIRE(hold(1, 1) == 0);
+  go.store(true);
+  // Waits for the thread to finish (a condition); 60 s is a hang's bound, not a timing.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done.load() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const bool finished = done.load();
+  REQUIRE(hold(1, 0) == 0);
+  REQUIRE(hold(-1, 0) == 0);
+  program.join();
+  CHECK(finished);
+  CHECK(failed.load() == 0);
+  CHECK(d.alloc_count.load() - allocs0 == uint64_t{kPairs});
+  CHECK(d.pool_hits.load() - hits0 == uint64_t{kPairs});  // every one a hit, none a driver call
 }
 
 TEST_CASE("backend: the cache's blocks and pool statistics agree with the ring's counters", "[seam_cache]") {

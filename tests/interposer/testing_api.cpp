@@ -59,3 +59,12 @@ extern "C" __attribute__((visibility("default"))) int64_t cuwarden_testing_refus
   const cuw::ring::DeviceSlot* d = t ? t->device_if_filled(ordinal) : nullptr;
   return d ? static_cast<int64_t>(d->refusals.load(std::memory_order_acquire)) : -1;
 }
+
+extern "C" __attribute__((visibility("default"))) int cuwarden_testing_hold_lock(int book, int hold) {
+  core::Tracker* t = core::Tracker::instance_if_created();
+  if (!t) return -1;
+  cuw::spin_lock& l = book < 0 ? t->lock() : t->pool_book(book).mu;
+  if (hold) l.lock();
+  else l.unlock();
+  return 0;
+}

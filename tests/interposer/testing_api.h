@@ -35,6 +35,9 @@ typedef const char* (*cuwt_backend_name_fn)(void);
 typedef uint64_t (*cuwt_runtime_answers_fn)(void);
 /* Device `ordinal`'s refusals counter (the ring's "ooms"); -1 when it has no slot yet. */
 typedef int64_t (*cuwt_refusals_fn)(int ordinal);
+/* Take (`hold` 1) or release (0) the hooks' lock (`book` -1: Tracker::lock()) or device
+   `book`'s pool book lock, as the interposer's own threads do; -1 when no tracker exists. */
+typedef int (*cuwt_hold_lock_fn)(int book, int hold);
 
 #ifdef __cplusplus
 }

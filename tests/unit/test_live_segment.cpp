@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,48 @@ TEST_CASE("live segment: a reader copies every live record of tables kept in it"
                       [](const live::Record& r) { return r.table == live::Table::pooled && r.device == 1; }) == 1);
   CHECK_FALSE(live::read_file(seg.path(), getuid() + 1, &c, &why));  // another owner's file is refused
   CHECK(why.find("another user") != std::string::npos);
+}
+
+TEST_CASE("live segment: each device's pooled blocks have a table of their own, read as pooled", "[live_segment]") {
+  TempDir dir;
+  LiveSegment seg;
+  REQUIRE(seg.open(dir.path, 4243, getuid(), 778, 1'700'000'000'000'000'000ULL, 0, false));
+  // Device 0's pools use Table::pooled (what a reader before the per-device tables reads),
+  // devices 1..15 a slot each past the kTables.
+  CHECK(live::pooled_slot(0) == static_cast<uint32_t>(live::Table::pooled));
+  CHECK(live::pooled_slot(1) == live::kTables);
+  CHECK(live::pooled_slot(15) == live::kTableSlots - 1);
+  std::vector<std::unique_ptr<LiveTable>> books;
+  for (int d = 0; d < 16; ++d) {
+    books.push_back(std::make_unique<LiveTable>());
+    books.back()->attach_slot(&seg, live::pooled_slot(d));
+    for (uint64_t i = 1; i <= 100; ++i)  // a growth or two each
+      REQUIRE(books.back()->insert((uint64_t(d + 1) << 32) + i * 512,
+                                   LiveRecord{i, static_cast<int8_t>(d), 1, 0, live::make_tag(0, 0)}));
+  }
+  live::Contents c;
+  std::string why;
+  REQUIRE(live::read_file(seg.path(), getuid(), &c, &why));
+  std::map<int, int> by_device;
+  for (const live::Record& r : c.records) {
+    CHECK(r.table == live::Table::pooled);
+    CHECK(r.key >> 32 == static_cast<uint64_t>(r.device + 1));
+    ++by_device[r.device];
+  }
+  CHECK(by_device.size() == 16);
+  for (const auto& [d, n] : by_device) CHECK(n == 100);
+
+  // A writer from before the per-device tables (its header_size ends at them) is read as
+  // it was: its tables, nothing of the descriptors past its header.
+  auto& h = seg.header();
+  const uint32_t full = h.header_size;
+  h.header_size = live::kMinHeaderSize;
+  REQUIRE(live::read_file(seg.path(), getuid(), &c, &why));
+  CHECK(c.records.size() == 100);
+  for (const live::Record& r : c.records) CHECK(r.device == 0);
+  h.header_size = live::kMinHeaderSize - 8;  // shorter than any writer's: refused
+  CHECK_FALSE(live::read_file(seg.path(), getuid(), &c, &why));
+  h.header_size = full;
 }
 
 TEST_CASE("live segment: regions given back are reused, so churn does not grow the file", "[live_segment]") {

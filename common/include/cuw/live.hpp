@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace cuw::live {
@@ -55,6 +56,10 @@ enum class Table : uint32_t {
   count_ = 5,
 };
 inline constexpr uint32_t kTables = static_cast<uint32_t>(Table::count_);
+/// Devices with a pooled table of their own (ring::kMaxDevices), and every table slot:
+/// the kTables, then device_pooled's (LiveHeader).
+inline constexpr uint32_t kPooledDevices = 16;
+inline constexpr uint32_t kTableSlots = kTables + kPooledDevices - 1;
 
 /// Append-only logs.
 enum class Log : uint32_t {
@@ -178,8 +183,34 @@ struct LiveHeader {
   uint64_t reserved_words[8];
   TableDesc tables[kTables];
   LogDesc logs[kLogs];
+  /// The blocks the pools of devices 1 .. kPooledDevices - 1 handed out, one table each (a
+  /// pool's hit takes its device's lock only, not one shared by every device); `tables`'s
+  /// Table::pooled holds device 0's. A writer that predates them (header_size ends before
+  /// them) keeps every device's there. Readers return their records as Table::pooled.
+  TableDesc device_pooled[kPooledDevices - 1];
 };
 static_assert(sizeof(LiveHeader) <= kHeaderBytes);
+/// The smallest header a reader accepts: a writer's from before device_pooled.
+inline constexpr uint32_t kMinHeaderSize = offsetof(LiveHeader, device_pooled);
+
+/// Where the slots of table slot `slot` are described, in a header whose writer filled
+/// `header_size` bytes: `tables[slot]` for slot < kTables, then device_pooled; nullptr past
+/// what the writer filled or kTableSlots.
+template <class Header>
+constexpr auto* table_desc(Header& h, uint32_t slot, uint32_t header_size) noexcept {
+  using Desc = std::conditional_t<std::is_const_v<Header>, const TableDesc, TableDesc>;
+  if (slot < kTables) return static_cast<Desc*>(&h.tables[slot]);
+  const uint32_t k = slot - kTables;
+  if (k >= kPooledDevices - 1 || offsetof(LiveHeader, device_pooled) + (k + 1) * sizeof(TableDesc) > header_size)
+    return static_cast<Desc*>(nullptr);
+  return static_cast<Desc*>(&h.device_pooled[k]);
+}
+/// What table slot `slot`'s records are: its Table, or Table::pooled for device_pooled's.
+constexpr Table table_of_slot(uint32_t slot) noexcept { return slot < kTables ? static_cast<Table>(slot) : Table::pooled; }
+/// The table slot of the blocks the pools of device `ordinal` (0 .. kPooledDevices - 1) hand out.
+constexpr uint32_t pooled_slot(int ordinal) noexcept {
+  return ordinal <= 0 ? static_cast<uint32_t>(Table::pooled) : kTables + static_cast<uint32_t>(ordinal) - 1;
+}
 
 /// File name (no directory): "live-<pid>-<start_time>.cwl".
 std::string file_name(uint32_t pid, uint64_t start_time);

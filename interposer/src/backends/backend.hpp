@@ -9,7 +9,8 @@
 //      do_* method below (each says what passthrough does). Hand what you do not serve to a
 //      `passthrough` member. What you serve, you count and record by calling the ledger
 //      (core/ledger.hpp: a block handed out, freed, driver memory taken and given back),
-//      under the tracker's lock with your own free lists; caps: Tracker::charge for what you
+//      under your device's pool book lock with your own free lists (Tracker::pool_book; its
+//      records are the ledger's); caps: Tracker::charge for what you
 //      take from the driver. A pool of another layout is a layout type instead (the steps
 //      pool/pool.hpp lists, and what pool/pooled_backend.hpp asks) whose own file
 //      instantiates pool<Layout> and pooled_backend<Layout>: backends/cache/whole_blocks.hpp
@@ -170,13 +171,13 @@ class backend : public core::backend_base {
   }
   /// Calls `visit` for every block the backend holds (not for passthrough's allocations:
   /// those are the core's live records); false when memory ran out and some were left out.
-  /// Allocates, and holds the tracker's lock while it copies a pool's blocks: for snapshots
+  /// Allocates, and holds a pool's lock while it copies its blocks: for snapshots
   /// and reports, never on a hot path. Each block is as it was when copied.
   bool for_each_block(core::Tracker& t, call_ref<void(const block_info&)> visit) {
     return do_for_each_block(t, visit);
   }
-  /// The pool on device `ordinal` (zeros when the backend keeps nothing there). Holds the
-  /// tracker's lock while it walks the pool's blocks: not on a hot path.
+  /// The pool on device `ordinal` (zeros when the backend keeps nothing there). Holds a
+  /// pool's lock while it walks its blocks: not on a hot path.
   pool_stats stats(core::Tracker& t, int ordinal) { return do_stats(t, ordinal); }
 
   /// What CUWARDEN_POOL chose, fixed at construction: which concrete class this is

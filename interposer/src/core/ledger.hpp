@@ -10,12 +10,10 @@
 // counter_sub), and the event is pushed with the ring's lock-free CAS, so neither needs a
 // lock: in every call the counters are written before the event is published (a release
 // store), which is what ring.hpp promises the daemon (an event never arrives before the
-// counter change it explains). What still needs Tracker::lock() is what the calls keep
-// besides: the live records (the plain path's tables, a pool's blocks and segments) and a
-// pool's free lists, which its pool holds the same lock for. A pool's hit therefore takes
-// that one lock, for its free list and its block's record: taking it off the hit needs
-// free lists and a block record of the pool's own (a per-pool lock, and per-pool tables in
-// the live segment, which the daemon would read beside the shared one).
+// counter change it explains). What needs a lock is what the calls keep besides: the plain
+// path's live records (Tracker::lock()), and a pool's block records, which are its device's
+// PoolBook's (tracker.hpp), guarded by the book's lock, the one its pools hold for their
+// free lists. A pool's hit takes that lock and no other: no lock of the process's.
 #pragma once
 
 #include <cstdint>
@@ -105,9 +103,13 @@ class Ledger {
   }
 
   // ---- a pool's book: one device's counters as a pooling backend moves memory -----------
+  // The records below are the device's PoolBook's (tracker.hpp): its lock held, which is the
+  // pool's own; Tracker::lock() not needed (the calls that need it take it, after the
+  // book's: reused, forgot_segment).
 
   /// The book of the pool on `ordinal`, whose counters are `slot`.
-  Ledger(Tracker& t, ring::DeviceSlot& slot, int ordinal) noexcept : t_(t), d_(slot), ordinal_(ordinal) {}
+  Ledger(Tracker& t, ring::DeviceSlot& slot, int ordinal) noexcept
+      : t_(t), d_(slot), blocks_(t.pool_book(ordinal).blocks), ordinal_(ordinal) {}
 
   /// A block of `block` bytes the pool held free is handed to the program: one live
   /// allocation more, `block` bytes fewer cached; `hit`: served without the driver.
@@ -120,7 +122,8 @@ class Ledger {
   /// The program's allocation at `ptr` of `requested` bytes through `api` (counted by
   /// handed_out): its record and its alloc event, stamped `now`.
   CUW_INLINE void recorded(uint64_t ptr, uint64_t requested, ring::Api api, uint64_t now) noexcept {
-    t_.pooled_insert_locked(ptr, requested, ordinal_, api, 0, now);
+    blocks_.insert(ptr, LiveRecord{requested, static_cast<int8_t>(ordinal_), static_cast<uint16_t>(api), 0,
+                                   live::make_tag(now, thread_state().site)});
     t_.emit_at(ring::EventKind::alloc, api, ordinal_, ptr, requested, 0, CUDA_SUCCESS, now);
   }
   /// A hit: handed_out and recorded in one.
@@ -136,7 +139,7 @@ class Ledger {
     counter_sub(d_.live_allocations, 1);
     counter_add(d_.free_count, 1);
     counter_add(d_.cached, cached);
-    t_.pooled_erase_locked(ptr);
+    blocks_.take(ptr, nullptr);
     t_.emit_at(ring::EventKind::free, api, ordinal_, ptr, requested, aux, CUDA_SUCCESS, now);
   }
   /// The pool took `reserved` bytes from its upstream (the driver, or reserved ranges), of
@@ -155,22 +158,27 @@ class Ledger {
   }
   /// A block live when its context went (counted by lost()): its record and free event.
   void forgot(uint64_t ptr, uint64_t requested, uint64_t now) noexcept {
-    t_.pooled_erase_locked(ptr);
+    blocks_.take(ptr, nullptr);
     t_.emit_at(ring::EventKind::free, ring::Api::cuCtxDestroy, ordinal_, ptr, requested, 0, CUDA_SUCCESS, now);
   }
   /// Driver memory at `base` went with its context: its record (no event: lost() counted it).
-  void forgot_segment(uint64_t base) noexcept { t_.pool_segments().take(base, nullptr); }
+  /// Takes Tracker::lock().
+  void forgot_segment(uint64_t base) noexcept {
+    const spin_guard lk(t_.lock());
+    t_.pool_segments().take(base, nullptr);
+  }
   /// The pool's block at `ptr` is about to be given back to the driver with its memory (an
   /// exported block): its record leaves first (*rec), so that a record at `ptr` from the
   /// driver's return on is a new owner's. False if it had none.
-  bool unrecord(uint64_t ptr, LiveRecord* rec) noexcept { return t_.pool_blocks().take(ptr, rec); }
+  bool unrecord(uint64_t ptr, LiveRecord* rec) noexcept { return blocks_.take(ptr, rec); }
   /// ... the driver refused: the record goes back.
-  void rerecord(uint64_t ptr, const LiveRecord& rec) noexcept { t_.pool_blocks().insert(ptr, rec); }
+  void rerecord(uint64_t ptr, const LiveRecord& rec) noexcept { blocks_.insert(ptr, rec); }
   /// A segment the pool takes at `base`: an allocation the hooks still count there (not a
   /// pool's: freed with a context another thread destroyed a moment ago) was freed; counted
   /// so (Tracker::count_freed_unseen_locked). True with *stale when so: the caller gives
-  /// back its job share after unlocking.
+  /// back its job share after unlocking. Takes Tracker::lock().
   bool reused(uint64_t base, LiveRecord* stale, uint64_t now) noexcept {
+    const spin_guard lk(t_.lock());
     if (__builtin_expect(!t_.pointers().take(base, stale), 1)) return false;
     t_.count_freed_unseen_locked(base, *stale, ring::Api::reused, now);
     return true;
@@ -208,6 +216,7 @@ class Ledger {
  private:
   Tracker& t_;
   ring::DeviceSlot& d_;
+  LiveTable& blocks_;  ///< the device's PoolBook's records
   const int ordinal_;
 };
 

@@ -162,9 +162,9 @@ live::LiveSlot* LiveSegment::new_table_region(uint64_t capacity) noexcept {
   return static_cast<live::LiveSlot*>(new_region(capacity * sizeof(live::LiveSlot), &offset));
 }
 
-void LiveSegment::publish_table(live::Table t, live::LiveSlot* slots, uint64_t capacity) noexcept {
+void LiveSegment::publish_table(uint32_t slot, live::LiveSlot* slots, uint64_t capacity) noexcept {
   if (!base_) return;
-  live::TableDesc& d = header().tables[static_cast<uint32_t>(t)];
+  live::TableDesc& d = *live::table_desc(header(), slot, sizeof(live::LiveHeader));
   move(d.offset, d.capacity, sizeof(live::LiveSlot), static_cast<uint64_t>(reinterpret_cast<char*>(slots) - base_),
        capacity);
 }
@@ -188,9 +188,9 @@ bool LiveSegment::append(live::Log l, const void* record, std::size_t bytes) noe
   return true;
 }
 
-void LiveSegment::drop_table(live::Table t) noexcept {
+void LiveSegment::drop_table(uint32_t slot) noexcept {
   if (!base_) return;
-  live::TableDesc& d = header().tables[static_cast<uint32_t>(t)];
+  live::TableDesc& d = *live::table_desc(header(), slot, sizeof(live::LiveHeader));
   mark_incomplete();
   move(d.offset, d.capacity, sizeof(live::LiveSlot), 0, 0);
 }

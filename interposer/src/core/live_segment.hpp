@@ -50,9 +50,10 @@ class LiveSegment {
   /// when the file limit or memory is reached (then the header says incomplete).
   /// Thread-safe. Cold: a system call.
   live::LiveSlot* new_table_region(uint64_t capacity) noexcept;
-  /// Publish `slots` (from new_table_region, filled) as table `t`'s, and punch out the
-  /// region it replaces. The caller serializes per table. Cold.
-  void publish_table(live::Table t, live::LiveSlot* slots, uint64_t capacity) noexcept;
+  /// Publish `slots` (from new_table_region, filled) as table slot `slot`'s (below
+  /// live::kTableSlots: a live::Table, or live::pooled_slot), and punch out the region it
+  /// replaces. The caller serializes per table. Cold.
+  void publish_table(uint32_t slot, live::LiveSlot* slots, uint64_t capacity) noexcept;
 
   /// Append one record of `bytes` (a multiple of 8) to log `l`, growing the log's region
   /// when it is full. The caller serializes per log. Returns false (and marks the segment
@@ -61,10 +62,10 @@ class LiveSegment {
 
   /// A record could not be stored: readers are told the tables are no longer exact.
   void mark_incomplete() noexcept { if (base_) header().incomplete.store(1, std::memory_order_relaxed); }
-  /// Table `t` leaves the segment (it could not grow there: the file limit, a full
+  /// Table slot `slot` leaves the segment (it could not grow there: the file limit, a full
   /// tmpfs): readers see it empty and the segment incomplete; its region is given back. The
   /// caller keeps the records elsewhere (the heap). Cold.
-  void drop_table(live::Table t) noexcept;
+  void drop_table(uint32_t slot) noexcept;
   /// Remove the file (the process exits with no daemon to read it). Keeps the mapping.
   void unlink() noexcept;
   /// The private reservation when no file can be made (see open()).

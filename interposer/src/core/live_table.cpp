@@ -31,10 +31,10 @@ CUW_COLD bool LiveTable::grow() noexcept {
     fresh[j] = slots_[i];
   }
   if (left_segment) {
-    seg->drop_table(static_cast<live::Table>(table_));  // and gives back the old region
+    seg->drop_table(table_);  // and gives back the old region
     table_ = kNoTable;
   } else if (seg) {
-    seg->publish_table(static_cast<live::Table>(table_), fresh, cap);  // and retires the old region
+    seg->publish_table(table_, fresh, cap);  // and retires the old region
   } else {
     std::free(slots_);
   }

@@ -53,9 +53,11 @@ class LiveTable {
   /// segment then sees every record). Call before the first insert. Not thread-safe.
   /// One segment per process: a later attach (a forked child's tracker) replaces it for
   /// every table attached from then on.
-  void attach(LiveSegment* segment, live::Table t) noexcept {
+  void attach(LiveSegment* segment, live::Table t) noexcept { attach_slot(segment, static_cast<uint32_t>(t)); }
+  /// The same for a table slot (live::pooled_slot: a device's pooled blocks).
+  void attach_slot(LiveSegment* segment, uint32_t slot) noexcept {
     s_segment_ = segment;
-    table_ = segment ? static_cast<uint8_t>(t) : kNoTable;
+    table_ = segment && slot < live::kTableSlots ? static_cast<uint8_t>(slot) : kNoTable;
   }
 
   /// Insert or overwrite. `key` must not be 0 or ~0 (reserved); such keys are ignored.
@@ -131,7 +133,7 @@ class LiveTable {
   uint32_t capacity_ = 0;  ///< power of two, or 0
   uint8_t shift_ = 64;     ///< 64 - log2(capacity_)
   static constexpr uint8_t kNoTable = 0xff;
-  uint8_t table_ = kNoTable;  ///< live::Table in s_segment_, or kNoTable: slots on the heap
+  uint8_t table_ = kNoTable;  ///< table slot in s_segment_ (live::kTableSlots), or kNoTable: slots on the heap
   uint32_t occupied_ = 0;  ///< live + tombstones
   uint32_t live_ = 0;      ///< read by size() without the caller's lock (relaxed)
   /// The process's live segment (one per process; static so that the header stays 24 bytes

@@ -239,7 +239,8 @@ void Tracker::create_ring() {
     pointers_.attach(&live_->segment, live::Table::device);
     handles_.attach(&live_->segment, live::Table::handles);
     host_.attach(&live_->segment, live::Table::host);
-    live_->pool_blocks.attach(&live_->segment, live::Table::pooled);
+    for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
+      live_->pool_books[d].blocks.attach_slot(&live_->segment, live::pooled_slot(static_cast<int>(d)));
     live_->pool_segments.attach(&live_->segment, live::Table::segments);
   }
   if (sites) {

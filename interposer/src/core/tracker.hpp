@@ -42,6 +42,17 @@ CUW_INLINE void raise_peak(std::atomic<uint64_t>& peak, uint64_t v) noexcept {
   }
 }
 
+/// A device's pool book: the lock its pools hold (their free lists, block maps and batches)
+/// and the records of the blocks they hand out, in the live segment as that device's pooled
+/// table (live::pooled_slot), which that lock guards. A pool's hit takes this lock and no
+/// other: pools of other devices, and the hooks' own path (Tracker::lock()), never wait for
+/// it. Lock order: a book's lock, then Tracker::lock(); never a book's while holding
+/// Tracker::lock() or another book's.
+struct PoolBook {
+  alignas(64) spin_lock mu;
+  LiveTable blocks;
+};
+
 /// Stream-ordered allocations live in the driver's pools: what the process holds from the
 /// driver for them is the pools' reserve (Tracker::refresh_pools), not their sum.
 inline bool pooled(ring::Api api) noexcept {
@@ -143,8 +154,8 @@ class Tracker {
   /// The hot path's one lock. Held by a hooked call for one short critical section (two
   /// for a cuMemFree, cuMemRelease or array destroy that commits after its driver call: the
   /// record taken before), never across a driver or system call. It guards the live tables
-  /// (pointers, handles, host, and a pooling backend's blocks and segments) and a pooling
-  /// backend's free lists. Not the counters: each is an atomic written with one relaxed
+  /// (pointers, handles, host, and a pooling backend's segments). Not a pool's free lists and
+  /// block records (each device's PoolBook guards its pools'), and not the counters: each is an atomic written with one relaxed
   /// read-modify-write (counter_add, counter_sub; `used` by charge()'s compare-and-swap),
   /// so the cap's check and the ring's push (ring::push, a CAS) take no lock, and an
   /// allocation under a cap takes this lock once, for its record. Readers outside the
@@ -350,16 +361,13 @@ class Tracker {
   LiveTable& pointers() noexcept { return pointers_; }
   LiveTable& handles() noexcept { return handles_; }  ///< VMM handles, arrays
   LiveTable& host() noexcept { return host_; }        ///< pinned / registered host memory
-  /// A pooling backend's blocks handed to the program, and the driver memory it holds
-  /// (records for the snapshot only: the backend counts them itself).
-  LiveTable& pool_blocks() noexcept { return live_->pool_blocks; }
+  /// The driver memory a pooling backend holds (records for the snapshot only: the backend
+  /// counts it itself); lock() held to use it.
   LiveTable& pool_segments() noexcept { return live_->pool_segments; }
+  /// Device `ordinal`'s pool book (its pools' lock and the records of the blocks they hand
+  /// out). Lock-free; the book outlives every pool.
+  PoolBook& pool_book(int ordinal) noexcept { return live_->pool_books[ordinal & (ring::kMaxDevices - 1)]; }
   LiveSegment& live_segment() noexcept { return live_->segment; }
-  /// Whether a live allocation the hooks count starts at `ptr`: the driver's (pointers())
-  /// or a pooling backend's block (pool_blocks()). lock() held.
-  bool counts_live_locked(uint64_t ptr) const noexcept {
-    return pointers_.contains(ptr) || live_->pool_blocks.contains(ptr);
-  }
   CallSites& call_sites() noexcept { return live_->sites; }
 
   /// Whether allocations capture their call site (CUWARDEN_CALLSITES > 0 and it could be
@@ -412,15 +420,6 @@ class Tracker {
   /// on give-back: the record's size. `unit` > 0: one record per `unit` bytes (the vmm
   /// layout's granules, each mapped and unmapped alone), still one event. Takes lock(); cold.
   void record_segment(int ordinal, uint64_t base, uint64_t bytes, bool added, uint64_t unit = 0) noexcept;
-  /// A pooled block handed to the program (lock() held): its record for snapshots, with the
-  /// thread's call site. `stream`: a stream-ordered allocation's, else 0.
-  CUW_INLINE void pooled_insert_locked(uint64_t ptr, uint64_t bytes, int ordinal, ring::Api api, uint64_t stream,
-                                       uint64_t now) noexcept {
-    live_->pool_blocks.insert(ptr, LiveRecord{bytes, static_cast<int8_t>(ordinal), static_cast<uint16_t>(api), stream,
-                                              live::make_tag(now, thread_state().site)});
-  }
-  /// A pooled block freed or forgotten (lock() held).
-  CUW_INLINE void pooled_erase_locked(uint64_t ptr) noexcept { live_->pool_blocks.take(ptr, nullptr); }
   /// The stream-ordered pools of `ordinal`'s device (the ledger counts their live bytes).
   struct PoolSet;
   PoolSet& pool_set(int ordinal) noexcept { return pools_[ordinal & (ring::kMaxDevices - 1)]; }
@@ -529,7 +528,7 @@ class Tracker {
   /// The live segment, the pool's tables, the call sites, the array owners and the context
   /// measures: off the tracker's page (which holds the hot line and has a fixed size).
   struct Live {
-    LiveTable pool_blocks;
+    PoolBook pool_books[ring::kMaxDevices];
     LiveTable pool_segments;
     LiveSegment segment;
     CallSites sites;

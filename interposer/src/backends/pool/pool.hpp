@@ -147,13 +147,16 @@ class owner {
   /// Give back what every other pool of the process keeps (waiting for their pending frees);
   /// the bytes. From a pool's slow path after the cap or the driver refused it; thread-safe.
   virtual uint64_t release_all_except(const pool<Layout>* skip) = 0;
+  /// Whether a pool other than `skip` has a live block that starts at `p`. Takes each pool's
+  /// lock in turn; call with none held. Thread-safe; cold.
+  virtual bool live_elsewhere(CUdeviceptr p, const pool<Layout>* skip) = 0;
 
  protected:
   ~owner() = default;
 };
 
 /// The pool of one CUDA context (see the top of this file), its memory laid out by `Layout`.
-/// Thread-safe: the tracker's lock guards the free lists (held for a few dozen
+/// Thread-safe: the device's pool book lock guards the free lists (held for a few dozen
 /// instructions, never across a driver call); a mutex serializes the slow path (upstream
 /// allocation, event record, query and wait, release). Allocations and frees it serves are
 /// counted and recorded (events) here, through the ledger, not by the hooks. Memory is given
@@ -216,7 +219,7 @@ class pool final {
   /// twice, or an interior pointer: the driver's answer), CUDA_ERROR_NOT_FOUND when it is
   /// not this pool's memory at all (the caller passes it to the driver), which includes
   /// memory this pool is giving back, or whose context is being destroyed, that the driver
-  /// handed out again (holds_locked).
+  /// handed out again (not_live_unlock).
   CUresult free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now_ns);
 
   /// Whether `p` lies in memory this pool took from its upstream; if in a live block, *out
@@ -307,12 +310,17 @@ class pool final {
   void publish_free_locked() noexcept;
   /// The segment whose range holds `p`, or nullptr.
   Segment* segment_at_locked(CUdeviceptr p) const noexcept;
-  /// A free of `p`, which is no live block's start, is refused (CUDA_ERROR_INVALID_VALUE)
-  /// rather than passed on: p lies in memory this pool holds. Not so in a segment being
-  /// given back, or of a context being destroyed, where the hooks count a live allocation at
-  /// p (the driver's, or another pool's block): the driver handed the address out again
-  /// before the segment was dropped.
-  bool holds_locked(CUdeviceptr p) const noexcept;
+  /// Whether the hooks count a live allocation of the driver's at `p` (pointers()): takes
+  /// Tracker::lock(), with mu_ held or not (the order tracker.hpp gives). Cold: memory being
+  /// given back, or a context being destroyed.
+  bool hooks_count(CUdeviceptr p) const noexcept;
+  /// The answer to a free of `p`, which is no live block's start, with mu_ held (released
+  /// here): CUDA_ERROR_INVALID_VALUE when p lies in memory this pool holds (refused rather
+  /// than passed on); CUDA_ERROR_NOT_FOUND when it does not, and when it lies in a segment
+  /// being given back, or of a context being destroyed, where the driver handed the address
+  /// out again before the segment was dropped: the hooks count a live allocation there, or
+  /// another pool a live block (asked after mu_ is released, under its own lock).
+  CUresult not_live_unlock(CUdeviceptr p) noexcept;
   /// `s` was given back to the upstream: out of segments_ and the block map, so its addresses
   /// answer as someone else's. (Segments are added and given back under slow_: no newer
   /// segment of this pool can lie at its addresses meanwhile.)
@@ -374,10 +382,10 @@ class pool final {
   const uint64_t gran_;               ///< what is backed and given back at once (the layout's unit)
   const uint64_t slab_bytes_;         ///< a slab's bytes
 
-  /// The tracker's lock (Tracker::lock()): guards the free lists, the open batch and the
-  /// block map, and the device counters the pool writes (cached, pool_hits, pool_waits,
-  /// reserved, live_allocations, alloc_count, free_count, driver_errors) and the ring, so a
-  /// hit or a free takes one lock for all of them and its event.
+  /// The device's PoolBook lock (tracker.hpp; shared with the device's other pools, never
+  /// Tracker::lock()): guards the free lists, the open batch, the block map and the records
+  /// of the blocks handed out, so a hit or a free takes this one lock; its counters are
+  /// atomics and its event a lock-free push, written in the same stretch.
   spin_lock& mu_;
   free_blocks free_;                       ///< free blocks and slabs with room (gran_ units)
   uint32_t hand_outs_ = 0;                 ///< blocks handed out so far: Block::generation

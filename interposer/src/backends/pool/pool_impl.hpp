@@ -34,7 +34,7 @@ pool<Layout>::pool(std::unique_ptr<memory_resource> upstream, Layout layout, CUc
       large_round_(layout_.large_round()),
       gran_(layout_.unit()),
       slab_bytes_(layout_.slab_bytes()),
-      mu_(tracker.lock()),
+      mu_(tracker.pool_book(ordinal).mu),
       free_(gran_),
       budget_(tracker.config().pool_keep, uint64_t{tracker.config().pool_idle_ms} * 1000000),
       fence_(ctx) {
@@ -62,9 +62,20 @@ Segment* pool<Layout>::segment_at_locked(CUdeviceptr p) const noexcept {
 }
 
 template <class Layout>
-bool pool<Layout>::holds_locked(CUdeviceptr p) const noexcept {
+bool pool<Layout>::hooks_count(CUdeviceptr p) const noexcept {
+  const spin_guard lk(tracker_.lock());  // (after the book's lock: tracker.hpp's order)
+  return tracker_.pointers().contains(p);
+}
+
+template <class Layout>
+CUresult pool<Layout>::not_live_unlock(CUdeviceptr p) noexcept {
   const Segment* s = segment_at_locked(p);
-  return s && !((s->leaving || ctx_going_) && tracker_.counts_live_locked(p));
+  const bool handed_again = s && (s->leaving || ctx_going_);
+  mu_.unlock();
+  if (!s) return CUDA_ERROR_NOT_FOUND;
+  // Unlocked: another pool's block is looked up under its own lock (never two books' at once).
+  if (handed_again && (hooks_count(p) || owner_.live_elsewhere(p, this))) return CUDA_ERROR_NOT_FOUND;
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
 template <class Layout>
@@ -399,7 +410,7 @@ void pool<Layout>::trim_idle() noexcept {
 template <class Layout>
 CUW_HOT CUresult pool<Layout>::free_traced(CUdeviceptr p, ring::Api api, uint64_t aux, uint64_t now) {
   mu_.lock();
-  if (__builtin_expect(ctx_going_, 0) && tracker_.pointers().contains(p)) {
+  if (__builtin_expect(ctx_going_, 0) && hooks_count(p)) {
     // The driver destroyed the context, freeing this pool's memory, and handed p out again:
     // the free is the new owner's even where a block of ours that was never freed starts.
     mu_.unlock();
@@ -410,9 +421,7 @@ CUW_HOT CUresult pool<Layout>::free_traced(CUdeviceptr p, ring::Api api, uint64_
     // Inside memory this pool holds but not a live block's start (a second free, an
     // interior pointer): the driver's answer for a pointer it did not hand out. Passing it
     // on would free the driver allocation under the pool's other blocks.
-    const bool ours = holds_locked(p);
-    mu_.unlock();
-    return ours ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_FOUND;
+    return not_live_unlock(p);
   }
   const uint64_t size = b->size;
   if (__builtin_expect(b->exported, 0)) {
@@ -477,7 +486,7 @@ CUresult pool<Layout>::free_exported(Block* b, ring::Api api, uint64_t aux, uint
     return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   }
   // Leaving, and the block's record gone, before the driver's free: from its return on, a
-  // record at this address is a new owner's (holds_locked), never this block's.
+  // record at this address is a new owner's (not_live_unlock), never this block's.
   core::LiveRecord rec;
   mu_.lock();
   s->leaving = true;

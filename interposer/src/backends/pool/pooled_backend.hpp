@@ -72,6 +72,7 @@ class pooled_backend final : public backend, public pool::owner<Layout> {
   /// The same for every cache but `skip` (the caller's own, whose slow path it holds or
   /// has just released itself).
   uint64_t release_all_except(const pool::pool<Layout>* skip) override;
+  bool live_elsewhere(CUdeviceptr p, const pool::pool<Layout>* skip) override;
 
  private:
   CUresult do_allocate(core::Tracker& t, CUdeviceptr* dptr, size_t bytes, alloc_fn real) override {

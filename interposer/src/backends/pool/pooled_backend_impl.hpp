@@ -21,8 +21,8 @@ namespace cuw::backends {
 // The counters and events are passthrough's (alloc, free, live allocations); used, reserved
 // and cached follow the driver allocations the caches make and give back.
 
-// Hot path: the cache's allocate (a hit: one lock for the free list, the counters and the
-// event; no driver call).
+// Hot path: the cache's allocate (a hit: its device's pool book lock for the free list and
+// the block's record; the counters and the event are atomics; no driver call).
 // During a stream capture every allocation gets exactly the driver's answer (in a global-mode
 // capture, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): a pooled block would let the capture
 // succeed and the graph write the block after its free, when it may be someone else's.
@@ -213,6 +213,18 @@ uint64_t pooled_backend<Layout>::release_all_except(const pool::pool<Layout>* sk
   for (int i = 0; i < n; ++i)
     if (pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire); c && c != skip) total += c->release();
   return total;
+}
+
+template <class Layout>
+bool pooled_backend<Layout>::live_elsewhere(CUdeviceptr p, const pool::pool<Layout>* skip) {
+  const int n = count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    pool::pool<Layout>* c = caches_[i].load(std::memory_order_acquire);
+    range r{};
+    bool live = false;
+    if (c && c != skip && c->locate(p, &r, &live) && live && r.base == p) return true;
+  }
+  return false;
 }
 
 template <class Layout>

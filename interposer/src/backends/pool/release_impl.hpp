@@ -44,7 +44,7 @@ uint64_t pool<Layout>::release_slow(uint64_t want, Which which) {
     // Out of reach while the driver frees it: no block free or carvable. It stays in
     // segments_ and the block map until the free returns, so a second free of one of its
     // blocks is refused rather than passed to the driver (which would free the segment
-    // under us); holds_locked lets through only a free of what the driver handed out again.
+    // under us); not_live_unlock lets through only a free of what the driver handed out again.
     each_block(s, [&](Block* b) {
       if (b->state == kFree) unlink_free_locked(b);
     });
@@ -197,7 +197,7 @@ bool pool<Layout>::locate(CUdeviceptr p, range* out, bool* live) {
   // A segment being given back holds nothing live, and its addresses may be the driver's
   // again; so may a destroyed context's, where the hooks count a new allocation.
   Segment* s = segment_at_locked(p);
-  if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {
+  if (!s || s->leaving || (ctx_going_ && hooks_count(p))) {
     mu_.unlock();
     return false;
   }
@@ -290,7 +290,7 @@ CUresult pool<Layout>::ipc_handle(CUipcMemHandle* handle, CUdeviceptr p, ipc_spa
   if (tainted) drain_legacy(ctx_);
   mu_.lock();
   Segment* s = segment_at_locked(p);
-  if (!s || s->leaving || (ctx_going_ && tracker_.pointers().contains(p))) {  // (as locate)
+  if (!s || s->leaving || (ctx_going_ && hooks_count(p))) {  // (as locate)
     mu_.unlock();
     return CUDA_ERROR_NOT_FOUND;
   }

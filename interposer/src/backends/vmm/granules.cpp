@@ -52,8 +52,7 @@ granule_resource::granule_resource(CUcontext ctx, CUdevice device, ring::DeviceS
 }
 
 void granule_resource::counters(int64_t reserved, int64_t cached) {
-  std::lock_guard<spin_lock> lk(tracker_.lock());
-  core::Ledger(tracker_, slot_, device_).moved(reserved, cached);
+  core::Ledger(tracker_, slot_, device_).moved(reserved, cached);  // atomics: no lock
 }
 
 CUresult granule_resource::set_access_locked(CUdeviceptr base, uint64_t bytes) {
