@@ -88,8 +88,7 @@ TEST_CASE("suspend.move.onto_another_gpu") {
   }));
   Victim v(s);
   REQUIRE(v.ask("uuid 0") == uuid_of(0));
-  REQUIRE(contains(v.ask("alloc " + std::to_string(64 * kMiB)), "ptr 0x"));
-  wait_process(*d, v.pid());
+  holds(*d, v, 64 * kMiB);
   REQUIRE(wait_until([&] { return gpu_used(*d, uuid_of(0)) >= 64 * kMiB; }));
   const uint64_t used0 = gpu_used(*d, uuid_of(0)), used1 = gpu_used(*d, uuid_of(1));
 
@@ -196,10 +195,8 @@ TEST_CASE("suspend.move.a_job_moves_whole") {
   SuspendDaemon d(s);
   Victim a(s, {"CUWARDEN_JOB=train"});
   Victim b(s, {"CUWARDEN_JOB=train"});
-  REQUIRE(contains(a.ask("alloc " + std::to_string(32 * kMiB)), "ptr 0x"));
-  REQUIRE(contains(b.ask("alloc " + std::to_string(16 * kMiB)), "ptr 0x"));
-  wait_process(d, a.pid());
-  wait_process(d, b.pid());
+  holds(d, a, 32 * kMiB);
+  holds(d, b, 16 * kMiB);
   REQUIRE(cli(s, {"suspend", "job:train"}).status == 0);
   // GPU 1 has room for one of them but not both: nothing is restored.
   Victim filler(s);
@@ -310,8 +307,7 @@ TEST_CASE("suspend.move.only_the_owner_or_root", "[root]") {
   ScopedEnv env(s.env);
   SuspendDaemon d(s);
   Victim v(s, {}, true, &victim_user);
-  REQUIRE(contains(v.ask("alloc " + std::to_string(8 * kMiB)), "ptr 0x"));
-  wait_process(d, v.pid());
+  holds(d, v, 8 * kMiB);
   auto as = [&](uid_t uid, gid_t gid, const std::vector<std::string>& args) {
     std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=" + std::to_string(uid),
                                      "--regid=" + std::to_string(gid), "--clear-groups", CUWT_CLI};

@@ -189,6 +189,12 @@ inline json wait_process(const Daemon& d, uint32_t pid) {
   return p;
 }
 
+/// `v` allocates `bytes` on its current device (the victim's "alloc") and `d` lists it.
+inline void holds(const Daemon& d, Victim& v, uint64_t bytes) {
+  REQUIRE(contains(v.ask("alloc " + std::to_string(bytes)), "ptr 0x"));
+  wait_process(d, v.pid());
+}
+
 inline uint64_t driver_used(const Daemon& d) {
   const json st = d.state();
   for (const auto& g : st["gpus"])

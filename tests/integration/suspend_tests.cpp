@@ -189,8 +189,7 @@ TEST_CASE("suspend.resume_refused_without_room") {
   ScopedEnv env(s.env);
   SuspendDaemon d(s);
   Victim a(s);
-  REQUIRE(contains(a.ask("alloc " + std::to_string(100 * kMiB)), "ptr 0x"));
-  wait_process(d, a.pid());
+  holds(d, a, 100 * kMiB);
   REQUIRE(cli(s, {"suspend", std::to_string(a.pid())}).status == 0);
   // Another process takes the room it left.
   Victim b(s, {}, /*preload=*/false);
@@ -219,10 +218,8 @@ TEST_CASE("suspend.a_job_as_a_whole") {
   SuspendDaemon d(s);
   Victim a(s, {"CUWARDEN_JOB=train"});
   Victim b(s, {"CUWARDEN_JOB=train"});
-  REQUIRE(contains(a.ask("alloc " + std::to_string(32 * kMiB)), "ptr 0x"));
-  REQUIRE(contains(b.ask("alloc " + std::to_string(16 * kMiB)), "ptr 0x"));
-  wait_process(d, a.pid());
-  wait_process(d, b.pid());
+  holds(d, a, 32 * kMiB);
+  holds(d, b, 16 * kMiB);
   const CmdResult r = cli(s, {"suspend", "job:train"});
   INFO(r.out << r.err << slurp(d.log));
   REQUIRE(r.status == 0);
@@ -242,11 +239,9 @@ TEST_CASE("suspend.a_job_whose_lock_fails_is_not_suspended") {
   ScopedEnv env(s.env);
   SuspendDaemon d(s);
   Victim a(s, {"CUWARDEN_JOB=etl"});
-  REQUIRE(contains(a.ask("alloc " + std::to_string(8 * kMiB)), "ptr 0x"));
-  wait_process(d, a.pid());
+  holds(d, a, 8 * kMiB);
   Victim b(s, {"CUWARDEN_JOB=etl"});
-  REQUIRE(contains(b.ask("alloc " + std::to_string(8 * kMiB)), "ptr 0x"));
-  wait_process(d, b.pid());
+  holds(d, b, 8 * kMiB);
   // b's stream is busy far longer than the lock may wait.
   REQUIRE(b.ask("busy 20000") == "queued");
   const CmdResult r = cli(s, {"suspend", "job:etl", "--timeout", "300ms"});
@@ -265,8 +260,7 @@ TEST_CASE("suspend.found_again_after_a_daemon_restart") {
   ScopedEnv env(s.env);
   auto d = std::make_unique<SuspendDaemon>(s);
   Victim v(s);
-  REQUIRE(contains(v.ask("alloc " + std::to_string(16 * kMiB)), "ptr 0x"));
-  wait_process(*d, v.pid());
+  holds(*d, v, 16 * kMiB);
   REQUIRE(cli(s, {"suspend", std::to_string(v.pid())}).status == 0);
   const uint64_t since = d->process(v.pid())["suspended_since_ns"].get<uint64_t>();
   d.reset();
@@ -287,8 +281,7 @@ TEST_CASE("suspend.a_process_killed_while_suspended_is_forgotten") {
   ScopedEnv env(s.env);
   SuspendDaemon d(s);
   Victim v(s);
-  REQUIRE(contains(v.ask("alloc " + std::to_string(16 * kMiB)), "ptr 0x"));
-  wait_process(d, v.pid());
+  holds(d, v, 16 * kMiB);
   REQUIRE(cli(s, {"suspend", std::to_string(v.pid())}).status == 0);
   REQUIRE(!std::filesystem::is_empty(s.state + "/suspended"));
   const uint32_t pid = v.pid();
@@ -313,8 +306,7 @@ TEST_CASE("suspend.only_the_owner_or_root", "[root]") {
   ScopedEnv env(s.env);
   SuspendDaemon d(s);
   Victim v(s, {}, true, &victim_user);
-  REQUIRE(contains(v.ask("alloc " + std::to_string(8 * kMiB)), "ptr 0x"));
-  wait_process(d, v.pid());
+  holds(d, v, 8 * kMiB);
   auto as = [&](uid_t uid, gid_t gid, const std::string& cmd) {
     return run_cmd({"/usr/bin/setpriv", "--reuid=" + std::to_string(uid), "--regid=" + std::to_string(gid),
                     "--clear-groups", CUWT_CLI, cmd, std::to_string(v.pid()), "--socket", s / "d.sock"},
