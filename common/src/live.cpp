@@ -99,9 +99,11 @@ ReadError read(const void* base, uint64_t mapped, Contents* out, bool want_logs,
   const auto* h = static_cast<const LiveHeader*>(base);
   const auto* bytes = static_cast<const unsigned char*>(base);
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kMagic) return ReadError::bad_magic;
-  if (load(&h->abi_version) != kAbiVersion) return ReadError::bad_abi;
-  const uint32_t header_size = load(&h->header_size);
+  const uint32_t version = load(&h->abi_version);
+  if (version < kOldestAbiVersion || version > kAbiVersion) return ReadError::bad_abi;
+  uint32_t header_size = load(&h->header_size);
   if (header_size < kMinHeaderSize || header_size > kHeaderBytes) return ReadError::bad_abi;
+  if (version == 1) header_size = kMinHeaderSize;  // every device's pooled blocks in Table::pooled
   for (int attempt = 0; attempt < attempts; ++attempt) {
     Contents c;
     c.pid = load(&h->pid);

@@ -94,16 +94,16 @@ TEST_CASE("backend: a pool's hit and free wait for no lock but their device's po
     }
     done.store(true);
   });
+  REQUIRE(hold(1, 1) == 0);  // (the lock order tracker.hpp gives: a book's, then the hooks')
   REQUIRE(hold(-1, 1) == 0);
-  REQUIRE(hold(1, 1) == 0);
   go.store(true);
   // Waits for the thread to finish (a condition); 60 s is a hang's bound, not a timing.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!done.load() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const bool finished = done.load();
-  REQUIRE(hold(1, 0) == 0);
   REQUIRE(hold(-1, 0) == 0);
+  REQUIRE(hold(1, 0) == 0);
   program.join();
   CHECK(finished);
   CHECK(failed.load() == 0);

@@ -114,17 +114,26 @@ TEST_CASE("live segment: each device's pooled blocks have a table of their own, 
   CHECK(by_device.size() == 16);
   for (const auto& [d, n] : by_device) CHECK(n == 100);
 
-  // A writer from before the per-device tables (its header_size ends at them) is read as
-  // it was: its tables, nothing of the descriptors past its header.
+  // A writer of version 1, from before the per-device tables (its header_size ends at them),
+  // is read as it was: its tables, nothing past its header; so is a version 1 header that
+  // claims more (the descriptors past version 1's are not its).
   auto& h = seg.header();
   const uint32_t full = h.header_size;
-  h.header_size = live::kMinHeaderSize;
-  REQUIRE(live::read_file(seg.path(), getuid(), &c, &why));
-  CHECK(c.records.size() == 100);
-  for (const live::Record& r : c.records) CHECK(r.device == 0);
+  CHECK(h.abi_version == 2);
+  for (uint32_t size : {live::kMinHeaderSize, full}) {
+    h.abi_version = 1;
+    h.header_size = size;
+    REQUIRE(live::read_file(seg.path(), getuid(), &c, &why));
+    CHECK(c.records.size() == 100);
+    for (const live::Record& r : c.records) CHECK(r.device == 0);
+  }
+  h.abi_version = 2;
   h.header_size = live::kMinHeaderSize - 8;  // shorter than any writer's: refused
   CHECK_FALSE(live::read_file(seg.path(), getuid(), &c, &why));
   h.header_size = full;
+  h.abi_version = 3;  // a version this reader does not know: refused, not misread
+  CHECK_FALSE(live::read_file(seg.path(), getuid(), &c, &why));
+  h.abi_version = 2;
 }
 
 TEST_CASE("live segment: regions given back are reused, so churn does not grow the file", "[live_segment]") {

@@ -37,8 +37,12 @@
 namespace cuw::live {
 
 inline constexpr uint64_t kMagic = 0x31455649'4c575543ULL;  // "CUWLIVE1"
-/// Version of this layout. Same rules as the ring's (ring.hpp kAbiVersion).
-inline constexpr uint32_t kAbiVersion = 1;
+/// Version of this layout. Same rules as the ring's (ring.hpp kAbiVersion). Version 2:
+/// Table::pooled holds device 0's pooled blocks only, devices 1-15's are in device_pooled
+/// (version 1 kept every device's there), so a reader of version 1 alone refuses the file
+/// rather than miss blocks. Readers read both.
+inline constexpr uint32_t kAbiVersion = 2;
+inline constexpr uint32_t kOldestAbiVersion = 1;  ///< the oldest version a reader reads
 inline constexpr uint32_t kHeaderBytes = 4096;
 inline constexpr uint64_t kPage = 4096;
 /// The most a writer lets the file grow to (the reader refuses larger offsets).
@@ -179,13 +183,13 @@ struct LiveHeader {
   std::atomic<uint32_t> incomplete;  ///< 1: a record could not be stored (file limit, memory):
                                      ///< the tables are no longer exact
   uint32_t reserved_word;
-  std::atomic<uint64_t> layout;  ///< sequence lock over tables[] and logs[] descriptors
+  std::atomic<uint64_t> layout;  ///< sequence lock over the descriptors: tables[], logs[], device_pooled[]
   uint64_t reserved_words[8];
   TableDesc tables[kTables];
   LogDesc logs[kLogs];
   /// The blocks the pools of devices 1 .. kPooledDevices - 1 handed out, one table each (a
   /// pool's hit takes its device's lock only, not one shared by every device); `tables`'s
-  /// Table::pooled holds device 0's. A writer that predates them (header_size ends before
+  /// Table::pooled holds device 0's. A writer of version 1 (its header_size ends before
   /// them) keeps every device's there. Readers return their records as Table::pooled.
   TableDesc device_pooled[kPooledDevices - 1];
 };

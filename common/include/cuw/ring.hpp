@@ -22,9 +22,11 @@
 // event that explains them (a release store). So:
 //   - every counter word is exact at every instant: a load sees a value it really had
 //     (each a 64-bit atomic, written whole by one read-modify-write); a charge never takes
-//     `used` past `limit`, not even for an instant (none is made and then rolled back):
-//     `used` is above `limit` only after the cap was lowered below it, or for bytes the
-//     driver had already given (a pitch wider than asked, the context's own memory);
+//     `used` past the process's `limit`, not even for an instant (the test and the add are
+//     one compare-and-swap): `used` is above `limit` only after the cap was lowered below
+//     it, or for bytes the driver had already given (a pitch wider than asked, the
+//     context's own memory). In a job, bytes charged here are given back when the job's
+//     cap refuses them, so another thread's charge in between sees them;
 //   - an allocation's or a free's event (alloc, free, host_alloc, host_free, driver_error)
 //     never arrives before the counter change it explains: once a reader has read it
 //     (drain's acquire of its slot), every counter it changed already shows it. A pool's
@@ -37,8 +39,9 @@
 //   - events of different threads arrive in the order their pushes claimed positions, which
 //     need not be the order of their counter updates; an event's used_after is `used` as its
 //     thread loaded it after its own update (another thread's may already be in it);
-//   - events are best effort (a full ring drops them, counted in events_dropped); counters
-//     never miss anything.
+//   - events are best effort (a full ring drops them, as does a push that lost
+//     kMaxPushAttempts races in a row, counted in events_dropped); counters never miss
+//     anything.
 //
 // Trust: the daemon treats every byte here as hostile (another user's process may have
 // written it); the producer bounds its own retries so that garbage written by a consumer
@@ -373,7 +376,7 @@ __attribute__((cold, noinline)) inline void count_dropped(RingHeader& h) noexcep
   h.events_dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
-/// Producer side. Lock-free, wait-free in practice: at most kMaxPushAttempts CAS tries.
+/// Producer side. Lock-free, bounded: at most kMaxPushAttempts tries.
 /// `slot_count` is the producer's private copy (never re-read from shared memory, which a
 /// consumer could scribble on). Returns false (and counts a drop in the header) when the
 /// ring is full. Thread-safe for any number of producers, with no lock: the interposer's
@@ -381,7 +384,10 @@ __attribute__((cold, noinline)) inline void count_dropped(RingHeader& h) noexcep
 /// relaxed load of write_pos, an acquire load of the slot's seq, one CAS, the slot's stores
 /// and a release store. Inline (the interposer's hot path): with `e` built in place, the
 /// compiler stores its fields straight into the slot.
-inline constexpr int kMaxPushAttempts = 64;
+/// A push that loses this many races in a row (each one another producer's success, or a
+/// position a consumer scribbled on) drops its event: a bound on what a consumer's garbage
+/// can make the producer spin, far past what producers contending for the ring lose.
+inline constexpr int kMaxPushAttempts = 1024;
 CUW_INLINE bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
   const uint64_t mask = slot_count - 1;
   uint64_t pos = h.write_pos.load(std::memory_order_relaxed);

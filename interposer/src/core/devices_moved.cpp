@@ -59,23 +59,20 @@ CUW_COLD void Tracker::devices_moved() noexcept {
     }
     // The job's share of this device moves with it: what the process holds here, taken off
     // the old GPU's entry and put on the new one's (the process's own counters stay with
-    // the ordinal). The bytes are read, and the ordinal's entry switched, under lock(), so a
-    // charge or free counted in `used` before the switch is in `held`, one after it goes to
-    // the new entry. Left open: a call that reads the ordinal's entry on one side of the
-    // switch and changes `used` on the other (the job's share is taken and given outside the
-    // lock, as everywhere) leaves its bytes on the wrong one of the two GPUs' entries; the
-    // job's total stays exact. It needs another thread's allocation or free in flight at the
-    // first allocation after the resume.
+    // the ordinal). The bytes are read, then the ordinal's entry switched: a charge or free
+    // counted in `used` (an atomic, no lock) before the read is in `held`, one that reads the
+    // entry after the switch goes to the new entry. Left open: a call of another thread that
+    // reads the ordinal's entry on one side of these two steps and changes `used` on the
+    // other leaves its bytes on the wrong one of the two GPUs' entries; the job's total stays
+    // exact. It needs another thread's allocation or free in flight at the first allocation
+    // after the resume.
     const int g_new = job_slot_ >= 0 ? job_->gpu_index(reinterpret_cast<const uint8_t*>(u.bytes), d.physical_total) : -1;
     uint64_t held = 0;
     int g_old = -1;
-    {
-      std::lock_guard<spin_lock> lk(mu_);
-      held = d.used.load(std::memory_order_relaxed);
-      g_old = job_gpu(ordinal);
-      if (job_slot_ >= 0) job_gpu_[o].store(static_cast<int8_t>(g_new), std::memory_order_relaxed);
-      std::memcpy(d.uuid, u.bytes, sizeof d.uuid);
-    }
+    held = d.used.load(std::memory_order_relaxed);
+    g_old = job_gpu(ordinal);
+    if (job_slot_ >= 0) job_gpu_[o].store(static_cast<int8_t>(g_new), std::memory_order_relaxed);
+    std::memcpy(d.uuid, u.bytes, sizeof d.uuid);
     if (g_old >= 0 && held) job_->uncharge(job_slot_, g_old, held);
     if (g_new >= 0 && held) job_->force_charge(job_slot_, g_new, held);
     log::info("cuwarden: device %d was restored onto another GPU; %llu bytes counted there now", ordinal,

@@ -26,9 +26,12 @@
 namespace cuw::core {
 
 /// The plain path's entries (static) and a pool's book for one device (an instance).
-/// Thread-safety: a member that touches a live record (a table) requires Tracker::lock()
-/// held; one that writes only counters and events (driver_error, resized, host, handed_out,
-/// moved, lost, waited, called, free_memory) is safe from any thread, with or without it.
+/// Thread-safety: the plain path's members that touch a record (allocated, freed, unfreed)
+/// require Tracker::lock() held; a pool's that touch its blocks' records (recorded, hit,
+/// freed, forgot, unrecord, rerecord) require its PoolBook's lock; reused and
+/// forgot_segment take Tracker::lock() themselves (call them without it). The members that
+/// write only counters and events (driver_error, resized, host, handed_out, moved, lost,
+/// waited, called, free_memory) are safe from any thread, with or without a lock.
 class Ledger {
  public:
   // ---- the plain path: driver allocations the hooks record one by one --------------------

@@ -23,8 +23,8 @@ namespace cuw::core {
 
 /// The live segment of this process. open() once (the tracker's constructor, at the first
 /// CUDA call); then regions and log records from any thread, each caller serializing its own
-/// table (the tracker's lock) or log (the call-site lock); region allocation itself is
-/// guarded here.
+/// table (the tracker's lock, or a device's pool book lock) or log (the call-site lock);
+/// region allocation and the layout's sequence count are guarded here.
 class LiveSegment {
  public:
   LiveSegment() = default;

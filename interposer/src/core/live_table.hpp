@@ -2,8 +2,9 @@
 // Open addressing with linear probing and tombstones, one array. No allocation per insert
 // (the unordered_map it replaced allocated a node for every cudaMalloc); the array doubles
 // when three quarters full. Not synchronized itself: the interposer calls it under the
-// tracker's lock (Tracker::lock()), the one lock a hooked call takes (its counters are
-// atomics and its event a lock-free push, written in the same stretch).
+// tracker's lock (Tracker::lock()), or for a device's pooled blocks its PoolBook's lock: the
+// one lock a hooked call takes (its counters are atomics and its event a lock-free push,
+// written in the same stretch).
 //
 // Built for the hooks' hot path, which runs with the CPU caches cold (the driver's own work
 // evicted them): the table's header is 24 bytes that sit in the tracker's hot cache line,
@@ -38,7 +39,7 @@ struct LiveRecord {
 };
 
 /// Map from a nonzero 64-bit key to a LiveRecord. Not thread-safe: callers serialize (the
-/// interposer holds Tracker::lock()). Cost of insert or take: one multiply, a probe of
+/// interposer holds Tracker::lock(), or for a device's pooled blocks its PoolBook's lock). Cost of insert or take: one multiply, a probe of
 /// usually one slot. Memory: 32 bytes a slot, 43 to 128 bytes per live entry. Growth
 /// rehashes every entry once (under the caller's lock: about 10 ns an entry). A record's
 /// bytes must be below 2^51 (2 PiB), its device in -1..30 and its api below 256.

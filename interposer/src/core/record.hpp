@@ -66,8 +66,8 @@ struct ForgetArray {
 /// on success. `assumed`: `ordinal` came from Tracker::allocation_device without asking
 /// the driver. `on_insert(key)` runs in the insert's critical section (the tracker's lock
 /// held). Hot path: the device slot (one branch); with a cap or in a job, charge (one
-/// lock) before the call; the driver call; then one lock for the table insert, the
-/// counters (and, uncapped, the charge) and the event. Uncapped, one load more before the
+/// compare-and-swap) before the call; the driver call; then one lock for the table insert,
+/// and the counters (and, uncapped, the charge) and the event, atomics, in the same stretch. Uncapped, one load more before the
 /// call: whether the daemon holds the device back (Tracker::held_back), which refuses.
 template <class Call, class Key, class OnInsert = NoInsertHook>
 CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ring::Api api, int ordinal, bool assumed,

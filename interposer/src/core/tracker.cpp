@@ -412,9 +412,10 @@ CUW_HOT Tracker::Charge Tracker::charge(ring::DeviceSlot& d, int ordinal, uint64
   if (__builtin_expect(process_scope_.load(std::memory_order_relaxed), 0)) context_before_charge(d, ordinal, bytes);
   const int g = job_gpu(ordinal);
   // The cap's test and the charge in one compare-and-swap of `used`, no lock: `used` never
-  // passes `limit`, not even for an instant a reader could see, and a request that is
-  // refused never makes another one fail (a fetch-add rolled back on refusal, RMM's
-  // limiting adaptor, would let both). A cap changed meanwhile counts as changed after.
+  // passes `limit`, not even for an instant a reader could see, and a request the process
+  // cap refuses never makes another one fail (a fetch-add rolled back on refusal, RMM's
+  // limiting adaptor, would let both). (In a job, bytes charged here go back if the job's
+  // cap refuses them below.) A cap changed meanwhile counts as changed after.
   auto fits = [&]() CUW_LAMBDA_INLINE {
     const uint64_t limit = d.limit.load(std::memory_order_relaxed);
     uint64_t used = d.used.load(std::memory_order_relaxed);

@@ -45,9 +45,10 @@ CUW_INLINE void raise_peak(std::atomic<uint64_t>& peak, uint64_t v) noexcept {
 /// A device's pool book: the lock its pools hold (their free lists, block maps and batches)
 /// and the records of the blocks they hand out, in the live segment as that device's pooled
 /// table (live::pooled_slot), which that lock guards. A pool's hit takes this lock and no
-/// other: pools of other devices, and the hooks' own path (Tracker::lock()), never wait for
-/// it. Lock order: a book's lock, then Tracker::lock(); never a book's while holding
-/// Tracker::lock() or another book's.
+/// other: pools of other devices never wait for it, nor does the hooks' own path
+/// (Tracker::lock()), which a pool takes under it only for memory it is giving back or whose
+/// context is going. Lock order: a book's lock, then Tracker::lock(); never a book's while
+/// holding Tracker::lock() or another book's.
 struct PoolBook {
   alignas(64) spin_lock mu;
   LiveTable blocks;
@@ -151,9 +152,9 @@ class Tracker {
     return current_device();
   }
 
-  /// The hot path's one lock. Held by a hooked call for one short critical section (two
-  /// for a cuMemFree, cuMemRelease or array destroy that commits after its driver call: the
-  /// record taken before), never across a driver or system call. It guards the live tables
+  /// The hot path's one lock. Held by a hooked call for one short critical section (for a
+  /// free, before its driver call: the record taken out), never across a driver or system
+  /// call. It guards the live tables
   /// (pointers, handles, host, and a pooling backend's segments). Not a pool's free lists and
   /// block records (each device's PoolBook guards its pools'), and not the counters: each is an atomic written with one relaxed
   /// read-modify-write (counter_add, counter_sub; `used` by charge()'s compare-and-swap),
@@ -435,8 +436,8 @@ class Tracker {
   bool held_back_slow(uint32_t mask, int ordinal) noexcept;
   /// The daemon restored the process onto other GPUs (ring::kDevicesMoved): clear the bit,
   /// ask the driver for each visible device's UUID again, rewrite the ring's slots and move
-  /// the job's share of each moved device to its new GPU's entry. Takes device_mu_ and
-  /// lock(); call with neither held (devices_moved.cpp). Cold.
+  /// the job's share of each moved device to its new GPU's entry. Takes device_mu_; call
+  /// without it (devices_moved.cpp). Cold.
   void devices_moved() noexcept;
   /// The visible devices' count and UUIDs into the ring (RingHeader::visible_devices), with
   /// the first device filled; device_mu_ held.
@@ -543,7 +544,7 @@ class Tracker {
   struct PoolSet {
     static constexpr int kMax = 8;
     // What pooled_alloc reads and the ledger writes, in one line.
-    alignas(64) std::atomic<uint64_t> live{0};  ///< bytes of live stream-ordered allocations (lock())
+    alignas(64) std::atomic<uint64_t> live{0};  ///< bytes of live stream-ordered allocations (atomic adds)
     std::atomic<uint64_t> reserved{0};          ///< sum over pools, bytes
     std::atomic<uint64_t> refreshed_ns{0};      ///< fast_clock::realtime_ns() of the last refresh
     std::atomic<CUmemoryPool> pools[kMax] = {};

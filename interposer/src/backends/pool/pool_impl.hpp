@@ -338,11 +338,12 @@ void pool<Layout>::add_segment(CUdeviceptr* out, CUdeviceptr base, uint64_t seg_
   s->split = layout_.splits() && cls < 0;
   s->capacity = cls >= 0 ? static_cast<uint32_t>(seg_bytes / class_size(cls)) : 1;
   s->blocks.reset(new Block[s->capacity]);
-  mu_.lock();
   // An allocation the hooks still count at this address (not the pool's: freed with a
   // context another thread destroyed a moment ago) was freed: Tracker::count_freed_unseen_locked.
+  // Before the book's lock, so that its hits never wait for the hooks' lock.
   core::LiveRecord stale;
   const bool reused = ledger_.reused(base, &stale, core::now_ns());
+  mu_.lock();
   segments_[base] = s;
   Block* b;
   if (cls >= 0) {

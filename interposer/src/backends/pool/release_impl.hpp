@@ -143,6 +143,15 @@ void pool<Layout>::set_dying(bool dying) {
 template <class Layout>
 void pool<Layout>::forget_all() noexcept {
   std::lock_guard<std::mutex> g(slow_);
+  // The segments' records leave the hooks' table after the book's lock is released (its
+  // other pools' hits never wait for the hooks' lock): their bases, kept here (segments_
+  // changes only under slow_); without memory for them, one by one under it.
+  const bool counts = layout_.counts_upstream();
+  std::vector<uint64_t> bases;
+  if (counts) try {
+      bases.reserve(segments_.size());
+    } catch (...) {
+    }
   mu_.lock();
   dead_ = true;
   uint64_t total = 0, live_bytes = 0, live = 0;
@@ -161,14 +170,14 @@ void pool<Layout>::forget_all() noexcept {
   }
   // The counters first, then the events (ring.hpp): the memory went with the context
   // (an upstream that counts what it backs takes its own in the layout's forget below).
-  const bool counts = layout_.counts_upstream();
   ledger_.lost(live, counts ? total : 0, total - live_bytes);
   for (auto& [base, s] : segments_) {
     // Freed by the driver with the context: a free, as forget_driver_freed counts one.
     each_block(s, [&](Block* b) {
       if (counted_live(*b)) ledger_.forgot(b->ptr, b->requested, now);
     });
-    if (counts) ledger_.forgot_segment(base);  // (else the upstream's forget)
+    if (counts && bases.size() < bases.capacity()) bases.push_back(base);  // (else the upstream's forget)
+    else if (counts) ledger_.forgot_segment(base);
     layout_.dropping_locked(s);
     delete s;
   }
@@ -185,6 +194,7 @@ void pool<Layout>::forget_all() noexcept {
   // Keep what a dropped pool holds small (it stays allocated for racing readers).
   map_.shrink();
   mu_.unlock();
+  for (uint64_t base : bases) ledger_.forgot_segment(base);
   fence_.forget_batches();  // the context's events went with it
   layout_.forget(*this, total);  // uncharges what the pool held
 }
