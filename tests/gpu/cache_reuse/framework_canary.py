@@ -5,8 +5,14 @@
 The framework allocates per tensor with cudaMalloc/cudaFree (PyTorch with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1, CuPy with its pool disabled), so its frees reach the
 cache. A large matrix product (cuBLAS) writes A; A is released while the product runs; B of
-the same size is allocated and zeroed on another stream; B must end up all zero, and must
-not be A while the product still runs. Prints one JSON line; exit 0 ok, 1 violated, 2 error.
+the same size is allocated and zeroed on another stream; B must end up all zero: the
+product's late writes never land in it. B may be A while the product still runs
+(reused_while_pending, reported) only where B's stream was made to wait for the product: the
+pool's stream order (backends/pool/fence.hpp), where every piece of work since the pool last
+saw the GPU idle went to the legacy stream and a non-blocking stream created afterwards waits
+for it; without that wait the zeroing (microseconds) would finish before the product's last
+writes (milliseconds) and B would not end up all zero. Prints one JSON line; exit 0 ok, 1
+violated, 2 error.
 """
 import json
 import sys
@@ -79,7 +85,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         print(json.dumps({"path": which, "error": repr(e)}))
         return 2
-    ok = nonzero == 0 and not early
+    ok = nonzero == 0
     print(json.dumps({"path": which, "bytes": N * N * 4, "late_write_pending_at_free": pending, "reused": reused,
                       "reused_while_pending": early, "alloc_us": round(alloc_us, 1), "nonzero_words": nonzero,
                       "ok": ok}))
