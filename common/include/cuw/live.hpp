@@ -210,7 +210,9 @@ constexpr auto* table_desc(Header& h, uint32_t slot, uint32_t header_size) noexc
   return static_cast<Desc*>(&h.device_pooled[k]);
 }
 /// What table slot `slot`'s records are: its Table, or Table::pooled for device_pooled's.
-constexpr Table table_of_slot(uint32_t slot) noexcept { return slot < kTables ? static_cast<Table>(slot) : Table::pooled; }
+constexpr Table table_of_slot(uint32_t slot) noexcept {
+  return slot < kTables ? static_cast<Table>(slot) : Table::pooled;
+}
 /// The table slot of the blocks the pools of device `ordinal` (0 .. kPooledDevices - 1) hand out.
 constexpr uint32_t pooled_slot(int ordinal) noexcept {
   return ordinal <= 0 ? static_cast<uint32_t>(Table::pooled) : kTables + static_cast<uint32_t>(ordinal) - 1;

@@ -376,18 +376,20 @@ __attribute__((cold, noinline)) inline void count_dropped(RingHeader& h) noexcep
   h.events_dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
-/// Producer side. Lock-free, bounded: at most kMaxPushAttempts tries.
-/// `slot_count` is the producer's private copy (never re-read from shared memory, which a
-/// consumer could scribble on). Returns false (and counts a drop in the header) when the
-/// ring is full. Thread-safe for any number of producers, with no lock: the interposer's
-/// threads push straight from their hooks (a pool's hit among them). Cost, uncontended: a
-/// relaxed load of write_pos, an acquire load of the slot's seq, one CAS, the slot's stores
-/// and a release store. Inline (the interposer's hot path): with `e` built in place, the
-/// compiler stores its fields straight into the slot.
 /// A push that loses this many races in a row (each one another producer's success, or a
 /// position a consumer scribbled on) drops its event: a bound on what a consumer's garbage
 /// can make the producer spin, far past what producers contending for the ring lose.
 inline constexpr int kMaxPushAttempts = 1024;
+
+/// Producer side. Lock-free, bounded: at most kMaxPushAttempts tries.
+/// `slot_count` is the producer's private copy (never re-read from shared memory, which a
+/// consumer could scribble on). Returns false (and counts a drop in the header) when the
+/// ring is full, or after kMaxPushAttempts lost races. Thread-safe for any number of
+/// producers, with no lock: the interposer's threads push straight from their hooks (a
+/// pool's hit among them). Cost, uncontended: a relaxed load of write_pos, an acquire load
+/// of the slot's seq, one CAS, the slot's stores and a release store. Inline (the
+/// interposer's hot path): with `e` built in place, the compiler stores its fields straight
+/// into the slot.
 CUW_INLINE bool push(RingHeader& h, EventSlot* slots, uint32_t slot_count, const Event& e) noexcept {
   const uint64_t mask = slot_count - 1;
   uint64_t pos = h.write_pos.load(std::memory_order_relaxed);

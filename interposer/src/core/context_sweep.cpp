@@ -60,7 +60,7 @@ CUW_COLD void forget_driver_freed(Tracker& t, const ArrayOwners::Snapshot& array
     if (static_cast<unsigned>(rec.device) < ring::kMaxDevices)
       Ledger::host(&t.header().devices[rec.device], rec.bytes, false);
     t.emit_at(ring::EventKind::host_free, ring::Api::cuCtxDestroy, rec.device, key, rec.bytes, 0, CUDA_SUCCESS,
-                  now);
+              now);
   }
 }
 

@@ -29,7 +29,7 @@ CUresult tracked_host_alloc(ring::Api api, uint64_t bytes, Call&& call, void* co
     if (static_cast<unsigned>(stale->device) < ring::kMaxDevices)
       Ledger::host(&t.header().devices[stale->device], stale->bytes, false);
     t.emit_at(ring::EventKind::host_free, ring::Api::reused, stale->device, key, stale->bytes, 0, CUDA_SUCCESS,
-                  now);
+              now);
   }
   Ledger::host(d, bytes, true);
   t.emit_at(ring::EventKind::host_alloc, api, ordinal, key, bytes, 0, CUDA_SUCCESS, now);
@@ -56,7 +56,7 @@ CUresult tracked_host_free(ring::Api api, void* p, Call&& call) {
   }
   Ledger::host(d, rec.bytes, false);
   t.emit_at(ring::EventKind::host_free, api, rec.device, reinterpret_cast<uint64_t>(p), rec.bytes, 0, CUDA_SUCCESS,
-                now);
+            now);
   return r;
 }
 

@@ -67,8 +67,9 @@ struct ForgetArray {
 /// the driver. `on_insert(key)` runs in the insert's critical section (the tracker's lock
 /// held). Hot path: the device slot (one branch); with a cap or in a job, charge (one
 /// compare-and-swap) before the call; the driver call; then one lock for the table insert,
-/// and the counters (and, uncapped, the charge) and the event, atomics, in the same stretch. Uncapped, one load more before the
-/// call: whether the daemon holds the device back (Tracker::held_back), which refuses.
+/// and the counters (and, uncapped, the charge) and the event, atomics, in the same
+/// stretch. Uncapped, one load more before the call: whether the daemon holds the device
+/// back (Tracker::held_back), which refuses.
 template <class Call, class Key, class OnInsert = NoInsertHook>
 CUW_INLINE CUresult tracked_alloc_in(Tracker& t, cuw::core::LiveTable& table, ring::Api api, int ordinal, bool assumed,
                                      uint64_t bytes, uint64_t aux, Call&& call, Key&& key_of_result,
