@@ -29,12 +29,14 @@ cuw::bench::Driver& driver() {
   return d;
 }
 
-void BM_alloc_free(benchmark::State& state) {
-  auto& d = driver();
+/// The timed loop of both pair benchmarks: cuMemAlloc_v2 + cuMemFree_v2 of range(0) bytes in
+/// the thread's current context (`ready`: the setup's result; an error skips the benchmark).
+void alloc_free_pairs(benchmark::State& state, cuw::bench::Driver& d, CUresult ready) {
   const size_t bytes = static_cast<size_t>(state.range(0));
+  CUresult r = ready;
   for (auto _ : state) {
     CUdeviceptr p = 0;
-    CUresult r = d.mem_alloc(&p, bytes);
+    if (r == CUDA_SUCCESS) r = d.mem_alloc(&p, bytes);
     if (r == CUDA_SUCCESS) r = d.mem_free(p);
     if (r != CUDA_SUCCESS) {
       state.SkipWithError(("driver error " + d.err(r)).c_str());
@@ -42,9 +44,12 @@ void BM_alloc_free(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(p);
   }
-  state.counters["cuwarden"] = cuw::bench::cuwarden_loaded() ? 1 : 0;
+  // Averaged over threads (1 when loaded, whatever their number: micro.sh checks it).
+  state.counters["cuwarden"] = benchmark::Counter(cuw::bench::cuwarden_loaded() ? 1 : 0, benchmark::Counter::kAvgThreads);
   state.SetItemsProcessed(state.iterations());
 }
+
+void BM_alloc_free(benchmark::State& state) { alloc_free_pairs(state, driver(), CUDA_SUCCESS); }
 BENCHMARK(BM_alloc_free)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20);
 
 void BM_alloc_free_per_device(benchmark::State& state) {
@@ -56,19 +61,7 @@ void BM_alloc_free_per_device(benchmark::State& state) {
   CUresult r = d.device_get(&dev, state.thread_index() % devices);
   if (r == CUDA_SUCCESS) r = d.ctx_retain(&ctx, dev);
   if (r == CUDA_SUCCESS) r = d.ctx_set_current(ctx);
-  const size_t bytes = static_cast<size_t>(state.range(0));
-  for (auto _ : state) {
-    CUdeviceptr p = 0;
-    if (r == CUDA_SUCCESS) r = d.mem_alloc(&p, bytes);
-    if (r == CUDA_SUCCESS) r = d.mem_free(p);
-    if (r != CUDA_SUCCESS) {
-      state.SkipWithError(("driver error " + d.err(r)).c_str());
-      break;
-    }
-    benchmark::DoNotOptimize(p);
-  }
-  state.counters["cuwarden"] = cuw::bench::cuwarden_loaded() ? 1 : 0;
-  state.SetItemsProcessed(state.iterations());
+  alloc_free_pairs(state, d, r);
 }
 BENCHMARK(BM_alloc_free_per_device)->Arg(1 << 20)->Threads(2)->UseRealTime();
 
