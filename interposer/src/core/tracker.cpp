@@ -239,6 +239,7 @@ void Tracker::create_ring() {
     pointers_.attach(&live_->segment, live::Table::device);
     handles_.attach(&live_->segment, live::Table::handles);
     host_.attach(&live_->segment, live::Table::host);
+    static_assert(live::kPooledDevices == ring::kMaxDevices, "one pooled table per device the ring tracks");
     for (uint32_t d = 0; d < ring::kMaxDevices; ++d)
       live_->pool_books[d].blocks.attach_slot(&live_->segment, live::pooled_slot(static_cast<int>(d)));
     live_->pool_segments.attach(&live_->segment, live::Table::segments);
