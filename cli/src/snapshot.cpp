@@ -119,7 +119,10 @@ int cmd_snapshot(const SnapshotOptions& o) {
       req["leak_warmup"] = *secs;
     }
   }
-  const auto r = ask(o.socket, proto::Command::get_snapshot, req);
+  // The daemon names frames in a worker it kills at its own deadline (--symbolize-timeout,
+  // 5 s by default), which a busy machine stretches: wait well past that, not the 10 s of a
+  // state or limit request.
+  const auto r = ask(o.socket, proto::Command::get_snapshot, req, nullptr, 60000);
   if (!r) return kExitFailure;
   const std::string body = jstr(*r, "body");
   const bool binary = jstr(*r, "encoding") == "base64";
